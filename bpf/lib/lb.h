@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Service lookup and backend selection, written once for every hook. */
+#ifndef EBPF_PROXY_LB_H
+#define EBPF_PROXY_LB_H
+
+#include "maps.h"
+
+/* lb4_lookup_service finds the master entry of a frontend for a client of
+ * the given scope. Clients inside the cluster get the LB_SCOPE_INT entry
+ * when the frontend has one. */
+static __always_inline struct lb4_service *lb4_lookup_service(struct lb4_key *key, __u8 scope)
+{
+	struct lb4_service *svc;
+
+	key->slot = 0;
+	key->scope = LB_SCOPE_EXT;
+	svc = bpf_map_lookup_elem(&lb4_services_v1, key);
+	if (!svc || scope == LB_SCOPE_EXT || !(svc->flags & SVC_F_TWO_SCOPES))
+		return svc;
+	key->scope = LB_SCOPE_INT;
+	return bpf_map_lookup_elem(&lb4_services_v1, key);
+}
+
+/* lb4_select_backend picks one backend of a forwarding frontend at random.
+ * key must be the one lb4_lookup_service filled in. Returns the backend
+ * and its id, or NULL when the maps are inconsistent (counted: the writer
+ * orders its updates so that this cannot happen). */
+static __always_inline struct lb4_backend *lb4_select_backend(struct lb4_key *key,
+							      const struct lb4_service *svc,
+							      __u32 *backend_id)
+{
+	struct lb4_service *slot;
+	struct lb4_backend *be;
+	__u32 id;
+
+	key->slot = (bpf_get_prandom_u32() % svc->count) + 1;
+	slot = bpf_map_lookup_elem(&lb4_services_v1, key);
+	if (!slot) {
+		lb_count(LB_M_NO_SLOT);
+		return NULL;
+	}
+	id = slot->backend_id;
+	be = bpf_map_lookup_elem(&lb4_backends_v1, &id);
+	if (!be) {
+		lb_count(LB_M_NO_BACKEND);
+		return NULL;
+	}
+	*backend_id = id;
+	return be;
+}
+
+#endif /* EBPF_PROXY_LB_H */

@@ -1,0 +1,75 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Map definitions shared by every program. Names carry a layout version:
+ * a layout change gets a new name so that a pinned map of the old layout is
+ * never reinterpreted. Sizes are defaults; the loader patches them. */
+#ifndef EBPF_PROXY_MAPS_H
+#define EBPF_PROXY_MAPS_H
+
+#include "structs.h"
+
+#ifndef LB4_SERVICES_MAX
+#define LB4_SERVICES_MAX 262144
+#endif
+#ifndef LB4_BACKENDS_MAX
+#define LB4_BACKENDS_MAX 262144
+#endif
+#ifndef LB4_REVNAT_MAX
+#define LB4_REVNAT_MAX 65536
+#endif
+#ifndef SOCK4_REVNAT_MAX
+#define SOCK4_REVNAT_MAX 262144
+#endif
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb4_key);
+	__type(value, struct lb4_service);
+	__uint(max_entries, LB4_SERVICES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb4_services_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct lb4_backend);
+	__uint(max_entries, LB4_BACKENDS_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb4_backends_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct lb4_reverse_nat);
+	__uint(max_entries, LB4_REVNAT_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb4_revnat_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct sock4_revnat_key);
+	__type(value, struct sock4_revnat);
+	__uint(max_entries, SOCK4_REVNAT_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sock4_revnat_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, enum lb_metric); /* also puts the enum in BTF for bpf2go */
+	__type(value, __u64);
+	__uint(max_entries, LB_M_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_metrics_v1 SEC(".maps");
+
+static __always_inline void lb_count(enum lb_metric m)
+{
+	__u32 key = m;
+	__u64 *v = bpf_map_lookup_elem(&lb_metrics_v1, &key);
+
+	if (v)
+		*v += 1;
+}
+
+#endif /* EBPF_PROXY_MAPS_H */

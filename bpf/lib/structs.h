@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Map keys and values. These layouts are the source of truth: bpf2go
+ * generates the Go types from them, and internal/maps is the only code that
+ * writes them. Byte order is in the types: __be fields are network order.
+ * Padding is explicit so that the C and Go layouts cannot drift. */
+#ifndef EBPF_PROXY_STRUCTS_H
+#define EBPF_PROXY_STRUCTS_H
+
+#include "common.h"
+
+/* Which traffic a service entry answers. A frontend whose verdict is the
+ * same for every client has one entry, in LB_SCOPE_EXT. One that treats
+ * clients inside the cluster differently (externalTrafficPolicy=Local with
+ * short-circuit) also has an LB_SCOPE_INT entry, and its master entry in
+ * LB_SCOPE_EXT carries SVC_F_TWO_SCOPES. */
+enum lb_scope {
+	LB_SCOPE_EXT = 0,
+	LB_SCOPE_INT = 1,
+};
+
+/* Service flags, in lb4_service.flags. */
+enum {
+	SVC_F_REJECT = 1 << 0,     /* no usable endpoint anywhere: refuse */
+	SVC_F_DROP = 1 << 1,       /* traffic policy Local, none on this node */
+	SVC_F_TWO_SCOPES = 1 << 2, /* an LB_SCOPE_INT entry exists */
+	SVC_F_CLUSTER_IP = 1 << 3,
+	SVC_F_NODE_PORT = 1 << 4,
+	SVC_F_EXTERNAL_IP = 1 << 5,
+	SVC_F_LOAD_BALANCER = 1 << 6,
+};
+
+/* Key of lb4_services. slot 0 is the master entry of a frontend; slots
+ * 1..count hold its backends. */
+struct lb4_key {
+	__be32 address;
+	__be16 dport;
+	__u16 slot;
+	__u8 proto;
+	__u8 scope;
+	__u8 pad[2];
+};
+
+/* Value of lb4_services. In the master entry count is the number of backend
+ * slots and backend_id is 0; in a backend slot backend_id is set and the
+ * other fields repeat the master's. */
+struct lb4_service {
+	__u32 backend_id;
+	__u16 count;
+	__u16 flags;
+	__u32 rev_nat_id;
+	__u32 affinity_timeout; /* seconds; 0 without session affinity */
+};
+
+/* Backend flags, in lb4_backend.flags. */
+enum {
+	BE_F_TERMINATING = 1 << 0,
+};
+
+/* Value of lb4_backends, keyed by a __u32 backend id. */
+struct lb4_backend {
+	__be32 address;
+	__be16 port;
+	__u8 proto;
+	__u8 flags;
+};
+
+/* Value of lb4_reverse_nat, keyed by a __u32 rev-nat id: the frontend a
+ * translated flow must appear to come from. */
+struct lb4_reverse_nat {
+	__be32 address;
+	__be16 port;
+	__u8 pad[2];
+};
+
+/* Key and value of sock4_reverse_nat: for a socket (by cookie) that was sent
+ * to a backend, the frontend its replies must appear to come from. */
+struct sock4_revnat_key {
+	__u64 cookie;
+	__be32 address;
+	__be16 port;
+	__u8 pad[2];
+};
+
+struct sock4_revnat {
+	__be32 address;
+	__be16 port;
+	__u8 pad[2];
+	__u32 rev_nat_id;
+};
+
+/* Indices of lb_metrics: per-CPU packet and event counters. */
+enum lb_metric {
+	LB_M_XLATE_TCP = 0,     /* TCP connect translated */
+	LB_M_XLATE_UDP,         /* UDP connect or sendmsg translated */
+	LB_M_REJECT,            /* refused: no endpoint */
+	LB_M_DROP,              /* refused: policy Local, no local endpoint */
+	LB_M_NO_SLOT,           /* master entry without its slot: a bug */
+	LB_M_NO_BACKEND,        /* slot pointing at a missing backend: a bug */
+	LB_M_REVNAT_HIT,        /* reply address translated back */
+	LB_M_REVNAT_STALE,      /* reverse entry of a deleted frontend */
+	LB_M_REVNAT_UPDATE_ERR, /* could not record a reverse entry */
+	LB_M_MAX,
+};
+
+#endif /* EBPF_PROXY_STRUCTS_H */

@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* Socket load balancing at the cgroup hooks: a connect() or sendmsg() to a
+ * Service frontend is rewritten to a backend before any packet exists, and
+ * recvmsg() and getpeername() show the frontend again, so that applications
+ * never see the backend address. Nothing but Service frontends is touched. */
+
+#include "lib/common.h"
+#include "lib/lb.h"
+
+/* Set by the loader from a feature probe. Without bpf_set_retval a refused
+ * connect() reports EPERM instead of the errno below. */
+volatile const __u8 have_set_retval = 1;
+
+/* A Service without usable endpoints refuses at once, as kube-proxy's
+ * REJECT does with an ICMP port unreachable. */
+#define REJECT_ERRNO ECONNREFUSED
+/* Traffic policy Local without a local endpoint is kube-proxy's DROP, which
+ * a client experiences as a timeout; we report the timeout at once rather
+ * than letting the socket wait for it. */
+#define DROP_ERRNO ETIMEDOUT
+
+static __always_inline __be16 ctx_port(const struct bpf_sock_addr *ctx)
+{
+	return (__be16)ctx->user_port;
+}
+
+static __always_inline int sock_refuse(int err)
+{
+	if (have_set_retval)
+		bpf_set_retval(-err);
+	return SYS_REJECT;
+}
+
+static __always_inline void sock4_record_revnat(struct bpf_sock_addr *ctx,
+						const struct lb4_backend *be,
+						const struct lb4_key *key, __u32 rev_nat_id)
+{
+	struct sock4_revnat_key rkey = {
+		.cookie = bpf_get_socket_cookie(ctx),
+		.address = be->address,
+		.port = be->port,
+	};
+	struct sock4_revnat rval = {
+		.address = key->address,
+		.port = key->dport,
+		.rev_nat_id = rev_nat_id,
+	};
+	struct sock4_revnat *old = bpf_map_lookup_elem(&sock4_revnat_v1, &rkey);
+
+	/* Most sends of a UDP socket hit an existing entry: skip the write. */
+	if (old && old->address == rval.address && old->port == rval.port &&
+	    old->rev_nat_id == rval.rev_nat_id)
+		return;
+	if (bpf_map_update_elem(&sock4_revnat_v1, &rkey, &rval, BPF_ANY))
+		lb_count(LB_M_REVNAT_UPDATE_ERR);
+}
+
+/* sock4_xlate_fwd rewrites the destination of ctx when it is a Service
+ * frontend. Returns the value the hook must return. */
+static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx)
+{
+	struct lb4_key key = {
+		.address = ctx->user_ip4,
+		.dport = ctx_port(ctx),
+		.proto = (__u8)ctx->protocol,
+	};
+	struct lb4_service *svc;
+	struct lb4_backend *be;
+	__u32 backend_id = 0;
+	__u32 rev_nat_id;
+	__be32 addr;
+	__be16 port;
+
+	if (key.proto != IPPROTO_TCP && key.proto != IPPROTO_UDP)
+		return SYS_PROCEED;
+	/* Sockets here belong to the node or its pods: the inside scope. */
+	svc = lb4_lookup_service(&key, LB_SCOPE_INT);
+	if (!svc)
+		return SYS_PROCEED;
+	if (svc->flags & SVC_F_DROP) {
+		lb_count(LB_M_DROP);
+		return sock_refuse(DROP_ERRNO);
+	}
+	if ((svc->flags & SVC_F_REJECT) || svc->count == 0) {
+		lb_count(LB_M_REJECT);
+		return sock_refuse(REJECT_ERRNO);
+	}
+	rev_nat_id = svc->rev_nat_id;
+	be = lb4_select_backend(&key, svc, &backend_id);
+	if (!be)
+		return sock_refuse(EHOSTUNREACH);
+	addr = be->address;
+	port = be->port;
+	sock4_record_revnat(ctx, be, &key, rev_nat_id);
+	ctx->user_ip4 = addr;
+	ctx->user_port = (__u32)port;
+	lb_count(key.proto == IPPROTO_TCP ? LB_M_XLATE_TCP : LB_M_XLATE_UDP);
+	return SYS_PROCEED;
+}
+
+/* sock4_xlate_rev makes a backend address that a socket sees (as the source
+ * of a datagram, or as its peer) appear as the frontend it connected to. */
+static __always_inline void sock4_xlate_rev(struct bpf_sock_addr *ctx)
+{
+	struct sock4_revnat_key rkey = {
+		.cookie = bpf_get_socket_cookie(ctx),
+		.address = ctx->user_ip4,
+		.port = ctx_port(ctx),
+	};
+	struct sock4_revnat *val;
+	struct lb4_reverse_nat *rn;
+	__u32 id;
+
+	val = bpf_map_lookup_elem(&sock4_revnat_v1, &rkey);
+	if (!val)
+		return;
+	id = val->rev_nat_id;
+	rn = bpf_map_lookup_elem(&lb4_revnat_v1, &id);
+	/* The frontend was deleted or renumbered since: show the real peer. */
+	if (!rn || rn->address != val->address || rn->port != val->port) {
+		lb_count(LB_M_REVNAT_STALE);
+		bpf_map_delete_elem(&sock4_revnat_v1, &rkey);
+		return;
+	}
+	ctx->user_ip4 = val->address;
+	ctx->user_port = (__u32)val->port;
+	lb_count(LB_M_REVNAT_HIT);
+}
+
+SEC("cgroup/connect4")
+int cg_connect4(struct bpf_sock_addr *ctx)
+{
+	return sock4_xlate_fwd(ctx);
+}
+
+SEC("cgroup/sendmsg4")
+int cg_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return sock4_xlate_fwd(ctx);
+}
+
+SEC("cgroup/recvmsg4")
+int cg_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	sock4_xlate_rev(ctx);
+	return SYS_PROCEED;
+}
+
+SEC("cgroup/getpeername4")
+int cg_getpeername4(struct bpf_sock_addr *ctx)
+{
+	sock4_xlate_rev(ctx);
+	return SYS_PROCEED;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,6 @@
+// Package ebpfproxy holds only the code generation of the BPF objects and
+// their Go bindings (internal/bpfobj). Run `make generate`; it sets the
+// compiler and its flags.
+package ebpfproxy
+
+//go:generate go tool bpf2go -go-package bpfobj -output-dir internal/bpfobj -target bpfel -type lb4_key -type lb4_service -type lb4_backend -type lb4_reverse_nat -type sock4_revnat_key -type sock4_revnat -type lb_metric Sock bpf/sock.c

@@ -1,0 +1,312 @@
+// Package loader loads ebpf-proxy's BPF programs, adopts the maps and links
+// an earlier agent pinned, attaches the socket programs to a cgroup v2
+// directory and replaces running programs in place, so that traffic never
+// sees an empty hook.
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+)
+
+// Defaults of the agent's flags.
+const (
+	DefaultBPFFSPath = "/sys/fs/bpf/ebpf-proxy"
+)
+
+// MapSizes are the capacities of the maps, patched into the spec. A pinned
+// map of another size is not adopted: see ErrPinnedMapMismatch.
+type MapSizes struct {
+	Services   uint32
+	Backends   uint32
+	RevNat     uint32
+	SockRevNat uint32
+}
+
+// DefaultMapSizes fit 10,000 Services of 10 endpoints with room to spare.
+var DefaultMapSizes = MapSizes{Services: 262144, Backends: 262144, RevNat: 65536, SockRevNat: 262144}
+
+// Config says where to pin and what to attach to.
+type Config struct {
+	// BPFFSPath is a directory on a bpf filesystem; it is created.
+	BPFFSPath string
+	// CgroupPath is the cgroup v2 directory the socket programs attach to.
+	CgroupPath string
+	Sizes      MapSizes
+}
+
+// ErrPinnedMapMismatch is returned (wrapped) when a pinned map exists with a
+// layout or size other than the one being loaded. The running programs and
+// maps are left untouched.
+var ErrPinnedMapMismatch = errors.New("pinned map does not match the new program's map")
+
+// Loaded is the result of Load: the programs and maps in the kernel, and
+// the links that keep the programs attached.
+type Loaded struct {
+	Objects  bpfobj.SockObjects
+	Features Features
+	Sizes    MapSizes
+	links    []link.Link
+}
+
+type cgroupProg struct {
+	name   string
+	attach ebpf.AttachType
+	prog   func(*bpfobj.SockPrograms) *ebpf.Program
+}
+
+var cgroupProgs = []cgroupProg{
+	{bpfobj.SockProgCgConnect4, ebpf.AttachCGroupInet4Connect, func(p *bpfobj.SockPrograms) *ebpf.Program { return p.CgConnect4 }},
+	{bpfobj.SockProgCgSendmsg4, ebpf.AttachCGroupUDP4Sendmsg, func(p *bpfobj.SockPrograms) *ebpf.Program { return p.CgSendmsg4 }},
+	{bpfobj.SockProgCgRecvmsg4, ebpf.AttachCGroupUDP4Recvmsg, func(p *bpfobj.SockPrograms) *ebpf.Program { return p.CgRecvmsg4 }},
+	{bpfobj.SockProgCgGetpeername4, ebpf.AttachCgroupInet4GetPeername, func(p *bpfobj.SockPrograms) *ebpf.Program { return p.CgGetpeername4 }},
+}
+
+func mapsDir(bpffs string) string  { return filepath.Join(bpffs, "maps") }
+func linksDir(bpffs string) string { return filepath.Join(bpffs, "links") }
+
+// Load probes the kernel, loads the socket programs with the maps pinned
+// under cfg.BPFFSPath (adopting those already pinned), and attaches the
+// programs to cfg.CgroupPath. Where a pinned link exists its program is
+// replaced atomically; otherwise a new link is created and pinned.
+//
+// Load changes nothing attached until every program has passed the
+// verifier: a rejected program leaves the old ones running.
+func Load(cfg Config) (*Loaded, error) {
+	feat, err := Probe()
+	if err != nil {
+		return nil, err
+	}
+	if err := ensureBPFFS(cfg.BPFFSPath); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(mapsDir(cfg.BPFFSPath), 0o700); err != nil {
+		return nil, fmt.Errorf("create %s: %w", mapsDir(cfg.BPFFSPath), err)
+	}
+	spec, err := bpfobj.LoadSock()
+	if err != nil {
+		return nil, fmt.Errorf("load embedded BPF object: %w", err)
+	}
+	sizes := cfg.Sizes
+	if sizes == (MapSizes{}) {
+		sizes = DefaultMapSizes
+	}
+	for name, n := range map[string]uint32{
+		bpfobj.SockMapLb4ServicesV1: sizes.Services,
+		bpfobj.SockMapLb4BackendsV1: sizes.Backends,
+		bpfobj.SockMapLb4RevnatV1:   sizes.RevNat,
+		bpfobj.SockMapSock4RevnatV1: sizes.SockRevNat,
+	} {
+		spec.Maps[name].MaxEntries = n
+	}
+	if err := spec.Variables[bpfobj.SockVarHaveSetRetval].Set(boolToU8(feat.SetRetval)); err != nil {
+		return nil, fmt.Errorf("set have_set_retval: %w", err)
+	}
+
+	l := &Loaded{Features: feat, Sizes: sizes}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: mapsDir(cfg.BPFFSPath)}}
+	if err := spec.LoadAndAssign(&l.Objects, opts); err != nil {
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, fmt.Errorf("%w under %s (run with --cleanup to start afresh): %w", ErrPinnedMapMismatch, mapsDir(cfg.BPFFSPath), err)
+		}
+		var verr *ebpf.VerifierError
+		if errors.As(err, &verr) {
+			return nil, fmt.Errorf("verifier rejected a program: %+v", verr)
+		}
+		return nil, fmt.Errorf("load BPF objects: %w", err)
+	}
+	if err := l.attach(cfg); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+func boolToU8(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (l *Loaded) attach(cfg Config) error {
+	cgID, err := cgroupID(cfg.CgroupPath)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(linksDir(cfg.BPFFSPath), 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", linksDir(cfg.BPFFSPath), err)
+	}
+	for _, cp := range cgroupProgs {
+		prog := cp.prog(&l.Objects.SockPrograms)
+		pin := filepath.Join(linksDir(cfg.BPFFSPath), cp.name)
+		lk, err := adoptLink(pin, cgID)
+		if err != nil {
+			return err
+		}
+		if lk != nil {
+			if err := lk.Update(prog); err != nil {
+				lk.Close()
+				return fmt.Errorf("replace %s in its pinned link: %w", cp.name, err)
+			}
+			l.links = append(l.links, lk)
+			continue
+		}
+		lk, err = link.AttachCgroup(link.CgroupOptions{Path: cfg.CgroupPath, Attach: cp.attach, Program: prog})
+		if err != nil {
+			return fmt.Errorf("attach %s to %s: %w", cp.name, cfg.CgroupPath, err)
+		}
+		if err := lk.Pin(pin); err != nil {
+			lk.Close()
+			return fmt.Errorf("pin link of %s: %w", cp.name, err)
+		}
+		l.links = append(l.links, lk)
+	}
+	return nil
+}
+
+// adoptLink opens the pinned link at pin when it is attached to the cgroup
+// with id cgID. A link pinned for another cgroup (the flag changed) is
+// unpinned, which detaches it, so that the programs move rather than run
+// twice.
+func adoptLink(pin string, cgID uint64) (link.Link, error) {
+	lk, err := link.LoadPinnedLink(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open pinned link %s: %w", pin, err)
+	}
+	info, err := lk.Info()
+	if err == nil {
+		if cg := info.Cgroup(); cg != nil && cg.CgroupId == cgID {
+			return lk, nil
+		}
+	}
+	if err := lk.Unpin(); err != nil {
+		lk.Close()
+		return nil, fmt.Errorf("unpin stale link %s: %w", pin, err)
+	}
+	lk.Close()
+	return nil, nil
+}
+
+// cgroupID is the id the kernel reports for a cgroup v2 directory: its
+// inode number.
+func cgroupID(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("cgroup path %s: %w", path, err)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(path, &fs); err != nil {
+		return 0, fmt.Errorf("cgroup path %s: %w", path, err)
+	}
+	if fs.Type != unix.CGROUP2_SUPER_MAGIC {
+		return 0, fmt.Errorf("cgroup path %s is not on a cgroup v2 filesystem", path)
+	}
+	return st.Ino, nil
+}
+
+// ensureBPFFS creates dir, which must be on a bpf filesystem.
+func ensureBPFFS(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	if fs.Type != unix.BPF_FS_MAGIC {
+		return fmt.Errorf("%s is not on a bpf filesystem (mount one with `mount -t bpf bpf /sys/fs/bpf`)", dir)
+	}
+	return nil
+}
+
+// Close releases the agent's handles. The programs stay attached and the
+// maps stay pinned, so traffic keeps flowing while no agent runs.
+func (l *Loaded) Close() {
+	for _, lk := range l.links {
+		lk.Close()
+	}
+	l.links = nil
+	l.Objects.Close()
+}
+
+// Cleanup detaches and unpins everything an agent pinned under bpffs: links
+// first, so that no program runs against maps being removed, then maps.
+// It is not an error if nothing is pinned.
+func Cleanup(bpffs string) error {
+	var errs []error
+	entries, err := os.ReadDir(linksDir(bpffs))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("read %s: %w", linksDir(bpffs), err)
+	}
+	for _, e := range entries {
+		pin := filepath.Join(linksDir(bpffs), e.Name())
+		lk, err := link.LoadPinnedLink(pin, nil)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("open %s: %w", pin, err))
+			continue
+		}
+		if err := lk.Unpin(); err != nil {
+			errs = append(errs, fmt.Errorf("unpin %s: %w", pin, err))
+		}
+		// Closing the last reference detaches the program.
+		lk.Close()
+	}
+	for _, dir := range []string{linksDir(bpffs), mapsDir(bpffs), bpffs} {
+		if err := removeDirPins(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func removeDirPins(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", dir, err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if e.IsDir() {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Counters returns the programs' per-CPU event counters summed over CPUs,
+// indexed by bpfobj.SockLbMetric.
+func (l *Loaded) Counters() ([]uint64, error) {
+	n := int(bpfobj.SockLbMetricLB_M_MAX)
+	out := make([]uint64, n)
+	for i := 0; i < n; i++ {
+		var perCPU []uint64
+		if err := l.Objects.LbMetricsV1.Lookup(uint32(i), &perCPU); err != nil {
+			return nil, fmt.Errorf("read counter %d: %w", i, err)
+		}
+		for _, v := range perCPU {
+			out[i] += v
+		}
+	}
+	return out, nil
+}

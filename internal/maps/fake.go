@@ -1,0 +1,71 @@
+package maps
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+)
+
+// FakeMap is an in-memory Map for unit tests of pure logic. It enforces a
+// capacity like a BPF hash map and can be told to fail.
+type FakeMap[K comparable, V any] struct {
+	Entries map[K]V
+	// Max is the capacity; 0 means unlimited.
+	Max int
+	// Fail, when set, is called before every change; a non-nil error is
+	// returned instead of making the change.
+	Fail func(op string, k K) error
+	// Writes counts successful Put and Delete calls.
+	Writes int
+}
+
+// NewFakeMap returns an empty fake with the given capacity.
+func NewFakeMap[K comparable, V any](max int) *FakeMap[K, V] {
+	return &FakeMap[K, V]{Entries: map[K]V{}, Max: max}
+}
+
+// Put implements Map.
+func (f *FakeMap[K, V]) Put(k K, v V) error {
+	if f.Fail != nil {
+		if err := f.Fail("put", k); err != nil {
+			return err
+		}
+	}
+	if _, ok := f.Entries[k]; !ok && f.Max > 0 && len(f.Entries) >= f.Max {
+		return fmt.Errorf("fake: %w", ErrMapFull)
+	}
+	f.Entries[k] = v
+	f.Writes++
+	return nil
+}
+
+// Delete implements Map.
+func (f *FakeMap[K, V]) Delete(k K) error {
+	if f.Fail != nil {
+		if err := f.Fail("delete", k); err != nil {
+			return err
+		}
+	}
+	delete(f.Entries, k)
+	f.Writes++
+	return nil
+}
+
+// Iterate implements Map, in no particular order, like the kernel.
+func (f *FakeMap[K, V]) Iterate(fn func(K, V) bool) error {
+	for _, k := range slices.Collect(maps.Keys(f.Entries)) {
+		if !fn(k, f.Entries[k]) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// FakeMaps returns a Maps of empty fakes with the given capacities and the
+// fakes themselves.
+func FakeMaps(services, backends, revnat int) (Maps, *FakeMap[ServiceKey, ServiceValue], *FakeMap[uint32, BackendValue], *FakeMap[uint32, RevNatValue]) {
+	s := NewFakeMap[ServiceKey, ServiceValue](services)
+	b := NewFakeMap[uint32, BackendValue](backends)
+	r := NewFakeMap[uint32, RevNatValue](revnat)
+	return Maps{Services: s, Backends: b, RevNat: r}, s, b, r
+}

@@ -1,0 +1,118 @@
+// Package maps owns the BPF maps of the socket, TC and XDP programs: their
+// Go types (generated from the C in bpf/lib/structs.h), the encoding of
+// addresses into them, and the only code that writes them.
+//
+// The Writer keeps what it applied in memory, restored from the pinned maps
+// once at start-up, and diffs every sync against it so that a sync writes
+// only what changed, in an order that never lets a lookup see a half-written
+// Service.
+package maps
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+)
+
+// Generated map key and value types, named for what they are.
+type (
+	// ServiceKey mirrors struct lb4_key.
+	ServiceKey = bpfobj.SockLb4Key
+	// ServiceValue mirrors struct lb4_service.
+	ServiceValue = bpfobj.SockLb4Service
+	// BackendValue mirrors struct lb4_backend.
+	BackendValue = bpfobj.SockLb4Backend
+	// RevNatValue mirrors struct lb4_reverse_nat.
+	RevNatValue = bpfobj.SockLb4ReverseNat
+)
+
+// Flags of ServiceValue, mirroring the SVC_F_* enum.
+const (
+	FlagReject       uint16 = 1 << 0
+	FlagDrop         uint16 = 1 << 1
+	FlagTwoScopes    uint16 = 1 << 2
+	FlagClusterIP    uint16 = 1 << 3
+	FlagNodePort     uint16 = 1 << 4
+	FlagExternalIP   uint16 = 1 << 5
+	FlagLoadBalancer uint16 = 1 << 6
+)
+
+// BackendFlagTerminating mirrors BE_F_TERMINATING.
+const BackendFlagTerminating uint8 = 1 << 0
+
+// Scopes of a ServiceKey, mirroring enum lb_scope.
+const (
+	ScopeExternal uint8 = 0
+	ScopeInternal uint8 = 1
+)
+
+// Map is the part of a BPF hash map the Writer needs. It is small so that
+// tests can substitute a fake or a fault-injecting implementation.
+type Map[K comparable, V any] interface {
+	Put(k K, v V) error
+	Delete(k K) error
+	// Iterate calls fn for every entry until fn returns false.
+	Iterate(fn func(K, V) bool) error
+}
+
+// Maps are the maps the Writer programs.
+type Maps struct {
+	Services Map[ServiceKey, ServiceValue]
+	Backends Map[uint32, BackendValue]
+	RevNat   Map[uint32, RevNatValue]
+}
+
+// ErrMapFull is returned (wrapped) when a map has no room for a new entry.
+var ErrMapFull = errors.New("map is full")
+
+// kernelMap adapts an *ebpf.Map.
+type kernelMap[K comparable, V any] struct{ m *ebpf.Map }
+
+// FromKernel wraps a loaded BPF hash map.
+func FromKernel[K comparable, V any](m *ebpf.Map) Map[K, V] { return kernelMap[K, V]{m} }
+
+func (k kernelMap[K, V]) Put(key K, v V) error {
+	if err := k.m.Update(&key, &v, ebpf.UpdateAny); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) || isE2BIG(err) {
+			return fmt.Errorf("%s: %w", k.m, ErrMapFull)
+		}
+		return fmt.Errorf("update %s: %w", k.m, err)
+	}
+	return nil
+}
+
+func (k kernelMap[K, V]) Delete(key K) error {
+	if err := k.m.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete from %s: %w", k.m, err)
+	}
+	return nil
+}
+
+func (k kernelMap[K, V]) Iterate(fn func(K, V) bool) error {
+	var (
+		key K
+		val V
+	)
+	it := k.m.Iterate()
+	for it.Next(&key, &val) {
+		if !fn(key, val) {
+			return nil
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("iterate %s: %w", k.m, err)
+	}
+	return nil
+}
+
+// KernelMaps wraps the loaded maps of the socket programs.
+func KernelMaps(m *bpfobj.SockMaps) Maps {
+	return Maps{
+		Services: FromKernel[ServiceKey, ServiceValue](m.Lb4ServicesV1),
+		Backends: FromKernel[uint32, BackendValue](m.Lb4BackendsV1),
+		RevNat:   FromKernel[uint32, RevNatValue](m.Lb4RevnatV1),
+	}
+}

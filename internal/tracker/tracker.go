@@ -1,0 +1,286 @@
+// Package tracker is the change tracker between the sources (informers, the
+// manifests directory) and the sync loop. Sources record changes from any
+// goroutine; the sync loop folds them into the desired State, recomputing
+// endpoint selection only for the Services that changed, so that one change
+// costs the same at 10 Services and at 10,000.
+package tracker
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+)
+
+type sliceKey struct {
+	svc  model.ServiceName
+	name string
+}
+
+// Tracker accumulates source changes and applies them to a model.State.
+// The Update*/Delete*/Set* methods are safe from any goroutine; Apply must
+// only be called by the one goroutine that owns the State (the sync loop).
+type Tracker struct {
+	opts   model.Options
+	notify chan struct{}
+
+	mu              sync.Mutex
+	pendingServices map[model.ServiceName][]*model.ServicePort // nil value: deleted
+	pendingSlices   map[sliceKey]*model.EndpointSlice          // nil value: deleted
+	pendingNode     *model.Node
+	servicesSynced  bool
+	slicesSynced    bool
+	serviceChanges  int
+	endpointChanges int
+
+	// Owned by the Apply goroutine.
+	services map[model.ServiceName][]*model.ServicePort
+	slices   map[model.ServiceName]map[string]*model.EndpointSlice
+	state    *model.State
+}
+
+// New returns a tracker for the node named nodeName.
+func New(nodeName string, opts model.Options) *Tracker {
+	return &Tracker{
+		opts:            opts,
+		notify:          make(chan struct{}, 1),
+		pendingServices: map[model.ServiceName][]*model.ServicePort{},
+		pendingSlices:   map[sliceKey]*model.EndpointSlice{},
+		services:        map[model.ServiceName][]*model.ServicePort{},
+		slices:          map[model.ServiceName]map[string]*model.EndpointSlice{},
+		state: &model.State{
+			Node:     model.Node{Name: nodeName},
+			Services: map[model.ServicePortName]*model.Service{},
+		},
+	}
+}
+
+// Notify returns a channel that receives a value whenever a change is
+// recorded. It is buffered by one, so a burst of changes wakes the sync loop
+// once.
+func (t *Tracker) Notify() <-chan struct{} { return t.notify }
+
+func (t *Tracker) wake() {
+	select {
+	case t.notify <- struct{}{}:
+	default:
+	}
+}
+
+// UpdateService records the current ports of a Service. No ports (a
+// headless or ExternalName Service, or one with no port of the proxy's
+// family) is the same as deleting it.
+func (t *Tracker) UpdateService(name model.ServiceName, ports []*model.ServicePort) {
+	if ports == nil {
+		ports = []*model.ServicePort{}
+	}
+	t.mu.Lock()
+	t.pendingServices[name] = ports
+	t.serviceChanges++
+	t.mu.Unlock()
+	t.wake()
+}
+
+// DeleteService records that a Service is gone.
+func (t *Tracker) DeleteService(name model.ServiceName) {
+	t.mu.Lock()
+	t.pendingServices[name] = nil
+	t.serviceChanges++
+	t.mu.Unlock()
+	t.wake()
+}
+
+// UpdateEndpointSlice records the current content of an EndpointSlice.
+func (t *Tracker) UpdateEndpointSlice(s *model.EndpointSlice) {
+	t.mu.Lock()
+	t.pendingSlices[sliceKey{s.Service, s.Name}] = s
+	t.endpointChanges++
+	t.mu.Unlock()
+	t.wake()
+}
+
+// DeleteEndpointSlice records that an EndpointSlice is gone.
+func (t *Tracker) DeleteEndpointSlice(svc model.ServiceName, name string) {
+	t.mu.Lock()
+	t.pendingSlices[sliceKey{svc, name}] = nil
+	t.endpointChanges++
+	t.mu.Unlock()
+	t.wake()
+}
+
+// UpdateNode records what is known of the proxy's own node. A change of
+// zone re-selects the endpoints of every Service.
+func (t *Tracker) UpdateNode(n model.Node) {
+	t.mu.Lock()
+	t.pendingNode = &n
+	t.mu.Unlock()
+	t.wake()
+}
+
+// SetServicesSynced marks the initial list of Services as delivered.
+func (t *Tracker) SetServicesSynced() {
+	t.mu.Lock()
+	t.servicesSynced = true
+	t.mu.Unlock()
+	t.wake()
+}
+
+// SetEndpointSlicesSynced marks the initial list of EndpointSlices as
+// delivered.
+func (t *Tracker) SetEndpointSlicesSynced() {
+	t.mu.Lock()
+	t.slicesSynced = true
+	t.mu.Unlock()
+	t.wake()
+}
+
+// Synced reports whether both Services and EndpointSlices have delivered
+// their initial lists. Nothing may be programmed before: a partial view
+// would remove Services that simply have not been seen yet.
+func (t *Tracker) Synced() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.servicesSynced && t.slicesSynced
+}
+
+// Pending returns the number of Service and EndpointSlice changes waiting
+// for the next Apply.
+func (t *Tracker) Pending() (services, endpoints int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.pendingServices), len(t.pendingSlices)
+}
+
+// Apply folds every pending change into the State and returns the update
+// for the dataplanes. The returned State is the tracker's own: callers may
+// read it until the next Apply but must not change it.
+func (t *Tracker) Apply() model.Update {
+	t.mu.Lock()
+	pendingServices, pendingSlices, pendingNode := t.pendingServices, t.pendingSlices, t.pendingNode
+	t.pendingServices = map[model.ServiceName][]*model.ServicePort{}
+	t.pendingSlices = map[sliceKey]*model.EndpointSlice{}
+	t.pendingNode = nil
+	up := model.Update{
+		State:           t.state,
+		Changed:         model.ChangeSet{},
+		ServiceChanges:  t.serviceChanges,
+		EndpointChanges: t.endpointChanges,
+	}
+	t.serviceChanges, t.endpointChanges = 0, 0
+	t.mu.Unlock()
+
+	dirty := map[model.ServiceName]struct{}{}
+	for name, ports := range pendingServices {
+		if len(ports) == 0 {
+			delete(t.services, name)
+		} else {
+			t.services[name] = ports
+		}
+		dirty[name] = struct{}{}
+	}
+	for key, s := range pendingSlices {
+		bySvc := t.slices[key.svc]
+		if s == nil {
+			delete(bySvc, key.name)
+			if len(bySvc) == 0 {
+				delete(t.slices, key.svc)
+			}
+		} else {
+			if bySvc == nil {
+				bySvc = map[string]*model.EndpointSlice{}
+				t.slices[key.svc] = bySvc
+			}
+			bySvc[key.name] = s
+			if !s.TriggerTime.IsZero() {
+				up.TriggerTimes = append(up.TriggerTimes, s.TriggerTime)
+			}
+		}
+		dirty[key.svc] = struct{}{}
+	}
+	if pendingNode != nil && !sameNode(&t.state.Node, pendingNode) {
+		t.state.Node = *pendingNode
+		up.Full = true
+		for name := range t.services {
+			dirty[name] = struct{}{}
+		}
+	}
+
+	// Drop the ports of dirty Services first: a port that was renamed or
+	// removed must disappear from the State.
+	for spn := range t.state.Services {
+		if _, ok := dirty[spn.ServiceName]; ok {
+			delete(t.state.Services, spn)
+			up.Changed[spn] = struct{}{}
+		}
+	}
+	for name := range dirty {
+		for _, sp := range t.services[name] {
+			eps := mergeEndpoints(sp, t.slices[name])
+			t.state.Services[sp.Name] = &model.Service{
+				Port:      sp,
+				Endpoints: eps,
+				Selection: model.Categorize(sp, eps, &t.state.Node, t.opts),
+			}
+			up.Changed[sp.Name] = struct{}{}
+		}
+	}
+	return up
+}
+
+func sameNode(a, b *model.Node) bool {
+	return a.Name == b.Name && a.Zone == b.Zone && slices.Equal(a.Addrs, b.Addrs)
+}
+
+// mergeEndpoints collects the endpoints of sp from every EndpointSlice of
+// its Service. An endpoint listed twice (a pod moving between slices, or an
+// IP reused before the old pod is gone) keeps the non-terminating copy, as
+// upstream does; slices are visited in name order so that the outcome does
+// not depend on map order.
+func mergeEndpoints(sp *model.ServicePort, bySlice map[string]*model.EndpointSlice) []model.Endpoint {
+	if len(bySlice) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(bySlice))
+	for n := range bySlice {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	seen := map[string]int{}
+	var out []model.Endpoint
+	for _, n := range names {
+		s := bySlice[n]
+		for _, p := range s.Ports {
+			if p.Name != sp.Name.Port || p.Protocol != sp.Name.Protocol || p.Port == 0 {
+				continue
+			}
+			for _, ep := range s.Endpoints {
+				ep.Port = p.Port
+				key := ep.String()
+				if i, ok := seen[key]; ok {
+					if !ep.Terminating {
+						out[i] = ep
+					}
+					continue
+				}
+				seen[key] = len(out)
+				out = append(out, ep)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b model.Endpoint) int { return cmp.Compare(a.String(), b.String()) })
+	return out
+}
+
+// LastApplied returns the State as of the last Apply.
+func (t *Tracker) LastApplied() *model.State { return t.state }
+
+// Since returns the age of t relative to now, for latency metrics; zero
+// times give zero.
+func Since(now, t time.Time) time.Duration {
+	if t.IsZero() {
+		return 0
+	}
+	return now.Sub(t)
+}
