@@ -15,6 +15,9 @@ type FakeMap[K comparable, V any] struct {
 	// Fail, when set, is called before every change; a non-nil error is
 	// returned instead of making the change.
 	Fail func(op string, k K) error
+	// OnChange, when set, is called after every successful change, so that
+	// a test can check what a concurrent reader would see at that moment.
+	OnChange func()
 	// Writes counts successful Put and Delete calls.
 	Writes int
 }
@@ -36,6 +39,9 @@ func (f *FakeMap[K, V]) Put(k K, v V) error {
 	}
 	f.Entries[k] = v
 	f.Writes++
+	if f.OnChange != nil {
+		f.OnChange()
+	}
 	return nil
 }
 
@@ -48,6 +54,9 @@ func (f *FakeMap[K, V]) Delete(k K) error {
 	}
 	delete(f.Entries, k)
 	f.Writes++
+	if f.OnChange != nil {
+		f.OnChange()
+	}
 	return nil
 }
 

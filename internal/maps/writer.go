@@ -209,12 +209,12 @@ func (w *Writer) restore() error {
 // Errors of one frontend do not stop the others; they are joined in the
 // returned error. After an error the Writer re-reads the kernel maps on the
 // next Sync, which must then be a full one.
-func (w *Writer) Sync(up model.Update) (SyncStats, error) {
+func (w *Writer) Sync(up model.Update) error {
 	w.stats = SyncStats{}
 	full := up.Full
 	if w.needRestore {
 		if err := w.restore(); err != nil {
-			return w.stats, err
+			return err
 		}
 		full = true
 	}
@@ -301,8 +301,14 @@ func (w *Writer) Sync(up model.Update) (SyncStats, error) {
 	if len(errs) > 0 {
 		w.needRestore = true
 	}
-	return w.stats, errors.Join(errs...)
+	return errors.Join(errs...)
 }
+
+// Name is the proxy mode the Writer implements.
+func (w *Writer) Name() string { return "ebpf" }
+
+// LastStats says what the last Sync wrote.
+func (w *Writer) LastStats() SyncStats { return w.stats }
 
 func compareSPN(a, b model.ServicePortName) int {
 	return cmpStrings(a.Namespace, b.Namespace, a.Name, b.Name, a.Port, b.Port, a.Protocol.String(), b.Protocol.String())

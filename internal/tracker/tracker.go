@@ -9,7 +9,6 @@ import (
 	"cmp"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
@@ -271,16 +270,4 @@ func mergeEndpoints(sp *model.ServicePort, bySlice map[string]*model.EndpointSli
 	}
 	slices.SortFunc(out, func(a, b model.Endpoint) int { return cmp.Compare(a.String(), b.String()) })
 	return out
-}
-
-// LastApplied returns the State as of the last Apply.
-func (t *Tracker) LastApplied() *model.State { return t.state }
-
-// Since returns the age of t relative to now, for latency metrics; zero
-// times give zero.
-func Since(now, t time.Time) time.Duration {
-	if t.IsZero() {
-		return 0
-	}
-	return now.Sub(t)
 }

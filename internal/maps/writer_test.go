@@ -1,0 +1,379 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+)
+
+// state builds a model.State from compact descriptions: each service port
+// "ns/name:port/PROTO" with a ClusterIP and endpoints "ip:port".
+type svcSpec struct {
+	ns, name  string
+	clusterIP string
+	port      uint16
+	proto     model.Protocol
+	eps       []string
+	terminate []string
+	itpLocal  bool
+	affinity  time.Duration
+}
+
+func buildState(specs ...svcSpec) *model.State {
+	st := &model.State{Node: model.Node{Name: "node-a"}, Services: map[model.ServicePortName]*model.Service{}}
+	for _, s := range specs {
+		sp := &model.ServicePort{
+			Name:            model.ServicePortName{ServiceName: model.ServiceName{Namespace: s.ns, Name: s.name}, Protocol: s.proto},
+			ClusterIP:       netip.MustParseAddr(s.clusterIP),
+			Port:            s.port,
+			AffinityTimeout: s.affinity,
+		}
+		if s.itpLocal {
+			sp.InternalPolicy = model.PolicyLocal
+		}
+		var eps []model.Endpoint
+		for _, e := range s.eps {
+			ap := netip.MustParseAddrPort(e)
+			eps = append(eps, model.Endpoint{Addr: ap.Addr(), Port: ap.Port(), Ready: true, Serving: true, NodeName: "node-b"})
+		}
+		for _, e := range s.terminate {
+			ap := netip.MustParseAddrPort(e)
+			eps = append(eps, model.Endpoint{Addr: ap.Addr(), Port: ap.Port(), Serving: true, Terminating: true, NodeName: "node-b"})
+		}
+		st.Services[sp.Name] = &model.Service{Port: sp, Endpoints: eps, Selection: model.Categorize(sp, eps, &st.Node, model.DefaultOptions)}
+	}
+	return st
+}
+
+func full(st *model.State) model.Update { return model.Update{State: st, Full: true} }
+
+func partial(st *model.State, changed ...model.ServicePortName) model.Update {
+	cs := model.ChangeSet{}
+	for _, c := range changed {
+		cs[c] = struct{}{}
+	}
+	return model.Update{State: st, Changed: cs}
+}
+
+func spn(ns, name string, proto model.Protocol) model.ServicePortName {
+	return model.ServicePortName{ServiceName: model.ServiceName{Namespace: ns, Name: name}, Protocol: proto}
+}
+
+type fakes struct {
+	m        Maps
+	services *FakeMap[ServiceKey, ServiceValue]
+	backends *FakeMap[uint32, BackendValue]
+	revnat   *FakeMap[uint32, RevNatValue]
+}
+
+func newFakes(services, backends, revnat int) *fakes {
+	m, s, b, r := FakeMaps(services, backends, revnat)
+	return &fakes{m, s, b, r}
+}
+
+func (f *fakes) writes() int { return f.services.Writes + f.backends.Writes + f.revnat.Writes }
+
+// consistent is what a BPF lookup relies on: every master entry that
+// forwards has all of its slots, each naming an existing backend, and a
+// reverse-NAT entry.
+func (f *fakes) consistent() error {
+	for k, v := range f.services.Entries {
+		if k.Slot != 0 {
+			continue
+		}
+		if _, ok := f.revnat.Entries[v.RevNatId]; !ok {
+			return fmt.Errorf("master %+v: reverse NAT %d missing", k, v.RevNatId)
+		}
+		for s := uint16(1); s <= v.Count; s++ {
+			sk := k
+			sk.Slot = s
+			sv, ok := f.services.Entries[sk]
+			if !ok {
+				return fmt.Errorf("master %+v count %d: slot %d missing", k, v.Count, s)
+			}
+			if _, ok := f.backends.Entries[sv.BackendId]; !ok {
+				return fmt.Errorf("master %+v slot %d: backend %d missing", k, s, sv.BackendId)
+			}
+		}
+	}
+	return nil
+}
+
+// watchConsistency fails the test the moment any single map write leaves
+// the maps in a state a racing reader could trip over.
+func (f *fakes) watchConsistency(t *testing.T) {
+	check := func() {
+		if err := f.consistent(); err != nil {
+			t.Helper()
+			t.Fatalf("inconsistent between two writes: %v", err)
+		}
+	}
+	f.services.OnChange, f.backends.OnChange, f.revnat.OnChange = check, check, check
+}
+
+func dump(t *testing.T, m Maps) string {
+	t.Helper()
+	lines, err := Dump(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
+}
+
+func newWriter(t *testing.T, m Maps) *Writer {
+	t.Helper()
+	w, err := NewWriter(m, Limits{Backends: 1000, RevNat: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+var (
+	dns = svcSpec{ns: "kube-system", name: "dns", clusterIP: "10.96.0.10", port: 53, proto: model.UDP,
+		eps: []string{"10.244.1.2:5353", "10.244.2.2:5353"}}
+	web = svcSpec{ns: "default", name: "web", clusterIP: "10.96.0.20", port: 80, proto: model.TCP,
+		eps: []string{"10.244.1.3:8080", "10.244.2.3:8080", "10.244.3.3:8080"}}
+)
+
+func TestWriterProgramsServices(t *testing.T) {
+	f := newFakes(0, 0, 0)
+	f.watchConsistency(t)
+	w := newWriter(t, f.m)
+	empty := web
+	empty.name, empty.clusterIP, empty.eps = "empty", "10.96.0.30", nil
+	if err := w.Sync(full(buildState(dns, web, empty))); err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Join([]string{
+		"backend 1 10.244.1.3:8080/TCP",
+		"backend 2 10.244.2.3:8080/TCP",
+		"backend 3 10.244.3.3:8080/TCP",
+		"backend 4 10.244.1.2:5353/UDP",
+		"backend 5 10.244.2.2:5353/UDP",
+		"revnat 1 10.96.0.30:80",
+		"revnat 2 10.96.0.20:80",
+		"revnat 3 10.96.0.10:53",
+		"service 10.96.0.10:53/UDP count=2 revnat=3 flags=cluster-ip",
+		"service 10.96.0.10:53/UDP slot=1 backend=4 10.244.1.2:5353/UDP",
+		"service 10.96.0.10:53/UDP slot=2 backend=5 10.244.2.2:5353/UDP",
+		"service 10.96.0.20:80/TCP count=3 revnat=2 flags=cluster-ip",
+		"service 10.96.0.20:80/TCP slot=1 backend=1 10.244.1.3:8080/TCP",
+		"service 10.96.0.20:80/TCP slot=2 backend=2 10.244.2.3:8080/TCP",
+		"service 10.96.0.20:80/TCP slot=3 backend=3 10.244.3.3:8080/TCP",
+		"service 10.96.0.30:80/TCP count=0 revnat=1 flags=cluster-ip,reject",
+	}, "\n")
+	if got := dump(t, f.m); got != want {
+		t.Errorf("dump:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestWriterEndpointChangesAreMakeBeforeBreak(t *testing.T) {
+	steps := []struct {
+		name string
+		eps  []string
+		term []string
+	}{
+		{"one endpoint removed from the middle", []string{"10.244.1.3:8080", "10.244.3.3:8080"}, nil},
+		{"endpoints added", []string{"10.244.1.3:8080", "10.244.3.3:8080", "10.244.4.3:8080", "10.244.5.3:8080"}, nil},
+		{"all replaced", []string{"10.244.9.1:8080", "10.244.9.2:8080"}, nil},
+		{"no ready endpoint: terminating ones serve", nil, []string{"10.244.9.1:8080"}},
+		{"none at all: reject", nil, nil},
+		{"back again", []string{"10.244.1.3:8080"}, nil},
+	}
+	f := newFakes(0, 0, 0)
+	f.watchConsistency(t)
+	w := newWriter(t, f.m)
+	if err := w.Sync(full(buildState(web, dns))); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range steps {
+		t.Run(step.name, func(t *testing.T) {
+			s := web
+			s.eps, s.terminate = step.eps, step.term
+			if err := w.Sync(partial(buildState(s, dns), spn("default", "web", model.TCP))); err != nil {
+				t.Fatal(err)
+			}
+			got := dump(t, f.m)
+			for _, e := range append(slices.Clone(step.eps), step.term...) {
+				if !strings.Contains(got, e+"/TCP") {
+					t.Errorf("endpoint %s not programmed:\n%s", e, got)
+				}
+			}
+			wantCount := fmt.Sprintf("service 10.96.0.20:80/TCP count=%d ", len(step.eps)+len(step.term))
+			if !strings.Contains(got, wantCount) {
+				t.Errorf("want %q in:\n%s", wantCount, got)
+			}
+			// Backends nobody uses are gone; the DNS Service is untouched.
+			if n := len(f.backends.Entries); n != len(step.eps)+len(step.term)+2 {
+				t.Errorf("%d backends programmed, want %d:\n%s", n, len(step.eps)+len(step.term)+2, got)
+			}
+		})
+	}
+}
+
+func TestWriterWritesOnlyWhatChanged(t *testing.T) {
+	f := newFakes(0, 0, 0)
+	w := newWriter(t, f.m)
+	if err := w.Sync(full(buildState(web, dns))); err != nil {
+		t.Fatal(err)
+	}
+	before := f.writes()
+	if err := w.Sync(full(buildState(web, dns))); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.writes() - before; n != 0 {
+		t.Errorf("a full sync of an unchanged state wrote %d entries, want 0", n)
+	}
+	s := web
+	s.eps = append(slices.Clone(web.eps), "10.244.4.3:8080")
+	before = f.writes()
+	if err := w.Sync(partial(buildState(s, dns), spn("default", "web", model.TCP))); err != nil {
+		t.Fatal(err)
+	}
+	// One new backend, its slot, and the master with the new count.
+	if n := f.writes() - before; n != 3 {
+		t.Errorf("adding one endpoint wrote %d entries, want 3", n)
+	}
+}
+
+func TestWriterRestoresIDsFromTheMaps(t *testing.T) {
+	f := newFakes(0, 0, 0)
+	w := newWriter(t, f.m)
+	st := buildState(web, dns)
+	if err := w.Sync(full(st)); err != nil {
+		t.Fatal(err)
+	}
+	before := dump(t, f.m)
+
+	// A restarted agent finds the same maps.
+	w2 := newWriter(t, f.m)
+	writes := f.writes()
+	if err := w2.Sync(full(st)); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.writes() - writes; n != 0 {
+		t.Errorf("first sync after restart wrote %d entries, want 0", n)
+	}
+	if after := dump(t, f.m); after != before {
+		t.Errorf("ids changed across restart:\n%s\nwant:\n%s", after, before)
+	}
+	// New ids do not collide with restored ones.
+	s := web
+	s.eps = append(slices.Clone(web.eps), "10.244.4.3:8080")
+	if err := w2.Sync(partial(buildState(s, dns), spn("default", "web", model.TCP))); err != nil {
+		t.Fatal(err)
+	}
+	if got := dump(t, f.m); !strings.Contains(got, "backend 6 10.244.4.3:8080/TCP") {
+		t.Errorf("new backend did not get the next free id:\n%s", got)
+	}
+}
+
+func TestWriterRestartRemovesServicesDeletedWhileDown(t *testing.T) {
+	f := newFakes(0, 0, 0)
+	w := newWriter(t, f.m)
+	if err := w.Sync(full(buildState(web, dns))); err != nil {
+		t.Fatal(err)
+	}
+	w2 := newWriter(t, f.m)
+	if err := w2.Sync(full(buildState(dns))); err != nil {
+		t.Fatal(err)
+	}
+	got := dump(t, f.m)
+	if strings.Contains(got, "10.96.0.20") || strings.Contains(got, ":8080") {
+		t.Errorf("deleted Service still programmed:\n%s", got)
+	}
+}
+
+func TestWriterDeletesServices(t *testing.T) {
+	f := newFakes(0, 0, 0)
+	f.watchConsistency(t)
+	w := newWriter(t, f.m)
+	if err := w.Sync(full(buildState(web, dns))); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Sync(partial(buildState(dns), spn("default", "web", model.TCP))); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Sync(partial(buildState(), spn("kube-system", "dns", model.UDP))); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.services.Entries) + len(f.backends.Entries) + len(f.revnat.Entries); n != 0 {
+		t.Errorf("%d entries left after deleting every Service:\n%s", n, dump(t, f.m))
+	}
+}
+
+func TestWriterFullMapKeepsWhatWorked(t *testing.T) {
+	// Room for the two Services' five backends and one more.
+	f := newFakes(0, 6, 0)
+	f.watchConsistency(t)
+	w := newWriter(t, f.m)
+	if err := w.Sync(full(buildState(web, dns))); err != nil {
+		t.Fatal(err)
+	}
+	before := dump(t, f.m)
+	s := web
+	s.eps = append(slices.Clone(web.eps), "10.244.4.3:8080", "10.244.5.3:8080")
+	err := w.Sync(partial(buildState(s, dns), spn("default", "web", model.TCP)))
+	if !errors.Is(err, ErrMapFull) {
+		t.Fatalf("got %v, want ErrMapFull", err)
+	}
+	got := dump(t, f.m)
+	for _, line := range strings.Split(before, "\n") {
+		if strings.HasPrefix(line, "service") && !strings.Contains(got, line) {
+			t.Errorf("a full map broke what worked: %q is gone:\n%s", line, got)
+		}
+	}
+	// Once there is room again, the retry (a full sync) converges.
+	f.backends.Max = 0
+	if err := w.Sync(full(buildState(s, dns))); err != nil {
+		t.Fatal(err)
+	}
+	if got := dump(t, f.m); !strings.Contains(got, "service 10.96.0.20:80/TCP count=5 ") {
+		t.Errorf("did not converge after the map had room:\n%s", got)
+	}
+}
+
+func TestWriterVerdicts(t *testing.T) {
+	local := web
+	local.itpLocal = true
+	affinity := dns
+	affinity.affinity = 3 * time.Hour
+	f := newFakes(0, 0, 0)
+	w := newWriter(t, f.m)
+	if err := w.Sync(full(buildState(local, affinity))); err != nil {
+		t.Fatal(err)
+	}
+	got := dump(t, f.m)
+	for _, want := range []string{
+		// Endpoints exist, but none on this node.
+		"service 10.96.0.20:80/TCP count=0 revnat=1 flags=cluster-ip,drop",
+		"service 10.96.0.10:53/UDP count=2 revnat=2 flags=cluster-ip affinity=10800s",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("want %q in:\n%s", want, got)
+		}
+	}
+}
+
+func TestArrangeSlotsKeepsPositions(t *testing.T) {
+	for _, tc := range []struct {
+		old, ids, want []uint32
+	}{
+		{nil, []uint32{1, 2}, []uint32{1, 2}},
+		{[]uint32{1, 2, 3}, []uint32{1, 3}, []uint32{1, 3}},
+		{[]uint32{1, 2, 3}, []uint32{3, 2}, []uint32{3, 2}},
+		{[]uint32{1, 2, 3}, []uint32{4, 2, 3, 5}, []uint32{4, 2, 3, 5}},
+		{[]uint32{1, 2}, nil, []uint32{}},
+	} {
+		if got := arrangeSlots(tc.old, tc.ids); !slices.Equal(got, tc.want) {
+			t.Errorf("arrangeSlots(%v, %v) = %v, want %v", tc.old, tc.ids, got, tc.want)
+		}
+	}
+}

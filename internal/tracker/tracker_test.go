@@ -1,0 +1,199 @@
+package tracker_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func makeService(name string, ports ...v1.ServicePort) *v1.Service {
+	return &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+		Spec:       v1.ServiceSpec{ClusterIP: "10.96.0.10", Ports: ports},
+	}
+}
+
+func port(name string, p int32, proto v1.Protocol, target intstr.IntOrString) v1.ServicePort {
+	return v1.ServicePort{Name: name, Port: p, Protocol: proto, TargetPort: target}
+}
+
+func makeSlice(svc, name string, ports []discoveryv1.EndpointPort, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       ports,
+		Endpoints:   eps,
+	}
+}
+
+func esPort(name string, p int32, proto v1.Protocol) discoveryv1.EndpointPort {
+	return discoveryv1.EndpointPort{Name: ptr(name), Port: ptr(p), Protocol: ptr(proto)}
+}
+
+func endpoint(ip string, terminating bool) discoveryv1.Endpoint {
+	return discoveryv1.Endpoint{Addresses: []string{ip}, NodeName: ptr("node-b"),
+		Conditions: discoveryv1.EndpointConditions{Ready: ptr(!terminating), Serving: ptr(true), Terminating: ptr(terminating)}}
+}
+
+type harness struct {
+	t  *testing.T
+	tr *tracker.Tracker
+	tl k8swatch.Translator
+}
+
+func newHarness(t *testing.T) *harness {
+	h := &harness{t: t, tr: tracker.New("node-a", model.DefaultOptions)}
+	h.tl.Invalid = func(kind, ns, name, reason string) { t.Fatalf("invalid %s %s/%s: %s", kind, ns, name, reason) }
+	return h
+}
+
+func (h *harness) service(svc *v1.Service) { h.tr.UpdateService(k8swatch.ServiceName(svc), h.tl.ServicePorts(svc)) }
+func (h *harness) slice(es *discoveryv1.EndpointSlice) {
+	h.tr.UpdateEndpointSlice(h.tl.EndpointSlice(es))
+}
+
+// endpoints renders the State as "port-name/PROTO: ip:port[ T],..." lines.
+func endpoints(st *model.State) string {
+	var lines []string
+	for spn, s := range st.Services {
+		var eps []string
+		for _, e := range s.Endpoints {
+			x := e.String()
+			if e.Terminating {
+				x += " T"
+			}
+			eps = append(eps, x)
+		}
+		lines = append(lines, spn.Name+":"+spn.Port+"/"+spn.Protocol.String()+": "+strings.Join(eps, ","))
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+func changed(up model.Update) string {
+	var out []string
+	for spn := range up.Changed {
+		out = append(out, spn.String())
+	}
+	slices.Sort(out)
+	return strings.Join(out, " ")
+}
+
+func TestSlicesAreMergedPerServicePort(t *testing.T) {
+	h := newHarness(t)
+	h.service(makeService("web",
+		port("http", 80, v1.ProtocolTCP, intstr.FromString("web")),
+		port("dns", 53, v1.ProtocolTCP, intstr.FromInt32(5353)),
+		port("dns-udp", 53, v1.ProtocolUDP, intstr.FromInt32(5353))))
+	h.slice(makeSlice("web", "web-a",
+		[]discoveryv1.EndpointPort{esPort("http", 8080, v1.ProtocolTCP), esPort("dns", 5353, v1.ProtocolTCP), esPort("dns-udp", 5353, v1.ProtocolUDP)},
+		endpoint("10.0.0.1", false), endpoint("10.0.0.2", false)))
+	// A second slice: one more endpoint, one duplicate that is terminating
+	// there (the ready copy wins), and the named port resolved differently
+	// (pods of another version listen elsewhere).
+	h.slice(makeSlice("web", "web-b",
+		[]discoveryv1.EndpointPort{esPort("http", 9090, v1.ProtocolTCP)},
+		endpoint("10.0.0.3", false)))
+	h.slice(makeSlice("web", "web-c",
+		[]discoveryv1.EndpointPort{esPort("dns", 5353, v1.ProtocolTCP)},
+		endpoint("10.0.0.1", true), endpoint("10.0.0.4", false)))
+	up := h.tr.Apply()
+	want := strings.Join([]string{
+		"web:dns-udp/UDP: 10.0.0.1:5353,10.0.0.2:5353",
+		"web:dns/TCP: 10.0.0.1:5353,10.0.0.2:5353,10.0.0.4:5353",
+		"web:http/TCP: 10.0.0.1:8080,10.0.0.2:8080,10.0.0.3:9090",
+	}, "\n")
+	if got := endpoints(up.State); got != want {
+		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestDuplicateEndpointPrefersTheNonTerminatingCopy(t *testing.T) {
+	for _, order := range [][2]string{{"a", "b"}, {"b", "a"}} {
+		h := newHarness(t)
+		h.service(makeService("web", port("", 80, v1.ProtocolTCP, intstr.FromInt32(8080))))
+		h.slice(makeSlice("web", "web-"+order[0], []discoveryv1.EndpointPort{esPort("", 8080, v1.ProtocolTCP)}, endpoint("10.0.0.1", true)))
+		h.slice(makeSlice("web", "web-"+order[1], []discoveryv1.EndpointPort{esPort("", 8080, v1.ProtocolTCP)}, endpoint("10.0.0.1", false)))
+		if got := endpoints(h.tr.Apply().State); got != "web:/TCP: 10.0.0.1:8080" {
+			t.Errorf("slices %v: got %q, want the ready copy", order, got)
+		}
+	}
+}
+
+func TestChangesAreTrackedPerService(t *testing.T) {
+	h := newHarness(t)
+	h.service(makeService("a", port("", 80, v1.ProtocolTCP, intstr.FromInt32(80))))
+	h.service(makeService("b", port("x", 80, v1.ProtocolTCP, intstr.FromInt32(80)), port("y", 81, v1.ProtocolTCP, intstr.FromInt32(81))))
+	if got := changed(h.tr.Apply()); got != "ns/a:/TCP ns/b:x/TCP ns/b:y/TCP" {
+		t.Errorf("initial changes: %s", got)
+	}
+	if got := changed(h.tr.Apply()); got != "" {
+		t.Errorf("nothing happened, yet changed: %s", got)
+	}
+	// An endpoint change of b touches only b's ports.
+	h.slice(makeSlice("b", "b-1", []discoveryv1.EndpointPort{esPort("x", 80, v1.ProtocolTCP)}, endpoint("10.0.0.1", false)))
+	if got := changed(h.tr.Apply()); got != "ns/b:x/TCP ns/b:y/TCP" {
+		t.Errorf("after a slice of b: %s", got)
+	}
+	// Removing a port deletes it from the State and names it as changed.
+	h.service(makeService("b", port("x", 80, v1.ProtocolTCP, intstr.FromInt32(80))))
+	up := h.tr.Apply()
+	if got := changed(up); got != "ns/b:x/TCP ns/b:y/TCP" {
+		t.Errorf("after removing port y: %s", got)
+	}
+	if got := endpoints(up.State); got != "a:/TCP: \nb:x/TCP: 10.0.0.1:80" {
+		t.Errorf("state after removing port y:\n%s", got)
+	}
+	// Deleting a Service removes its ports; its slices stay until deleted.
+	h.tr.DeleteService(model.ServiceName{Namespace: "ns", Name: "b"})
+	up = h.tr.Apply()
+	if got := endpoints(up.State); got != "a:/TCP: " {
+		t.Errorf("state after deleting b:\n%s", got)
+	}
+	// A slice arriving before its Service is kept and used when it comes.
+	h.slice(makeSlice("c", "c-1", []discoveryv1.EndpointPort{esPort("", 80, v1.ProtocolTCP)}, endpoint("10.0.0.9", false)))
+	h.tr.Apply()
+	h.service(makeService("c", port("", 80, v1.ProtocolTCP, intstr.FromInt32(80))))
+	if got := endpoints(h.tr.Apply().State); !strings.Contains(got, "c:/TCP: 10.0.0.9:80") {
+		t.Errorf("slice that came first was lost:\n%s", got)
+	}
+}
+
+func TestNodeZoneChangeReselectsEverything(t *testing.T) {
+	h := newHarness(t)
+	h.service(makeService("a", port("", 80, v1.ProtocolTCP, intstr.FromInt32(80))))
+	h.service(makeService("b", port("", 80, v1.ProtocolTCP, intstr.FromInt32(80))))
+	h.tr.Apply()
+	h.tr.UpdateNode(model.Node{Name: "node-a", Zone: "z1"})
+	up := h.tr.Apply()
+	if !up.Full || changed(up) != "ns/a:/TCP ns/b:/TCP" {
+		t.Errorf("zone change: full=%v changed=%q, want a full update of every port", up.Full, changed(up))
+	}
+	h.tr.UpdateNode(model.Node{Name: "node-a", Zone: "z1"})
+	if up := h.tr.Apply(); up.Full || len(up.Changed) != 0 {
+		t.Errorf("an unchanged node triggered a sync: %+v", up)
+	}
+}
+
+func TestSyncedNeedsBothKinds(t *testing.T) {
+	tr := tracker.New("node-a", model.DefaultOptions)
+	tr.SetServicesSynced()
+	if tr.Synced() {
+		t.Error("synced with only Services listed")
+	}
+	tr.SetEndpointSlicesSynced()
+	if !tr.Synced() {
+		t.Error("not synced after both lists")
+	}
+}
