@@ -294,8 +294,22 @@ func removeDirPins(dir string) error {
 	return errors.Join(errs...)
 }
 
+// CounterNames name the programs' event counters (enum lb_metric), in
+// index order, as they appear in the ebpfproxy_bpf_events_total metric.
+var CounterNames = []string{
+	bpfobj.SockLbMetricLB_M_XLATE_TCP:         "translated_tcp",
+	bpfobj.SockLbMetricLB_M_XLATE_UDP:         "translated_udp",
+	bpfobj.SockLbMetricLB_M_REJECT:            "rejected_no_endpoints",
+	bpfobj.SockLbMetricLB_M_DROP:              "dropped_no_local_endpoints",
+	bpfobj.SockLbMetricLB_M_NO_SLOT:           "missing_slot",
+	bpfobj.SockLbMetricLB_M_NO_BACKEND:        "missing_backend",
+	bpfobj.SockLbMetricLB_M_REVNAT_HIT:        "reverse_translated",
+	bpfobj.SockLbMetricLB_M_REVNAT_STALE:      "reverse_entry_stale",
+	bpfobj.SockLbMetricLB_M_REVNAT_UPDATE_ERR: "reverse_entry_update_failed",
+}
+
 // Counters returns the programs' per-CPU event counters summed over CPUs,
-// indexed by bpfobj.SockLbMetric.
+// indexed like CounterNames.
 func (l *Loaded) Counters() ([]uint64, error) {
 	n := int(bpfobj.SockLbMetricLB_M_MAX)
 	out := make([]uint64, n)

@@ -1,0 +1,58 @@
+# ebpf-proxy. The two entry points for a fresh machine are `make demo` and
+# `make test`; both install what they need.
+
+SHELL := /bin/bash
+GO ?= go
+# The pinned compiler: Debian bookworm's clang 14.
+CLANG ?= clang-14
+STRIP ?= llvm-strip-14
+CLANG_FORMAT ?= clang-format-14
+BPF_CFLAGS := -O2 -g -Wall -Werror -nostdinc -Ibpf/include
+
+# Packages whose tests need root and a BPF-capable kernel; they also run in
+# the VM matrix.
+PRIVILEGED_PKGS ?= ./internal/loader/... ./internal/sandbox/... ./test/socklb/... ./test/vmtest/ipvs/...
+
+export EBPF_PROXY_CACHE ?= /var/cache/ebpf-proxy
+
+.PHONY: all build deps generate check-generated lint unit test test-go bench demo clean
+
+all: build
+
+build:
+	$(GO) build -o bin/ebpf-proxy ./cmd/ebpf-proxy
+
+deps:
+	@hack/deps.sh
+
+generate:
+	BPF2GO_CC=$(CLANG) BPF2GO_STRIP=$(STRIP) BPF2GO_CFLAGS="$(BPF_CFLAGS)" $(GO) generate ./
+
+check-generated: deps
+	@hack/check-generated.sh
+
+lint: deps
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+	$(CLANG_FORMAT) --dry-run -Werror bpf/*.c bpf/lib/*.h
+
+# Fast, unprivileged tests of pure logic.
+unit:
+	$(GO) test ./internal/model/... ./internal/tracker/... ./internal/maps/... ./internal/k8swatch/... ./internal/metrics/... ./internal/healthcheck/... ./internal/proxier/... ./cmd/...
+
+# Every Go test on this machine's kernel; privileged tests fail rather than
+# skip here.
+test-go: deps
+	EBPF_PROXY_REQUIRE_PRIVILEGED=1 $(GO) test -count=1 ./...
+
+bench:
+	EBPF_PROXY_REQUIRE_PRIVILEGED=1 $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./internal/maps/... ./test/socklb/...
+
+test: lint check-generated test-go
+
+demo: deps build
+	$(GO) run ./test/demo
+
+clean:
+	rm -rf bin

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
+)
+
+// bpfCollector exports the BPF programs' per-CPU event counters at scrape
+// time, so the datapath pays one counter increment and nothing more.
+type bpfCollector struct {
+	l      *loader.Loaded
+	events *prometheus.Desc
+	errors *prometheus.Desc
+}
+
+func newBPFCollector(l *loader.Loaded, _ *maps.Writer) prometheus.Collector {
+	return &bpfCollector{
+		l: l,
+		events: prometheus.NewDesc("ebpfproxy_bpf_events_total",
+			"Events counted by the BPF programs, by event.", []string{"event"}, nil),
+		errors: prometheus.NewDesc("ebpfproxy_bpf_counter_read_errors_total",
+			"1 when the BPF counters could not be read at this scrape.", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *bpfCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.events
+	ch <- c.errors
+}
+
+// Collect implements prometheus.Collector.
+func (c *bpfCollector) Collect(ch chan<- prometheus.Metric) {
+	counts, err := c.l.Counters()
+	if err != nil {
+		ch <- prometheus.MustNewConstMetric(c.errors, prometheus.GaugeValue, 1)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.errors, prometheus.GaugeValue, 0)
+	for i, v := range counts {
+		ch <- prometheus.MustNewConstMetric(c.events, prometheus.CounterValue, float64(v), loader.CounterNames[i])
+	}
+}

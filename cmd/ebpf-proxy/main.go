@@ -1,0 +1,61 @@
+// Command ebpf-proxy is a drop-in replacement for kube-proxy: it watches
+// Services, EndpointSlices and its own Node and programs BPF socket load
+// balancing for them. Its flags keep kube-proxy's names where the meaning is
+// the same.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/pflag"
+	"go.uber.org/zap"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "dump" {
+		os.Exit(runDump(os.Args[2:]))
+	}
+	opts := defaultOptions()
+	fs := pflag.NewFlagSet("ebpf-proxy", pflag.ContinueOnError)
+	opts.addFlags(fs)
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	log, err := newLogger(opts.verbosity)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	defer log.Sync() //nolint:errcheck // nothing to do about a failed flush at exit
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, opts, log); err != nil {
+		log.Error("exiting", zap.Error(err))
+		os.Exit(1)
+	}
+}
+
+func newLogger(v int) (*zap.Logger, error) {
+	cfg := zap.NewProductionConfig()
+	cfg.Sampling = nil
+	cfg.EncoderConfig.TimeKey = "time"
+	cfg.EncoderConfig.EncodeTime = zapISOTime
+	if v >= 2 {
+		cfg.Level = zap.NewAtomicLevelAt(zap.DebugLevel)
+	}
+	if strings.EqualFold(os.Getenv("EBPF_PROXY_LOG_FORMAT"), "console") {
+		cfg.Encoding = "console"
+	}
+	return cfg.Build()
+}

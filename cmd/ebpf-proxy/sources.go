@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"go.uber.org/zap"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/healthcheck"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
+)
+
+// startSource starts the source of Services and EndpointSlices: the
+// manifests directory when --manifests is set, else the API server.
+func startSource(ctx context.Context, o *options, nodeName string, tr *tracker.Tracker, m *metrics.Metrics, health *healthcheck.ProxyHealthServer, log *zap.Logger) error {
+	invalid := func(kind, namespace, name, reason string) {
+		m.InvalidObjectsTotal.WithLabelValues(kind, invalidReason(reason)).Inc()
+		log.Warn("ignoring invalid input", zap.String("kind", kind), zap.String("namespace", namespace),
+			zap.String("name", name), zap.String("reason", reason))
+	}
+	if o.manifests != "" {
+		// Standalone: there is no Node object to be ineligible.
+		health.SetNode(&healthcheck.NodeStatus{})
+		src := k8swatch.NewManifests(o.manifests, nodeName, tr, k8swatch.ManifestOptions{Invalid: invalid})
+		if err := src.Reload(); err != nil {
+			return fmt.Errorf("read manifests: %w", err)
+		}
+		go func() {
+			if err := src.Run(ctx); err != nil {
+				log.Error("manifests source stopped", zap.Error(err))
+			}
+		}()
+		log.Info("reading Services and EndpointSlices from a directory", zap.String("manifests", o.manifests))
+		return nil
+	}
+
+	cfg, err := clientcmd.BuildConfigFromFlags(o.master, o.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("API server client configuration: %w", err)
+	}
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	cfg.UserAgent = "ebpf-proxy"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("API server client: %w", err)
+	}
+	go func() {
+		err := k8swatch.Watch(ctx, client, nodeName, tr, k8swatch.WatchOptions{
+			ResyncPeriod: o.configSyncPeriod,
+			Invalid:      invalid,
+		})
+		if err != nil {
+			log.Error("API server source stopped", zap.Error(err))
+		}
+	}()
+	log.Info("watching the API server", zap.String("host", cfg.Host))
+	return nil
+}
+
+// invalidReason keeps the metric's label set small: the first words of a
+// reason, which the translator words as a fixed prefix followed by detail.
+func invalidReason(reason string) string {
+	const max = 40
+	for i, r := range reason {
+		if r == ':' || i >= max {
+			return reason[:i]
+		}
+	}
+	return reason
+}

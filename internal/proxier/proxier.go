@@ -1,0 +1,227 @@
+// Package proxier is the one sync loop: it waits until the sources have
+// delivered their initial lists, batches changes, hands each dataplane the
+// new State with the set of changed ServicePorts, retries failures with a
+// full sync and backoff, runs a periodic full sync, and records kube-proxy's
+// sync metrics and health once for every dataplane.
+package proxier
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
+)
+
+// Dataplane is what the sync loop drives: the BPF maps, or a fallback.
+type Dataplane interface {
+	// Name is the proxy mode it implements ("ebpf", "iptables", "ipvs").
+	Name() string
+	// Sync applies up. After an error the dataplane may be partly updated;
+	// the next Sync it gets is a full one.
+	Sync(up model.Update) error
+}
+
+// Health is the part of the proxier health server the loop reports to.
+type Health interface {
+	QueuedUpdate(ipFamily string)
+	Updated(ipFamily string)
+}
+
+// Config tunes the loop.
+type Config struct {
+	// MinSyncPeriod is the least time between two syncs; changes arriving
+	// sooner are batched into the next one. 0 syncs as soon as a change
+	// arrives (a sync writes only what changed, so this is cheap).
+	MinSyncPeriod time.Duration
+	// SyncPeriod is the interval of the periodic full sync and the longest
+	// backoff after a failure.
+	SyncPeriod time.Duration
+	// IPFamily is the metric label and health key, "IPv4".
+	IPFamily string
+}
+
+// Proxier runs the sync loop.
+type Proxier struct {
+	cfg     Config
+	tr      *tracker.Tracker
+	dp      Dataplane
+	metrics *metrics.Metrics
+	health  Health
+	log     *zap.Logger
+	now     func() time.Time
+	started time.Time
+
+	// noLocal remembers which ServicePorts lack local endpoints under a
+	// Local policy, so that the gauges are kept without a full scan.
+	noLocalInternal map[model.ServicePortName]bool
+	noLocalExternal map[model.ServicePortName]bool
+
+	synced chan struct{}
+}
+
+// New returns a sync loop feeding dp from tr.
+func New(cfg Config, tr *tracker.Tracker, dp Dataplane, m *metrics.Metrics, h Health, log *zap.Logger) *Proxier {
+	if cfg.IPFamily == "" {
+		cfg.IPFamily = "IPv4"
+	}
+	if cfg.SyncPeriod <= 0 {
+		cfg.SyncPeriod = 30 * time.Second
+	}
+	return &Proxier{
+		cfg: cfg, tr: tr, dp: dp, metrics: m, health: h, log: log,
+		now: time.Now, started: time.Now(),
+		noLocalInternal: map[model.ServicePortName]bool{},
+		noLocalExternal: map[model.ServicePortName]bool{},
+		synced:          make(chan struct{}),
+	}
+}
+
+// FirstSync is closed after the first successful sync.
+func (p *Proxier) FirstSync() <-chan struct{} { return p.synced }
+
+// Run syncs until ctx is done. Nothing is programmed until both Services and
+// EndpointSlices have synced: a partial view would delete what is not yet
+// known.
+func (p *Proxier) Run(ctx context.Context) {
+	for !p.tr.Synced() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.tr.Notify():
+		}
+	}
+	p.log.Info("sources synced, starting sync loop", zap.String("mode", p.dp.Name()))
+	p.health.Updated(p.cfg.IPFamily)
+	p.metrics.SyncProxyRulesLastQueuedTimestamp.SetToCurrentTime()
+
+	needFull := true
+	backoff := time.Duration(0)
+	var lastSync time.Time
+	periodic := time.NewTimer(p.cfg.SyncPeriod)
+	defer periodic.Stop()
+	for {
+		if wait := p.cfg.MinSyncPeriod - p.now().Sub(lastSync); !lastSync.IsZero() && wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+		lastSync = p.now()
+		if p.syncOnce(needFull) {
+			needFull = false
+			backoff = 0
+			resetTimer(periodic, p.cfg.SyncPeriod)
+		} else {
+			needFull = true
+			backoff = min(max(2*backoff, time.Second), p.cfg.SyncPeriod)
+			resetTimer(periodic, backoff)
+		}
+
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.tr.Notify():
+			p.queued()
+		case <-periodic.C:
+			needFull = true
+		}
+	}
+}
+
+func resetTimer(t *time.Timer, d time.Duration) {
+	t.Stop()
+	select {
+	case <-t.C:
+	default:
+	}
+	t.Reset(d)
+}
+
+func (p *Proxier) queued() {
+	p.health.QueuedUpdate(p.cfg.IPFamily)
+	p.metrics.SyncProxyRulesLastQueuedTimestamp.SetToCurrentTime()
+	svcs, eps := p.tr.Pending()
+	p.metrics.ServiceChangesPending.Set(float64(svcs))
+	p.metrics.EndpointChangesPending.Set(float64(eps))
+}
+
+// syncOnce applies pending changes and reports whether the dataplane took
+// them.
+func (p *Proxier) syncOnce(full bool) bool {
+	start := p.now()
+	up := p.tr.Apply()
+	up.Full = up.Full || full
+	p.metrics.ServiceChangesPending.Set(0)
+	p.metrics.EndpointChangesPending.Set(0)
+	p.metrics.ServiceChangesTotal.Add(float64(up.ServiceChanges))
+	p.metrics.EndpointChangesTotal.Add(float64(up.EndpointChanges))
+
+	err := p.dp.Sync(up)
+	elapsed := p.now().Sub(start)
+	p.metrics.SyncProxyRulesDuration.Observe(elapsed.Seconds())
+	if up.Full {
+		p.metrics.SyncFullProxyRulesDuration.Observe(elapsed.Seconds())
+	} else {
+		p.metrics.SyncPartialProxyRulesDuration.Observe(elapsed.Seconds())
+	}
+	p.updateNoLocal(up)
+	if err != nil {
+		p.metrics.SyncErrorsTotal.WithLabelValues(p.dp.Name()).Inc()
+		p.log.Error("sync failed; retrying with a full sync", zap.String("mode", p.dp.Name()),
+			zap.Bool("full", up.Full), zap.Int("changed", len(up.Changed)), zap.Error(err))
+		return false
+	}
+	p.metrics.SyncProxyRulesLastTimestamp.SetToCurrentTime()
+	p.health.Updated(p.cfg.IPFamily)
+	now := p.now()
+	for _, t := range up.TriggerTimes {
+		// Changes older than the agent are the initial state, not latency.
+		if t.After(p.started) {
+			p.metrics.NetworkProgrammingDuration.Observe(now.Sub(t).Seconds())
+		}
+	}
+	p.log.Debug("synced", zap.String("mode", p.dp.Name()), zap.Bool("full", up.Full),
+		zap.Int("changed", len(up.Changed)), zap.Duration("elapsed", elapsed))
+	select {
+	case <-p.synced:
+	default:
+		close(p.synced)
+		p.log.Info("first sync done", zap.Int("servicePorts", len(up.State.Services)), zap.Duration("elapsed", elapsed))
+	}
+	return true
+}
+
+func (p *Proxier) updateNoLocal(up model.Update) {
+	visit := func(spn model.ServicePortName) {
+		svc := up.State.Services[spn]
+		delete(p.noLocalInternal, spn)
+		delete(p.noLocalExternal, spn)
+		if svc == nil || !svc.Selection.HasAny || len(svc.Selection.Local) > 0 {
+			return
+		}
+		if svc.Port.InternalPolicy == model.PolicyLocal {
+			p.noLocalInternal[spn] = true
+		}
+		if svc.Port.ExternalPolicy == model.PolicyLocal && svc.Port.ExternallyAccessible() {
+			p.noLocalExternal[spn] = true
+		}
+	}
+	if up.Full {
+		clear(p.noLocalInternal)
+		clear(p.noLocalExternal)
+		for spn := range up.State.Services {
+			visit(spn)
+		}
+	} else {
+		for spn := range up.Changed {
+			visit(spn)
+		}
+	}
+	p.metrics.NoLocalEndpointsInternal.Set(float64(len(p.noLocalInternal)))
+	p.metrics.NoLocalEndpointsExternal.Set(float64(len(p.noLocalExternal)))
+}

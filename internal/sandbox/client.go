@@ -1,0 +1,502 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Client runs probes from a host of the sandbox. Each probe is a subprocess
+// born inside the sandbox's child cgroup (so that cgroup BPF hooks act on its
+// sockets) and inside the host's network namespace; the test process itself
+// never moves.
+type Client struct {
+	*Host
+
+	sb      *Sandbox
+	timeout time.Duration
+}
+
+// ClientAt returns a Client that runs probes from h, for example from a
+// node's namespace.
+func (s *Sandbox) ClientAt(h *Host) *Client { return s.clientAt(h) }
+
+func (s *Sandbox) clientAt(h *Host) *Client {
+	return &Client{Host: h, sb: s, timeout: defaultTimeout}
+}
+
+// WithTimeout returns a copy of c whose probes give each attempt d (default
+// 2s, at most 30s) before reporting ETIMEDOUT.
+func (c *Client) WithTimeout(d time.Duration) *Client {
+	cc := *c
+	cc.timeout = d
+	return &cc
+}
+
+// TCP connects n times to addr, reading the server's line each time.
+func (c *Client) TCP(ctx context.Context, addr netip.AddrPort, n int) (Report[TCPResult], error) {
+	var rep Report[TCPResult]
+	err := c.run(ctx, probeRequest{Kind: kindTCP, Addr: addr, Count: n}, &rep)
+	return rep, err
+}
+
+// UDP sends n datagrams to addr from unconnected sockets with sendto() and
+// receives each reply with recvfrom().
+func (c *Client) UDP(ctx context.Context, addr netip.AddrPort, n int) (Report[UDPResult], error) {
+	var rep Report[UDPResult]
+	err := c.run(ctx, probeRequest{Kind: kindUDP, Addr: addr, Count: n}, &rep)
+	return rep, err
+}
+
+// UDPConnected sends n datagrams to addr, each from a socket connected with
+// connect(), and receives each reply.
+func (c *Client) UDPConnected(ctx context.Context, addr netip.AddrPort, n int) (Report[UDPResult], error) {
+	var rep Report[UDPResult]
+	err := c.run(ctx, probeRequest{Kind: kindUDP, Addr: addr, Count: n, Connected: true}, &rep)
+	return rep, err
+}
+
+// HTTP sends n GET requests for path to addr, each on a new connection.
+func (c *Client) HTTP(ctx context.Context, addr netip.AddrPort, path string, n int) (Report[HTTPResult], error) {
+	var rep Report[HTTPResult]
+	err := c.run(ctx, probeRequest{Kind: kindHTTP, Addr: addr, Path: path, Count: n}, &rep)
+	return rep, err
+}
+
+// run starts a one-shot probe, waits for it and decodes its result into out.
+func (c *Client) run(ctx context.Context, req probeRequest, out any) error {
+	if err := c.prepare(&req); err != nil {
+		return err
+	}
+	// Every attempt is bounded by the timeout (UDP and HTTP by two of them);
+	// the slack covers starting the process.
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(req.Count)*2*req.Timeout+10*time.Second)
+	defer cancel()
+	cmd, err := c.command(ctx, req)
+	if err != nil {
+		return err
+	}
+	stdout := &cappedBuffer{max: 8 << 20}
+	stderr := &cappedBuffer{max: 16 << 10}
+	cmd.Stdout = stdout
+	cmd.Stderr = stderr
+	if err := c.start(cmd); err != nil {
+		return err
+	}
+	werr := cmd.Wait()
+	msgs, derr := decodeMessages(strings.NewReader(stdout.String()))
+	if len(msgs) == 0 || msgs[len(msgs)-1].Result == nil && msgs[len(msgs)-1].Error == "" {
+		return c.failed(req, errors.Join(werr, derr), stderr)
+	}
+	last := msgs[len(msgs)-1]
+	if last.Error != "" {
+		return fmt.Errorf("%s probe from %s to %s: %s", req.Kind, c.Name, req.Addr, last.Error)
+	}
+	if err := json.Unmarshal(last.Result, out); err != nil {
+		return fmt.Errorf("%s probe from %s: decode result: %w", req.Kind, c.Name, err)
+	}
+	if werr != nil {
+		return c.failed(req, werr, stderr)
+	}
+	return nil
+}
+
+// prepare fills in defaults and the probe's expected whereabouts.
+func (c *Client) prepare(req *probeRequest) error {
+	req.Timeout = c.timeout
+	req.Netns = c.NS.Inode()
+	req.Cgroup = c.sb.Cgroup.Name()
+	if err := req.validate(); err != nil {
+		return fmt.Errorf("%s probe from %s: %w", req.Kind, c.Name, err)
+	}
+	return nil
+}
+
+// command prepares the re-execution of this binary as a probe.
+func (c *Client) command(ctx context.Context, req probeRequest) (*exec.Cmd, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find own executable: %w", err)
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encode probe request: %w", err)
+	}
+	// "-test.run=^$" makes a test binary that forgot to call Main run no
+	// test instead of running them all again inside the probe; any other
+	// binary rejects the unknown flag.
+	cmd := exec.CommandContext(ctx, exe, "-test.run=^$")
+	env := make([]string, 0, len(os.Environ())+2)
+	gorace := "atexit_sleep_ms=0"
+	for _, kv := range os.Environ() {
+		switch {
+		case strings.HasPrefix(kv, probeEnv+"="):
+		case strings.HasPrefix(kv, "GORACE="):
+			gorace = strings.TrimPrefix(kv, "GORACE=") + " " + gorace
+		default:
+			env = append(env, kv)
+		}
+	}
+	// A race-enabled probe would otherwise sleep a second before exiting.
+	cmd.Env = append(env, "GORACE="+gorace, probeEnv+"="+string(body))
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		// Born in the cgroup: the cgroup BPF hooks see every socket of the
+		// probe from the first.
+		UseCgroupFD: true,
+		CgroupFD:    c.sb.Cgroup.FD(),
+		// No probe outlives a test binary that dies.
+		Pdeathsig: syscall.SIGKILL,
+	}
+	cmd.WaitDelay = time.Second
+	return cmd, nil
+}
+
+// start forks the probe from a thread inside the client's namespace; a child
+// process inherits the namespaces of the thread that forks it.
+func (c *Client) start(cmd *exec.Cmd) error {
+	c.sb.mu.Lock()
+	closed := c.sb.closed
+	c.sb.mu.Unlock()
+	if closed {
+		return errors.New("sandbox is closed")
+	}
+	if err := c.NS.Do(cmd.Start); err != nil {
+		return fmt.Errorf("start probe in %s: %w", c.Name, err)
+	}
+	return nil
+}
+
+func (c *Client) failed(req probeRequest, err error, stderr *cappedBuffer) error {
+	return fmt.Errorf("%s probe from %s to %s gave no result (did the binary call sandbox.Main first?): %w; stderr: %q",
+		req.Kind, c.Name, req.Addr, err, stderr.String())
+}
+
+func decodeMessages(r io.Reader) ([]probeMessage, error) {
+	var msgs []probeMessage
+	dec := json.NewDecoder(r)
+	for {
+		var m probeMessage
+		if err := dec.Decode(&m); err == io.EOF {
+			return msgs, nil
+		} else if err != nil {
+			return msgs, fmt.Errorf("decode probe output: %w", err)
+		}
+		msgs = append(msgs, m)
+	}
+}
+
+// session is a probe subprocess that runs until its stdin is closed: the
+// plumbing that Loop and Held share.
+type session struct {
+	client *Client
+	req    probeRequest
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stderr *cappedBuffer
+	cancel context.CancelFunc
+	// msgs carries the probe's Ready and Ping messages and is closed when
+	// its output ends; final and decodeErr are set before that, so whoever
+	// has seen msgs closed may read them.
+	msgs      chan probeMessage
+	final     *probeMessage
+	decodeErr error
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// startSession starts a probe that runs until stopped and waits for its
+// Ready message. The sandbox stops the session on Close.
+func (c *Client) startSession(ctx context.Context, req probeRequest) (*session, probeMessage, error) {
+	if err := c.prepare(&req); err != nil {
+		return nil, probeMessage{}, err
+	}
+	// The context bounds the whole session, not only its start.
+	sctx, cancel := context.WithTimeout(context.Background(), req.MaxDuration+req.Timeout+10*time.Second)
+	cmd, err := c.command(sctx, req)
+	if err != nil {
+		cancel()
+		return nil, probeMessage{}, err
+	}
+	s := &session{client: c, req: req, cmd: cmd, msgs: make(chan probeMessage, 2),
+		stderr: &cappedBuffer{max: 16 << 10}, cancel: cancel}
+	cmd.Stderr = s.stderr
+	if s.stdin, err = cmd.StdinPipe(); err != nil {
+		cancel()
+		return nil, probeMessage{}, fmt.Errorf("%s probe: %w", req.Kind, err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		cancel()
+		return nil, probeMessage{}, fmt.Errorf("%s probe: %w", req.Kind, err)
+	}
+	if err := c.start(cmd); err != nil {
+		cancel()
+		return nil, probeMessage{}, err
+	}
+	go s.read(stdout)
+
+	c.sb.mu.Lock()
+	closed := c.sb.closed
+	if !closed {
+		c.sb.sessions[s] = struct{}{}
+	}
+	c.sb.mu.Unlock()
+	if closed {
+		return nil, probeMessage{}, errors.Join(errors.New("sandbox is closed"), s.stop())
+	}
+
+	startTimeout := time.NewTimer(req.Timeout + 10*time.Second)
+	defer startTimeout.Stop()
+	select {
+	case m, ok := <-s.msgs:
+		if ok && m.Ready {
+			return s, m, nil
+		}
+		return nil, probeMessage{}, fmt.Errorf("%s probe from %s to %s did not start: %w", req.Kind, c.Name, req.Addr, s.stop())
+	case <-ctx.Done():
+		return nil, probeMessage{}, errors.Join(fmt.Errorf("%s probe from %s to %s: %w", req.Kind, c.Name, req.Addr, ctx.Err()), s.stop())
+	case <-startTimeout.C:
+		return nil, probeMessage{}, errors.Join(fmt.Errorf("%s probe from %s to %s did not start in time", req.Kind, c.Name, req.Addr), s.stop())
+	}
+}
+
+func (s *session) read(stdout io.Reader) {
+	defer close(s.msgs)
+	dec := json.NewDecoder(stdout)
+	for {
+		var m probeMessage
+		if err := dec.Decode(&m); err != nil {
+			if err != io.EOF {
+				s.decodeErr = fmt.Errorf("decode %s probe output: %w", s.req.Kind, err)
+			}
+			return
+		}
+		if m.final() {
+			s.final = &m
+			continue
+		}
+		s.msgs <- m
+	}
+}
+
+// stop closes the probe's stdin, which tells it to finish, and waits for it.
+// It reports the probe's own error, a missing result or a failed exit; once
+// it has returned, s.final holds the probe's last message, if any. stop is
+// idempotent.
+func (s *session) stop() error {
+	s.stopOnce.Do(func() {
+		s.stopErr = s.wait()
+		sb := s.client.sb
+		sb.mu.Lock()
+		delete(sb.sessions, s)
+		sb.mu.Unlock()
+	})
+	return s.stopErr
+}
+
+func (s *session) wait() error {
+	defer s.cancel()
+	s.stdin.Close()
+	var (
+		killed  bool
+		errs    []error
+		timeout = time.NewTimer(s.req.Timeout + 10*time.Second)
+	)
+	defer timeout.Stop()
+wait:
+	for {
+		select {
+		case _, ok := <-s.msgs:
+			if !ok {
+				break wait
+			}
+		case <-timeout.C:
+			if killed {
+				break wait // Wait below gives up on the pipes after WaitDelay
+			}
+			// Ends the probe through the command's context: it kills the
+			// process this session started, by PID.
+			s.cancel()
+			killed = true
+			errs = append(errs, fmt.Errorf("%s probe did not stop in time", s.req.Kind))
+			timeout.Reset(10 * time.Second)
+		}
+	}
+	werr := s.cmd.Wait()
+	// Wait has closed stdout, so the reader ends.
+	for range s.msgs {
+	}
+	if s.decodeErr != nil {
+		errs = append(errs, s.decodeErr)
+	}
+	switch {
+	case s.final == nil:
+		errs = append(errs, errors.New("no result"))
+	case s.final.Error != "":
+		errs = append(errs, errors.New(s.final.Error))
+	}
+	if werr != nil {
+		errs = append(errs, werr)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%s probe from %s to %s: %w; stderr: %q", s.req.Kind, s.client.Name, s.req.Addr, err, s.stderr.String())
+	}
+	return nil
+}
+
+// Loop is a running connection loop started by StartLoop.
+type Loop struct {
+	s *session
+}
+
+// StartLoop starts a probe that connects to addr over TCP again and again,
+// reading the server's line each time, until Stop or a bound in opts. It
+// returns once the first attempt has finished, so that whatever the test
+// does next happens while the loop runs. The sandbox stops the loop on Close
+// if the test does not.
+func (c *Client) StartLoop(ctx context.Context, addr netip.AddrPort, opts LoopOptions) (*Loop, error) {
+	req := probeRequest{Kind: kindLoop, Addr: addr, Count: opts.MaxAttempts, Interval: opts.Interval, MaxDuration: opts.MaxDuration}
+	if req.Count == 0 {
+		req.Count = defaultMaxAttempts
+	}
+	if req.Interval == 0 {
+		req.Interval = defaultInterval
+	}
+	if req.MaxDuration == 0 {
+		req.MaxDuration = defaultMaxDuration
+	}
+	cc := c
+	if opts.Timeout != 0 {
+		cc = c.WithTimeout(opts.Timeout)
+	}
+	s, _, err := cc.startSession(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &Loop{s: s}, nil
+}
+
+// PID returns the process ID of the loop's subprocess.
+func (l *Loop) PID() int { return l.s.cmd.Process.Pid }
+
+// Stop tells the loop to finish its current attempt and waits for its
+// result. Stop is idempotent.
+func (l *Loop) Stop() (LoopResult, error) {
+	err := l.s.stop()
+	var res LoopResult
+	if f := l.s.final; f != nil && f.Error == "" {
+		if derr := json.Unmarshal(f.Result, &res); derr != nil {
+			err = errors.Join(err, fmt.Errorf("loop probe from %s to %s: decode result: %w", l.s.client.Name, l.s.req.Addr, derr))
+		}
+	}
+	return res, err
+}
+
+// Held is a TCP connection that a probe subprocess holds open, started by
+// Hold: the connection opened before a change, such as new backends of a
+// Service, which Ping shows to still carry data after it.
+type Held struct {
+	// First is the result of opening the connection and reading the
+	// server's line, as in a TCP probe. A failed connect() shows here, in
+	// First.Err, not as an error of Hold.
+	First TCPResult
+	// Process describes the probe subprocess that holds the connection.
+	Process Process
+
+	s      *session
+	mu     sync.Mutex // serialises pings: each waits for its own answer
+	broken error      // once set, the probe's answers can no longer be matched to pings
+}
+
+// Hold starts a probe that connects to addr over TCP, reads the server's
+// line and keeps the connection open for Ping until Close, or for at most
+// ten minutes. It returns once the connection is made or has failed; it
+// returns an error only if the probe itself could not run. The sandbox closes
+// the connection on Close if the test does not.
+func (c *Client) Hold(ctx context.Context, addr netip.AddrPort) (*Held, error) {
+	s, ready, err := c.startSession(ctx, probeRequest{Kind: kindHold, Addr: addr, Count: 1, MaxDuration: maxDuration})
+	if err != nil {
+		return nil, err
+	}
+	var hc heldConn
+	if err := json.Unmarshal(ready.Result, &hc); err != nil {
+		return nil, errors.Join(fmt.Errorf("hold probe from %s to %s: decode connection: %w", c.Name, addr, err), s.stop())
+	}
+	return &Held{First: hc.First, Process: hc.Process, s: s}, nil
+}
+
+// Ping sends a line on the held connection and waits for the server to echo
+// it, within the client's timeout. It returns nil once the echo is back, else
+// an error that names the failure like an errno ("ECONNRESET", "EPIPE",
+// "ETIMEDOUT", "EOF" when the server closed, "ENOTCONN" when the connection
+// never opened).
+func (h *Held) Ping() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.broken != nil {
+		return h.broken
+	}
+	s := h.s
+	prefix := fmt.Sprintf("ping on held connection from %s to %s", s.client.Name, s.req.Addr)
+	if _, err := io.WriteString(s.stdin, "\n"); err != nil {
+		return fmt.Errorf("%s: the probe has ended: %w", prefix, err)
+	}
+	timeout := time.NewTimer(s.req.Timeout + 10*time.Second)
+	defer timeout.Stop()
+	select {
+	case m, ok := <-s.msgs:
+		switch {
+		case !ok && s.final != nil && s.final.Error != "":
+			h.broken = fmt.Errorf("%s: the probe has ended: %s", prefix, s.final.Error)
+		case !ok:
+			h.broken = fmt.Errorf("%s: the probe has ended", prefix)
+		case m.Ping == nil:
+			h.broken = fmt.Errorf("%s: unexpected probe message %+v", prefix, m)
+		case !m.Ping.OK:
+			return fmt.Errorf("%s: %s", prefix, m.Ping.Err)
+		default:
+			return nil
+		}
+	case <-timeout.C:
+		h.broken = fmt.Errorf("%s: the probe did not answer in time", prefix)
+	}
+	return h.broken
+}
+
+// Close closes the connection and waits for the probe to exit. Close is
+// idempotent.
+func (h *Held) Close() error { return h.s.stop() }
+
+// cappedBuffer keeps the first max bytes written to it, so that a chatty
+// subprocess cannot grow the test's memory.
+type cappedBuffer struct {
+	mu  sync.Mutex
+	max int
+	buf bytes.Buffer
+}
+
+func (b *cappedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if room := b.max - b.buf.Len(); room > 0 {
+		b.buf.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func (b *cappedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

@@ -1,0 +1,556 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The subprocess protocol: the parent sets probeEnv to a JSON probeRequest
+// and re-executes its own binary inside the client namespace and the child
+// cgroup. Main runs the probe and writes JSON probeMessages, one a line, on
+// stdout. A loop or hold probe first writes a Ready message and stops when its
+// stdin is closed; a hold probe also answers every line of stdin with a Ping
+// message. The last message of every probe carries its Result or Error.
+const probeEnv = "EBPF_PROXY_SANDBOX_PROBE"
+
+// Probe kinds.
+const (
+	kindTCP  = "tcp"
+	kindUDP  = "udp"
+	kindHTTP = "http"
+	kindLoop = "loop"
+	kindHold = "hold"
+)
+
+// Bounds for probes: a test asks for a handful of attempts, the bounds keep a
+// typo from flooding the sandbox or hanging the test binary.
+const (
+	maxCount           = 1000
+	defaultTimeout     = 2 * time.Second
+	maxTimeout         = 30 * time.Second
+	defaultInterval    = 10 * time.Millisecond
+	defaultMaxAttempts = 100000
+	maxAttempts        = 1000000
+	defaultMaxDuration = 2 * time.Minute
+	maxDuration        = 10 * time.Minute
+	maxReply           = 4096
+)
+
+type probeRequest struct {
+	Kind        string         `json:"kind"`
+	Addr        netip.AddrPort `json:"addr"`
+	Path        string         `json:"path,omitempty"`
+	Count       int            `json:"count"`
+	Connected   bool           `json:"connected,omitempty"`
+	Timeout     time.Duration  `json:"timeout"`
+	Interval    time.Duration  `json:"interval,omitempty"`
+	MaxDuration time.Duration  `json:"maxDuration,omitempty"`
+	// Where the probe must find itself; it refuses to send anything
+	// elsewhere.
+	Netns  uint64 `json:"netns"`
+	Cgroup string `json:"cgroup"`
+}
+
+type probeMessage struct {
+	Ready  bool            `json:"ready,omitempty"`
+	Ping   *pingResult     `json:"ping,omitempty"`
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  string          `json:"error,omitempty"`
+}
+
+// final reports whether m is the last message of a probe.
+func (m probeMessage) final() bool { return !m.Ready && m.Ping == nil }
+
+// pingResult is one round trip on a held connection.
+type pingResult struct {
+	OK  bool   `json:"ok"`
+	Err string `json:"err,omitempty"`
+}
+
+// heldConn is a hold probe's Ready and final result.
+type heldConn struct {
+	Process Process   `json:"process"`
+	First   TCPResult `json:"first"`
+}
+
+// validate checks a request on both sides of the protocol.
+func (r *probeRequest) validate() error {
+	switch {
+	case !r.Addr.IsValid() || r.Addr.Port() == 0:
+		return fmt.Errorf("probe address %q is not ip:port", r.Addr)
+	case r.Kind != kindLoop && (r.Count < 1 || r.Count > maxCount):
+		return fmt.Errorf("probe count %d is not in [1, %d]", r.Count, maxCount)
+	case r.Kind == kindLoop && (r.Count < 1 || r.Count > maxAttempts):
+		return fmt.Errorf("loop attempts %d is not in [1, %d]", r.Count, maxAttempts)
+	case r.Timeout <= 0 || r.Timeout > maxTimeout:
+		return fmt.Errorf("probe timeout %s is not in (0, %s]", r.Timeout, maxTimeout)
+	case r.Interval < 0 || r.Interval > maxTimeout:
+		return fmt.Errorf("loop interval %s is not in [0, %s]", r.Interval, maxTimeout)
+	case (r.Kind == kindLoop || r.Kind == kindHold) && (r.MaxDuration <= 0 || r.MaxDuration > maxDuration):
+		return fmt.Errorf("%s duration %s is not in (0, %s]", r.Kind, r.MaxDuration, maxDuration)
+	}
+	switch r.Kind {
+	case kindTCP, kindUDP, kindHTTP, kindLoop, kindHold:
+		return nil
+	}
+	return fmt.Errorf("unknown probe kind %q", r.Kind)
+}
+
+// Main runs a client probe and exits if this process was started as one;
+// otherwise it returns at once. Every binary that runs probes (test binaries
+// through TestMain, the demo) must call it before anything else, because
+// probes re-execute the running binary.
+func Main() {
+	body, ok := os.LookupEnv(probeEnv)
+	if !ok {
+		return
+	}
+	os.Unsetenv(probeEnv)
+	os.Exit(runProbe(body, os.Stdin, os.Stdout))
+}
+
+// runProbe runs the probe that body requests and returns the exit code.
+func runProbe(body string, stdin io.Reader, stdout io.Writer) int {
+	enc := json.NewEncoder(stdout)
+	result, err := probe(body, stdin, func(m probeMessage) error { return enc.Encode(m) })
+	if err != nil {
+		_ = enc.Encode(probeMessage{Error: err.Error()})
+		return 1
+	}
+	if err := enc.Encode(probeMessage{Result: result}); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// probe runs the probe that body requests and returns its result; emit
+// writes the messages that come before it.
+func probe(body string, stdin io.Reader, emit func(probeMessage) error) (json.RawMessage, error) {
+	var req probeRequest
+	if err := json.Unmarshal([]byte(body), &req); err != nil {
+		return nil, fmt.Errorf("decode probe request: %w", err)
+	}
+	if err := req.validate(); err != nil {
+		return nil, err
+	}
+	proc, err := selfProcess()
+	if err != nil {
+		return nil, err
+	}
+	if proc.Netns != req.Netns || proc.Cgroup != req.Cgroup {
+		return nil, fmt.Errorf("refusing to probe: running in netns %d and cgroup %s, want netns %d and cgroup %s",
+			proc.Netns, proc.Cgroup, req.Netns, req.Cgroup)
+	}
+	var out any
+	switch req.Kind {
+	case kindTCP:
+		out = Report[TCPResult]{Process: proc, Results: repeat(req.Count, func() TCPResult { return tcpAttempt(req.Addr, req.Timeout) })}
+	case kindUDP:
+		out = Report[UDPResult]{Process: proc, Results: repeat(req.Count, func() UDPResult { return udpAttempt(req.Addr, req.Connected, req.Timeout) })}
+	case kindHTTP:
+		out = Report[HTTPResult]{Process: proc, Results: repeat(req.Count, func() HTTPResult { return httpAttempt(req.Addr, req.Path, req.Timeout) })}
+	case kindLoop:
+		res, err := loop(req, stdin, emit)
+		if err != nil {
+			return nil, err
+		}
+		res.Process = proc
+		out = res
+	case kindHold:
+		res, err := hold(req, proc, stdin, emit)
+		if err != nil {
+			return nil, err
+		}
+		out = res
+	}
+	return json.Marshal(out)
+}
+
+func repeat[T any](n int, f func() T) []T {
+	out := make([]T, n)
+	for i := range out {
+		out[i] = f()
+	}
+	return out
+}
+
+// selfProcess describes this process from /proc.
+func selfProcess() (Process, error) {
+	cg, err := processCgroup("self")
+	if err != nil {
+		return Process{}, fmt.Errorf("read own cgroup: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/net", &st); err != nil {
+		return Process{}, fmt.Errorf("stat own netns: %w", err)
+	}
+	return Process{PID: os.Getpid(), Cgroup: cg, Netns: st.Ino}, nil
+}
+
+// network picks the socket family from the address, so that an IPv4
+// address gets an AF_INET socket and the connect4/sendmsg4 hooks see it.
+func network(proto string, addr netip.AddrPort) string {
+	if addr.Addr().Is4() {
+		return proto + "4"
+	}
+	return proto + "6"
+}
+
+func tcpAttempt(addr netip.AddrPort, timeout time.Duration) TCPResult {
+	r, conn, _ := tcpConnect(addr, timeout)
+	if conn != nil {
+		conn.Close()
+	}
+	return r
+}
+
+// tcpConnect connects to addr and reads the server's line. Unless connect()
+// failed, it returns the connection, still open, and a reader for what
+// follows the line; the caller must close the connection.
+func tcpConnect(addr netip.AddrPort, timeout time.Duration) (TCPResult, net.Conn, *bufio.Reader) {
+	var r TCPResult
+	d := net.Dialer{Timeout: timeout}
+	start := time.Now()
+	conn, err := d.Dial(network("tcp", addr), addr.String())
+	r.Elapsed = time.Since(start)
+	if err != nil {
+		r.Err = errName(err)
+		return r, nil, nil
+	}
+	r.Connected = true
+	rd := bufio.NewReaderSize(conn, maxReply)
+	if r.Local, r.Peer, err = sockNames(conn.(syscall.Conn)); err != nil {
+		r.Err = errName(err)
+		return r, conn, rd
+	}
+	_ = conn.SetDeadline(time.Now().Add(timeout))
+	line, err := readLine(rd)
+	if err != nil {
+		r.Err = errName(err)
+		return r, conn, rd
+	}
+	r.Server, r.ClientSeen, err = parseReply(line)
+	if err != nil {
+		r.Err = err.Error()
+	}
+	return r, conn, rd
+}
+
+// readLine reads one line of at most maxReply bytes, so that a misbehaving
+// server cannot grow the probe's memory.
+func readLine(rd *bufio.Reader) (string, error) {
+	line, err := rd.ReadSlice('\n')
+	if errors.Is(err, bufio.ErrBufferFull) {
+		return "", fmt.Errorf("server line longer than %d bytes", maxReply)
+	}
+	return string(line), err
+}
+
+func udpAttempt(addr netip.AddrPort, connected bool, timeout time.Duration) UDPResult {
+	var (
+		r    UDPResult
+		conn *net.UDPConn
+		err  error
+	)
+	if connected {
+		conn, err = net.DialUDP(network("udp", addr), nil, net.UDPAddrFromAddrPort(addr))
+	} else {
+		conn, err = net.ListenUDP(network("udp", addr), nil)
+	}
+	if err != nil {
+		r.Err = errName(err)
+		return r
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(timeout))
+	start := time.Now()
+	if connected {
+		_, err = conn.Write([]byte("ping\n"))
+	} else {
+		_, err = conn.WriteToUDPAddrPort([]byte("ping\n"), addr)
+	}
+	if err != nil {
+		r.Err = errName(err)
+		return r
+	}
+	var peer netip.AddrPort
+	if r.Local, peer, err = sockNames(conn); err != nil && connected {
+		r.Err = errName(err)
+		return r
+	}
+	if connected {
+		r.Peer = peer
+	}
+	buf := make([]byte, maxReply)
+	n, from, err := conn.ReadFromUDPAddrPort(buf)
+	r.Elapsed = time.Since(start)
+	if err != nil {
+		r.Err = errName(err)
+		return r
+	}
+	r.From = from
+	r.Server, r.ClientSeen, err = parseReply(string(buf[:n]))
+	if err != nil {
+		r.Err = err.Error()
+	}
+	return r
+}
+
+func httpAttempt(addr netip.AddrPort, path string, timeout time.Duration) HTTPResult {
+	var r HTTPResult
+	d := net.Dialer{Timeout: timeout}
+	client := &http.Client{
+		Timeout: timeout,
+		Transport: &http.Transport{
+			// Never a proxy from the environment: the request must go where
+			// the test says.
+			Proxy: nil,
+			DialContext: func(ctx context.Context, _, hostport string) (net.Conn, error) {
+				return d.DialContext(ctx, network("tcp", addr), hostport)
+			},
+			DisableKeepAlives: true,
+		},
+	}
+	defer client.CloseIdleConnections()
+	if !strings.HasPrefix(path, "/") {
+		path = "/" + path
+	}
+	start := time.Now()
+	resp, err := client.Get("http://" + addr.String() + path)
+	if err != nil {
+		r.Elapsed = time.Since(start)
+		r.Err = errName(err)
+		return r
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxReply))
+	r.Elapsed = time.Since(start)
+	r.Status = resp.StatusCode
+	if err != nil {
+		r.Err = errName(err)
+		return r
+	}
+	r.Server, r.ClientSeen, err = parseReply(string(body))
+	if err != nil {
+		r.Err = err.Error()
+	}
+	return r
+}
+
+// loop connects to req.Addr until stdin is closed or a bound is reached.
+func loop(req probeRequest, stdin io.Reader, emit func(probeMessage) error) (LoopResult, error) {
+	stop := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, stdin)
+		close(stop)
+	}()
+	res := LoopResult{Errors: map[string]int{}, Servers: map[string]int{}}
+	start := time.Now()
+	deadline := start.Add(req.MaxDuration)
+	for res.Attempts < req.Count && time.Now().Before(deadline) {
+		r := tcpAttempt(req.Addr, req.Timeout)
+		res.Attempts++
+		if r.Err != "" {
+			res.Failures++
+			res.Errors[r.Err]++
+		} else {
+			res.Servers[r.Server]++
+		}
+		if res.Attempts == 1 {
+			if err := emit(probeMessage{Ready: true}); err != nil {
+				return res, fmt.Errorf("report loop start: %w", err)
+			}
+		}
+		if stopped(stop, req.Interval) {
+			break
+		}
+	}
+	res.Duration = time.Since(start)
+	return res, nil
+}
+
+// hold connects once to req.Addr, reports the connection as ready, then
+// sends a ping on it for every line read from stdin and reports each round
+// trip, until stdin ends or req.MaxDuration has passed.
+func hold(req probeRequest, proc Process, stdin io.Reader, emit func(probeMessage) error) (heldConn, error) {
+	res := heldConn{Process: proc}
+	var (
+		conn net.Conn
+		rd   *bufio.Reader
+	)
+	res.First, conn, rd = tcpConnect(req.Addr, req.Timeout)
+	if conn != nil {
+		defer conn.Close()
+	}
+	first, err := json.Marshal(res)
+	if err != nil {
+		return res, fmt.Errorf("encode held connection: %w", err)
+	}
+	if err := emit(probeMessage{Ready: true, Result: first}); err != nil {
+		return res, fmt.Errorf("report held connection: %w", err)
+	}
+	lines := make(chan struct{})
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdin)
+		for sc.Scan() {
+			lines <- struct{}{}
+		}
+	}()
+	bound := time.NewTimer(req.MaxDuration)
+	defer bound.Stop()
+	for n := 1; ; n++ {
+		select {
+		case _, ok := <-lines:
+			if !ok {
+				return res, nil
+			}
+		case <-bound.C:
+			return res, fmt.Errorf("held connection reached its %s bound", req.MaxDuration)
+		}
+		r := pingResult{Err: ping(conn, rd, n, req.Timeout)}
+		r.OK = r.Err == ""
+		if err := emit(probeMessage{Ping: &r}); err != nil {
+			return res, fmt.Errorf("report ping %d: %w", n, err)
+		}
+	}
+}
+
+// ping writes "ping <n>" on conn and waits for the server to echo it; it
+// returns the errno name of the failure, or "" once the echo is back.
+func ping(conn net.Conn, rd *bufio.Reader, n int, timeout time.Duration) string {
+	if conn == nil {
+		// connect() failed: the socket was never connected.
+		return "ENOTCONN"
+	}
+	want := fmt.Sprintf("ping %d\n", n)
+	_ = conn.SetDeadline(time.Now().Add(timeout))
+	if _, err := io.WriteString(conn, want); err != nil {
+		return errName(err)
+	}
+	// Bounded: each earlier ping has at most one late echo.
+	for range n {
+		line, err := readLine(rd)
+		if err != nil {
+			return errName(err)
+		}
+		if line == want {
+			return ""
+		}
+		// The late echo of an earlier ping that timed out comes first.
+		if k, ok := pingNumber(line); !ok || k >= n {
+			return fmt.Sprintf("unexpected echo %q for %q", line, want)
+		}
+	}
+	return fmt.Sprintf("no echo of %q", want)
+}
+
+// pingNumber parses a "ping <n>\n" line.
+func pingNumber(line string) (int, bool) {
+	num, ok := strings.CutPrefix(line, "ping ")
+	if !ok {
+		return 0, false
+	}
+	k, err := strconv.Atoi(strings.TrimSuffix(num, "\n"))
+	return k, err == nil
+}
+
+// stopped waits for d and reports whether stop was closed meanwhile.
+func stopped(stop <-chan struct{}, d time.Duration) bool {
+	if d <= 0 {
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
+		}
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-stop:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// sockNames returns getsockname() and getpeername() of a socket; the peer
+// is the zero AddrPort for an unconnected one.
+func sockNames(c syscall.Conn) (local, peer netip.AddrPort, err error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return local, peer, err
+	}
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		var sa unix.Sockaddr
+		if sa, serr = unix.Getsockname(int(fd)); serr != nil {
+			serr = os.NewSyscallError("getsockname", serr)
+			return
+		}
+		local = addrPort(sa)
+		if sa, serr = unix.Getpeername(int(fd)); serr != nil {
+			serr = os.NewSyscallError("getpeername", serr)
+			return
+		}
+		peer = addrPort(sa)
+	})
+	return local, peer, errors.Join(err, serr)
+}
+
+func addrPort(sa unix.Sockaddr) netip.AddrPort {
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
+	}
+	return netip.AddrPort{}
+}
+
+// parseReply splits a server's "<name> <ip:port>\n" line.
+func parseReply(line string) (string, netip.AddrPort, error) {
+	name, addr, ok := strings.Cut(strings.TrimSpace(line), " ")
+	if !ok {
+		return "", netip.AddrPort{}, fmt.Errorf("malformed server reply %q", line)
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return "", netip.AddrPort{}, fmt.Errorf("malformed server reply %q: %w", line, err)
+	}
+	return name, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
+}
+
+// errName names an error the way a user of the socket API knows it.
+func errName(err error) string {
+	var errno syscall.Errno
+	var nerr net.Error
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+		return "ETIMEDOUT"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "EOF"
+	case errors.As(err, &errno) && unix.ErrnoName(errno) != "":
+		return unix.ErrnoName(errno)
+	case errors.As(err, &nerr) && nerr.Timeout():
+		return "ETIMEDOUT"
+	}
+	return err.Error()
+}

@@ -1,0 +1,105 @@
+package sandbox
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Process describes the probe subprocess as it saw itself from inside.
+type Process struct {
+	// PID is the probe's process ID.
+	PID int `json:"pid"`
+	// Cgroup is the probe's cgroup v2 path, read from /proc/self/cgroup.
+	Cgroup string `json:"cgroup"`
+	// Netns is the inode of the probe's network namespace.
+	Netns uint64 `json:"netns"`
+}
+
+// Report is what a probe returns: where it ran and one result per attempt.
+type Report[T any] struct {
+	// Process describes the probe subprocess.
+	Process Process `json:"process"`
+	// Results holds one entry per attempt, in order.
+	Results []T `json:"results"`
+}
+
+// TCPResult is one TCP connection attempt.
+type TCPResult struct {
+	// Connected reports whether connect() succeeded.
+	Connected bool `json:"connected"`
+	// Server is the host name the server reported.
+	Server string `json:"server,omitempty"`
+	// ClientSeen is the client address the server reported.
+	ClientSeen netip.AddrPort `json:"clientSeen"`
+	// Peer is what getpeername() returned after connect().
+	Peer netip.AddrPort `json:"peer"`
+	// Local is what getsockname() returned after connect().
+	Local netip.AddrPort `json:"local"`
+	// Err is empty on success, else the errno name of the failed step, such
+	// as "ECONNREFUSED", "EPERM" or "ETIMEDOUT" (also for the probe's own
+	// timeout), or "EOF" if the server closed without answering.
+	Err string `json:"err,omitempty"`
+	// Elapsed is how long connect() took.
+	Elapsed time.Duration `json:"elapsed"`
+}
+
+// UDPResult is one UDP request and reply.
+type UDPResult struct {
+	// Server is the host name the server reported.
+	Server string `json:"server,omitempty"`
+	// ClientSeen is the client address the server reported.
+	ClientSeen netip.AddrPort `json:"clientSeen"`
+	// Peer is what getpeername() returned after connect(); only for
+	// connected sockets.
+	Peer netip.AddrPort `json:"peer"`
+	// From is the reply's source address as recvfrom() returned it.
+	From netip.AddrPort `json:"from"`
+	// Local is what getsockname() returned after sending.
+	Local netip.AddrPort `json:"local"`
+	// Err is empty on success, else an errno name as in TCPResult.
+	Err string `json:"err,omitempty"`
+	// Elapsed is the time from sending to the reply.
+	Elapsed time.Duration `json:"elapsed"`
+}
+
+// HTTPResult is one HTTP GET.
+type HTTPResult struct {
+	// Status is the response's status code.
+	Status int `json:"status,omitempty"`
+	// Server is the host name the server reported.
+	Server string `json:"server,omitempty"`
+	// ClientSeen is the client address the server reported.
+	ClientSeen netip.AddrPort `json:"clientSeen"`
+	// Err is empty on success, else an errno name as in TCPResult.
+	Err string `json:"err,omitempty"`
+	// Elapsed is the time the request took.
+	Elapsed time.Duration `json:"elapsed"`
+}
+
+// LoopOptions bound a connection loop. Zero fields take the defaults.
+type LoopOptions struct {
+	// Timeout bounds each connection attempt (default 2s).
+	Timeout time.Duration
+	// Interval is the pause between attempts (default 10ms).
+	Interval time.Duration
+	// MaxAttempts ends the loop after that many attempts (default 100000).
+	MaxAttempts int
+	// MaxDuration ends the loop after that long (default 2m, at most 10m).
+	MaxDuration time.Duration
+}
+
+// LoopResult sums up a connection loop.
+type LoopResult struct {
+	// Process describes the probe subprocess.
+	Process Process `json:"process"`
+	// Attempts counts the connections tried.
+	Attempts int `json:"attempts"`
+	// Failures counts the attempts that did not get a server's answer.
+	Failures int `json:"failures"`
+	// Errors counts failures by errno name.
+	Errors map[string]int `json:"errors"`
+	// Servers counts answers by server name.
+	Servers map[string]int `json:"servers"`
+	// Duration is how long the loop ran.
+	Duration time.Duration `json:"duration"`
+}

@@ -1,0 +1,275 @@
+package socklb_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+)
+
+var (
+	buildOnce sync.Once
+	builtBin  string
+	buildErr  error
+)
+
+// agentBinary is the ebpf-proxy binary under test: $EBPF_PROXY_BIN (the
+// Makefile and the VM runner build it once), else built here.
+func agentBinary(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("EBPF_PROXY_BIN"); p != "" {
+		return p
+	}
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "ebpf-proxy-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		builtBin = filepath.Join(dir, "ebpf-proxy")
+		out, err := exec.Command("go", "build", "-o", builtBin, "github.com/ebpf-proxy/ebpf-proxy/cmd/ebpf-proxy").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("build agent: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return builtBin
+}
+
+// syncBuffer collects a process's output for a test to wait on.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+type agent struct {
+	cmd  *exec.Cmd
+	logs *syncBuffer
+	done chan error
+}
+
+// startAgent runs the real agent against the sandbox's cgroup and bpffs,
+// reading Services from dir, and waits for its first sync.
+func (e *env) startAgent(t *testing.T, dir string) *agent {
+	t.Helper()
+	a := &agent{logs: &syncBuffer{}, done: make(chan error, 1)}
+	a.cmd = exec.Command(agentBinary(t), "--manifests", dir, "--cgroup-path", e.sb.Cgroup.Path(),
+		"--bpffs-path", e.bpffs, "--hostname-override", nodeName,
+		"--healthz-bind-address", "", "--metrics-bind-address", "", "-v", "2")
+	a.cmd.Stdout, a.cmd.Stderr = a.logs, a.logs
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { a.done <- a.cmd.Wait() }()
+	t.Cleanup(func() {
+		if a.cmd.ProcessState == nil {
+			a.cmd.Process.Kill()
+			<-a.done
+		}
+		if t.Failed() {
+			t.Logf("agent log:\n%s", a.logs)
+		}
+	})
+	deadline := time.After(30 * time.Second)
+	for !strings.Contains(a.logs.String(), "first sync done") {
+		select {
+		case err := <-a.done:
+			t.Fatalf("agent exited before its first sync: %v\n%s", err, a.logs)
+		case <-deadline:
+			t.Fatalf("agent did not sync within 30s:\n%s", a.logs)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return a
+}
+
+func (a *agent) signal(t *testing.T, sig syscall.Signal) error {
+	t.Helper()
+	if err := a.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-a.done:
+		return err
+	case <-time.After(15 * time.Second):
+		t.Fatalf("agent did not exit on %v", sig)
+		return nil
+	}
+}
+
+func (e *env) dump(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command(agentBinary(t), "dump", "--bpffs-path", e.bpffs).CombinedOutput()
+	if err != nil {
+		t.Fatalf("dump: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
+// attachedPrograms counts the programs attached to the sandbox's cgroup for
+// connect().
+func (e *env) attachedPrograms(t *testing.T) int {
+	t.Helper()
+	fd, err := unix.Open(e.sb.Cgroup.Path(), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	res, err := link.QueryPrograms(link.QueryOptions{Target: fd, Attach: ebpf.AttachCGroupInet4Connect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(res.Programs)
+}
+
+const webManifests = `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.80
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: http}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+%s`
+
+func writeManifests(t *testing.T, dir string, pods ...*sandbox.Pod) {
+	t.Helper()
+	var eps strings.Builder
+	for _, p := range pods {
+		fmt.Fprintf(&eps, "  - {addresses: [%s], conditions: {ready: true}, nodeName: %s}\n", p.IP, nodeName)
+	}
+	// Written elsewhere and renamed, so the agent never reads half a file.
+	tmp := filepath.Join(dir, ".web.yaml.tmp")
+	if err := os.WriteFile(tmp, []byte(fmt.Sprintf(webManifests, eps.String())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "web.yaml")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAgentRestartKeepsTrafficAndIDs(t *testing.T) {
+	e := newSandbox(t, 2)
+	dir := t.TempDir()
+	writeManifests(t, dir, e.pods[0], e.pods[1])
+
+	first := e.startAgent(t, dir)
+	before := e.dump(t)
+	if !strings.Contains(before, "service 10.96.0.80:80/TCP count=2") {
+		t.Fatalf("agent did not program the Service:\n%s", before)
+	}
+	loop, err := e.client.StartLoop(e.ctx(), webVIP, sandbox.LoopOptions{Interval: 5 * time.Millisecond, MaxDuration: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// SIGKILL: no chance to clean up. The pinned programs keep serving.
+	first.signal(t, syscall.SIGKILL)
+	time.Sleep(300 * time.Millisecond)
+
+	second := e.startAgent(t, dir)
+	if after := e.dump(t); after != before {
+		t.Errorf("maps changed across the restart (ids must be adopted, not renumbered):\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if n := e.attachedPrograms(t); n != 1 {
+		t.Errorf("%d connect4 programs attached after the restart, want 1 (adopted in place)", n)
+	}
+	time.Sleep(300 * time.Millisecond)
+
+	// SIGTERM also leaves the programs in place.
+	if err := second.signal(t, syscall.SIGTERM); err != nil {
+		t.Errorf("agent exit on SIGTERM: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	res, err := loop.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("loop: %d connections over %v, %d failed, servers %v", res.Attempts, res.Duration, res.Failures, res.Servers)
+	if res.Failures != 0 {
+		t.Errorf("%d of %d connections failed across the restarts: %v", res.Failures, res.Attempts, res.Errors)
+	}
+	if len(res.Servers) != 2 {
+		t.Errorf("connections reached %v, want both pods", res.Servers)
+	}
+
+	// --cleanup detaches everything.
+	out, err := exec.Command(agentBinary(t), "--cleanup", "--bpffs-path", e.bpffs).CombinedOutput()
+	if err != nil {
+		t.Fatalf("--cleanup: %v\n%s", err, out)
+	}
+	if n := e.attachedPrograms(t); n != 0 {
+		t.Errorf("%d programs still attached after --cleanup", n)
+	}
+	if entries, _ := os.ReadDir(e.bpffs); len(entries) != 0 {
+		t.Errorf("pins left after --cleanup: %v", entries)
+	}
+}
+
+func TestAgentFollowsManifestChanges(t *testing.T) {
+	e := newSandbox(t, 2)
+	dir := t.TempDir()
+	writeManifests(t, dir, e.pods[0])
+	e.startAgent(t, dir)
+
+	reached := func() map[string]int {
+		rep, err := e.client.TCP(e.ctx(), webVIP, 30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int{}
+		for _, r := range rep.Results {
+			got[r.Server+r.Err]++
+		}
+		return got
+	}
+	if got := reached(); got[e.pods[0].Name] != 30 {
+		t.Fatalf("before the change: %v, want all on %s", got, e.pods[0].Name)
+	}
+	writeManifests(t, dir, e.pods[1])
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		got := reached()
+		if got[e.pods[1].Name] == 30 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent did not follow the changed EndpointSlice: %v", got)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,235 @@
+package socklb_test
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+var (
+	webVIP  = netip.MustParseAddrPort("10.96.0.80:80")
+	dnsVIP  = netip.MustParseAddrPort("10.96.0.53:53")
+	deadVIP = netip.MustParseAddrPort("10.96.0.99:80")
+)
+
+// web is a TCP Service whose target port is named: the number comes from
+// the EndpointSlice.
+func (e *env) addWeb(eps ...ep) {
+	e.setService(makeService("web", webVIP.Addr().String(), int32(webVIP.Port()), v1.ProtocolTCP, intstr.FromString("http")))
+	e.setSlice(makeSlice("web", "web-1", tcpPort, v1.ProtocolTCP, eps...))
+	e.sync()
+}
+
+func (e *env) podNames(idx ...int) []string {
+	var out []string
+	for _, i := range idx {
+		out = append(out, e.pods[i].Name)
+	}
+	return out
+}
+
+func TestTCPToClusterIPSpreadsOverEveryBackend(t *testing.T) {
+	e := newEnv(t, 3)
+	e.addWeb(e.podEPs(0, 1, 2)...)
+
+	const n = 300
+	rep, err := e.client.TCP(e.ctx(), webVIP, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	perPod := map[string]int{}
+	for _, r := range rep.Results {
+		if r.Err != "" {
+			t.Fatalf("connection failed: %+v", r)
+		}
+		perPod[r.Server]++
+		// The socket was translated before the SYN: the pod sees the
+		// client's own address, on the pod's IP and target port.
+		if r.ClientSeen.Addr() != e.client.IP {
+			t.Errorf("server saw client %s, want %s", r.ClientSeen, e.client.IP)
+		}
+		if r.Peer != webVIP {
+			t.Errorf("getpeername() = %s, want the ClusterIP %s", r.Peer, webVIP)
+		}
+	}
+	// Each of three backends gets a third: 100 +- 40 is five standard
+	// deviations, so a fair random choice fails this about once in 10^6.
+	for _, name := range e.podNames(0, 1, 2) {
+		if c := perPod[name]; c < 60 || c > 140 {
+			t.Errorf("%s got %d of %d connections, want about %d: %v", name, c, n, n/3, perPod)
+		}
+	}
+	if len(perPod) != 3 {
+		t.Errorf("connections reached %v, want exactly the three backends", perPod)
+	}
+}
+
+func TestUDPRepliesComeFromTheClusterIP(t *testing.T) {
+	e := newEnv(t, 2)
+	e.setService(makeService("dns", dnsVIP.Addr().String(), int32(dnsVIP.Port()), v1.ProtocolUDP, intstr.FromInt32(udpPort)))
+	e.setSlice(makeSlice("dns", "dns-1", udpPort, v1.ProtocolUDP, e.podEPs(0, 1)...))
+	e.sync()
+
+	t.Run("unconnected sendto", func(t *testing.T) {
+		rep, err := e.client.UDP(e.ctx(), dnsVIP, 40)
+		if err != nil {
+			t.Fatal(err)
+		}
+		servers := map[string]int{}
+		for _, r := range rep.Results {
+			if r.Err != "" {
+				t.Fatalf("no reply: %+v", r)
+			}
+			if r.From != dnsVIP {
+				t.Errorf("reply came from %s, want the ClusterIP %s", r.From, dnsVIP)
+			}
+			servers[r.Server]++
+		}
+		if len(servers) != 2 {
+			t.Errorf("datagrams reached %v, want both backends", servers)
+		}
+	})
+	t.Run("connected send", func(t *testing.T) {
+		rep, err := e.client.UDPConnected(e.ctx(), dnsVIP, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rep.Results {
+			if r.Err != "" {
+				t.Fatalf("no reply: %+v", r)
+			}
+			if r.Peer != dnsVIP || r.From != dnsVIP {
+				t.Errorf("getpeername() = %s, reply from %s; want the ClusterIP %s for both", r.Peer, r.From, dnsVIP)
+			}
+		}
+	})
+}
+
+func TestNoEndpointsIsRefusedAtOnce(t *testing.T) {
+	e := newEnv(t, 1)
+	e.setService(makeService("dead", deadVIP.Addr().String(), int32(deadVIP.Port()), v1.ProtocolTCP, intstr.FromInt32(tcpPort)))
+	e.setService(makeService("dead-udp", deadVIP.Addr().String(), int32(deadVIP.Port()), v1.ProtocolUDP, intstr.FromInt32(udpPort)))
+	e.sync()
+
+	tcp, err := e.client.TCP(e.ctx(), deadVIP, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range tcp.Results {
+		// ECONNREFUSED comes from connect() itself: a timeout would be
+		// reported as ETIMEDOUT after the probe's 2s.
+		if r.Err != "ECONNREFUSED" {
+			t.Errorf("connect to a Service without endpoints: %+v, want ECONNREFUSED", r)
+		}
+		t.Logf("refused after %v", r.Elapsed)
+	}
+	udp, err := e.client.UDP(e.ctx(), deadVIP, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := udp.Results[0]; r.Err != "ECONNREFUSED" {
+		t.Errorf("sendto a Service without endpoints: %+v, want ECONNREFUSED", r)
+	}
+	if c := e.counters()["rejected_no_endpoints"]; c < 4 {
+		t.Errorf("rejected_no_endpoints counter = %d, want at least 4", c)
+	}
+}
+
+func TestNewConnectionsFollowEndpointChanges(t *testing.T) {
+	e := newEnv(t, 3)
+	e.addWeb(e.podEPs(0, 1)...)
+	hold := e.hold(webVIP)
+
+	steps := []struct {
+		name string
+		eps  []ep
+		want []string
+	}{
+		{"endpoint added", e.podEPs(0, 1, 2), e.podNames(0, 1, 2)},
+		{"endpoint removed", e.podEPs(1, 2), e.podNames(1, 2)},
+		{"one turns terminating: ready ones only", []ep{{e.pods[1].IP, terminating}, {e.pods[2].IP, ready}}, e.podNames(2)},
+		{"not-ready endpoints are never used", []ep{{e.pods[0].IP, notReady}, {e.pods[1].IP, terminating}, {e.pods[2].IP, ready}}, e.podNames(2)},
+		{"all terminating: serving-terminating fallback", []ep{{e.pods[1].IP, terminating}, {e.pods[2].IP, terminating}}, e.podNames(1, 2)},
+	}
+	for _, step := range steps {
+		t.Run(step.name, func(t *testing.T) {
+			e.setSlice(makeSlice("web", "web-1", tcpPort, v1.ProtocolTCP, step.eps...))
+			e.sync()
+			rep, err := e.client.TCP(e.ctx(), webVIP, 60)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]bool{}
+			for _, r := range rep.Results {
+				if r.Err != "" {
+					t.Fatalf("connection failed: %+v", r)
+				}
+				got[r.Server] = true
+			}
+			var names []string
+			for n := range got {
+				names = append(names, n)
+			}
+			slices.Sort(names)
+			if !slices.Equal(names, step.want) {
+				t.Errorf("60 new connections reached %v, want exactly %v", names, step.want)
+			}
+			hold.check(t)
+		})
+	}
+	t.Run("no endpoints left: refused", func(t *testing.T) {
+		e.deleteSlice(makeSlice("web", "web-1", tcpPort, v1.ProtocolTCP))
+		e.sync()
+		rep, err := e.client.TCP(e.ctx(), webVIP, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := rep.Results[0]; r.Err != "ECONNREFUSED" {
+			t.Errorf("got %+v, want ECONNREFUSED", r)
+		}
+		// A connection made before keeps working even now.
+		hold.check(t)
+	})
+}
+
+func TestNonServiceTrafficIsUntouched(t *testing.T) {
+	e := newEnv(t, 1)
+	e.addWeb(e.podEPs(0)...)
+	before := e.counters()
+
+	direct := netip.AddrPortFrom(e.pods[0].IP, tcpPort)
+	rep, err := e.client.TCP(e.ctx(), direct, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.Err != "" || r.Server != e.pods[0].Name || r.Peer != direct {
+			t.Errorf("direct connection to a pod: %+v, want %s answering as %s", r, e.pods[0].Name, direct)
+		}
+	}
+	// The ClusterIP on a port the Service does not have is not a frontend:
+	// it is routed like any address, and this sandbox routes it nowhere.
+	otherPort := netip.AddrPortFrom(webVIP.Addr(), 81)
+	rep, err = e.client.TCP(e.ctx(), otherPort, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rep.Results[0]; r.Server != "" || r.Err == "ECONNREFUSED" || r.Err == "" {
+		t.Errorf("ClusterIP on another port: %+v, want it routed untranslated (unreachable)", r)
+	}
+	// UDP to the TCP Service's port is not a frontend either.
+	urep, err := e.client.UDP(e.ctx(), webVIP, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := urep.Results[0]; r.Server != "" {
+		t.Errorf("UDP to a TCP-only Service port reached %s", r.Server)
+	}
+	after := e.counters()
+	if after["translated_tcp"] != before["translated_tcp"] || after["translated_udp"] != before["translated_udp"] {
+		t.Errorf("non-service traffic was translated: counters before %v after %v", before, after)
+	}
+}
