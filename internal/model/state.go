@@ -33,7 +33,7 @@ func (a Action) String() string {
 type Service struct {
 	Port *ServicePort
 	// Endpoints are all endpoints of the port, merged from every
-	// EndpointSlice, deduplicated and sorted by "ip:port".
+	// EndpointSlice, deduplicated and sorted by address and port.
 	Endpoints []Endpoint
 	Selection Selection
 }

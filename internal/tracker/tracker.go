@@ -6,7 +6,7 @@
 package tracker
 
 import (
-	"cmp"
+	"net/netip"
 	"slices"
 	"sync"
 
@@ -246,7 +246,7 @@ func mergeEndpoints(sp *model.ServicePort, bySlice map[string]*model.EndpointSli
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	seen := map[string]int{}
+	seen := map[netip.AddrPort]int{}
 	var out []model.Endpoint
 	for _, n := range names {
 		s := bySlice[n]
@@ -256,7 +256,7 @@ func mergeEndpoints(sp *model.ServicePort, bySlice map[string]*model.EndpointSli
 			}
 			for _, ep := range s.Endpoints {
 				ep.Port = p.Port
-				key := ep.String()
+				key := ep.AddrPort()
 				if i, ok := seen[key]; ok {
 					if !ep.Terminating {
 						out[i] = ep
@@ -268,6 +268,6 @@ func mergeEndpoints(sp *model.ServicePort, bySlice map[string]*model.EndpointSli
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b model.Endpoint) int { return cmp.Compare(a.String(), b.String()) })
+	slices.SortFunc(out, func(a, b model.Endpoint) int { return a.AddrPort().Compare(b.AddrPort()) })
 	return out
 }

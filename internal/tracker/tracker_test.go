@@ -58,7 +58,9 @@ func newHarness(t *testing.T) *harness {
 	return h
 }
 
-func (h *harness) service(svc *v1.Service) { h.tr.UpdateService(k8swatch.ServiceName(svc), h.tl.ServicePorts(svc)) }
+func (h *harness) service(svc *v1.Service) {
+	h.tr.UpdateService(k8swatch.ServiceName(svc), h.tl.ServicePorts(svc))
+}
 func (h *harness) slice(es *discoveryv1.EndpointSlice) {
 	h.tr.UpdateEndpointSlice(h.tl.EndpointSlice(es))
 }
