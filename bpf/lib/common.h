@@ -13,13 +13,13 @@
 #define IPPROTO_TCP 6
 #define IPPROTO_UDP 17
 
-#define EPERM 1
-#define ETIMEDOUT 110
+#define EPERM	     1
+#define ETIMEDOUT    110
 #define ECONNREFUSED 111
 #define EHOSTUNREACH 113
 
 /* Return values of cgroup sock_addr programs. */
-#define SYS_REJECT 0
+#define SYS_REJECT  0
 #define SYS_PROCEED 1
 
 #ifndef __always_inline

@@ -25,9 +25,8 @@ static __always_inline struct lb4_service *lb4_lookup_service(struct lb4_key *ke
  * key must be the one lb4_lookup_service filled in. Returns the backend
  * and its id, or NULL when the maps are inconsistent (counted: the writer
  * orders its updates so that this cannot happen). */
-static __always_inline struct lb4_backend *lb4_select_backend(struct lb4_key *key,
-							      const struct lb4_service *svc,
-							      __u32 *backend_id)
+static __always_inline struct lb4_backend *
+lb4_select_backend(struct lb4_key *key, const struct lb4_service *svc, __u32 *backend_id)
 {
 	struct lb4_service *slot;
 	struct lb4_backend *be;

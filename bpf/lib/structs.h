@@ -20,8 +20,8 @@ enum lb_scope {
 
 /* Service flags, in lb4_service.flags. */
 enum {
-	SVC_F_REJECT = 1 << 0,     /* no usable endpoint anywhere: refuse */
-	SVC_F_DROP = 1 << 1,       /* traffic policy Local, none on this node */
+	SVC_F_REJECT = 1 << 0,	   /* no usable endpoint anywhere: refuse */
+	SVC_F_DROP = 1 << 1,	   /* traffic policy Local, none on this node */
 	SVC_F_TWO_SCOPES = 1 << 2, /* an LB_SCOPE_INT entry exists */
 	SVC_F_CLUSTER_IP = 1 << 3,
 	SVC_F_NODE_PORT = 1 << 4,
@@ -90,14 +90,14 @@ struct sock4_revnat {
 
 /* Indices of lb_metrics: per-CPU packet and event counters. */
 enum lb_metric {
-	LB_M_XLATE_TCP = 0,     /* TCP connect translated */
-	LB_M_XLATE_UDP,         /* UDP connect or sendmsg translated */
-	LB_M_REJECT,            /* refused: no endpoint */
-	LB_M_DROP,              /* refused: policy Local, no local endpoint */
-	LB_M_NO_SLOT,           /* master entry without its slot: a bug */
-	LB_M_NO_BACKEND,        /* slot pointing at a missing backend: a bug */
-	LB_M_REVNAT_HIT,        /* reply address translated back */
-	LB_M_REVNAT_STALE,      /* reverse entry of a deleted frontend */
+	LB_M_XLATE_TCP = 0,	/* TCP connect translated */
+	LB_M_XLATE_UDP,		/* UDP connect or sendmsg translated */
+	LB_M_REJECT,		/* refused: no endpoint */
+	LB_M_DROP,		/* refused: policy Local, no local endpoint */
+	LB_M_NO_SLOT,		/* master entry without its slot: a bug */
+	LB_M_NO_BACKEND,	/* slot pointing at a missing backend: a bug */
+	LB_M_REVNAT_HIT,	/* reply address translated back */
+	LB_M_REVNAT_STALE,	/* reverse entry of a deleted frontend */
 	LB_M_REVNAT_UPDATE_ERR, /* could not record a reverse entry */
 	LB_M_MAX,
 };
