@@ -13,8 +13,10 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/go-logr/zapr"
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
+	"k8s.io/klog/v2"
 )
 
 func main() {
@@ -37,6 +39,8 @@ func main() {
 		os.Exit(2)
 	}
 	defer log.Sync() //nolint:errcheck // nothing to do about a failed flush at exit
+	// client-go logs through klog: send it to the same structured log.
+	klog.SetLogger(zapr.NewLogger(log.Named("client-go")))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

@@ -53,6 +53,13 @@ func startSource(ctx context.Context, o *options, nodeName string, tr *tracker.T
 		err := k8swatch.Watch(ctx, client, nodeName, tr, k8swatch.WatchOptions{
 			ResyncPeriod: o.configSyncPeriod,
 			Invalid:      invalid,
+			NodeStatus: func(known, deleting bool, taints []string) {
+				if !known {
+					health.SetNode(nil)
+					return
+				}
+				health.SetNode(&healthcheck.NodeStatus{Deleting: deleting, TaintKeys: taints})
+			},
 		})
 		if err != nil {
 			log.Error("API server source stopped", zap.Error(err))

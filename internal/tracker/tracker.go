@@ -91,8 +91,12 @@ func (t *Tracker) DeleteService(name model.ServiceName) {
 	t.wake()
 }
 
-// UpdateEndpointSlice records the current content of an EndpointSlice.
+// UpdateEndpointSlice records the current content of an EndpointSlice. A
+// nil slice (one the translator could not use) is ignored.
 func (t *Tracker) UpdateEndpointSlice(s *model.EndpointSlice) {
+	if s == nil {
+		return
+	}
 	t.mu.Lock()
 	t.pendingSlices[sliceKey{s.Service, s.Name}] = s
 	t.endpointChanges++
@@ -216,7 +220,7 @@ func (t *Tracker) Apply() model.Update {
 	}
 	for name := range dirty {
 		for _, sp := range t.services[name] {
-			eps := mergeEndpoints(sp, t.slices[name])
+			eps := mergeEndpoints(sp, t.slices[name], t.state.Node.Name)
 			t.state.Services[sp.Name] = &model.Service{
 				Port:      sp,
 				Endpoints: eps,
@@ -234,10 +238,11 @@ func sameNode(a, b *model.Node) bool {
 
 // mergeEndpoints collects the endpoints of sp from every EndpointSlice of
 // its Service. An endpoint listed twice (a pod moving between slices, or an
-// IP reused before the old pod is gone) keeps the non-terminating copy, as
-// upstream does; slices are visited in name order so that the outcome does
-// not depend on map order.
-func mergeEndpoints(sp *model.ServicePort, bySlice map[string]*model.EndpointSlice) []model.Endpoint {
+// IP reused before the old pod is gone) keeps its non-terminating copy, as
+// upstream does since 1.36, and among equals the copy on this node, as
+// upstream did before; upstream visits slices in map order, we in name
+// order, so that the outcome is deterministic.
+func mergeEndpoints(sp *model.ServicePort, bySlice map[string]*model.EndpointSlice, node string) []model.Endpoint {
 	if len(bySlice) == 0 {
 		return nil
 	}
@@ -258,7 +263,7 @@ func mergeEndpoints(sp *model.ServicePort, bySlice map[string]*model.EndpointSli
 				ep.Port = p.Port
 				key := ep.AddrPort()
 				if i, ok := seen[key]; ok {
-					if !ep.Terminating {
+					if better(&ep, &out[i], node) {
 						out[i] = ep
 					}
 					continue
@@ -270,4 +275,12 @@ func mergeEndpoints(sp *model.ServicePort, bySlice map[string]*model.EndpointSli
 	}
 	slices.SortFunc(out, func(a, b model.Endpoint) int { return a.AddrPort().Compare(b.AddrPort()) })
 	return out
+}
+
+// better reports whether duplicate a should replace b.
+func better(a, b *model.Endpoint, node string) bool {
+	if a.Terminating != b.Terminating {
+		return !a.Terminating
+	}
+	return node != "" && a.NodeName == node && b.NodeName != node
 }

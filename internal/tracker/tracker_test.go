@@ -199,3 +199,27 @@ func TestSyncedNeedsBothKinds(t *testing.T) {
 		t.Error("not synced after both lists")
 	}
 }
+
+func TestDuplicateEndpointPrefersTheLocalCopyAmongEquals(t *testing.T) {
+	h := newHarness(t)
+	h.service(makeService("web", port("", 80, v1.ProtocolTCP, intstr.FromInt32(8080))))
+	remote := endpoint("10.0.0.1", false)
+	local := endpoint("10.0.0.1", false)
+	local.NodeName = ptr("node-a")
+	h.slice(makeSlice("web", "web-a", []discoveryv1.EndpointPort{esPort("", 8080, v1.ProtocolTCP)}, remote))
+	h.slice(makeSlice("web", "web-b", []discoveryv1.EndpointPort{esPort("", 8080, v1.ProtocolTCP)}, local))
+	st := h.tr.Apply().State
+	for _, s := range st.Services {
+		if len(s.Endpoints) != 1 || s.Endpoints[0].NodeName != "node-a" {
+			t.Errorf("got %+v, want the one copy on this node", s.Endpoints)
+		}
+	}
+}
+
+func TestUnusableSliceIsIgnored(t *testing.T) {
+	h := newHarness(t)
+	h.tr.UpdateEndpointSlice(nil)
+	if up := h.tr.Apply(); len(up.Changed) != 0 {
+		t.Errorf("a nil slice changed %v", up.Changed)
+	}
+}

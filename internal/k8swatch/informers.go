@@ -1,0 +1,328 @@
+package k8swatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
+)
+
+// DefaultResyncPeriod is kube-proxy's default --config-sync-period.
+const DefaultResyncPeriod = 15 * time.Minute
+
+// WatchOptions configure Watch.
+type WatchOptions struct {
+	// Family is the proxy's IP family; empty means IPv4.
+	Family v1.IPFamily
+	// ResyncPeriod is the informers' resync period (kube-proxy's
+	// --config-sync-period); zero means DefaultResyncPeriod.
+	ResyncPeriod time.Duration
+	// Invalid receives every object or part of one that cannot be proxied.
+	Invalid InvalidFunc
+	// NodeStatus, when set, is told whether the own Node is known, being
+	// deleted, and which taints it carries, for /healthz's node
+	// eligibility (kube-proxy fails /healthz for a Node being deleted or
+	// tainted ToBeDeletedByClusterAutoscaler).
+	NodeStatus func(known, deleting bool, taintKeys []string)
+}
+
+// ProxiedSelector is the label selector of the objects kube-proxy handles:
+// neither LabelServiceProxyName nor LabelHeadless is set. It applies to
+// Services and EndpointSlices alike, because the EndpointSlice controller
+// copies a Service's labels onto its slices.
+func ProxiedSelector() labels.Selector {
+	noProxyName, err := labels.NewRequirement(LabelServiceProxyName, selection.DoesNotExist, nil)
+	if err != nil {
+		panic(err) // constant input
+	}
+	noHeadless, err := labels.NewRequirement(LabelHeadless, selection.DoesNotExist, nil)
+	if err != nil {
+		panic(err) // constant input
+	}
+	return labels.NewSelector().Add(*noProxyName, *noHeadless)
+}
+
+// Watch feeds tr from the API server until ctx is done: the Services and
+// EndpointSlices meant for kube-proxy (ProxiedSelector, and Services with a
+// cluster IP other than "None") and the Node named nodeName. Services and
+// EndpointSlices are marked synced in tr once their initial lists have been
+// delivered.
+//
+// Watch does not need the API server at start: the informers retry until it
+// answers, and they resume (relisting if needed) after it restarts. It
+// returns nil when ctx is done, after the informers have stopped, and an
+// error only for a setup mistake.
+func Watch(ctx context.Context, client kubernetes.Interface, nodeName string, tr *tracker.Tracker, opts WatchOptions) error {
+	if nodeName == "" {
+		return errors.New("k8swatch: node name is empty")
+	}
+	resync := opts.ResyncPeriod
+	if resync <= 0 {
+		resync = DefaultResyncPeriod
+	}
+	h := &handlers{
+		tr:         tr,
+		nodeStatus: opts.NodeStatus,
+		nodeName:   nodeName,
+		tl:         Translator{Family: opts.Family, Invalid: opts.Invalid},
+		quiet:      Translator{Family: opts.Family},
+	}
+	proxied := ProxiedSelector().String()
+
+	// Headless Services are also left out at the API server by field, as
+	// kube-proxy does: they can be many, and the proxy never uses them.
+	svcFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = proxied
+			o.FieldSelector = fields.OneTermNotEqualSelector("spec.clusterIP", v1.ClusterIPNone).String()
+		}),
+		informers.WithTransform(strip))
+	sliceFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = proxied }),
+		informers.WithTransform(strip))
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
+		}),
+		informers.WithTransform(strip))
+	factories := []informers.SharedInformerFactory{svcFactory, sliceFactory, nodeFactory}
+	// Shutdown also covers informers that were never started.
+	defer func() {
+		for _, f := range factories {
+			f.Shutdown()
+		}
+	}()
+
+	svcReg, err := svcFactory.Core().V1().Services().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    h.addService,
+		UpdateFunc: h.updateService,
+		DeleteFunc: h.deleteService,
+	})
+	if err != nil {
+		return fmt.Errorf("k8swatch: registering the Service handler: %w", err)
+	}
+	sliceReg, err := sliceFactory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    h.addSlice,
+		UpdateFunc: h.updateSlice,
+		DeleteFunc: h.deleteSlice,
+	})
+	if err != nil {
+		return fmt.Errorf("k8swatch: registering the EndpointSlice handler: %w", err)
+	}
+	if _, err := nodeFactory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    h.addNode,
+		UpdateFunc: h.updateNode,
+		DeleteFunc: h.deleteNode,
+	}); err != nil {
+		return fmt.Errorf("k8swatch: registering the Node handler: %w", err)
+	}
+
+	for _, f := range factories {
+		f.StartWithContext(ctx)
+	}
+	// The registration's checker, unlike the informer's HasSynced, is done
+	// only once every object of the initial list has reached the handler,
+	// so the tracker never sees "synced" before the objects themselves.
+	go markSynced(ctx, svcReg, tr.SetServicesSynced)
+	go markSynced(ctx, sliceReg, tr.SetEndpointSlicesSynced)
+
+	<-ctx.Done()
+	return nil
+}
+
+func markSynced(ctx context.Context, reg cache.ResourceEventHandlerRegistration, set func()) {
+	select {
+	case <-reg.HasSyncedChecker().Done():
+		set()
+	case <-ctx.Done():
+	}
+}
+
+// handlers turn informer events into tracker changes. Each handler
+// translates both the old and the new object and drops updates that change
+// nothing the proxy uses (resyncs, relists, status and annotation churn),
+// as kube-proxy's change trackers do; the old object is translated with
+// reports off so that a problem is reported once per object version.
+type handlers struct {
+	tr         *tracker.Tracker
+	nodeStatus func(known, deleting bool, taintKeys []string)
+	nodeName   string
+	tl         Translator
+	quiet      Translator
+}
+
+// unchanged reports whether an update is a resync or relist of the same
+// object version, which needs no translation at all.
+func unchanged(oldObj, newObj metav1.Object) bool {
+	rv := newObj.GetResourceVersion()
+	return rv != "" && rv == oldObj.GetResourceVersion()
+}
+
+// tombstone unwraps the object of a delete event whose final state the
+// informer missed (a relist after a broken watch).
+func tombstone(obj any) any {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		return t.Obj
+	}
+	return obj
+}
+
+func (h *handlers) servicePorts(tl *Translator, svc *v1.Service) []*model.ServicePort {
+	// The API server filters by label already; this guards against a
+	// server or fake that does not, and an update that adds the label.
+	if !Proxied(svc.Labels) {
+		return nil
+	}
+	return tl.ServicePorts(svc)
+}
+
+func (h *handlers) addService(obj any) {
+	svc, ok := obj.(*v1.Service)
+	if !ok {
+		return
+	}
+	if ports := h.servicePorts(&h.tl, svc); ports != nil {
+		h.tr.UpdateService(ServiceName(svc), ports)
+	}
+}
+
+func (h *handlers) updateService(oldObj, newObj any) {
+	oldSvc, ok1 := oldObj.(*v1.Service)
+	newSvc, ok2 := newObj.(*v1.Service)
+	if !ok1 || !ok2 || unchanged(oldSvc, newSvc) {
+		return
+	}
+	oldPorts := h.servicePorts(&h.quiet, oldSvc)
+	newPorts := h.servicePorts(&h.tl, newSvc)
+	if reflect.DeepEqual(oldPorts, newPorts) {
+		return
+	}
+	if newPorts == nil {
+		h.tr.DeleteService(ServiceName(newSvc))
+		return
+	}
+	h.tr.UpdateService(ServiceName(newSvc), newPorts)
+}
+
+// deleteService does not look at the deleted object's labels or spec: the
+// API server reports a Service that stops matching the selector as deleted,
+// and what the object says then is not what the tracker was given.
+func (h *handlers) deleteService(obj any) {
+	if svc, ok := tombstone(obj).(*v1.Service); ok {
+		h.tr.DeleteService(ServiceName(svc))
+	}
+}
+
+func (h *handlers) slice(tl *Translator, es *discoveryv1.EndpointSlice) *model.EndpointSlice {
+	if !Proxied(es.Labels) {
+		return nil
+	}
+	return tl.EndpointSlice(es)
+}
+
+func (h *handlers) addSlice(obj any) {
+	es, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return
+	}
+	if m := h.slice(&h.tl, es); m != nil {
+		h.tr.UpdateEndpointSlice(m)
+	}
+}
+
+func (h *handlers) updateSlice(oldObj, newObj any) {
+	oldES, ok1 := oldObj.(*discoveryv1.EndpointSlice)
+	newES, ok2 := newObj.(*discoveryv1.EndpointSlice)
+	if !ok1 || !ok2 || unchanged(oldES, newES) {
+		return
+	}
+	applySlice(h.tr, h.slice(&h.quiet, oldES), h.slice(&h.tl, newES))
+}
+
+// deleteSlice, like deleteService, only needs the slice's name and Service.
+func (h *handlers) deleteSlice(obj any) {
+	es, ok := tombstone(obj).(*discoveryv1.EndpointSlice)
+	if !ok {
+		return
+	}
+	if svc, ok := EndpointSliceService(es); ok {
+		h.tr.DeleteEndpointSlice(svc, es.Name)
+	}
+}
+
+// applySlice records the change from old to new (either may be nil) of one
+// EndpointSlice. The tracker files a slice under its Service, so a slice
+// whose service-name label changed is removed from the old Service first.
+func applySlice(tr *tracker.Tracker, old, cur *model.EndpointSlice) {
+	if sameSlice(old, cur) {
+		return
+	}
+	if old != nil && (cur == nil || old.Service != cur.Service) {
+		tr.DeleteEndpointSlice(old.Service, old.Name)
+	}
+	if cur != nil {
+		tr.UpdateEndpointSlice(cur)
+	}
+}
+
+// sameSlice compares two translated slices, ignoring the trigger time: a
+// new trigger time with nothing else changed programs nothing.
+func sameSlice(a, b *model.EndpointSlice) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	ac, bc := *a, *b
+	ac.TriggerTime, bc.TriggerTime = time.Time{}, time.Time{}
+	return reflect.DeepEqual(ac, bc)
+}
+
+func (h *handlers) addNode(obj any) {
+	n, ok := obj.(*v1.Node)
+	if !ok || n.Name != h.nodeName {
+		return
+	}
+	h.tr.UpdateNode(h.tl.Node(n))
+	if h.nodeStatus != nil {
+		var taints []string
+		for _, t := range n.Spec.Taints {
+			taints = append(taints, t.Key)
+		}
+		h.nodeStatus(true, n.DeletionTimestamp != nil, taints)
+	}
+}
+
+func (h *handlers) updateNode(oldObj, newObj any) {
+	oldN, ok1 := oldObj.(*v1.Node)
+	newN, ok2 := newObj.(*v1.Node)
+	if !ok1 || !ok2 || unchanged(oldN, newN) {
+		return
+	}
+	h.addNode(newN)
+}
+
+// deleteNode forgets the zone and addresses of a deleted own Node, as
+// kube-proxy forgets its labels: topology hints stop applying.
+func (h *handlers) deleteNode(obj any) {
+	n, ok := tombstone(obj).(*v1.Node)
+	if !ok || n.Name != h.nodeName {
+		return
+	}
+	h.tr.UpdateNode(model.Node{Name: h.nodeName})
+	if h.nodeStatus != nil {
+		h.nodeStatus(false, false, nil)
+	}
+}

@@ -1,0 +1,490 @@
+package k8swatch
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer/json"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes/scheme"
+	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
+)
+
+// DefaultPollInterval is how often Manifests.Run looks at the directory.
+const DefaultPollInterval = time.Second
+
+// ManifestOptions configure a Manifests source.
+type ManifestOptions struct {
+	// Family is the proxy's IP family; empty means IPv4.
+	Family v1.IPFamily
+	// PollInterval is the time between two reads of the directory; zero
+	// means DefaultPollInterval.
+	PollInterval time.Duration
+	// Invalid receives every file, document, object or part of one that
+	// cannot be used.
+	Invalid InvalidFunc
+}
+
+// Manifests is the source for standalone use and the demo: it reads
+// Services, discovery.k8s.io/v1 EndpointSlices and optionally the proxy's
+// own Node from the *.yaml, *.yml and *.json files of one directory
+// (several documents per file, and v1 Lists, allowed; hidden files and
+// subdirectories ignored) and feeds the tracker with what changed since
+// the previous read.
+//
+// Objects get the treatment the informers give them: the same label
+// filtering, the same translation, and a missing namespace is "default".
+// A file or document that cannot be read or decoded is reported, and the
+// objects that file provided before stay as they were until it reads
+// cleanly again: a half-written file never takes Services away. Files are
+// best replaced atomically (written elsewhere, then renamed), as
+// Kubernetes does for mounted ConfigMaps, which this source can read.
+type Manifests struct {
+	dir      string
+	nodeName string
+	tr       *tracker.Tracker
+	tl       Translator
+	interval time.Duration
+	decoder  runtime.Decoder
+
+	mu     sync.Mutex
+	files  map[string]*manifestFile
+	synced bool
+	// What the tracker was last given.
+	services map[model.ServiceName][]*model.ServicePort
+	slices   map[objectID]*model.EndpointSlice
+	node     *model.Node
+	// Problems already reported, so that a poll every second does not
+	// repeat them while nothing changes.
+	dirErr     string
+	duplicates map[string]bool
+}
+
+// objectID is a namespaced object name.
+type objectID struct {
+	Namespace, Name string
+}
+
+// manifestFile is what one file provided at its last read. Nil values are
+// objects that were read but are not proxied (headless, filtered by label,
+// of the other family): they still override an earlier version.
+type manifestFile struct {
+	hash     [sha256.Size]byte
+	readErr  string
+	services map[model.ServiceName][]*model.ServicePort
+	slices   map[objectID]*model.EndpointSlice
+	node     *model.Node
+}
+
+func newManifestFile() *manifestFile {
+	return &manifestFile{
+		services: map[model.ServiceName][]*model.ServicePort{},
+		slices:   map[objectID]*model.EndpointSlice{},
+	}
+}
+
+// NewManifests returns a source that reads dir for the node named nodeName
+// and records what it finds in tr. Nothing is read before Reload or Run.
+func NewManifests(dir, nodeName string, tr *tracker.Tracker, opts ManifestOptions) *Manifests {
+	interval := opts.PollInterval
+	if interval <= 0 {
+		interval = DefaultPollInterval
+	}
+	return &Manifests{
+		dir:      dir,
+		nodeName: nodeName,
+		tr:       tr,
+		tl:       Translator{Family: opts.Family, Invalid: opts.Invalid},
+		interval: interval,
+		// Strict, so that a misspelt field (clusterIp) is reported; the
+		// object is still used, as kubectl would warn and go on.
+		decoder: json.NewSerializerWithOptions(json.DefaultMetaFactory, scheme.Scheme, scheme.Scheme,
+			json.SerializerOptions{Strict: true}),
+		files:      map[string]*manifestFile{},
+		services:   map[model.ServiceName][]*model.ServicePort{},
+		slices:     map[objectID]*model.EndpointSlice{},
+		duplicates: map[string]bool{},
+	}
+}
+
+// Run reads the directory, marks Services and EndpointSlices synced in the
+// tracker, and then reads it again every poll interval until ctx is done.
+// It returns an error only when the first read fails (the directory does
+// not exist or cannot be listed); later failures are reported through the
+// InvalidFunc and leave the loaded objects in place.
+func (m *Manifests) Run(ctx context.Context) error {
+	if err := m.Reload(); err != nil {
+		return err
+	}
+	tick := time.NewTicker(m.interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			_ = m.Reload() // reported already
+		}
+	}
+}
+
+// Reload reads the directory once and records in the tracker every
+// Service, EndpointSlice and Node change since the previous read. The first
+// successful Reload also marks Services and EndpointSlices synced. It
+// returns an error when the directory cannot be listed.
+func (m *Manifests) Reload() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+
+	entries, err := os.ReadDir(m.dir)
+	if err != nil {
+		err = fmt.Errorf("k8swatch: reading manifests directory: %w", err)
+		if m.synced && err.Error() != m.dirErr {
+			m.dirErr = err.Error()
+			m.report(KindManifest, "", m.dir, "unreadable directory: %v; keeping the objects loaded before", err)
+		}
+		return err
+	}
+	m.dirErr = ""
+
+	changed := false
+	seen := map[string]bool{}
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".") || !isManifestName(name) {
+			continue
+		}
+		path := filepath.Join(m.dir, name)
+		// Stat follows symlinks, as in a mounted ConfigMap. A file that
+		// cannot be looked at is kept as unreadable rather than dropped.
+		fi, err := os.Stat(path)
+		if (err != nil && errors.Is(err, fs.ErrNotExist)) || (err == nil && !fi.Mode().IsRegular()) {
+			continue
+		}
+		seen[path] = true
+		if m.readFile(path) {
+			changed = true
+		}
+	}
+	for path := range m.files {
+		if !seen[path] {
+			delete(m.files, path)
+			changed = true
+		}
+	}
+
+	if changed || !m.synced {
+		m.push()
+	}
+	if !m.synced {
+		m.synced = true
+		m.tr.SetServicesSynced()
+		m.tr.SetEndpointSlicesSynced()
+	}
+	return nil
+}
+
+func isManifestName(name string) bool {
+	switch strings.ToLower(filepath.Ext(name)) {
+	case ".yaml", ".yml", ".json":
+		return true
+	}
+	return false
+}
+
+func (m *Manifests) report(kind, namespace, name, format string, args ...any) {
+	m.tl.report(kind, namespace, name, format, args...)
+}
+
+// readFile reads one file if its content changed and reports whether what
+// it provides changed.
+func (m *Manifests) readFile(path string) bool {
+	prev := m.files[path]
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if prev == nil {
+			prev = newManifestFile()
+			m.files[path] = prev
+		}
+		if err.Error() != prev.readErr {
+			prev.readErr = err.Error()
+			m.report(KindManifest, "", path, "unreadable file: %v; keeping the objects it provided before", err)
+		}
+		return false
+	}
+	hash := sha256.Sum256(data)
+	if prev != nil && prev.readErr == "" && prev.hash == hash {
+		return false
+	}
+	f, broken := m.parse(path, data)
+	f.hash = hash
+	if broken && prev != nil {
+		// What the broken part held is unknown: keep every object the file
+		// provided before that this read did not replace.
+		for k, v := range prev.services {
+			if _, ok := f.services[k]; !ok {
+				f.services[k] = v
+			}
+		}
+		for k, v := range prev.slices {
+			if _, ok := f.slices[k]; !ok {
+				f.slices[k] = v
+			}
+		}
+		if f.node == nil {
+			f.node = prev.node
+		}
+	}
+	m.files[path] = f
+	return true
+}
+
+// parse decodes every document of a file. broken is true when a document
+// could not be decoded, or an object in it could not be used at all.
+func (m *Manifests) parse(path string, data []byte) (f *manifestFile, broken bool) {
+	f = newManifestFile()
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for doc := 1; ; doc++ {
+		raw, err := r.Read()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			m.report(KindManifest, "", path, "undecodable document: document %d: %v", doc, err)
+			broken = true
+			var syntax utilyaml.YAMLSyntaxError
+			if errors.As(err, &syntax) {
+				continue // the reader goes on after a bad separator
+			}
+			break
+		}
+		if !m.decode(f, path, fmt.Sprintf("document %d", doc), raw) {
+			broken = true
+		}
+	}
+	return f, broken
+}
+
+// decode adds the object of one YAML or JSON document to f and reports
+// whether it could be used.
+func (m *Manifests) decode(f *manifestFile, path, where string, raw []byte) bool {
+	js, err := sigsyaml.YAMLToJSON(raw)
+	if err != nil {
+		m.report(KindManifest, "", path, "undecodable document: %s: %v", where, err)
+		return false
+	}
+	if t := bytes.TrimSpace(js); len(t) == 0 || string(t) == "null" {
+		return true // only comments or blank
+	}
+	obj, gvk, err := m.decoder.Decode(js, nil, nil)
+	switch {
+	case err == nil:
+	case runtime.IsNotRegisteredError(err):
+		// A kind of no API the proxy knows (a custom resource, or a
+		// misspelt kind) cannot be one of its objects: said, not kept.
+		m.report(KindManifest, "", path, "unknown kind: %s: %v; ignored", where, err)
+		return true
+	case obj != nil && runtime.IsStrictDecodingError(err):
+		// Unknown or duplicate fields: usable, but say so.
+		m.report(KindManifest, "", path, "unknown field: %s: %v", where, err)
+	default:
+		m.report(KindManifest, "", path, "undecodable document: %s: %v", where, err)
+		return false
+	}
+
+	switch o := obj.(type) {
+	case *v1.List:
+		ok := true
+		for i := range o.Items {
+			if !m.decode(f, path, fmt.Sprintf("%s item %d", where, i+1), o.Items[i].Raw) {
+				ok = false
+			}
+		}
+		return ok
+	case *v1.Service:
+		return m.addService(f, path, o)
+	case *discoveryv1.EndpointSlice:
+		return m.addSlice(f, path, o)
+	case *v1.Node:
+		if o.Name == m.nodeName {
+			n := m.tl.Node(o)
+			f.node = &n
+		}
+		return true
+	}
+	// Kinds a user may expect to work but kube-proxy does not read.
+	switch {
+	case gvk == nil:
+	case gvk.Group == "" && gvk.Kind == "Endpoints":
+		m.report(KindManifest, "", path, "kind not read: %s: v1 Endpoints are not read; kube-proxy uses %s EndpointSlices",
+			where, discoveryv1.SchemeGroupVersion)
+	case gvk.Kind == "EndpointSlice":
+		m.report(KindManifest, "", path, "kind not read: %s: EndpointSlice of %s is not read; use %s",
+			where, gvk.GroupVersion(), discoveryv1.SchemeGroupVersion)
+	}
+	// Other kinds (a Deployment next to its Service) are not ours.
+	return true
+}
+
+func defaultNamespace(ns *string) {
+	if *ns == "" {
+		*ns = v1.NamespaceDefault
+	}
+}
+
+func (m *Manifests) addService(f *manifestFile, path string, svc *v1.Service) bool {
+	defaultNamespace(&svc.Namespace)
+	if svc.Name == "" {
+		m.report(KindManifest, svc.Namespace, path, "missing name: a Service without metadata.name; ignored")
+		return false
+	}
+	name := ServiceName(svc)
+	if _, dup := f.services[name]; dup {
+		m.report(KindService, svc.Namespace, svc.Name, "duplicate object: defined twice in %s; the last one is used", path)
+	}
+	if !Proxied(svc.Labels) {
+		f.services[name] = nil
+		return true
+	}
+	if svc.Spec.ClusterIP == "" && svc.Spec.Type != v1.ServiceTypeExternalName {
+		// In a cluster the API server allocates one; here nothing does.
+		m.report(KindService, svc.Namespace, svc.Name, "missing cluster IP: spec.clusterIP is not set in %s and nothing allocates one here; not proxied", path)
+	}
+	f.services[name] = m.tl.ServicePorts(svc)
+	return true
+}
+
+func (m *Manifests) addSlice(f *manifestFile, path string, es *discoveryv1.EndpointSlice) bool {
+	defaultNamespace(&es.Namespace)
+	if es.Name == "" {
+		m.report(KindManifest, es.Namespace, path, "missing name: an EndpointSlice without metadata.name; ignored")
+		return false
+	}
+	id := objectID{es.Namespace, es.Name}
+	if _, dup := f.slices[id]; dup {
+		m.report(KindEndpointSlice, es.Namespace, es.Name, "duplicate object: defined twice in %s; the last one is used", path)
+	}
+	if !Proxied(es.Labels) {
+		f.slices[id] = nil
+		return true
+	}
+	s := m.tl.EndpointSlice(es)
+	if s == nil {
+		// Another family is fine; a slice that cannot be used at all is a
+		// broken object (reported by the translation).
+		_, named := EndpointSliceService(es)
+		if es.AddressType == "" || (es.AddressType == m.tl.addressType() && !named) {
+			return false
+		}
+	}
+	f.slices[id] = s
+	return true
+}
+
+// push merges the files, in name order, and records in the tracker what
+// differs from what it was given before.
+func (m *Manifests) push() {
+	paths := make([]string, 0, len(m.files))
+	for p := range m.files {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+
+	services := map[model.ServiceName][]*model.ServicePort{}
+	svcFrom := map[model.ServiceName]string{}
+	sls := map[objectID]*model.EndpointSlice{}
+	sliceFrom := map[objectID]string{}
+	var node *model.Node
+	var nodeFrom string
+	dups := map[string]bool{}
+	duplicate := func(kind, ns, name, first, again string) {
+		key := kind + " " + ns + "/" + name + " " + again
+		dups[key] = true
+		if !m.duplicates[key] {
+			m.report(kind, ns, name, "duplicate object: defined in %s and again in %s; the copy in %s is used", first, again, first)
+		}
+	}
+	for _, p := range paths {
+		f := m.files[p]
+		for k, v := range f.services {
+			if first, ok := svcFrom[k]; ok {
+				duplicate(KindService, k.Namespace, k.Name, first, p)
+				continue
+			}
+			svcFrom[k] = p
+			services[k] = v
+		}
+		for k, v := range f.slices {
+			if first, ok := sliceFrom[k]; ok {
+				duplicate(KindEndpointSlice, k.Namespace, k.Name, first, p)
+				continue
+			}
+			sliceFrom[k] = p
+			sls[k] = v
+		}
+		if f.node != nil {
+			if node != nil {
+				duplicate(KindNode, "", f.node.Name, nodeFrom, p)
+				continue
+			}
+			node, nodeFrom = f.node, p
+		}
+	}
+	m.duplicates = dups
+
+	for name, ports := range services {
+		if ports == nil {
+			continue
+		}
+		if !reflect.DeepEqual(m.services[name], ports) {
+			m.tr.UpdateService(name, ports)
+			m.services[name] = ports
+		}
+	}
+	for name := range m.services {
+		if services[name] == nil {
+			m.tr.DeleteService(name)
+			delete(m.services, name)
+		}
+	}
+	for id, s := range sls {
+		if s == nil {
+			continue
+		}
+		applySlice(m.tr, m.slices[id], s)
+		m.slices[id] = s
+	}
+	for id, s := range m.slices {
+		if sls[id] == nil {
+			applySlice(m.tr, s, nil)
+			delete(m.slices, id)
+		}
+	}
+	switch {
+	case node != nil && (m.node == nil || !reflect.DeepEqual(*m.node, *node)):
+		m.tr.UpdateNode(*node)
+		m.node = node
+	case node == nil && m.node != nil:
+		m.tr.UpdateNode(model.Node{Name: m.nodeName})
+		m.node = nil
+	}
+}

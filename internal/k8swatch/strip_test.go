@@ -1,0 +1,181 @@
+package k8swatch
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
+)
+
+// bulkyMeta is metadata as a real cluster fills it in: managed fields and a
+// last-applied annotation bigger than the object itself.
+func bulkyMeta(m *metav1.ObjectMeta) {
+	m.ManagedFields = []metav1.ManagedFieldsEntry{{
+		Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply,
+		FieldsV1: metav1.NewFieldsV1(`{"f:spec":{"f:ports":{}}}`),
+	}}
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Annotations["kubectl.kubernetes.io/last-applied-configuration"] = strings.Repeat("x", 4096)
+	if m.Labels == nil {
+		m.Labels = map[string]string{}
+	}
+	m.Labels["app"] = "web"
+	m.OwnerReferences = []metav1.OwnerReference{{Kind: "Service", Name: "web", UID: "u1"}}
+	m.Finalizers = []string{"example.com/f"}
+	m.GenerateName = "web-"
+}
+
+// TestStrip checks that the informers' transform keeps everything the
+// translation reads (the translation of the stripped object is unchanged)
+// and drops the bulk, and that it is idempotent as client-go requires.
+func TestStrip(t *testing.T) {
+	tests := []struct {
+		name string
+		obj  runtime.Object
+		// gone are checks that must hold after stripping.
+		gone func(obj runtime.Object) []string
+	}{
+		{
+			name: "Service",
+			obj: makeService("ns", "web", func(s *v1.Service) {
+				bulkyMeta(&s.ObjectMeta)
+				s.Spec.Type = v1.ServiceTypeLoadBalancer
+				s.Spec.Selector = map[string]string{"app": "web"}
+				s.Spec.Ports[0].NodePort = 30080
+				s.Spec.ExternalIPs = []string{"198.19.0.1"}
+				s.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/24"}
+				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+				s.Spec.HealthCheckNodePort = 32000
+				s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+				s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](60)}}
+				s.Spec.InternalTrafficPolicy = ptr.To(v1.ServiceInternalTrafficPolicyLocal)
+				s.Spec.TrafficDistribution = ptr.To(v1.ServiceTrafficDistributionPreferClose)
+				s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "198.19.0.10", Hostname: "lb", IPMode: ptr.To(v1.LoadBalancerIPModeVIP)}}
+				s.Status.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionTrue}}
+			}),
+			gone: func(obj runtime.Object) []string {
+				s := obj.(*v1.Service)
+				var bad []string
+				if s.ManagedFields != nil || s.Annotations != nil || s.Labels != nil || s.OwnerReferences != nil || s.Finalizers != nil {
+					bad = append(bad, "metadata kept")
+				}
+				if s.Spec.Selector != nil || s.Status.Conditions != nil {
+					bad = append(bad, "selector or conditions kept")
+				}
+				return bad
+			},
+		},
+		{
+			name: "EndpointSlice",
+			obj: makeEndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{
+				endpoint("10.244.1.1", "node-a", func(ep *discoveryv1.Endpoint) {
+					ep.Addresses = append(ep.Addresses, "10.244.1.2")
+					ep.Zone = ptr.To("zone-a")
+					ep.Hostname = ptr.To("pod-1")
+					ep.TargetRef = &v1.ObjectReference{Kind: "Pod", Namespace: "ns", Name: "pod-1"}
+					ep.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}}
+				}),
+			}, func(es *discoveryv1.EndpointSlice) {
+				bulkyMeta(&es.ObjectMeta)
+				es.Annotations[v1.EndpointsLastChangeTriggerTime] = "2026-07-01T12:00:00Z"
+				es.Ports[0].AppProtocol = ptr.To("http")
+			}),
+			gone: func(obj runtime.Object) []string {
+				es := obj.(*discoveryv1.EndpointSlice)
+				var bad []string
+				if es.ManagedFields != nil || len(es.Annotations) != 1 || len(es.Labels) != 1 || es.OwnerReferences != nil {
+					bad = append(bad, "metadata kept")
+				}
+				if ep := es.Endpoints[0]; ep.TargetRef != nil || ep.Hostname != nil || len(ep.Addresses) != 1 {
+					bad = append(bad, "endpoint details kept")
+				}
+				return bad
+			},
+		},
+		{
+			name: "Node",
+			obj: func() runtime.Object {
+				n := makeNode("node-a", "zone-a", v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.77.10"})
+				bulkyMeta(&n.ObjectMeta)
+				n.Spec.PodCIDRs = []string{"10.244.1.0/24"}
+				n.Status.Images = []v1.ContainerImage{{Names: []string{strings.Repeat("i", 1000)}}}
+				n.Status.Capacity = v1.ResourceList{v1.ResourceCPU: resource.MustParse("2")}
+				return n
+			}(),
+			gone: func(obj runtime.Object) []string {
+				n := obj.(*v1.Node)
+				var bad []string
+				if n.ManagedFields != nil || n.Annotations != nil || len(n.Labels) != 1 {
+					bad = append(bad, "metadata kept")
+				}
+				if n.Status.Images != nil || n.Status.Capacity != nil {
+					bad = append(bad, "status kept")
+				}
+				if len(n.Spec.PodCIDRs) != 1 {
+					bad = append(bad, "spec lost")
+				}
+				return bad
+			},
+		},
+	}
+	translate := func(obj runtime.Object) any {
+		tl := Translator{}
+		switch o := obj.(type) {
+		case *v1.Service:
+			return tl.ServicePorts(o)
+		case *discoveryv1.EndpointSlice:
+			return tl.EndpointSlice(o)
+		case *v1.Node:
+			return tl.Node(o)
+		}
+		return nil
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := translate(tc.obj)
+			stripped, err := strip(tc.obj.DeepCopyObject())
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := stripped.(runtime.Object)
+			if after := translate(s); !reflect.DeepEqual(before, after) {
+				t.Errorf("translation changed by stripping:\n  before %+v\n  after  %+v", before, after)
+			}
+			if bad := tc.gone(s); len(bad) > 0 {
+				t.Errorf("not stripped: %v", bad)
+			}
+			again, _ := strip(s.DeepCopyObject())
+			if !reflect.DeepEqual(again, s) {
+				t.Errorf("strip is not idempotent")
+			}
+		})
+	}
+
+	t.Run("other objects and tombstones pass untouched", func(t *testing.T) {
+		svc := makeService("ns", "web", func(s *v1.Service) { bulkyMeta(&s.ObjectMeta) })
+		pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}}
+		bulkyMeta(&pod.ObjectMeta)
+		for _, want := range []any{cacheTombstone("ns/web", svc), pod} {
+			var in any
+			switch w := want.(type) {
+			case cache.DeletedFinalStateUnknown:
+				in = cacheTombstone(w.Key, w.Obj.(*v1.Service).DeepCopy())
+			case *v1.Pod:
+				in = w.DeepCopy()
+			}
+			got, err := strip(in)
+			if err != nil || !reflect.DeepEqual(got, want) {
+				t.Errorf("strip(%T) changed it: %v", in, err)
+			}
+		}
+	})
+}
