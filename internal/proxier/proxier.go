@@ -160,6 +160,12 @@ func (p *Proxier) syncOnce(full bool) bool {
 	p.metrics.EndpointChangesPending.Set(0)
 	p.metrics.ServiceChangesTotal.Add(float64(up.ServiceChanges))
 	p.metrics.EndpointChangesTotal.Add(float64(up.EndpointChanges))
+	if !up.Full && len(up.Changed) == 0 {
+		// A wake-up whose changes were all folded into the previous sync,
+		// or changes that cancel out: nothing to write.
+		p.health.Updated(p.cfg.IPFamily)
+		return true
+	}
 
 	err := p.dp.Sync(up)
 	elapsed := p.now().Sub(start)

@@ -1,0 +1,213 @@
+package proxier
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
+)
+
+// fakeDataplane records the updates it gets and fails while told to.
+type fakeDataplane struct {
+	mu      sync.Mutex
+	updates []model.Update
+	fail    int
+	got     chan struct{}
+}
+
+func (f *fakeDataplane) Name() string { return "fake" }
+
+func (f *fakeDataplane) Sync(up model.Update) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.updates = append(f.updates, up)
+	defer func() { f.got <- struct{}{} }()
+	if f.fail > 0 {
+		f.fail--
+		return errors.New("injected failure")
+	}
+	return nil
+}
+
+func (f *fakeDataplane) last() model.Update {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.updates[len(f.updates)-1]
+}
+
+type fakeHealth struct {
+	mu              sync.Mutex
+	queued, updated int
+}
+
+func (h *fakeHealth) QueuedUpdate(string) { h.mu.Lock(); h.queued++; h.mu.Unlock() }
+func (h *fakeHealth) Updated(string)      { h.mu.Lock(); h.updated++; h.mu.Unlock() }
+
+func service(name string, eps ...string) ([]*model.ServicePort, *model.EndpointSlice) {
+	sn := model.ServiceName{Namespace: "ns", Name: name}
+	sp := &model.ServicePort{Name: model.ServicePortName{ServiceName: sn, Protocol: model.TCP},
+		ClusterIP: netip.MustParseAddr("10.96.0.1"), Port: 80, InternalPolicy: model.PolicyLocal}
+	es := &model.EndpointSlice{Service: sn, Name: name + "-1", Ports: []model.EndpointPort{{Port: 8080, Protocol: model.TCP}}}
+	for _, e := range eps {
+		es.Endpoints = append(es.Endpoints, model.Endpoint{Addr: netip.MustParseAddr(e), Ready: true, Serving: true, NodeName: "node-b"})
+	}
+	return []*model.ServicePort{sp}, es
+}
+
+type loop struct {
+	tr     *tracker.Tracker
+	dp     *fakeDataplane
+	health *fakeHealth
+	m      *metrics.Metrics
+	p      *Proxier
+}
+
+func start(t *testing.T, cfg Config) *loop {
+	t.Helper()
+	l := &loop{
+		tr:     tracker.New("node-a", model.DefaultOptions),
+		dp:     &fakeDataplane{got: make(chan struct{}, 100)},
+		health: &fakeHealth{},
+		m:      metrics.New(metrics.IPv4),
+	}
+	l.p = New(cfg, l.tr, l.dp, l.m, l.health, zap.NewNop())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return l
+}
+
+func (l *loop) waitSync(t *testing.T) model.Update {
+	t.Helper()
+	select {
+	case <-l.dp.got:
+		return l.dp.last()
+	case <-time.After(10 * time.Second):
+		t.Fatal("no sync")
+		return model.Update{}
+	}
+}
+
+func (l *loop) noSync(t *testing.T, d time.Duration) {
+	t.Helper()
+	select {
+	case <-l.dp.got:
+		t.Fatalf("unexpected sync: %+v", l.dp.last())
+	case <-time.After(d):
+	}
+}
+
+func TestNothingIsProgrammedBeforeBothSourcesSynced(t *testing.T) {
+	l := start(t, Config{SyncPeriod: time.Hour})
+	sp, es := service("a", "10.0.0.1")
+	l.tr.UpdateService(sp[0].Name.ServiceName, sp)
+	l.tr.UpdateEndpointSlice(es)
+	l.tr.SetServicesSynced()
+	l.noSync(t, 200*time.Millisecond)
+	l.tr.SetEndpointSlicesSynced()
+	up := l.waitSync(t)
+	if !up.Full || len(up.State.Services) != 1 {
+		t.Errorf("first sync: full=%v with %d service ports, want a full sync of 1", up.Full, len(up.State.Services))
+	}
+	if n := testutil.ToFloat64(l.m.NoLocalEndpointsInternal); n != 1 {
+		t.Errorf("no_local_endpoints_total{internal} = %v, want 1", n)
+	}
+	// Changes after that are partial and name what changed.
+	sp2, es2 := service("b", "10.0.0.2")
+	l.tr.UpdateService(sp2[0].Name.ServiceName, sp2)
+	l.tr.UpdateEndpointSlice(es2)
+	up = l.waitSync(t)
+	for up.Full || len(up.Changed) == 0 {
+		up = l.waitSync(t)
+	}
+	if _, ok := up.Changed[sp2[0].Name]; !ok || len(up.Changed) != 1 {
+		t.Errorf("partial sync changed %v, want only b", up.Changed)
+	}
+	if got := testutil.CollectAndCount(l.m.Registry(), "kubeproxy_sync_proxy_rules_duration_seconds"); got == 0 {
+		t.Error("sync duration not recorded")
+	}
+}
+
+func TestFailedSyncIsRetriedAsAFullSync(t *testing.T) {
+	l := start(t, Config{SyncPeriod: time.Hour})
+	l.dp.fail = 1
+	l.tr.SetServicesSynced()
+	l.tr.SetEndpointSlicesSynced()
+	l.waitSync(t) // fails
+	// The retry comes by itself after the backoff, full.
+	up := l.waitSync(t)
+	if !up.Full {
+		t.Error("retry after a failure was not a full sync")
+	}
+	if n := testutil.ToFloat64(l.m.SyncErrorsTotal.WithLabelValues("fake")); n != 1 {
+		t.Errorf("ebpfproxy_sync_errors_total = %v, want 1", n)
+	}
+	l.health.mu.Lock()
+	defer l.health.mu.Unlock()
+	if l.health.updated < 2 {
+		t.Errorf("health updated %d times, want at loop start and after the successful sync", l.health.updated)
+	}
+}
+
+func TestLatencyIsObservedOnlyForChangesAfterStart(t *testing.T) {
+	l := start(t, Config{SyncPeriod: time.Hour})
+	sp, es := service("a", "10.0.0.1")
+	es.TriggerTime = time.Now().Add(-time.Hour) // initial state, older than the agent
+	l.tr.UpdateService(sp[0].Name.ServiceName, sp)
+	l.tr.UpdateEndpointSlice(es)
+	l.tr.SetServicesSynced()
+	l.tr.SetEndpointSlicesSynced()
+	l.waitSync(t)
+	count := func() uint64 {
+		return histogramCount(t, l.m, "kubeproxy_network_programming_duration_seconds")
+	}
+	if c := count(); c != 0 {
+		t.Errorf("%d latency observations for the initial state, want 0", c)
+	}
+	es2 := *es
+	es2.TriggerTime = time.Now()
+	es2.Endpoints = append(es2.Endpoints, model.Endpoint{Addr: netip.MustParseAddr("10.0.0.9"), Ready: true, Serving: true})
+	l.tr.UpdateEndpointSlice(&es2)
+	l.waitSync(t)
+	if c := count(); c != 1 {
+		t.Errorf("%d latency observations after one change, want 1", c)
+	}
+}
+
+func TestPeriodicFullSync(t *testing.T) {
+	l := start(t, Config{SyncPeriod: 100 * time.Millisecond})
+	l.tr.SetServicesSynced()
+	l.tr.SetEndpointSlicesSynced()
+	l.waitSync(t)
+	if up := l.waitSync(t); !up.Full {
+		t.Error("the periodic sync was not full")
+	}
+}
+
+func histogramCount(t *testing.T, m *metrics.Metrics, name string) uint64 {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			var n uint64
+			for _, s := range mf.GetMetric() {
+				n += s.GetHistogram().GetSampleCount()
+			}
+			return n
+		}
+	}
+	return 0
+}
