@@ -1,0 +1,129 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestWritableDirs(t *testing.T) {
+	work := t.TempDir()
+	b001 := filepath.Join(work, "b001")
+	cover := filepath.Join(b001, "gocoverdir")
+	other := filepath.Join(work, "profiles")
+	for _, d := range []string{b001, cover, other} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		want []string
+	}{
+		{
+			name: "plain go test -exec run shares nothing",
+			args: []string{b001 + "/x.test", "-test.paniconexit0", "-test.timeout=10m0s", "-test.v=true"},
+		},
+		{
+			name: "cover profile, test log and cover dir share their one outermost directory",
+			args: []string{b001 + "/x.test", "-test.coverprofile=" + b001 + "/_cover_.out", "-test.testlogfile=" + b001 + "/testlog.txt", "-test.gocoverdir=" + cover},
+			want: []string{b001},
+		},
+		{
+			name: "separate value, double dash and relative path",
+			args: []string{"./x.test", "--test.cpuprofile", "profiles/cpu.out", "-test.outputdir=" + other},
+			want: []string{other},
+		},
+		{
+			name: "GOCOVERDIR from the environment",
+			args: []string{"./x.test"},
+			env:  []string{"HOME=/root", "GOCOVERDIR=" + cover},
+			want: []string{cover},
+		},
+		{
+			name: "directories that do not exist are not shared",
+			args: []string{"./x.test", "-test.coverprofile=" + filepath.Join(work, "gone", "c.out")},
+		},
+		{
+			name: "flags of the command itself are not test flags",
+			args: []string{"cp", "-coverprofile=" + b001 + "/c.out", "test.coverprofile=" + b001},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := writableDirs(tt.args, tt.env, work)
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("writableDirs = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestGuestEnvMarksTheGuest(t *testing.T) {
+	got := guestEnv([]string{"PATH=/usr/bin", "EBPF_PROXY_VMTEST=", "HOME=/root"})
+	want := []string{"PATH=/usr/bin", "HOME=/root", "EBPF_PROXY_VMTEST=1"}
+	if !slices.Equal(got, want) {
+		t.Errorf("guestEnv = %q, want %q", got, want)
+	}
+}
+
+func TestVerdict(t *testing.T) {
+	tests := []struct {
+		name     string
+		code     int
+		timedOut bool
+		output   string
+		want     string
+	}{
+		{"passing tests", 0, false, "=== RUN   TestA\n--- PASS: TestA (0.00s)\n--- SKIP: TestB (0.00s)\nPASS\n", stateOK},
+		{"every test skipped", 0, false, "=== RUN   TestA\n    a_test.go:1: no IPVS here\n--- SKIP: TestA (0.00s)\nPASS\n", stateSkip},
+		{"skipped subtests of a passing test", 0, false, "    --- SKIP: TestA/x (0.00s)\n--- PASS: TestA (0.00s)\nPASS\n", stateOK},
+		{"no tests to run", 0, false, "testing: warning: no tests to run\nPASS\n", stateOK},
+		{"failure", 1, false, "--- FAIL: TestA (0.00s)\nFAIL\n", stateFail},
+		{"panic in a test", 2, false, "panic: boom\n", stateFail},
+		{"killed at the deadline", 137, true, "=== RUN   TestA\n", stateTimeout},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := verdict(tt.code, tt.timedOut, []byte(tt.output)); got != tt.want {
+				t.Errorf("verdict = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestPrintMatrix(t *testing.T) {
+	pkgs := []string{"test/vmtest/ipvs", "test/vmtest/smoke"}
+	cols := []*column{
+		{release: "6.1.0-56-amd64", about: "Debian", cells: []cell{{state: stateOK, elapsed: 2100 * time.Millisecond}, {state: stateOK, elapsed: time.Second}}},
+		{release: "6.12.117+deb12-amd64", about: "Debian", cells: []cell{{state: stateFail, elapsed: time.Second}, {state: stateVMPanic}},
+			notes: []string{"modules unavailable: ip_vs_mh"}},
+		{release: "6.18.44", about: "host", cells: []cell{{state: stateSkip, elapsed: 10 * time.Millisecond}, {state: stateOK, elapsed: time.Second}}},
+	}
+	var b bytes.Buffer
+	printMatrix(&b, pkgs, cols)
+	out := b.String()
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	wantTail := []string{
+		"vmtest: kernel=6.1.0-56-amd64 passed=2 failed=0",
+		"vmtest: kernel=6.12.117+deb12-amd64 passed=0 failed=2",
+		"vmtest: kernel=6.18.44 passed=2 failed=0",
+	}
+	if got := lines[len(lines)-3:]; !slices.Equal(got, wantTail) {
+		t.Errorf("summary lines =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(wantTail, "\n"))
+	}
+	for _, want := range []string{
+		"test/vmtest/ipvs   ok 2.1s", "FAIL 1.0s", "VM-PANIC", "skip 0.0s",
+		"vmtest: 6.12.117+deb12-amd64: modules unavailable: ip_vs_mh",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("matrix lacks %q:\n%s", want, out)
+		}
+	}
+}

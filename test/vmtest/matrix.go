@@ -1,0 +1,439 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-proxy/ebpf-proxy/test/vmtest/kernel"
+	"github.com/ebpf-proxy/ebpf-proxy/test/vmtest/vm"
+)
+
+// errNoPackages: the patterns match no package with tests.
+var errNoPackages = errors.New("no packages with tests")
+
+// pkg is a package with tests, compiled once for every column.
+type pkg struct {
+	importPath string
+	// name is the import path relative to the module, for the table.
+	name string
+	dir  string
+	// bin is the compiled test binary; empty when the build failed.
+	bin      string
+	buildErr string
+}
+
+type matrixFlags struct {
+	vmFlags
+	kernels    string
+	host       bool
+	out        string
+	jobTimeout time.Duration
+	buildFlags string
+}
+
+func matrixMain(ctx context.Context, args []string) int {
+	fs := flag.NewFlagSet("vmtest matrix", flag.ContinueOnError)
+	var mf matrixFlags
+	mf.register(fs)
+	fs.StringVar(&mf.kernels, "kernels", "6.1 6.12", "kernels to run on, space-separated series or releases")
+	fs.BoolVar(&mf.host, "host", true, "also run on the host kernel")
+	fs.StringVar(&mf.out, "out", "", "directory for test binaries and logs (default: a new temporary directory, removed when everything passes)")
+	fs.DurationVar(&mf.jobTimeout, "job-timeout", 5*time.Minute, "deadline for one test binary")
+	fs.StringVar(&mf.buildFlags, "build-flags", "", "extra flags for go test -c, space-separated")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	patterns := fs.Args()
+	if len(patterns) == 0 {
+		patterns = []string{"./test/vmtest/..."}
+	}
+	start := time.Now()
+
+	pkgs, err := listPackages(ctx, patterns)
+	if err != nil {
+		return harnessError(err)
+	}
+	// Other runs may be going on at the same time on a shared machine:
+	// each gets its own directory unless told otherwise.
+	out, removeOut := mf.out, false
+	if out == "" {
+		if out, err = os.MkdirTemp("", "ebpf-proxy-vmtest-"); err != nil {
+			return harnessError(err)
+		}
+		removeOut = true
+	}
+	binDir, logDir := filepath.Join(out, "bin"), filepath.Join(out, "logs")
+	for _, d := range []string{binDir, logDir} {
+		if err := os.RemoveAll(d); err != nil {
+			return harnessError(err)
+		}
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return harnessError(err)
+		}
+	}
+	defer os.RemoveAll(binDir)
+
+	// Kernels download and unpack while the test binaries compile.
+	specs := strings.Fields(mf.kernels)
+	kernels := make([]*kernel.Kernel, len(specs))
+	kernelErrs := make([]error, len(specs))
+	var wg sync.WaitGroup
+	cache := &kernel.Cache{Dir: mf.cache, Log: os.Stderr}
+	for i, spec := range specs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			kernels[i], kernelErrs[i] = cache.Get(ctx, spec)
+		}()
+	}
+	buildStart := time.Now()
+	buildAll(ctx, pkgs, binDir, strings.Fields(mf.buildFlags))
+	fmt.Fprintf(os.Stderr, "vmtest: compiled %d test binaries in %.1fs\n", len(pkgs), time.Since(buildStart).Seconds())
+	wg.Wait()
+	if ctx.Err() != nil {
+		return harnessError(ctx.Err())
+	}
+
+	cols := make([]*column, 0, len(specs)+1)
+	for i, spec := range specs {
+		c := &column{release: spec}
+		if kernels[i] != nil {
+			c.release = kernels[i].Release
+		}
+		cols = append(cols, c)
+	}
+	var host *column
+	if mf.host {
+		host = &column{release: hostRelease()}
+		cols = append(cols, host)
+	}
+	for i, c := range cols[:len(specs)] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if kernelErrs[i] != nil {
+				c.about = "not run: " + kernelErrs[i].Error()
+				c.cells = notRun(pkgs, stateNotRun)
+				return
+			}
+			mf.runVM(ctx, c, kernels[i], pkgs, filepath.Join(logDir, c.release))
+		}()
+	}
+	if host != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mf.runHost(ctx, host, pkgs, filepath.Join(logDir, "host-"+host.release))
+		}()
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return harnessError(ctx.Err())
+	}
+
+	names := make([]string, len(pkgs))
+	for i, p := range pkgs {
+		names[i] = p.name
+	}
+	failed := false
+	for _, c := range cols {
+		if _, n := c.counts(); n > 0 {
+			failed = true
+		}
+	}
+	printFailures(os.Stdout, names, cols)
+	logs := "logs in " + logDir
+	if removeOut && !failed {
+		os.RemoveAll(out)
+		logs = "all passed, logs removed"
+	}
+	fmt.Printf("vmtest: %d packages on %d kernels in %.1fs; %s\n", len(pkgs), len(cols), time.Since(start).Seconds(), logs)
+	printMatrix(os.Stdout, names, cols)
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+// listPackages resolves the patterns to the packages that have tests.
+func listPackages(ctx context.Context, patterns []string) ([]*pkg, error) {
+	const format = `{{.ImportPath}}	{{.Dir}}	{{.Module.Path}}	{{len .TestGoFiles}}	{{len .XTestGoFiles}}`
+	cmd := exec.CommandContext(ctx, "go", append([]string{"list", "-f", format}, patterns...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("go list %s: %w: %s", strings.Join(patterns, " "), err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	var pkgs []*pkg
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Split(sc.Text(), "\t")
+		if len(f) != 5 {
+			return nil, fmt.Errorf("go list: unexpected line %q", sc.Text())
+		}
+		if f[3] == "0" && f[4] == "0" {
+			continue
+		}
+		name := strings.TrimPrefix(strings.TrimPrefix(f[0], f[2]), "/")
+		if name == "" {
+			name = "."
+		}
+		pkgs = append(pkgs, &pkg{importPath: f[0], name: name, dir: f[1]})
+	}
+	if len(pkgs) == 0 {
+		return nil, fmt.Errorf("%w in %s", errNoPackages, strings.Join(patterns, " "))
+	}
+	return pkgs, nil
+}
+
+// buildAll compiles the test binaries, two at a time: each go test -c links
+// a whole binary, and the machine has two cores. CGO_ENABLED=0 makes them
+// independent of the C library, as in CI.
+func buildAll(ctx context.Context, pkgs []*pkg, binDir string, flags []string) {
+	sem := make(chan struct{}, 2)
+	var wg sync.WaitGroup
+	for _, p := range pkgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			bin := filepath.Join(binDir, strings.ReplaceAll(p.name, "/", "_")+".test")
+			args := append(append([]string{"test", "-c", "-o", bin}, flags...), p.importPath)
+			var out []byte
+			var err error
+			// A second try costs a few seconds for a real compile
+			// error and rides over a build cache that another go
+			// command on a shared machine was trimming ("could not
+			// import io/fs (open : no such file or directory)").
+			for try := 0; try < 2 && ctx.Err() == nil; try++ {
+				cmd := exec.CommandContext(ctx, "go", args...)
+				cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+				if out, err = cmd.CombinedOutput(); err == nil {
+					p.bin = bin
+					return
+				}
+			}
+			p.buildErr = fmt.Sprintf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		}()
+	}
+	wg.Wait()
+}
+
+func (mf *matrixFlags) testArgs(p *pkg) []string {
+	return []string{p.bin, "-test.v", "-test.paniconexit0", "-test.timeout=" + mf.jobTimeout.String()}
+}
+
+// runVM runs every package in one VM.
+func (mf *matrixFlags) runVM(ctx context.Context, c *column, k *kernel.Kernel, pkgs []*pkg, logDir string) {
+	c.cells = make([]cell, len(pkgs))
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		c.about = "not run: " + err.Error()
+		c.cells = notRun(pkgs, stateNotRun)
+		return
+	}
+	cfg, err := mf.config(ctx, k, os.Stderr)
+	if err != nil {
+		c.about = "not run: " + err.Error()
+		c.cells = notRun(pkgs, stateNotRun)
+		return
+	}
+	c.about = fmt.Sprintf("Debian %s %s in QEMU (%s)", k.Package, k.DebVersion, cfg.Accel)
+	env := guestEnv(os.Environ())
+	var jobs []vm.Job
+	var idx []int
+	var logs []*os.File
+	for i, p := range pkgs {
+		c.cells[i].log = filepath.Join(logDir, strings.ReplaceAll(p.name, "/", "_")+".log")
+		if p.bin == "" {
+			c.cells[i].state = stateBuild
+			_ = os.WriteFile(c.cells[i].log, []byte(p.buildErr), 0o644)
+			continue
+		}
+		f, err := os.Create(c.cells[i].log)
+		if err != nil {
+			c.cells[i].state = stateNotRun
+			continue
+		}
+		logs = append(logs, f)
+		jobs = append(jobs, vm.Job{
+			Args:    mf.testArgs(p),
+			Dir:     p.dir,
+			Env:     env,
+			Timeout: mf.jobTimeout + 30*time.Second,
+			Stdout:  f,
+			Stderr:  f,
+		})
+		idx = append(idx, i)
+	}
+	res, err := vm.Run(ctx, cfg, jobs)
+	for _, f := range logs {
+		f.Close()
+	}
+	vmState := ""
+	if err != nil {
+		vmState = vmFailureState(err)
+		c.notes = append(c.notes, err.Error())
+		if tail := vm.ConsoleTail(err); tail != "" {
+			c.notes = append(c.notes, "console tail:\n"+tail)
+		}
+	}
+	if res == nil {
+		res = &vm.Result{Jobs: make([]vm.JobResult, len(jobs))}
+	}
+	for j, i := range idx {
+		jr := res.Jobs[j]
+		if !jr.Ran {
+			// The VM failed under the first job that did not
+			// finish; the ones after it never started.
+			c.cells[i].state = vmState
+			if c.cells[i].state == "" {
+				c.cells[i].state = stateNotRun
+			}
+			vmState = stateNotRun
+			continue
+		}
+		out, _ := os.ReadFile(c.cells[i].log)
+		c.cells[i].state = verdict(jr.ExitCode, jr.TimedOut, out)
+		c.cells[i].elapsed = jr.Elapsed
+	}
+	if len(res.Missing) > 0 {
+		c.notes = append(c.notes, "modules unavailable: "+strings.Join(res.Missing, " "))
+	}
+	for _, p := range res.Problems {
+		c.notes = append(c.notes, "kernel logged: "+p)
+	}
+	c.notes = append(c.notes, fmt.Sprintf("VM wall time %.1fs", res.Wall.Seconds()))
+}
+
+func vmFailureState(err error) string {
+	var (
+		pe *vm.PanicError
+		te *vm.TimeoutError
+		be *vm.BootError
+	)
+	switch {
+	case errors.As(err, &pe):
+		return stateVMPanic
+	case errors.As(err, &te):
+		return stateVMTimeout
+	case errors.As(err, &be):
+		return stateVMBoot
+	}
+	return stateNotRun
+}
+
+// runHost runs every package on the host kernel, one after the other, as
+// go test would, without EBPF_PROXY_VMTEST.
+func (mf *matrixFlags) runHost(ctx context.Context, c *column, pkgs []*pkg, logDir string) {
+	c.about = "the host's kernel, no VM"
+	c.cells = make([]cell, len(pkgs))
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		c.about = "not run: " + err.Error()
+		c.cells = notRun(pkgs, stateNotRun)
+		return
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, EnvVMTest+"=") {
+			env = append(env, kv)
+		}
+	}
+	for i, p := range pkgs {
+		c.cells[i].log = filepath.Join(logDir, strings.ReplaceAll(p.name, "/", "_")+".log")
+		if p.bin == "" {
+			c.cells[i].state = stateBuild
+			_ = os.WriteFile(c.cells[i].log, []byte(p.buildErr), 0o644)
+			continue
+		}
+		c.cells[i] = mf.runHostJob(ctx, p, env, c.cells[i].log)
+	}
+}
+
+func (mf *matrixFlags) runHostJob(ctx context.Context, p *pkg, env []string, logPath string) cell {
+	c := cell{log: logPath}
+	f, err := os.Create(logPath)
+	if err != nil {
+		c.state = stateNotRun
+		return c
+	}
+	defer f.Close()
+	jobCtx, cancel := context.WithTimeout(ctx, mf.jobTimeout+30*time.Second)
+	defer cancel()
+	args := mf.testArgs(p)
+	cmd := exec.CommandContext(jobCtx, args[0], args[1:]...)
+	cmd.Dir = p.dir
+	cmd.Env = env
+	cmd.Stdout = f
+	cmd.Stderr = f
+	// Kill the whole group at the deadline: tests start servers and
+	// helper processes.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return unix.Kill(-cmd.Process.Pid, unix.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	start := time.Now()
+	err = cmd.Run()
+	c.elapsed = time.Since(start)
+	code := 0
+	var exitErr *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &exitErr):
+		code = exitErr.ExitCode()
+		if code < 0 {
+			code = 128 + int(syscall.SIGKILL)
+		}
+	default:
+		fmt.Fprintf(f, "vmtest: %v\n", err)
+		code = 126
+	}
+	out, _ := os.ReadFile(logPath)
+	c.state = verdict(code, errors.Is(jobCtx.Err(), context.DeadlineExceeded), out)
+	return c
+}
+
+func notRun(pkgs []*pkg, state string) []cell {
+	cells := make([]cell, len(pkgs))
+	for i := range cells {
+		cells[i].state = state
+	}
+	return cells
+}
+
+func hostRelease() string {
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		return "host"
+	}
+	return unix.ByteSliceToString(uts.Release[:])
+}
+
+// printFailures prints, for every failed cell, where its log is and the
+// log's last lines, so that a CI log shows the cause without the files.
+func printFailures(w *os.File, names []string, cols []*column) {
+	for _, c := range cols {
+		for i, x := range c.cells {
+			if x.passed() {
+				continue
+			}
+			fmt.Fprintf(w, "--- %s on %s: %s (log %s)\n", names[i], c.release, x.state, x.log)
+			if data, err := os.ReadFile(x.log); err == nil && len(data) > 0 {
+				fmt.Fprintln(w, vm.Tail(data, 40))
+			}
+		}
+	}
+}
