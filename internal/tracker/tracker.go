@@ -38,6 +38,9 @@ type Tracker struct {
 	services map[model.ServiceName][]*model.ServicePort
 	slices   map[model.ServiceName]map[string]*model.EndpointSlice
 	state    *model.State
+	// inState indexes the ServicePorts of each Service in state, so that a
+	// change touches only its own Service.
+	inState map[model.ServiceName][]model.ServicePortName
 }
 
 // New returns a tracker for the node named nodeName.
@@ -49,6 +52,7 @@ func New(nodeName string, opts model.Options) *Tracker {
 		pendingSlices:   map[sliceKey]*model.EndpointSlice{},
 		services:        map[model.ServiceName][]*model.ServicePort{},
 		slices:          map[model.ServiceName]map[string]*model.EndpointSlice{},
+		inState:         map[model.ServiceName][]model.ServicePortName{},
 		state: &model.State{
 			Node:     model.Node{Name: nodeName},
 			Services: map[model.ServicePortName]*model.Service{},
@@ -212,14 +216,16 @@ func (t *Tracker) Apply() model.Update {
 
 	// Drop the ports of dirty Services first: a port that was renamed or
 	// removed must disappear from the State.
-	for spn := range t.state.Services {
-		if _, ok := dirty[spn.ServiceName]; ok {
+	for name := range dirty {
+		for _, spn := range t.inState[name] {
 			delete(t.state.Services, spn)
 			up.Changed[spn] = struct{}{}
 		}
+		delete(t.inState, name)
 	}
 	for name := range dirty {
 		for _, sp := range t.services[name] {
+			t.inState[name] = append(t.inState[name], sp.Name)
 			eps := mergeEndpoints(sp, t.slices[name], t.state.Node.Name)
 			t.state.Services[sp.Name] = &model.Service{
 				Port:      sp,
