@@ -86,7 +86,25 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx)
 		return sock_refuse(REJECT_ERRNO);
 	}
 	rev_nat_id = svc->rev_nat_id;
-	be = lb4_select_backend(&key, svc, &backend_id);
+	if (svc->affinity_timeout) {
+		/* The client is the socket's network namespace: two pods on one
+		 * node are two clients, as their two IPs are to kube-proxy. */
+		struct lb4_affinity_key akey = {
+			.client = bpf_get_netns_cookie(ctx),
+			.svc_id = svc->svc_id,
+			.client_kind = AFFINITY_CLIENT_NETNS,
+		};
+		__u64 now = bpf_ktime_get_ns();
+
+		be = lb4_affinity_backend(&akey, svc, now, &backend_id);
+		if (!be) {
+			be = lb4_select_backend(&key, svc, &backend_id);
+			if (be)
+				lb4_affinity_record(&akey, now, backend_id);
+		}
+	} else {
+		be = lb4_select_backend(&key, svc, &backend_id);
+	}
 	if (!be)
 		return sock_refuse(EHOSTUNREACH);
 	addr = be->address;

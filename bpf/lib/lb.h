@@ -48,4 +48,49 @@ lb4_select_backend(struct lb4_key *key, const struct lb4_service *svc, __u32 *ba
 	return be;
 }
 
+/* lb4_affinity_backend returns the backend a client used last for the
+ * ServicePort of svc when that was within the affinity timeout and the
+ * backend is still one the ServicePort may choose, and refreshes the entry's
+ * time of use. Otherwise it returns NULL (a new choice must be recorded with
+ * lb4_affinity_record). */
+static __always_inline struct lb4_backend *lb4_affinity_backend(const struct lb4_affinity_key *akey,
+								const struct lb4_service *svc,
+								__u64 now, __u32 *backend_id)
+{
+	struct lb4_affinity_match_key mkey = {};
+	struct lb4_affinity *aff;
+	struct lb4_backend *be;
+
+	aff = bpf_map_lookup_elem(&lb4_affinity_v1, akey);
+	if (!aff)
+		return NULL;
+	mkey.backend_id = aff->backend_id;
+	mkey.svc_id = svc->svc_id;
+	if (now - aff->last_used_ns > (__u64)svc->affinity_timeout * 1000000000ULL ||
+	    !bpf_map_lookup_elem(&lb4_affinity_match_v1, &mkey))
+		goto stale;
+	be = bpf_map_lookup_elem(&lb4_backends_v1, &mkey.backend_id);
+	if (!be)
+		goto stale;
+	aff->last_used_ns = now;
+	*backend_id = mkey.backend_id;
+	lb_count(LB_M_AFFINITY_HIT);
+	return be;
+stale:
+	lb_count(LB_M_AFFINITY_STALE);
+	bpf_map_delete_elem(&lb4_affinity_v1, akey);
+	return NULL;
+}
+
+static __always_inline void lb4_affinity_record(const struct lb4_affinity_key *akey, __u64 now,
+						__u32 backend_id)
+{
+	struct lb4_affinity val = {
+		.last_used_ns = now,
+		.backend_id = backend_id,
+	};
+
+	bpf_map_update_elem(&lb4_affinity_v1, akey, &val, BPF_ANY);
+}
+
 #endif /* EBPF_PROXY_LB_H */

@@ -16,6 +16,12 @@
 #ifndef LB4_REVNAT_MAX
 #define LB4_REVNAT_MAX 65536
 #endif
+#ifndef LB4_AFFINITY_MAX
+#define LB4_AFFINITY_MAX 262144
+#endif
+#ifndef LB4_AFFINITY_MATCH_MAX
+#define LB4_AFFINITY_MATCH_MAX 262144
+#endif
 #ifndef SOCK4_REVNAT_MAX
 #define SOCK4_REVNAT_MAX 262144
 #endif
@@ -54,6 +60,23 @@ struct {
 	__uint(max_entries, SOCK4_REVNAT_MAX);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sock4_revnat_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb4_affinity_key);
+	__type(value, struct lb4_affinity);
+	__uint(max_entries, LB4_AFFINITY_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb4_affinity_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb4_affinity_match_key);
+	__type(value, __u8);
+	__uint(max_entries, LB4_AFFINITY_MATCH_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb4_affinity_match_v1 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -41,14 +41,48 @@ struct lb4_key {
 };
 
 /* Value of lb4_services. In the master entry count is the number of backend
- * slots and backend_id is 0; in a backend slot backend_id is set and the
- * other fields repeat the master's. */
+ * slots and backend_id is 0; in a backend slot only backend_id and
+ * rev_nat_id are set. svc_id names the ServicePort: every frontend of one
+ * ServicePort (ClusterIP, NodePort, ...) shares it, and with it the
+ * session affinity of its clients. */
 struct lb4_service {
 	__u32 backend_id;
 	__u16 count;
 	__u16 flags;
 	__u32 rev_nat_id;
 	__u32 affinity_timeout; /* seconds; 0 without session affinity */
+	__u32 svc_id;
+};
+
+/* Who a session affinity entry is for: the network namespace of a socket
+ * (each pod, and the node itself, is its own client) or, for traffic that
+ * arrives from outside, the client's IPv4 address. */
+enum {
+	AFFINITY_CLIENT_NETNS = 0,
+	AFFINITY_CLIENT_ADDR = 1,
+};
+
+/* Key and value of lb4_affinity: the backend a client last used for a
+ * ServicePort, and when. */
+struct lb4_affinity_key {
+	__u64 client; /* netns cookie, or an IPv4 address in network order */
+	__u32 svc_id;
+	__u8 client_kind;
+	__u8 pad[3];
+};
+
+struct lb4_affinity {
+	__u64 last_used_ns; /* bpf_ktime_get_ns() */
+	__u32 backend_id;
+	__u8 pad[4];
+};
+
+/* Key of lb4_affinity_match: present while backend_id is one the ServicePort
+ * svc_id may choose, so that affinity never outlives a backend's
+ * selection. */
+struct lb4_affinity_match_key {
+	__u32 backend_id;
+	__u32 svc_id;
 };
 
 /* Backend flags, in lb4_backend.flags. */
@@ -99,6 +133,8 @@ enum lb_metric {
 	LB_M_REVNAT_HIT,	/* reply address translated back */
 	LB_M_REVNAT_STALE,	/* reverse entry of a deleted frontend */
 	LB_M_REVNAT_UPDATE_ERR, /* could not record a reverse entry */
+	LB_M_AFFINITY_HIT,	/* backend chosen by session affinity */
+	LB_M_AFFINITY_STALE,	/* affinity entry expired or its backend gone */
 	LB_M_MAX,
 };
 

@@ -63,6 +63,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.Uint32Var(&o.mapSizes.Backends, "bpf-map-backends-max", o.mapSizes.Backends, "Capacity of the backends map.")
 	fs.Uint32Var(&o.mapSizes.RevNat, "bpf-map-revnat-max", o.mapSizes.RevNat, "Capacity of the reverse NAT map: one entry per frontend.")
 	fs.Uint32Var(&o.mapSizes.SockRevNat, "bpf-map-sock-revnat-max", o.mapSizes.SockRevNat, "Capacity of the socket reverse NAT LRU.")
+	fs.Uint32Var(&o.mapSizes.Affinity, "bpf-map-affinity-max", o.mapSizes.Affinity, "Capacity of the session affinity LRU: (client, Service port) pairs remembered.")
 }
 
 func (o *options) validate() error {

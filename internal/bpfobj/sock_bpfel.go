@@ -13,6 +13,27 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type SockLb4Affinity struct {
+	_          structs.HostLayout
+	LastUsedNs uint64
+	BackendId  uint32
+	Pad        [4]uint8
+}
+
+type SockLb4AffinityKey struct {
+	_          structs.HostLayout
+	Client     uint64
+	SvcId      uint32
+	ClientKind uint8
+	Pad        [3]uint8
+}
+
+type SockLb4AffinityMatchKey struct {
+	_         structs.HostLayout
+	BackendId uint32
+	SvcId     uint32
+}
+
 type SockLb4Backend struct {
 	_       structs.HostLayout
 	Address uint32
@@ -45,6 +66,7 @@ type SockLb4Service struct {
 	Flags           uint16
 	RevNatId        uint32
 	AffinityTimeout uint32
+	SvcId           uint32
 }
 
 type SockLbMetric uint32
@@ -59,7 +81,9 @@ const (
 	SockLbMetricLB_M_REVNAT_HIT        SockLbMetric = 6
 	SockLbMetricLB_M_REVNAT_STALE      SockLbMetric = 7
 	SockLbMetricLB_M_REVNAT_UPDATE_ERR SockLbMetric = 8
-	SockLbMetricLB_M_MAX               SockLbMetric = 9
+	SockLbMetricLB_M_AFFINITY_HIT      SockLbMetric = 9
+	SockLbMetricLB_M_AFFINITY_STALE    SockLbMetric = 10
+	SockLbMetricLB_M_MAX               SockLbMetric = 11
 )
 
 type SockSock4Revnat struct {
@@ -82,16 +106,18 @@ type SockSock4RevnatKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	SockMapLb4BackendsV1   = "lb4_backends_v1"
-	SockMapLb4RevnatV1     = "lb4_revnat_v1"
-	SockMapLb4ServicesV1   = "lb4_services_v1"
-	SockMapLbMetricsV1     = "lb_metrics_v1"
-	SockMapSock4RevnatV1   = "sock4_revnat_v1"
-	SockProgCgConnect4     = "cg_connect4"
-	SockProgCgGetpeername4 = "cg_getpeername4"
-	SockProgCgRecvmsg4     = "cg_recvmsg4"
-	SockProgCgSendmsg4     = "cg_sendmsg4"
-	SockVarHaveSetRetval   = "have_set_retval"
+	SockMapLb4AffinityMatchV1 = "lb4_affinity_match_v1"
+	SockMapLb4AffinityV1      = "lb4_affinity_v1"
+	SockMapLb4BackendsV1      = "lb4_backends_v1"
+	SockMapLb4RevnatV1        = "lb4_revnat_v1"
+	SockMapLb4ServicesV1      = "lb4_services_v1"
+	SockMapLbMetricsV1        = "lb_metrics_v1"
+	SockMapSock4RevnatV1      = "sock4_revnat_v1"
+	SockProgCgConnect4        = "cg_connect4"
+	SockProgCgGetpeername4    = "cg_getpeername4"
+	SockProgCgRecvmsg4        = "cg_recvmsg4"
+	SockProgCgSendmsg4        = "cg_sendmsg4"
+	SockVarHaveSetRetval      = "have_set_retval"
 )
 
 // LoadSock returns the embedded CollectionSpec for Sock.
@@ -146,11 +172,13 @@ type SockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SockMapSpecs struct {
-	Lb4BackendsV1 *ebpf.MapSpec `ebpf:"lb4_backends_v1"`
-	Lb4RevnatV1   *ebpf.MapSpec `ebpf:"lb4_revnat_v1"`
-	Lb4ServicesV1 *ebpf.MapSpec `ebpf:"lb4_services_v1"`
-	LbMetricsV1   *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
-	Sock4RevnatV1 *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
+	Lb4AffinityMatchV1 *ebpf.MapSpec `ebpf:"lb4_affinity_match_v1"`
+	Lb4AffinityV1      *ebpf.MapSpec `ebpf:"lb4_affinity_v1"`
+	Lb4BackendsV1      *ebpf.MapSpec `ebpf:"lb4_backends_v1"`
+	Lb4RevnatV1        *ebpf.MapSpec `ebpf:"lb4_revnat_v1"`
+	Lb4ServicesV1      *ebpf.MapSpec `ebpf:"lb4_services_v1"`
+	LbMetricsV1        *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
+	Sock4RevnatV1      *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
 }
 
 // SockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -180,15 +208,19 @@ func (o *SockObjects) Close() error {
 //
 // It can be passed to LoadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SockMaps struct {
-	Lb4BackendsV1 *ebpf.Map `ebpf:"lb4_backends_v1"`
-	Lb4RevnatV1   *ebpf.Map `ebpf:"lb4_revnat_v1"`
-	Lb4ServicesV1 *ebpf.Map `ebpf:"lb4_services_v1"`
-	LbMetricsV1   *ebpf.Map `ebpf:"lb_metrics_v1"`
-	Sock4RevnatV1 *ebpf.Map `ebpf:"sock4_revnat_v1"`
+	Lb4AffinityMatchV1 *ebpf.Map `ebpf:"lb4_affinity_match_v1"`
+	Lb4AffinityV1      *ebpf.Map `ebpf:"lb4_affinity_v1"`
+	Lb4BackendsV1      *ebpf.Map `ebpf:"lb4_backends_v1"`
+	Lb4RevnatV1        *ebpf.Map `ebpf:"lb4_revnat_v1"`
+	Lb4ServicesV1      *ebpf.Map `ebpf:"lb4_services_v1"`
+	LbMetricsV1        *ebpf.Map `ebpf:"lb_metrics_v1"`
+	Sock4RevnatV1      *ebpf.Map `ebpf:"sock4_revnat_v1"`
 }
 
 func (m *SockMaps) Close() error {
 	return _SockClose(
+		m.Lb4AffinityMatchV1,
+		m.Lb4AffinityV1,
 		m.Lb4BackendsV1,
 		m.Lb4RevnatV1,
 		m.Lb4ServicesV1,

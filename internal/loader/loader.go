@@ -29,10 +29,13 @@ type MapSizes struct {
 	Backends   uint32
 	RevNat     uint32
 	SockRevNat uint32
+	// Affinity is the number of (client, ServicePort) pairs remembered
+	// for session affinity; the least recently used are forgotten first.
+	Affinity uint32
 }
 
 // DefaultMapSizes fit 10,000 Services of 10 endpoints with room to spare.
-var DefaultMapSizes = MapSizes{Services: 262144, Backends: 262144, RevNat: 65536, SockRevNat: 262144}
+var DefaultMapSizes = MapSizes{Services: 262144, Backends: 262144, RevNat: 65536, SockRevNat: 262144, Affinity: 262144}
 
 // Config says where to pin and what to attach to.
 type Config struct {
@@ -104,6 +107,10 @@ func Load(cfg Config) (*Loaded, error) {
 		bpfobj.SockMapLb4BackendsV1: sizes.Backends,
 		bpfobj.SockMapLb4RevnatV1:   sizes.RevNat,
 		bpfobj.SockMapSock4RevnatV1: sizes.SockRevNat,
+		bpfobj.SockMapLb4AffinityV1: sizes.Affinity,
+		// Every (backend, ServicePort) pair fits, as every backend slot
+		// does in the services map.
+		bpfobj.SockMapLb4AffinityMatchV1: sizes.Services,
 	} {
 		spec.Maps[name].MaxEntries = n
 	}
@@ -306,6 +313,8 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_REVNAT_HIT:        "reverse_translated",
 	bpfobj.SockLbMetricLB_M_REVNAT_STALE:      "reverse_entry_stale",
 	bpfobj.SockLbMetricLB_M_REVNAT_UPDATE_ERR: "reverse_entry_update_failed",
+	bpfobj.SockLbMetricLB_M_AFFINITY_HIT:      "affinity_hit",
+	bpfobj.SockLbMetricLB_M_AFFINITY_STALE:    "affinity_stale",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,

@@ -34,7 +34,7 @@ func Dump(m Maps) ([]string, error) {
 	err = m.Services.Iterate(func(k ServiceKey, v ServiceValue) bool {
 		fe := Frontend{Addr: addrFromBE32(k.Address), Port: portFromBE16(k.Dport), Proto: model.Protocol(k.Proto), Scope: k.Scope}
 		if k.Slot == 0 {
-			line := fmt.Sprintf("service %s count=%d revnat=%d flags=%s", fe, v.Count, v.RevNatId, serviceFlagString(v.Flags))
+			line := fmt.Sprintf("service %s count=%d revnat=%d svc=%d flags=%s", fe, v.Count, v.RevNatId, v.SvcId, serviceFlagString(v.Flags))
 			if v.AffinityTimeout != 0 {
 				line += fmt.Sprintf(" affinity=%ds", v.AffinityTimeout)
 			}
@@ -46,6 +46,13 @@ func Dump(m Maps) ([]string, error) {
 			be = "<missing>"
 		}
 		lines = append(lines, fmt.Sprintf("service %s slot=%d backend=%d %s", fe, k.Slot, v.BackendId, be))
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = m.AffinityMatch.Iterate(func(k AffinityMatchKey, _ uint8) bool {
+		lines = append(lines, fmt.Sprintf("affinity-match svc=%d backend=%d %s", k.SvcId, k.BackendId, backends[k.BackendId]))
 		return true
 	})
 	if err != nil {

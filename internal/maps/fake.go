@@ -70,11 +70,25 @@ func (f *FakeMap[K, V]) Iterate(fn func(K, V) bool) error {
 	return nil
 }
 
-// FakeMaps returns a Maps of empty fakes with the given capacities and the
-// fakes themselves.
-func FakeMaps(services, backends, revnat int) (Maps, *FakeMap[ServiceKey, ServiceValue], *FakeMap[uint32, BackendValue], *FakeMap[uint32, RevNatValue]) {
-	s := NewFakeMap[ServiceKey, ServiceValue](services)
-	b := NewFakeMap[uint32, BackendValue](backends)
-	r := NewFakeMap[uint32, RevNatValue](revnat)
-	return Maps{Services: s, Backends: b, RevNat: r}, s, b, r
+// Fakes are in-memory stand-ins for every map the Writer programs.
+type Fakes struct {
+	Services      *FakeMap[ServiceKey, ServiceValue]
+	Backends      *FakeMap[uint32, BackendValue]
+	RevNat        *FakeMap[uint32, RevNatValue]
+	AffinityMatch *FakeMap[AffinityMatchKey, uint8]
+}
+
+// NewFakes returns empty fakes; a zero capacity is unlimited.
+func NewFakes(services, backends, revnat int) *Fakes {
+	return &Fakes{
+		Services:      NewFakeMap[ServiceKey, ServiceValue](services),
+		Backends:      NewFakeMap[uint32, BackendValue](backends),
+		RevNat:        NewFakeMap[uint32, RevNatValue](revnat),
+		AffinityMatch: NewFakeMap[AffinityMatchKey, uint8](0),
+	}
+}
+
+// Maps returns the fakes as the Writer's Maps.
+func (f *Fakes) Maps() Maps {
+	return Maps{Services: f.Services, Backends: f.Backends, RevNat: f.RevNat, AffinityMatch: f.AffinityMatch}
 }

@@ -26,7 +26,7 @@ func TestGoldenDump(t *testing.T) {
 	if err := src.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	m, _, _, _ := maps.FakeMaps(0, 0, 0)
+	m := maps.NewFakes(0, 0, 0).Maps()
 	w, err := maps.NewWriter(m, maps.Limits{Backends: 100, RevNat: 100})
 	if err != nil {
 		t.Fatal(err)

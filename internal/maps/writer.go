@@ -28,6 +28,11 @@ type appliedFrontend struct {
 	// It may be longer than count when restored slots exceed the master's.
 	slots []uint32
 	count int
+	// svcID names the frontend's ServicePort for session affinity.
+	svcID uint32
+	// matchIDs are the backends for which this frontend holds an
+	// affinity match entry (none without affinity).
+	matchIDs []uint32
 }
 
 type appliedBackend struct {
@@ -71,9 +76,17 @@ type Writer struct {
 	// frontend uses; the next sync deletes them.
 	orphanRevNats []uint32
 
-	backendIDs, revNatIDs *idAllocator
-	needRestore           bool
-	stats                 SyncStats
+	// ServicePort ids: one per ServicePort, shared by its frontends.
+	ownerSvc map[model.ServicePortName]uint32
+	svcOwner map[uint32]model.ServicePortName
+	svcRefs  map[uint32]int
+	// Affinity match entries, counted by the frontends that need them.
+	matchRefs map[AffinityMatchKey]int
+	gcMatch   map[AffinityMatchKey]struct{}
+
+	backendIDs, revNatIDs, svcIDs *idAllocator
+	needRestore                   bool
+	stats                         SyncStats
 }
 
 // Limits are the capacities of the maps, as loaded.
@@ -89,6 +102,9 @@ func NewWriter(m Maps, lim Limits) (*Writer, error) {
 	w := &Writer{m: m}
 	w.backendIDs = newIDAllocator(lim.Backends)
 	w.revNatIDs = newIDAllocator(lim.RevNat)
+	// A ServicePort has at least one frontend, so there are no more
+	// ServicePorts than reverse-NAT entries.
+	w.svcIDs = newIDAllocator(lim.RevNat)
 	if err := w.restore(); err != nil {
 		return nil, err
 	}
@@ -104,8 +120,14 @@ func (w *Writer) reset() {
 	w.gcBackends = map[Backend]struct{}{}
 	w.gcRevNats = map[revNatKey]struct{}{}
 	w.orphanRevNats = nil
+	w.ownerSvc = map[model.ServicePortName]uint32{}
+	w.svcOwner = map[uint32]model.ServicePortName{}
+	w.svcRefs = map[uint32]int{}
+	w.matchRefs = map[AffinityMatchKey]int{}
+	w.gcMatch = map[AffinityMatchKey]struct{}{}
 	w.backendIDs = newIDAllocator(w.backendIDs.max)
 	w.revNatIDs = newIDAllocator(w.revNatIDs.max)
+	w.svcIDs = newIDAllocator(w.svcIDs.max)
 }
 
 // restore rebuilds the applied state from the kernel maps.
@@ -154,10 +176,21 @@ func (w *Writer) restore() error {
 		af.flags = v.Flags
 		af.affinity = v.AffinityTimeout
 		af.count = int(v.Count)
+		af.svcID = v.SvcId
 		return true
 	})
 	if err != nil {
 		return fmt.Errorf("restore services: %w", err)
+	}
+	inKernel := map[AffinityMatchKey]bool{}
+	err = w.m.AffinityMatch.Iterate(func(k AffinityMatchKey, _ uint8) bool {
+		inKernel[k] = true
+		w.matchRefs[k] = 0
+		w.gcMatch[k] = struct{}{}
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("restore affinity match: %w", err)
 	}
 	for _, s := range slotEntries {
 		af := w.frontends[s.fe]
@@ -176,6 +209,19 @@ func (w *Writer) restore() error {
 				continue
 			}
 			w.backends[b].refs++
+		}
+		if af.svcID != 0 {
+			w.svcIDs.reserve(af.svcID)
+			w.svcRefs[af.svcID]++
+		}
+		if af.hasMaster && af.affinity != 0 {
+			for _, id := range af.slots[:min(af.count, len(af.slots))] {
+				k := AffinityMatchKey{BackendId: id, SvcId: af.svcID}
+				if inKernel[k] {
+					af.matchIDs = append(af.matchIDs, id)
+					w.matchRefs[k]++
+				}
+			}
 		}
 		if af.hasMaster {
 			if _, ok := revNatIDs[af.revNat]; ok {
@@ -366,6 +412,25 @@ func (w *Writer) upsert(d desiredFrontend) error {
 		}
 		revNat = id
 	}
+	svc, err := w.svcIDFor(d.owner, cur.svcID)
+	if err != nil {
+		return fmt.Errorf("service port id: %w", err)
+	}
+
+	// Affinity may only return to a backend the ServicePort can choose:
+	// the match entries of new backends exist before any slot names them.
+	var match []uint32
+	if d.affinity != 0 {
+		match = ids
+		for _, id := range ids {
+			if cur.svcID == svc && slices.Contains(cur.matchIDs, id) {
+				continue
+			}
+			if err := w.refMatch(AffinityMatchKey{BackendId: id, SvcId: svc}); err != nil {
+				return fmt.Errorf("affinity match: %w", err)
+			}
+		}
+	}
 
 	slots := arrangeSlots(cur.slots[:min(cur.count, len(cur.slots))], ids)
 	for i, id := range slots {
@@ -376,8 +441,8 @@ func (w *Writer) upsert(d desiredFrontend) error {
 			return fmt.Errorf("slot %d: %w", i+1, err)
 		}
 	}
-	master := ServiceValue{Count: uint16(len(slots)), Flags: d.flags, RevNatId: revNat, AffinityTimeout: d.affinity}
-	if !cur.hasMaster || cur.count != len(slots) || cur.flags != d.flags || cur.affinity != d.affinity || cur.revNat != revNat {
+	master := ServiceValue{Count: uint16(len(slots)), Flags: d.flags, RevNatId: revNat, AffinityTimeout: d.affinity, SvcId: svc}
+	if !cur.hasMaster || cur.count != len(slots) || cur.flags != d.flags || cur.affinity != d.affinity || cur.revNat != revNat || cur.svcID != svc {
 		if err := w.put(d.fe.key(0), master); err != nil {
 			return fmt.Errorf("master entry: %w", err)
 		}
@@ -399,9 +464,19 @@ func (w *Writer) upsert(d desiredFrontend) error {
 	if !cur.hasMaster || cur.revNat != revNat {
 		w.revNats[revNatKey{d.fe.Addr, d.fe.Port, d.fe.Proto}].refs++
 	}
+	for _, id := range cur.matchIDs {
+		if cur.svcID != svc || !slices.Contains(match, id) {
+			w.unrefMatch(AffinityMatchKey{BackendId: id, SvcId: cur.svcID})
+		}
+	}
+	if cur.svcID != svc {
+		w.svcRefs[svc]++
+		w.unrefSvc(cur.svcID)
+	}
 	w.frontends[d.fe] = &appliedFrontend{
 		owner: d.owner, hasMaster: true, revNat: revNat, flags: d.flags,
 		affinity: d.affinity, slots: slots, count: len(slots),
+		svcID: svc, matchIDs: slices.Clone(match),
 	}
 	w.stats.Frontends++
 	return nil
@@ -510,6 +585,10 @@ func (w *Writer) deleteFrontend(fe Frontend) error {
 			w.unrefBackendID(id)
 		}
 	}
+	for _, id := range cur.matchIDs {
+		w.unrefMatch(AffinityMatchKey{BackendId: id, SvcId: cur.svcID})
+	}
+	w.unrefSvc(cur.svcID)
 	if cur.hasMaster && cur.revNat != 0 {
 		k := revNatKey{fe.Addr, fe.Port, fe.Proto}
 		if rn := w.revNats[k]; rn != nil && rn.id == cur.revNat {
@@ -551,6 +630,17 @@ func (w *Writer) collectGarbage() error {
 		}
 		delete(w.gcRevNats, k)
 	}
+	for k := range w.gcMatch {
+		if w.matchRefs[k] <= 0 {
+			w.stats.Writes++
+			if err := w.m.AffinityMatch.Delete(k); err != nil {
+				errs = append(errs, fmt.Errorf("delete affinity match %+v: %w", k, err))
+				continue
+			}
+			delete(w.matchRefs, k)
+		}
+		delete(w.gcMatch, k)
+	}
 	for _, id := range w.orphanRevNats {
 		w.stats.Writes++
 		if err := w.m.RevNat.Delete(id); err != nil {
@@ -561,6 +651,59 @@ func (w *Writer) collectGarbage() error {
 	}
 	w.orphanRevNats = nil
 	return errors.Join(errs...)
+}
+
+// svcIDFor returns the id of the ServicePort owner: the one it has, else
+// the one its frontend had in the kernel (kept across restarts), else a new
+// one.
+func (w *Writer) svcIDFor(owner model.ServicePortName, had uint32) (uint32, error) {
+	if id, ok := w.ownerSvc[owner]; ok {
+		return id, nil
+	}
+	id := had
+	if _, taken := w.svcOwner[id]; id == 0 || taken {
+		var err error
+		if id, err = w.svcIDs.alloc(); err != nil {
+			return 0, err
+		}
+	}
+	w.ownerSvc[owner] = id
+	w.svcOwner[id] = owner
+	return id, nil
+}
+
+func (w *Writer) unrefSvc(id uint32) {
+	if id == 0 {
+		return
+	}
+	w.svcRefs[id]--
+	if w.svcRefs[id] > 0 {
+		return
+	}
+	delete(w.svcRefs, id)
+	if owner, ok := w.svcOwner[id]; ok {
+		delete(w.ownerSvc, owner)
+		delete(w.svcOwner, id)
+	}
+	w.svcIDs.release(id)
+}
+
+func (w *Writer) refMatch(k AffinityMatchKey) error {
+	if w.matchRefs[k] == 0 {
+		w.stats.Writes++
+		if err := w.m.AffinityMatch.Put(k, 1); err != nil {
+			return err
+		}
+	}
+	w.matchRefs[k]++
+	return nil
+}
+
+func (w *Writer) unrefMatch(k AffinityMatchKey) {
+	w.matchRefs[k]--
+	if w.matchRefs[k] <= 0 {
+		w.gcMatch[k] = struct{}{}
+	}
 }
 
 // Counts reports how many frontends and backends are programmed.

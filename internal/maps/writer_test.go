@@ -70,14 +70,17 @@ type fakes struct {
 	services *FakeMap[ServiceKey, ServiceValue]
 	backends *FakeMap[uint32, BackendValue]
 	revnat   *FakeMap[uint32, RevNatValue]
+	match    *FakeMap[AffinityMatchKey, uint8]
 }
 
 func newFakes(services, backends, revnat int) *fakes {
-	m, s, b, r := FakeMaps(services, backends, revnat)
-	return &fakes{m, s, b, r}
+	f := NewFakes(services, backends, revnat)
+	return &fakes{f.Maps(), f.Services, f.Backends, f.RevNat, f.AffinityMatch}
 }
 
-func (f *fakes) writes() int { return f.services.Writes + f.backends.Writes + f.revnat.Writes }
+func (f *fakes) writes() int {
+	return f.services.Writes + f.backends.Writes + f.revnat.Writes + f.match.Writes
+}
 
 // consistent is what a BPF lookup relies on: every master entry that
 // forwards has all of its slots, each naming an existing backend, and a
@@ -100,6 +103,10 @@ func (f *fakes) consistent() error {
 			if _, ok := f.backends.Entries[sv.BackendId]; !ok {
 				return fmt.Errorf("master %+v slot %d: backend %d missing", k, s, sv.BackendId)
 			}
+			// Affinity may pick any backend a slot names.
+			if _, ok := f.match.Entries[AffinityMatchKey{BackendId: sv.BackendId, SvcId: v.SvcId}]; v.AffinityTimeout != 0 && !ok {
+				return fmt.Errorf("master %+v slot %d: backend %d not in the affinity match map", k, s, sv.BackendId)
+			}
 		}
 	}
 	return nil
@@ -114,7 +121,7 @@ func (f *fakes) watchConsistency(t *testing.T) {
 			t.Fatalf("inconsistent between two writes: %v", err)
 		}
 	}
-	f.services.OnChange, f.backends.OnChange, f.revnat.OnChange = check, check, check
+	f.services.OnChange, f.backends.OnChange, f.revnat.OnChange, f.match.OnChange = check, check, check, check
 }
 
 func dump(t *testing.T, m Maps) string {
@@ -160,14 +167,14 @@ func TestWriterProgramsServices(t *testing.T) {
 		"revnat 1 10.96.0.30:80",
 		"revnat 2 10.96.0.20:80",
 		"revnat 3 10.96.0.10:53",
-		"service 10.96.0.10:53/UDP count=2 revnat=3 flags=cluster-ip",
+		"service 10.96.0.10:53/UDP count=2 revnat=3 svc=3 flags=cluster-ip",
 		"service 10.96.0.10:53/UDP slot=1 backend=4 10.244.1.2:5353/UDP",
 		"service 10.96.0.10:53/UDP slot=2 backend=5 10.244.2.2:5353/UDP",
-		"service 10.96.0.20:80/TCP count=3 revnat=2 flags=cluster-ip",
+		"service 10.96.0.20:80/TCP count=3 revnat=2 svc=2 flags=cluster-ip",
 		"service 10.96.0.20:80/TCP slot=1 backend=1 10.244.1.3:8080/TCP",
 		"service 10.96.0.20:80/TCP slot=2 backend=2 10.244.2.3:8080/TCP",
 		"service 10.96.0.20:80/TCP slot=3 backend=3 10.244.3.3:8080/TCP",
-		"service 10.96.0.30:80/TCP count=0 revnat=1 flags=cluster-ip,reject",
+		"service 10.96.0.30:80/TCP count=0 revnat=1 svc=1 flags=cluster-ip,reject",
 	}, "\n")
 	if got := dump(t, f.m); got != want {
 		t.Errorf("dump:\n%s\nwant:\n%s", got, want)
@@ -353,8 +360,8 @@ func TestWriterVerdicts(t *testing.T) {
 	got := dump(t, f.m)
 	for _, want := range []string{
 		// Endpoints exist, but none on this node.
-		"service 10.96.0.20:80/TCP count=0 revnat=1 flags=cluster-ip,drop",
-		"service 10.96.0.10:53/UDP count=2 revnat=2 flags=cluster-ip affinity=10800s",
+		"service 10.96.0.20:80/TCP count=0 revnat=1 svc=1 flags=cluster-ip,drop",
+		"service 10.96.0.10:53/UDP count=2 revnat=2 svc=2 flags=cluster-ip affinity=10800s",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("want %q in:\n%s", want, got)
@@ -375,5 +382,53 @@ func TestArrangeSlotsKeepsPositions(t *testing.T) {
 		if got := arrangeSlots(tc.old, tc.ids); !slices.Equal(got, tc.want) {
 			t.Errorf("arrangeSlots(%v, %v) = %v, want %v", tc.old, tc.ids, got, tc.want)
 		}
+	}
+}
+
+func TestWriterAffinityMatchFollowsSelection(t *testing.T) {
+	f := newFakes(0, 0, 0)
+	f.watchConsistency(t)
+	w := newWriter(t, f.m)
+	s := web
+	s.affinity = time.Hour
+	if err := w.Sync(full(buildState(s, dns))); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.match.Entries); n != 3 {
+		t.Errorf("%d match entries, want one per backend of the affinity Service:\n%s", n, dump(t, f.m))
+	}
+	// A removed backend can no longer be returned to.
+	s.eps = web.eps[1:]
+	if err := w.Sync(partial(buildState(s, dns), spn("default", "web", model.TCP))); err != nil {
+		t.Fatal(err)
+	}
+	got := dump(t, f.m)
+	if strings.Contains(got, "affinity-match svc=1 backend=1 ") || len(f.match.Entries) != 2 {
+		t.Errorf("removed backend still matches:\n%s", got)
+	}
+	// Affinity switched off: no match entries left; the ServicePort keeps
+	// its id.
+	s.affinity = 0
+	if err := w.Sync(partial(buildState(s, dns), spn("default", "web", model.TCP))); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.match.Entries) != 0 {
+		t.Errorf("affinity off, yet match entries remain:\n%s", dump(t, f.m))
+	}
+	if got := dump(t, f.m); !strings.Contains(got, "service 10.96.0.20:80/TCP count=2 revnat=1 svc=1 flags=cluster-ip\n") {
+		t.Errorf("dump:\n%s", got)
+	}
+	// A restarted agent finds the match entries and keeps them.
+	s.affinity = time.Hour
+	if err := w.Sync(partial(buildState(s, dns), spn("default", "web", model.TCP))); err != nil {
+		t.Fatal(err)
+	}
+	w2 := newWriter(t, f.m)
+	before := f.writes()
+	if err := w2.Sync(full(buildState(s, dns))); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.writes() - before; n != 0 {
+		t.Errorf("restart with affinity wrote %d entries, want 0", n)
 	}
 }

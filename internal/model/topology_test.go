@@ -127,8 +127,13 @@ func verdict(a model.Action, eps []model.Endpoint) string {
 	return ips(eps)
 }
 
-func local(svc *v1.Service)   { svc.Spec.InternalTrafficPolicy = ptr(v1.ServiceInternalTrafficPolicyLocal) }
-func nodePort(svc *v1.Service) { svc.Spec.Type = v1.ServiceTypeNodePort; svc.Spec.Ports[0].NodePort = 30080 }
+func local(svc *v1.Service) {
+	svc.Spec.InternalTrafficPolicy = ptr(v1.ServiceInternalTrafficPolicyLocal)
+}
+func nodePort(svc *v1.Service) {
+	svc.Spec.Type = v1.ServiceTypeNodePort
+	svc.Spec.Ports[0].NodePort = 30080
+}
 func etpLocal(svc *v1.Service) {
 	nodePort(svc)
 	svc.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
