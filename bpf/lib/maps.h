@@ -1,7 +1,12 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Map definitions shared by every program. Names carry a layout version:
  * a layout change gets a new name so that a pinned map of the old layout is
- * never reinterpreted. Sizes are defaults; the loader patches them. */
+ * never reinterpreted. Sizes are defaults; the loader patches them.
+ *
+ * The services, backends and reverse NAT maps are preallocated: an insert
+ * then takes no allocation, which makes programming 10,000 Services several
+ * times faster, at the price of their full size in kernel memory up front
+ * (about 45 MiB at the default sizes; the agent's flags shrink them). */
 #ifndef EBPF_PROXY_MAPS_H
 #define EBPF_PROXY_MAPS_H
 
@@ -31,7 +36,6 @@ struct {
 	__type(key, struct lb4_key);
 	__type(value, struct lb4_service);
 	__uint(max_entries, LB4_SERVICES_MAX);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb4_services_v1 SEC(".maps");
 
@@ -40,7 +44,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct lb4_backend);
 	__uint(max_entries, LB4_BACKENDS_MAX);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb4_backends_v1 SEC(".maps");
 
@@ -49,7 +52,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct lb4_reverse_nat);
 	__uint(max_entries, LB4_REVNAT_MAX);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb4_revnat_v1 SEC(".maps");
 

@@ -30,6 +30,8 @@ func kernelMaps(b *testing.B) maps.Maps {
 		bpfobj.SockMapLb4ServicesV1: &sm.Lb4ServicesV1,
 		bpfobj.SockMapLb4BackendsV1: &sm.Lb4BackendsV1,
 		bpfobj.SockMapLb4RevnatV1:   &sm.Lb4RevnatV1,
+
+		bpfobj.SockMapLb4AffinityMatchV1: &sm.Lb4AffinityMatchV1,
 	} {
 		ms := spec.Maps[name].Copy()
 		ms.Pinning = ebpf.PinNone

@@ -60,6 +60,27 @@ func (f *FakeMap[K, V]) Delete(k K) error {
 	return nil
 }
 
+// PutBatch implements Map, one element at a time as the kernel does, so
+// OnChange sees every intermediate state.
+func (f *FakeMap[K, V]) PutBatch(ks []K, vs []V) (int, error) {
+	for i := range ks {
+		if err := f.Put(ks[i], vs[i]); err != nil {
+			return i, err
+		}
+	}
+	return len(ks), nil
+}
+
+// DeleteBatch implements Map.
+func (f *FakeMap[K, V]) DeleteBatch(ks []K) (int, error) {
+	for i := range ks {
+		if err := f.Delete(ks[i]); err != nil {
+			return i, err
+		}
+	}
+	return len(ks), nil
+}
+
 // Iterate implements Map, in no particular order, like the kernel.
 func (f *FakeMap[K, V]) Iterate(fn func(K, V) bool) error {
 	for _, k := range slices.Collect(maps.Keys(f.Entries)) {

@@ -56,6 +56,12 @@ const (
 type Map[K comparable, V any] interface {
 	Put(k K, v V) error
 	Delete(k K) error
+	// PutBatch stores the pairs in order and returns how many it stored
+	// before an error.
+	PutBatch(ks []K, vs []V) (int, error)
+	// DeleteBatch deletes the keys in order, ignoring missing ones, and
+	// returns how many it processed before an error.
+	DeleteBatch(ks []K) (int, error)
 	// Iterate calls fn for every entry until fn returns false.
 	Iterate(fn func(K, V) bool) error
 }
@@ -87,6 +93,28 @@ func (k kernelMap[K, V]) Put(key K, v V) error {
 		return fmt.Errorf("update %s: %w", k.m, err)
 	}
 	return nil
+}
+
+func (k kernelMap[K, V]) PutBatch(ks []K, vs []V) (int, error) {
+	n, err := k.m.BatchUpdate(ks, vs, nil)
+	if err != nil {
+		if isE2BIG(err) || errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, fmt.Errorf("%s: %w", k.m, ErrMapFull)
+		}
+		return n, fmt.Errorf("batch update %s: %w", k.m, err)
+	}
+	return n, nil
+}
+
+// DeleteBatch deletes one by one: a batch delete stops at the first missing
+// key, and a delete is not on the path that must be fast.
+func (k kernelMap[K, V]) DeleteBatch(ks []K) (int, error) {
+	for i := range ks {
+		if err := k.Delete(ks[i]); err != nil {
+			return i, err
+		}
+	}
+	return len(ks), nil
 }
 
 func (k kernelMap[K, V]) Delete(key K) error {

@@ -87,6 +87,12 @@ type Writer struct {
 	backendIDs, revNatIDs, svcIDs *idAllocator
 	needRestore                   bool
 	stats                         SyncStats
+
+	// q queues a sync's writes so that they reach the kernel in batches.
+	q queues
+	// unbatched makes the next sync write entry by entry: after a map ran
+	// full, so that one Service that does not fit fails alone.
+	unbatched bool
 }
 
 // Limits are the capacities of the maps, as loaded.
@@ -99,7 +105,7 @@ type Limits struct {
 // whatever the maps already hold (pinned maps of an earlier agent), so that
 // backend and reverse-NAT ids survive a restart.
 func NewWriter(m Maps, lim Limits) (*Writer, error) {
-	w := &Writer{m: m}
+	w := &Writer{m: m, q: newQueues(m)}
 	w.backendIDs = newIDAllocator(lim.Backends)
 	w.revNatIDs = newIDAllocator(lim.RevNat)
 	// A ServicePort has at least one frontend, so there are no more
@@ -257,6 +263,8 @@ func (w *Writer) restore() error {
 // next Sync, which must then be a full one.
 func (w *Writer) Sync(up model.Update) error {
 	w.stats = SyncStats{}
+	w.q.setBatched(!w.unbatched)
+	w.q.reset()
 	full := up.Full
 	if w.needRestore {
 		if err := w.restore(); err != nil {
@@ -344,10 +352,17 @@ func (w *Writer) Sync(up model.Update) error {
 	if err := w.collectGarbage(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := w.q.flush(); err != nil {
+		errs = append(errs, err)
+	}
+	w.unbatched = false
 	if len(errs) > 0 {
 		w.needRestore = true
+		err := errors.Join(errs...)
+		w.unbatched = errors.Is(err, ErrMapFull)
+		return err
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // Name is the proxy mode the Writer implements.
@@ -374,12 +389,12 @@ func cmpStrings(pairs ...string) int {
 
 func (w *Writer) put(k ServiceKey, v ServiceValue) error {
 	w.stats.Writes++
-	return w.m.Services.Put(k, v)
+	return w.q.services.put(k, v)
 }
 
 func (w *Writer) del(k ServiceKey) error {
 	w.stats.Writes++
-	return w.m.Services.Delete(k)
+	return w.q.services.del(k)
 }
 
 // upsert writes one frontend: backends first, then its reverse-NAT entry,
@@ -528,7 +543,7 @@ func (w *Writer) ensureBackend(b Backend, flags uint8) (uint32, error) {
 		w.gcBackends[b] = struct{}{}
 	}
 	w.stats.Writes++
-	if err := w.m.Backends.Put(ab.id, BackendValue{Address: be32(b.Addr), Port: be16(b.Port), Proto: uint8(b.Proto), Flags: flags}); err != nil {
+	if err := w.q.backends.put(ab.id, BackendValue{Address: be32(b.Addr), Port: be16(b.Port), Proto: uint8(b.Proto), Flags: flags}); err != nil {
 		return 0, err
 	}
 	ab.flags = flags
@@ -557,7 +572,7 @@ func (w *Writer) ensureRevNat(fe Frontend) (uint32, error) {
 		return 0, err
 	}
 	w.stats.Writes++
-	if err := w.m.RevNat.Put(id, RevNatValue{Address: be32(fe.Addr), Port: be16(fe.Port)}); err != nil {
+	if err := w.q.revNat.put(id, RevNatValue{Address: be32(fe.Addr), Port: be16(fe.Port)}); err != nil {
 		w.revNatIDs.release(id)
 		return 0, err
 	}
@@ -607,7 +622,7 @@ func (w *Writer) collectGarbage() error {
 		ab := w.backends[b]
 		if ab != nil && ab.refs <= 0 {
 			w.stats.Writes++
-			if err := w.m.Backends.Delete(ab.id); err != nil {
+			if err := w.q.backends.del(ab.id); err != nil {
 				errs = append(errs, fmt.Errorf("delete backend %s: %w", b, err))
 				continue
 			}
@@ -621,7 +636,7 @@ func (w *Writer) collectGarbage() error {
 		rn := w.revNats[k]
 		if rn != nil && rn.refs <= 0 {
 			w.stats.Writes++
-			if err := w.m.RevNat.Delete(rn.id); err != nil {
+			if err := w.q.revNat.del(rn.id); err != nil {
 				errs = append(errs, fmt.Errorf("delete reverse NAT %d: %w", rn.id, err))
 				continue
 			}
@@ -633,7 +648,7 @@ func (w *Writer) collectGarbage() error {
 	for k := range w.gcMatch {
 		if w.matchRefs[k] <= 0 {
 			w.stats.Writes++
-			if err := w.m.AffinityMatch.Delete(k); err != nil {
+			if err := w.q.match.del(k); err != nil {
 				errs = append(errs, fmt.Errorf("delete affinity match %+v: %w", k, err))
 				continue
 			}
@@ -643,13 +658,19 @@ func (w *Writer) collectGarbage() error {
 	}
 	for _, id := range w.orphanRevNats {
 		w.stats.Writes++
-		if err := w.m.RevNat.Delete(id); err != nil {
+		if err := w.q.revNat.del(id); err != nil {
 			errs = append(errs, fmt.Errorf("delete orphan reverse NAT %d: %w", id, err))
 			continue
 		}
 		w.revNatIDs.release(id)
 	}
 	w.orphanRevNats = nil
+	// Every candidate was handled: start afresh, because a Go map keeps
+	// the buckets of its largest size and a full sync fills these with
+	// every new backend.
+	w.gcBackends = map[Backend]struct{}{}
+	w.gcRevNats = map[revNatKey]struct{}{}
+	w.gcMatch = map[AffinityMatchKey]struct{}{}
 	return errors.Join(errs...)
 }
 
@@ -691,7 +712,7 @@ func (w *Writer) unrefSvc(id uint32) {
 func (w *Writer) refMatch(k AffinityMatchKey) error {
 	if w.matchRefs[k] == 0 {
 		w.stats.Writes++
-		if err := w.m.AffinityMatch.Put(k, 1); err != nil {
+		if err := w.q.match.put(k, 1); err != nil {
 			return err
 		}
 	}

@@ -337,9 +337,20 @@ func TestWriterFullMapKeepsWhatWorked(t *testing.T) {
 			t.Errorf("a full map broke what worked: %q is gone:\n%s", line, got)
 		}
 	}
+	// The retry writes entry by entry, so a Service that does not fit
+	// fails alone: a change to another Service still goes through.
+	d := dns
+	d.eps = dns.eps[:1]
+	err = w.Sync(full(buildState(s, d)))
+	if !errors.Is(err, ErrMapFull) {
+		t.Fatalf("retry: got %v, want ErrMapFull for the Service that still does not fit", err)
+	}
+	if got := dump(t, f.m); !strings.Contains(got, "service 10.96.0.10:53/UDP count=1 ") {
+		t.Errorf("a Service that fits was held back by one that does not:\n%s", got)
+	}
 	// Once there is room again, the retry (a full sync) converges.
 	f.backends.Max = 0
-	if err := w.Sync(full(buildState(s, dns))); err != nil {
+	if err := w.Sync(full(buildState(s, d))); err != nil {
 		t.Fatal(err)
 	}
 	if got := dump(t, f.m); !strings.Contains(got, "service 10.96.0.20:80/TCP count=5 ") {
