@@ -10,7 +10,7 @@
  * when the frontend has one. */
 static __always_inline struct lb4_service *lb4_lookup_service(struct lb4_key *key, __u8 scope)
 {
-	struct lb4_service *svc;
+	struct lb4_service *svc, *isvc;
 
 	key->slot = 0;
 	key->scope = LB_SCOPE_EXT;
@@ -18,7 +18,13 @@ static __always_inline struct lb4_service *lb4_lookup_service(struct lb4_key *ke
 	if (!svc || scope == LB_SCOPE_EXT || !(svc->flags & SVC_F_TWO_SCOPES))
 		return svc;
 	key->scope = LB_SCOPE_INT;
-	return bpf_map_lookup_elem(&lb4_services_v1, key);
+	isvc = bpf_map_lookup_elem(&lb4_services_v1, key);
+	if (isvc)
+		return isvc;
+	/* The writer creates the internal entry first; should it be missing,
+	 * the external verdict beats an untranslated socket. */
+	key->scope = LB_SCOPE_EXT;
+	return svc;
 }
 
 /* lb4_select_backend picks one backend of a forwarding frontend at random.

@@ -105,6 +105,10 @@ struct {
  * context, which the 6.1 verifier rejects (BPF_ST into ctx). */
 volatile const __u32 sample_mark = 0x5a;
 
+/* Set only by pktest's own tests, to prove that they catch a translator
+ * that forgets the L4 checksum. */
+volatile const __u8 sample_bug_skip_l4_csum = 0;
+
 static __always_inline void sample_count(enum event ev)
 {
 	__u64 *n = bpf_map_lookup_elem(&sample_events, &ev);
@@ -257,7 +261,7 @@ int pktest_sample_xdp(struct xdp_md *ctx)
 	ip->daddr = x.new_addr;
 	/* A UDP checksum of zero means none (RFC 768): it stays zero, and a
 	 * computed zero is sent as all ones. */
-	if (x.proto == IPPROTO_TCP || *check) {
+	if (!sample_bug_skip_l4_csum && (x.proto == IPPROTO_TCP || *check)) {
 		__u16 c = sample_csum_replace(*check, x.old_addr, x.new_addr);
 
 		c = sample_csum_replace(c, x.old_port, x.new_port);
@@ -276,7 +280,8 @@ int pktest_sample_tc(struct __sk_buff *skb)
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct sample_xlate x = {};
-	__u64 l4_flags;
+	__u64 l4_flags, port_flags = 0;
+	__u16 l4_csum;
 	__u32 mark;
 
 	if (skb->mark == sample_mark) {
@@ -293,16 +298,25 @@ int pktest_sample_tc(struct __sk_buff *skb)
 	}
 	l4_flags = x.proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 	/* The helpers keep skb->csum right for CHECKSUM_COMPLETE packets: the
-	 * address change cancels out in the IP header, and BPF_F_PSEUDO_HDR
-	 * carries the pseudo-header's part of the L4 checksum change. */
-	if (bpf_l4_csum_replace(skb, x.l4_off + x.csum_off, x.old_addr, x.new_addr,
-				l4_flags | BPF_F_PSEUDO_HDR | sizeof(x.new_addr)) ||
-	    bpf_l4_csum_replace(skb, x.l4_off + x.csum_off, x.old_port, x.new_port,
-				l4_flags | sizeof(x.new_port)) ||
-	    bpf_l3_csum_replace(skb, x.l3_off + IP_CSUM_OFF, x.old_addr, x.new_addr,
+	 * address change cancels out in the IP header, the port change in the
+	 * L4 checksum, and BPF_F_PSEUDO_HDR carries the pseudo-header's part of
+	 * the L4 checksum change. A UDP datagram without checksum has no field
+	 * to cancel the port change in, so skb->csum must follow the store. */
+	if (bpf_skb_load_bytes(skb, x.l4_off + x.csum_off, &l4_csum, sizeof(l4_csum)))
+		return TC_ACT_SHOT;
+	if (x.proto == IPPROTO_UDP && !l4_csum)
+		port_flags = BPF_F_RECOMPUTE_CSUM;
+	if (!sample_bug_skip_l4_csum &&
+	    (bpf_l4_csum_replace(skb, x.l4_off + x.csum_off, x.old_addr, x.new_addr,
+				 l4_flags | BPF_F_PSEUDO_HDR | sizeof(x.new_addr)) ||
+	     bpf_l4_csum_replace(skb, x.l4_off + x.csum_off, x.old_port, x.new_port,
+				 l4_flags | sizeof(x.new_port))))
+		return TC_ACT_SHOT;
+	if (bpf_l3_csum_replace(skb, x.l3_off + IP_CSUM_OFF, x.old_addr, x.new_addr,
 				sizeof(x.new_addr)) ||
 	    bpf_skb_store_bytes(skb, x.l3_off + IP_DADDR_OFF, &x.new_addr, sizeof(x.new_addr), 0) ||
-	    bpf_skb_store_bytes(skb, x.l4_off + L4_DPORT_OFF, &x.new_port, sizeof(x.new_port), 0))
+	    bpf_skb_store_bytes(skb, x.l4_off + L4_DPORT_OFF, &x.new_port, sizeof(x.new_port),
+				port_flags))
 		return TC_ACT_SHOT;
 	mark = sample_mark;
 	skb->mark = mark;

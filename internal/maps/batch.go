@@ -15,7 +15,9 @@ type queue[K comparable, V any] struct {
 	batched bool
 }
 
-func newQueue[K comparable, V any](m Map[K, V]) *queue[K, V] { return &queue[K, V]{m: m, batched: true} }
+func newQueue[K comparable, V any](m Map[K, V]) *queue[K, V] {
+	return &queue[K, V]{m: m, batched: true}
+}
 
 func (q *queue[K, V]) put(k K, v V) error {
 	if !q.batched {

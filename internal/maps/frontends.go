@@ -40,7 +40,9 @@ func (f Frontend) compare(o Frontend) int {
 	if c := cmp.Compare(f.Proto, o.Proto); c != 0 {
 		return c
 	}
-	return cmp.Compare(f.Scope, o.Scope)
+	// Internal first: a frontend's internal entry is written before the
+	// external master that announces it (FlagTwoScopes).
+	return cmp.Compare(o.Scope, f.Scope)
 }
 
 // Backend identifies a backend: the same pod address and port serving two
@@ -65,23 +67,62 @@ type desiredFrontend struct {
 	bflags   []uint8
 }
 
-// frontendsOf renders the frontends of one ServicePort. Endpoint selection
-// is the model's: this only maps verdicts onto entries.
+// frontendsOf renders the frontends of one ServicePort on a node with the
+// given addresses. Endpoint selection is the model's: this only maps
+// verdicts onto entries.
 //
-// The socket programs serve the ClusterIP; NodePort, ExternalIP and
-// LoadBalancer frontends come with the TC programs.
-func frontendsOf(svc *model.Service) []desiredFrontend {
+// The ClusterIP has one entry with the internal verdict. A NodePort (on each
+// node address), ExternalIP or LoadBalancer IP has an external-scope entry
+// with the external verdict and, when clients on the node get another one
+// (kube-proxy short-circuits pods and the node itself to the cluster
+// endpoints), an internal-scope entry with it; the socket programs look up
+// the internal one. A LoadBalancer IP with source ranges gets no internal
+// entry: a socket's source address is not known at connect(), so the ranges
+// could not be honoured there.
+func frontendsOf(svc *model.Service, nodeAddrs []netip.Addr) []desiredFrontend {
 	sp := svc.Port
-	if !sp.ClusterIP.Is4() {
-		return nil
+	var out []desiredFrontend
+	add := func(addr netip.Addr, port uint16, kind uint16, scope uint8, action model.Action, eps []model.Endpoint) {
+		if !addr.Is4() || port == 0 {
+			return
+		}
+		out = append(out, render(sp, Frontend{Addr: addr, Port: port, Proto: sp.Name.Protocol, Scope: scope}, kind, action, eps))
 	}
-	d := desiredFrontend{
-		fe:       Frontend{Addr: sp.ClusterIP, Port: sp.Port, Proto: sp.Name.Protocol, Scope: ScopeExternal},
-		owner:    sp.Name,
-		flags:    FlagClusterIP,
-		affinity: uint32(sp.AffinityTimeout.Seconds()),
+	a, eps := svc.Internal()
+	add(sp.ClusterIP, sp.Port, FlagClusterIP, ScopeExternal, a, eps)
+
+	external := func(addr netip.Addr, port uint16, kind uint16, socketLB bool) {
+		ea, eeps := svc.External()
+		ia, ieps := svc.ShortCircuit()
+		if !socketLB {
+			add(addr, port, kind, ScopeExternal, ea, eeps)
+			return
+		}
+		if ea == ia && slices.EqualFunc(eeps, ieps, sameEndpoint) {
+			add(addr, port, kind, ScopeExternal, ea, eeps)
+			return
+		}
+		add(addr, port, kind|FlagTwoScopes, ScopeExternal, ea, eeps)
+		add(addr, port, kind, ScopeInternal, ia, ieps)
 	}
-	action, eps := svc.Internal()
+	for _, addr := range nodeAddrs {
+		external(addr, sp.NodePort, FlagNodePort, true)
+	}
+	for _, addr := range sp.ExternalIPs {
+		external(addr, sp.Port, FlagExternalIP, true)
+	}
+	for _, addr := range sp.LoadBalancerIPs {
+		external(addr, sp.Port, FlagLoadBalancer, len(sp.LoadBalancerSourceRanges) == 0)
+	}
+	return out
+}
+
+func sameEndpoint(a, b model.Endpoint) bool { return a.AddrPort() == b.AddrPort() }
+
+// render is one entry: the frontend, its kind and scope flags, and the
+// verdict with its backends.
+func render(sp *model.ServicePort, fe Frontend, flags uint16, action model.Action, eps []model.Endpoint) desiredFrontend {
+	d := desiredFrontend{fe: fe, owner: sp.Name, flags: flags, affinity: uint32(sp.AffinityTimeout.Seconds())}
 	switch action {
 	case model.Reject:
 		d.flags |= FlagReject
@@ -100,7 +141,7 @@ func frontendsOf(svc *model.Service) []desiredFrontend {
 			d.bflags = append(d.bflags, f)
 		}
 	}
-	return []desiredFrontend{d}
+	return d
 }
 
 func sortFrontends(ds []desiredFrontend) {

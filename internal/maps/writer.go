@@ -298,7 +298,7 @@ func (w *Writer) Sync(up model.Update) error {
 		if svc == nil {
 			continue
 		}
-		ds := frontendsOf(svc)
+		ds := frontendsOf(svc, up.State.Node.Addrs)
 		sortFrontends(ds)
 		for _, d := range ds {
 			if desired[d.fe] {

@@ -93,6 +93,13 @@ func (f *fakes) consistent() error {
 		if _, ok := f.revnat.Entries[v.RevNatId]; !ok {
 			return fmt.Errorf("master %+v: reverse NAT %d missing", k, v.RevNatId)
 		}
+		if v.Flags&FlagTwoScopes != 0 {
+			ik := k
+			ik.Scope = ScopeInternal
+			if _, ok := f.services.Entries[ik]; !ok {
+				return fmt.Errorf("master %+v announces an internal entry that is missing", k)
+			}
+		}
 		for s := uint16(1); s <= v.Count; s++ {
 			sk := k
 			sk.Slot = s
@@ -441,5 +448,85 @@ func TestWriterAffinityMatchFollowsSelection(t *testing.T) {
 	}
 	if n := f.writes() - before; n != 0 {
 		t.Errorf("restart with affinity wrote %d entries, want 0", n)
+	}
+}
+
+func TestWriterExternalFrontends(t *testing.T) {
+	st := buildState(web)
+	st.Node.Addrs = []netip.Addr{netip.MustParseAddr("192.168.77.11")}
+	svc := st.Services[spn("default", "web", model.TCP)]
+	sp := *svc.Port
+	sp.NodePort = 30080
+	sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.19.0.7")}
+	sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.19.0.8")}
+	reprogram := func(p model.ServicePort) {
+		t.Helper()
+		eps := svc.Endpoints
+		st.Services[sp.Name] = &model.Service{Port: &p, Endpoints: eps, Selection: model.Categorize(&p, eps, &st.Node, model.DefaultOptions)}
+	}
+	reprogram(sp)
+
+	f := newFakes(0, 0, 0)
+	f.watchConsistency(t)
+	w := newWriter(t, f.m)
+	if err := w.Sync(full(st)); err != nil {
+		t.Fatal(err)
+	}
+	got := dump(t, f.m)
+	for _, want := range []string{
+		"service 10.96.0.20:80/TCP count=3 revnat=1 svc=1 flags=cluster-ip",
+		"service 192.168.77.11:30080/TCP count=3 revnat=",
+		"flags=node-port\n",
+		"service 198.19.0.7:80/TCP count=3 ",
+		"service 198.19.0.8:80/TCP count=3 ",
+	} {
+		if !strings.Contains(got+"\n", want) {
+			t.Errorf("want %q in:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "(internal)") {
+		t.Errorf("policy Cluster needs no internal entries:\n%s", got)
+	}
+
+	// externalTrafficPolicy=Local with every endpoint elsewhere: outside
+	// clients are dropped, clients on the node short-circuit to all.
+	sp.ExternalPolicy = model.PolicyLocal
+	reprogram(sp)
+	if err := w.Sync(partial(st, sp.Name)); err != nil {
+		t.Fatal(err)
+	}
+	got = dump(t, f.m)
+	t.Logf("externalTrafficPolicy=Local:\n%s", got)
+	for _, want := range []string{
+		"service 192.168.77.11:30080/TCP count=0 revnat=2 svc=1 flags=node-port,two-scopes,drop",
+		"service 192.168.77.11:30080/TCP (internal) count=3 revnat=2 svc=1 flags=node-port",
+		"service 198.19.0.7:80/TCP (internal) count=3 ",
+		"service 198.19.0.8:80/TCP (internal) count=3 ",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("want %q in:\n%s", want, got)
+		}
+	}
+
+	// Source ranges on the LoadBalancer IP: no internal entry for it.
+	sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}
+	reprogram(sp)
+	if err := w.Sync(partial(st, sp.Name)); err != nil {
+		t.Fatal(err)
+	}
+	got = dump(t, f.m)
+	if strings.Contains(got, "198.19.0.8:80/TCP (internal)") || strings.Contains(got, "198.19.0.8:80/TCP count=0 revnat=4 svc=1 flags=load-balancer,two-scopes") {
+		t.Errorf("source-ranged LoadBalancer IP still has an internal entry:\n%s", got)
+	}
+
+	// Back to Cluster: the internal entries go, after the masters stop
+	// announcing them (checked after every write).
+	sp.ExternalPolicy = model.PolicyCluster
+	reprogram(sp)
+	if err := w.Sync(partial(st, sp.Name)); err != nil {
+		t.Fatal(err)
+	}
+	if got = dump(t, f.m); strings.Contains(got, "(internal)") {
+		t.Errorf("internal entries left:\n%s", got)
 	}
 }
