@@ -118,3 +118,55 @@ func hookRuntime(b *testing.B, progs []*ebpf.Program) time.Duration {
 	}
 	return total
 }
+
+// BenchmarkAffinityConnectCost measures what session affinity adds to a
+// connect(): connections per second to a Service with ClientIP affinity
+// against the same pod behind a Service without it, alternating rounds,
+// and the hooks' run time per connection for each.
+func BenchmarkAffinityConnectCost(b *testing.B) {
+	e := newEnv(b, 1)
+	e.addWeb(e.podEPs(0)...)
+	affVIP := netip.MustParseAddrPort("10.96.0.81:80")
+	e.setService(makeService("web-aff", affVIP.Addr().String(), 80, v1.ProtocolTCP, intstr.FromString("http"), clientIP(3600)))
+	e.setSlice(makeSlice("web-aff", "web-aff-1", tcpPort, v1.ProtocolTCP, e.podEPs(0)...))
+	e.sync()
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer stats.Close()
+	progs := []*ebpf.Program{e.loaded.Objects.CgConnect4, e.loaded.Objects.CgGetpeername4}
+	const rounds, each = 20, 300 * time.Millisecond
+	var plain, aff, plainConns, affConns float64
+	var plainHook, affHook time.Duration
+	var ratios []float64
+	for range b.N {
+		for i := range rounds {
+			measure := func(addr netip.AddrPort) (float64, time.Duration) {
+				h0 := hookRuntime(b, progs)
+				r := e.rate(b, addr, each)
+				return r, hookRuntime(b, progs) - h0
+			}
+			var p, a float64
+			var ph, ah time.Duration
+			if i%2 == 0 {
+				p, ph = measure(webVIP)
+				a, ah = measure(affVIP)
+			} else {
+				a, ah = measure(affVIP)
+				p, ph = measure(webVIP)
+			}
+			plain, aff = plain+p, aff+a
+			plainConns, affConns = plainConns+p*each.Seconds(), affConns+a*each.Seconds()
+			plainHook, affHook = plainHook+ph, affHook+ah
+			ratios = append(ratios, a/p)
+		}
+	}
+	sort.Float64s(ratios)
+	runs := float64(rounds * b.N)
+	b.ReportMetric(plain/runs, "plain_conn/s")
+	b.ReportMetric(aff/runs, "affinity_conn/s")
+	b.ReportMetric(ratios[len(ratios)/2], "median_ratio")
+	b.ReportMetric(float64(plainHook.Nanoseconds())/plainConns, "plain_hook_ns/conn")
+	b.ReportMetric(float64(affHook.Nanoseconds())/affConns, "affinity_hook_ns/conn")
+}
