@@ -3,6 +3,9 @@ package socklb_test
 import (
 	"bytes"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,13 +78,15 @@ type agent struct {
 }
 
 // startAgent runs the real agent against the sandbox's cgroup and bpffs,
-// reading Services from dir, and waits for its first sync.
-func (e *env) startAgent(t *testing.T, dir string) *agent {
+// reading Services from dir, and waits for its first sync. Extra flags
+// follow the defaults.
+func (e *env) startAgent(t *testing.T, dir string, extra ...string) *agent {
 	t.Helper()
 	a := &agent{logs: &syncBuffer{}, done: make(chan error, 1)}
-	a.cmd = exec.Command(agentBinary(t), "--manifests", dir, "--cgroup-path", e.sb.Cgroup.Path(),
+	args := append([]string{"--manifests", dir, "--cgroup-path", e.sb.Cgroup.Path(),
 		"--bpffs-path", e.bpffs, "--hostname-override", nodeName,
-		"--healthz-bind-address", "", "--metrics-bind-address", "", "-v", "2")
+		"--healthz-bind-address", "", "--metrics-bind-address", "", "-v", "2"}, extra...)
+	a.cmd = exec.Command(agentBinary(t), args...)
 	a.cmd.Stdout, a.cmd.Stderr = a.logs, a.logs
 	if err := a.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -166,6 +171,35 @@ ports: [{name: http, port: 8080, protocol: TCP}]
 endpoints:
 %s`
 
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	var err error
+	for range 50 { // the servers start with the agent; give them a moment
+		var resp *http.Response
+		if resp, err = http.Get(url); err == nil {
+			defer resp.Body.Close()
+			b, rerr := io.ReadAll(resp.Body)
+			if rerr != nil {
+				t.Fatal(rerr)
+			}
+			return resp.StatusCode, strings.TrimSpace(string(b))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("GET %s: %v", url, err)
+	return 0, ""
+}
+
 func writeManifests(t *testing.T, dir string, pods ...*sandbox.Pod) {
 	t.Helper()
 	var eps strings.Builder
@@ -244,7 +278,31 @@ func TestAgentFollowsManifestChanges(t *testing.T) {
 	e := newSandbox(t, 2)
 	dir := t.TempDir()
 	writeManifests(t, dir, e.pods[0])
-	e.startAgent(t, dir)
+	healthz, metricsAddr := freeAddr(t), freeAddr(t)
+	e.startAgent(t, dir, "--healthz-bind-address", healthz, "--metrics-bind-address", metricsAddr)
+
+	t.Run("health and metrics servers answer as kube-proxy's", func(t *testing.T) {
+		for _, path := range []string{"/healthz", "/livez"} {
+			code, body := get(t, "http://"+healthz+path)
+			if code != 200 || !strings.Contains(body, `"healthy":true`) || !strings.Contains(body, `"lastUpdated"`) {
+				t.Errorf("%s: %d %s", path, code, body)
+			}
+		}
+		if code, body := get(t, "http://"+metricsAddr+"/proxyMode"); code != 200 || body != "ebpf" {
+			t.Errorf("/proxyMode: %d %q", code, body)
+		}
+		_, body := get(t, "http://"+metricsAddr+"/metrics")
+		for _, m := range []string{
+			"kubeproxy_sync_proxy_rules_duration_seconds_bucket",
+			"kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+			"kubeproxy_network_programming_duration_seconds_bucket",
+			`ebpfproxy_bpf_events_total{event="translated_tcp"}`,
+		} {
+			if !strings.Contains(body, m) {
+				t.Errorf("/metrics lacks %s", m)
+			}
+		}
+	})
 
 	reached := func() map[string]int {
 		rep, err := e.client.TCP(e.ctx(), webVIP, 30)
