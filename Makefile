@@ -11,7 +11,7 @@ BPF_CFLAGS := -O2 -g -Wall -Werror -nostdinc -Ibpf/include
 
 # Packages whose tests need root and a BPF-capable kernel. They run in the
 # kernel matrix: Debian's 6.1 and 6.12 in QEMU, and this machine's kernel.
-PRIVILEGED_PKGS ?= ./internal/loader/... ./internal/sandbox/... ./test/socklb/... ./test/vmtest/...
+PRIVILEGED_PKGS ?= ./internal/loader/... ./internal/pktest/... ./internal/sandbox/... ./test/socklb/... ./test/vmtest/...
 
 export EBPF_PROXY_CACHE ?= /var/cache/ebpf-proxy
 # Static binaries run unchanged in the VMs; one build cache for everything.
@@ -44,7 +44,7 @@ lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
-	$(CLANG_FORMAT) --dry-run -Werror bpf/*.c bpf/lib/*.h
+	$(CLANG_FORMAT) --dry-run -Werror bpf/*.c bpf/lib/*.h bpf/test/*.c
 
 # Fast, unprivileged tests of pure logic.
 unit:

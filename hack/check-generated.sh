@@ -9,8 +9,12 @@ trap 'rm -rf "$tmp"' EXIT
 cd "$top"
 git ls-files -z | xargs -0 cp --parents -t "$tmp"
 make -C "$tmp" --no-print-directory generate >/dev/null
-if ! diff -r "$top/internal/bpfobj" "$tmp/internal/bpfobj"; then
-	echo "generated BPF objects differ from the committed ones: run 'make generate' and commit" >&2
-	exit 1
-fi
+status=0
+for dir in internal/bpfobj internal/pktest/sample; do
+	if ! diff -r "$top/$dir" "$tmp/$dir"; then
+		echo "generated files in $dir differ from the committed ones: run 'make generate' and commit" >&2
+		status=1
+	fi
+done
+[ "$status" -eq 0 ] || exit 1
 echo "generated BPF objects match the committed ones"

@@ -163,6 +163,11 @@ static __always_inline enum sample_action sample_classify(void *data, void *data
 	}
 	ihl = ip->ver_ihl & 0x0f;
 	tot_len = bpf_ntohs(ip->tot_len);
+	/* The 6.1 verifier does not bound the result of a byte swap, and
+	 * tot_len is added to a packet pointer below: bound it again, behind a
+	 * barrier that keeps the compiler from dropping the mask. */
+	barrier_var(tot_len);
+	tot_len &= 0xffff;
 	if ((ip->ver_ihl >> 4) != 4 || ihl < 5 || tot_len < ihl * 4) {
 		sample_count(SAMPLE_EV_MALFORMED);
 		return SAMPLE_DROP;
