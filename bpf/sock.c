@@ -55,9 +55,44 @@ static __always_inline void sock4_record_revnat(struct bpf_sock_addr *ctx,
 		lb_count(LB_M_REVNAT_UPDATE_ERR);
 }
 
+/* sock4_udp_backend keeps the datagrams an unconnected UDP socket sends to
+ * a frontend on one backend, as long as the ServicePort may choose it: what
+ * a conntrack entry does for a flow in kube-proxy. */
+static __always_inline struct lb4_backend *sock4_udp_backend(struct bpf_sock_addr *ctx,
+							     struct lb4_key *key,
+							     const struct lb4_service *svc,
+							     __u32 *backend_id)
+{
+	struct sock4_udp_key ukey = {
+		.cookie = bpf_get_socket_cookie(ctx),
+		.address = key->address,
+		.port = key->dport,
+	};
+	struct sock4_udp *prev, val = {};
+	struct lb4_backend *be;
+
+	prev = bpf_map_lookup_elem(&sock4_udp_fwd_v1, &ukey);
+	if (prev && prev->svc_id == svc->svc_id) {
+		be = lb4_member_backend(prev->backend_id, svc->svc_id);
+		if (be) {
+			*backend_id = prev->backend_id;
+			lb_count(LB_M_UDP_STICKY);
+			return be;
+		}
+	}
+	be = lb4_select_backend(key, svc, backend_id);
+	if (be) {
+		val.backend_id = *backend_id;
+		val.svc_id = svc->svc_id;
+		bpf_map_update_elem(&sock4_udp_fwd_v1, &ukey, &val, BPF_ANY);
+	}
+	return be;
+}
+
 /* sock4_xlate_fwd rewrites the destination of ctx when it is a Service
- * frontend. Returns the value the hook must return. */
-static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx)
+ * frontend; sendmsg says the call comes from sendmsg() on an unconnected
+ * UDP socket. Returns the value the hook must return. */
+static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, bool sendmsg)
 {
 	struct lb4_key key = {
 		.address = ctx->user_ip4,
@@ -102,6 +137,8 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx)
 			if (be)
 				lb4_affinity_record(&akey, now, backend_id);
 		}
+	} else if (sendmsg) {
+		be = sock4_udp_backend(ctx, &key, svc, &backend_id);
 	} else {
 		be = lb4_select_backend(&key, svc, &backend_id);
 	}
@@ -148,13 +185,13 @@ static __always_inline void sock4_xlate_rev(struct bpf_sock_addr *ctx)
 SEC("cgroup/connect4")
 int cg_connect4(struct bpf_sock_addr *ctx)
 {
-	return sock4_xlate_fwd(ctx);
+	return sock4_xlate_fwd(ctx, false);
 }
 
 SEC("cgroup/sendmsg4")
 int cg_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return sock4_xlate_fwd(ctx);
+	return sock4_xlate_fwd(ctx, true);
 }
 
 SEC("cgroup/recvmsg4")

@@ -18,6 +18,10 @@
 #define ECONNREFUSED 111
 #define EHOSTUNREACH 113
 
+typedef _Bool bool;
+#define true 1
+#define false 0
+
 /* Return values of cgroup sock_addr programs. */
 #define SYS_REJECT  0
 #define SYS_PROCEED 1

@@ -54,6 +54,20 @@ lb4_select_backend(struct lb4_key *key, const struct lb4_service *svc, __u32 *ba
 	return be;
 }
 
+/* lb4_member_backend returns backend_id's backend if the ServicePort svc_id
+ * may still choose it, else NULL. */
+static __always_inline struct lb4_backend *lb4_member_backend(__u32 backend_id, __u32 svc_id)
+{
+	struct lb4_member_key mkey = {
+		.backend_id = backend_id,
+		.svc_id = svc_id,
+	};
+
+	if (!bpf_map_lookup_elem(&lb4_members_v1, &mkey))
+		return NULL;
+	return bpf_map_lookup_elem(&lb4_backends_v1, &mkey.backend_id);
+}
+
 /* lb4_affinity_backend returns the backend a client used last for the
  * ServicePort of svc when that was within the affinity timeout and the
  * backend is still one the ServicePort may choose, and refreshes the entry's
@@ -63,23 +77,21 @@ static __always_inline struct lb4_backend *lb4_affinity_backend(const struct lb4
 								const struct lb4_service *svc,
 								__u64 now, __u32 *backend_id)
 {
-	struct lb4_affinity_match_key mkey = {};
 	struct lb4_affinity *aff;
 	struct lb4_backend *be;
+	__u32 id;
 
 	aff = bpf_map_lookup_elem(&lb4_affinity_v1, akey);
 	if (!aff)
 		return NULL;
-	mkey.backend_id = aff->backend_id;
-	mkey.svc_id = svc->svc_id;
-	if (now - aff->last_used_ns > (__u64)svc->affinity_timeout * 1000000000ULL ||
-	    !bpf_map_lookup_elem(&lb4_affinity_match_v1, &mkey))
+	id = aff->backend_id;
+	if (now - aff->last_used_ns > (__u64)svc->affinity_timeout * 1000000000ULL)
 		goto stale;
-	be = bpf_map_lookup_elem(&lb4_backends_v1, &mkey.backend_id);
+	be = lb4_member_backend(id, svc->svc_id);
 	if (!be)
 		goto stale;
 	aff->last_used_ns = now;
-	*backend_id = mkey.backend_id;
+	*backend_id = id;
 	lb_count(LB_M_AFFINITY_HIT);
 	return be;
 stale:

@@ -24,8 +24,8 @@
 #ifndef LB4_AFFINITY_MAX
 #define LB4_AFFINITY_MAX 262144
 #endif
-#ifndef LB4_AFFINITY_MATCH_MAX
-#define LB4_AFFINITY_MATCH_MAX 262144
+#ifndef LB4_MEMBERS_MAX
+#define LB4_MEMBERS_MAX 262144
 #endif
 #ifndef SOCK4_REVNAT_MAX
 #define SOCK4_REVNAT_MAX 262144
@@ -73,12 +73,20 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, struct lb4_affinity_match_key);
+	__type(key, struct lb4_member_key);
 	__type(value, __u8);
-	__uint(max_entries, LB4_AFFINITY_MATCH_MAX);
+	__uint(max_entries, LB4_MEMBERS_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} lb4_affinity_match_v1 SEC(".maps");
+} lb4_members_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct sock4_udp_key);
+	__type(value, struct sock4_udp);
+	__uint(max_entries, SOCK4_REVNAT_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sock4_udp_fwd_v1 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -77,10 +77,10 @@ struct lb4_affinity {
 	__u8 pad[4];
 };
 
-/* Key of lb4_affinity_match: present while backend_id is one the ServicePort
- * svc_id may choose, so that affinity never outlives a backend's
- * selection. */
-struct lb4_affinity_match_key {
+/* Key of lb4_members: present while backend_id is one the ServicePort svc_id
+ * may choose, so that neither session affinity nor a UDP socket's earlier
+ * choice outlives a backend's selection. */
+struct lb4_member_key {
 	__u32 backend_id;
 	__u32 svc_id;
 };
@@ -104,6 +104,21 @@ struct lb4_reverse_nat {
 	__be32 address;
 	__be16 port;
 	__u8 pad[2];
+};
+
+/* Key and value of sock4_udp_fwd: the backend an unconnected UDP socket
+ * sent to for a frontend, so that its datagrams stay on one backend as a
+ * conntrack entry keeps a flow in kube-proxy. */
+struct sock4_udp_key {
+	__u64 cookie;
+	__be32 address;
+	__be16 port;
+	__u8 pad[2];
+};
+
+struct sock4_udp {
+	__u32 backend_id;
+	__u32 svc_id;
 };
 
 /* Key and value of sock4_reverse_nat: for a socket (by cookie) that was sent
@@ -135,6 +150,7 @@ enum lb_metric {
 	LB_M_REVNAT_UPDATE_ERR, /* could not record a reverse entry */
 	LB_M_AFFINITY_HIT,	/* backend chosen by session affinity */
 	LB_M_AFFINITY_STALE,	/* affinity entry expired or its backend gone */
+	LB_M_UDP_STICKY,	/* UDP datagram kept on its socket's backend */
 	LB_M_MAX,
 };
 

@@ -37,7 +37,7 @@ func runDump(args []string) int {
 		{bpfobj.SockMapLb4ServicesV1, &sm.Lb4ServicesV1},
 		{bpfobj.SockMapLb4BackendsV1, &sm.Lb4BackendsV1},
 		{bpfobj.SockMapLb4RevnatV1, &sm.Lb4RevnatV1},
-		{bpfobj.SockMapLb4AffinityMatchV1, &sm.Lb4AffinityMatchV1},
+		{bpfobj.SockMapLb4MembersV1, &sm.Lb4MembersV1},
 	} {
 		if *p.dst, err = open(p.name); err != nil {
 			fmt.Fprintln(os.Stderr, err)

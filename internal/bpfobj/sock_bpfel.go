@@ -28,12 +28,6 @@ type SockLb4AffinityKey struct {
 	Pad        [3]uint8
 }
 
-type SockLb4AffinityMatchKey struct {
-	_         structs.HostLayout
-	BackendId uint32
-	SvcId     uint32
-}
-
 type SockLb4Backend struct {
 	_       structs.HostLayout
 	Address uint32
@@ -50,6 +44,12 @@ type SockLb4Key struct {
 	Proto   uint8
 	Scope   uint8
 	Pad     [2]uint8
+}
+
+type SockLb4MemberKey struct {
+	_         structs.HostLayout
+	BackendId uint32
+	SvcId     uint32
 }
 
 type SockLb4ReverseNat struct {
@@ -83,7 +83,8 @@ const (
 	SockLbMetricLB_M_REVNAT_UPDATE_ERR SockLbMetric = 8
 	SockLbMetricLB_M_AFFINITY_HIT      SockLbMetric = 9
 	SockLbMetricLB_M_AFFINITY_STALE    SockLbMetric = 10
-	SockLbMetricLB_M_MAX               SockLbMetric = 11
+	SockLbMetricLB_M_UDP_STICKY        SockLbMetric = 11
+	SockLbMetricLB_M_MAX               SockLbMetric = 12
 )
 
 type SockSock4Revnat struct {
@@ -102,22 +103,37 @@ type SockSock4RevnatKey struct {
 	Pad     [2]uint8
 }
 
+type SockSock4Udp struct {
+	_         structs.HostLayout
+	BackendId uint32
+	SvcId     uint32
+}
+
+type SockSock4UdpKey struct {
+	_       structs.HostLayout
+	Cookie  uint64
+	Address uint32
+	Port    uint16
+	Pad     [2]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	SockMapLb4AffinityMatchV1 = "lb4_affinity_match_v1"
-	SockMapLb4AffinityV1      = "lb4_affinity_v1"
-	SockMapLb4BackendsV1      = "lb4_backends_v1"
-	SockMapLb4RevnatV1        = "lb4_revnat_v1"
-	SockMapLb4ServicesV1      = "lb4_services_v1"
-	SockMapLbMetricsV1        = "lb_metrics_v1"
-	SockMapSock4RevnatV1      = "sock4_revnat_v1"
-	SockProgCgConnect4        = "cg_connect4"
-	SockProgCgGetpeername4    = "cg_getpeername4"
-	SockProgCgRecvmsg4        = "cg_recvmsg4"
-	SockProgCgSendmsg4        = "cg_sendmsg4"
-	SockVarHaveSetRetval      = "have_set_retval"
+	SockMapLb4AffinityV1   = "lb4_affinity_v1"
+	SockMapLb4BackendsV1   = "lb4_backends_v1"
+	SockMapLb4MembersV1    = "lb4_members_v1"
+	SockMapLb4RevnatV1     = "lb4_revnat_v1"
+	SockMapLb4ServicesV1   = "lb4_services_v1"
+	SockMapLbMetricsV1     = "lb_metrics_v1"
+	SockMapSock4RevnatV1   = "sock4_revnat_v1"
+	SockMapSock4UdpFwdV1   = "sock4_udp_fwd_v1"
+	SockProgCgConnect4     = "cg_connect4"
+	SockProgCgGetpeername4 = "cg_getpeername4"
+	SockProgCgRecvmsg4     = "cg_recvmsg4"
+	SockProgCgSendmsg4     = "cg_sendmsg4"
+	SockVarHaveSetRetval   = "have_set_retval"
 )
 
 // LoadSock returns the embedded CollectionSpec for Sock.
@@ -172,13 +188,14 @@ type SockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SockMapSpecs struct {
-	Lb4AffinityMatchV1 *ebpf.MapSpec `ebpf:"lb4_affinity_match_v1"`
-	Lb4AffinityV1      *ebpf.MapSpec `ebpf:"lb4_affinity_v1"`
-	Lb4BackendsV1      *ebpf.MapSpec `ebpf:"lb4_backends_v1"`
-	Lb4RevnatV1        *ebpf.MapSpec `ebpf:"lb4_revnat_v1"`
-	Lb4ServicesV1      *ebpf.MapSpec `ebpf:"lb4_services_v1"`
-	LbMetricsV1        *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
-	Sock4RevnatV1      *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
+	Lb4AffinityV1 *ebpf.MapSpec `ebpf:"lb4_affinity_v1"`
+	Lb4BackendsV1 *ebpf.MapSpec `ebpf:"lb4_backends_v1"`
+	Lb4MembersV1  *ebpf.MapSpec `ebpf:"lb4_members_v1"`
+	Lb4RevnatV1   *ebpf.MapSpec `ebpf:"lb4_revnat_v1"`
+	Lb4ServicesV1 *ebpf.MapSpec `ebpf:"lb4_services_v1"`
+	LbMetricsV1   *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
+	Sock4RevnatV1 *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
+	Sock4UdpFwdV1 *ebpf.MapSpec `ebpf:"sock4_udp_fwd_v1"`
 }
 
 // SockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -208,24 +225,26 @@ func (o *SockObjects) Close() error {
 //
 // It can be passed to LoadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SockMaps struct {
-	Lb4AffinityMatchV1 *ebpf.Map `ebpf:"lb4_affinity_match_v1"`
-	Lb4AffinityV1      *ebpf.Map `ebpf:"lb4_affinity_v1"`
-	Lb4BackendsV1      *ebpf.Map `ebpf:"lb4_backends_v1"`
-	Lb4RevnatV1        *ebpf.Map `ebpf:"lb4_revnat_v1"`
-	Lb4ServicesV1      *ebpf.Map `ebpf:"lb4_services_v1"`
-	LbMetricsV1        *ebpf.Map `ebpf:"lb_metrics_v1"`
-	Sock4RevnatV1      *ebpf.Map `ebpf:"sock4_revnat_v1"`
+	Lb4AffinityV1 *ebpf.Map `ebpf:"lb4_affinity_v1"`
+	Lb4BackendsV1 *ebpf.Map `ebpf:"lb4_backends_v1"`
+	Lb4MembersV1  *ebpf.Map `ebpf:"lb4_members_v1"`
+	Lb4RevnatV1   *ebpf.Map `ebpf:"lb4_revnat_v1"`
+	Lb4ServicesV1 *ebpf.Map `ebpf:"lb4_services_v1"`
+	LbMetricsV1   *ebpf.Map `ebpf:"lb_metrics_v1"`
+	Sock4RevnatV1 *ebpf.Map `ebpf:"sock4_revnat_v1"`
+	Sock4UdpFwdV1 *ebpf.Map `ebpf:"sock4_udp_fwd_v1"`
 }
 
 func (m *SockMaps) Close() error {
 	return _SockClose(
-		m.Lb4AffinityMatchV1,
 		m.Lb4AffinityV1,
 		m.Lb4BackendsV1,
+		m.Lb4MembersV1,
 		m.Lb4RevnatV1,
 		m.Lb4ServicesV1,
 		m.LbMetricsV1,
 		m.Sock4RevnatV1,
+		m.Sock4UdpFwdV1,
 	)
 }
 

@@ -107,10 +107,11 @@ func Load(cfg Config) (*Loaded, error) {
 		bpfobj.SockMapLb4BackendsV1: sizes.Backends,
 		bpfobj.SockMapLb4RevnatV1:   sizes.RevNat,
 		bpfobj.SockMapSock4RevnatV1: sizes.SockRevNat,
+		bpfobj.SockMapSock4UdpFwdV1: sizes.SockRevNat,
 		bpfobj.SockMapLb4AffinityV1: sizes.Affinity,
 		// Every (backend, ServicePort) pair fits, as every backend slot
 		// does in the services map.
-		bpfobj.SockMapLb4AffinityMatchV1: sizes.Services,
+		bpfobj.SockMapLb4MembersV1: sizes.Services,
 	} {
 		spec.Maps[name].MaxEntries = n
 	}
@@ -315,6 +316,7 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_REVNAT_UPDATE_ERR: "reverse_entry_update_failed",
 	bpfobj.SockLbMetricLB_M_AFFINITY_HIT:      "affinity_hit",
 	bpfobj.SockLbMetricLB_M_AFFINITY_STALE:    "affinity_stale",
+	bpfobj.SockLbMetricLB_M_UDP_STICKY:        "udp_sticky",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,

@@ -65,11 +65,11 @@ type queues struct {
 	services *queue[ServiceKey, ServiceValue]
 	backends *queue[uint32, BackendValue]
 	revNat   *queue[uint32, RevNatValue]
-	match    *queue[AffinityMatchKey, uint8]
+	match    *queue[MemberKey, uint8]
 }
 
 func newQueues(m Maps) queues {
-	return queues{newQueue(m.Services), newQueue(m.Backends), newQueue(m.RevNat), newQueue(m.AffinityMatch)}
+	return queues{newQueue(m.Services), newQueue(m.Backends), newQueue(m.RevNat), newQueue(m.Members)}
 }
 
 func (q queues) setBatched(b bool) {
@@ -85,7 +85,7 @@ func (q queues) reset() {
 
 // flush sends a sync's writes in the one order that keeps every lookup
 // consistent: what entries will point at first (backends, reverse NAT,
-// affinity matches), then the service entries in the order they were made
+// memberships), then the service entries in the order they were made
 // (a frontend's slots before its master entry), then deletions of service
 // entries (a removed frontend's master entry before its slots), and last
 // the deletion of what no service entry points at any more.
@@ -96,10 +96,10 @@ func (q queues) flush() error {
 	}{
 		{"backends", q.backends.flushPuts},
 		{"reverse NAT", q.revNat.flushPuts},
-		{"affinity match", q.match.flushPuts},
+		{"members", q.match.flushPuts},
 		{"services", q.services.flushPuts},
 		{"services", q.services.flushDeletes},
-		{"affinity match", q.match.flushDeletes},
+		{"members", q.match.flushDeletes},
 		{"backends", q.backends.flushDeletes},
 		{"reverse NAT", q.revNat.flushDeletes},
 	} {

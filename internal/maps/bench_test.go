@@ -31,7 +31,7 @@ func kernelMaps(b *testing.B) maps.Maps {
 		bpfobj.SockMapLb4BackendsV1: &sm.Lb4BackendsV1,
 		bpfobj.SockMapLb4RevnatV1:   &sm.Lb4RevnatV1,
 
-		bpfobj.SockMapLb4AffinityMatchV1: &sm.Lb4AffinityMatchV1,
+		bpfobj.SockMapLb4MembersV1: &sm.Lb4MembersV1,
 	} {
 		ms := spec.Maps[name].Copy()
 		ms.Pinning = ebpf.PinNone

@@ -51,8 +51,8 @@ func Dump(m Maps) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	err = m.AffinityMatch.Iterate(func(k AffinityMatchKey, _ uint8) bool {
-		lines = append(lines, fmt.Sprintf("affinity-match svc=%d backend=%d %s", k.SvcId, k.BackendId, backends[k.BackendId]))
+	err = m.Members.Iterate(func(k MemberKey, _ uint8) bool {
+		lines = append(lines, fmt.Sprintf("member svc=%d backend=%d %s", k.SvcId, k.BackendId, backends[k.BackendId]))
 		return true
 	})
 	if err != nil {

@@ -96,7 +96,7 @@ type Fakes struct {
 	Services      *FakeMap[ServiceKey, ServiceValue]
 	Backends      *FakeMap[uint32, BackendValue]
 	RevNat        *FakeMap[uint32, RevNatValue]
-	AffinityMatch *FakeMap[AffinityMatchKey, uint8]
+	Members *FakeMap[MemberKey, uint8]
 }
 
 // NewFakes returns empty fakes; a zero capacity is unlimited.
@@ -105,11 +105,11 @@ func NewFakes(services, backends, revnat int) *Fakes {
 		Services:      NewFakeMap[ServiceKey, ServiceValue](services),
 		Backends:      NewFakeMap[uint32, BackendValue](backends),
 		RevNat:        NewFakeMap[uint32, RevNatValue](revnat),
-		AffinityMatch: NewFakeMap[AffinityMatchKey, uint8](0),
+		Members: NewFakeMap[MemberKey, uint8](0),
 	}
 }
 
 // Maps returns the fakes as the Writer's Maps.
 func (f *Fakes) Maps() Maps {
-	return Maps{Services: f.Services, Backends: f.Backends, RevNat: f.RevNat, AffinityMatch: f.AffinityMatch}
+	return Maps{Services: f.Services, Backends: f.Backends, RevNat: f.RevNat, Members: f.Members}
 }

@@ -27,8 +27,8 @@ type (
 	BackendValue = bpfobj.SockLb4Backend
 	// RevNatValue mirrors struct lb4_reverse_nat.
 	RevNatValue = bpfobj.SockLb4ReverseNat
-	// AffinityMatchKey mirrors struct lb4_affinity_match_key.
-	AffinityMatchKey = bpfobj.SockLb4AffinityMatchKey
+	// MemberKey mirrors struct lb4_member_key.
+	MemberKey = bpfobj.SockLb4MemberKey
 )
 
 // Flags of ServiceValue, mirroring the SVC_F_* enum.
@@ -71,9 +71,9 @@ type Maps struct {
 	Services Map[ServiceKey, ServiceValue]
 	Backends Map[uint32, BackendValue]
 	RevNat   Map[uint32, RevNatValue]
-	// AffinityMatch holds (backend, ServicePort) while the backend may be
-	// chosen for the ServicePort, for Services with session affinity.
-	AffinityMatch Map[AffinityMatchKey, uint8]
+	// Members holds (backend, ServicePort) while the backend may be
+	// chosen for the ServicePort.
+	Members Map[MemberKey, uint8]
 }
 
 // ErrMapFull is returned (wrapped) when a map has no room for a new entry.
@@ -148,6 +148,6 @@ func KernelMaps(m *bpfobj.SockMaps) Maps {
 		Backends: FromKernel[uint32, BackendValue](m.Lb4BackendsV1),
 		RevNat:   FromKernel[uint32, RevNatValue](m.Lb4RevnatV1),
 
-		AffinityMatch: FromKernel[AffinityMatchKey, uint8](m.Lb4AffinityMatchV1),
+		Members: FromKernel[MemberKey, uint8](m.Lb4MembersV1),
 	}
 }

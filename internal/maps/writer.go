@@ -30,8 +30,8 @@ type appliedFrontend struct {
 	count int
 	// svcID names the frontend's ServicePort for session affinity.
 	svcID uint32
-	// matchIDs are the backends for which this frontend holds an
-	// affinity match entry (none without affinity).
+	// matchIDs are the backends for which this frontend holds a
+	// membership entry: all of its backends.
 	matchIDs []uint32
 }
 
@@ -80,9 +80,9 @@ type Writer struct {
 	ownerSvc map[model.ServicePortName]uint32
 	svcOwner map[uint32]model.ServicePortName
 	svcRefs  map[uint32]int
-	// Affinity match entries, counted by the frontends that need them.
-	matchRefs map[AffinityMatchKey]int
-	gcMatch   map[AffinityMatchKey]struct{}
+	// Membership entries, counted by the frontends that need them.
+	matchRefs map[MemberKey]int
+	gcMatch   map[MemberKey]struct{}
 
 	backendIDs, revNatIDs, svcIDs *idAllocator
 	needRestore                   bool
@@ -129,8 +129,8 @@ func (w *Writer) reset() {
 	w.ownerSvc = map[model.ServicePortName]uint32{}
 	w.svcOwner = map[uint32]model.ServicePortName{}
 	w.svcRefs = map[uint32]int{}
-	w.matchRefs = map[AffinityMatchKey]int{}
-	w.gcMatch = map[AffinityMatchKey]struct{}{}
+	w.matchRefs = map[MemberKey]int{}
+	w.gcMatch = map[MemberKey]struct{}{}
 	w.backendIDs = newIDAllocator(w.backendIDs.max)
 	w.revNatIDs = newIDAllocator(w.revNatIDs.max)
 	w.svcIDs = newIDAllocator(w.svcIDs.max)
@@ -188,15 +188,15 @@ func (w *Writer) restore() error {
 	if err != nil {
 		return fmt.Errorf("restore services: %w", err)
 	}
-	inKernel := map[AffinityMatchKey]bool{}
-	err = w.m.AffinityMatch.Iterate(func(k AffinityMatchKey, _ uint8) bool {
+	inKernel := map[MemberKey]bool{}
+	err = w.m.Members.Iterate(func(k MemberKey, _ uint8) bool {
 		inKernel[k] = true
 		w.matchRefs[k] = 0
 		w.gcMatch[k] = struct{}{}
 		return true
 	})
 	if err != nil {
-		return fmt.Errorf("restore affinity match: %w", err)
+		return fmt.Errorf("restore members: %w", err)
 	}
 	for _, s := range slotEntries {
 		af := w.frontends[s.fe]
@@ -220,9 +220,9 @@ func (w *Writer) restore() error {
 			w.svcIDs.reserve(af.svcID)
 			w.svcRefs[af.svcID]++
 		}
-		if af.hasMaster && af.affinity != 0 {
+		if af.hasMaster {
 			for _, id := range af.slots[:min(af.count, len(af.slots))] {
-				k := AffinityMatchKey{BackendId: id, SvcId: af.svcID}
+				k := MemberKey{BackendId: id, SvcId: af.svcID}
 				if inKernel[k] {
 					af.matchIDs = append(af.matchIDs, id)
 					w.matchRefs[k]++
@@ -432,18 +432,16 @@ func (w *Writer) upsert(d desiredFrontend) error {
 		return fmt.Errorf("service port id: %w", err)
 	}
 
-	// Affinity may only return to a backend the ServicePort can choose:
-	// the match entries of new backends exist before any slot names them.
-	var match []uint32
-	if d.affinity != 0 {
-		match = ids
-		for _, id := range ids {
-			if cur.svcID == svc && slices.Contains(cur.matchIDs, id) {
-				continue
-			}
-			if err := w.refMatch(AffinityMatchKey{BackendId: id, SvcId: svc}); err != nil {
-				return fmt.Errorf("affinity match: %w", err)
-			}
+	// Affinity and a UDP socket's earlier choice may only return to a
+	// backend the ServicePort can choose: the membership entries of new
+	// backends exist before any slot names them.
+	match := ids
+	for _, id := range ids {
+		if cur.svcID == svc && slices.Contains(cur.matchIDs, id) {
+			continue
+		}
+		if err := w.refMatch(MemberKey{BackendId: id, SvcId: svc}); err != nil {
+			return fmt.Errorf("membership: %w", err)
 		}
 	}
 
@@ -481,7 +479,7 @@ func (w *Writer) upsert(d desiredFrontend) error {
 	}
 	for _, id := range cur.matchIDs {
 		if cur.svcID != svc || !slices.Contains(match, id) {
-			w.unrefMatch(AffinityMatchKey{BackendId: id, SvcId: cur.svcID})
+			w.unrefMatch(MemberKey{BackendId: id, SvcId: cur.svcID})
 		}
 	}
 	if cur.svcID != svc {
@@ -601,7 +599,7 @@ func (w *Writer) deleteFrontend(fe Frontend) error {
 		}
 	}
 	for _, id := range cur.matchIDs {
-		w.unrefMatch(AffinityMatchKey{BackendId: id, SvcId: cur.svcID})
+		w.unrefMatch(MemberKey{BackendId: id, SvcId: cur.svcID})
 	}
 	w.unrefSvc(cur.svcID)
 	if cur.hasMaster && cur.revNat != 0 {
@@ -649,7 +647,7 @@ func (w *Writer) collectGarbage() error {
 		if w.matchRefs[k] <= 0 {
 			w.stats.Writes++
 			if err := w.q.match.del(k); err != nil {
-				errs = append(errs, fmt.Errorf("delete affinity match %+v: %w", k, err))
+				errs = append(errs, fmt.Errorf("delete membership %+v: %w", k, err))
 				continue
 			}
 			delete(w.matchRefs, k)
@@ -670,7 +668,7 @@ func (w *Writer) collectGarbage() error {
 	// every new backend.
 	w.gcBackends = map[Backend]struct{}{}
 	w.gcRevNats = map[revNatKey]struct{}{}
-	w.gcMatch = map[AffinityMatchKey]struct{}{}
+	w.gcMatch = map[MemberKey]struct{}{}
 	return errors.Join(errs...)
 }
 
@@ -709,7 +707,7 @@ func (w *Writer) unrefSvc(id uint32) {
 	w.svcIDs.release(id)
 }
 
-func (w *Writer) refMatch(k AffinityMatchKey) error {
+func (w *Writer) refMatch(k MemberKey) error {
 	if w.matchRefs[k] == 0 {
 		w.stats.Writes++
 		if err := w.q.match.put(k, 1); err != nil {
@@ -720,7 +718,7 @@ func (w *Writer) refMatch(k AffinityMatchKey) error {
 	return nil
 }
 
-func (w *Writer) unrefMatch(k AffinityMatchKey) {
+func (w *Writer) unrefMatch(k MemberKey) {
 	w.matchRefs[k]--
 	if w.matchRefs[k] <= 0 {
 		w.gcMatch[k] = struct{}{}

@@ -70,12 +70,12 @@ type fakes struct {
 	services *FakeMap[ServiceKey, ServiceValue]
 	backends *FakeMap[uint32, BackendValue]
 	revnat   *FakeMap[uint32, RevNatValue]
-	match    *FakeMap[AffinityMatchKey, uint8]
+	match    *FakeMap[MemberKey, uint8]
 }
 
 func newFakes(services, backends, revnat int) *fakes {
 	f := NewFakes(services, backends, revnat)
-	return &fakes{f.Maps(), f.Services, f.Backends, f.RevNat, f.AffinityMatch}
+	return &fakes{f.Maps(), f.Services, f.Backends, f.RevNat, f.Members}
 }
 
 func (f *fakes) writes() int {
@@ -111,7 +111,7 @@ func (f *fakes) consistent() error {
 				return fmt.Errorf("master %+v slot %d: backend %d missing", k, s, sv.BackendId)
 			}
 			// Affinity may pick any backend a slot names.
-			if _, ok := f.match.Entries[AffinityMatchKey{BackendId: sv.BackendId, SvcId: v.SvcId}]; v.AffinityTimeout != 0 && !ok {
+			if _, ok := f.match.Entries[MemberKey{BackendId: sv.BackendId, SvcId: v.SvcId}]; v.AffinityTimeout != 0 && !ok {
 				return fmt.Errorf("master %+v slot %d: backend %d not in the affinity match map", k, s, sv.BackendId)
 			}
 		}
@@ -171,6 +171,11 @@ func TestWriterProgramsServices(t *testing.T) {
 		"backend 3 10.244.3.3:8080/TCP",
 		"backend 4 10.244.1.2:5353/UDP",
 		"backend 5 10.244.2.2:5353/UDP",
+		"member svc=2 backend=1 10.244.1.3:8080/TCP",
+		"member svc=2 backend=2 10.244.2.3:8080/TCP",
+		"member svc=2 backend=3 10.244.3.3:8080/TCP",
+		"member svc=3 backend=4 10.244.1.2:5353/UDP",
+		"member svc=3 backend=5 10.244.2.2:5353/UDP",
 		"revnat 1 10.96.0.30:80",
 		"revnat 2 10.96.0.20:80",
 		"revnat 3 10.96.0.10:53",
@@ -251,9 +256,10 @@ func TestWriterWritesOnlyWhatChanged(t *testing.T) {
 	if err := w.Sync(partial(buildState(s, dns), spn("default", "web", model.TCP))); err != nil {
 		t.Fatal(err)
 	}
-	// One new backend, its slot, and the master with the new count.
-	if n := f.writes() - before; n != 3 {
-		t.Errorf("adding one endpoint wrote %d entries, want 3", n)
+	// One new backend, its membership, its slot, and the master with the
+	// new count.
+	if n := f.writes() - before; n != 4 {
+		t.Errorf("adding one endpoint wrote %d entries, want 4", n)
 	}
 }
 
@@ -403,7 +409,7 @@ func TestArrangeSlotsKeepsPositions(t *testing.T) {
 	}
 }
 
-func TestWriterAffinityMatchFollowsSelection(t *testing.T) {
+func TestWriterMembershipFollowsSelection(t *testing.T) {
 	f := newFakes(0, 0, 0)
 	f.watchConsistency(t)
 	w := newWriter(t, f.m)
@@ -412,42 +418,42 @@ func TestWriterAffinityMatchFollowsSelection(t *testing.T) {
 	if err := w.Sync(full(buildState(s, dns))); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(f.match.Entries); n != 3 {
-		t.Errorf("%d match entries, want one per backend of the affinity Service:\n%s", n, dump(t, f.m))
+	if n := len(f.match.Entries); n != 5 {
+		t.Errorf("%d memberships, want one per backend of each Service:\n%s", n, dump(t, f.m))
 	}
-	// A removed backend can no longer be returned to.
+	// A removed backend can no longer be returned to, by affinity or by a
+	// UDP socket that used it.
 	s.eps = web.eps[1:]
 	if err := w.Sync(partial(buildState(s, dns), spn("default", "web", model.TCP))); err != nil {
 		t.Fatal(err)
 	}
 	got := dump(t, f.m)
-	if strings.Contains(got, "affinity-match svc=1 backend=1 ") || len(f.match.Entries) != 2 {
-		t.Errorf("removed backend still matches:\n%s", got)
+	if strings.Contains(got, "member svc=1 backend=1 ") || len(f.match.Entries) != 4 {
+		t.Errorf("removed backend is still a member:\n%s", got)
 	}
-	// Affinity switched off: no match entries left; the ServicePort keeps
-	// its id.
+	// Affinity switched off: the ServicePort keeps its id and members.
 	s.affinity = 0
 	if err := w.Sync(partial(buildState(s, dns), spn("default", "web", model.TCP))); err != nil {
 		t.Fatal(err)
 	}
-	if len(f.match.Entries) != 0 {
-		t.Errorf("affinity off, yet match entries remain:\n%s", dump(t, f.m))
-	}
-	if got := dump(t, f.m); !strings.Contains(got, "service 10.96.0.20:80/TCP count=2 revnat=1 svc=1 flags=cluster-ip\n") {
+	if got := dump(t, f.m); !strings.Contains(got, "service 10.96.0.20:80/TCP count=2 revnat=1 svc=1 flags=cluster-ip\n") || len(f.match.Entries) != 4 {
 		t.Errorf("dump:\n%s", got)
 	}
-	// A restarted agent finds the match entries and keeps them.
-	s.affinity = time.Hour
-	if err := w.Sync(partial(buildState(s, dns), spn("default", "web", model.TCP))); err != nil {
-		t.Fatal(err)
-	}
+	// A restarted agent finds the memberships and keeps them.
 	w2 := newWriter(t, f.m)
 	before := f.writes()
 	if err := w2.Sync(full(buildState(s, dns))); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.writes() - before; n != 0 {
-		t.Errorf("restart with affinity wrote %d entries, want 0", n)
+		t.Errorf("restart wrote %d entries, want 0", n)
+	}
+	// Deleting the Services removes every membership.
+	if err := w2.Sync(full(buildState())); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.match.Entries) != 0 {
+		t.Errorf("memberships left after deleting every Service:\n%s", dump(t, f.m))
 	}
 }
 

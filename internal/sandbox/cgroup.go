@@ -23,6 +23,9 @@ type Cgroup struct {
 	name    string
 	created bool
 	dir     *os.File
+	// child is set for a cgroup made by Sandbox.AddCgroup: it shares its
+	// parent's mount, which its Close must leave alone.
+	child bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -67,6 +70,24 @@ func newCgroup(name string) (_ *Cgroup, err error) {
 		return nil, fmt.Errorf("open cgroup: %w", err)
 	}
 	return c, nil
+}
+
+// newChild creates the cgroup name inside c, in c's mount.
+func (c *Cgroup) newChild(name string) (_ *Cgroup, err error) {
+	child := &Cgroup{m: c.m, name: c.name + "/" + name, child: true}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, child.Close())
+		}
+	}()
+	if err := os.Mkdir(child.Path(), 0o755); err != nil {
+		return nil, fmt.Errorf("create cgroup %s: %w", child.Name(), err)
+	}
+	child.created = true
+	if child.dir, err = os.OpenFile(child.Path(), os.O_RDONLY|syscall.O_DIRECTORY, 0); err != nil {
+		return nil, fmt.Errorf("open cgroup %s: %w", child.Name(), err)
+	}
+	return child, nil
 }
 
 // Path returns the child cgroup's directory, the path to attach cgroup BPF
@@ -117,8 +138,10 @@ func (c *Cgroup) Close() error {
 		}
 		// Unmounting leaves the child cgroup in the hierarchy if it could not
 		// be removed; the error above says so.
-		if err := c.m.close(); err != nil {
-			errs = append(errs, err)
+		if !c.child {
+			if err := c.m.close(); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		c.closeErr = errors.Join(errs...)
 	})

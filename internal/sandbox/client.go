@@ -24,6 +24,7 @@ type Client struct {
 	*Host
 
 	sb      *Sandbox
+	cg      *Cgroup // nil: the sandbox's Cgroup
 	timeout time.Duration
 }
 
@@ -41,6 +42,23 @@ func (c *Client) WithTimeout(d time.Duration) *Client {
 	cc := *c
 	cc.timeout = d
 	return &cc
+}
+
+// InCgroup returns a copy of c whose probes are born in cg, a cgroup of the
+// sandbox (Sandbox.Cgroup or one made by AddCgroup), instead of the sandbox's
+// Cgroup.
+func (c *Client) InCgroup(cg *Cgroup) *Client {
+	cc := *c
+	cc.cg = cg
+	return &cc
+}
+
+// Cgroup returns the cgroup the client's probes are born in.
+func (c *Client) Cgroup() *Cgroup {
+	if c.cg != nil {
+		return c.cg
+	}
+	return c.sb.Cgroup
 }
 
 // TCP connects n times to addr, reading the server's line each time.
@@ -115,7 +133,7 @@ func (c *Client) run(ctx context.Context, req probeRequest, out any) error {
 func (c *Client) prepare(req *probeRequest) error {
 	req.Timeout = c.timeout
 	req.Netns = c.NS.Inode()
-	req.Cgroup = c.sb.Cgroup.Name()
+	req.Cgroup = c.Cgroup().Name()
 	if err := req.validate(); err != nil {
 		return fmt.Errorf("%s probe from %s: %w", req.Kind, c.Name, err)
 	}
@@ -153,7 +171,7 @@ func (c *Client) command(ctx context.Context, req probeRequest) (*exec.Cmd, erro
 		// Born in the cgroup: the cgroup BPF hooks see every socket of the
 		// probe from the first.
 		UseCgroupFD: true,
-		CgroupFD:    c.sb.Cgroup.FD(),
+		CgroupFD:    c.Cgroup().FD(),
 		// No probe outlives a test binary that dies.
 		Pdeathsig: syscall.SIGKILL,
 	}
@@ -161,8 +179,7 @@ func (c *Client) command(ctx context.Context, req probeRequest) (*exec.Cmd, erro
 	return cmd, nil
 }
 
-// start forks the probe from a thread inside the client's namespace; a child
-// process inherits the namespaces of the thread that forks it.
+// start forks the probe inside the client's namespace (see Netns.Start).
 func (c *Client) start(cmd *exec.Cmd) error {
 	c.sb.mu.Lock()
 	closed := c.sb.closed
@@ -170,7 +187,7 @@ func (c *Client) start(cmd *exec.Cmd) error {
 	if closed {
 		return errors.New("sandbox is closed")
 	}
-	if err := c.NS.Do(cmd.Start); err != nil {
+	if err := c.NS.Start(cmd); err != nil {
 		return fmt.Errorf("start probe in %s: %w", c.Name, err)
 	}
 	return nil
@@ -398,6 +415,71 @@ func (l *Loop) Stop() (LoopResult, error) {
 	if f := l.s.final; f != nil && f.Error == "" {
 		if derr := json.Unmarshal(f.Result, &res); derr != nil {
 			err = errors.Join(err, fmt.Errorf("loop probe from %s to %s: decode result: %w", l.s.client.Name, l.s.req.Addr, derr))
+		}
+	}
+	return res, err
+}
+
+// Wait is a running wait probe started by StartWait.
+type Wait struct {
+	s *session
+}
+
+// StartWait starts a probe that connects to addr over TCP again and again
+// until the server opts.Server (any server if empty) answers, and then ends
+// by itself. It returns once the first attempt has finished, so that a change
+// the test makes next happens while the probe watches; AnsweredAt in the
+// result then says when the change took effect, to within an attempt and an
+// interval. The sandbox stops the probe on Close if the test does not.
+func (c *Client) StartWait(ctx context.Context, addr netip.AddrPort, opts WaitOptions) (*Wait, error) {
+	req := probeRequest{Kind: kindWait, Addr: addr, Count: opts.MaxAttempts, Interval: opts.Interval,
+		MaxDuration: opts.MaxDuration, Server: opts.Server}
+	if req.Count == 0 {
+		req.Count = defaultMaxAttempts
+	}
+	if req.Interval == 0 {
+		req.Interval = defaultInterval
+	}
+	if req.MaxDuration == 0 {
+		req.MaxDuration = defaultMaxDuration
+	}
+	cc := c
+	if opts.Timeout != 0 {
+		cc = c.WithTimeout(opts.Timeout)
+	}
+	s, _, err := cc.startSession(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &Wait{s: s}, nil
+}
+
+// Result waits until the probe ends by itself (the awaited answer came, or
+// a bound was reached) or ctx is done, then returns its result. A result
+// with Answered false is not an error.
+func (w *Wait) Result(ctx context.Context) (WaitResult, error) {
+wait:
+	for {
+		select {
+		case _, ok := <-w.s.msgs:
+			if !ok {
+				break wait
+			}
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	return w.Stop()
+}
+
+// Stop ends the probe after its current attempt and returns its result.
+// Stop is idempotent.
+func (w *Wait) Stop() (WaitResult, error) {
+	err := w.s.stop()
+	var res WaitResult
+	if f := w.s.final; f != nil && f.Error == "" {
+		if derr := json.Unmarshal(f.Result, &res); derr != nil {
+			err = errors.Join(err, fmt.Errorf("wait probe from %s to %s: decode result: %w", w.s.client.Name, w.s.req.Addr, derr))
 		}
 	}
 	return res, err

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -163,6 +164,46 @@ func (n *Netns) Do(fn func() error) error {
 		panic(out.panic)
 	}
 	return out.err
+}
+
+// Start starts cmd inside the namespace: the child inherits the namespace
+// of the thread that forks it.
+//
+// The forking thread is locked, switched into the namespace and kept until
+// the child has exited, then discarded. The kernel ties a parent-death
+// signal (SysProcAttr.Pdeathsig) to the thread that forked, not to the
+// process: forked from a pooled thread, a child would be killed as soon as
+// the runtime ended that thread, which it does whenever some other
+// goroutine locks it and exits (creating a namespace does).
+func (n *Netns) Start(cmd *exec.Cmd) error {
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the runtime ends the thread with this goroutine,
+		// and it never runs other goroutines in the namespace.
+		runtime.LockOSThread()
+		if err := netns.Set(n.handle); err != nil {
+			errc <- fmt.Errorf("enter netns %s: %w", n.name, err)
+			return
+		}
+		if err := cmd.Start(); err != nil {
+			errc <- err
+			return
+		}
+		errc <- nil
+		pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+		if err != nil {
+			return // gone already (ESRCH): nothing to keep alive
+		}
+		defer unix.Close(pidfd)
+		// A pidfd becomes readable when the process exits.
+		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		for {
+			if _, err := unix.Poll(fds, -1); !errors.Is(err, unix.EINTR) {
+				return
+			}
+		}
+	}()
+	return <-errc
 }
 
 // Close deletes the namespace's name. The kernel frees the namespace, with

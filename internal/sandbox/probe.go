@@ -34,6 +34,10 @@ const (
 	kindHTTP = "http"
 	kindLoop = "loop"
 	kindHold = "hold"
+	kindWait = "wait"
+	// kindUDPStream is a long-lived connected UDP client; see
+	// Client.StartUDPStream.
+	kindUDPStream = "udpstream"
 )
 
 // Bounds for probes: a test asks for a handful of attempts, the bounds keep a
@@ -56,9 +60,16 @@ type probeRequest struct {
 	Path        string         `json:"path,omitempty"`
 	Count       int            `json:"count"`
 	Connected   bool           `json:"connected,omitempty"`
+	// OneSocket sends every UDP datagram from one unconnected socket.
+	OneSocket bool `json:"oneSocket,omitempty"`
 	Timeout     time.Duration  `json:"timeout"`
 	Interval    time.Duration  `json:"interval,omitempty"`
 	MaxDuration time.Duration  `json:"maxDuration,omitempty"`
+	// Server is the answer a wait probe waits for; empty means any.
+	Server string `json:"server,omitempty"`
+	// Addrs are the addresses a UDP stream probe connects to in turn, from
+	// Addr (which is Addrs[0]) on.
+	Addrs []netip.AddrPort `json:"addrs,omitempty"`
 	// Where the probe must find itself; it refuses to send anything
 	// elsewhere.
 	Netns  uint64 `json:"netns"`
@@ -68,12 +79,13 @@ type probeRequest struct {
 type probeMessage struct {
 	Ready  bool            `json:"ready,omitempty"`
 	Ping   *pingResult     `json:"ping,omitempty"`
+	Query  *UDPQuery       `json:"query,omitempty"`
 	Result json.RawMessage `json:"result,omitempty"`
 	Error  string          `json:"error,omitempty"`
 }
 
 // final reports whether m is the last message of a probe.
-func (m probeMessage) final() bool { return !m.Ready && m.Ping == nil }
+func (m probeMessage) final() bool { return !m.Ready && m.Ping == nil && m.Query == nil }
 
 // pingResult is one round trip on a held connection.
 type pingResult struct {
@@ -92,20 +104,22 @@ func (r *probeRequest) validate() error {
 	switch {
 	case !r.Addr.IsValid() || r.Addr.Port() == 0:
 		return fmt.Errorf("probe address %q is not ip:port", r.Addr)
-	case r.Kind != kindLoop && (r.Count < 1 || r.Count > maxCount):
+	case r.Kind != kindLoop && r.Kind != kindWait && r.Kind != kindUDPStream && (r.Count < 1 || r.Count > maxCount):
 		return fmt.Errorf("probe count %d is not in [1, %d]", r.Count, maxCount)
-	case r.Kind == kindLoop && (r.Count < 1 || r.Count > maxAttempts):
-		return fmt.Errorf("loop attempts %d is not in [1, %d]", r.Count, maxAttempts)
+	case (r.Kind == kindLoop || r.Kind == kindWait || r.Kind == kindUDPStream) && (r.Count < 1 || r.Count > maxAttempts):
+		return fmt.Errorf("%s attempts %d is not in [1, %d]", r.Kind, r.Count, maxAttempts)
 	case r.Timeout <= 0 || r.Timeout > maxTimeout:
 		return fmt.Errorf("probe timeout %s is not in (0, %s]", r.Timeout, maxTimeout)
 	case r.Interval < 0 || r.Interval > maxTimeout:
 		return fmt.Errorf("loop interval %s is not in [0, %s]", r.Interval, maxTimeout)
-	case (r.Kind == kindLoop || r.Kind == kindHold) && (r.MaxDuration <= 0 || r.MaxDuration > maxDuration):
+	case (r.Kind == kindLoop || r.Kind == kindHold || r.Kind == kindWait || r.Kind == kindUDPStream) && (r.MaxDuration <= 0 || r.MaxDuration > maxDuration):
 		return fmt.Errorf("%s duration %s is not in (0, %s]", r.Kind, r.MaxDuration, maxDuration)
 	}
 	switch r.Kind {
-	case kindTCP, kindUDP, kindHTTP, kindLoop, kindHold:
+	case kindTCP, kindUDP, kindHTTP, kindLoop, kindHold, kindWait:
 		return nil
+	case kindUDPStream:
+		return validateStreamAddrs(r.Addr, r.Addrs)
 	}
 	return fmt.Errorf("unknown probe kind %q", r.Kind)
 }
@@ -160,6 +174,10 @@ func probe(body string, stdin io.Reader, emit func(probeMessage) error) (json.Ra
 	case kindTCP:
 		out = Report[TCPResult]{Process: proc, Results: repeat(req.Count, func() TCPResult { return tcpAttempt(req.Addr, req.Timeout) })}
 	case kindUDP:
+		if req.OneSocket {
+			out = Report[UDPResult]{Process: proc, Results: udpOneSocket(req.Addr, req.Count, req.Timeout)}
+			break
+		}
 		out = Report[UDPResult]{Process: proc, Results: repeat(req.Count, func() UDPResult { return udpAttempt(req.Addr, req.Connected, req.Timeout) })}
 	case kindHTTP:
 		out = Report[HTTPResult]{Process: proc, Results: repeat(req.Count, func() HTTPResult { return httpAttempt(req.Addr, req.Path, req.Timeout) })}
@@ -169,6 +187,19 @@ func probe(body string, stdin io.Reader, emit func(probeMessage) error) (json.Ra
 			return nil, err
 		}
 		res.Process = proc
+		out = res
+	case kindWait:
+		res, err := waitForAnswer(req, stdin, emit)
+		if err != nil {
+			return nil, err
+		}
+		res.Process = proc
+		out = res
+	case kindUDPStream:
+		res, err := udpStream(req, proc, stdin, emit)
+		if err != nil {
+			return nil, err
+		}
 		out = res
 	case kindHold:
 		res, err := hold(req, proc, stdin, emit)
@@ -234,6 +265,10 @@ func tcpConnect(addr netip.AddrPort, timeout time.Duration) (TCPResult, net.Conn
 	r.Connected = true
 	rd := bufio.NewReaderSize(conn, maxReply)
 	if r.Local, r.Peer, err = sockNames(conn.(syscall.Conn)); err != nil {
+		r.Err = errName(err)
+		return r, conn, rd
+	}
+	if r.Cookie, err = socketCookie(conn.(syscall.Conn)); err != nil {
 		r.Err = errName(err)
 		return r, conn, rd
 	}
@@ -383,6 +418,42 @@ func loop(req probeRequest, stdin io.Reader, emit func(probeMessage) error) (Loo
 	return res, nil
 }
 
+// waitForAnswer connects to req.Addr until the server named req.Server (any
+// server if empty) answers, stdin is closed or a bound is reached.
+func waitForAnswer(req probeRequest, stdin io.Reader, emit func(probeMessage) error) (WaitResult, error) {
+	stop := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, stdin)
+		close(stop)
+	}()
+	res := WaitResult{Errors: map[string]int{}, Servers: map[string]int{}}
+	start := time.Now()
+	deadline := start.Add(req.MaxDuration)
+	for res.Attempts < req.Count && time.Now().Before(deadline) {
+		r := tcpAttempt(req.Addr, req.Timeout)
+		now := time.Now()
+		res.Attempts++
+		switch {
+		case r.Err != "":
+			res.Errors[r.Err]++
+		case req.Server == "" || r.Server == req.Server:
+			res.Answered, res.Answer, res.AnsweredAt = true, r, now
+		default:
+			res.Servers[r.Server]++
+		}
+		if res.Attempts == 1 {
+			if err := emit(probeMessage{Ready: true}); err != nil {
+				return res, fmt.Errorf("report wait start: %w", err)
+			}
+		}
+		if res.Answered || stopped(stop, req.Interval) {
+			break
+		}
+	}
+	res.Duration = time.Since(start)
+	return res, nil
+}
+
 // hold connects once to req.Addr, reports the connection as ready, then
 // sends a ping on it for every line read from stdin and reports each round
 // trip, until stdin ends or req.MaxDuration has passed.
@@ -511,6 +582,26 @@ func sockNames(c syscall.Conn) (local, peer netip.AddrPort, err error) {
 		peer = addrPort(sa)
 	})
 	return local, peer, errors.Join(err, serr)
+}
+
+// socketCookie returns the socket's cookie (SO_COOKIE): the number that
+// identifies it to BPF programs (bpf_get_socket_cookie) and to sock_diag.
+func socketCookie(c syscall.Conn) (uint64, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var (
+		cookie uint64
+		serr   error
+	)
+	err = raw.Control(func(fd uintptr) {
+		cookie, serr = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_COOKIE)
+		if serr != nil {
+			serr = os.NewSyscallError("getsockopt SO_COOKIE", serr)
+		}
+	})
+	return cookie, errors.Join(err, serr)
 }
 
 func addrPort(sa unix.Sockaddr) netip.AddrPort {

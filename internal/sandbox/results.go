@@ -35,6 +35,9 @@ type TCPResult struct {
 	Peer netip.AddrPort `json:"peer"`
 	// Local is what getsockname() returned after connect().
 	Local netip.AddrPort `json:"local"`
+	// Cookie is the socket's cookie (SO_COOKIE), the number BPF programs
+	// and sock_diag know it by.
+	Cookie uint64 `json:"cookie,omitempty"`
 	// Err is empty on success, else the errno name of the failed step, such
 	// as "ECONNREFUSED", "EPERM" or "ETIMEDOUT" (also for the probe's own
 	// timeout), or "EOF" if the server closed without answering.
@@ -101,5 +104,41 @@ type LoopResult struct {
 	// Servers counts answers by server name.
 	Servers map[string]int `json:"servers"`
 	// Duration is how long the loop ran.
+	Duration time.Duration `json:"duration"`
+}
+
+// WaitOptions bound a wait probe (Client.StartWait). Zero fields take the
+// defaults.
+type WaitOptions struct {
+	// Server is the server name to wait for; empty means any answer.
+	Server string
+	// Timeout bounds each connection attempt (default 2s).
+	Timeout time.Duration
+	// Interval is the pause between attempts (default 10ms).
+	Interval time.Duration
+	// MaxAttempts ends the wait after that many attempts (default 100000).
+	MaxAttempts int
+	// MaxDuration ends the wait after that long (default 2m, at most 10m).
+	MaxDuration time.Duration
+}
+
+// WaitResult is the outcome of a wait probe.
+type WaitResult struct {
+	// Process describes the probe subprocess.
+	Process Process `json:"process"`
+	// Attempts counts the connections tried, the answering one included.
+	Attempts int `json:"attempts"`
+	// Answered reports whether the awaited server answered.
+	Answered bool `json:"answered"`
+	// Answer is the attempt that got the awaited answer.
+	Answer TCPResult `json:"answer"`
+	// AnsweredAt is the probe's wall-clock time right after the awaited
+	// answer was read, to compare with the test's own clock.
+	AnsweredAt time.Time `json:"answeredAt"`
+	// Errors counts failed attempts by errno name.
+	Errors map[string]int `json:"errors"`
+	// Servers counts answers from other servers than the awaited one.
+	Servers map[string]int `json:"servers"`
+	// Duration is how long the probe ran.
 	Duration time.Duration `json:"duration"`
 }

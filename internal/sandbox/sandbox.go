@@ -35,6 +35,7 @@ type Sandbox struct {
 	external []*Host
 	sessions map[*session]struct{}
 	veths    int
+	cgroups  []*Cgroup // made by AddCgroup, closed before Cgroup
 }
 
 // New creates a sandbox with its cgroup, bpffs and router namespace. Nodes,
@@ -112,6 +113,34 @@ func (s *Sandbox) newHost(name string, ip netip.Addr) (*Host, error) {
 	return h, nil
 }
 
+// AddCgroup creates a cgroup named name inside the sandbox's Cgroup, for
+// example one per node: a proxy under test attaches to its node's cgroup, and
+// the node's clients run there (Client.InCgroup), while clients in the
+// sandbox's own Cgroup or in another node's stay out of its reach. Programs
+// attached to the sandbox's Cgroup also act on its children. Close removes
+// it.
+func (s *Sandbox) AddCgroup(name string) (*Cgroup, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errors.New("sandbox is closed")
+	}
+	if err := checkHostName(name); err != nil {
+		return nil, fmt.Errorf("add cgroup: %w", err)
+	}
+	for _, cg := range s.cgroups {
+		if cg.name == s.Cgroup.name+"/"+name {
+			return nil, fmt.Errorf("add cgroup: %q already exists in this sandbox", name)
+		}
+	}
+	cg, err := s.Cgroup.newChild(name)
+	if err != nil {
+		return nil, fmt.Errorf("add cgroup: %w", err)
+	}
+	s.cgroups = append(s.cgroups, cg)
+	return cg, nil
+}
+
 // String describes the sandbox's hosts, one a line, for failure logs.
 func (s *Sandbox) String() string {
 	s.mu.Lock()
@@ -153,7 +182,16 @@ func (s *Sandbox) Close() error {
 			errs = append(errs, err)
 		}
 	}
-	// The cgroup kills whatever probe might still be left in it.
+	// The cgroups kill whatever probe might still be left in them; the
+	// children go first, since a cgroup with children cannot be removed.
+	s.mu.Lock()
+	children := slices.Clone(s.cgroups)
+	s.mu.Unlock()
+	for _, cg := range slices.Backward(children) {
+		if err := cg.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if s.Cgroup != nil {
 		if err := s.Cgroup.Close(); err != nil {
 			errs = append(errs, err)

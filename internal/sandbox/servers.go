@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
 )
 
 // serverHold bounds how long the HTTP server waits for a request's headers.
@@ -51,6 +53,16 @@ type Server struct {
 // leaves TIME_WAIT on the client. The server gives up on a connection idle for
 // a minute, open for longer than any hold probe, or after 1 MiB.
 func (h *Host) StartTCPServer(port uint16) (*Server, error) {
+	return h.StartTCPServerNamed(port, h.Name)
+}
+
+// StartTCPServerNamed is StartTCPServer answering with name instead of the
+// host's name, for example "<host>:<port>" so that a probe can tell which
+// port of a host served it. name must be free of white space.
+func (h *Host) StartTCPServerNamed(port uint16, name string) (*Server, error) {
+	if err := checkServerName(name); err != nil {
+		return nil, err
+	}
 	ln, err := h.listen("tcp", port)
 	if err != nil {
 		return nil, err
@@ -67,7 +79,7 @@ func (h *Host) StartTCPServer(port uint16) (*Server, error) {
 				conn.Close()
 				return
 			}
-			srv.wg.Go(func() { srv.whoami(h.Name, conn) })
+			srv.wg.Go(func() { srv.whoami(name, conn) })
 		}
 	})
 	return h.addServer(srv)
@@ -121,6 +133,15 @@ func (srv *Server) untrack(conn net.Conn) {
 // StartUDPServer starts a UDP server on port (0 picks one) on all of the host's
 // addresses, answering every datagram with its line sent back to the sender.
 func (h *Host) StartUDPServer(port uint16) (*Server, error) {
+	return h.StartUDPServerNamed(port, h.Name)
+}
+
+// StartUDPServerNamed is StartUDPServer answering with name instead of the
+// host's name; see StartTCPServerNamed.
+func (h *Host) StartUDPServerNamed(port uint16, name string) (*Server, error) {
+	if err := checkServerName(name); err != nil {
+		return nil, err
+	}
 	var pc net.PacketConn
 	err := h.NS.Do(func() (err error) {
 		pc, err = net.ListenPacket("udp", ":"+strconv.Itoa(int(port)))
@@ -144,10 +165,19 @@ func (h *Host) StartUDPServer(port uint16) (*Server, error) {
 				time.Sleep(10 * time.Millisecond)
 				continue
 			}
-			_, _ = conn.WriteToUDP([]byte(h.Name+" "+from.String()+"\n"), from)
+			_, _ = conn.WriteToUDP([]byte(name+" "+from.String()+"\n"), from)
 		}
 	})
 	return h.addServer(srv)
+}
+
+// checkServerName keeps a server's line parseable: the probe splits it at
+// the first space.
+func checkServerName(name string) error {
+	if name == "" || len(name) > 100 || strings.ContainsFunc(name, unicode.IsSpace) {
+		return fmt.Errorf("invalid server name %q: want 1-100 characters without white space", name)
+	}
+	return nil
 }
 
 // StartHTTPServer starts an HTTP server on port (0 picks one) on all of the host's

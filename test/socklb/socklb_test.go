@@ -233,3 +233,46 @@ func TestNonServiceTrafficIsUntouched(t *testing.T) {
 		t.Errorf("non-service traffic was translated: counters before %v after %v", before, after)
 	}
 }
+
+// TestUDPFlowStaysOnOneBackend: datagrams from one unconnected socket to a
+// ClusterIP stay on one backend, as a conntrack entry keeps them in
+// kube-proxy. (That the choice ends with the backend's selection is the
+// membership check affinity shares; see the affinity tests.)
+func TestUDPFlowStaysOnOneBackend(t *testing.T) {
+	e := newEnv(t, 3)
+	e.setService(makeService("dns", dnsVIP.Addr().String(), int32(dnsVIP.Port()), v1.ProtocolUDP, intstr.FromInt32(udpPort)))
+	e.setSlice(makeSlice("dns", "dns-1", udpPort, v1.ProtocolUDP, e.podEPs(0, 1, 2)...))
+	e.sync()
+	flow := func() map[string]int {
+		rep, err := e.client.UDPOneSocket(e.ctx(), dnsVIP, 30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int{}
+		for _, r := range rep.Results {
+			if r.Err != "" || r.From != dnsVIP {
+				t.Fatalf("datagram: %+v", r)
+			}
+			got[r.Server]++
+		}
+		return got
+	}
+	if _, ok := only(flow()); !ok {
+		t.Fatal("one socket's datagrams were spread over backends")
+	}
+	// Separate sockets are separate flows: they spread.
+	rep, err := e.client.UDP(e.ctx(), dnsVIP, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spread := map[string]bool{}
+	for _, r := range rep.Results {
+		spread[r.Server] = true
+	}
+	if len(spread) != 3 {
+		t.Errorf("60 sockets reached %v, want all three backends", spread)
+	}
+	if c := e.counters()["udp_sticky"]; c < 29 {
+		t.Errorf("udp_sticky = %d, want the 29 datagrams after the first", c)
+	}
+}

@@ -1,0 +1,257 @@
+package sockterm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"runtime"
+
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// The sock_diag protocol for AF_INET sockets, from linux/inet_diag.h: a dump
+// request is an inet_diag_req_v2 followed by an optional filter program
+// (INET_DIAG_REQ_BYTECODE); every socket comes back as an inet_diag_msg, and
+// SOCK_DESTROY takes an inet_diag_req_v2 naming one socket.
+const (
+	// sizeofReqV2 is sizeof(struct inet_diag_req_v2).
+	sizeofReqV2 = 56
+	// sizeofSockID is sizeof(struct inet_diag_sockid).
+	sizeofSockID = 48
+	// sizeofDiagMsg is sizeof(struct inet_diag_msg).
+	sizeofDiagMsg = 72
+	// reqBytecode is INET_DIAG_REQ_BYTECODE.
+	reqBytecode = 1
+
+	// Filter program opcodes (enum INET_DIAG_BC_*).
+	bcJmp   = 1
+	bcDCond = 8
+	// bcOpLen is sizeof(struct inet_diag_bc_op): code, yes, no.
+	bcOpLen = 4
+	// bcDestLen is a D_COND operation with its inet_diag_hostcond and an
+	// IPv4 address.
+	bcDestLen = bcOpLen + 8 + 4
+)
+
+// TCP states (include/net/tcp_states.h) and the masks that select them.
+const (
+	tcpEstablished = 1
+	tcpSynSent     = 2
+	tcpSynRecv     = 3
+	tcpFinWait1    = 4
+	tcpFinWait2    = 5
+	tcpCloseWait   = 8
+	tcpLastAck     = 9
+	tcpClosing     = 11
+
+	// tcpStates are the states of a TCP socket that may still carry data
+	// or wait for its peer: all but LISTEN, CLOSE, TIME_WAIT and the
+	// request sockets of NEW_SYN_RECV, which belong to a listener.
+	tcpStates = 1<<tcpEstablished | 1<<tcpSynSent | 1<<tcpSynRecv | 1<<tcpFinWait1 |
+		1<<tcpFinWait2 | 1<<tcpCloseWait | 1<<tcpLastAck | 1<<tcpClosing
+	// udpStates selects connected UDP sockets: connect() puts a UDP socket
+	// in TCP_ESTABLISHED, an unconnected one stays in TCP_CLOSE.
+	udpStates = 1 << tcpEstablished
+)
+
+// maxFilterDests bounds the destinations the kernel filter program tests
+// (20 bytes each, tested in turn for every socket of the namespace); with
+// more, the dump is filtered by state only and destinations are checked in
+// userspace.
+const maxFilterDests = 256
+
+// diagSocket is one socket of a dump.
+type diagSocket struct {
+	state  uint8
+	local  netip.AddrPort
+	remote netip.AddrPort
+	cookie uint64
+	inode  uint32
+	// id is the inet_diag_sockid as the kernel sent it, which SOCK_DESTROY
+	// takes back verbatim (the bound interface and the cookie included).
+	id [sizeofSockID]byte
+}
+
+// diagConn is a NETLINK_SOCK_DIAG socket inside one network namespace; the
+// kernel answers it about the sockets of that namespace.
+type diagConn struct {
+	h *nl.SocketHandle
+}
+
+// openDiag opens a sock_diag socket inside the namespace ns.
+//
+// The socket is created on an OS thread switched into ns and back. The
+// thread stays locked; if it cannot be switched back, the goroutine ends
+// with it still locked and the runtime ends the thread, so that no other
+// goroutine ever runs in a pod's namespace by accident.
+func openDiag(ns netns.NsHandle) (*diagConn, error) {
+	type result struct {
+		s   *nl.NetlinkSocket
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			done <- result{err: fmt.Errorf("get current network namespace: %w", err)}
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(ns); err != nil {
+			done <- result{err: fmt.Errorf("enter network namespace: %w", err)}
+			return
+		}
+		// With both namespaces closed, the library creates the socket in
+		// the thread's namespace and leaves the thread alone.
+		s, serr := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_SOCK_DIAG)
+		if err := netns.Set(orig); err != nil {
+			if s != nil {
+				s.Close()
+			}
+			done <- result{err: fmt.Errorf("leave network namespace: %w", err)}
+			return // thread stays locked: the runtime ends it
+		}
+		runtime.UnlockOSThread()
+		done <- result{s: s, err: serr}
+	}()
+	r := <-done
+	if r.err != nil {
+		return nil, fmt.Errorf("open sock_diag socket: %w", r.err)
+	}
+	// Bounded waits: the kernel answers at once, but an agent must never
+	// hang on a namespace.
+	tv := unix.NsecToTimeval(diagTimeout.Nanoseconds())
+	if err := errors.Join(r.s.SetSendTimeout(&tv), r.s.SetReceiveTimeout(&tv)); err != nil {
+		r.s.Close()
+		return nil, fmt.Errorf("set sock_diag socket timeouts: %w", err)
+	}
+	return &diagConn{h: &nl.SocketHandle{Socket: r.s}}, nil
+}
+
+func (c *diagConn) Close() { c.h.Close() }
+
+// dump lists the namespace's IPv4 sockets of protocol proto whose state is
+// in the mask states; with dests, the kernel returns only sockets connected
+// to one of them.
+func (c *diagConn) dump(proto uint8, states uint32, dests []netip.AddrPort) ([]diagSocket, error) {
+	req := nl.NewNetlinkRequest(unix.SOCK_DIAG_BY_FAMILY, unix.NLM_F_DUMP)
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_SOCK_DIAG: c.h}
+	var id [sizeofSockID]byte
+	req.AddData(reqV2(proto, states, id))
+	if len(dests) > 0 {
+		req.AddData(nl.NewRtAttr(reqBytecode, destFilter(dests)))
+	}
+	var (
+		out  []diagSocket
+		perr error
+	)
+	err := req.ExecuteIter(unix.NETLINK_SOCK_DIAG, unix.SOCK_DIAG_BY_FAMILY, func(msg []byte) bool {
+		s, err := parseDiagMsg(msg)
+		if err != nil {
+			perr = err
+			return false
+		}
+		out = append(out, s)
+		return true
+	})
+	if err != nil {
+		return out, err
+	}
+	return out, perr
+}
+
+// destroy destroys the socket s of protocol proto (SOCK_DESTROY). The kernel
+// finds it by its addresses and checks its cookie, so a socket that closed
+// since the dump, and one that took its addresses since, are left alone: it
+// returns ENOENT (UDP) or ESTALE (TCP) for them.
+func (c *diagConn) destroy(proto uint8, s diagSocket) error {
+	req := nl.NewNetlinkRequest(unix.SOCK_DESTROY, unix.NLM_F_ACK)
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_SOCK_DIAG: c.h}
+	req.AddData(reqV2(proto, 0, s.id))
+	_, err := req.Execute(unix.NETLINK_SOCK_DIAG, 0)
+	return err
+}
+
+// rawData is a part of a netlink request already encoded. The request's
+// fixed header must be added as data, not with AddRawData, which the library
+// puts after the attributes.
+type rawData []byte
+
+func (d rawData) Len() int          { return len(d) }
+func (d rawData) Serialize() []byte { return d }
+
+// reqV2 encodes an inet_diag_req_v2 for AF_INET.
+func reqV2(proto uint8, states uint32, id [sizeofSockID]byte) rawData {
+	b := make(rawData, sizeofReqV2)
+	b[0] = unix.AF_INET
+	b[1] = proto
+	binary.NativeEndian.PutUint32(b[4:8], states)
+	copy(b[8:], id[:])
+	return b
+}
+
+// parseDiagMsg decodes an inet_diag_msg of an AF_INET socket.
+func parseDiagMsg(b []byte) (diagSocket, error) {
+	if len(b) < sizeofDiagMsg {
+		return diagSocket{}, fmt.Errorf("sock_diag message of %d bytes, want at least %d", len(b), sizeofDiagMsg)
+	}
+	if b[0] != unix.AF_INET {
+		return diagSocket{}, fmt.Errorf("sock_diag message for address family %d, want AF_INET", b[0])
+	}
+	var s diagSocket
+	s.state = b[1]
+	copy(s.id[:], b[4:4+sizeofSockID])
+	sport := binary.BigEndian.Uint16(b[4:6])
+	dport := binary.BigEndian.Uint16(b[6:8])
+	s.local = netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[8:12])), sport)
+	s.remote = netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[24:28])), dport)
+	s.cookie = uint64(binary.NativeEndian.Uint32(b[44:48])) | uint64(binary.NativeEndian.Uint32(b[48:52]))<<32
+	s.inode = binary.NativeEndian.Uint32(b[68:72])
+	return s, nil
+}
+
+// destFilter compiles a sock_diag filter program that accepts a socket
+// connected to one of dests (IPv4 address and port).
+//
+// The kernel runs the program with len set to its length: an operation that
+// holds jumps "yes" bytes ahead, one that fails jumps "no" bytes ahead; the
+// socket is accepted if the program ends exactly at its end (len == 0) and
+// rejected if it jumps past it. The kernel's audit walks the "yes" chain, so
+// every "yes" must lead to the next operation. Hence, per destination:
+//
+//	D_COND dest  yes: the JMP below      no: the next D_COND, or 4 past the end
+//	JMP          yes: (never taken)      no: the end, accepting
+func destFilter(dests []netip.AddrPort) []byte {
+	const step = bcDestLen + bcOpLen
+	n := len(dests) * step
+	b := make([]byte, n)
+	for i, d := range dests {
+		off := i * step
+		rest := n - off
+		no := step
+		if i == len(dests)-1 {
+			no = rest + 4
+		}
+		putOp(b[off:], bcDCond, bcDestLen, no)
+		// struct inet_diag_hostcond: family, prefix length, port (-1 is
+		// any) in host order, then the address.
+		b[off+4] = unix.AF_INET
+		b[off+5] = 32
+		binary.NativeEndian.PutUint32(b[off+8:], uint32(d.Port()))
+		a := d.Addr().As4()
+		copy(b[off+12:], a[:])
+		putOp(b[off+bcDestLen:], bcJmp, bcOpLen, rest-bcDestLen)
+	}
+	return b
+}
+
+// putOp encodes a struct inet_diag_bc_op.
+func putOp(b []byte, code uint8, yes, no int) {
+	b[0] = code
+	b[1] = uint8(yes)
+	binary.NativeEndian.PutUint16(b[2:4], uint16(no))
+}
