@@ -25,10 +25,11 @@ type options struct {
 	syncPeriod         time.Duration
 	minSyncPeriod      time.Duration
 
-	manifests  string
-	cgroupPath string
-	bpffsPath  string
-	mapSizes   loader.MapSizes
+	manifests        string
+	terminateSockets bool
+	cgroupPath       string
+	bpffsPath        string
+	mapSizes         loader.MapSizes
 }
 
 func defaultOptions() *options {
@@ -40,6 +41,7 @@ func defaultOptions() *options {
 		syncPeriod:         30 * time.Second,
 		bpffsPath:          loader.DefaultBPFFSPath,
 		mapSizes:           loader.DefaultMapSizes,
+		terminateSockets:   true,
 	}
 }
 
@@ -56,6 +58,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", o.configSyncPeriod, "How often the configuration from the API server is refreshed. Must be greater than 0.")
 	fs.DurationVar(&o.syncPeriod, "sync-period", o.syncPeriod, "Interval of the periodic full sync, and the longest retry backoff after a failed sync.")
 	fs.DurationVar(&o.minSyncPeriod, "min-sync-period", o.minSyncPeriod, "Least time between two syncs; changes arriving sooner are batched. 0 applies each change at once.")
+	fs.BoolVar(&o.terminateSockets, "terminate-removed-backend-sockets", o.terminateSockets, "End the TCP and connected UDP sockets that the socket load balancer sent to a backend once that backend is removed, in every network namespace of the node (needs hostPID), so that clients reconnect to live backends instead of hanging.")
 	fs.StringVar(&o.manifests, "manifests", o.manifests, "Read Services and EndpointSlices from YAML files in this directory (watched for changes) instead of the API server.")
 	fs.StringVar(&o.cgroupPath, "cgroup-path", o.cgroupPath, "The cgroup v2 directory to attach the socket programs to (default: the node's cgroup2 root, mounting cgroup2 under /run/ebpf-proxy when none is mounted).")
 	fs.StringVar(&o.bpffsPath, "bpffs-path", o.bpffsPath, "Directory on a bpf filesystem where maps and links are pinned.")

@@ -18,6 +18,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxier"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sockterm"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 
@@ -85,7 +86,18 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 		go serve(ctx, "metrics", o.metricsBindAddress, metrics.NewServerMux(m, o.proxyMode), o.bindAddrHardFail, errc, log)
 	}
 
-	p := proxier.New(proxier.Config{MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod, IPFamily: ipFamily}, tr, w, m, health, log)
+	var term *sockterm.Terminator
+	if o.terminateSockets {
+		if term, err = sockterm.New(sockterm.Config{Translated: maps.SockTranslated(l.Objects.Sock4RevnatV1), Logger: log.Named("sockterm")}); err != nil {
+			return err
+		}
+	}
+	dp := newBPFDataplane(w, term, m.Registry(), log)
+	if term != nil {
+		go dp.run(ctx)
+	}
+
+	p := proxier.New(proxier.Config{MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod, IPFamily: ipFamily}, tr, dp, m, health, log)
 	done := make(chan struct{})
 	go func() {
 		p.Run(ctx)

@@ -88,6 +88,9 @@ type Writer struct {
 	needRestore                   bool
 	stats                         SyncStats
 
+	// removed are the backends the last sync took out of every frontend.
+	removed []Backend
+
 	// q queues a sync's writes so that they reach the kernel in batches.
 	q queues
 	// unbatched makes the next sync write entry by entry: after a map ran
@@ -263,6 +266,7 @@ func (w *Writer) restore() error {
 // next Sync, which must then be a full one.
 func (w *Writer) Sync(up model.Update) error {
 	w.stats = SyncStats{}
+	w.removed = w.removed[:0]
 	w.q.setBatched(!w.unbatched)
 	w.q.reset()
 	full := up.Full
@@ -358,6 +362,7 @@ func (w *Writer) Sync(up model.Update) error {
 	w.unbatched = false
 	if len(errs) > 0 {
 		w.needRestore = true
+		w.removed = w.removed[:0]
 		err := errors.Join(errs...)
 		w.unbatched = errors.Is(err, ErrMapFull)
 		return err
@@ -367,6 +372,11 @@ func (w *Writer) Sync(up model.Update) error {
 
 // Name is the proxy mode the Writer implements.
 func (w *Writer) Name() string { return "ebpf" }
+
+// Removed returns the backends the last successful Sync took out of every
+// frontend: no new connection goes to them, and sockets still connected to
+// them are the ones to end.
+func (w *Writer) Removed() []Backend { return slices.Clone(w.removed) }
 
 // LastStats says what the last Sync wrote.
 func (w *Writer) LastStats() SyncStats { return w.stats }
@@ -627,6 +637,7 @@ func (w *Writer) collectGarbage() error {
 			w.backendIDs.release(ab.id)
 			delete(w.byID, ab.id)
 			delete(w.backends, b)
+			w.removed = append(w.removed, b)
 		}
 		delete(w.gcBackends, b)
 	}

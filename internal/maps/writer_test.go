@@ -536,3 +536,30 @@ func TestWriterExternalFrontends(t *testing.T) {
 		t.Errorf("internal entries left:\n%s", got)
 	}
 }
+
+func TestWriterReportsBackendsRemovedFromEveryFrontend(t *testing.T) {
+	f := newFakes(0, 0, 0)
+	w := newWriter(t, f.m)
+	shared := dns
+	shared.name, shared.clusterIP = "dns-alias", "10.96.0.11"
+	if err := w.Sync(full(buildState(dns, shared))); err != nil {
+		t.Fatal(err)
+	}
+	// 10.244.2.2 leaves one Service but still serves the other.
+	d := dns
+	d.eps = dns.eps[:1]
+	if err := w.Sync(partial(buildState(d, shared), spn("kube-system", "dns", model.UDP))); err != nil {
+		t.Fatal(err)
+	}
+	if r := w.Removed(); len(r) != 0 {
+		t.Errorf("removed %v while another Service still uses it", r)
+	}
+	shared.eps = dns.eps[:1]
+	if err := w.Sync(partial(buildState(d, shared), spn("kube-system", "dns-alias", model.UDP))); err != nil {
+		t.Fatal(err)
+	}
+	want := Backend{Addr: netip.MustParseAddr("10.244.2.2"), Port: 5353, Proto: model.UDP}
+	if r := w.Removed(); len(r) != 1 || r[0] != want {
+		t.Errorf("removed %v, want [%v]", r, want)
+	}
+}
