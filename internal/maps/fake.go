@@ -93,19 +93,19 @@ func (f *FakeMap[K, V]) Iterate(fn func(K, V) bool) error {
 
 // Fakes are in-memory stand-ins for every map the Writer programs.
 type Fakes struct {
-	Services      *FakeMap[ServiceKey, ServiceValue]
-	Backends      *FakeMap[uint32, BackendValue]
-	RevNat        *FakeMap[uint32, RevNatValue]
-	Members *FakeMap[MemberKey, uint8]
+	Services *FakeMap[ServiceKey, ServiceValue]
+	Backends *FakeMap[uint32, BackendValue]
+	RevNat   *FakeMap[uint32, RevNatValue]
+	Members  *FakeMap[MemberKey, uint8]
 }
 
 // NewFakes returns empty fakes; a zero capacity is unlimited.
 func NewFakes(services, backends, revnat int) *Fakes {
 	return &Fakes{
-		Services:      NewFakeMap[ServiceKey, ServiceValue](services),
-		Backends:      NewFakeMap[uint32, BackendValue](backends),
-		RevNat:        NewFakeMap[uint32, RevNatValue](revnat),
-		Members: NewFakeMap[MemberKey, uint8](0),
+		Services: NewFakeMap[ServiceKey, ServiceValue](services),
+		Backends: NewFakeMap[uint32, BackendValue](backends),
+		RevNat:   NewFakeMap[uint32, RevNatValue](revnat),
+		Members:  NewFakeMap[MemberKey, uint8](0),
 	}
 }
 

@@ -55,16 +55,16 @@ const (
 )
 
 type probeRequest struct {
-	Kind        string         `json:"kind"`
-	Addr        netip.AddrPort `json:"addr"`
-	Path        string         `json:"path,omitempty"`
-	Count       int            `json:"count"`
-	Connected   bool           `json:"connected,omitempty"`
+	Kind      string         `json:"kind"`
+	Addr      netip.AddrPort `json:"addr"`
+	Path      string         `json:"path,omitempty"`
+	Count     int            `json:"count"`
+	Connected bool           `json:"connected,omitempty"`
 	// OneSocket sends every UDP datagram from one unconnected socket.
-	OneSocket bool `json:"oneSocket,omitempty"`
-	Timeout     time.Duration  `json:"timeout"`
-	Interval    time.Duration  `json:"interval,omitempty"`
-	MaxDuration time.Duration  `json:"maxDuration,omitempty"`
+	OneSocket   bool          `json:"oneSocket,omitempty"`
+	Timeout     time.Duration `json:"timeout"`
+	Interval    time.Duration `json:"interval,omitempty"`
+	MaxDuration time.Duration `json:"maxDuration,omitempty"`
 	// Server is the answer a wait probe waits for; empty means any.
 	Server string `json:"server,omitempty"`
 	// Addrs are the addresses a UDP stream probe connects to in turn, from
