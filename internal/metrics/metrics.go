@@ -45,6 +45,7 @@ const (
 	LabelKind          = "kind"
 	LabelReason        = "reason"
 	LabelMode          = "mode"
+	LabelTable         = "table"
 )
 
 const (
@@ -118,6 +119,22 @@ type FamilyMetrics struct {
 	// is set after each sync to the number of services with
 	// externalTrafficPolicy=Local and no local endpoints.
 	NoLocalEndpointsExternal prometheus.Gauge
+
+	// IPTablesRestoreFailuresTotal (kubeproxy_sync_proxy_rules_iptables_restore_failures_total)
+	// counts iptables-restore runs of the iptables and IPVS dataplanes that
+	// failed, full and partial.
+	IPTablesRestoreFailuresTotal prometheus.Counter
+	// IPTablesPartialRestoreFailuresTotal (kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total)
+	// counts the failed iptables-restore runs of partial syncs only.
+	IPTablesPartialRestoreFailuresTotal prometheus.Counter
+	// IPTablesRulesTotal (kubeproxy_sync_proxy_rules_iptables_total{table})
+	// is the number of iptables rules the dataplane owns in each table
+	// ("filter", "nat") after the last successful sync. It is already bound
+	// to the ip_family label: callers give only the table.
+	IPTablesRulesTotal *prometheus.GaugeVec
+	// IPTablesRulesLast (kubeproxy_sync_proxy_rules_iptables_last{table}) is
+	// the number of rules the last successful sync wrote to each table.
+	IPTablesRulesLast *prometheus.GaugeVec
 }
 
 // Metrics holds every metric ebpf-proxy exports and the registry serving them.
@@ -173,6 +190,10 @@ type Metrics struct {
 	lastQueuedTimestamp *prometheus.GaugeVec
 	networkProgramming  *prometheus.HistogramVec
 	noLocalEndpoints    *prometheus.GaugeVec
+	restoreFailures     *prometheus.CounterVec
+	partialFailures     *prometheus.CounterVec
+	iptablesTotal       *prometheus.GaugeVec
+	iptablesLast        *prometheus.GaugeVec
 }
 
 // ValidIPFamily reports whether family is an ip_family label value kube-proxy
@@ -235,6 +256,27 @@ func New(ipFamily string) *Metrics {
 		Name:      "sync_proxy_rules_no_local_endpoints_total",
 		Help:      alpha + "Number of services with a Local traffic policy and no endpoints",
 	}, []string{LabelTrafficPolicy, LabelIPFamily})
+
+	m.restoreFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_proxy_rules_iptables_restore_failures_total",
+		Help:      alpha + "Cumulative proxy iptables restore failures",
+	}, []string{LabelIPFamily})
+	m.partialFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_proxy_rules_iptables_partial_restore_failures_total",
+		Help:      alpha + "Cumulative proxy iptables partial restore failures",
+	}, []string{LabelIPFamily})
+	m.iptablesTotal = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_proxy_rules_iptables_total",
+		Help:      alpha + "Total number of iptables rules owned by kube-proxy",
+	}, []string{LabelTable, LabelIPFamily})
+	m.iptablesLast = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_proxy_rules_iptables_last",
+		Help:      alpha + "Number of iptables rules written by kube-proxy in last sync",
+	}, []string{LabelTable, LabelIPFamily})
 
 	m.EndpointChangesPending = prometheus.NewGauge(prometheus.GaugeOpts{
 		Subsystem: kubeProxySubsystem,
@@ -306,6 +348,10 @@ func New(ipFamily string) *Metrics {
 		m.lastQueuedTimestamp,
 		m.networkProgramming,
 		m.noLocalEndpoints,
+		m.restoreFailures,
+		m.partialFailures,
+		m.iptablesTotal,
+		m.iptablesLast,
 		m.EndpointChangesPending,
 		m.EndpointChangesTotal,
 		m.ServiceChangesPending,
@@ -343,6 +389,11 @@ func (m *Metrics) Family(family string) *FamilyMetrics {
 		NetworkProgrammingDuration:        m.networkProgramming.WithLabelValues(family),
 		NoLocalEndpointsInternal:          m.noLocalEndpoints.WithLabelValues(TrafficPolicyInternal, family),
 		NoLocalEndpointsExternal:          m.noLocalEndpoints.WithLabelValues(TrafficPolicyExternal, family),
+
+		IPTablesRestoreFailuresTotal:        m.restoreFailures.WithLabelValues(family),
+		IPTablesPartialRestoreFailuresTotal: m.partialFailures.WithLabelValues(family),
+		IPTablesRulesTotal:                  m.iptablesTotal.MustCurryWith(prometheus.Labels{LabelIPFamily: family}),
+		IPTablesRulesLast:                   m.iptablesLast.MustCurryWith(prometheus.Labels{LabelIPFamily: family}),
 	}
 }
 

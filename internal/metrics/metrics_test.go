@@ -102,6 +102,10 @@ func TestMetricsExposedWithKubeProxyNamesTypesAndLabels(t *testing.T) {
 	m.MapEntries.WithLabelValues("backends_v1").Set(8)
 	m.InvalidObjectsTotal.WithLabelValues("Service", "invalid_cluster_ip").Inc()
 	m.SetProxyMode("ebpf")
+	m.IPTablesRestoreFailuresTotal.Add(9)
+	v6.IPTablesPartialRestoreFailuresTotal.Inc()
+	m.IPTablesRulesTotal.WithLabelValues("nat").Set(10)
+	v6.IPTablesRulesLast.WithLabelValues("filter").Set(11)
 
 	families := scrape(t, m.Handler())
 
@@ -133,6 +137,10 @@ func TestMetricsExposedWithKubeProxyNamesTypesAndLabels(t *testing.T) {
 		{"ebpfproxy_map_entries", dto.MetricType_GAUGE, map[string]string{"map": "backends_v1"}, 8, false},
 		{"ebpfproxy_invalid_objects_total", dto.MetricType_COUNTER, map[string]string{"kind": "Service", "reason": "invalid_cluster_ip"}, 1, false},
 		{"ebpfproxy_proxy_mode", dto.MetricType_GAUGE, map[string]string{"mode": "ebpf"}, 1, false},
+		{"kubeproxy_sync_proxy_rules_iptables_restore_failures_total", dto.MetricType_COUNTER, map[string]string{"ip_family": "IPv4"}, 9, true},
+		{"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total", dto.MetricType_COUNTER, map[string]string{"ip_family": "IPv6"}, 1, true},
+		{"kubeproxy_sync_proxy_rules_iptables_total", dto.MetricType_GAUGE, map[string]string{"table": "nat", "ip_family": "IPv4"}, 10, true},
+		{"kubeproxy_sync_proxy_rules_iptables_last", dto.MetricType_GAUGE, map[string]string{"table": "filter", "ip_family": "IPv6"}, 11, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,0 +1,223 @@
+package fallbacktest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/proxier"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+)
+
+// Factory creates the dataplane under test for a node of the sandbox. The
+// dataplane must program node.NS and nothing else; the factory registers
+// its own cleanup with t.
+type Factory func(t *testing.T, node *sandbox.Node) proxier.Dataplane
+
+// Client names of the behaviour table.
+const (
+	// ClientPodA is a pod on node-a that is no endpoint.
+	ClientPodA = "pod-a"
+	// ClientPodB is a pod on node-b that is no endpoint.
+	ClientPodB = "pod-b"
+	// ClientNodeA is node-a itself.
+	ClientNodeA = "node-a"
+	// ClientA1 is pod a1, an endpoint of several Services.
+	ClientA1 = "a1"
+	// ClientExternal is outside the cluster, inside the example's
+	// loadBalancerSourceRanges (198.18.0.0/25).
+	ClientExternal = "external"
+	// ClientBlocked is outside the cluster and outside the ranges.
+	ClientBlocked = "external-blocked"
+)
+
+// Addresses of the example's clients.
+var (
+	ClientPodAIP    = netip.MustParseAddr("10.244.1.100")
+	ClientPodBIP    = netip.MustParseAddr("10.244.2.100")
+	ClientExtIP     = netip.MustParseAddr("198.18.0.10")
+	ClientBlockedIP = netip.MustParseAddr("198.18.0.200")
+)
+
+// Env is the example cluster in a sandbox: node-a and node-b with pods a1,
+// a2 and b1 serving, clients, and one dataplane per node fed by its own
+// Source, as one agent per node would be.
+type Env struct {
+	T       *testing.T
+	SB      *sandbox.Sandbox
+	Nodes   map[string]*sandbox.Node
+	Pods    map[string]*sandbox.Pod
+	Clients map[string]*sandbox.Client
+	// Sources and Dataplanes are keyed by node name.
+	Sources    map[string]*Source
+	Dataplanes map[string]proxier.Dataplane
+	// Example is what the Sources were given.
+	Example []Pair
+}
+
+// NewEnv builds the sandbox, starts the servers, creates a dataplane per
+// node with factory and syncs the example cluster to both.
+func NewEnv(t *testing.T, factory Factory) *Env {
+	t.Helper()
+	sb := sandbox.ForTest(t)
+	e := &Env{
+		T: t, SB: sb,
+		Nodes: map[string]*sandbox.Node{}, Pods: map[string]*sandbox.Pod{}, Clients: map[string]*sandbox.Client{},
+		Sources: map[string]*Source{}, Dataplanes: map[string]proxier.Dataplane{},
+		Example: Example(),
+	}
+	for _, name := range []string{NodeA, NodeB} {
+		n, err := sb.AddNode(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Nodes[name] = n
+	}
+	if e.Nodes[NodeA].IP != NodeAIP || e.Nodes[NodeB].IP != NodeBIP {
+		t.Fatalf("sandbox gave the nodes %s and %s, the example cluster expects %s and %s", e.Nodes[NodeA].IP, e.Nodes[NodeB].IP, NodeAIP, NodeBIP)
+	}
+	for _, p := range []struct {
+		name, node string
+		ip         netip.Addr
+	}{{"a1", NodeA, PodA1}, {"a2", NodeA, PodA2}, {"b1", NodeB, PodB1}} {
+		pod, err := sb.AddPod(e.Nodes[p.node], p.name, p.ip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pod.StartTCPServer(TCPTarget); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pod.StartUDPServer(UDPTarget); err != nil {
+			t.Fatal(err)
+		}
+		e.Pods[p.name] = pod
+	}
+	add := func(name string, c *sandbox.Client, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Clients[name] = c
+	}
+	c, err := sb.AddClient(e.Nodes[NodeA], ClientPodA, ClientPodAIP)
+	add(ClientPodA, c, err)
+	c, err = sb.AddClient(e.Nodes[NodeB], ClientPodB, ClientPodBIP)
+	add(ClientPodB, c, err)
+	c, err = sb.AddExternalClient(ClientExternal, ClientExtIP)
+	add(ClientExternal, c, err)
+	c, err = sb.AddExternalClient(ClientBlocked, ClientBlockedIP)
+	add(ClientBlocked, c, err)
+	e.Clients[ClientNodeA] = sb.ClientAt(e.Nodes[NodeA].Host)
+	e.Clients[ClientA1] = sb.ClientAt(e.Pods["a1"].Host)
+	// LoadBalancer and external IPs are announced to node-a.
+	if err := sb.RouteToNode(sandbox.LoadBalancerCIDR, e.Nodes[NodeA]); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range e.Nodes {
+		if err := RouteBridgeThroughNode(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{NodeA, NodeB} {
+		e.Sources[name] = NewSource(t, Node(name)).Add(e.Example...)
+		e.Dataplanes[name] = factory(t, e.Nodes[name])
+	}
+	e.Sync(true)
+	return e
+}
+
+// Sync hands every node's dataplane the changes recorded in its Source.
+func (e *Env) Sync(full bool) {
+	e.T.Helper()
+	for _, name := range []string{NodeA, NodeB} {
+		up := e.Sources[name].Update()
+		up.Full = up.Full || full
+		if err := e.Dataplanes[name].Sync(up); err != nil {
+			e.T.Fatalf("sync %s on %s: %v", e.Dataplanes[name].Name(), name, err)
+		}
+	}
+}
+
+// Each records the same change in the Source of every node.
+func (e *Env) Each(change func(*Source)) {
+	for _, name := range []string{NodeA, NodeB} {
+		change(e.Sources[name])
+	}
+}
+
+// RouteBridgeThroughNode makes every packet between two hosts on node's
+// bridge pass through the node's IP stack, as it does on a node whose CNI
+// routes each pod through the host (and as br_netfilter would make it
+// appear). Without it, a pod's reply to a client on the same node is
+// switched by the bridge straight to the client: the node's conntrack never
+// sees it, so the DNAT of a Service is not undone and the client resets the
+// connection.
+//
+// Everything happens inside the node's namespace, nothing on the host:
+// the bridge ports are isolated, so hosts on the bridge no longer reach
+// each other at layer 2, and the node answers their ARP requests for each
+// other with its own address (proxy_arp_pvlan, without proxy_delay), so
+// they send everything to the node, which routes it back out of the bridge.
+// ICMP redirects are off so that no host learns a shortcut.
+//
+// Where br_netfilter is present (a module load makes it so in every
+// namespace of the machine, with bridge-nf-call-iptables on), it is turned
+// off in the node's namespace: it would hand a DNATed packet whose endpoint
+// sits on the same bridge back to the bridge, which the isolated ports then
+// drop. The node is then a plain router, whatever the host has loaded, and
+// the tests do not depend on a global module.
+//
+// Call it after the node's pods and clients exist.
+func RouteBridgeThroughNode(node *sandbox.Node) error {
+	nl := node.NS.Netlink()
+	br, err := nl.LinkByName(sandbox.BridgeName)
+	if err != nil {
+		return fmt.Errorf("node %s: find bridge: %w", node.Name, err)
+	}
+	links, err := nl.LinkList()
+	if err != nil {
+		return fmt.Errorf("node %s: list links: %w", node.Name, err)
+	}
+	for _, l := range links {
+		if l.Attrs().MasterIndex != br.Attrs().Index {
+			continue
+		}
+		if err := nl.LinkSetIsolated(l, true); err != nil {
+			return fmt.Errorf("node %s: isolate bridge port %s: %w", node.Name, l.Attrs().Name, err)
+		}
+	}
+	return node.NS.Do(func() error {
+		for _, key := range []string{"bridge-nf-call-iptables", "bridge-nf-call-ip6tables", "bridge-nf-call-arptables"} {
+			path := filepath.Join("/proc/sys/net/bridge", key)
+			if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+				continue // no br_netfilter: nothing to turn off
+			}
+			if err := os.WriteFile(path, []byte("0"), 0o644); err != nil {
+				return fmt.Errorf("node %s: turn off %s: %w", node.Name, key, err)
+			}
+		}
+		for _, s := range []struct{ key, value string }{
+			{"ipv4/conf/" + sandbox.BridgeName + "/proxy_arp_pvlan", "1"},
+			{"ipv4/neigh/" + sandbox.BridgeName + "/proxy_delay", "0"},
+			{"ipv4/conf/all/send_redirects", "0"},
+			{"ipv4/conf/" + sandbox.BridgeName + "/send_redirects", "0"},
+		} {
+			if err := os.WriteFile(filepath.Join("/proc/sys/net", s.key), []byte(s.value), 0o644); err != nil {
+				return fmt.Errorf("node %s: set %s: %w", node.Name, s.key, err)
+			}
+		}
+		return nil
+	})
+}
+
+// Context returns a context bounded for one test.
+func Context(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}

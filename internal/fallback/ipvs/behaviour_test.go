@@ -1,0 +1,333 @@
+package ipvs
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	libipvs "github.com/moby/ipvs"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/proxier"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+)
+
+// factory programs each sandbox node with the IPVS dataplane, everything
+// inside the node's namespace.
+func factory(cfg Config) fallbacktest.Factory {
+	return func(t *testing.T, node *sandbox.Node) proxier.Dataplane {
+		c := cfg
+		c.Netns = node.NS.Path()
+		c.ClusterCIDR = fallbacktest.ClusterCIDR
+		m := metrics.New(metrics.IPv4)
+		c.Metrics = &m.FamilyMetrics
+		d, err := New(fallbacktest.Context(t), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(d.Close)
+		return d
+	}
+}
+
+func TestTrafficFollowsTheModelVerdicts(t *testing.T) {
+	requireIPVS(t)
+	e := fallbacktest.NewEnv(t, factory(Config{}))
+	fallbacktest.Run(t, e, fallbacktest.Cases())
+}
+
+// handle opens an IPVS handle in node's namespace for the test to look.
+func handle(t *testing.T, node *sandbox.Node) *libipvs.Handle {
+	t.Helper()
+	h, err := libipvs.New(node.NS.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	return h
+}
+
+// reals returns the real servers of a virtual server and their weights.
+func reals(t *testing.T, h *libipvs.Handle, key vsKey) map[netip.AddrPort]int {
+	t.Helper()
+	dests, err := h.GetDestinations(ipvsService(key, "", 0))
+	if err != nil {
+		t.Fatalf("list real servers of %s: %v", key, err)
+	}
+	out := map[netip.AddrPort]int{}
+	for _, d := range dests {
+		out[destKey(d)] = d.Weight
+	}
+	return out
+}
+
+// eventually polls cond every 50ms for at most bound: the reaper runs on
+// its own clock.
+func eventually(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s", what, bound)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestRemovedEndpointsDrainBeforeTheyAreDeleted(t *testing.T) {
+	requireIPVS(t)
+	const grace = 3 * time.Second
+	e := fallbacktest.NewEnv(t, factory(Config{GracePeriod: grace, ReapInterval: 100 * time.Millisecond}))
+	h := handle(t, e.Nodes[fallbacktest.NodeA])
+	web := e.Example[0] // ClusterIP 10.96.0.10:80 on a1, a2, b1
+	key := vsKey{Addr: netip.MustParseAddr("10.96.0.10"), Proto: model.TCP, Port: 80}
+	a1 := netip.AddrPortFrom(fallbacktest.PodA1, fallbacktest.TCPTarget)
+	a2 := netip.AddrPortFrom(fallbacktest.PodA2, fallbacktest.TCPTarget)
+	b1 := netip.AddrPortFrom(fallbacktest.PodB1, fallbacktest.TCPTarget)
+
+	// A connection held open from pod-a, to whichever endpoint IPVS picks.
+	ctx := fallbacktest.Context(t)
+	held, err := e.Clients[fallbacktest.ClientPodA].Hold(ctx, netip.AddrPortFrom(key.Addr, key.Port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { held.Close() })
+	var busy netip.AddrPort
+	dests, err := h.GetDestinations(ipvsService(key, "", 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dests {
+		if d.ActiveConnections > 0 {
+			busy = destKey(d)
+		}
+	}
+	if !busy.IsValid() {
+		t.Fatalf("IPVS shows no active connection for the held one: %v", reals(t, h, key))
+	}
+	idle := a1
+	if busy == a1 {
+		idle = a2
+	}
+	// Both the busy endpoint and an idle one leave.
+	var keep []netip.Addr
+	for _, rs := range []netip.AddrPort{a1, a2, b1} {
+		if rs != busy && rs != idle {
+			keep = append(keep, rs.Addr())
+		}
+	}
+	e.Each(func(s *fallbacktest.Source) {
+		s.SetSlice(fallbacktest.MakeSlice(web.Service, fallbacktest.EndpointsOn(keep...)))
+	})
+	e.Sync(false)
+
+	got := reals(t, h, key)
+	if w, ok := got[busy]; !ok || w != 0 {
+		t.Errorf("right after the sync the busy endpoint %s has weight %d (present %t), want 0 while it drains", busy, w, ok)
+	}
+	// The idle one has no connection: the next reap deletes it.
+	eventually(t, 5*time.Second, "idle endpoint deleted", func() bool {
+		_, ok := reals(t, h, key)[idle]
+		return !ok
+	})
+	// The held connection still carries data, new ones go elsewhere.
+	if err := held.Ping(); err != nil {
+		t.Errorf("held connection to the draining endpoint broke: %v", err)
+	}
+	rep, err := e.Clients[fallbacktest.ClientPodA].TCP(ctx, netip.AddrPortFrom(key.Addr, key.Port), 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		switch pod := e.Pods[r.Server]; {
+		case r.Err != "":
+			t.Errorf("new connection while %s drains failed: %s", busy, r.Err)
+		case pod == nil:
+			t.Errorf("new connection answered by unknown server %q", r.Server)
+		case pod.IP == busy.Addr() || pod.IP == idle.Addr():
+			t.Errorf("a new connection reached %s, which left the Service", r.Server)
+		}
+	}
+	if _, ok := reals(t, h, key)[busy]; !ok {
+		t.Fatalf("the busy endpoint was deleted while its connection is open")
+	}
+	// Closed, the connection lingers in TIME_WAIT for IPVS (2 minutes);
+	// the grace period bounds the wait.
+	held.Close()
+	eventually(t, grace+5*time.Second, "draining endpoint deleted after the grace period", func() bool {
+		_, ok := reals(t, h, key)[busy]
+		return !ok
+	})
+}
+
+func TestReturningEndpointServesAgainAndRestartKeepsDraining(t *testing.T) {
+	requireIPVS(t)
+	e := fallbacktest.NewEnv(t, factory(Config{GracePeriod: time.Hour, ReapInterval: time.Hour}))
+	node := e.Nodes[fallbacktest.NodeA]
+	h := handle(t, node)
+	web := e.Example[0]
+	key := vsKey{Addr: netip.MustParseAddr("10.96.0.10"), Proto: model.TCP, Port: 80}
+	a1 := netip.AddrPortFrom(fallbacktest.PodA1, fallbacktest.TCPTarget)
+	// Keep a connection to every endpoint so that none can be reaped.
+	setEPs := func(pods ...netip.Addr) {
+		e.Each(func(s *fallbacktest.Source) {
+			s.SetSlice(fallbacktest.MakeSlice(web.Service, fallbacktest.EndpointsOn(pods...)))
+		})
+		e.Sync(false)
+	}
+	setEPs(fallbacktest.PodA2, fallbacktest.PodB1)
+	if w := reals(t, h, key)[a1]; w != 0 {
+		t.Fatalf("removed endpoint has weight %d, want 0", w)
+	}
+	setEPs(fallbacktest.PodA1, fallbacktest.PodA2, fallbacktest.PodB1)
+	if w := reals(t, h, key)[a1]; w != 1 {
+		t.Fatalf("returning endpoint has weight %d, want 1", w)
+	}
+
+	// a1 drains again, then the agent restarts: the new one must neither
+	// revive a1 nor forget to delete it.
+	setEPs(fallbacktest.PodA2, fallbacktest.PodB1)
+	e.Dataplanes[fallbacktest.NodeA].(*Dataplane).Close()
+	restarted, err := New(fallbacktest.Context(t), Config{Netns: node.NS.Path(), ClusterCIDR: fallbacktest.ClusterCIDR, GracePeriod: time.Hour, ReapInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(restarted.Close)
+	up := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(e.Example...)
+	up.SetSlice(fallbacktest.MakeSlice(web.Service, fallbacktest.EndpointsOn(fallbacktest.PodA2, fallbacktest.PodB1)))
+	if err := restarted.Sync(up.Update()); err != nil {
+		t.Fatal(err)
+	}
+	// No connection is open to a1, so the new agent's reaper deletes it.
+	eventually(t, 5*time.Second, "drained endpoint deleted by the restarted agent", func() bool {
+		_, ok := reals(t, h, key)[a1]
+		return !ok
+	})
+	for rs, w := range reals(t, h, key) {
+		if w != 1 {
+			t.Errorf("after the restart %s has weight %d, want 1", rs, w)
+		}
+	}
+}
+
+func TestSchedulerComesFromConfig(t *testing.T) {
+	requireIPVS(t)
+	tests := []struct {
+		scheduler string
+		// check judges the answers of 8 connections from one client to
+		// a Service with endpoints a1, a2, b1.
+		check func(t *testing.T, perServer map[string]int)
+	}{
+		{"rr", func(t *testing.T, per map[string]int) {
+			// Round robin over 3 endpoints: 8 connections are 3, 3, 2.
+			for _, s := range []string{"a1", "a2", "b1"} {
+				if per[s] < 2 || per[s] > 3 {
+					t.Errorf("round robin gave %s %d of 8 connections: %v", s, per[s], per)
+				}
+			}
+		}},
+		{"sh", func(t *testing.T, per map[string]int) {
+			if len(per) != 1 {
+				t.Errorf("source hashing spread one client over %v", per)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.scheduler, func(t *testing.T) {
+			e := fallbacktest.NewEnv(t, factory(Config{Scheduler: tt.scheduler}))
+			h := handle(t, e.Nodes[fallbacktest.NodeA])
+			svc, err := h.GetService(ipvsService(vsKey{Addr: netip.MustParseAddr("10.96.0.10"), Proto: model.TCP, Port: 80}, "", 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if svc.SchedName != tt.scheduler {
+				t.Errorf("virtual server uses scheduler %q, want %q", svc.SchedName, tt.scheduler)
+			}
+			rep, err := e.Clients[fallbacktest.ClientPodA].TCP(fallbacktest.Context(t), netip.MustParseAddrPort("10.96.0.10:80"), 8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			per := map[string]int{}
+			for _, r := range rep.Results {
+				if r.Err != "" {
+					t.Fatalf("connection failed: %s", r.Err)
+				}
+				per[r.Server]++
+			}
+			tt.check(t, per)
+		})
+	}
+}
+
+func TestCleanupRemovesOnlyOurs(t *testing.T) {
+	requireIPVS(t)
+	sb := sandbox.ForTest(t)
+	node, err := sb.AddNode(fallbacktest.NodeA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := handle(t, node)
+	// Someone else's virtual server on the node's own address.
+	foreign := ipvsService(vsKey{Addr: node.IP, Proto: model.TCP, Port: 8443}, "rr", 0)
+	if err := h.NewService(foreign); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(fallbacktest.Context(t), Config{Netns: node.NS.Path()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(fallbacktest.Example()...)
+	if err := d.Sync(src.Update()); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := Cleanup(ctx, node.NS.Path()); err != nil {
+		t.Fatalf("cleanup: %v", err)
+	}
+	services, err := h.GetServices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(services) != 1 || !h.IsServicePresent(foreign) {
+		var left []string
+		for _, s := range services {
+			k, _ := keyOf(s)
+			left = append(left, k.String())
+		}
+		t.Errorf("after cleanup the virtual servers are %v, want only the foreign %s:8443", left, node.IP)
+	}
+	if l, _ := node.NS.Netlink().LinkByName(DummyName); l != nil {
+		t.Errorf("%s left after cleanup", DummyName)
+	}
+	sets, err := node.NS.Netlink().IpsetListAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sets {
+		if slices.ContainsFunc(ipsetTypes, func(x struct{ name, typ string }) bool { return x.name == s.SetName }) {
+			t.Errorf("ipset %s left after cleanup", s.SetName)
+		}
+	}
+	for _, b := range xtables.Usable(ctx, node.NS.Path()) {
+		for _, table := range xtables.Tables {
+			own, err := xtables.ReadOwned(ctx, &xtables.Runner{Backend: b, Netns: node.NS.Path()}, table, iptables.Prefix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(own.Chains) > 0 || len(own.Jumps) > 0 {
+				t.Errorf("%s %s: left after cleanup: %v %v", b, table, own.Chains, own.Jumps)
+			}
+		}
+	}
+	if err := Cleanup(ctx, node.NS.Path()); err != nil {
+		t.Errorf("second cleanup: %v", err)
+	}
+}

@@ -1,0 +1,130 @@
+package ipvs
+
+import (
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func checkGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read golden file (run go test -update to create it): %v", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs from %s (go test -update rewrites it after review):\n%s", name, path, lineDiff(string(want), got))
+	}
+}
+
+func lineDiff(want, got string) string {
+	w := map[string]bool{}
+	for _, l := range strings.Split(want, "\n") {
+		w[l] = true
+	}
+	g := map[string]bool{}
+	var b strings.Builder
+	for _, l := range strings.Split(got, "\n") {
+		g[l] = true
+		if !w[l] {
+			b.WriteString("+ " + l + "\n")
+		}
+	}
+	for _, l := range strings.Split(want, "\n") {
+		if !g[l] {
+			b.WriteString("- " + l + "\n")
+		}
+	}
+	return b.String()
+}
+
+func freshHooks(tx *xtables.Transaction) error {
+	hs := hooks()
+	for i := len(hs) - 1; i >= 0; i-- {
+		tx.Table(hs[i].Table).Insert(hs[i].Chain, hs[i].Spec)
+	}
+	return nil
+}
+
+func render(t *testing.T, cfg Config, state *model.State) map[model.ServicePortName]serviceConfig {
+	t.Helper()
+	if err := cfg.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	r := renderer{cfg: &cfg, nodeIPs: cfg.NodeIPs}
+	out := map[model.ServicePortName]serviceConfig{}
+	for name, svc := range state.Services {
+		out[name] = r.service(svc)
+	}
+	return out
+}
+
+func TestConfigurationMatchesGoldenFiles(t *testing.T) {
+	nodeA := []netip.Addr{fallbacktest.NodeAIP}
+	tests := []struct {
+		name string
+		cfg  Config
+	}{
+		{"node-a", Config{ClusterCIDR: fallbacktest.ClusterCIDR, NodeIPs: nodeA}},
+		{"node-a-sh-no-cluster-cidr", Config{Scheduler: "sh", NodeIPs: nodeA, MasqueradeBit: 12}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			src := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(fallbacktest.Example()...)
+			up := src.Update()
+			cfg := tt.cfg
+			checkGolden(t, tt.name+"-ipvs", dump(render(t, cfg, up.State)))
+			if err := cfg.setDefaults(); err != nil {
+				t.Fatal(err)
+			}
+			tx, err := transaction(&cfg, true, nil, freshHooks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkGolden(t, tt.name+"-iptables", string(tx.Bytes()))
+		})
+	}
+}
+
+func TestSchedulerAndBitsAreValidated(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		ok   bool
+	}{
+		{"empty scheduler means rr", Config{}, true},
+		{"source hashing", Config{Scheduler: "sh"}, true},
+		{"never queue", Config{Scheduler: "nq"}, true},
+		{"unknown scheduler", Config{Scheduler: "fastest"}, false},
+		{"masquerade bit too large", Config{MasqueradeBit: 32}, false},
+		{"IPv6 cluster CIDR", Config{ClusterCIDR: netip.MustParsePrefix("fd00::/64")}, false},
+		{"unknown iptables back end", Config{Backend: "ebtables"}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.setDefaults()
+			if (err == nil) != tt.ok {
+				t.Fatalf("setDefaults() = %v, want ok=%t", err, tt.ok)
+			}
+			if tt.ok && tt.cfg.Scheduler == "" {
+				t.Errorf("scheduler left empty")
+			}
+		})
+	}
+}

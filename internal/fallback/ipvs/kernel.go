@@ -1,0 +1,350 @@
+package ipvs
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	libipvs "github.com/moby/ipvs"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nsenter"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+)
+
+// ErrNoIPVS is returned by New and Available when the kernel has no IPVS
+// (the ip_vs module is missing or cannot be loaded).
+var ErrNoIPVS = errors.New("IPVS is not available in this kernel")
+
+// flagPersistent is IP_VS_SVC_F_PERSISTENT; the kernel adds
+// IP_VS_SVC_F_HASHED (2) to what it reports.
+const flagPersistent = 0x1
+
+// Available loads ip_vs if needed and reports whether IPVS works in the
+// namespace at netnsPath ("" for the caller's): nil if it does, an error
+// wrapping ErrNoIPVS if the kernel lacks it, another error if the probe
+// itself failed.
+func Available(netnsPath string) error {
+	if ok, err := procNetIPVS(netnsPath); err != nil || ok {
+		return err
+	}
+	out, merr := exec.Command("modprobe", "ip_vs").CombinedOutput()
+	if ok, err := procNetIPVS(netnsPath); err != nil || ok {
+		return err
+	}
+	return fmt.Errorf("%w: modprobe ip_vs: %v %s", ErrNoIPVS, merr, strings.TrimSpace(string(out)))
+}
+
+// kernel wraps the handles that program one namespace.
+type kernel struct {
+	ipvs *libipvs.Handle
+	nl   *netlink.Handle
+}
+
+func openKernel(netnsPath string) (*kernel, error) {
+	k, err := openNetlink(netnsPath)
+	if err != nil {
+		return nil, err
+	}
+	if k.ipvs, err = libipvs.New(netnsPath); err != nil {
+		k.nl.Close()
+		return nil, fmt.Errorf("IPVS handle: %w", err)
+	}
+	return k, nil
+}
+
+// openNetlink opens the netlink handle only: enough for the dummy
+// interface and the ipsets.
+func openNetlink(netnsPath string) (*kernel, error) {
+	families := []int{unix.NETLINK_ROUTE, unix.NETLINK_NETFILTER}
+	if netnsPath == "" {
+		nlh, err := netlink.NewHandle(families...)
+		if err != nil {
+			return nil, fmt.Errorf("netlink handle: %w", err)
+		}
+		return &kernel{nl: nlh}, nil
+	}
+	ns, err := netns.GetFromPath(netnsPath)
+	if err != nil {
+		return nil, fmt.Errorf("open network namespace %s: %w", netnsPath, err)
+	}
+	defer ns.Close()
+	nlh, err := netlink.NewHandleAt(ns, families...)
+	if err != nil {
+		return nil, fmt.Errorf("netlink handle in %s: %w", netnsPath, err)
+	}
+	return &kernel{nl: nlh}, nil
+}
+
+func (k *kernel) close() {
+	if k.ipvs != nil {
+		k.ipvs.Close()
+	}
+	k.nl.Close()
+}
+
+// dummy returns the dummy interface, creating it when create is set.
+func (k *kernel) dummy(create bool) (netlink.Link, error) {
+	l, err := k.nl.LinkByName(DummyName)
+	if err == nil {
+		return l, nil
+	}
+	var notFound netlink.LinkNotFoundError
+	if !errors.As(err, &notFound) {
+		return nil, fmt.Errorf("find %s: %w", DummyName, err)
+	}
+	if !create {
+		return nil, nil
+	}
+	// Left down, as kube-ipvs0: its addresses are local all the same,
+	// and no route points at it.
+	if err := k.nl.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: DummyName}}); err != nil {
+		return nil, fmt.Errorf("create %s: %w", DummyName, err)
+	}
+	l, err = k.nl.LinkByName(DummyName)
+	if err != nil {
+		return nil, fmt.Errorf("find %s: %w", DummyName, err)
+	}
+	return l, nil
+}
+
+func (k *kernel) dummyAddrs(l netlink.Link) (map[netip.Addr]bool, error) {
+	addrs, err := k.nl.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("list addresses of %s: %w", DummyName, err)
+	}
+	out := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			out[ip.Unmap()] = true
+		}
+	}
+	return out, nil
+}
+
+func hostAddr(a netip.Addr) *netlink.Addr {
+	return &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}}
+}
+
+func (k *kernel) bind(l netlink.Link, a netip.Addr) error {
+	if err := k.nl.AddrAdd(l, hostAddr(a)); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("bind %s to %s: %w", a, DummyName, err)
+	}
+	return nil
+}
+
+func (k *kernel) unbind(l netlink.Link, a netip.Addr) error {
+	if err := k.nl.AddrDel(l, hostAddr(a)); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+		return fmt.Errorf("unbind %s from %s: %w", a, DummyName, err)
+	}
+	return nil
+}
+
+// nodeAddrs lists the namespace's IPv4 addresses except loopback and the
+// dummy interface's: where NodePorts are served by default.
+func (k *kernel) nodeAddrs() ([]netip.Addr, error) {
+	links, err := k.nl.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	var out []netip.Addr
+	for _, l := range links {
+		if l.Attrs().Name == DummyName || l.Attrs().Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, err := k.nl.AddrList(l, netlink.FAMILY_V4)
+		if err != nil {
+			return nil, fmt.Errorf("list addresses of %s: %w", l.Attrs().Name, err)
+		}
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.Unmap().IsLoopback() {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out, nil
+}
+
+// ensureSets creates our ipsets where missing, each holding at most
+// maxElements entries. It returns the sets that exist with a lower cap.
+func (k *kernel) ensureSets(maxElements uint32) (small []string, err error) {
+	all, err := k.nl.IpsetListAll()
+	if err != nil {
+		return nil, fmt.Errorf("list ipsets: %w", err)
+	}
+	existing := map[string]uint32{}
+	for _, s := range all {
+		existing[s.SetName] = s.MaxElements
+	}
+	for _, s := range ipsetTypes {
+		if max, ok := existing[s.name]; ok {
+			if max != 0 && max < maxElements {
+				small = append(small, fmt.Sprintf("%s (%d)", s.name, max))
+			}
+			continue
+		}
+		opts := netlink.IpsetCreateOptions{Family: unix.AF_INET, MaxElements: maxElements}
+		if err := k.nl.IpsetCreate(s.name, s.typ, opts); err != nil {
+			return nil, fmt.Errorf("create ipset %s (%s): %w", s.name, s.typ, err)
+		}
+	}
+	return small, nil
+}
+
+func (k *kernel) listSets() (map[string]bool, error) {
+	all, err := k.nl.IpsetListAll()
+	if err != nil {
+		return nil, fmt.Errorf("list ipsets: %w", err)
+	}
+	out := map[string]bool{}
+	for _, s := range all {
+		out[s.SetName] = true
+	}
+	return out, nil
+}
+
+// setEntries reads the entries of those of our sets that exist.
+func (k *kernel) setEntries(exist map[string]bool) (map[setEntry]bool, error) {
+	out := map[setEntry]bool{}
+	for _, s := range ipsetTypes {
+		if !exist[s.name] {
+			continue
+		}
+		res, err := k.nl.IpsetList(s.name)
+		if err != nil {
+			return nil, fmt.Errorf("list ipset %s: %w", s.name, err)
+		}
+		for _, e := range res.Entries {
+			se := setEntry{Set: s.name}
+			se.IP, _ = netip.AddrFromSlice(e.IP)
+			se.IP = se.IP.Unmap()
+			if e.Protocol != nil {
+				se.Proto = model.Protocol(*e.Protocol)
+			}
+			if e.Port != nil {
+				se.Port = *e.Port
+			}
+			if e.IP2 != nil {
+				se.IP2, _ = netip.AddrFromSlice(e.IP2)
+				se.IP2 = se.IP2.Unmap()
+				se.CIDR2 = int(e.CIDR2)
+				if se.CIDR2 == 0 {
+					se.CIDR2 = 32
+				}
+			}
+			out[se] = true
+		}
+	}
+	return out, nil
+}
+
+func netlinkEntry(e setEntry) *netlink.IPSetEntry {
+	proto := uint8(e.Proto)
+	port := e.Port
+	ne := &netlink.IPSetEntry{IP: e.IP.AsSlice(), Protocol: &proto, Port: &port, Replace: true}
+	if e.IP2.IsValid() {
+		ne.IP2 = e.IP2.AsSlice()
+		if e.CIDR2 != 32 {
+			ne.CIDR2 = uint8(e.CIDR2)
+		}
+	}
+	return ne
+}
+
+func (k *kernel) addEntry(e setEntry) error {
+	err := k.nl.IpsetAdd(e.Set, netlinkEntry(e))
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, nl.IPSetError(nl.IPSET_ERR_TYPE_SPECIFIC)):
+		// The one hash-type error an add can meet.
+		return fmt.Errorf("add %s to ipset %s: the set is full (see Config.IPSetMaxElements): %w", e, e.Set, err)
+	}
+	return fmt.Errorf("add %s to ipset %s: %w", e, e.Set, err)
+}
+
+func (k *kernel) delEntry(e setEntry) error {
+	err := k.nl.IpsetDel(e.Set, netlinkEntry(e))
+	if err != nil && !errors.Is(err, nl.IPSetError(nl.IPSET_ERR_EXIST)) {
+		return fmt.Errorf("delete %s from ipset %s: %w", e, e.Set, err)
+	}
+	return nil
+}
+
+// ipvsService is the moby/ipvs form of a virtual server.
+func ipvsService(k vsKey, scheduler string, persistence time.Duration) *libipvs.Service {
+	s := &libipvs.Service{
+		AddressFamily: unix.AF_INET,
+		Protocol:      uint16(k.Proto),
+		Address:       k.Addr.AsSlice(),
+		Port:          k.Port,
+		SchedName:     scheduler,
+		Netmask:       0xffffffff,
+	}
+	if persistence > 0 {
+		s.Flags = flagPersistent
+		s.Timeout = uint32(max(1, persistence/time.Second))
+	}
+	return s
+}
+
+func keyOf(s *libipvs.Service) (vsKey, bool) {
+	a, ok := netip.AddrFromSlice(s.Address)
+	if !ok || s.FWMark != 0 || s.AddressFamily != unix.AF_INET {
+		return vsKey{}, false
+	}
+	return vsKey{Addr: a.Unmap(), Proto: model.Protocol(s.Protocol), Port: s.Port}, true
+}
+
+func destination(rs netip.AddrPort, weight int) *libipvs.Destination {
+	return &libipvs.Destination{
+		AddressFamily:   unix.AF_INET,
+		Address:         rs.Addr().AsSlice(),
+		Port:            rs.Port(),
+		Weight:          weight,
+		ConnectionFlags: libipvs.ConnectionFlagMasq,
+	}
+}
+
+func destKey(d *libipvs.Destination) netip.AddrPort {
+	a, _ := netip.AddrFromSlice(d.Address)
+	return netip.AddrPortFrom(a.Unmap(), d.Port)
+}
+
+// sysctls IPVS needs in the namespace, as kube-proxy sets them:
+// conntrack lets iptables NAT (masquerade) IPVS traffic; expire_nodest_conn
+// ends flows to deleted real servers at their next packet instead of
+// black-holing them; expire_quiescent_template lets persistence templates
+// of weight-0 real servers expire, so that affinity moves on.
+var sysctls = map[string]string{
+	"net/ipv4/vs/conntrack":                 "1",
+	"net/ipv4/vs/expire_nodest_conn":        "1",
+	"net/ipv4/vs/expire_quiescent_template": "1",
+}
+
+func setSysctls(netnsPath string) error {
+	return nsenter.Do(netnsPath, func() error {
+		for key, val := range sysctls {
+			path := "/proc/sys/" + key
+			cur, err := os.ReadFile(path)
+			if err != nil {
+				return fmt.Errorf("read %s: %w", key, err)
+			}
+			if strings.TrimSpace(string(cur)) == val {
+				continue
+			}
+			if err := os.WriteFile(path, []byte(val), 0o644); err != nil {
+				return fmt.Errorf("set %s=%s: %w", key, val, err)
+			}
+		}
+		return nil
+	})
+}
