@@ -50,14 +50,15 @@ lint: deps
 unit:
 	$(GO) test ./internal/model/... ./internal/tracker/... ./internal/maps/... ./internal/k8swatch/... ./internal/metrics/... ./internal/healthcheck/... ./internal/proxier/... ./cmd/...
 
-# Every other Go test (the privileged packages run in the kernel matrix).
+# Every other Go test: the privileged packages run in the kernel matrix, the
+# end-to-end suite (test/e2e) in `make e2e`, one package at a time.
 test-go: deps build
-	$(GO) test -count=1 $$($(GO) list ./... | grep -v -F -x -f <($(GO) list $(PRIVILEGED_PKGS)))
+	$(GO) test -count=1 $$($(GO) list ./... | grep -v -F -x -f <($(GO) list $(PRIVILEGED_PKGS) ./test/e2e/...))
 
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./internal/maps/... ./test/socklb/...
 
-test: lint check-generated test-go vmtest
+test: lint check-generated test-go vmtest e2e
 
 demo: deps build
 	$(GO) run ./test/demo

@@ -1,6 +1,16 @@
 # Make fragment for the end-to-end tests; the top-level Makefile includes it.
+# It also works on its own from the repository root:
+#   make -f test/e2e/e2e.mk e2e
+
+SHELL := /bin/bash
+GO ?= go
 
 E2E_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
+# The repository root, whatever directory make runs in.
+E2E_ROOT := $(abspath $(E2E_DIR)/../..)
+# Where the suite writes its log, the differential report and summary.
+E2E_OUT ?= $(E2E_ROOT)/bin/e2e
+E2E_AGENT := $(E2E_ROOT)/bin/ebpf-proxy
 
 # Where build-binaries.sh keeps etcd, kube-apiserver, kube-proxy and kubectl,
 # keyed by version; the Go harness (test/e2e/cluster) reads the same variable.
@@ -12,3 +22,42 @@ EBPF_PROXY_CACHE ?= /var/cache/ebpf-proxy
 .PHONY: k8s-binaries
 k8s-binaries:
 	EBPF_PROXY_CACHE=$(EBPF_PROXY_CACHE) $(E2E_DIR)/build-binaries.sh
+
+# The agent binary every end-to-end test runs (go build is incremental).
+.PHONY: e2e-agent
+e2e-agent:
+	cd $(E2E_ROOT) && $(GO) build -o $(E2E_AGENT) ./cmd/ebpf-proxy
+
+# The end-to-end suite as root: the harness, the testbed, the agent against
+# a real API server, and the differential run of every scenario against
+# upstream kube-proxy (iptables, nftables) and ebpf-proxy. Packages run one
+# at a time: each starts its own control plane, and the machine has two
+# cores. The differential report goes to $(E2E_OUT)/report.txt; the last line
+# printed is the differential summary.
+#   EBPF_PROXY_E2E_PENDING=1 also runs the scenarios of known differences.
+.PHONY: e2e
+e2e: k8s-binaries e2e-agent
+	@mkdir -p $(E2E_OUT)
+	@rm -f $(E2E_OUT)/summary.txt $(E2E_OUT)/report.txt
+	@cd $(E2E_ROOT) && \
+	EBPF_PROXY_CACHE=$(EBPF_PROXY_CACHE) EBPF_PROXY_BIN=$(E2E_AGENT) EBPF_PROXY_E2E_OUT=$(E2E_OUT) \
+	EBPF_PROXY_REQUIRE_PRIVILEGED=1 \
+	$(GO) test -count=1 -p 1 -timeout 30m ./test/e2e/... > $(E2E_OUT)/go-test.log 2>&1; \
+	status=$$?; \
+	grep -v '^[[:space:]]*{"level"' $(E2E_OUT)/go-test.log | grep -E -v '^[[:space:]]+[IWE][0-9]{4} ' ; \
+	echo "full log: $(E2E_OUT)/go-test.log; differential report: $(E2E_OUT)/report.txt"; \
+	if [ -s $(E2E_OUT)/summary.txt ]; then tail -n 1 $(E2E_OUT)/summary.txt; \
+	else echo "differential: did not complete (see $(E2E_OUT)/go-test.log)"; status=1; fi; \
+	exit $$status
+
+# Scale benchmarks (not part of make test): 10,000 Services of 10 endpoints
+# through the API, then for ebpf-proxy and upstream kube-proxy (iptables via
+# iptables-legacy, nftables): time until all are programmed, peak RSS, p50
+# and p99 latency of one endpoint change. Smaller runs:
+#   EBPF_PROXY_BENCH_SERVICES=1000 EBPF_PROXY_BENCH_CHANGES=20 \
+#   EBPF_PROXY_BENCH_PROXIES=ebpf,iptables make -f test/e2e/e2e.mk e2e-bench
+.PHONY: e2e-bench
+e2e-bench: k8s-binaries e2e-agent
+	cd $(E2E_ROOT) && \
+	EBPF_PROXY_CACHE=$(EBPF_PROXY_CACHE) EBPF_PROXY_BIN=$(E2E_AGENT) EBPF_PROXY_REQUIRE_PRIVILEGED=1 \
+	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 180m ./test/e2e/bench/

@@ -1,0 +1,296 @@
+package differential
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/cluster"
+	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
+)
+
+func TestMain(m *testing.M) { testbed.Main(m) }
+
+// PendingEnv set to 1 also runs the scenarios marked Pending: known
+// differences of ebpf-proxy that await a decision.
+const PendingEnv = "EBPF_PROXY_E2E_PENDING"
+
+// selected reports whether scenario sc runs in this test.
+func selected(sc Scenario) bool { return sc.Pending == "" || os.Getenv(PendingEnv) == "1" }
+
+// OutDirEnv names a directory where TestDifferential writes report.txt (every
+// scenario with every verdict) and summary.txt (the differential line).
+const OutDirEnv = "EBPF_PROXY_E2E_OUT"
+
+// Concurrency of a run: API writes and probes (each probe is a process).
+const (
+	applyWorkers = 8
+	probeWorkers = 6
+)
+
+// kinds are the proxies every scenario runs against; iptables mode is the
+// reference (upstream's default), nftables mode where upstream is heading.
+var kinds = []testbed.Kind{testbed.KubeProxyIPTables, testbed.KubeProxyNFTables, testbed.EbpfProxy}
+
+// upstreamFeatureGates turn on in upstream kube-proxy 1.33 (and its API
+// server) what is on by default from 1.34 and what ebpf-proxy implements:
+// node hints (PreferSameTrafficDistribution).
+var upstreamFeatureGates = map[string]bool{"PreferSameTrafficDistribution": true}
+
+// verdicts of one run: [scenario][step][probe]; a scenario not run is nil.
+type verdicts [][][]string
+
+func testbedOptions() testbed.Options {
+	return testbed.Options{
+		Nodes: []testbed.NodeSpec{
+			{Name: selfA, Zone: "zone-a", Pods: []string{"a1", "a2"}},
+			{Name: selfB, Zone: "zone-b", Pods: []string{"b1", "b2"}},
+		},
+		TCPPorts:        podTCPPorts,
+		UDPPorts:        podUDPPorts,
+		ExternalClients: []string{ext, ext2},
+	}
+}
+
+// TestDifferential runs every scenario against each kind of proxy on one
+// API server, one testbed per kind, and compares ebpf-proxy's verdicts with
+// upstream's.
+func TestDifferential(t *testing.T) {
+	if err := check(scenarios); err != nil {
+		t.Fatal(err)
+	}
+	gates := make([]string, 0, len(upstreamFeatureGates))
+	for k, v := range upstreamFeatureGates {
+		gates = append(gates, fmt.Sprintf("%s=%t", k, v))
+	}
+	start := time.Now()
+	c := cluster.StartT(t, cluster.Options{APIServerArgs: []string{"--feature-gates=" + strings.Join(gates, ",")}})
+
+	runs := map[testbed.Kind]verdicts{}
+	for i, kind := range kinds {
+		t.Run("run/"+string(kind), func(t *testing.T) {
+			runs[kind] = runKind(t, c, kind, i)
+		})
+		if kind.Upstream() && runs[kind] == nil {
+			t.Fatalf("the %s reference run failed; nothing to compare with", kind)
+		}
+	}
+
+	var report strings.Builder
+	var n, match, mismatch, unsupported int
+	var disagreements, pending []string
+	for si, sc := range scenarios {
+		if !selected(sc) {
+			pending = append(pending, fmt.Sprintf("%q (%s)", sc.Name, sc.Pending))
+			continue
+		}
+		n++
+		status, text, disagree := compare(si, sc, runs)
+		switch status {
+		case "match":
+			match++
+		case "mismatch":
+			mismatch++
+		default:
+			unsupported++
+		}
+		if disagree {
+			disagreements = append(disagreements, sc.Name)
+		}
+		fmt.Fprintf(&report, "%s\n", text)
+		t.Run("compare/"+sc.Name, func(t *testing.T) {
+			if status == "mismatch" {
+				t.Errorf("ebpf-proxy differs from upstream kube-proxy:\n%s", text)
+			} else {
+				t.Logf("%s", text)
+			}
+		})
+	}
+	summary := fmt.Sprintf("differential: scenarios=%d match=%d mismatch=%d unsupported=%d", n, match, mismatch, unsupported)
+	if len(pending) > 0 {
+		fmt.Fprintf(&report, "pending, not run (%s=1 runs them): %s\n", PendingEnv, strings.Join(pending, "; "))
+		t.Logf("pending scenarios, not run (%s=1 runs them): %s", PendingEnv, strings.Join(pending, "; "))
+	}
+	fmt.Fprintf(&report, "upstream iptables and nftables modes disagree in %d scenario(s): %s\n", len(disagreements), strings.Join(disagreements, "; "))
+	fmt.Fprintf(&report, "run time %s\n%s\n", time.Since(start).Round(time.Second), summary)
+	t.Log(summary)
+	if dir := os.Getenv(OutDirEnv); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Error(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "report.txt"), []byte(report.String()), 0o644); err != nil {
+			t.Error(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "summary.txt"), []byte(summary+"\n"), 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// compare judges one scenario: "match" when every probe of every step got
+// from ebpf-proxy the verdict of upstream's iptables or nftables mode,
+// "unsupported" when ebpf-proxy lacks a feature it needs, else "mismatch".
+// The text lists every verdict.
+func compare(si int, sc Scenario, runs map[testbed.Kind]verdicts) (status, text string, disagree bool) {
+	ipt, nft, ebpf := runs[testbed.KubeProxyIPTables][si], runs[testbed.KubeProxyNFTables][si], runs[testbed.EbpfProxy][si]
+	lacking := missing(sc.Needs, ebpfProxyFeatures)
+	status = "match"
+	if len(lacking) > 0 {
+		status = "unsupported (ebpf-proxy lacks " + strings.Join(lacking, ", ") + ")"
+	}
+	var b strings.Builder
+	for st, step := range sc.Steps {
+		fmt.Fprintf(&b, "  step %d: %s\n", st+1, step.Name)
+		for pi, p := range step.Probes {
+			up := at(ipt, st, pi)
+			nf := at(nft, st, pi)
+			fmt.Fprintf(&b, "    %s\n      iptables: %s\n", p, up)
+			if nf != up {
+				disagree = true
+				fmt.Fprintf(&b, "      nftables: %s\n", nf)
+			}
+			if len(lacking) > 0 {
+				continue
+			}
+			eb := at(ebpf, st, pi)
+			mark := ""
+			if eb != up && eb != nf {
+				status = "mismatch"
+				mark = "   <-- MISMATCH"
+			}
+			fmt.Fprintf(&b, "      ebpf:     %s%s\n", eb, mark)
+		}
+	}
+	return status, fmt.Sprintf("scenario %q: %s\n%s", sc.Name, status, b.String()), disagree
+}
+
+func at(v [][]string, st, pi int) string {
+	if v == nil {
+		return "NOT RUN"
+	}
+	if st >= len(v) || v[st] == nil || pi >= len(v[st]) || v[st][pi] == "" {
+		return "NOT RUN"
+	}
+	return v[st][pi]
+}
+
+// runKind runs every scenario the proxy kind supports on a fresh testbed and
+// returns the verdicts, or nil if the run could not be made.
+func runKind(t *testing.T, c *cluster.Cluster, kind testbed.Kind, index int) verdicts {
+	ctx := t.Context()
+	tb := testbed.New(t, c, testbedOptions())
+	opts := testbed.ProxyOptions{Kind: kind}
+	if kind.Upstream() {
+		opts.FeatureGates = upstreamFeatureGates
+	}
+	var proxies []*testbed.Proxy
+	for _, n := range tb.Nodes {
+		proxies = append(proxies, tb.StartProxy(t, n, opts))
+	}
+	ns := "diff-" + string(kind)
+	if _, err := c.Clientset().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	w := newWorld(kind, index, tb, ns)
+	t.Cleanup(func() {
+		if err := w.cleanup(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+
+	out := make(verdicts, len(scenarios))
+	var active []int
+	waves := 0
+	for si, sc := range scenarios {
+		if !selected(sc) || kind == testbed.EbpfProxy && len(missing(sc.Needs, ebpfProxyFeatures)) > 0 {
+			continue
+		}
+		active = append(active, si)
+		out[si] = make([][]string, len(sc.Steps))
+		waves = max(waves, len(sc.Steps))
+		if err := w.addVIPs(si, sc.VIPs); err != nil {
+			t.Fatalf("scenario %q: %v", sc.Name, err)
+		}
+	}
+
+	for wave := range waves {
+		var inWave []int
+		for _, si := range active {
+			if wave < len(scenarios[si].Steps) {
+				inWave = append(inWave, si)
+			}
+		}
+		parallel(len(inWave), applyWorkers, func(i int) {
+			si := inWave[i]
+			if err := w.apply(ctx, si, scenarios[si].Steps[wave]); err != nil {
+				t.Errorf("scenario %q step %d: apply: %v", scenarios[si].Name, wave+1, err)
+			}
+		})
+		if t.Failed() {
+			return nil
+		}
+		if err := w.barrier(ctx, wave); err != nil {
+			t.Fatalf("%s run, wave %d: %v", kind, wave+1, err)
+		}
+		// Every probe of the wave is a new connection under the wave's
+		// rules, as for a real client (see FlushConntrack).
+		for _, n := range tb.Nodes {
+			if err := n.FlushConntrack(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		type job struct{ si, pi int }
+		var jobs []job
+		for _, si := range inWave {
+			out[si][wave] = make([]string, len(scenarios[si].Steps[wave].Probes))
+			for pi := range scenarios[si].Steps[wave].Probes {
+				jobs = append(jobs, job{si, pi})
+			}
+		}
+		parallel(len(jobs), probeWorkers, func(i int) {
+			j := jobs[i]
+			p := scenarios[j.si].Steps[wave].Probes[j.pi]
+			v, err := w.observe(ctx, j.si, p)
+			if err != nil {
+				t.Errorf("scenario %q step %d: probe %s: %v", scenarios[j.si].Name, wave+1, p, err)
+				v = "PROBE ERROR: " + err.Error()
+			}
+			out[j.si][wave][j.pi] = v
+		})
+		t.Logf("%s run: wave %d done: %d scenarios, %d probes", kind, wave+1, len(inWave), len(jobs))
+	}
+	for _, p := range proxies {
+		if err := p.ExitError(); err != nil {
+			t.Errorf("%s on %s died during the run: %v\n%s", kind, p.Node.Spec.Name, err, p.LogTail(30))
+		}
+	}
+	return out
+}
+
+// parallel runs fn(0..n-1) on at most workers goroutines.
+func parallel(n, workers int, fn func(i int)) {
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range min(n, workers) {
+		wg.Go(func() {
+			for i := range next {
+				fn(i)
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+}

@@ -1,0 +1,413 @@
+package differential
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Feature is something a scenario needs from a proxy beyond ClusterIP load
+// balancing from the node's own processes.
+type Feature string
+
+// Features that scenarios declare.
+const (
+	// FeatureNodePort is NodePort traffic (TC/XDP in ebpf-proxy).
+	FeatureNodePort Feature = "nodeport"
+	// FeatureExternalIP is traffic to spec.externalIPs.
+	FeatureExternalIP Feature = "externalip"
+	// FeatureLoadBalancer is traffic to status.loadBalancer.ingress IPs.
+	FeatureLoadBalancer Feature = "loadbalancer"
+	// FeatureAffinity is sessionAffinity ClientIP.
+	FeatureAffinity Feature = "affinity"
+	// FeatureHealthCheck is the healthCheckNodePort server.
+	FeatureHealthCheck Feature = "healthchecknodeport"
+	// FeatureExternalTraffic is traffic that reaches a node from the
+	// network for one of its NodePorts, ExternalIPs or LoadBalancer IPs:
+	// in ebpf-proxy the TC/XDP programs, not the socket hooks.
+	FeatureExternalTraffic Feature = "external-traffic"
+	// FeatureSourceRanges is loadBalancerSourceRanges.
+	FeatureSourceRanges Feature = "loadbalancersourceranges"
+)
+
+// ebpfProxyFeatures are the features ebpf-proxy implements today: its
+// socket hooks serve ClusterIPs, NodePorts, ExternalIPs and LoadBalancer IPs
+// to clients on the node, with session affinity. Traffic from the network
+// (TC/XDP, issue 5), source ranges and health check node ports are to come;
+// add them here when they land, and their scenarios start to count.
+var ebpfProxyFeatures = map[Feature]bool{
+	FeatureNodePort:     true,
+	FeatureExternalIP:   true,
+	FeatureLoadBalancer: true,
+}
+
+// Scenario is one behaviour to compare: a sequence of states of some
+// Services and EndpointSlices, each followed by probes.
+type Scenario struct {
+	// Name says what behaviour the scenario shows.
+	Name string
+	// Needs lists the features ebpf-proxy must have for the scenario to be
+	// run against it.
+	Needs []Feature
+	// Pending, when set, says how ebpf-proxy is known to differ from
+	// upstream here, pending a decision by the project's lead: the scenario
+	// runs only when EBPF_PROXY_E2E_PENDING=1, and the report names it.
+	Pending string
+	// VIPs are the scenario's ExternalIPs and LoadBalancer IPs, by name,
+	// each with the node the router sends its traffic to.
+	VIPs map[string]string
+	// Steps run in order.
+	Steps []Step
+}
+
+// Step is the whole desired state of the scenario's objects (what is not
+// listed is deleted), and the probes to run once every proxy has it.
+type Step struct {
+	// Name says what the step changes.
+	Name string
+	// Services and Slices are every object of the scenario at this step.
+	Services []Svc
+	Slices   []Slice
+	// Probes run once every proxy has programmed the step.
+	Probes []Probe
+}
+
+// Svc describes a Service. Its ClusterIP, NodePorts and VIP addresses are
+// chosen by the runner, stable for the scenario's whole run.
+type Svc struct {
+	// Name is unique in the scenario.
+	Name string
+	// Type defaults to ClusterIP.
+	Type corev1.ServiceType
+	// Headless makes clusterIP None.
+	Headless bool
+	// ExternalName is the name of an ExternalName Service.
+	ExternalName string
+	Ports        []Port
+	// ITP and ETP are the internal and external traffic policies; empty
+	// leaves them to the API server's defaults.
+	ITP corev1.ServiceInternalTrafficPolicy
+	ETP corev1.ServiceExternalTrafficPolicy
+	// Affinity sets sessionAffinity ClientIP (with the default timeout).
+	Affinity bool
+	// PublishNotReady sets publishNotReadyAddresses.
+	PublishNotReady bool
+	// Labels are added to the Service's.
+	Labels map[string]string
+	// ExternalIPs and LBIngress name VIPs of the scenario.
+	ExternalIPs []string
+	LBIngress   []Ingress
+	// SourceRanges are loadBalancerSourceRanges: client names (their /32)
+	// or CIDRs.
+	SourceRanges []string
+}
+
+// Ingress is a status.loadBalancer.ingress entry.
+type Ingress struct {
+	// VIP names one of the scenario's VIPs.
+	VIP string
+	// Proxy sets ipMode Proxy: a load balancer that proxies, whose IP
+	// kube-proxy must not capture.
+	Proxy bool
+}
+
+// Port is a ServicePort.
+type Port struct {
+	Name  string
+	Proto corev1.Protocol
+	Port  int32
+	// Target is the targetPort, a number or a name.
+	Target intstr.IntOrString
+}
+
+// Slice describes an EndpointSlice of a Service, written as the EndpointSlice
+// controller would (there is none in the test cluster).
+type Slice struct {
+	// Name is unique in the scenario.
+	Name string
+	// Service names the Svc the slice belongs to.
+	Service string
+	// Labels are added to the slice's.
+	Labels map[string]string
+	Ports  []SlicePort
+	Eps    []Ep
+}
+
+// SlicePort is an EndpointSlice port.
+type SlicePort struct {
+	Name  string
+	Proto corev1.Protocol
+	Port  int32
+}
+
+// Ep is an endpoint: a pod of the testbed, on its node and in its zone.
+type Ep struct {
+	// Pod is a pod of the testbed.
+	Pod string
+	// Ready, Serving and Terminating are the conditions; nil leaves one
+	// unset.
+	Ready, Serving, Terminating *bool
+	// ZoneHints and NodeHints are the endpoint's hints.
+	ZoneHints, NodeHints []string
+}
+
+// DestKind says what a probe connects to.
+type DestKind int
+
+// Destinations.
+const (
+	// ClusterIP is the Service's ClusterIP and port.
+	ClusterIP DestKind = iota
+	// NodePort is a node's IP and the port's NodePort.
+	NodePort
+	// VIP is one of the scenario's ExternalIPs or LoadBalancer IPs.
+	VIP
+	// PodIP is a pod, directly.
+	PodIP
+	// HealthCheck is a node's IP and the Service's healthCheckNodePort.
+	HealthCheck
+)
+
+// Dest is a probe's destination.
+type Dest struct {
+	Kind DestKind
+	// Service names a Svc of the scenario.
+	Service string
+	// Port is the Service port (or the pod port for PodIP).
+	Port int32
+	// Node is the node whose IP a NodePort or health check probe uses.
+	Node string
+	// VIP or pod name.
+	Name string
+}
+
+// String describes the destination for reports.
+func (d Dest) String() string {
+	switch d.Kind {
+	case ClusterIP:
+		return fmt.Sprintf("ClusterIP of %s:%d", d.Service, d.Port)
+	case NodePort:
+		return fmt.Sprintf("NodePort of %s:%d on %s", d.Service, d.Port, d.Node)
+	case VIP:
+		return fmt.Sprintf("%s:%d", d.Name, d.Port)
+	case PodIP:
+		return fmt.Sprintf("pod %s:%d", d.Name, d.Port)
+	case HealthCheck:
+		return fmt.Sprintf("healthCheckNodePort of %s on %s", d.Service, d.Node)
+	}
+	return "?"
+}
+
+// Probe is traffic from one client to one destination.
+type Probe struct {
+	// From is a client: see the client constants, or "pod:<name>".
+	From string
+	// To is where it connects.
+	To Dest
+	// Proto is TCP (connect, read the answer) or UDP (a connected socket,
+	// send and receive).
+	Proto corev1.Protocol
+	// Sticky probes expect session affinity: their verdict says whether
+	// every attempt reached the same endpoint instead of listing it.
+	Sticky bool
+}
+
+// String describes the probe for reports.
+func (p Probe) String() string {
+	s := fmt.Sprintf("%s → %s/%s", p.From, p.To, p.Proto)
+	if p.To.Kind == HealthCheck {
+		s = fmt.Sprintf("%s → %s (HTTP)", p.From, p.To)
+	}
+	if p.Sticky {
+		s += " (same client each time)"
+	}
+	return s
+}
+
+// Clients of the testbed.
+const (
+	clientA = "node-a-client" // a pod on node-a
+	clientB = "node-b-client" // a pod on node-b
+	selfA   = "node-a"        // node-a itself
+	selfB   = "node-b"        // node-b itself
+	ext     = "ext"           // outside the cluster, 198.18.0.10
+	ext2    = "ext2"          // outside the cluster, 198.18.0.11
+)
+
+const (
+	tcp = corev1.ProtocolTCP
+	udp = corev1.ProtocolUDP
+)
+
+// Builders, to keep the table readable.
+
+func yes() *bool { t := true; return &t }
+func no() *bool  { f := false; return &f }
+
+// ready is an endpoint of a ready pod, as the controller writes it.
+func ready(pod string) Ep { return Ep{Pod: pod, Ready: yes(), Serving: yes(), Terminating: no()} }
+
+// unset is an endpoint without conditions (ready by default).
+func unset(pod string) Ep { return Ep{Pod: pod} }
+
+// notReady is a running pod that fails its readiness probe.
+func notReady(pod string) Ep { return Ep{Pod: pod, Ready: no(), Serving: no(), Terminating: no()} }
+
+// servingTerminating is a terminating pod that still passes readiness.
+func servingTerminating(pod string) Ep {
+	return Ep{Pod: pod, Ready: no(), Serving: yes(), Terminating: yes()}
+}
+
+// terminating is a terminating pod that no longer passes readiness.
+func terminating(pod string) Ep { return Ep{Pod: pod, Ready: no(), Serving: no(), Terminating: yes()} }
+
+func (e Ep) zones(z ...string) Ep { e.ZoneHints = z; return e }
+func (e Ep) nodes(n ...string) Ep { e.NodeHints = n; return e }
+
+func port(name string, proto corev1.Protocol, p int32, target any) Port {
+	var t intstr.IntOrString
+	switch v := target.(type) {
+	case int:
+		t = intstr.FromInt32(int32(v))
+	case string:
+		t = intstr.FromString(v)
+	default:
+		panic(fmt.Sprintf("target port %v", target))
+	}
+	return Port{Name: name, Proto: proto, Port: p, Target: t}
+}
+
+func sport(name string, proto corev1.Protocol, p int32) SlicePort {
+	return SlicePort{Name: name, Proto: proto, Port: p}
+}
+
+// web is the usual Service: port 80/TCP ("http") to 8080.
+func web(opts ...func(*Svc)) Svc {
+	s := Svc{Name: "web", Ports: []Port{port("http", tcp, 80, 8080)}}
+	for _, o := range opts {
+		o(&s)
+	}
+	return s
+}
+
+// dual gives s port 80 over both TCP ("http") and UDP ("dns"), to 8080.
+func dual(s Svc) Svc {
+	s.Ports = []Port{port("http", tcp, 80, 8080), port("dns", udp, 80, 8080)}
+	return s
+}
+
+// dualSlice is the slice of a dual web.
+func dualSlice(eps ...Ep) Slice {
+	return Slice{Name: "web-1", Service: "web", Ports: []SlicePort{sport("http", tcp, 8080), sport("dns", udp, 8080)}, Eps: eps}
+}
+
+// webSlice is the usual slice of web: port "http" 8080/TCP.
+func webSlice(eps ...Ep) Slice {
+	return Slice{Name: "web-1", Service: "web", Ports: []SlicePort{sport("http", tcp, 8080)}, Eps: eps}
+}
+
+func withType(t corev1.ServiceType) func(*Svc) { return func(s *Svc) { s.Type = t } }
+func withITP(p corev1.ServiceInternalTrafficPolicy) func(*Svc) {
+	return func(s *Svc) { s.ITP = p }
+}
+func withETP(p corev1.ServiceExternalTrafficPolicy) func(*Svc) {
+	return func(s *Svc) { s.ETP = p }
+}
+func withLabels(kv ...string) func(*Svc) {
+	return func(s *Svc) { s.Labels = pairs(kv) }
+}
+func withPorts(ps ...Port) func(*Svc) { return func(s *Svc) { s.Ports = ps } }
+func withExternalIPs(vips ...string) func(*Svc) {
+	return func(s *Svc) { s.ExternalIPs = vips }
+}
+func withIngress(in ...Ingress) func(*Svc) { return func(s *Svc) { s.LBIngress = in } }
+func withAffinity(s *Svc)                  { s.Affinity = true }
+func withPublishNotReady(s *Svc)           { s.PublishNotReady = true }
+
+func pairs(kv []string) map[string]string {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return m
+}
+
+func (s Slice) labeled(kv ...string) Slice { s.Labels = pairs(kv); return s }
+
+func cip(svc string, p int32) Dest { return Dest{Kind: ClusterIP, Service: svc, Port: p} }
+func np(svc string, p int32, node string) Dest {
+	return Dest{Kind: NodePort, Service: svc, Port: p, Node: node}
+}
+func vip(name string, p int32) Dest { return Dest{Kind: VIP, Name: name, Port: p} }
+func pod(name string, p int32) Dest { return Dest{Kind: PodIP, Name: name, Port: p} }
+func hcnp(svc, node string) Dest    { return Dest{Kind: HealthCheck, Service: svc, Node: node} }
+func probe(proto corev1.Protocol, from string, to Dest) []Probe {
+	return []Probe{{From: from, To: to, Proto: proto}}
+}
+func sticky(from string, to Dest) []Probe {
+	return []Probe{{From: from, To: to, Proto: tcp, Sticky: true}}
+}
+func httpGet(from string, to Dest) []Probe { return []Probe{{From: from, To: to, Proto: tcp}} }
+
+// inCluster probes dst from a pod and from the node itself, on both nodes.
+func inCluster(proto corev1.Protocol, to Dest) []Probe {
+	var out []Probe
+	for _, from := range []string{clientA, selfA, clientB, selfB} {
+		out = append(out, probe(proto, from, to)...)
+	}
+	return out
+}
+
+// from probes dst from each client in froms.
+func from(proto corev1.Protocol, to Dest, froms ...string) []Probe {
+	var out []Probe
+	for _, f := range froms {
+		out = append(out, probe(proto, f, to)...)
+	}
+	return out
+}
+
+func ps(groups ...[]Probe) []Probe { return slices.Concat(groups...) }
+
+// missing returns the features of needs that have lacks.
+func missing(needs []Feature, have map[Feature]bool) []string {
+	var out []string
+	for _, f := range needs {
+		if !have[f] {
+			out = append(out, string(f))
+		}
+	}
+	return out
+}
+
+// check validates a scenario table: names unique, every step probing
+// something, probes naming known clients.
+func check(scenarios []Scenario) error {
+	seen := map[string]bool{}
+	for _, sc := range scenarios {
+		if seen[sc.Name] {
+			return fmt.Errorf("scenario %q twice", sc.Name)
+		}
+		seen[sc.Name] = true
+		if len(sc.Steps) == 0 {
+			return fmt.Errorf("scenario %q has no steps", sc.Name)
+		}
+		for i, st := range sc.Steps {
+			if len(st.Probes) == 0 {
+				return fmt.Errorf("scenario %q step %d (%s) probes nothing", sc.Name, i+1, st.Name)
+			}
+			for _, p := range st.Probes {
+				switch {
+				case p.From == clientA, p.From == clientB, p.From == selfA, p.From == selfB, p.From == ext, p.From == ext2,
+					strings.HasPrefix(p.From, "pod:"):
+				default:
+					return fmt.Errorf("scenario %q step %d: unknown client %q", sc.Name, i+1, p.From)
+				}
+			}
+		}
+	}
+	return nil
+}

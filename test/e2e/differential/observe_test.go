@@ -1,0 +1,289 @@
+package differential
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+)
+
+// Attempts per probe: a few first, so that a failing destination (each
+// DROP costs the attempt timeout) is told quickly; then enough more that
+// every endpoint of up to four shows up (4·(3/4)^48 < 1e-5).
+const (
+	firstAttempts = 3
+	moreAttempts  = 45
+	// A TCP attempt outlasts one SYN retransmission (1 s), so that an
+	// ICMP error that the kernel records only as a soft error for the
+	// first SYN still fails the attempt rather than making it a DROP; and
+	// an answer slowed by a busy machine is not taken for a DROP either.
+	tcpAttemptTimeout = 2 * time.Second
+	// A UDP attempt fails at once on a refusal; no answer within the bound
+	// means a DROP.
+	udpAttemptTimeout = 2 * time.Second
+)
+
+// Bounds of the barrier's wait; a proxy programs a Service within seconds
+// even on a busy machine.
+const (
+	barrierPolls    = 600
+	barrierInterval = 100 * time.Millisecond
+)
+
+// client returns the testbed client called name.
+func (w *world) client(name string) (*sandbox.Client, error) {
+	for _, n := range w.tb.Nodes {
+		switch name {
+		case n.Spec.Name:
+			return n.Self, nil
+		case n.Client.Name:
+			return n.Client, nil
+		}
+	}
+	for _, e := range w.tb.External {
+		if e.Name == name {
+			return e, nil
+		}
+	}
+	if podName, ok := strings.CutPrefix(name, "pod:"); ok {
+		if p, _ := w.tb.Pod(podName); p != nil {
+			return w.tb.PodClient(p)
+		}
+	}
+	return nil, fmt.Errorf("no client %q", name)
+}
+
+// dest resolves a probe's destination to an address.
+func (w *world) dest(ctx context.Context, sc int, d Dest) (netip.AddrPort, error) {
+	switch d.Kind {
+	case ClusterIP:
+		ip, err := w.clusterIP(sc, d.Service)
+		return netip.AddrPortFrom(ip, uint16(d.Port)), err
+	case NodePort:
+		n := w.tb.Node(d.Node)
+		if n == nil {
+			return netip.AddrPort{}, fmt.Errorf("no node %s", d.Node)
+		}
+		p, err := w.nodePort(sc, d.Service, d.Port)
+		return netip.AddrPortFrom(n.IP, uint16(p)), err
+	case VIP:
+		ip, err := w.vip(sc, d.Name)
+		return netip.AddrPortFrom(ip, uint16(d.Port)), err
+	case PodIP:
+		p, _ := w.tb.Pod(d.Name)
+		if p == nil {
+			return netip.AddrPort{}, fmt.Errorf("no pod %s", d.Name)
+		}
+		return netip.AddrPortFrom(p.IP, uint16(d.Port)), nil
+	case HealthCheck:
+		n := w.tb.Node(d.Node)
+		if n == nil {
+			return netip.AddrPort{}, fmt.Errorf("no node %s", d.Node)
+		}
+		svc, err := w.cs.CoreV1().Services(w.ns).Get(ctx, prefix(sc)+d.Service, metav1.GetOptions{})
+		if err != nil {
+			return netip.AddrPort{}, err
+		}
+		if svc.Spec.HealthCheckNodePort == 0 {
+			return netip.AddrPort{}, fmt.Errorf("service %s has no healthCheckNodePort", svc.Name)
+		}
+		return netip.AddrPortFrom(n.IP, uint16(svc.Spec.HealthCheckNodePort)), nil
+	}
+	return netip.AddrPort{}, fmt.Errorf("unknown destination kind %d", d.Kind)
+}
+
+// failure names what a failed attempt's errno means to the client.
+func failure(errName string) string {
+	switch errName {
+	case "ECONNREFUSED":
+		return "REJECT"
+	case "ETIMEDOUT":
+		// kube-proxy's DROP makes the client wait; ebpf-proxy's socket
+		// programs fail connect() at once with the same errno.
+		return "DROP"
+	case "ENETUNREACH", "EHOSTUNREACH", "EACCES":
+		// Nothing translated the destination: it left the node, and the
+		// network refused it (the testbed's router refuses the Service
+		// range).
+		return "UNREACHABLE"
+	case "ECONNRESET", "EOF":
+		return "RESET"
+	}
+	return "ERROR " + errName
+}
+
+// tally sums up the attempts of one probe.
+type tally struct {
+	reached  map[string]int // "<server> sees <client address>"
+	servers  map[string]int
+	failures map[string]int
+	notes    map[string]int
+	http     map[string]int
+}
+
+func newTally() *tally {
+	return &tally{reached: map[string]int{}, servers: map[string]int{}, failures: map[string]int{},
+		notes: map[string]int{}, http: map[string]int{}}
+}
+
+func (t *tally) answered(w *world, c *sandbox.Client, server string, seen netip.Addr) {
+	who := w.tb.AddressName(seen)
+	if seen == c.IP {
+		who = "client"
+	}
+	t.reached[server+" sees "+who]++
+	t.servers[server]++
+}
+
+// addTCP records a TCP attempt to dst. Besides the answer, the socket must
+// show dst as its peer, as a client that called getpeername() expects.
+func (t *tally) addTCP(w *world, c *sandbox.Client, dst netip.AddrPort, r sandbox.TCPResult) {
+	if r.Err != "" {
+		t.failures[failure(r.Err)]++
+		return
+	}
+	t.answered(w, c, r.Server, r.ClientSeen.Addr())
+	if r.Peer != dst {
+		t.notes["getpeername "+r.Peer.String()]++
+	}
+}
+
+// addUDP records a connected UDP attempt: the reply must come from dst.
+func (t *tally) addUDP(w *world, c *sandbox.Client, dst netip.AddrPort, r sandbox.UDPResult) {
+	if r.Err != "" {
+		t.failures[failure(r.Err)]++
+		return
+	}
+	t.answered(w, c, r.Server, r.ClientSeen.Addr())
+	if r.Peer != dst {
+		t.notes["getpeername "+r.Peer.String()]++
+	}
+	if r.From != dst {
+		t.notes["reply from "+r.From.String()]++
+	}
+}
+
+func (t *tally) addHTTP(r sandbox.HTTPResult) {
+	if r.Status != 0 {
+		t.http[fmt.Sprintf("HTTP %d", r.Status)]++
+		return
+	}
+	t.failures[failure(r.Err)]++
+}
+
+func (t *tally) anyAnswer() bool { return len(t.reached) > 0 || len(t.http) > 0 }
+
+func sortedKeys(m map[string]int) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// verdict renders the tally without counts, so that two proxies that
+// behave alike render alike whatever their random choices.
+func (t *tally) verdict(sticky bool) string {
+	var parts []string
+	switch {
+	case sticky && len(t.servers) == 1:
+		parts = append(parts, "STICKY to one endpoint")
+	case len(t.reached) > 0:
+		parts = append(parts, "{"+strings.Join(sortedKeys(t.reached), ", ")+"}")
+	}
+	parts = append(parts, sortedKeys(t.http)...)
+	parts = append(parts, sortedKeys(t.failures)...)
+	for _, n := range sortedKeys(t.notes) {
+		parts = append(parts, "["+n+"]")
+	}
+	if len(parts) == 0 {
+		return "NO RESULT"
+	}
+	return strings.Join(parts, " + ")
+}
+
+// observe runs probe p of scenario sc and returns its verdict.
+func (w *world) observe(ctx context.Context, sc int, p Probe) (string, error) {
+	c, err := w.client(p.From)
+	if err != nil {
+		return "", err
+	}
+	if p.Proto == udp {
+		c = c.WithTimeout(udpAttemptTimeout)
+	} else {
+		c = c.WithTimeout(tcpAttemptTimeout)
+	}
+	dst, err := w.dest(ctx, sc, p.To)
+	if err != nil {
+		return "", err
+	}
+	t := newTally()
+	run := func(n int) error {
+		switch {
+		case p.To.Kind == HealthCheck:
+			rep, err := c.HTTP(ctx, dst, "/", n)
+			if err != nil {
+				return err
+			}
+			for _, r := range rep.Results {
+				t.addHTTP(r)
+			}
+		case p.Proto == udp:
+			rep, err := c.UDPConnected(ctx, dst, n)
+			if err != nil {
+				return err
+			}
+			for _, r := range rep.Results {
+				t.addUDP(w, c, dst, r)
+			}
+		default:
+			rep, err := c.TCP(ctx, dst, n)
+			if err != nil {
+				return err
+			}
+			for _, r := range rep.Results {
+				t.addTCP(w, c, dst, r)
+			}
+		}
+		return nil
+	}
+	if err := run(firstAttempts); err != nil {
+		return "", err
+	}
+	if t.anyAnswer() && p.To.Kind != HealthCheck {
+		if err := run(moreAttempts); err != nil {
+			return "", err
+		}
+	}
+	return t.verdict(p.Sticky), nil
+}
+
+// waitReachable polls dst from c until a server answers.
+func waitReachable(ctx context.Context, c *sandbox.Client, dst netip.AddrPort) error {
+	c = c.WithTimeout(500 * time.Millisecond)
+	var last string
+	for range barrierPolls {
+		rep, err := c.TCP(ctx, dst, 1)
+		if err != nil {
+			return err
+		}
+		if r := rep.Results[0]; r.Err == "" {
+			return nil
+		} else {
+			last = r.Err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(barrierInterval):
+		}
+	}
+	return fmt.Errorf("%s not reachable after %d attempts (last error %s)", dst, barrierPolls, last)
+}

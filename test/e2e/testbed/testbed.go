@@ -1,0 +1,443 @@
+// Package testbed builds what the end-to-end tests run traffic through: the
+// sandbox's nodes, each with its own cgroup, pods running servers, a client
+// pod, the node itself and external clients as traffic sources, the Node
+// objects in a real API server (package cluster), and at most one proxy
+// under test per node (StartProxy): upstream kube-proxy in iptables or
+// nftables mode, or ebpf-proxy.
+//
+// Test binaries that use it must call Main from TestMain: probes re-execute
+// the binary.
+package testbed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/cluster"
+	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/interrupt"
+)
+
+// PodCIDR is the cluster CIDR every pod address is in; upstream kube-proxy
+// gets it as clusterCIDR, so that it tells pod traffic from other traffic.
+const PodCIDR = "10.244.0.0/16"
+
+// NodeSpec describes one node of a Testbed.
+type NodeSpec struct {
+	// Name is the node's name: the sandbox host, the Node object and the
+	// proxies' --hostname-override.
+	Name string
+	// Zone becomes the Node's topology.kubernetes.io/zone label when set.
+	Zone string
+	// Pods are the names of the pods on this node. Each serves every port of
+	// Options.TCPPorts and Options.UDPPorts, answering as "<pod>:<port>", so
+	// that a probe sees which port of which pod served it.
+	Pods []string
+}
+
+// Options describe a Testbed.
+type Options struct {
+	// Nodes are the nodes, in order: node i gets 192.168.77.(10+i) and pod
+	// subnet 10.244.i.0/24.
+	Nodes []NodeSpec
+	// TCPPorts and UDPPorts are served by every pod.
+	TCPPorts []uint16
+	UDPPorts []uint16
+	// ExternalClients are names of clients outside the cluster, on
+	// 198.18.0.0/24 behind the router.
+	ExternalClients []string
+}
+
+// Testbed is a running set of nodes attached to a cluster.
+type Testbed struct {
+	// Cluster is the control plane the testbed's Node objects live in.
+	Cluster *cluster.Cluster
+	// Sandbox holds the namespaces, cgroups and bpffs.
+	Sandbox *sandbox.Sandbox
+	// Nodes are the nodes, in the order of Options.Nodes.
+	Nodes []*Node
+	// External are the external clients, in the order of
+	// Options.ExternalClients.
+	External []*sandbox.Client
+
+	mu      sync.Mutex
+	names   map[netip.Addr]string
+	proxies []*Proxy
+}
+
+// Node is a node of the testbed.
+type Node struct {
+	*sandbox.Node
+	// Spec is what the node was made from.
+	Spec NodeSpec
+	// Cgroup is the node's cgroup: ebpf-proxy on this node attaches to it,
+	// and Client and Self run their probes in it.
+	Cgroup *sandbox.Cgroup
+	// Pods are the node's pods, in the order of Spec.Pods.
+	Pods []*sandbox.Pod
+	// Client is a client pod on the node ("<node>-client") that runs no
+	// server.
+	Client *sandbox.Client
+	// Self runs probes in the node's own network namespace.
+	Self *sandbox.Client
+
+	tb *Testbed
+}
+
+// New builds a testbed for the test and tears it down in t.Cleanup (and on
+// SIGINT or SIGTERM): proxies are stopped, namespaces, cgroups and mounts
+// removed. The Node objects are created in c unless they exist already, so
+// several testbeds can follow one another on one cluster; a proxy must only
+// ever see its Node with the same addresses, which a testbed guarantees by
+// giving node i the address 192.168.77.(10+i) every time.
+func New(t testing.TB, c *cluster.Cluster, opts Options) *Testbed {
+	t.Helper()
+	sandbox.RequireRoot(t)
+	sb, err := sandbox.New()
+	if err != nil {
+		t.Fatalf("create sandbox: %v", err)
+	}
+	tb := &Testbed{Cluster: c, Sandbox: sb, names: map[netip.Addr]string{}}
+	var closeOnce sync.Once
+	teardown := func() {
+		closeOnce.Do(func() {
+			tb.stopProxies()
+			if err := sb.Close(); err != nil {
+				t.Errorf("close sandbox: %v", err)
+			}
+		})
+	}
+	unregister := interrupt.Register(teardown)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("testbed at failure:\n%s", sb)
+		}
+		teardown()
+		unregister()
+	})
+	if err := tb.build(t, opts); err != nil {
+		t.Fatalf("build testbed: %v", err)
+	}
+	return tb
+}
+
+func (tb *Testbed) build(t testing.TB, opts Options) error {
+	sb := tb.Sandbox
+	tb.names[sb.Router.IP] = "router"
+	if err := setSysctls(sb.Router.NS, routerSysctls); err != nil {
+		return err
+	}
+	if err := refuseServiceCIDR(sb); err != nil {
+		return err
+	}
+	for _, spec := range opts.Nodes {
+		n, err := tb.addNode(t, spec, opts)
+		if err != nil {
+			return fmt.Errorf("node %s: %w", spec.Name, err)
+		}
+		tb.Nodes = append(tb.Nodes, n)
+	}
+	for _, name := range opts.ExternalClients {
+		ext, err := sb.AddExternalClient(name, netip.Addr{})
+		if err != nil {
+			return err
+		}
+		tb.names[ext.IP] = name
+		tb.External = append(tb.External, ext)
+	}
+	return tb.ensureNodeObjects(context.Background())
+}
+
+// routerSysctls make the router answer every packet it cannot route with
+// an ICMP error at once: rate-limited (per peer, and per namespace
+// overall), an unroutable attempt would now and then look like a timeout (a
+// DROP) instead. An empty mask exempts every ICMP type from both limits.
+var routerSysctls = map[string]string{
+	"net/ipv4/icmp_ratelimit": "0",
+	"net/ipv4/icmp_ratemask":  "0",
+}
+
+// ServiceCIDR is the cluster's Service range (cluster.ServiceCIDR).
+var ServiceCIDR = netip.MustParsePrefix(cluster.ServiceCIDR)
+
+// refuseServiceCIDR makes the router refuse, with ICMP "administratively
+// prohibited", every packet for the Service range: one that reaches it was
+// translated by no proxy. The client fails at once with EACCES, which tells
+// "not proxied" apart from a proxy's REJECT (ECONNREFUSED) and DROP (a
+// timeout). Left to routing, the router would answer with "network
+// unreachable" through the kernel's route-error limiter, a global setting
+// of one error a second per source after a burst of five, and clients would
+// see timeouts now and then instead.
+func refuseServiceCIDR(sb *sandbox.Sandbox) error {
+	nl := sb.Router.NS.Netlink()
+	lan, err := nl.LinkByName("lan0")
+	if err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+	// A route, so that the packet reaches the forward hook at all; the
+	// rule refuses it before any neighbour lookup.
+	if err := nl.RouteAdd(&netlink.Route{LinkIndex: lan.Attrs().Index, Dst: &net.IPNet{
+		IP: ServiceCIDR.Addr().AsSlice(), Mask: net.CIDRMask(ServiceCIDR.Bits(), 32)}}); err != nil {
+		return fmt.Errorf("router: route %s: %w", ServiceCIDR, err)
+	}
+	rules := fmt.Sprintf(`table ip sandbox {
+	chain forward {
+		type filter hook forward priority 0; policy accept;
+		ip daddr %s reject with icmp type admin-prohibited
+	}
+}
+`, ServiceCIDR)
+	cmd := exec.Command("ip", "netns", "exec", sb.Router.NS.Name(), "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("router: nft: %w: %s", err, out)
+	}
+	return nil
+}
+
+// nodeSysctls are set in each node's namespace only; the keys are
+// per-namespace on the kernels this project supports, and the root
+// namespace is never written.
+var nodeSysctls = map[string]string{
+	// Same-node pod -> ClusterIP -> pod traffic: the pods share the node's
+	// bridge, so the reply from the endpoint is bridged straight back to
+	// the client at layer 2 and would bypass the node's conntrack and its
+	// reverse DNAT (the client would get an answer from the pod address and
+	// reset it). With bridge-nf-call-iptables, bridged IPv4 frames traverse
+	// the node's netfilter hooks (iptables and nftables alike), as on a real
+	// node with br_netfilter loaded, which kube-proxy requires. It is a
+	// per-namespace setting since Linux 5.3; the root namespace is
+	// untouched.
+	"net/bridge/bridge-nf-call-iptables": "1",
+	// The node routes same-subnet pod traffic (DNATed to a pod on the same
+	// bridge) back out of the bridge it came from, and would then tell the
+	// client pod with an ICMP redirect to send to the endpoint directly,
+	// still addressed to the ClusterIP, which the endpoint drops.
+	"net/ipv4/conf/all/send_redirects":     "0",
+	"net/ipv4/conf/default/send_redirects": "0",
+	"net/ipv4/conf/br0/send_redirects":     "0",
+	// REJECT answers with ICMP port unreachable; rate-limited (per peer,
+	// and per namespace overall), a REJECT would now and then look like a
+	// DROP. An empty mask exempts every ICMP type from both limits.
+	"net/ipv4/icmp_ratelimit": "0",
+	"net/ipv4/icmp_ratemask":  "0",
+}
+
+// setSysctls writes sysctls inside ns. /proc/sys/net resolves to the
+// namespace of the thread that opens it, which Do switches.
+func setSysctls(ns *sandbox.Netns, kv map[string]string) error {
+	keys := make([]string, 0, len(kv))
+	for k := range kv {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return ns.Do(func() error {
+		for _, k := range keys {
+			p := filepath.Join("/proc/sys", k)
+			if err := os.WriteFile(p, []byte(kv[k]+"\n"), 0o644); err != nil {
+				return fmt.Errorf("set %s in netns %s: %w", k, ns.Name(), err)
+			}
+			got, err := os.ReadFile(p)
+			if err != nil || string(got) != kv[k]+"\n" {
+				return fmt.Errorf("%s in netns %s reads %q after writing %q: %v", k, ns.Name(), got, kv[k], err)
+			}
+		}
+		return nil
+	})
+}
+
+func (tb *Testbed) addNode(t testing.TB, spec NodeSpec, opts Options) (*Node, error) {
+	sb := tb.Sandbox
+	sn, err := sb.AddNode(spec.Name)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{Node: sn, Spec: spec, tb: tb}
+	tb.names[sn.IP] = spec.Name
+	tb.names[sn.Gateway] = spec.Name + "/br0"
+	if err := setSysctls(sn.NS, nodeSysctls); err != nil {
+		return nil, err
+	}
+	if n.Cgroup, err = sb.AddCgroup(spec.Name); err != nil {
+		return nil, err
+	}
+	for _, name := range spec.Pods {
+		pod, err := sb.AddPod(sn, name, netip.Addr{})
+		if err != nil {
+			return nil, err
+		}
+		tb.names[pod.IP] = name
+		for _, port := range opts.TCPPorts {
+			if _, err := pod.StartTCPServerNamed(port, fmt.Sprintf("%s:%d", name, port)); err != nil {
+				return nil, err
+			}
+		}
+		for _, port := range opts.UDPPorts {
+			if _, err := pod.StartUDPServerNamed(port, fmt.Sprintf("%s:%d", name, port)); err != nil {
+				return nil, err
+			}
+		}
+		n.Pods = append(n.Pods, pod)
+	}
+	client, err := sb.AddClient(sn, spec.Name+"-client", netip.Addr{})
+	if err != nil {
+		return nil, err
+	}
+	tb.names[client.IP] = client.Name
+	n.Client = client.InCgroup(n.Cgroup)
+	if err := setHairpin(sn); err != nil {
+		return nil, err
+	}
+	n.Self = sb.ClientAt(sn.Host).InCgroup(n.Cgroup)
+
+	// The proxies on this node reach the API server at the address their
+	// kubeconfig names. The forwarder must go before the namespace, which
+	// its socket would keep alive: t.Cleanup runs it before the testbed's
+	// teardown, registered earlier.
+	f, err := tb.Cluster.ForwardIntoNetNS(sn.NS.Path())
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { _ = f.Close() })
+	return n, nil
+}
+
+// setHairpin turns on hairpin mode on every port of the node's bridge, as
+// the kubelet (--hairpin-mode=hairpin-veth) or the bridge CNI plugin
+// ("hairpinMode": true) do on a real node. A pod reaching itself through a
+// Service needs it: the node DNATs the packet back to the pod on the bridge
+// it came from, and the bridge sends a frame out of the port it came in on
+// only in hairpin mode.
+func setHairpin(n *sandbox.Node) error {
+	nl := n.NS.Netlink()
+	br, err := nl.LinkByName(sandbox.BridgeName)
+	if err != nil {
+		return err
+	}
+	links, err := nl.LinkList()
+	if err != nil {
+		return err
+	}
+	for _, l := range links {
+		if l.Attrs().MasterIndex != br.Attrs().Index {
+			continue
+		}
+		if err := nl.LinkSetHairpin(l, true); err != nil {
+			return fmt.Errorf("hairpin mode on %s: %w", l.Attrs().Name, err)
+		}
+	}
+	return nil
+}
+
+// FlushConntrack empties the connection tracking table of the node's
+// namespace. Probes open connections far faster than real clients, and the
+// kernel soon hands a client a source port it used a moment ago: a new
+// connection would then match the stale, un-NATed entry of an earlier
+// attempt made under other rules and never see the current ones.
+func (n *Node) FlushConntrack() error {
+	if err := n.NS.Netlink().ConntrackTableFlush(netlink.ConntrackTable); err != nil {
+		return fmt.Errorf("flush conntrack on %s: %w", n.Spec.Name, err)
+	}
+	return nil
+}
+
+// ensureNodeObjects creates the Node objects that do not exist yet.
+func (tb *Testbed) ensureNodeObjects(ctx context.Context) error {
+	nodes := tb.Cluster.Clientset().CoreV1().Nodes()
+	for _, n := range tb.Nodes {
+		existing, err := nodes.Get(ctx, n.Spec.Name, metav1.GetOptions{})
+		switch {
+		case err == nil:
+			if !hasInternalIP(existing, n.IP) {
+				return fmt.Errorf("node object %s exists with addresses %v, want InternalIP %s: a proxy would exit on the change",
+					n.Spec.Name, existing.Status.Addresses, n.IP)
+			}
+			continue
+		case !apierrors.IsNotFound(err):
+			return fmt.Errorf("get node %s: %w", n.Spec.Name, err)
+		}
+		labels := map[string]string{}
+		if n.Spec.Zone != "" {
+			labels[cluster.ZoneLabel] = n.Spec.Zone
+		}
+		if _, err := tb.Cluster.CreateNode(ctx, cluster.Node{
+			Name:        n.Spec.Name,
+			InternalIPs: []string{n.IP.String()},
+			Labels:      labels,
+			PodCIDRs:    []string{n.PodCIDR.String()},
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func hasInternalIP(n *corev1.Node, ip netip.Addr) bool {
+	return slices.Contains(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: ip.String()})
+}
+
+// Node returns the node named name, or nil.
+func (tb *Testbed) Node(name string) *Node {
+	for _, n := range tb.Nodes {
+		if n.Spec.Name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// Pod returns the pod named name and its node, or nils.
+func (tb *Testbed) Pod(name string) (*sandbox.Pod, *Node) {
+	for _, n := range tb.Nodes {
+		for _, p := range n.Pods {
+			if p.Name == name {
+				return p, n
+			}
+		}
+	}
+	return nil, nil
+}
+
+// PodClient returns a client that runs probes from inside a pod that
+// serves, in its node's cgroup: the pod as a client of a Service it is an
+// endpoint of.
+func (tb *Testbed) PodClient(pod *sandbox.Pod) (*sandbox.Client, error) {
+	for _, n := range tb.Nodes {
+		if slices.Contains(n.Pods, pod) {
+			return tb.Sandbox.ClientAt(pod.Host).InCgroup(n.Cgroup), nil
+		}
+	}
+	return nil, errors.New("pod is not in this testbed")
+}
+
+// AddressName names an address of the testbed: a host's name, "<node>/br0"
+// for a node's bridge address, "router"; else the address itself.
+func (tb *Testbed) AddressName(a netip.Addr) string {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if name, ok := tb.names[a]; ok {
+		return name
+	}
+	return a.String()
+}
+
+// RouteToNode makes the router send traffic for ip (an ExternalIP or a
+// LoadBalancer IP) to node, as a load balancer or BGP speaker would.
+func (tb *Testbed) RouteToNode(ip netip.Addr, node *Node) error {
+	return tb.Sandbox.RouteToNode(netip.PrefixFrom(ip, ip.BitLen()), node.Node)
+}
