@@ -42,6 +42,7 @@ var ebpfProxyFeatures = map[Feature]bool{
 	FeatureNodePort:     true,
 	FeatureExternalIP:   true,
 	FeatureLoadBalancer: true,
+	FeatureAffinity:     true,
 }
 
 // Scenario is one behaviour to compare: a sequence of states of some
