@@ -11,6 +11,13 @@
  * connect() reports EPERM instead of the errno below. */
 volatile const __u8 have_set_retval = 1;
 
+/* The network namespace cookie of the node itself, set by the loader; 0
+ * when unknown. kube-proxy refuses the node's own datagrams to a Service
+ * that rejects or drops in the OUTPUT path, where netfilter's verdict makes
+ * the send fail with EPERM; a pod's datagrams are refused on the forward
+ * path instead, which the pod sees as ECONNREFUSED or a timeout. */
+volatile const __u64 node_netns_cookie = 0;
+
 /* A Service without usable endpoints refuses at once, as kube-proxy's
  * REJECT does with an ICMP port unreachable. */
 #define REJECT_ERRNO ECONNREFUSED
@@ -18,6 +25,14 @@ volatile const __u8 have_set_retval = 1;
  * a client experiences as a timeout; we report the timeout at once rather
  * than letting the socket wait for it. */
 #define DROP_ERRNO ETIMEDOUT
+
+/* sock_udp_from_node says whether ctx is a UDP socket of the node's
+ * own network namespace, whose refusals kube-proxy reports as EPERM. */
+static __always_inline bool sock_udp_from_node(struct bpf_sock_addr *ctx, __u8 proto)
+{
+	return proto == IPPROTO_UDP && node_netns_cookie &&
+	       bpf_get_netns_cookie(ctx) == node_netns_cookie;
+}
 
 static __always_inline __be16 ctx_port(const struct bpf_sock_addr *ctx)
 {
@@ -114,11 +129,11 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, bool sendm
 		return SYS_PROCEED;
 	if (svc->flags & SVC_F_DROP) {
 		lb_count(LB_M_DROP);
-		return sock_refuse(DROP_ERRNO);
+		return sock_refuse(sock_udp_from_node(ctx, key.proto) ? EPERM : DROP_ERRNO);
 	}
 	if ((svc->flags & SVC_F_REJECT) || svc->count == 0) {
 		lb_count(LB_M_REJECT);
-		return sock_refuse(REJECT_ERRNO);
+		return sock_refuse(sock_udp_from_node(ctx, key.proto) ? EPERM : REJECT_ERRNO);
 	}
 	rev_nat_id = svc->rev_nat_id;
 	if (svc->affinity_timeout) {

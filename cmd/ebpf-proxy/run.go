@@ -50,7 +50,12 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 
 	// Loading replaces running programs in place; a failure here leaves the
 	// programs of an earlier agent attached and serving.
-	l, err := loader.Load(loader.Config{BPFFSPath: o.bpffsPath, CgroupPath: cgroupPath, Sizes: o.mapSizes})
+	// The agent runs in the node's network namespace (hostNetwork).
+	nodeNetns, err := loader.NetnsCookie()
+	if err != nil {
+		return err
+	}
+	l, err := loader.Load(loader.Config{BPFFSPath: o.bpffsPath, CgroupPath: cgroupPath, Sizes: o.mapSizes, NodeNetnsCookie: nodeNetns})
 	if err != nil {
 		return fmt.Errorf("load BPF programs: %w", err)
 	}

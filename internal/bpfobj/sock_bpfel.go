@@ -134,6 +134,7 @@ const (
 	SockProgCgRecvmsg4     = "cg_recvmsg4"
 	SockProgCgSendmsg4     = "cg_sendmsg4"
 	SockVarHaveSetRetval   = "have_set_retval"
+	SockVarNodeNetnsCookie = "node_netns_cookie"
 )
 
 // LoadSock returns the embedded CollectionSpec for Sock.
@@ -202,7 +203,8 @@ type SockMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SockVariableSpecs struct {
-	HaveSetRetval *ebpf.VariableSpec `ebpf:"have_set_retval"`
+	HaveSetRetval   *ebpf.VariableSpec `ebpf:"have_set_retval"`
+	NodeNetnsCookie *ebpf.VariableSpec `ebpf:"node_netns_cookie"`
 }
 
 // SockObjects contains all objects after they have been loaded into the kernel.
@@ -252,7 +254,8 @@ func (m *SockMaps) Close() error {
 //
 // It can be passed to LoadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SockVariables struct {
-	HaveSetRetval *ebpf.Variable `ebpf:"have_set_retval"`
+	HaveSetRetval   *ebpf.Variable `ebpf:"have_set_retval"`
+	NodeNetnsCookie *ebpf.Variable `ebpf:"node_netns_cookie"`
 }
 
 // SockPrograms contains all programs after they have been loaded into the kernel.

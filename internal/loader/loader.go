@@ -44,6 +44,11 @@ type Config struct {
 	// CgroupPath is the cgroup v2 directory the socket programs attach to.
 	CgroupPath string
 	Sizes      MapSizes
+	// NodeNetnsCookie is the cookie of the node's own network namespace
+	// (see NetnsCookie), whose UDP sockets a refusing Service answers with
+	// EPERM as kube-proxy's OUTPUT-path REJECT and DROP do. 0 treats the
+	// node like a pod.
+	NodeNetnsCookie uint64
 }
 
 // ErrPinnedMapMismatch is returned (wrapped) when a pinned map exists with a
@@ -117,6 +122,9 @@ func Load(cfg Config) (*Loaded, error) {
 	}
 	if err := spec.Variables[bpfobj.SockVarHaveSetRetval].Set(boolToU8(feat.SetRetval)); err != nil {
 		return nil, fmt.Errorf("set have_set_retval: %w", err)
+	}
+	if err := spec.Variables[bpfobj.SockVarNodeNetnsCookie].Set(cfg.NodeNetnsCookie); err != nil {
+		return nil, fmt.Errorf("set node_netns_cookie: %w", err)
 	}
 
 	l := &Loaded{Features: feat, Sizes: sizes}

@@ -93,7 +93,11 @@ func (e *env) attach() {
 	t := e.t
 	t.Helper()
 	var err error
-	e.loaded, err = loader.Load(loader.Config{BPFFSPath: e.bpffs, CgroupPath: e.sb.Cgroup.Path()})
+	var nodeNetns uint64
+	if err := e.node.NS.Do(func() (err error) { nodeNetns, err = loader.NetnsCookie(); return err }); err != nil {
+		t.Fatal(err)
+	}
+	e.loaded, err = loader.Load(loader.Config{BPFFSPath: e.bpffs, CgroupPath: e.sb.Cgroup.Path(), NodeNetnsCookie: nodeNetns})
 	if err != nil {
 		t.Fatal(err)
 	}

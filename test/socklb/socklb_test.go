@@ -7,6 +7,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 )
 
 var (
@@ -136,6 +138,62 @@ func TestNoEndpointsIsRefusedAtOnce(t *testing.T) {
 	if c := e.counters()["rejected_no_endpoints"]; c < 4 {
 		t.Errorf("rejected_no_endpoints counter = %d, want at least 4", c)
 	}
+}
+
+// The node's own datagrams to a Service that refuses them fail with EPERM,
+// as kube-proxy's REJECT and DROP in the OUTPUT path make them fail; its TCP
+// connections and a pod's datagrams are refused as from anywhere else.
+func TestUDPFromTheNodeToARefusingServiceIsEPERM(t *testing.T) {
+	e := newEnv(t, 1)
+	e.setService(makeService("dead-udp", deadVIP.Addr().String(), int32(deadVIP.Port()), v1.ProtocolUDP, intstr.FromInt32(udpPort)))
+	e.setService(makeService("dead", deadVIP.Addr().String(), int32(deadVIP.Port()), v1.ProtocolTCP, intstr.FromInt32(tcpPort)))
+	// internalTrafficPolicy=Local whose only endpoint is on another node.
+	e.setService(makeService("local-udp", dnsVIP.Addr().String(), int32(dnsVIP.Port()), v1.ProtocolUDP, intstr.FromInt32(udpPort),
+		func(s *v1.Service) { s.Spec.InternalTrafficPolicy = ptr(v1.ServiceInternalTrafficPolicyLocal) }))
+	es := makeSlice("local-udp", "local-udp-1", udpPort, v1.ProtocolUDP, e.podEPs(0)...)
+	es.Endpoints[0].NodeName = ptr("other-node")
+	e.setSlice(es)
+	e.sync()
+
+	udp := func(c *sandbox.Client, addr netip.AddrPort) (sandbox.Report[sandbox.UDPResult], error) {
+		return c.UDP(e.ctx(), addr, 1)
+	}
+	udpConnected := func(c *sandbox.Client, addr netip.AddrPort) (sandbox.Report[sandbox.UDPResult], error) {
+		return c.UDPConnected(e.ctx(), addr, 1)
+	}
+	node := e.sb.ClientAt(e.node.Host)
+	for _, tc := range []struct {
+		name   string
+		client *sandbox.Client
+		probe  func(*sandbox.Client, netip.AddrPort) (sandbox.Report[sandbox.UDPResult], error)
+		addr   netip.AddrPort
+		want   string
+	}{
+		{"node, unconnected UDP, no endpoints", node, udp, deadVIP, "EPERM"},
+		{"node, connected UDP, no endpoints", node, udpConnected, deadVIP, "EPERM"},
+		{"node, UDP, policy Local without a local endpoint", node, udpConnected, dnsVIP, "EPERM"},
+		{"pod, connected UDP, no endpoints", e.client, udpConnected, deadVIP, "ECONNREFUSED"},
+		{"pod, connected UDP, policy Local without a local endpoint", e.client, udpConnected, dnsVIP, "ETIMEDOUT"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep, err := tc.probe(tc.client, tc.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r := rep.Results[0]; r.Err != tc.want {
+				t.Errorf("%s: %+v, want error %s", tc.addr, r, tc.want)
+			}
+		})
+	}
+	t.Run("node, TCP, no endpoints", func(t *testing.T) {
+		rep, err := node.TCP(e.ctx(), deadVIP, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := rep.Results[0]; r.Err != "ECONNREFUSED" {
+			t.Errorf("%s: %+v, want ECONNREFUSED", deadVIP, r)
+		}
+	})
 }
 
 func TestNewConnectionsFollowEndpointChanges(t *testing.T) {

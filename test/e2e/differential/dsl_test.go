@@ -57,6 +57,13 @@ type Scenario struct {
 	// upstream here, pending a decision by the project's lead: the scenario
 	// runs only when EBPF_PROXY_E2E_PENDING=1, and the report names it.
 	Pending string
+	// KeepsSource, when set, says why ebpf-proxy keeps the client's own
+	// address where upstream masquerades it to an address of the node: a
+	// documented deviation (docs/ARCHITECTURE.md, "Where ebpf-proxy differs
+	// from kube-proxy"). The scenario matches when ebpf-proxy's verdict is
+	// upstream's with every node address the endpoints saw read as the
+	// client's.
+	KeepsSource string
 	// VIPs are the scenario's ExternalIPs and LoadBalancer IPs, by name,
 	// each with the node the router sends its traffic to.
 	VIPs map[string]string

@@ -564,11 +564,11 @@ var scenarios = []Scenario{
 		}},
 	},
 
-	// ---- Known differences, reported and not yet decided ----
+	// ---- Where ebpf-proxy keeps the client's address and upstream masquerades ----
 	{
+		// kube-proxy refuses these datagrams in the node's OUTPUT path, so
+		// send() fails with EPERM; ebpf-proxy fails connect() with EPERM.
 		Name: "clusterip: UDP from the node itself to a Service that rejects or drops",
-		Pending: "kube-proxy refuses these datagrams in the node's OUTPUT path, so send() fails with EPERM; " +
-			"ebpf-proxy fails connect() with ECONNREFUSED (no endpoints) or ETIMEDOUT (policy Local)",
 		Steps: []Step{
 			{Name: "no endpoints", Services: []Svc{dual(web())}, Slices: []Slice{dualSlice()},
 				Probes: from(udp, cip("web", 80), selfA, selfB)},
@@ -580,7 +580,7 @@ var scenarios = []Scenario{
 		Name:  "pods reaching a NodePort, ExternalIP or LoadBalancer IP (externalTrafficPolicy=Cluster)",
 		Needs: []Feature{FeatureNodePort, FeatureExternalIP, FeatureLoadBalancer},
 		VIPs:  map[string]string{"x1": selfA, "l1": selfB},
-		Pending: "kube-proxy masquerades a pod's traffic to an external frontend of a Service with " +
+		KeepsSource: "kube-proxy masquerades a pod's traffic to an external frontend of a Service with " +
 			"externalTrafficPolicy=Cluster (the endpoint sees a node address); ebpf-proxy's socket hooks " +
 			"connect the pod straight to the endpoint (it sees the pod's address)",
 		Steps: []Step{{
@@ -594,7 +594,7 @@ var scenarios = []Scenario{
 	},
 	{
 		Name: "clusterip: hairpin, an endpoint reaching its own Service",
-		Pending: "kube-proxy masquerades hairpin traffic (the pod sees its node's bridge address); " +
+		KeepsSource: "kube-proxy masquerades hairpin traffic (the pod sees its node's bridge address); " +
 			"ebpf-proxy's socket-level translation connects the pod to itself directly (it sees its own address)",
 		Steps: []Step{{
 			Name:     "a1 is the only endpoint",

@@ -77,3 +77,22 @@ func TestVerdictsDoNotDependOnCounts(t *testing.T) {
 		})
 	}
 }
+
+// A scenario where ebpf-proxy keeps the client's address reads upstream's
+// masqueraded verdicts with node addresses as the client's, and nothing else.
+func TestUnmasqueradedReadsOnlyNodeAddressesAsTheClient(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"{a1:8080 sees node-a/br0}", "{a1:8080 sees client}"},
+		{"{a1:8080 sees node-a/br0, b1:8080 sees node-a}", "{a1:8080 sees client, b1:8080 sees client}"},
+		{"{b1:8080 sees node-b} + DROP", "{b1:8080 sees client} + DROP"},
+		{"{a1:8080 sees ext}", "{a1:8080 sees ext}"},
+		{"{a1:8080 sees a2}", "{a1:8080 sees a2}"},
+		{"{a1:8080 sees node-ab}", "{a1:8080 sees node-ab}"},
+		{"REJECT", "REJECT"},
+	}
+	for _, tt := range tests {
+		if got := unmasqueraded(tt.in); got != tt.want {
+			t.Errorf("unmasqueraded(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
