@@ -19,6 +19,7 @@ type options struct {
 	healthzBindAddress string
 	metricsBindAddress string
 	bindAddrHardFail   bool
+	profiling          bool
 	cleanup            bool
 	verbosity          int
 	configSyncPeriod   time.Duration
@@ -52,6 +53,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.proxyMode, "proxy-mode", o.proxyMode, "Which proxy mode to use: 'ebpf' (the iptables and ipvs fallbacks are not available yet).")
 	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", o.healthzBindAddress, "The IP address and port for the health check server to serve on; empty disables it.")
 	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", o.metricsBindAddress, "The IP address and port for the metrics server to serve on; empty disables it.")
+	fs.BoolVar(&o.profiling, "profiling", o.profiling, "If true, serve Go's profiles on /debug/pprof/ of the metrics server, as kube-proxy does.")
 	fs.BoolVar(&o.bindAddrHardFail, "bind-address-hard-fail", o.bindAddrHardFail, "If true, failure to bind the health or metrics address is fatal; otherwise it is retried.")
 	fs.BoolVar(&o.cleanup, "cleanup", o.cleanup, "If true, detach and unpin every BPF program and map ebpf-proxy created, then exit.")
 	fs.IntVarP(&o.verbosity, "v", "v", o.verbosity, "Log verbosity: 2 or more logs every sync.")

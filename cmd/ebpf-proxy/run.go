@@ -88,7 +88,11 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 		go serve(ctx, "healthz", o.healthzBindAddress, health.Handler(), o.bindAddrHardFail, errc, log)
 	}
 	if o.metricsBindAddress != "" {
-		go serve(ctx, "metrics", o.metricsBindAddress, metrics.NewServerMux(m, o.proxyMode), o.bindAddrHardFail, errc, log)
+		mux := metrics.NewServerMux(m, o.proxyMode)
+		if o.profiling {
+			installProfiling(mux)
+		}
+		go serve(ctx, "metrics", o.metricsBindAddress, mux, o.bindAddrHardFail, errc, log)
 	}
 
 	var term *sockterm.Terminator

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -406,15 +407,25 @@ func (t *Translator) EndpointSlice(es *discoveryv1.EndpointSlice) *model.Endpoin
 		if ep.Zone != nil {
 			m.Zone = *ep.Zone
 		}
-		if ep.Hints != nil {
+		if ep.Hints != nil && (len(ep.Hints.ForZones) > 0 || len(ep.Hints.ForNodes) > 0) {
+			m.Hints = &model.Hints{}
 			for _, z := range ep.Hints.ForZones {
-				m.ZoneHints = append(m.ZoneHints, z.Name)
+				m.Hints.Zones = append(m.Hints.Zones, z.Name)
 			}
 			for _, n := range ep.Hints.ForNodes {
-				m.NodeHints = append(m.NodeHints, n.Name)
+				m.Hints.Nodes = append(m.Hints.Nodes, n.Name)
 			}
 		}
 		out.Endpoints = append(out.Endpoints, m)
+	}
+	// In address order, and with the port of a single-port slice set, the
+	// list is what the tracker would build for its ServicePort, and the
+	// tracker uses it as it is (most Services have one port and one slice).
+	slices.SortStableFunc(out.Endpoints, func(a, b model.Endpoint) int { return a.Addr.Compare(b.Addr) })
+	if len(out.Ports) == 1 {
+		for i := range out.Endpoints {
+			out.Endpoints[i].Port = out.Ports[0].Port
+		}
 	}
 
 	if v, ok := es.Annotations[v1.EndpointsLastChangeTriggerTime]; ok {

@@ -356,7 +356,7 @@ func TestEndpointSlice(t *testing.T) {
 			want: &model.EndpointSlice{
 				Service: model.ServiceName{Namespace: "ns", Name: "svc"}, Name: "svc-abc",
 				Ports:     []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.TCP}},
-				Endpoints: []model.Endpoint{{Addr: addrs("10.244.1.1")[0], Ready: true, Serving: true}},
+				Endpoints: []model.Endpoint{{Addr: addrs("10.244.1.1")[0], Port: 8080, Ready: true, Serving: true}},
 			},
 		},
 		{
@@ -379,10 +379,27 @@ func TestEndpointSlice(t *testing.T) {
 				Ports: []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.TCP}},
 				Endpoints: []model.Endpoint{
 					{
-						Addr: addrs("10.244.1.1")[0], Serving: true, Terminating: true, NodeName: "node-a", Zone: "zone-a",
-						ZoneHints: []string{"zone-a", "zone-b"}, NodeHints: []string{"node-a"},
+						Addr: addrs("10.244.1.1")[0], Port: 8080, Serving: true, Terminating: true, NodeName: "node-a", Zone: "zone-a",
+						Hints: &model.Hints{Zones: []string{"zone-a", "zone-b"}, Nodes: []string{"node-a"}},
 					},
-					{Addr: addrs("10.244.1.2")[0], NodeName: "node-b"},
+					{Addr: addrs("10.244.1.2")[0], Port: 8080, NodeName: "node-b"},
+				},
+			},
+		},
+		{
+			name: "endpoints in address order; with two ports the tracker gives each its port",
+			es: makeEndpointSlice("ns", "svc-abc", "svc", []discoveryv1.Endpoint{
+				endpoint("10.244.1.9", "", nil), endpoint("10.244.1.10", "", nil), endpoint("10.244.1.1", "", nil),
+			}, func(es *discoveryv1.EndpointSlice) {
+				es.Ports = append(es.Ports, discoveryv1.EndpointPort{Name: ptr.To("dns"), Port: ptr.To[int32](53), Protocol: ptr.To(v1.ProtocolUDP)})
+			}),
+			want: &model.EndpointSlice{
+				Service: model.ServiceName{Namespace: "ns", Name: "svc"}, Name: "svc-abc",
+				Ports: []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.TCP}, {Name: "dns", Port: 53, Protocol: model.UDP}},
+				Endpoints: []model.Endpoint{
+					{Addr: addrs("10.244.1.1")[0], Ready: true, Serving: true},
+					{Addr: addrs("10.244.1.9")[0], Ready: true, Serving: true},
+					{Addr: addrs("10.244.1.10")[0], Ready: true, Serving: true},
 				},
 			},
 		},
@@ -410,7 +427,7 @@ func TestEndpointSlice(t *testing.T) {
 			want: &model.EndpointSlice{
 				Service: model.ServiceName{Namespace: "ns", Name: "svc"}, Name: "svc-v6",
 				Ports:     []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.TCP}},
-				Endpoints: []model.Endpoint{{Addr: addrs("fd00::1")[0], Ready: true, Serving: true}},
+				Endpoints: []model.Endpoint{{Addr: addrs("fd00::1")[0], Port: 8080, Ready: true, Serving: true}},
 			},
 		},
 		{
@@ -451,7 +468,7 @@ func TestEndpointSlice(t *testing.T) {
 			want: &model.EndpointSlice{
 				Service: model.ServiceName{Namespace: "ns", Name: "svc"}, Name: "svc-abc",
 				Ports:     []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.TCP}},
-				Endpoints: []model.Endpoint{{Addr: addrs("10.244.1.1")[0], Ready: true, Serving: true}},
+				Endpoints: []model.Endpoint{{Addr: addrs("10.244.1.1")[0], Port: 8080, Ready: true, Serving: true}},
 			},
 			reports: []string{"invalid endpoint: endpoint 1 has no address", `invalid endpoint: address "10.244.1.300" is not a valid IPv4 address`, `invalid endpoint: address "fd00::1" is not a valid IPv4 address`},
 		},

@@ -15,8 +15,9 @@ type EndpointSlice struct {
 	Service ServiceName
 	Name    string
 	Ports   []EndpointPort
-	// Endpoints carry no port: the tracker gives each one the port of every
-	// EndpointPort that matches a ServicePort.
+	// Endpoints are in address order. The tracker gives each one the port
+	// of every EndpointPort that matches a ServicePort; in a slice of one
+	// port they carry it already, so that the list can be used as it is.
 	Endpoints []Endpoint
 	// TriggerTime is the endpoints.kubernetes.io/last-change-trigger-time
 	// annotation, zero when absent.

@@ -33,7 +33,10 @@ var DefaultOptions = Options{PreferSameNode: true}
 
 // Categorize selects the endpoints of sp for node, exactly as kube-proxy's
 // CategorizeEndpoints does. eps must be sorted and free of duplicates (the
-// change tracker guarantees both); the result shares no slices with eps.
+// change tracker guarantees both). The result may share eps's memory:
+// endpoint lists are never changed once built (appending to one is safe, it
+// copies), which keeps one list, not three, for a ServicePort whose
+// endpoints are all ready.
 func Categorize(sp *ServicePort, eps []Endpoint, node *Node, opts Options) Selection {
 	var sel Selection
 	isLocal := func(ep *Endpoint) bool { return node.Name != "" && ep.NodeName == node.Name }
@@ -99,14 +102,14 @@ func topologyMode(eps []Endpoint, node *Node, opts Options) topology {
 		if !ep.Ready {
 			continue
 		}
-		if len(ep.ZoneHints) == 0 {
+		if len(ep.ZoneHints()) == 0 {
 			allZone = false
-		} else if node.Zone != "" && slices.Contains(ep.ZoneHints, node.Zone) {
+		} else if node.Zone != "" && slices.Contains(ep.ZoneHints(), node.Zone) {
 			forZone = true
 		}
-		if len(ep.NodeHints) == 0 {
+		if len(ep.NodeHints()) == 0 {
 			allNode = false
-		} else if slices.Contains(ep.NodeHints, node.Name) {
+		} else if slices.Contains(ep.NodeHints(), node.Name) {
 			forNode = true
 		}
 	}
@@ -122,15 +125,31 @@ func topologyMode(eps []Endpoint, node *Node, opts Options) topology {
 func availableForTopology(ep *Endpoint, mode topology, node *Node) bool {
 	switch mode {
 	case topologySameNode:
-		return slices.Contains(ep.NodeHints, node.Name)
+		return slices.Contains(ep.NodeHints(), node.Name)
 	case topologySameZone:
-		return slices.Contains(ep.ZoneHints, node.Zone)
+		return slices.Contains(ep.ZoneHints(), node.Zone)
 	}
 	return true
 }
 
+// filter returns the endpoints keep accepts. When it accepts every one, it
+// returns eps itself, capped so that an append cannot write into it:
+// endpoint lists are never changed once built, and a ServicePort whose
+// endpoints are all ready (most of them) then holds one list, not three.
 func filter(eps []Endpoint, keep func(*Endpoint) bool) []Endpoint {
-	var out []Endpoint
+	n := 0
+	for i := range eps {
+		if keep(&eps[i]) {
+			n++
+		}
+	}
+	switch n {
+	case 0:
+		return nil
+	case len(eps):
+		return eps[:n:n]
+	}
+	out := make([]Endpoint, 0, n)
 	for i := range eps {
 		if keep(&eps[i]) {
 			out = append(out, eps[i])

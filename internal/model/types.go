@@ -163,9 +163,31 @@ type Endpoint struct {
 
 	NodeName string
 	Zone     string
-	// ZoneHints and NodeHints are hints.forZones and hints.forNodes.
-	ZoneHints []string
-	NodeHints []string
+	// Hints are the endpoint's topology hints, nil when it has none (a
+	// pointer: most endpoints have none, and there are 100,000s of them).
+	Hints *Hints
+}
+
+// Hints are an endpoint's topology hints.
+type Hints struct {
+	// Zones and Nodes are hints.forZones and hints.forNodes.
+	Zones, Nodes []string
+}
+
+// ZoneHints returns hints.forZones.
+func (e *Endpoint) ZoneHints() []string {
+	if e.Hints == nil {
+		return nil
+	}
+	return e.Hints.Zones
+}
+
+// NodeHints returns hints.forNodes.
+func (e *Endpoint) NodeHints() []string {
+	if e.Hints == nil {
+		return nil
+	}
+	return e.Hints.Nodes
 }
 
 // AddrPort returns the endpoint's address and port.

@@ -252,6 +252,14 @@ func mergeEndpoints(sp *model.ServicePort, bySlice map[string]*model.EndpointSli
 	if len(bySlice) == 0 {
 		return nil
 	}
+	if eps, ok := asIs(sp, bySlice); ok {
+		return eps
+	}
+	return mergeAll(sp, bySlice, node)
+}
+
+// mergeAll is mergeEndpoints building a new list.
+func mergeAll(sp *model.ServicePort, bySlice map[string]*model.EndpointSlice, node string) []model.Endpoint {
 	names := make([]string, 0, len(bySlice))
 	for n := range bySlice {
 		names = append(names, n)
@@ -281,6 +289,32 @@ func mergeEndpoints(sp *model.ServicePort, bySlice map[string]*model.EndpointSli
 	}
 	slices.SortFunc(out, func(a, b model.Endpoint) int { return a.AddrPort().Compare(b.AddrPort()) })
 	return out
+}
+
+// asIs returns the endpoints of the only slice of a Service when they are
+// already what mergeEndpoints would build for sp: one port, sp's, and no
+// address twice. The list is shared, capped so that appending copies;
+// endpoint lists are never changed once built.
+func asIs(sp *model.ServicePort, bySlice map[string]*model.EndpointSlice) ([]model.Endpoint, bool) {
+	if len(bySlice) != 1 {
+		return nil, false
+	}
+	for _, s := range bySlice {
+		if len(s.Ports) != 1 {
+			return nil, false
+		}
+		p := s.Ports[0]
+		if p.Name != sp.Name.Port || p.Protocol != sp.Name.Protocol || p.Port == 0 {
+			return nil, false
+		}
+		for i := range s.Endpoints {
+			if s.Endpoints[i].Port != p.Port || i > 0 && s.Endpoints[i-1].Addr.Compare(s.Endpoints[i].Addr) >= 0 {
+				return nil, false
+			}
+		}
+		return s.Endpoints[:len(s.Endpoints):len(s.Endpoints)], true
+	}
+	return nil, false
 }
 
 // better reports whether duplicate a should replace b.

@@ -56,6 +56,8 @@ e2e: k8s-binaries e2e-agent
 # and p99 latency of one endpoint change. Smaller runs:
 #   EBPF_PROXY_BENCH_SERVICES=1000 EBPF_PROXY_BENCH_CHANGES=20 \
 #   EBPF_PROXY_BENCH_PROXIES=ebpf,iptables make -f test/e2e/e2e.mk e2e-bench
+# EBPF_PROXY_BENCH_HEAP_PROFILE=/tmp/heap.pprof saves ebpf-proxy's heap profile
+# once all are programmed (go tool pprof bin/ebpf-proxy /tmp/heap.pprof).
 .PHONY: e2e-bench
 e2e-bench: k8s-binaries e2e-agent
 	cd $(E2E_ROOT) && \

@@ -34,6 +34,9 @@ const (
 	envChanges      = "EBPF_PROXY_BENCH_CHANGES"       // endpoint changes timed per proxy, default 100
 	envChangeBudget = "EBPF_PROXY_BENCH_CHANGE_BUDGET" // time for them per proxy, default 10m
 	envKinds        = "EBPF_PROXY_BENCH_PROXIES"       // default "ebpf,iptables,nftables"
+	// envHeapProfile names a file for ebpf-proxy's heap profile (pprof),
+	// taken once all Services are programmed; unset takes none.
+	envHeapProfile = "EBPF_PROXY_BENCH_HEAP_PROFILE"
 )
 
 type config struct {
@@ -257,7 +260,7 @@ func measure(b *testing.B, c *cluster.Cluster, cs kubernetes.Interface, kind tes
 	// Upstream with iptables-legacy, as the notes advise for a fair
 	// comparison at this size (iptables-nft-restore is quadratic here).
 	// Verbosity 1: no line per Service.
-	p := tb.StartProxy(b, node, testbed.ProxyOptions{Kind: kind, LegacyIPTables: true, Verbosity: 1, NoWait: true})
+	p := tb.StartProxy(b, node, testbed.ProxyOptions{Kind: kind, LegacyIPTables: true, Verbosity: 1, NoWait: true, Args: profilingArgs(kind)})
 	syncCtx, cancel := context.WithTimeout(ctx, firstSyncBound)
 	defer cancel()
 	if err := p.WaitFirstSync(syncCtx); err != nil {
@@ -272,6 +275,15 @@ func measure(b *testing.B, c *cluster.Cluster, cs kubernetes.Interface, kind tes
 	var err error
 	if r.rssSynced, err = p.PeakRSS(); err != nil {
 		b.Fatal(err)
+	}
+	if path := os.Getenv(envHeapProfile); path != "" && kind == testbed.EbpfProxy {
+		prof, err := p.Get(ctx, "/debug/pprof/heap")
+		if err == nil {
+			err = os.WriteFile(path, prof, 0o644)
+		}
+		if err != nil {
+			b.Fatalf("heap profile: %v", err)
+		}
 	}
 	if err := waitServer(ctx, node.Client, pods[0].Name+":8080", changeBound); err != nil {
 		b.Fatalf("%s: the probe Service is not programmed after the first sync: %v", kind, err)
@@ -412,3 +424,12 @@ func summary(cfg config, loadTime time.Duration, rs []result) string {
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
+
+// profilingArgs turn on ebpf-proxy's /debug/pprof when a heap profile is
+// asked for.
+func profilingArgs(k testbed.Kind) []string {
+	if k == testbed.EbpfProxy && os.Getenv(envHeapProfile) != "" {
+		return []string{"--profiling"}
+	}
+	return nil
+}

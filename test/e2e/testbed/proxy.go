@@ -341,6 +341,28 @@ func (p *Proxy) LogTail(n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// Get fetches path from the proxy's metrics server inside its node's
+// namespace and returns the body of a 200 answer.
+func (p *Proxy) Get(ctx context.Context, path string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := p.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s: %s", path, resp.Status, bytes.TrimSpace(body))
+	}
+	return body, nil
+}
+
 // Metrics scrapes the proxy's /metrics inside its node's namespace.
 func (p *Proxy) Metrics(ctx context.Context) (map[string]*dto.MetricFamily, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/metrics", nil)
