@@ -390,14 +390,23 @@ func (s *ServiceHealthServer) Close() {
 	s.recordGauges()
 }
 
-// Serving returns the health check node port of every Service being served,
-// for tests and debugging.
-func (s *ServiceHealthServer) Serving() map[model.ServiceName]uint16 {
+// ServiceHealthStatus is what the health check of one Service reports.
+type ServiceHealthStatus struct {
+	// Port is the healthCheckNodePort being served.
+	Port uint16
+	// LocalEndpoints is the count in the response: the Service's ready
+	// endpoint IPs on this node.
+	LocalEndpoints int
+}
+
+// Status returns what every served Service's health check reports; a
+// Service whose port could not be bound is absent.
+func (s *ServiceHealthServer) Status() map[model.ServiceName]ServiceHealthStatus {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	out := make(map[model.ServiceName]uint16, len(s.serving))
+	out := make(map[model.ServiceName]ServiceHealthStatus, len(s.serving))
 	for name, inst := range s.serving {
-		out[name] = inst.port
+		out[name] = ServiceHealthStatus{Port: inst.port, LocalEndpoints: int(inst.endpoints.Load())}
 	}
 	return out
 }
