@@ -97,7 +97,7 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 		go dp.run(ctx)
 	}
 
-	svcHealth, err := newServiceHealthServer(o, nodeName, health, m, log)
+	svcHealth, err := newServiceHealthServer(ctx, o, nodeName, health, m, log)
 	if err != nil {
 		return err
 	}

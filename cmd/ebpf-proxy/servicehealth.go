@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"net/netip"
 
 	"go.uber.org/zap"
@@ -13,8 +14,12 @@ import (
 // newServiceHealthServer builds the health check node port server of every
 // proxy mode: the sync loop feeds it whatever the dataplane, and it listens
 // where --nodeport-addresses says, as kube-proxy's does.
-func newServiceHealthServer(o *options, nodeName string, health healthcheck.HealthReporter, m *metrics.Metrics, log *zap.Logger) (*healthcheck.ServiceHealthServer, error) {
+func newServiceHealthServer(ctx context.Context, o *options, nodeName string, health healthcheck.HealthReporter, m *metrics.Metrics, log *zap.Logger) (*healthcheck.ServiceHealthServer, error) {
 	npa, err := nodeaddrs.Parse(o.nodePortAddresses, false)
+	if err != nil {
+		return nil, err
+	}
+	events, err := healthCheckEvents(ctx, o)
 	if err != nil {
 		return nil, err
 	}
@@ -33,8 +38,9 @@ func newServiceHealthServer(o *options, nodeName string, health healthcheck.Heal
 			}
 			return addrs
 		},
-		Proxier: health,
-		Metrics: m,
-		Logger:  log,
+		Proxier:         health,
+		Metrics:         m,
+		Logger:          log,
+		OnListenFailure: events,
 	})
 }
