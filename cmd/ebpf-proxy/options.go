@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/nodeaddrs"
 )
 
 // options are the agent's flags.
@@ -25,6 +26,7 @@ type options struct {
 	configSyncPeriod   time.Duration
 	syncPeriod         time.Duration
 	minSyncPeriod      time.Duration
+	nodePortAddresses  []string
 
 	manifests        string
 	terminateSockets bool
@@ -60,6 +62,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", o.configSyncPeriod, "How often the configuration from the API server is refreshed. Must be greater than 0.")
 	fs.DurationVar(&o.syncPeriod, "sync-period", o.syncPeriod, "Interval of the periodic full sync, and the longest retry backoff after a failed sync.")
 	fs.DurationVar(&o.minSyncPeriod, "min-sync-period", o.minSyncPeriod, "Least time between two syncs; changes arriving sooner are batched. 0 applies each change at once.")
+	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "A list of CIDRs, or 'primary' for the node's primary IP, naming the node addresses that accept NodePort traffic and serve health check node ports; empty means all local addresses.")
 	fs.BoolVar(&o.terminateSockets, "terminate-removed-backend-sockets", o.terminateSockets, "End the TCP and connected UDP sockets that the socket load balancer sent to a backend once that backend is removed, in every network namespace of the node (needs hostPID), so that clients reconnect to live backends instead of hanging.")
 	fs.StringVar(&o.manifests, "manifests", o.manifests, "Read Services and EndpointSlices from YAML files in this directory (watched for changes) instead of the API server.")
 	fs.StringVar(&o.cgroupPath, "cgroup-path", o.cgroupPath, "The cgroup v2 directory to attach the socket programs to (default: the node's cgroup2 root, mounting cgroup2 under /run/ebpf-proxy when none is mounted).")
@@ -87,6 +90,9 @@ func (o *options) validate() error {
 	}
 	if o.minSyncPeriod < 0 {
 		return fmt.Errorf("--min-sync-period must not be negative")
+	}
+	if _, err := nodeaddrs.Parse(o.nodePortAddresses, false); err != nil {
+		return err
 	}
 	return nil
 }

@@ -106,7 +106,13 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 		go dp.run(ctx)
 	}
 
-	p := proxier.New(proxier.Config{MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod, IPFamily: ipFamily}, tr, dp, m, health, log)
+	svcHealth, err := newServiceHealthServer(ctx, o, nodeName, health, m, log)
+	if err != nil {
+		return err
+	}
+	defer svcHealth.Close()
+	p := proxier.New(proxier.Config{MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod, IPFamily: ipFamily,
+		ServiceHealth: svcHealth}, tr, dp, m, health, log)
 	done := make(chan struct{})
 	go func() {
 		p.Run(ctx)

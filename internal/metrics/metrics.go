@@ -46,6 +46,7 @@ const (
 	LabelReason        = "reason"
 	LabelMode          = "mode"
 	LabelTable         = "table"
+	LabelState         = "state"
 )
 
 const (
@@ -180,6 +181,14 @@ type Metrics struct {
 	// ProxyMode (ebpfproxy_proxy_mode{mode}) is an info gauge: 1 for the
 	// active mode. Set it with SetProxyMode so only one mode is ever 1.
 	ProxyMode *prometheus.GaugeVec
+	// HealthCheckListenFailuresTotal (ebpfproxy_health_check_node_port_listen_failures_total)
+	// counts failed attempts to listen on a Service's healthCheckNodePort;
+	// a failed port is retried on every sync until it succeeds.
+	HealthCheckListenFailuresTotal prometheus.Counter
+	// HealthCheckNodePorts (ebpfproxy_health_check_node_ports{state}) is the
+	// number of Services whose health check node port is being served
+	// (state "serving") or could not be bound (state "failed").
+	HealthCheckNodePorts *prometheus.GaugeVec
 
 	registry *prometheus.Registry
 
@@ -334,6 +343,16 @@ func New(ipFamily string) *Metrics {
 		Name:      "proxy_mode",
 		Help:      "The dataplane in use (1 for the active mode).",
 	}, []string{LabelMode})
+	m.HealthCheckListenFailuresTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ebpfProxyNamespace,
+		Name:      "health_check_node_port_listen_failures_total",
+		Help:      "Failed attempts to listen on a Service's healthCheckNodePort (retried on every sync).",
+	})
+	m.HealthCheckNodePorts = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ebpfProxyNamespace,
+		Name:      "health_check_node_ports",
+		Help:      "Services whose healthCheckNodePort is served (state=serving) or could not be bound (state=failed).",
+	}, []string{LabelState})
 
 	m.registry.MustRegister(
 		// Same Go collector configuration as component-base's legacy
@@ -364,6 +383,8 @@ func New(ipFamily string) *Metrics {
 		m.MapEntries,
 		m.InvalidObjectsTotal,
 		m.ProxyMode,
+		m.HealthCheckListenFailuresTotal,
+		m.HealthCheckNodePorts,
 	)
 
 	m.FamilyMetrics = *m.Family(ipFamily)

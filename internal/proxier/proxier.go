@@ -31,6 +31,12 @@ type Health interface {
 	Updated(ipFamily string)
 }
 
+// ServiceHealth is told every State a dataplane applied, to serve the
+// health check node ports from it (healthcheck.ServiceHealthServer).
+type ServiceHealth interface {
+	Sync(up model.Update)
+}
+
 // Config tunes the loop.
 type Config struct {
 	// MinSyncPeriod is the least time between two syncs; changes arriving
@@ -42,6 +48,10 @@ type Config struct {
 	SyncPeriod time.Duration
 	// IPFamily is the metric label and health key, "IPv4".
 	IPFamily string
+	// ServiceHealth, if set, gets every update after the dataplane applied
+	// it, whatever the dataplane: as in kube-proxy, the health check node
+	// ports report what is programmed, not what is merely known.
+	ServiceHealth ServiceHealth
 }
 
 // Proxier runs the sync loop.
@@ -184,6 +194,9 @@ func (p *Proxier) syncOnce(full bool) bool {
 	}
 	p.metrics.SyncProxyRulesLastTimestamp.SetToCurrentTime()
 	p.health.Updated(p.cfg.IPFamily)
+	if p.cfg.ServiceHealth != nil {
+		p.cfg.ServiceHealth.Sync(up)
+	}
 	now := p.now()
 	for _, t := range up.TriggerTimes {
 		// Changes older than the agent are the initial state, not latency.

@@ -211,3 +211,60 @@ func histogramCount(t *testing.T, m *metrics.Metrics, name string) uint64 {
 	}
 	return 0
 }
+
+// fakeServiceHealth records the updates the loop hands the health check
+// node port server.
+// It notes how many dataplane syncs had happened when it was called.
+type fakeServiceHealth struct {
+	dp  *fakeDataplane
+	got chan model.Update
+	at  chan int
+}
+
+func (f *fakeServiceHealth) Sync(up model.Update) {
+	f.dp.mu.Lock()
+	n := len(f.dp.updates)
+	f.dp.mu.Unlock()
+	f.at <- n
+	f.got <- up
+}
+
+func TestServiceHealthSeesOnlyAppliedUpdates(t *testing.T) {
+	sh := &fakeServiceHealth{got: make(chan model.Update, 10), at: make(chan int, 10)}
+	l := start(t, Config{SyncPeriod: time.Hour, ServiceHealth: sh})
+	sh.dp = l.dp
+	l.dp.fail = 1
+	sp, es := service("a", "10.0.0.1")
+	l.tr.UpdateService(sp[0].Name.ServiceName, sp)
+	l.tr.UpdateEndpointSlice(es)
+	l.tr.SetServicesSynced()
+	l.tr.SetEndpointSlicesSynced()
+	l.waitSync(t) // fails: nothing is programmed, so nothing to report
+	l.waitSync(t) // the full retry succeeds
+	select {
+	case up := <-sh.got:
+		if n := <-sh.at; n != 2 {
+			t.Errorf("service health got an update after dataplane sync %d, want only after the successful second", n)
+		}
+		if !up.Full || up.State.Services[sp[0].Name] == nil {
+			t.Errorf("service health got full=%v with %d service ports, want the full State", up.Full, len(up.State.Services))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("service health never got an update")
+	}
+	// A partial sync is handed on with its change set.
+	sp2, es2 := service("b", "10.0.0.2")
+	l.tr.UpdateService(sp2[0].Name.ServiceName, sp2)
+	l.tr.UpdateEndpointSlice(es2)
+	for {
+		select {
+		case up := <-sh.got:
+			<-sh.at
+			if _, ok := up.Changed[sp2[0].Name]; ok && !up.Full {
+				return
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("service health never got the partial update")
+		}
+	}
+}

@@ -375,6 +375,7 @@ func httpAttempt(addr netip.AddrPort, path string, timeout time.Duration) HTTPRe
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxReply))
 	r.Elapsed = time.Since(start)
 	r.Status = resp.StatusCode
+	r.Weight = resp.Header.Get("X-Load-Balancing-Endpoint-Weight")
 	if err != nil {
 		r.Err = errName(err)
 		return r

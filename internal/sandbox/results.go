@@ -73,6 +73,9 @@ type HTTPResult struct {
 	Server string `json:"server,omitempty"`
 	// ClientSeen is the client address the server reported.
 	ClientSeen netip.AddrPort `json:"clientSeen"`
+	// Weight is the response's X-Load-Balancing-Endpoint-Weight header,
+	// the local endpoint count a health check node port reports.
+	Weight string `json:"weight,omitempty"`
 	// Err is empty on success, else an errno name as in TCPResult.
 	Err string `json:"err,omitempty"`
 	// Elapsed is the time the request took.

@@ -26,7 +26,22 @@ func TestMain(m *testing.M) { testbed.Main(m) }
 const PendingEnv = "EBPF_PROXY_E2E_PENDING"
 
 // selected reports whether scenario sc runs in this test.
-func selected(sc Scenario) bool { return sc.Pending == "" || os.Getenv(PendingEnv) == "1" }
+func selected(sc Scenario) bool {
+	return chosen(sc) && (sc.Pending == "" || os.Getenv(PendingEnv) == "1")
+}
+
+// ScenariosEnv, when set, is a regular expression: only the scenarios whose
+// name it matches run, to iterate on a few (the summary counts only them).
+const ScenariosEnv = "EBPF_PROXY_E2E_SCENARIOS"
+
+func chosen(sc Scenario) bool {
+	expr := os.Getenv(ScenariosEnv)
+	if expr == "" {
+		return true
+	}
+	ok, err := regexp.MatchString(expr, sc.Name)
+	return err == nil && ok
+}
 
 // OutDirEnv names a directory where TestDifferential writes report.txt (every
 // scenario with every verdict) and summary.txt (the differential line).
@@ -69,6 +84,11 @@ func TestDifferential(t *testing.T) {
 	if err := check(scenarios); err != nil {
 		t.Fatal(err)
 	}
+	if expr := os.Getenv(ScenariosEnv); expr != "" {
+		if _, err := regexp.Compile(expr); err != nil {
+			t.Fatalf("%s: %v", ScenariosEnv, err)
+		}
+	}
 	gates := make([]string, 0, len(upstreamFeatureGates))
 	for k, v := range upstreamFeatureGates {
 		gates = append(gates, fmt.Sprintf("%s=%t", k, v))
@@ -90,6 +110,9 @@ func TestDifferential(t *testing.T) {
 	var n, match, mismatch, unsupported int
 	var disagreements, pending, deviations []string
 	for si, sc := range scenarios {
+		if !chosen(sc) {
+			continue
+		}
 		if !selected(sc) {
 			pending = append(pending, fmt.Sprintf("%q (%s)", sc.Name, sc.Pending))
 			continue

@@ -171,7 +171,13 @@ func (t *tally) addUDP(w *world, c *sandbox.Client, dst netip.AddrPort, r sandbo
 
 func (t *tally) addHTTP(r sandbox.HTTPResult) {
 	if r.Status != 0 {
-		t.http[fmt.Sprintf("HTTP %d", r.Status)]++
+		v := fmt.Sprintf("HTTP %d", r.Status)
+		if r.Weight != "" {
+			// The health check's local endpoint count, which load
+			// balancers use as the node's weight.
+			v += " weight " + r.Weight
+		}
+		t.http[v]++
 		return
 	}
 	t.failures[failure(r.Err)]++

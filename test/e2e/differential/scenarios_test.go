@@ -533,22 +533,48 @@ var scenarios = []Scenario{
 		}},
 	},
 	{
-		Name:  "loadbalancer from outside: externalTrafficPolicy=Local and its health check",
-		Needs: []Feature{FeatureLoadBalancer, FeatureExternalTraffic, FeatureHealthCheck},
+		Name:  "loadbalancer from outside: externalTrafficPolicy=Local",
+		Needs: []Feature{FeatureLoadBalancer, FeatureExternalTraffic},
 		VIPs:  map[string]string{"l1": selfA, "l2": selfB},
 		Steps: []Step{
 			{Name: "a1 on node-a; l1 routed to node-a, l2 to node-b",
 				Services: []Svc{web(withType(corev1.ServiceTypeLoadBalancer), withETP(corev1.ServiceExternalTrafficPolicyLocal),
 					withIngress(Ingress{VIP: "l1"}, Ingress{VIP: "l2"}))},
 				Slices: []Slice{webSlice(ready("a1"))},
-				Probes: ps(from(tcp, vip("l1", 80), ext), from(tcp, vip("l2", 80), ext),
-					httpGet(ext, hcnp("web", selfA)), httpGet(ext, hcnp("web", selfB)))},
-			{Name: "a1 serving-terminating: traffic falls back, the health check fails",
+				Probes: ps(from(tcp, vip("l1", 80), ext), from(tcp, vip("l2", 80), ext))},
+			{Name: "a1 serving-terminating: traffic falls back",
 				Services: []Svc{web(withType(corev1.ServiceTypeLoadBalancer), withETP(corev1.ServiceExternalTrafficPolicyLocal),
 					withIngress(Ingress{VIP: "l1"}, Ingress{VIP: "l2"}))},
 				Slices: []Slice{webSlice(servingTerminating("a1"))},
-				Probes: ps(from(tcp, vip("l1", 80), ext), httpGet(ext, hcnp("web", selfA)))},
+				Probes: from(tcp, vip("l1", 80), ext)},
 		},
+	},
+	{
+		// The load balancer's view: it probes every node's health check
+		// node port from outside and sends traffic only where it gets 200.
+		// The probes reach the node's own address, so they need no
+		// translation: this is the health server alone.
+		Name:  "health check node port of a LoadBalancer with externalTrafficPolicy=Local",
+		Needs: []Feature{FeatureHealthCheck},
+		VIPs:  map[string]string{"l1": selfA, "l2": selfB},
+		Steps: func() []Step {
+			svc := []Svc{dual(web(withType(corev1.ServiceTypeLoadBalancer), withETP(corev1.ServiceExternalTrafficPolicyLocal),
+				withIngress(Ingress{VIP: "l1"}, Ingress{VIP: "l2"})))}
+			probes := ps(httpGet(ext, hcnp("web", selfA)), httpGet(ext, hcnp("web", selfB)),
+				httpGet(selfB, hcnp("web", selfA)), httpGet(selfA, hcnp("web", selfA)))
+			return []Step{
+				{Name: "a1 ready on node-a: node-a passes, node-b fails", Services: svc,
+					Slices: []Slice{dualSlice(ready("a1"), notReady("b1"))}, Probes: probes},
+				{Name: "a1 and a2 on node-a, b1 on node-b: both pass", Services: svc,
+					Slices: []Slice{dualSlice(ready("a1"), ready("a2"), ready("b1"))}, Probes: probes},
+				{Name: "a1 serving-terminating, a2 terminating: node-a fails while its pods drain", Services: svc,
+					Slices: []Slice{dualSlice(servingTerminating("a1"), terminating("a2"), ready("b1"))}, Probes: probes},
+				{Name: "no endpoints: both fail", Services: svc, Slices: []Slice{dualSlice()}, Probes: probes},
+				{Name: "a1 ready again, in a slice of its own", Services: svc,
+					Slices: []Slice{dualSlice(), {Name: "web-2", Service: "web", Ports: []SlicePort{sport("http", tcp, 8080)}, Eps: []Ep{ready("a1")}}},
+					Probes: probes},
+			}
+		}(),
 	},
 	{
 		Name:  "loadbalancer: loadBalancerSourceRanges",

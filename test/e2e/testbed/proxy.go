@@ -200,6 +200,8 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 			"--bpffs-path=" + p.BPFFS,
 			"--metrics-bind-address=" + metricsAddr,
 			"--healthz-bind-address=" + healthzAddr,
+			// As upstream's configuration above.
+			"--nodeport-addresses=" + n.IP.String() + "/32",
 			"-v=" + strconv.Itoa(v),
 		}
 	default:
