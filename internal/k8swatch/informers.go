@@ -28,6 +28,9 @@ const DefaultResyncPeriod = 15 * time.Minute
 type WatchOptions struct {
 	// Family is the proxy's IP family; empty means IPv4.
 	Family v1.IPFamily
+	// LBAlgorithm is the algorithm of Services that do not choose one
+	// (--lb-algorithm).
+	LBAlgorithm model.LBAlgorithm
 	// ResyncPeriod is the informers' resync period (kube-proxy's
 	// --config-sync-period); zero means DefaultResyncPeriod.
 	ResyncPeriod time.Duration
@@ -78,8 +81,8 @@ func Watch(ctx context.Context, client kubernetes.Interface, nodeName string, tr
 		tr:         tr,
 		nodeStatus: opts.NodeStatus,
 		nodeName:   nodeName,
-		tl:         Translator{Family: opts.Family, Invalid: opts.Invalid},
-		quiet:      Translator{Family: opts.Family},
+		tl:         Translator{Family: opts.Family, Invalid: opts.Invalid, LBAlgorithm: opts.LBAlgorithm},
+		quiet:      Translator{Family: opts.Family, LBAlgorithm: opts.LBAlgorithm},
 	}
 	proxied := ProxiedSelector().String()
 

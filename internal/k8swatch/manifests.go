@@ -36,6 +36,9 @@ const DefaultPollInterval = time.Second
 type ManifestOptions struct {
 	// Family is the proxy's IP family; empty means IPv4.
 	Family v1.IPFamily
+	// LBAlgorithm is the algorithm of Services that do not choose one
+	// (--lb-algorithm).
+	LBAlgorithm model.LBAlgorithm
 	// PollInterval is the time between two reads of the directory; zero
 	// means DefaultPollInterval.
 	PollInterval time.Duration
@@ -113,7 +116,7 @@ func NewManifests(dir, nodeName string, tr *tracker.Tracker, opts ManifestOption
 		dir:      dir,
 		nodeName: nodeName,
 		tr:       tr,
-		tl:       Translator{Family: opts.Family, Invalid: opts.Invalid},
+		tl:       Translator{Family: opts.Family, Invalid: opts.Invalid, LBAlgorithm: opts.LBAlgorithm},
 		interval: interval,
 		// Strict, so that a misspelt field (clusterIp) is reported; the
 		// object is still used, as kubectl would warn and go on.

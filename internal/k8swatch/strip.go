@@ -56,7 +56,9 @@ func keepOnly(m map[string]string, keys []string) map[string]string {
 // let the handlers check the selection themselves (Proxied).
 var (
 	serviceLabels = []string{LabelServiceProxyName, LabelHeadless}
-	sliceLabels   = []string{discoveryv1.LabelServiceName, LabelServiceProxyName, LabelHeadless}
+	// serviceAnnotations are ebpf-proxy's own settings of a Service.
+	serviceAnnotations = []string{AnnotationLBAlgorithm}
+	sliceLabels        = []string{discoveryv1.LabelServiceName, LabelServiceProxyName, LabelHeadless}
 	// sliceAnnotations feed the network programming latency metric.
 	sliceAnnotations = []string{v1.EndpointsLastChangeTriggerTime}
 	// nodeLabels are the labels endpoint selection reads.
@@ -64,7 +66,7 @@ var (
 )
 
 func stripService(s *v1.Service) {
-	stripMeta(&s.ObjectMeta, serviceLabels, nil)
+	stripMeta(&s.ObjectMeta, serviceLabels, serviceAnnotations)
 	// Endpoints come from EndpointSlices: the selector and target ports
 	// matter only to the EndpointSlice controller.
 	s.Spec.Selector = nil

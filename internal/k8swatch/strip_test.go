@@ -1,6 +1,7 @@
 package k8swatch
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -48,6 +49,7 @@ func TestStrip(t *testing.T) {
 			name: "Service",
 			obj: makeService("ns", "web", func(s *v1.Service) {
 				bulkyMeta(&s.ObjectMeta)
+				s.Annotations[AnnotationLBAlgorithm] = "maglev"
 				s.Spec.Type = v1.ServiceTypeLoadBalancer
 				s.Spec.Selector = map[string]string{"app": "web"}
 				s.Spec.Ports[0].NodePort = 30080
@@ -65,8 +67,11 @@ func TestStrip(t *testing.T) {
 			gone: func(obj runtime.Object) []string {
 				s := obj.(*v1.Service)
 				var bad []string
-				if s.ManagedFields != nil || s.Annotations != nil || s.Labels != nil || s.OwnerReferences != nil || s.Finalizers != nil {
+				if s.ManagedFields != nil || s.Labels != nil || s.OwnerReferences != nil || s.Finalizers != nil {
 					bad = append(bad, "metadata kept")
+				}
+				if len(s.Annotations) != 1 || s.Annotations[AnnotationLBAlgorithm] != "maglev" {
+					bad = append(bad, fmt.Sprintf("annotations %v, want only %s", s.Annotations, AnnotationLBAlgorithm))
 				}
 				if s.Spec.Selector != nil || s.Status.Conditions != nil {
 					bad = append(bad, "selector or conditions kept")

@@ -45,6 +45,9 @@ const (
 	// LabelHeadless is set by the EndpointSlice controller on the slices of
 	// headless Services.
 	LabelHeadless = v1.IsHeadlessService
+	// AnnotationLBAlgorithm on a Service chooses its load-balancing
+	// algorithm for traffic from outside the node: "random" or "maglev".
+	AnnotationLBAlgorithm = "ebpf-proxy/lb-algorithm"
 )
 
 // InvalidFunc is told about input that cannot be proxied as written: an
@@ -65,6 +68,9 @@ type Translator struct {
 	Family v1.IPFamily
 	// Invalid receives every problem found; nil discards them.
 	Invalid InvalidFunc
+	// LBAlgorithm is the algorithm of Services without the
+	// AnnotationLBAlgorithm annotation (--lb-algorithm).
+	LBAlgorithm model.LBAlgorithm
 }
 
 func (t *Translator) family() v1.IPFamily {
@@ -168,6 +174,7 @@ func (t *Translator) ServicePorts(svc *v1.Service) []*model.ServicePort {
 		LoadBalancerIPs:          t.loadBalancerIPs(svc),
 		LoadBalancerSourceRanges: t.sourceRanges(svc),
 		AffinityTimeout:          t.affinityTimeout(svc),
+		LBAlgorithm:              t.lbAlgorithm(svc),
 	}
 	if svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal {
 		base.InternalPolicy = model.PolicyLocal
@@ -289,6 +296,19 @@ func (t *Translator) sourceRanges(svc *v1.Service) []netip.Prefix {
 		out = append(out, p)
 	}
 	return out
+}
+
+func (t *Translator) lbAlgorithm(svc *v1.Service) model.LBAlgorithm {
+	v, ok := svc.Annotations[AnnotationLBAlgorithm]
+	if !ok {
+		return t.LBAlgorithm
+	}
+	a, err := model.ParseLBAlgorithm(v)
+	if err != nil {
+		t.report(KindService, svc.Namespace, svc.Name, "invalid annotation %s: %v; using %s", AnnotationLBAlgorithm, err, t.LBAlgorithm)
+		return t.LBAlgorithm
+	}
+	return a
 }
 
 func (t *Translator) affinityTimeout(svc *v1.Service) time.Duration {

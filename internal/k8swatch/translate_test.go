@@ -41,6 +41,7 @@ func TestServicePorts(t *testing.T) {
 	tests := []struct {
 		name    string
 		family  v1.IPFamily
+		lb      model.LBAlgorithm
 		svc     *v1.Service
 		want    []*model.ServicePort
 		reports []string
@@ -276,6 +277,30 @@ func TestServicePorts(t *testing.T) {
 			reports: []string{"invalid affinity timeout: timeoutSeconds 0 is not positive"},
 		},
 		{
+			name: "the lb-algorithm annotation chooses Maglev",
+			svc:  makeService("ns", "svc", func(s *v1.Service) { s.Annotations = map[string]string{AnnotationLBAlgorithm: "maglev"} }),
+			want: []*model.ServicePort{wantPort(func(sp *model.ServicePort) { sp.LBAlgorithm = model.LBMaglev })},
+		},
+		{
+			name: "the translator's default applies without the annotation",
+			lb:   model.LBMaglev,
+			svc:  makeService("ns", "svc", nil),
+			want: []*model.ServicePort{wantPort(func(sp *model.ServicePort) { sp.LBAlgorithm = model.LBMaglev })},
+		},
+		{
+			name: "the annotation overrides the default",
+			lb:   model.LBMaglev,
+			svc:  makeService("ns", "svc", func(s *v1.Service) { s.Annotations = map[string]string{AnnotationLBAlgorithm: "random"} }),
+			want: []*model.ServicePort{wantPort(nil)},
+		},
+		{
+			name:    "an unknown algorithm is reported and the default used",
+			lb:      model.LBMaglev,
+			svc:     makeService("ns", "svc", func(s *v1.Service) { s.Annotations = map[string]string{AnnotationLBAlgorithm: "roundrobin"} }),
+			want:    []*model.ServicePort{wantPort(func(sp *model.ServicePort) { sp.LBAlgorithm = model.LBMaglev })},
+			reports: []string{`invalid annotation ebpf-proxy/lb-algorithm: unknown load-balancing algorithm "roundrobin"`},
+		},
+		{
 			name: "trafficDistribution is carried",
 			svc: makeService("ns", "svc", func(s *v1.Service) {
 				s.Spec.TrafficDistribution = ptr.To(v1.ServiceTrafficDistributionPreferClose)
@@ -329,7 +354,7 @@ func TestServicePorts(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var r reports
-			tl := Translator{Family: tc.family, Invalid: r.fn}
+			tl := Translator{Family: tc.family, Invalid: r.fn, LBAlgorithm: tc.lb}
 			got := tl.ServicePorts(tc.svc)
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("ServicePorts:\n  got  %s\n  want %s", fmtPorts(got), fmtPorts(tc.want))

@@ -87,6 +87,40 @@ func (p TrafficPolicy) String() string {
 	return "Cluster"
 }
 
+// LBAlgorithm is how a frontend reached from outside the node picks a
+// backend for a new flow. Clients on the node (the socket hooks) always pick
+// at random: their flows never move between nodes.
+type LBAlgorithm uint8
+
+// Load-balancing algorithms.
+const (
+	// LBRandom picks uniformly among the endpoints, as kube-proxy does.
+	LBRandom LBAlgorithm = iota
+	// LBMaglev hashes the flow's addresses and ports into a Maglev table,
+	// so that every node picks the same backend for a flow and a change of
+	// the endpoints moves few flows.
+	LBMaglev
+)
+
+// String returns the algorithm's name as flags and annotations spell it.
+func (a LBAlgorithm) String() string {
+	if a == LBMaglev {
+		return "maglev"
+	}
+	return "random"
+}
+
+// ParseLBAlgorithm parses "random" or "maglev".
+func ParseLBAlgorithm(s string) (LBAlgorithm, error) {
+	switch s {
+	case "random":
+		return LBRandom, nil
+	case "maglev":
+		return LBMaglev, nil
+	}
+	return LBRandom, fmt.Errorf("unknown load-balancing algorithm %q (want random or maglev)", s)
+}
+
 // Session affinity timeouts, as in the core API.
 const (
 	DefaultAffinityTimeout = 10800 * time.Second
@@ -121,6 +155,10 @@ type ServicePort struct {
 
 	// AffinityTimeout is non-zero when sessionAffinity is ClientIP.
 	AffinityTimeout time.Duration
+
+	// LBAlgorithm chooses how traffic from outside the node picks a
+	// backend: at random, or by Maglev consistent hashing of the flow.
+	LBAlgorithm LBAlgorithm
 
 	InternalPolicy TrafficPolicy
 	ExternalPolicy TrafficPolicy
