@@ -66,10 +66,12 @@ type queues struct {
 	backends *queue[uint32, BackendValue]
 	revNat   *queue[uint32, RevNatValue]
 	match    *queue[MemberKey, uint8]
+	maglev   *maglevQueue
 }
 
 func newQueues(m Maps) queues {
-	return queues{newQueue(m.Services), newQueue(m.Backends), newQueue(m.RevNat), newQueue(m.Members)}
+	return queues{newQueue(m.Services), newQueue(m.Backends), newQueue(m.RevNat), newQueue(m.Members),
+		&maglevQueue{m: m.Maglev, applied: map[uint32]uint64{}}}
 }
 
 func (q queues) setBatched(b bool) {
@@ -81,13 +83,15 @@ func (q queues) reset() {
 	q.backends.reset()
 	q.revNat.reset()
 	q.match.reset()
+	q.maglev.reset()
 }
 
 // flush sends a sync's writes in the one order that keeps every lookup
 // consistent: what entries will point at first (backends, reverse NAT,
-// memberships), then the service entries in the order they were made
+// memberships, Maglev tables, which name backends), then the service entries in the order they were made
 // (a frontend's slots before its master entry), then deletions of service
-// entries (a removed frontend's master entry before its slots), and last
+// entries (a removed frontend's master entry before its slots) and of Maglev
+// tables, and last
 // the deletion of what no service entry points at any more.
 func (q queues) flush() error {
 	for _, step := range []struct {
@@ -97,8 +101,10 @@ func (q queues) flush() error {
 		{"backends", q.backends.flushPuts},
 		{"reverse NAT", q.revNat.flushPuts},
 		{"members", q.match.flushPuts},
+		{"maglev tables", q.maglev.flushSets},
 		{"services", q.services.flushPuts},
 		{"services", q.services.flushDeletes},
+		{"maglev tables", q.maglev.flushDeletes},
 		{"members", q.match.flushDeletes},
 		{"backends", q.backends.flushDeletes},
 		{"reverse NAT", q.revNat.flushDeletes},

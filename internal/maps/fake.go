@@ -97,6 +97,7 @@ type Fakes struct {
 	Backends *FakeMap[uint32, BackendValue]
 	RevNat   *FakeMap[uint32, RevNatValue]
 	Members  *FakeMap[MemberKey, uint8]
+	Maglev   *FakeMaglev
 }
 
 // NewFakes returns empty fakes; a zero capacity is unlimited.
@@ -106,10 +107,67 @@ func NewFakes(services, backends, revnat int) *Fakes {
 		Backends: NewFakeMap[uint32, BackendValue](backends),
 		RevNat:   NewFakeMap[uint32, RevNatValue](revnat),
 		Members:  NewFakeMap[MemberKey, uint8](0),
+		Maglev:   NewFakeMaglev(FakeMaglevSize),
 	}
 }
 
 // Maps returns the fakes as the Writer's Maps.
 func (f *Fakes) Maps() Maps {
-	return Maps{Services: f.Services, Backends: f.Backends, RevNat: f.RevNat, Members: f.Members}
+	return Maps{Services: f.Services, Backends: f.Backends, RevNat: f.RevNat, Members: f.Members, Maglev: f.Maglev}
 }
+
+// FakeMaglevSize is the table size of the fakes: a small prime keeps
+// tests fast.
+const FakeMaglevSize = 251
+
+// FakeMaglev is an in-memory MaglevTables.
+type FakeMaglev struct {
+	M            int
+	Tables       map[uint32][]uint32
+	Fingerprint  map[uint32]uint64
+	Sets, Deletes int
+	// Err, when set, is returned by the next Set.
+	Err error
+	// OnChange, when set, is called after every change.
+	OnChange func()
+}
+
+// NewFakeMaglev returns empty fake tables of size m.
+func NewFakeMaglev(m int) *FakeMaglev {
+	return &FakeMaglev{M: m, Tables: map[uint32][]uint32{}, Fingerprint: map[uint32]uint64{}}
+}
+
+// Size implements MaglevTables.
+func (f *FakeMaglev) Size() int { return f.M }
+
+// Set implements MaglevTables.
+func (f *FakeMaglev) Set(id uint32, table []uint32, fp uint64) error {
+	if err := f.Err; err != nil {
+		f.Err = nil
+		return err
+	}
+	if len(table) != f.M {
+		return fmt.Errorf("table of %d entries, want %d", len(table), f.M)
+	}
+	f.Sets++
+	f.Tables[id] = slices.Clone(table)
+	f.Fingerprint[id] = fp
+	if f.OnChange != nil {
+		f.OnChange()
+	}
+	return nil
+}
+
+// Delete implements MaglevTables.
+func (f *FakeMaglev) Delete(id uint32) error {
+	f.Deletes++
+	delete(f.Tables, id)
+	delete(f.Fingerprint, id)
+	if f.OnChange != nil {
+		f.OnChange()
+	}
+	return nil
+}
+
+// Fingerprints implements MaglevTables.
+func (f *FakeMaglev) Fingerprints() (map[uint32]uint64, error) { return maps.Clone(f.Fingerprint), nil }

@@ -74,6 +74,9 @@ type Maps struct {
 	// Members holds (backend, ServicePort) while the backend may be
 	// chosen for the ServicePort.
 	Members Map[MemberKey, uint8]
+	// Maglev holds the Maglev tables of the ServicePorts that use Maglev
+	// for external traffic; nil when the dataplane has none.
+	Maglev MaglevTables
 }
 
 // ErrMapFull is returned (wrapped) when a map has no room for a new entry.

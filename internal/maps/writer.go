@@ -3,6 +3,7 @@ package maps
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/netip"
 	"slices"
@@ -109,6 +110,13 @@ type Limits struct {
 // backend and reverse-NAT ids survive a restart.
 func NewWriter(m Maps, lim Limits) (*Writer, error) {
 	w := &Writer{m: m, q: newQueues(m)}
+	w.q.maglev.ids = func(b Backend) (uint32, bool) {
+		ab := w.backends[b]
+		if ab == nil {
+			return 0, false
+		}
+		return ab.id, true
+	}
 	w.backendIDs = newIDAllocator(lim.Backends)
 	w.revNatIDs = newIDAllocator(lim.RevNat)
 	// A ServicePort has at least one frontend, so there are no more
@@ -200,6 +208,14 @@ func (w *Writer) restore() error {
 	})
 	if err != nil {
 		return fmt.Errorf("restore members: %w", err)
+	}
+	clear(w.q.maglev.applied)
+	if w.m.Maglev != nil {
+		fps, err := w.m.Maglev.Fingerprints()
+		if err != nil {
+			return fmt.Errorf("restore maglev tables: %w", err)
+		}
+		maps.Copy(w.q.maglev.applied, fps)
 	}
 	for _, s := range slotEntries {
 		af := w.frontends[s.fe]
@@ -293,6 +309,12 @@ func (w *Writer) Sync(up model.Update) error {
 		}
 	}
 	slices.SortFunc(owners, compareSPN)
+	svcBefore := make(map[model.ServicePortName]uint32, len(owners))
+	for _, owner := range owners {
+		if id, ok := w.ownerSvc[owner]; ok {
+			svcBefore[owner] = id
+		}
+	}
 
 	var errs []error
 	desired := map[Frontend]bool{}
@@ -356,6 +378,7 @@ func (w *Writer) Sync(up model.Update) error {
 	if err := w.collectGarbage(); err != nil {
 		errs = append(errs, err)
 	}
+	w.planMaglev(owners, up, svcBefore, full)
 	if err := w.q.flush(); err != nil {
 		errs = append(errs, err)
 	}

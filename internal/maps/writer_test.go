@@ -71,11 +71,12 @@ type fakes struct {
 	backends *FakeMap[uint32, BackendValue]
 	revnat   *FakeMap[uint32, RevNatValue]
 	match    *FakeMap[MemberKey, uint8]
+	maglev   *FakeMaglev
 }
 
 func newFakes(services, backends, revnat int) *fakes {
 	f := NewFakes(services, backends, revnat)
-	return &fakes{f.Maps(), f.Services, f.Backends, f.RevNat, f.Members}
+	return &fakes{f.Maps(), f.Services, f.Backends, f.RevNat, f.Members, f.Maglev}
 }
 
 func (f *fakes) writes() int {
@@ -116,6 +117,13 @@ func (f *fakes) consistent() error {
 			}
 		}
 	}
+	for id, table := range f.maglev.Tables {
+		for i, b := range table {
+			if _, ok := f.backends.Entries[b]; !ok {
+				return fmt.Errorf("maglev table of service %d: entry %d names backend %d, which is missing", id, i, b)
+			}
+		}
+	}
 	return nil
 }
 
@@ -129,6 +137,7 @@ func (f *fakes) watchConsistency(t *testing.T) {
 		}
 	}
 	f.services.OnChange, f.backends.OnChange, f.revnat.OnChange, f.match.OnChange = check, check, check, check
+	f.maglev.OnChange = check
 }
 
 func dump(t *testing.T, m Maps) string {
