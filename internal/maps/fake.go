@@ -122,9 +122,9 @@ const FakeMaglevSize = 251
 
 // FakeMaglev is an in-memory MaglevTables.
 type FakeMaglev struct {
-	M            int
-	Tables       map[uint32][]uint32
-	Fingerprint  map[uint32]uint64
+	M             int
+	Tables        map[uint32][]uint32
+	Fingerprint   map[uint32]uint64
 	Sets, Deletes int
 	// Err, when set, is returned by the next Set.
 	Err error
