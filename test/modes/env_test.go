@@ -337,7 +337,38 @@ func (e *env) reaches(c *sandbox.Client, addr netip.AddrPort, n int) {
 
 // modeState is what of each mode the node holds, one line per object.
 type modeState struct {
-	bpf, iptables, ipvs []string
+	bpf, ipvs []string
+	// iptables are our chains and the jumps to them, by table and chain
+	// (the jump's target).
+	iptables []ownedRule
+}
+
+type ownedRule struct{ backend, table, chain, what string }
+
+func (r ownedRule) String() string { return r.backend + " " + r.table + " " + r.what }
+
+// ipvsChains are the chains the IPVS mode writes (internal/fallback/ipvs,
+// rules.go); the iptables mode writes the nat and filter ones too, along
+// with many of its own.
+var ipvsChains = map[string]bool{
+	"nat " + xtables.Prefix + "SERVICES":    true,
+	"nat " + xtables.Prefix + "POSTROUTING": true,
+	"nat " + xtables.Prefix + "MARK-MASQ":   true,
+	"filter " + xtables.Prefix + "FORWARD":  true,
+	"mangle " + xtables.Prefix + "FIREWALL": true,
+}
+
+// rulesOf returns what of rules belongs only to mode: the IPVS mode's
+// mangle table, or the iptables mode's chains the IPVS mode has not.
+func rulesOf(mode string, rules []ownedRule) []string {
+	var out []string
+	for _, r := range rules {
+		ipvsChain := ipvsChains[r.table+" "+r.chain]
+		if mode == "ipvs" && r.table == "mangle" || mode == "iptables" && !ipvsChain {
+			out = append(out, r.String())
+		}
+	}
+	return out
 }
 
 // state reads what the modes create: programs attached to the sandbox's
@@ -384,10 +415,10 @@ func (e *env) state() modeState {
 				t.Fatal(err)
 			}
 			for c := range own.Chains {
-				s.iptables = append(s.iptables, b.Name+" "+table+" chain "+c)
+				s.iptables = append(s.iptables, ownedRule{b.Name, table, c, "chain " + c})
 			}
 			for _, j := range own.Jumps {
-				s.iptables = append(s.iptables, b.Name+" "+table+" "+j.Chain+" -> "+xtables.Target(j.Spec))
+				s.iptables = append(s.iptables, ownedRule{b.Name, table, xtables.Target(j.Spec), j.Chain + " -> " + xtables.Target(j.Spec)})
 			}
 		}
 	}
@@ -426,10 +457,19 @@ func (e *env) expectOnly(mode string) {
 	t := e.t
 	t.Helper()
 	s := e.state()
+	var all []string
+	for _, r := range s.iptables {
+		all = append(all, r.String())
+	}
 	for _, m := range []struct {
 		name string
 		got  []string
-	}{{"ebpf", s.bpf}, {"iptables", s.iptables}, {"ipvs", s.ipvs}} {
+	}{
+		{"ebpf", s.bpf},
+		{"iptables", rulesOf("iptables", s.iptables)},
+		// The IPVS mode also writes a few iptables rules of its own.
+		{"ipvs", append(s.ipvs, rulesOf("ipvs", s.iptables)...)},
+	} {
 		switch {
 		case m.name == mode && len(m.got) == 0:
 			t.Errorf("in %s mode the node holds nothing of it", mode)
@@ -437,9 +477,10 @@ func (e *env) expectOnly(mode string) {
 			t.Errorf("in %s mode, %s mode left behind:\n  %s", orNone(mode), m.name, strings.Join(m.got, "\n  "))
 		}
 	}
-	// The IPVS mode also writes a few iptables rules of its own.
-	if mode == "ipvs" && len(s.iptables) == 0 {
-		t.Errorf("in ipvs mode the node holds none of its iptables rules")
+	// Outside the fallback modes no chain of ours may exist, not even one
+	// both fallbacks write.
+	if mode != "iptables" && mode != "ipvs" && len(all) > 0 {
+		t.Errorf("in %s mode, iptables rules are left:\n  %s", orNone(mode), strings.Join(all, "\n  "))
 	}
 }
 

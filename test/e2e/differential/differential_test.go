@@ -38,8 +38,9 @@ const (
 )
 
 // kinds are the proxies every scenario runs against; iptables mode is the
-// reference (upstream's default), nftables mode where upstream is heading.
-var kinds = []testbed.Kind{testbed.KubeProxyIPTables, testbed.KubeProxyNFTables, testbed.EbpfProxy}
+// reference (upstream's default), nftables mode where upstream is heading;
+// then ebpf-proxy in BPF mode and in its fallback modes (fallbacks).
+var kinds = []testbed.Kind{testbed.KubeProxyIPTables, testbed.KubeProxyNFTables, testbed.EbpfProxy, testbed.EbpfProxyIPTables}
 
 // upstreamFeatureGates turn on in upstream kube-proxy 1.33 (and its API
 // server) what is on by default from 1.34 and what ebpf-proxy implements:
@@ -77,10 +78,11 @@ func TestDifferential(t *testing.T) {
 
 	runs := map[testbed.Kind]verdicts{}
 	for i, kind := range kinds {
-		t.Run("run/"+string(kind), func(t *testing.T) {
+		ok := t.Run("run/"+string(kind), func(t *testing.T) {
 			runs[kind] = runKind(t, c, kind, i)
 		})
-		if kind.Upstream() && runs[kind] == nil {
+		// A run left out with -run is no failure.
+		if kind.Upstream() && !ok {
 			t.Fatalf("the %s reference run failed; nothing to compare with", kind)
 		}
 	}
@@ -88,6 +90,7 @@ func TestDifferential(t *testing.T) {
 	var report strings.Builder
 	var n, match, mismatch, unsupported int
 	var disagreements, pending []string
+	tallies := newFallbackTallies(runs)
 	for si, sc := range scenarios {
 		if !selected(sc) {
 			pending = append(pending, fmt.Sprintf("%q (%s)", sc.Name, sc.Pending))
@@ -107,21 +110,37 @@ func TestDifferential(t *testing.T) {
 			disagreements = append(disagreements, sc.Name)
 		}
 		fmt.Fprintf(&report, "%s\n", text)
+		var fallbackMismatches []string
+		for _, f := range tallies {
+			if m := f.judge(si, sc, runs); m != "" {
+				fallbackMismatches = append(fallbackMismatches, m)
+				fmt.Fprintf(&report, "%s\n", m)
+			}
+		}
 		t.Run("compare/"+sc.Name, func(t *testing.T) {
 			if status == "mismatch" {
 				t.Errorf("ebpf-proxy differs from upstream kube-proxy:\n%s", text)
 			} else {
 				t.Logf("%s", text)
 			}
+			for _, m := range fallbackMismatches {
+				t.Errorf("ebpf-proxy's fallback differs from upstream kube-proxy:\n%s", m)
+			}
 		})
 	}
 	summary := fmt.Sprintf("differential: scenarios=%d match=%d mismatch=%d unsupported=%d", n, match, mismatch, unsupported)
+	// One line per fallback mode before the final, BPF mode's, line.
+	var fallbackLines strings.Builder
+	for _, f := range tallies {
+		fmt.Fprintf(&fallbackLines, "%s\n", f.summary())
+		t.Log(f.summary())
+	}
 	if len(pending) > 0 {
 		fmt.Fprintf(&report, "pending, not run (%s=1 runs them): %s\n", PendingEnv, strings.Join(pending, "; "))
 		t.Logf("pending scenarios, not run (%s=1 runs them): %s", PendingEnv, strings.Join(pending, "; "))
 	}
 	fmt.Fprintf(&report, "upstream iptables and nftables modes disagree in %d scenario(s): %s\n", len(disagreements), strings.Join(disagreements, "; "))
-	fmt.Fprintf(&report, "run time %s\n%s\n", time.Since(start).Round(time.Second), summary)
+	fmt.Fprintf(&report, "run time %s\n%s%s\n", time.Since(start).Round(time.Second), fallbackLines.String(), summary)
 	t.Log(summary)
 	if dir := os.Getenv(OutDirEnv); dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -130,7 +149,7 @@ func TestDifferential(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "report.txt"), []byte(report.String()), 0o644); err != nil {
 			t.Error(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, "summary.txt"), []byte(summary+"\n"), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, "summary.txt"), []byte(fallbackLines.String()+summary+"\n"), 0o644); err != nil {
 			t.Error(err)
 		}
 	}
@@ -212,7 +231,7 @@ func runKind(t *testing.T, c *cluster.Cluster, kind testbed.Kind, index int) ver
 	var active []int
 	waves := 0
 	for si, sc := range scenarios {
-		if !selected(sc) || kind == testbed.EbpfProxy && len(missing(sc.Needs, ebpfProxyFeatures)) > 0 {
+		if !selected(sc) || !kind.Upstream() && len(missing(sc.Needs, agentFeatures(kind))) > 0 {
 			continue
 		}
 		active = append(active, si)
