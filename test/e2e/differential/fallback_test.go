@@ -47,7 +47,7 @@ func agentFeatures(kind testbed.Kind) map[Feature]bool {
 // fallbackTally counts one fallback mode's verdicts over the scenarios.
 type fallbackTally struct {
 	fallback
-	ran                              bool
+	ran                             bool
 	n, match, mismatch, unsupported int
 }
 
