@@ -55,8 +55,11 @@ unit:
 test-go: deps build
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v -F -x -f <($(GO) list $(PRIVILEGED_PKGS) ./test/e2e/...))
 
+# Benchmarks, one run: BenchmarkSync of the BPF maps, iptables and IPVS (IPVS
+# only where ip_vs loads, i.e. not on this host: run that package in the VM
+# runner) for the same states, then the socket load balancer's cost.
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./internal/maps/... ./test/socklb/...
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./internal/maps/... ./internal/fallback/iptables/... ./internal/fallback/ipvs/... ./test/socklb/...
 
 test: lint check-generated test-go vmtest e2e
 
