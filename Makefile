@@ -11,7 +11,7 @@ BPF_CFLAGS := -O2 -g -Wall -Werror -nostdinc -Ibpf/include
 
 # Packages whose tests need root and a BPF-capable kernel. They run in the
 # kernel matrix: Debian's 6.1 and 6.12 in QEMU, and this machine's kernel.
-PRIVILEGED_PKGS ?= ./internal/fallback/... ./internal/loader/... ./internal/pktest/... ./internal/sandbox/... ./internal/sockterm/... ./test/socklb/... ./test/vmtest/...
+PRIVILEGED_PKGS ?= ./internal/fallback/... ./internal/loader/... ./internal/pktest/... ./internal/sandbox/... ./internal/sockterm/... ./test/modes/... ./test/socklb/... ./test/vmtest/...
 
 export EBPF_PROXY_CACHE ?= /var/cache/ebpf-proxy
 # Static binaries run unchanged in the VMs; one build cache for everything.
@@ -55,8 +55,11 @@ unit:
 test-go: deps build
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v -F -x -f <($(GO) list $(PRIVILEGED_PKGS) ./test/e2e/...))
 
+# Benchmarks, one run: BenchmarkSync of the BPF maps, iptables and IPVS (IPVS
+# only where ip_vs loads, i.e. not on this host: run that package in the VM
+# runner) for the same states, then the socket load balancer's cost.
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./internal/maps/... ./test/socklb/...
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./internal/maps/... ./internal/fallback/iptables/... ./internal/fallback/ipvs/... ./test/socklb/...
 
 test: lint check-generated test-go vmtest e2e
 

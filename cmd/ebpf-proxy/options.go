@@ -2,11 +2,16 @@ package main
 
 import (
 	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/nodeaddrs"
 )
@@ -28,6 +33,18 @@ type options struct {
 	minSyncPeriod      time.Duration
 	nodePortAddresses  []string
 
+	// The fallback dataplanes' settings, under kube-proxy's flag names.
+	clusterCIDR       string
+	masqueradeAll     bool
+	masqueradeBit     int32
+	ipvsScheduler     string
+	ipvsTCPTimeout    time.Duration
+	ipvsTCPFinTimeout time.Duration
+	ipvsUDPTimeout    time.Duration
+	// Parsed by validate.
+	clusterPrefix    netip.Prefix
+	nodePortPrefixes []netip.Prefix
+
 	manifests        string
 	terminateSockets bool
 	cgroupPath       string
@@ -37,7 +54,8 @@ type options struct {
 
 func defaultOptions() *options {
 	return &options{
-		proxyMode:          "ebpf",
+		proxyMode:          modeAuto,
+		masqueradeBit:      iptables.DefaultMasqueradeBit,
 		healthzBindAddress: "0.0.0.0:10256",
 		metricsBindAddress: "127.0.0.1:10249",
 		configSyncPeriod:   15 * time.Minute,
@@ -52,18 +70,25 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "Path to a kubeconfig file with authorization information (the in-cluster configuration is used when neither this nor --master is set).")
 	fs.StringVar(&o.master, "master", o.master, "The address of the Kubernetes API server (overrides any value in kubeconfig).")
 	fs.StringVar(&o.hostnameOverride, "hostname-override", o.hostnameOverride, "If non-empty, use this string as the node name instead of the actual hostname.")
-	fs.StringVar(&o.proxyMode, "proxy-mode", o.proxyMode, "Which proxy mode to use: 'ebpf' (the iptables and ipvs fallbacks are not available yet).")
+	fs.StringVar(&o.proxyMode, "proxy-mode", o.proxyMode, "Which proxy mode to use: 'ebpf', 'iptables', 'ipvs' or 'auto' (ebpf where the kernel can run the BPF programs, else ipvs where the ip_vs module loads, else iptables).")
 	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", o.healthzBindAddress, "The IP address and port for the health check server to serve on; empty disables it.")
 	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", o.metricsBindAddress, "The IP address and port for the metrics server to serve on; empty disables it.")
 	fs.BoolVar(&o.profiling, "profiling", o.profiling, "If true, serve Go's profiles on /debug/pprof/ of the metrics server, as kube-proxy does.")
 	fs.BoolVar(&o.bindAddrHardFail, "bind-address-hard-fail", o.bindAddrHardFail, "If true, failure to bind the health or metrics address is fatal; otherwise it is retried.")
-	fs.BoolVar(&o.cleanup, "cleanup", o.cleanup, "If true, detach and unpin every BPF program and map ebpf-proxy created, then exit.")
+	fs.BoolVar(&o.cleanup, "cleanup", o.cleanup, "If true, remove what every proxy mode of ebpf-proxy created (BPF programs and maps, iptables chains, IPVS virtual servers, ipsets and the dummy interface), then exit.")
 	fs.IntVarP(&o.verbosity, "v", "v", o.verbosity, "Log verbosity: 2 or more logs every sync.")
 	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", o.configSyncPeriod, "How often the configuration from the API server is refreshed. Must be greater than 0.")
 	fs.DurationVar(&o.syncPeriod, "sync-period", o.syncPeriod, "Interval of the periodic full sync, and the longest retry backoff after a failed sync.")
 	fs.DurationVar(&o.minSyncPeriod, "min-sync-period", o.minSyncPeriod, "Least time between two syncs; changes arriving sooner are batched. 0 applies each change at once.")
-	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "A list of CIDRs, or 'primary' for the node's primary IP, naming the node addresses that accept NodePort traffic and serve health check node ports; empty means all local addresses.")
+	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "The CIDRs of the node addresses that accept NodePort traffic and serve health check node ports (comma-separated, e.g. '192.168.77.0/24'); empty means every local address. kube-proxy's 'primary' keyword is not supported yet: give the node's IP as a /32.")
 	fs.BoolVar(&o.terminateSockets, "terminate-removed-backend-sockets", o.terminateSockets, "End the TCP and connected UDP sockets that the socket load balancer sent to a backend once that backend is removed, in every network namespace of the node (needs hostPID), so that clients reconnect to live backends instead of hanging.")
+	fs.StringVar(&o.clusterCIDR, "cluster-cidr", o.clusterCIDR, "The CIDR range of the pods in the cluster (comma-separated for dual-stack; the IPv4 one is used). In iptables and ipvs mode, ClusterIP traffic from outside it is masqueraded.")
+	fs.BoolVar(&o.masqueradeAll, "masquerade-all", o.masqueradeAll, "In iptables and ipvs mode, SNAT all traffic sent through Service cluster IPs.")
+	fs.Int32Var(&o.masqueradeBit, "iptables-masquerade-bit", o.masqueradeBit, "In iptables and ipvs mode, the bit of the fwmark space that marks packets to SNAT. Must be within [0, 31].")
+	fs.StringVar(&o.ipvsScheduler, "ipvs-scheduler", o.ipvsScheduler, "The IPVS scheduler in ipvs mode: rr (default), lc, dh, sh, sed or nq.")
+	fs.DurationVar(&o.ipvsTCPTimeout, "ipvs-tcp-timeout", o.ipvsTCPTimeout, "The timeout for idle IPVS TCP connections, 0 to leave it as is (e.g. '5s', '1m', '2h22m').")
+	fs.DurationVar(&o.ipvsTCPFinTimeout, "ipvs-tcpfin-timeout", o.ipvsTCPFinTimeout, "The timeout for IPVS TCP connections after receiving a FIN packet, 0 to leave it as is.")
+	fs.DurationVar(&o.ipvsUDPTimeout, "ipvs-udp-timeout", o.ipvsUDPTimeout, "The timeout for IPVS UDP packets, 0 to leave it as is.")
 	fs.StringVar(&o.manifests, "manifests", o.manifests, "Read Services and EndpointSlices from YAML files in this directory (watched for changes) instead of the API server.")
 	fs.StringVar(&o.cgroupPath, "cgroup-path", o.cgroupPath, "The cgroup v2 directory to attach the socket programs to (default: the node's cgroup2 root, mounting cgroup2 under /run/ebpf-proxy when none is mounted).")
 	fs.StringVar(&o.bpffsPath, "bpffs-path", o.bpffsPath, "Directory on a bpf filesystem where maps and links are pinned.")
@@ -76,11 +101,29 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 
 func (o *options) validate() error {
 	switch o.proxyMode {
-	case "ebpf":
-	case "iptables", "ipvs", "nftables", "auto":
-		return fmt.Errorf("--proxy-mode=%s is not implemented yet: only 'ebpf' is available in this release", o.proxyMode)
+	case modeAuto, modeEBPF, modeIPTables, modeIPVS:
+	case "nftables":
+		return fmt.Errorf("--proxy-mode=nftables is not available: use 'auto', 'ebpf', 'iptables' or 'ipvs'")
 	default:
-		return fmt.Errorf("unknown --proxy-mode %q: only 'ebpf' is available", o.proxyMode)
+		return fmt.Errorf("unknown --proxy-mode %q: want 'auto', 'ebpf', 'iptables' or 'ipvs'", o.proxyMode)
+	}
+	if o.masqueradeBit < 0 || o.masqueradeBit > 31 {
+		return fmt.Errorf("--iptables-masquerade-bit=%d: must be within [0, 31]", o.masqueradeBit)
+	}
+	if o.ipvsScheduler != "" && !slices.Contains(ipvs.Schedulers, o.ipvsScheduler) {
+		return fmt.Errorf("--ipvs-scheduler=%s: want one of %s", o.ipvsScheduler, strings.Join(ipvs.Schedulers, ", "))
+	}
+	for name, d := range map[string]time.Duration{"--ipvs-tcp-timeout": o.ipvsTCPTimeout, "--ipvs-tcpfin-timeout": o.ipvsTCPFinTimeout, "--ipvs-udp-timeout": o.ipvsUDPTimeout} {
+		if d < 0 || d%time.Second != 0 {
+			return fmt.Errorf("%s=%s: want whole seconds, 0 or more", name, d)
+		}
+	}
+	var err error
+	if o.clusterPrefix, err = parseClusterCIDR(o.clusterCIDR); err != nil {
+		return err
+	}
+	if o.nodePortPrefixes, err = parseNodePortAddresses(o.nodePortAddresses); err != nil {
+		return err
 	}
 	if o.configSyncPeriod <= 0 {
 		return fmt.Errorf("--config-sync-period must be greater than 0")
@@ -95,6 +138,49 @@ func (o *options) validate() error {
 		return err
 	}
 	return nil
+}
+
+// parseClusterCIDR returns the IPv4 prefix of --cluster-cidr, which may
+// list one prefix per family as kube-proxy's does; the zero Prefix when
+// there is none.
+func parseClusterCIDR(v string) (netip.Prefix, error) {
+	var v4 netip.Prefix
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Prefix{}, fmt.Errorf("--cluster-cidr: %q is not a CIDR: %w", s, err)
+		}
+		if !p.Addr().Is4() {
+			continue // the agent proxies IPv4 only
+		}
+		if v4.IsValid() {
+			return netip.Prefix{}, fmt.Errorf("--cluster-cidr=%s: more than one IPv4 CIDR", v)
+		}
+		v4 = p.Masked()
+	}
+	return v4, nil
+}
+
+// parseNodePortAddresses returns the IPv4 prefixes of --nodeport-addresses.
+// kube-proxy's "primary" keyword is refused rather than misread.
+func parseNodePortAddresses(vs []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range vs {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("--nodeport-addresses: %q is not a CIDR (the 'primary' keyword is not supported; give the node's IP as a /32): %w", s, err)
+		}
+		if p.Addr().Is4() {
+			out = append(out, p.Masked())
+		}
+	}
+	return out, nil
 }
 
 func zapISOTime(t time.Time, enc zapcore.PrimitiveArrayEncoder) {

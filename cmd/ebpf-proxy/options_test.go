@@ -1,10 +1,13 @@
 package main
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 )
@@ -37,15 +40,66 @@ func TestFlagsKeepKubeProxyNamesAndDefaults(t *testing.T) {
 	}
 }
 
-func TestUnavailableModesAreRefusedClearly(t *testing.T) {
-	for _, mode := range []string{"iptables", "ipvs", "nftables", "auto", "bogus"} {
-		err := parse(t, "--proxy-mode="+mode).validate()
-		if err == nil || !strings.Contains(err.Error(), "only 'ebpf'") {
-			t.Errorf("--proxy-mode=%s: %v, want a clear refusal", mode, err)
+func TestProxyModes(t *testing.T) {
+	if o := parse(t); o.proxyMode != "auto" {
+		t.Errorf("default --proxy-mode %q, want auto", o.proxyMode)
+	}
+	for _, mode := range []string{"auto", "ebpf", "iptables", "ipvs"} {
+		if err := parse(t, "--proxy-mode="+mode).validate(); err != nil {
+			t.Errorf("--proxy-mode=%s refused: %v", mode, err)
 		}
 	}
-	if err := parse(t, "--proxy-mode=ebpf").validate(); err != nil {
-		t.Errorf("ebpf refused: %v", err)
+	for _, mode := range []string{"nftables", "bogus", "userspace"} {
+		err := parse(t, "--proxy-mode="+mode).validate()
+		if err == nil || !strings.Contains(err.Error(), "'auto', 'ebpf', 'iptables' or 'ipvs'") {
+			t.Errorf("--proxy-mode=%s: %v, want a refusal naming the modes", mode, err)
+		}
+	}
+}
+
+func TestFallbackFlagsKeepKubeProxyNames(t *testing.T) {
+	o := parse(t, "--cluster-cidr=10.244.0.0/16,fd00::/48", "--masquerade-all", "--iptables-masquerade-bit=15",
+		"--nodeport-addresses=192.168.77.0/24,fd00:1::/64", "--nodeport-addresses=10.0.0.1/32", "--ipvs-scheduler=sh",
+		"--ipvs-tcp-timeout=15m", "--ipvs-tcpfin-timeout=30s", "--ipvs-udp-timeout=5s")
+	if err := o.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if o.clusterPrefix != netip.MustParsePrefix("10.244.0.0/16") {
+		t.Errorf("cluster CIDR %s, want the IPv4 one of the list", o.clusterPrefix)
+	}
+	if want := []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24"), netip.MustParsePrefix("10.0.0.1/32")}; !slices.Equal(o.nodePortPrefixes, want) {
+		t.Errorf("node port addresses %v, want %v", o.nodePortPrefixes, want)
+	}
+	if !o.masqueradeAll || o.masqueradeBit != 15 || o.ipvsScheduler != "sh" || o.ipvsTCPTimeout != 15*time.Minute ||
+		o.ipvsTCPFinTimeout != 30*time.Second || o.ipvsUDPTimeout != 5*time.Second {
+		t.Errorf("parsed %+v", o)
+	}
+	if d := parse(t); d.masqueradeBit != 14 || d.clusterCIDR != "" || d.ipvsScheduler != "" {
+		t.Errorf("defaults: masquerade bit %d, cluster CIDR %q, scheduler %q; want kube-proxy's 14, none, rr", d.masqueradeBit, d.clusterCIDR, d.ipvsScheduler)
+	}
+}
+
+func TestBadFallbackFlagsAreRefusedClearly(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"cluster CIDR that is no CIDR", []string{"--cluster-cidr=10.244.0.0"}, "--cluster-cidr"},
+		{"two IPv4 cluster CIDRs", []string{"--cluster-cidr=10.244.0.0/16,10.245.0.0/16"}, "more than one IPv4"},
+		{"masquerade bit out of range", []string{"--iptables-masquerade-bit=32"}, "[0, 31]"},
+		{"negative masquerade bit", []string{"--iptables-masquerade-bit=-1"}, "[0, 31]"},
+		{"unknown scheduler", []string{"--ipvs-scheduler=wrr2"}, "--ipvs-scheduler"},
+		{"node port keyword we do not support", []string{"--nodeport-addresses=primary"}, "'primary' keyword is not supported"},
+		{"fractional IPVS timeout", []string{"--ipvs-udp-timeout=1500ms"}, "whole seconds"},
+		{"negative IPVS timeout", []string{"--ipvs-tcp-timeout=-1s"}, "whole seconds"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := parse(t, tc.args...).validate()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%v: %v, want an error about %q", tc.args, err, tc.want)
+			}
+		})
 	}
 }
 

@@ -13,12 +13,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/healthcheck"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxier"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sockterm"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 
@@ -26,11 +23,7 @@ const ipFamily = "IPv4"
 
 func run(ctx context.Context, o *options, log *zap.Logger) error {
 	if o.cleanup {
-		if err := loader.Cleanup(o.bpffsPath); err != nil {
-			return fmt.Errorf("cleanup: %w", err)
-		}
-		log.Info("removed every pinned program and map", zap.String("bpffsPath", o.bpffsPath))
-		return nil
+		return cleanupAll(ctx, o, log)
 	}
 	if err := o.validate(); err != nil {
 		return err
@@ -39,40 +32,16 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	cgroupPath := o.cgroupPath
-	if cgroupPath == "" {
-		if cgroupPath, err = defaultCgroupPath(); err != nil {
-			return fmt.Errorf("find the cgroup v2 root: %w", err)
-		}
-	}
 	log = log.With(zap.String("node", nodeName))
-	log.Info("starting", zap.String("mode", o.proxyMode), zap.String("cgroupPath", cgroupPath), zap.String("bpffsPath", o.bpffsPath))
+	log.Info("starting", zap.String("proxyMode", o.proxyMode))
 
-	// Loading replaces running programs in place; a failure here leaves the
-	// programs of an earlier agent attached and serving.
-	// The agent runs in the node's network namespace (hostNetwork).
-	nodeNetns, err := loader.NetnsCookie()
+	m := metrics.New(ipFamily)
+	dp, err := newDataplane(ctx, o, m, log)
 	if err != nil {
 		return err
 	}
-	l, err := loader.Load(loader.Config{BPFFSPath: o.bpffsPath, CgroupPath: cgroupPath, Sizes: o.mapSizes, NodeNetnsCookie: nodeNetns})
-	if err != nil {
-		return fmt.Errorf("load BPF programs: %w", err)
-	}
-	defer l.Close()
-	if !l.Features.SetRetval {
-		log.Warn("kernel lacks bpf_set_retval in cgroup programs: connections to Services without endpoints fail with EPERM instead of ECONNREFUSED")
-	}
-	w, err := maps.NewWriter(maps.KernelMaps(&l.Objects.SockMaps), maps.Limits{Backends: l.Sizes.Backends, RevNat: l.Sizes.RevNat})
-	if err != nil {
-		return fmt.Errorf("restore state from pinned maps: %w", err)
-	}
-	fe, be := w.Counts()
-	log.Info("BPF programs attached", zap.Int("restoredFrontends", fe), zap.Int("restoredBackends", be))
-
-	m := metrics.New(ipFamily)
-	m.SetProxyMode(o.proxyMode)
-	m.Registry().MustRegister(newBPFCollector(l, w))
+	defer dp.close()
+	m.SetProxyMode(dp.mode, dp.reason)
 	health, err := healthcheck.NewProxyHealthServer(o.healthzBindAddress, 2*o.syncPeriod, m, healthcheck.WithLogger(log))
 	if err != nil {
 		return err
@@ -88,21 +57,13 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 		go serve(ctx, "healthz", o.healthzBindAddress, health.Handler(), o.bindAddrHardFail, errc, log)
 	}
 	if o.metricsBindAddress != "" {
-		mux := metrics.NewServerMux(m, o.proxyMode)
+		mux := metrics.NewServerMux(m, dp.mode)
 		if o.profiling {
 			installProfiling(mux)
 		}
 		go serve(ctx, "metrics", o.metricsBindAddress, mux, o.bindAddrHardFail, errc, log)
 	}
-
-	var term *sockterm.Terminator
-	if o.terminateSockets {
-		if term, err = sockterm.New(sockterm.Config{Translated: maps.SockTranslated(l.Objects.Sock4RevnatV1), Logger: log.Named("sockterm")}); err != nil {
-			return err
-		}
-	}
-	dp := newBPFDataplane(w, term, m.Registry(), log)
-	if term != nil {
+	if dp.run != nil {
 		go dp.run(ctx)
 	}
 
@@ -112,19 +73,35 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 	}
 	defer svcHealth.Close()
 	p := proxier.New(proxier.Config{MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod, IPFamily: ipFamily,
-		ServiceHealth: svcHealth}, tr, dp, m, health, log)
+		ServiceHealth: svcHealth}, tr, dp.Dataplane, m, health, log)
 	done := make(chan struct{})
 	go func() {
 		p.Run(ctx)
 		close(done)
 	}()
+	go removeLeftovers(ctx, p, dp, log)
 	select {
 	case err := <-errc:
 		return err
 	case <-done:
 	}
-	log.Info("stopping; BPF programs stay attached and keep serving until the next agent adopts them")
+	log.Info("stopping; what the dataplane programmed stays and keeps serving until the next agent adopts it", zap.String("mode", dp.mode))
 	return nil
+}
+
+// removeLeftovers removes what other proxy modes left on the node once the
+// first sync has programmed every Service in this one.
+func removeLeftovers(ctx context.Context, p *proxier.Proxier, dp *dataplane, log *zap.Logger) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-p.FirstSync():
+	}
+	if err := dp.removeLeftovers(ctx); err != nil {
+		log.Error("removing what other proxy modes left", zap.String("mode", dp.mode), zap.Error(err))
+		return
+	}
+	log.Info("removed what other proxy modes left", zap.String("mode", dp.mode))
 }
 
 func nodeName(override string) (string, error) {

@@ -178,8 +178,9 @@ type Metrics struct {
 	// counts malformed Kubernetes objects that were skipped, by object kind
 	// ("Service", "EndpointSlice", "Node") and a short machine-readable reason.
 	InvalidObjectsTotal *prometheus.CounterVec
-	// ProxyMode (ebpfproxy_proxy_mode{mode}) is an info gauge: 1 for the
-	// active mode. Set it with SetProxyMode so only one mode is ever 1.
+	// ProxyMode (ebpfproxy_proxy_mode{mode,reason}) is an info gauge: 1
+	// for the active mode, labelled with why it was chosen. Set it with
+	// SetProxyMode so that only one series ever exists.
 	ProxyMode *prometheus.GaugeVec
 	// HealthCheckListenFailuresTotal (ebpfproxy_health_check_node_port_listen_failures_total)
 	// counts failed attempts to listen on a Service's healthCheckNodePort;
@@ -341,8 +342,8 @@ func New(ipFamily string) *Metrics {
 	m.ProxyMode = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: ebpfProxyNamespace,
 		Name:      "proxy_mode",
-		Help:      "The dataplane in use (1 for the active mode).",
-	}, []string{LabelMode})
+		Help:      "The dataplane in use (1 for the active mode), and why it was chosen.",
+	}, []string{LabelMode, LabelReason})
 	m.HealthCheckListenFailuresTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ebpfProxyNamespace,
 		Name:      "health_check_node_port_listen_failures_total",
@@ -418,12 +419,14 @@ func (m *Metrics) Family(family string) *FamilyMetrics {
 	}
 }
 
-// SetProxyMode makes mode the only ebpfproxy_proxy_mode series, with value 1.
-// Earlier modes are removed rather than set to 0 so that
-// "ebpfproxy_proxy_mode == 1" and "count(ebpfproxy_proxy_mode)" agree.
-func (m *Metrics) SetProxyMode(mode string) {
+// SetProxyMode makes (mode, reason) the only ebpfproxy_proxy_mode series,
+// with value 1. reason is one of a few fixed words (see cmd/ebpf-proxy),
+// never free text, to keep the series bounded. Earlier series are removed
+// rather than set to 0 so that "ebpfproxy_proxy_mode == 1" and
+// "count(ebpfproxy_proxy_mode)" agree.
+func (m *Metrics) SetProxyMode(mode, reason string) {
 	m.ProxyMode.Reset()
-	m.ProxyMode.WithLabelValues(mode).Set(1)
+	m.ProxyMode.WithLabelValues(mode, reason).Set(1)
 }
 
 // Registry returns the registry holding all metrics, for callers that need to

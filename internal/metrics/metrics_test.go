@@ -101,7 +101,7 @@ func TestMetricsExposedWithKubeProxyNamesTypesAndLabels(t *testing.T) {
 	m.MapOperationErrorsTotal.WithLabelValues("services_v1", "update").Inc()
 	m.MapEntries.WithLabelValues("backends_v1").Set(8)
 	m.InvalidObjectsTotal.WithLabelValues("Service", "invalid_cluster_ip").Inc()
-	m.SetProxyMode("ebpf")
+	m.SetProxyMode("ebpf", "configured")
 	m.IPTablesRestoreFailuresTotal.Add(9)
 	v6.IPTablesPartialRestoreFailuresTotal.Inc()
 	m.IPTablesRulesTotal.WithLabelValues("nat").Set(10)
@@ -136,7 +136,7 @@ func TestMetricsExposedWithKubeProxyNamesTypesAndLabels(t *testing.T) {
 		{"ebpfproxy_map_operation_errors_total", dto.MetricType_COUNTER, map[string]string{"map": "services_v1", "op": "update"}, 1, false},
 		{"ebpfproxy_map_entries", dto.MetricType_GAUGE, map[string]string{"map": "backends_v1"}, 8, false},
 		{"ebpfproxy_invalid_objects_total", dto.MetricType_COUNTER, map[string]string{"kind": "Service", "reason": "invalid_cluster_ip"}, 1, false},
-		{"ebpfproxy_proxy_mode", dto.MetricType_GAUGE, map[string]string{"mode": "ebpf"}, 1, false},
+		{"ebpfproxy_proxy_mode", dto.MetricType_GAUGE, map[string]string{"mode": "ebpf", "reason": "configured"}, 1, false},
 		{"kubeproxy_sync_proxy_rules_iptables_restore_failures_total", dto.MetricType_COUNTER, map[string]string{"ip_family": "IPv4"}, 9, true},
 		{"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total", dto.MetricType_COUNTER, map[string]string{"ip_family": "IPv6"}, 1, true},
 		{"kubeproxy_sync_proxy_rules_iptables_total", dto.MetricType_GAUGE, map[string]string{"table": "nat", "ip_family": "IPv4"}, 10, true},
@@ -248,17 +248,17 @@ func TestFamilySeriesAreSeparate(t *testing.T) {
 
 func TestSetProxyModeKeepsOnlyTheActiveMode(t *testing.T) {
 	m := New(IPv4)
-	m.SetProxyMode("ebpf")
-	m.SetProxyMode("iptables")
+	m.SetProxyMode("ebpf", "bpf-supported")
+	m.SetProxyMode("iptables", "bpf-load-failed")
 
 	families := scrape(t, m.Handler())
 	var modes []string
 	for _, s := range families["ebpfproxy_proxy_mode"].GetMetric() {
-		modes = append(modes, labelsOf(s)["mode"]+"="+strconv.FormatFloat(s.GetGauge().GetValue(), 'g', -1, 64))
+		modes = append(modes, labelsOf(s)["mode"]+","+labelsOf(s)["reason"]+"="+strconv.FormatFloat(s.GetGauge().GetValue(), 'g', -1, 64))
 	}
 	sort.Strings(modes)
-	if !slices.Equal(modes, []string{"iptables=1"}) {
-		t.Errorf("ebpfproxy_proxy_mode series %v, want only iptables=1", modes)
+	if !slices.Equal(modes, []string{"iptables,bpf-load-failed=1"}) {
+		t.Errorf("ebpfproxy_proxy_mode series %v, want only iptables,bpf-load-failed=1", modes)
 	}
 }
 

@@ -30,10 +30,11 @@ e2e-agent:
 
 # The end-to-end suite as root: the harness, the testbed, the agent against
 # a real API server, and the differential run of every scenario against
-# upstream kube-proxy (iptables, nftables) and ebpf-proxy. Packages run one
-# at a time: each starts its own control plane, and the machine has two
-# cores. The differential report goes to $(E2E_OUT)/report.txt; the last line
-# printed is the differential summary.
+# upstream kube-proxy (iptables, nftables) and ebpf-proxy (BPF mode and the
+# iptables fallback). Packages run one at a time: each starts its own control
+# plane, and the machine has two cores. The differential report goes to
+# $(E2E_OUT)/report.txt; the last lines printed are the differential summary,
+# one line per fallback mode, then the BPF mode's line.
 #   EBPF_PROXY_E2E_PENDING=1 also runs the scenarios of known differences.
 .PHONY: e2e
 e2e: k8s-binaries e2e-agent
@@ -46,7 +47,7 @@ e2e: k8s-binaries e2e-agent
 	status=$$?; \
 	grep -v '^[[:space:]]*{"level"' $(E2E_OUT)/go-test.log | grep -E -v '^[[:space:]]+[IWE][0-9]{4} ' ; \
 	echo "full log: $(E2E_OUT)/go-test.log; differential report: $(E2E_OUT)/report.txt"; \
-	if [ -s $(E2E_OUT)/summary.txt ]; then tail -n 1 $(E2E_OUT)/summary.txt; \
+	if [ -s $(E2E_OUT)/summary.txt ]; then cat $(E2E_OUT)/summary.txt; \
 	else echo "differential: did not complete (see $(E2E_OUT)/go-test.log)"; status=1; fi; \
 	exit $$status
 

@@ -2,7 +2,6 @@ package iptables
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -191,16 +190,17 @@ func tcpBeLiberal(netns string) bool {
 
 // Cleanup removes every chain named with Prefix, and every jump to one,
 // from the filter, nat and mangle tables of the namespace at netns ("" for the
-// caller's), with every iptables back end that is installed and works
-// there. It removes what the iptables and the IPVS dataplanes create, so
-// that a start in any mode and --cleanup leave nothing of another mode.
+// caller's), with every iptables back end that is installed and holds any.
+// It removes what the iptables and the IPVS dataplanes create, so that a
+// start in any mode and --cleanup leave nothing of another mode. Where
+// nothing of ours exists it only reads (see xtables.Holding).
 func Cleanup(ctx context.Context, netns string) error {
-	var errs []error
-	for _, b := range xtables.Usable(ctx, netns) {
-		r := &xtables.Runner{Backend: b, Netns: netns}
-		if err := xtables.Cleanup(ctx, r, Prefix); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return xtables.CleanupAll(ctx, netns, Prefix, "")
+}
+
+// CleanupOtherBackends is Cleanup for every back end but the one d uses:
+// an agent that starts in iptables mode calls it after its first sync, which
+// has replaced whatever an earlier agent left in d's own back end.
+func (d *Dataplane) CleanupOtherBackends(ctx context.Context) error {
+	return xtables.CleanupAll(ctx, d.cfg.Netns, Prefix, d.runner.Backend.Name)
 }

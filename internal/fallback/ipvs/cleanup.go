@@ -22,10 +22,8 @@ import (
 func Cleanup(ctx context.Context, netnsPath string) error {
 	var errs []error
 	// Rules first: an ipset that a rule references cannot be destroyed.
-	for _, b := range xtables.Usable(ctx, netnsPath) {
-		if err := xtables.Cleanup(ctx, &xtables.Runner{Backend: b, Netns: netnsPath}, xtables.Prefix); err != nil {
-			errs = append(errs, err)
-		}
+	if err := xtables.CleanupAll(ctx, netnsPath, xtables.Prefix, ""); err != nil {
+		errs = append(errs, err)
 	}
 	if err := RemoveLeftovers(ctx, netnsPath); err != nil {
 		errs = append(errs, err)
@@ -143,4 +141,12 @@ func procNetIPVS(netnsPath string) (bool, error) {
 		return nil
 	})
 	return ok, err
+}
+
+// CleanupOtherBackends removes our iptables chains from every back end but
+// the one d uses: an agent that starts in IPVS mode calls it after its first
+// sync, which has replaced whatever an earlier agent left in d's own back
+// end.
+func (d *Dataplane) CleanupOtherBackends(ctx context.Context) error {
+	return xtables.CleanupAll(ctx, d.cfg.Netns, xtables.Prefix, d.runner.Backend.Name)
 }

@@ -101,6 +101,11 @@ type Config struct {
 	ReapInterval time.Duration
 	// Timeout bounds each sync's iptables run; 0 means DefaultTimeout.
 	Timeout time.Duration
+	// TCPTimeout, TCPFinTimeout and UDPTimeout are IPVS's idle timeouts
+	// of TCP sessions, of TCP sessions after a FIN, and of UDP flows
+	// (--ipvs-tcp-timeout, --ipvs-tcpfin-timeout, --ipvs-udp-timeout).
+	// They are global to the namespace; 0 leaves one as it is.
+	TCPTimeout, TCPFinTimeout, UDPTimeout time.Duration
 	// IPSetMaxElements caps each of our ipsets when it is created; 0
 	// means DefaultIPSetMaxElements. A set that already exists keeps its
 	// cap (a warning says so if it is lower).
@@ -142,6 +147,11 @@ func (c *Config) setDefaults() error {
 	case xtables.BackendAuto, xtables.BackendLegacy, xtables.BackendNFT:
 	default:
 		return fmt.Errorf("iptables back end %q: want %q, %q or empty for auto", c.Backend, xtables.BackendLegacy, xtables.BackendNFT)
+	}
+	for name, d := range map[string]time.Duration{"TCP": c.TCPTimeout, "TCP FIN": c.TCPFinTimeout, "UDP": c.UDPTimeout} {
+		if d < 0 || d%time.Second != 0 {
+			return fmt.Errorf("IPVS %s timeout %s: want whole seconds, 0 or more", name, d)
+		}
 	}
 	if c.GracePeriod <= 0 {
 		c.GracePeriod = DefaultGracePeriod

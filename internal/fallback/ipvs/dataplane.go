@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	libipvs "github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 
@@ -102,6 +103,13 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	if err := setSysctls(cfg.Netns); err != nil {
 		k.close()
 		return nil, fmt.Errorf("IPVS dataplane: %w", err)
+	}
+	if cfg.TCPTimeout > 0 || cfg.TCPFinTimeout > 0 || cfg.UDPTimeout > 0 {
+		// The kernel leaves a timeout given as 0 unchanged.
+		if err := k.ipvs.SetConfig(&libipvs.Config{TimeoutTCP: cfg.TCPTimeout, TimeoutTCPFin: cfg.TCPFinTimeout, TimeoutUDP: cfg.UDPTimeout}); err != nil {
+			k.close()
+			return nil, fmt.Errorf("IPVS dataplane: set timeouts: %w", err)
+		}
 	}
 	if err := d.read(ctx); err != nil {
 		k.close()

@@ -2,6 +2,7 @@ package xtables
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -168,4 +169,48 @@ func RemoveOwned(tx *Transaction, table string, own Owned) {
 		t.Chain(c)
 		t.DeleteChain(c)
 	}
+}
+
+// Holding returns the installed back ends whose tables in the namespace at
+// netnsPath ("" for the caller's) hold something named with prefix: a chain
+// or a rule that mentions one. It runs only iptables-save without -t, which
+// dumps the tables that exist and creates none, so that a cleanup in a
+// namespace that never had our rules changes nothing there (iptables -L,
+// and iptables-save -t, instantiate the legacy tables they name). A back end
+// whose save fails is reported in the error and left out.
+func Holding(ctx context.Context, netnsPath, prefix string) ([]Backend, error) {
+	var out []Backend
+	var errs []error
+	for _, name := range []string{BackendLegacy, BackendNFT} {
+		for _, b := range candidates(name) {
+			if !installed(ctx, b) {
+				continue
+			}
+			r := &Runner{Backend: b, Netns: netnsPath}
+			dump, err := r.run(ctx, nil, b.Save)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			} else if strings.Contains(string(dump), prefix) {
+				out = append(out, b)
+			}
+			break
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// CleanupAll runs Cleanup with every back end that Holding finds, except
+// the one named except (the back end a running dataplane owns; "" for none).
+func CleanupAll(ctx context.Context, netnsPath, prefix, except string) error {
+	backends, err := Holding(ctx, netnsPath, prefix)
+	errs := []error{err}
+	for _, b := range backends {
+		if b.Name == except {
+			continue
+		}
+		if err := Cleanup(ctx, &Runner{Backend: b, Netns: netnsPath}, prefix); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

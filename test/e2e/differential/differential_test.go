@@ -54,8 +54,9 @@ const (
 )
 
 // kinds are the proxies every scenario runs against; iptables mode is the
-// reference (upstream's default), nftables mode where upstream is heading.
-var kinds = []testbed.Kind{testbed.KubeProxyIPTables, testbed.KubeProxyNFTables, testbed.EbpfProxy}
+// reference (upstream's default), nftables mode where upstream is heading;
+// then ebpf-proxy in BPF mode and in its fallback modes (fallbacks).
+var kinds = []testbed.Kind{testbed.KubeProxyIPTables, testbed.KubeProxyNFTables, testbed.EbpfProxy, testbed.EbpfProxyIPTables}
 
 // upstreamFeatureGates turn on in upstream kube-proxy 1.33 (and its API
 // server) what is on by default from 1.34 and what ebpf-proxy implements:
@@ -98,10 +99,11 @@ func TestDifferential(t *testing.T) {
 
 	runs := map[testbed.Kind]verdicts{}
 	for i, kind := range kinds {
-		t.Run("run/"+string(kind), func(t *testing.T) {
+		ok := t.Run("run/"+string(kind), func(t *testing.T) {
 			runs[kind] = runKind(t, c, kind, i)
 		})
-		if kind.Upstream() && runs[kind] == nil {
+		// A run left out with -run is no failure.
+		if kind.Upstream() && !ok {
 			t.Fatalf("the %s reference run failed; nothing to compare with", kind)
 		}
 	}
@@ -109,6 +111,7 @@ func TestDifferential(t *testing.T) {
 	var report strings.Builder
 	var n, match, mismatch, unsupported int
 	var disagreements, pending, deviations []string
+	tallies := newFallbackTallies(runs)
 	for si, sc := range scenarios {
 		if !chosen(sc) {
 			continue
@@ -134,15 +137,31 @@ func TestDifferential(t *testing.T) {
 			deviations = append(deviations, fmt.Sprintf("%q (%s)", sc.Name, sc.KeepsSource))
 		}
 		fmt.Fprintf(&report, "%s\n", text)
+		var fallbackMismatches []string
+		for _, f := range tallies {
+			if m := f.judge(si, sc, runs); m != "" {
+				fallbackMismatches = append(fallbackMismatches, m)
+				fmt.Fprintf(&report, "%s\n", m)
+			}
+		}
 		t.Run("compare/"+sc.Name, func(t *testing.T) {
 			if status == "mismatch" {
 				t.Errorf("ebpf-proxy differs from upstream kube-proxy:\n%s", text)
 			} else {
 				t.Logf("%s", text)
 			}
+			for _, m := range fallbackMismatches {
+				t.Errorf("ebpf-proxy's fallback differs from upstream kube-proxy:\n%s", m)
+			}
 		})
 	}
 	summary := fmt.Sprintf("differential: scenarios=%d match=%d mismatch=%d unsupported=%d", n, match, mismatch, unsupported)
+	// One line per fallback mode before the final, BPF mode's, line.
+	var fallbackLines strings.Builder
+	for _, f := range tallies {
+		fmt.Fprintf(&fallbackLines, "%s\n", f.summary())
+		t.Log(f.summary())
+	}
 	if len(pending) > 0 {
 		fmt.Fprintf(&report, "pending, not run (%s=1 runs them): %s\n", PendingEnv, strings.Join(pending, "; "))
 		t.Logf("pending scenarios, not run (%s=1 runs them): %s", PendingEnv, strings.Join(pending, "; "))
@@ -153,7 +172,7 @@ func TestDifferential(t *testing.T) {
 		t.Logf("%d scenario(s) match with the client's address kept where upstream masquerades: %s", len(deviations), strings.Join(deviations, "; "))
 	}
 	fmt.Fprintf(&report, "upstream iptables and nftables modes disagree in %d scenario(s): %s\n", len(disagreements), strings.Join(disagreements, "; "))
-	fmt.Fprintf(&report, "run time %s\n%s\n", time.Since(start).Round(time.Second), summary)
+	fmt.Fprintf(&report, "run time %s\n%s%s\n", time.Since(start).Round(time.Second), fallbackLines.String(), summary)
 	t.Log(summary)
 	if dir := os.Getenv(OutDirEnv); dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -162,7 +181,7 @@ func TestDifferential(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "report.txt"), []byte(report.String()), 0o644); err != nil {
 			t.Error(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, "summary.txt"), []byte(summary+"\n"), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, "summary.txt"), []byte(fallbackLines.String()+summary+"\n"), 0o644); err != nil {
 			t.Error(err)
 		}
 	}
@@ -264,7 +283,7 @@ func runKind(t *testing.T, c *cluster.Cluster, kind testbed.Kind, index int) ver
 	var active []int
 	waves := 0
 	for si, sc := range scenarios {
-		if !selected(sc) || kind == testbed.EbpfProxy && len(missing(sc.Needs, ebpfProxyFeatures)) > 0 {
+		if !selected(sc) || !kind.Upstream() && len(missing(sc.Needs, agentFeatures(kind))) > 0 {
 			continue
 		}
 		active = append(active, si)

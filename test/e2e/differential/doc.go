@@ -1,15 +1,21 @@
 // Package differential runs one table of behaviour scenarios against
-// upstream kube-proxy (iptables and nftables mode) and against ebpf-proxy, on
+// upstream kube-proxy (iptables and nftables mode) and against ebpf-proxy
+// (its BPF mode and its iptables fallback mode), on
 // a real API server and real traffic between network namespaces, and
 // compares what the clients saw: which endpoints answered and with which
 // client address, or whether the connection was refused (REJECT), went
 // unanswered (DROP) or was not handled at all.
 //
 // The scenarios and the runner live in the package's tests;
-// `make -f test/e2e/e2e.mk e2e` runs them and ends with one line
+// `make -f test/e2e/e2e.mk e2e` runs them and ends with one line per
+// fallback mode, then the BPF mode's line:
 //
+//	differential (iptables fallback): scenarios=<n> match=<n> mismatch=<n> unsupported=<n>
 //	differential: scenarios=<n> match=<n> mismatch=<n> unsupported=<n>
 //
-// A scenario that needs a feature ebpf-proxy lacks (ebpfProxyFeatures) is
-// run against upstream only and counted as unsupported.
+// The IPVS fallback is not in the run: the host's kernel has no ip_vs.
+//
+// A scenario that needs a feature a mode of ebpf-proxy lacks
+// (ebpfProxyFeatures, fallbacks) is not run against that mode and counted
+// as unsupported in its line.
 package differential

@@ -35,12 +35,19 @@ const (
 	KubeProxyIPTables Kind = "iptables"
 	// KubeProxyNFTables is upstream kube-proxy in nftables mode.
 	KubeProxyNFTables Kind = "nftables"
-	// EbpfProxy is the agent under test.
+	// EbpfProxy is the agent under test, in its BPF mode.
 	EbpfProxy Kind = "ebpf"
+	// EbpfProxyIPTables is the agent in its iptables fallback mode
+	// (--proxy-mode=iptables), with upstream's settings for it: the
+	// cluster CIDR and the node's IP as its NodePort address.
+	EbpfProxyIPTables Kind = "ebpf-iptables"
 )
 
 // Upstream reports whether k is upstream kube-proxy.
 func (k Kind) Upstream() bool { return k == KubeProxyIPTables || k == KubeProxyNFTables }
+
+// Agent reports whether k is ebpf-proxy, in any mode.
+func (k Kind) Agent() bool { return k == EbpfProxy || k == EbpfProxyIPTables }
 
 // Addresses the proxies serve on inside their node's namespace.
 const (
@@ -93,6 +100,7 @@ type Proxy struct {
 	started time.Time
 	exited  chan struct{}
 	waitErr error
+	cleaned bool
 	http    *http.Client
 }
 
@@ -184,7 +192,7 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 		// global: a private one keeps this node's proxy from waiting on
 		// every other iptables user of the machine.
 		env = append(env, "PATH="+path, "XTABLES_LOCKFILE="+filepath.Join(dir, "xtables.lock"))
-	case EbpfProxy:
+	case EbpfProxy, EbpfProxyIPTables:
 		if bin, err = AgentBinary(); err != nil {
 			return nil, errors.Join(err, os.RemoveAll(dir))
 		}
@@ -203,6 +211,12 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 			// As upstream's configuration above.
 			"--nodeport-addresses=" + n.IP.String() + "/32",
 			"-v=" + strconv.Itoa(v),
+		}
+		if opts.Kind == EbpfProxy {
+			// Never a silent fallback: the BPF mode or an error.
+			args = append(args, "--proxy-mode=ebpf")
+		} else {
+			args = append(args, "--proxy-mode=iptables", "--cluster-cidr="+PodCIDR, "--nodeport-addresses="+n.IP.String()+"/32")
 		}
 	default:
 		return nil, errors.Join(fmt.Errorf("unknown proxy kind %q", opts.Kind), os.RemoveAll(dir))
@@ -525,7 +539,7 @@ func (p *Proxy) PeakRSS() (uint64, error) {
 // Dump runs `ebpf-proxy dump` on the proxy's pins.
 func (p *Proxy) Dump() (string, error) {
 	if p.Kind != EbpfProxy {
-		return "", fmt.Errorf("dump: %s is not ebpf-proxy", p.Kind)
+		return "", fmt.Errorf("dump: %s is not ebpf-proxy in BPF mode", p.Kind)
 	}
 	bin, err := AgentBinary()
 	if err != nil {
@@ -539,9 +553,9 @@ func (p *Proxy) Dump() (string, error) {
 }
 
 // Stop stops the proxy (SIGTERM, SIGKILL after 10 s) and removes what it
-// left: ebpf-proxy's pinned programs and maps (`ebpf-proxy --cleanup`), its
-// files. kube-proxy's rules go with the node's namespace. Stop is
-// idempotent.
+// left: ebpf-proxy's pinned programs and maps and its rules
+// (`ebpf-proxy --cleanup` in the node's namespace), its files. kube-proxy's
+// rules go with the node's namespace. Stop is idempotent.
 func (p *Proxy) Stop() error {
 	var errs []error
 	if p.Running() {
@@ -557,25 +571,38 @@ func (p *Proxy) Stop() error {
 		}
 		t.Stop()
 	}
-	if p.Kind == EbpfProxy && p.BPFFS != "" {
-		if _, err := os.Stat(p.BPFFS); err == nil {
-			bin, err := AgentBinary()
-			if err == nil {
-				var out []byte
-				out, err = exec.Command(bin, "--cleanup", "--bpffs-path", p.BPFFS).CombinedOutput()
-				if err != nil {
-					err = fmt.Errorf("ebpf-proxy --cleanup: %w: %s", err, out)
-				}
-			}
-			if err != nil {
-				errs = append(errs, err)
-			}
+	if p.Kind.Agent() && p.BPFFS != "" && !p.cleaned {
+		if err := p.cleanup(); err != nil {
+			errs = append(errs, err)
+		} else {
+			p.cleaned = true
 		}
 	}
 	if err := os.RemoveAll(p.dir); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// cleanup runs `ebpf-proxy --cleanup` inside the node's namespace, where
+// the agent's iptables rules are; from the test's own namespace it would
+// look for them on the host.
+func (p *Proxy) cleanup() error {
+	bin, err := AgentBinary()
+	if err != nil {
+		return err
+	}
+	var out bytes.Buffer
+	cmd := exec.Command(bin, "--cleanup", "--bpffs-path", p.BPFFS)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.Node.NS.Start(cmd); err != nil {
+		return fmt.Errorf("ebpf-proxy --cleanup: %w", err)
+	}
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("ebpf-proxy --cleanup: %w: %s", err, out.String())
+	}
+	return nil
 }
 
 // stopProxies stops every proxy the testbed started.

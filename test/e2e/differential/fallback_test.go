@@ -1,0 +1,99 @@
+package differential
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
+)
+
+// fallback is one of ebpf-proxy's fallback modes in the differential run:
+// the agent started with --proxy-mode=<mode>, compared with upstream
+// kube-proxy as the BPF mode is, and summed up in a line of its own before
+// the final (BPF mode) line. The IPVS fallback cannot join: the host's
+// kernel has no ip_vs, and the end-to-end suite does not run in the VMs.
+type fallback struct {
+	kind testbed.Kind
+	mode string
+	// features are what the mode implements; a scenario that needs
+	// another is not run against it and counts as unsupported.
+	features map[Feature]bool
+}
+
+// fallbacks are the fallback modes every scenario runs against.
+var fallbacks = []fallback{
+	{kind: testbed.EbpfProxyIPTables, mode: "iptables", features: map[Feature]bool{
+		// Rendered as upstream's iptables rules, so traffic from the network
+		// and source ranges work too. No health check node port server yet.
+		FeatureNodePort:        true,
+		FeatureExternalIP:      true,
+		FeatureLoadBalancer:    true,
+		FeatureAffinity:        true,
+		FeatureExternalTraffic: true,
+		FeatureSourceRanges:    true,
+	}},
+}
+
+// agentFeatures are the features ebpf-proxy implements in the mode of kind.
+func agentFeatures(kind testbed.Kind) map[Feature]bool {
+	for _, f := range fallbacks {
+		if f.kind == kind {
+			return f.features
+		}
+	}
+	return ebpfProxyFeatures
+}
+
+// fallbackTally counts one fallback mode's verdicts over the scenarios.
+type fallbackTally struct {
+	fallback
+	ran                             bool
+	n, match, mismatch, unsupported int
+}
+
+func newFallbackTallies(runs map[testbed.Kind]verdicts) []*fallbackTally {
+	var out []*fallbackTally
+	for _, f := range fallbacks {
+		out = append(out, &fallbackTally{fallback: f, ran: runs[f.kind] != nil})
+	}
+	return out
+}
+
+// judge compares the fallback's verdicts in scenario si with upstream's
+// iptables and nftables modes, counts the outcome and returns the
+// mismatching probes as text ("" if none).
+func (f *fallbackTally) judge(si int, sc Scenario, runs map[testbed.Kind]verdicts) string {
+	if !f.ran {
+		return ""
+	}
+	f.n++
+	if lacking := missing(sc.Needs, f.features); len(lacking) > 0 {
+		f.unsupported++
+		return ""
+	}
+	ipt, nft, got := runs[testbed.KubeProxyIPTables][si], runs[testbed.KubeProxyNFTables][si], runs[f.kind][si]
+	var b strings.Builder
+	for st, step := range sc.Steps {
+		for pi, p := range step.Probes {
+			up, nf, v := at(ipt, st, pi), at(nft, st, pi), at(got, st, pi)
+			if v != up && v != nf {
+				fmt.Fprintf(&b, "  step %d: %s\n    %s\n      iptables: %s\n      nftables: %s\n      %s fallback: %s   <-- MISMATCH\n",
+					st+1, step.Name, p, up, nf, f.mode, v)
+			}
+		}
+	}
+	if b.Len() > 0 {
+		f.mismatch++
+		return fmt.Sprintf("scenario %q: %s fallback mismatch\n%s", sc.Name, f.mode, b.String())
+	}
+	f.match++
+	return ""
+}
+
+// summary is the fallback's line, in the form of the final one.
+func (f *fallbackTally) summary() string {
+	if !f.ran {
+		return fmt.Sprintf("differential (%s fallback): not run", f.mode)
+	}
+	return fmt.Sprintf("differential (%s fallback): scenarios=%d match=%d mismatch=%d unsupported=%d", f.mode, f.n, f.match, f.mismatch, f.unsupported)
+}

@@ -1,0 +1,173 @@
+package modes_test
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+)
+
+// bpfFailureEnv is the agent's test hook that makes the BPF dataplane fail
+// at start-up (cmd/ebpf-proxy, testBPFFailureEnv).
+const bpfFailureEnv = "EBPF_PROXY_TEST_BPF_FAILURE"
+
+func TestAutoModeFallsBackWhenTheBPFDataplaneCannotRun(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		failure string
+		reason  string
+	}{
+		{"the kernel lacks a BPF feature", "probe", "bpf-unsupported"},
+		{"the BPF programs fail to load", "load", "bpf-load-failed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			wantMode, wantReason := "iptables", tc.reason+",ipvs-unavailable"
+			if ipvsAvailable(t, e.node) {
+				wantMode, wantReason = "ipvs", tc.reason
+			}
+			a := e.startAgent("auto", bpfFailureEnv+"="+tc.failure)
+
+			if got := a.get(t, "/proxyMode"); got != wantMode {
+				t.Errorf("/proxyMode %q, want %q", got, wantMode)
+			}
+			metrics := a.get(t, "/metrics")
+			if series := fmt.Sprintf(`ebpfproxy_proxy_mode{mode=%q,reason=%q} 1`, wantMode, wantReason); !strings.Contains(metrics, series) {
+				t.Errorf("/metrics lacks %s:\n%s", series, grep(metrics, "ebpfproxy_proxy_mode"))
+			}
+			if wantMode == "iptables" {
+				for _, name := range []string{`kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="nat"}`,
+					`kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"} 0`} {
+					if !strings.Contains(metrics, name) {
+						t.Errorf("/metrics lacks %s:\n%s", name, grep(metrics, "iptables"))
+					}
+				}
+			}
+			if line := grep(a.logs.String(), "proxy mode chosen"); !strings.Contains(line, fmt.Sprintf(`"mode":%q`, wantMode)) ||
+				!strings.Contains(line, fmt.Sprintf(`"reason":%q`, wantReason)) {
+				t.Errorf("log line of the choice %q, want mode %s and reason %s", line, wantMode, wantReason)
+			}
+			e.expectOnly(wantMode)
+
+			nodePortAddr := netip.AddrPortFrom(e.node.IP, nodePort)
+			e.reaches(e.client, netip.AddrPortFrom(clusterIP, 80), 20)
+			e.reaches(e.client, nodePortAddr, 20)
+			e.reaches(e.external, nodePortAddr, 20)
+		})
+	}
+}
+
+func TestExplicitEBPFModeFailsWhenTheBPFDataplaneCannotRun(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		failure string
+		want    string
+	}{
+		{"the kernel lacks a BPF feature", "probe", "kernel lacks a required BPF feature"},
+		{"the BPF programs fail to load", "load", "load BPF programs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			a := e.launch(e.agentArgs("ebpf"), bpfFailureEnv+"="+tc.failure)
+			if err := a.wait(t); err == nil {
+				t.Fatalf("agent in ebpf mode ran although the BPF dataplane failed:\n%s", a.logs)
+			}
+			if !strings.Contains(a.logs.String(), tc.want) {
+				t.Errorf("agent log does not say %q:\n%s", tc.want, a.logs)
+			}
+			e.expectOnly("")
+		})
+	}
+}
+
+// A client connects to the ClusterIP every 20ms while the agent restarts
+// in one mode after another: every connection is answered, and after each
+// start the node holds nothing of the earlier modes.
+func TestModeSwitchOnRestartLeavesNothingBehind(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		modes []string
+		ipvs  bool
+	}{
+		{"ebpf to iptables and back", []string{"ebpf", "iptables", "ebpf"}, false},
+		{"iptables to ipvs and back", []string{"iptables", "ipvs", "iptables"}, true},
+		{"ebpf to ipvs and back", []string{"ebpf", "ipvs", "ebpf"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			if tc.ipvs {
+				requireIPVS(t, e.node)
+			}
+			vip := netip.AddrPortFrom(clusterIP, 80)
+			var loop *sandbox.Loop
+			for i, mode := range tc.modes {
+				a := e.startAgent(mode)
+				e.expectOnly(mode)
+				if got := a.get(t, "/proxyMode"); got != mode {
+					t.Errorf("/proxyMode %q, want %q", got, mode)
+				}
+				e.reaches(e.client, vip, 10)
+				if i == 0 {
+					var err error
+					if loop, err = e.client.StartLoop(e.ctx(), vip, sandbox.LoopOptions{Interval: 20 * time.Millisecond, MaxDuration: 5 * time.Minute}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				// Between two agents the rules of the earlier one serve.
+				a.stop(t)
+			}
+			res, err := loop.Stop()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("loop: %d connections over %v, %d failed, servers %v", res.Attempts, res.Duration, res.Failures, res.Servers)
+			if res.Failures != 0 {
+				t.Errorf("%d of %d connections failed across the mode switches: %v", res.Failures, res.Attempts, res.Errors)
+			}
+			if len(res.Servers) != 2 {
+				t.Errorf("connections reached %v, want both pods", res.Servers)
+			}
+		})
+	}
+}
+
+func TestCleanupRemovesWhatEveryModeCreated(t *testing.T) {
+	for _, tc := range []struct {
+		mode string
+		ipvs bool
+	}{
+		{"ebpf", false},
+		{"iptables", false},
+		{"ipvs", true},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			e := newEnv(t)
+			if tc.ipvs {
+				requireIPVS(t, e.node)
+			}
+			a := e.startAgent(tc.mode)
+			e.expectOnly(tc.mode)
+			a.stop(t)
+			// Stopped, the agent leaves its dataplane in place.
+			e.expectOnly(tc.mode)
+			e.cleanup()
+			e.expectOnly("")
+			// A second run has nothing to do and succeeds.
+			e.cleanup()
+		})
+	}
+}
+
+// grep returns the lines of text that contain s.
+func grep(text, s string) string {
+	var out []string
+	for _, line := range strings.Split(text, "\n") {
+		if strings.Contains(line, s) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
+}
