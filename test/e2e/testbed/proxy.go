@@ -216,7 +216,7 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 			// Never a silent fallback: the BPF mode or an error.
 			args = append(args, "--proxy-mode=ebpf")
 		} else {
-			args = append(args, "--proxy-mode=iptables", "--cluster-cidr="+PodCIDR, "--nodeport-addresses="+n.IP.String()+"/32")
+			args = append(args, "--proxy-mode=iptables", "--cluster-cidr="+PodCIDR)
 		}
 	default:
 		return nil, errors.Join(fmt.Errorf("unknown proxy kind %q", opts.Kind), os.RemoveAll(dir))
