@@ -24,8 +24,10 @@ type fallback struct {
 var fallbacks = []fallback{
 	{kind: testbed.EbpfProxyIPTables, mode: "iptables", features: map[Feature]bool{
 		// Rendered as upstream's iptables rules, so traffic from the network
-		// and source ranges work too. No health check node port server yet.
+		// and source ranges work too; the health check node port server
+		// serves every mode.
 		FeatureNodePort:        true,
+		FeatureHealthCheck:     true,
 		FeatureExternalIP:      true,
 		FeatureLoadBalancer:    true,
 		FeatureAffinity:        true,
