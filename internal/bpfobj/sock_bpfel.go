@@ -84,7 +84,17 @@ const (
 	SockLbMetricLB_M_AFFINITY_HIT      SockLbMetric = 9
 	SockLbMetricLB_M_AFFINITY_STALE    SockLbMetric = 10
 	SockLbMetricLB_M_UDP_STICKY        SockLbMetric = 11
-	SockLbMetricLB_M_MAX               SockLbMetric = 12
+	SockLbMetricLB_M_TC_NEW_LOCAL      SockLbMetric = 12
+	SockLbMetricLB_M_TC_NEW_SNAT       SockLbMetric = 13
+	SockLbMetricLB_M_TC_FWD            SockLbMetric = 14
+	SockLbMetricLB_M_TC_REPLY          SockLbMetric = 15
+	SockLbMetricLB_M_TC_ICMP_FAIL      SockLbMetric = 16
+	SockLbMetricLB_M_TC_SNAT_NO_PORT   SockLbMetric = 17
+	SockLbMetricLB_M_TC_SNAT_NO_ADDR   SockLbMetric = 18
+	SockLbMetricLB_M_TC_NO_ROUTE       SockLbMetric = 19
+	SockLbMetricLB_M_TC_CT_FULL        SockLbMetric = 20
+	SockLbMetricLB_M_TC_FRAGMENT       SockLbMetric = 21
+	SockLbMetricLB_M_MAX               SockLbMetric = 22
 )
 
 type SockSock4Revnat struct {

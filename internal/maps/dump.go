@@ -93,8 +93,12 @@ func serviceFlagString(f uint16) string {
 }
 
 func backendFlagString(f uint8) string {
-	if f&BackendFlagTerminating != 0 {
-		return " terminating"
+	var s string
+	if f&BackendFlagLocal != 0 {
+		s += " local"
 	}
-	return ""
+	if f&BackendFlagTerminating != 0 {
+		s += " terminating"
+	}
+	return s
 }

@@ -42,8 +42,13 @@ const (
 	FlagLoadBalancer uint16 = 1 << 6
 )
 
-// BackendFlagTerminating mirrors BE_F_TERMINATING.
-const BackendFlagTerminating uint8 = 1 << 0
+// Flags of BackendValue.
+const (
+	// BackendFlagTerminating mirrors BE_F_TERMINATING.
+	BackendFlagTerminating uint8 = 1 << 0
+	// BackendFlagLocal mirrors BE_F_LOCAL: the endpoint is on this node.
+	BackendFlagLocal uint8 = 1 << 1
+)
 
 // Scopes of a ServiceKey, mirroring enum lb_scope.
 const (

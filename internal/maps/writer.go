@@ -302,7 +302,7 @@ func (w *Writer) Sync(up model.Update) error {
 		if svc == nil {
 			continue
 		}
-		ds := frontendsOf(svc, up.State.Node.Addrs)
+		ds := frontendsOf(svc, &up.State.Node)
 		sortFrontends(ds)
 		for _, d := range ds {
 			if desired[d.fe] {
