@@ -267,6 +267,7 @@ int tc_ingress(struct __sk_buff *skb)
 	struct pkt4 p = {};
 	struct ct4_key key = {};
 	struct ct4_entry *e;
+	__u16 port;
 	__u32 now;
 
 	if (pkt4_parse(skb, &p) != PKT_OK)
@@ -285,10 +286,15 @@ int tc_ingress(struct __sk_buff *skb)
 			lb_count(LB_M_TC_FWD);
 			return tc_xlate_orig(skb, &p, e);
 		}
-		key.dir = CT_DIR_REPLY;
-		e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
-		if (e && (e->flags & CT_F_SNAT))
-			return tc_reply(skb, &p, e, now);
+		/* Replies to source-NATed flows come back to a port of the
+		 * source NAT range: most packets need no second lookup. */
+		port = bpf_ntohs(p.dport);
+		if (port >= snat_port_min && port <= snat_port_max) {
+			key.dir = CT_DIR_REPLY;
+			e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
+			if (e && (e->flags & CT_F_SNAT))
+				return tc_reply(skb, &p, e, now);
+		}
 	}
 	return tc_new_flow(skb, &p, now);
 }
