@@ -289,4 +289,3 @@ func state(svcs ...service) *model.State {
 	}
 	return st
 }
-

@@ -246,7 +246,7 @@ func TestVerdicts(t *testing.T) {
 		{Case: pktest.Case{
 			Name: "no endpoints, 1028-byte datagram: the quote ends at 576 bytes", In: big.Bytes(),
 			Verdict: pktest.TCActRedirect, Out: pktest.ICMPUnreachable(nodeAddr, client.Addr(), pktest.ICMPPortUnreachable, big.IPBytes()[:576-28]).
-				WithMACs(deviceMAC, clientMAC).WithID(0).WithTTL(64).Bytes(),
+					WithMACs(deviceMAC, clientMAC).WithID(0).WithTTL(64).Bytes(),
 			// Trimming the tail leaves the skb CHECKSUM_NONE.
 			SKBChecksum: pktest.SKBChecksumNone,
 		}},
