@@ -30,6 +30,11 @@ type options struct {
 	cgroupPath       string
 	bpffsPath        string
 	mapSizes         loader.MapSizes
+
+	devices           []string
+	nodePortAddresses []string
+	tcAttach          string
+	conntrackSize     uint32
 }
 
 func defaultOptions() *options {
@@ -42,6 +47,7 @@ func defaultOptions() *options {
 		bpffsPath:          loader.DefaultBPFFSPath,
 		mapSizes:           loader.DefaultMapSizes,
 		terminateSockets:   true,
+		conntrackSize:      loader.DefaultConntrackSize,
 	}
 }
 
@@ -66,6 +72,10 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.Uint32Var(&o.mapSizes.Backends, "bpf-map-backends-max", o.mapSizes.Backends, "Capacity of the backends map.")
 	fs.Uint32Var(&o.mapSizes.RevNat, "bpf-map-revnat-max", o.mapSizes.RevNat, "Capacity of the reverse NAT map: one entry per frontend.")
 	fs.Uint32Var(&o.mapSizes.SockRevNat, "bpf-map-sock-revnat-max", o.mapSizes.SockRevNat, "Capacity of the socket reverse NAT LRU.")
+	fs.StringSliceVar(&o.devices, "devices", o.devices, "Network devices to translate NodePort, ExternalIP and LoadBalancer-IP traffic on (default: the devices carrying the node's addresses).")
+	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "CIDRs whose local addresses accept NodePort traffic, or 'primary' for the node's addresses (the default), as kube-proxy's flag.")
+	fs.StringVar(&o.tcAttach, "tc-attach", o.tcAttach, "How to attach the TC programs: '' (tcx where the kernel has it, else clsact), 'tcx' or 'clsact'.")
+	fs.Uint32Var(&o.conntrackSize, "bpf-map-conntrack-max", o.conntrackSize, "Capacity of the TC connection tracking LRU: two entries per flow from outside the node.")
 	fs.Uint32Var(&o.mapSizes.Affinity, "bpf-map-affinity-max", o.mapSizes.Affinity, "Capacity of the session affinity LRU: (client, Service port) pairs remembered.")
 }
 
@@ -82,6 +92,14 @@ func (o *options) validate() error {
 	}
 	if o.syncPeriod <= 0 {
 		return fmt.Errorf("--sync-period must be greater than 0")
+	}
+	switch o.tcAttach {
+	case loader.TCAttachAuto, loader.TCAttachTCX, loader.TCAttachClsact:
+	default:
+		return fmt.Errorf("unknown --tc-attach %q: use tcx or clsact, or leave it empty", o.tcAttach)
+	}
+	if _, err := parseNodePortAddresses(o.nodePortAddresses); err != nil {
+		return err
 	}
 	if o.minSyncPeriod < 0 {
 		return fmt.Errorf("--min-sync-period must not be negative")

@@ -26,7 +26,7 @@ const ipFamily = "IPv4"
 
 func run(ctx context.Context, o *options, log *zap.Logger) error {
 	if o.cleanup {
-		if err := loader.Cleanup(o.bpffsPath); err != nil {
+		if err := errors.Join(loader.Cleanup(o.bpffsPath), loader.CleanupTC()); err != nil {
 			return fmt.Errorf("cleanup: %w", err)
 		}
 		log.Info("removed every pinned program and map", zap.String("bpffsPath", o.bpffsPath))
@@ -62,6 +62,11 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 	if err != nil {
 		return fmt.Errorf("restore state from pinned maps: %w", err)
 	}
+	tc, err := newTCAttacher(o, log)
+	if err != nil {
+		return err
+	}
+	defer tc.close()
 	fe, be := w.Counts()
 	log.Info("BPF programs attached", zap.Int("restoredFrontends", fe), zap.Int("restoredBackends", be))
 
@@ -93,6 +98,7 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 		}
 	}
 	dp := newBPFDataplane(w, term, m.Registry(), log)
+	dp.prepare = tc.prepare
 	if term != nil {
 		go dp.run(ctx)
 	}

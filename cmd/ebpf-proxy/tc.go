@@ -1,0 +1,259 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+)
+
+// nodePortAddresses is --nodeport-addresses, as kube-proxy reads it: CIDRs
+// whose local addresses accept NodePorts, or "primary" for the node's own
+// addresses (the Node object's), which is also what an empty list means
+// (kube-proxy's nftables default).
+type nodePortAddresses struct {
+	primary bool
+	cidrs   []netip.Prefix
+}
+
+func parseNodePortAddresses(vals []string) (nodePortAddresses, error) {
+	var n nodePortAddresses
+	for _, v := range vals {
+		v = strings.TrimSpace(v)
+		switch v {
+		case "":
+			continue
+		case "primary":
+			n.primary = true
+			continue
+		}
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			return n, fmt.Errorf("--nodeport-addresses: %q is neither a CIDR nor \"primary\": %w", v, err)
+		}
+		if p.Addr().Is4() {
+			n.cidrs = append(n.cidrs, p.Masked())
+		}
+	}
+	if len(n.cidrs) == 0 {
+		n.primary = true
+	}
+	return n, nil
+}
+
+// addresses returns the addresses that get NodePorts: the node's own
+// for "primary", and the local IPv4 addresses inside the CIDRs.
+func (n nodePortAddresses) addresses(node []netip.Addr, local []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	if n.primary {
+		out = append(out, node...)
+	}
+	for _, a := range local {
+		if a.IsLoopback() || slices.Contains(out, a) {
+			continue
+		}
+		for _, p := range n.cidrs {
+			if p.Contains(a) {
+				out = append(out, a)
+				break
+			}
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// localAddrs are the IPv4 addresses of the node's devices, with the device
+// that holds each.
+func localAddrs() (map[netip.Addr]string, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list devices: %w", err)
+	}
+	out := map[netip.Addr]string{}
+	for _, lk := range links {
+		addrs, err := netlink.AddrList(lk, netlink.FAMILY_V4)
+		if err != nil {
+			return nil, fmt.Errorf("addresses of %s: %w", lk.Attrs().Name, err)
+		}
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
+				out[ip] = lk.Attrs().Name
+			}
+		}
+	}
+	return out, nil
+}
+
+// tcAttacher attaches the TC programs to the node's devices once it knows
+// them: at start-up with --devices, else at the first sync that knows the
+// node's addresses (the devices carrying them).
+type tcAttacher struct {
+	cfg      loader.TCConfig
+	devices  []string
+	nodePort nodePortAddresses
+	log      *zap.Logger
+
+	loaded *loader.TCLoaded
+	// npAddrs are the NodePort addresses when --nodeport-addresses names
+	// CIDRs, found once at start-up.
+	npAddrs []netip.Addr
+	local   map[netip.Addr]string
+}
+
+func newTCAttacher(o *options, log *zap.Logger) (*tcAttacher, error) {
+	np, err := parseNodePortAddresses(o.nodePortAddresses)
+	if err != nil {
+		return nil, err
+	}
+	local, err := localAddrs()
+	if err != nil {
+		return nil, err
+	}
+	a := &tcAttacher{
+		cfg: loader.TCConfig{
+			BPFFSPath: o.bpffsPath, Sizes: o.mapSizes, ConntrackSize: o.conntrackSize, Attach: o.tcAttach,
+		},
+		devices:  o.devices,
+		nodePort: np,
+		log:      log,
+		local:    local,
+	}
+	if len(a.devices) > 0 {
+		if err := a.attach(nil); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// prepare is called before every sync: it attaches once the devices are
+// known and gives the maps writer the NodePort addresses.
+func (a *tcAttacher) prepare(up *model.Update) error {
+	st := *up.State
+	st.Node.Addrs = a.nodePort.addresses(up.State.Node.Addrs, slices.Collect(maps.Keys(a.local)))
+	up.State = &st
+	if a.loaded == nil {
+		if err := a.attach(up.State.Node.Addrs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// attach resolves the devices (--devices, else those carrying nodeAddrs,
+// else those with an IPv4 default route) and their source NAT addresses,
+// and loads the TC programs onto them.
+func (a *tcAttacher) attach(nodeAddrs []netip.Addr) error {
+	names := a.devices
+	if len(names) == 0 {
+		for _, ip := range nodeAddrs {
+			if dev, ok := a.local[ip]; ok && !slices.Contains(names, dev) {
+				names = append(names, dev)
+			}
+		}
+	}
+	if len(names) == 0 {
+		var err error
+		if names, err = defaultRouteDevices(); err != nil {
+			return err
+		}
+		a.log.Warn("no device carries the node's addresses; attaching to the devices with a default route", zap.Strings("devices", names))
+	}
+	if len(names) == 0 {
+		return errors.New("no device to attach the TC programs to: name them with --devices")
+	}
+	var devs []loader.TCDevice
+	for _, name := range names {
+		snat, err := snatAddress(name, nodeAddrs)
+		if err != nil {
+			return err
+		}
+		devs = append(devs, loader.TCDevice{Name: name, SNAT: snat})
+	}
+	cfg := a.cfg
+	cfg.Devices = devs
+	l, err := loader.LoadTC(cfg)
+	if err != nil {
+		return fmt.Errorf("attach the TC programs: %w", err)
+	}
+	a.loaded = l
+	a.log.Info("TC programs attached", zap.Strings("devices", names), zap.String("mode", l.Mode))
+	return nil
+}
+
+// snatAddress is the address source NAT gives traffic leaving dev: a node
+// address on it if it has one, else its first IPv4 address.
+func snatAddress(dev string, nodeAddrs []netip.Addr) (netip.Addr, error) {
+	lk, err := netlink.LinkByName(dev)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("--devices: %s: %w", dev, err)
+	}
+	addrs, err := netlink.AddrList(lk, netlink.FAMILY_V4)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("addresses of %s: %w", dev, err)
+	}
+	var first netip.Addr
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP.To4())
+		if !ok || ip.IsLoopback() || ip.IsLinkLocalUnicast() {
+			continue
+		}
+		if slices.Contains(nodeAddrs, ip) {
+			return ip, nil
+		}
+		if !first.IsValid() {
+			first = ip
+		}
+	}
+	if !first.IsValid() {
+		return netip.Addr{}, fmt.Errorf("device %s has no IPv4 address to source-NAT to", dev)
+	}
+	return first, nil
+}
+
+func defaultRouteDevices() ([]string, error) {
+	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("list routes: %w", err)
+	}
+	var names []string
+	for _, r := range routes {
+		if r.LinkIndex == 0 || (r.Dst != nil && !r.Dst.IP.IsUnspecified()) {
+			continue
+		}
+		if ones, _ := maskOnes(r.Dst); ones != 0 {
+			continue
+		}
+		lk, err := netlink.LinkByIndex(r.LinkIndex)
+		if err != nil {
+			continue
+		}
+		if !slices.Contains(names, lk.Attrs().Name) {
+			names = append(names, lk.Attrs().Name)
+		}
+	}
+	return names, nil
+}
+
+func maskOnes(n *net.IPNet) (int, int) {
+	if n == nil {
+		return 0, 32
+	}
+	return n.Mask.Size()
+}
+
+func (a *tcAttacher) close() {
+	if a.loaded != nil {
+		a.loaded.Close()
+	}
+}
