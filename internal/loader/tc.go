@@ -4,12 +4,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -418,6 +420,33 @@ func pruneSNATAddrs(m *ebpf.Map, keep []uint32) error {
 func be32Addr(a netip.Addr) uint32 {
 	b := a.As4()
 	return binary.NativeEndian.Uint32(b[:])
+}
+
+// ProbeTCX reports whether the kernel attaches TC programs with tcx links
+// (6.6 and later): nil if it does, an error wrapping ebpf.ErrNotSupported if
+// it does not. It attaches a trivial program to an interface index no
+// device has, so that it touches nothing.
+func ProbeTCX() error {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.SchedCLS,
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()},
+		License:      "GPL",
+	})
+	if err != nil {
+		return fmt.Errorf("load a probe TC program: %w", err)
+	}
+	defer prog.Close()
+	lk, err := link.AttachTCX(link.TCXOptions{Interface: math.MaxInt32, Program: prog, Attach: ebpf.AttachTCXIngress})
+	switch {
+	case err == nil:
+		lk.Close()
+		return errors.New("tcx probe attached to a device that does not exist")
+	case errors.Is(err, ebpf.ErrNotSupported):
+		return fmt.Errorf("tcx: %w", err)
+	case errors.Is(err, unix.ENODEV):
+		return nil
+	}
+	return fmt.Errorf("probe tcx: %w", err)
 }
 
 // CleanupTC removes the clsact filters LoadTC added to any device of the
