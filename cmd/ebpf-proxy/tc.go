@@ -1,10 +1,8 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -108,6 +106,7 @@ type tcAttacher struct {
 	// CIDRs, found once at start-up.
 	npAddrs []netip.Addr
 	local   map[netip.Addr]string
+	warned  bool
 }
 
 func newTCAttacher(o *options, log *zap.Logger) (*tcAttacher, error) {
@@ -139,20 +138,21 @@ func newTCAttacher(o *options, log *zap.Logger) (*tcAttacher, error) {
 // prepare is called before every sync: it attaches once the devices are
 // known and gives the maps writer the NodePort addresses.
 func (a *tcAttacher) prepare(up *model.Update) error {
+	nodeAddrs := up.State.Node.Addrs
 	st := *up.State
-	st.Node.Addrs = a.nodePort.addresses(up.State.Node.Addrs, slices.Collect(maps.Keys(a.local)))
+	st.Node.Addrs = a.nodePort.addresses(nodeAddrs, slices.Collect(maps.Keys(a.local)))
 	up.State = &st
 	if a.loaded == nil {
-		if err := a.attach(up.State.Node.Addrs); err != nil {
+		if err := a.attach(nodeAddrs); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// attach resolves the devices (--devices, else those carrying nodeAddrs,
-// else those with an IPv4 default route) and their source NAT addresses,
-// and loads the TC programs onto them.
+// attach resolves the devices (--devices, else those carrying nodeAddrs)
+// and their source NAT addresses, and loads the TC programs onto them. With
+// no device it attaches nothing and says so once.
 func (a *tcAttacher) attach(nodeAddrs []netip.Addr) error {
 	names := a.devices
 	if len(names) == 0 {
@@ -163,14 +163,15 @@ func (a *tcAttacher) attach(nodeAddrs []netip.Addr) error {
 		}
 	}
 	if len(names) == 0 {
-		var err error
-		if names, err = defaultRouteDevices(); err != nil {
-			return err
+		// Guessing a device (the one with the default route, say)
+		// could put the programs on an interface nobody meant to
+		// proxy on: say so and wait for a Node address or --devices.
+		if !a.warned {
+			a.log.Warn("no device carries the node's addresses and --devices is not set: NodePort, ExternalIP and LoadBalancer-IP traffic from outside is not translated",
+				zap.Stringers("nodeAddresses", nodeAddrs))
+			a.warned = true
 		}
-		a.log.Warn("no device carries the node's addresses; attaching to the devices with a default route", zap.Strings("devices", names))
-	}
-	if len(names) == 0 {
-		return errors.New("no device to attach the TC programs to: name them with --devices")
+		return nil
 	}
 	var devs []loader.TCDevice
 	for _, name := range names {
@@ -219,37 +220,6 @@ func snatAddress(dev string, nodeAddrs []netip.Addr) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("device %s has no IPv4 address to source-NAT to", dev)
 	}
 	return first, nil
-}
-
-func defaultRouteDevices() ([]string, error) {
-	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
-	if err != nil {
-		return nil, fmt.Errorf("list routes: %w", err)
-	}
-	var names []string
-	for _, r := range routes {
-		if r.LinkIndex == 0 || (r.Dst != nil && !r.Dst.IP.IsUnspecified()) {
-			continue
-		}
-		if ones, _ := maskOnes(r.Dst); ones != 0 {
-			continue
-		}
-		lk, err := netlink.LinkByIndex(r.LinkIndex)
-		if err != nil {
-			continue
-		}
-		if !slices.Contains(names, lk.Attrs().Name) {
-			names = append(names, lk.Attrs().Name)
-		}
-	}
-	return names, nil
-}
-
-func maskOnes(n *net.IPNet) (int, int) {
-	if n == nil {
-		return 0, 32
-	}
-	return n.Mask.Size()
 }
 
 func (a *tcAttacher) close() {

@@ -83,6 +83,7 @@ func (f *tcFixture) load(t *testing.T, mode string, devs ...string) (*loader.TCL
 func (f *tcFixture) attachedTC(t *testing.T) map[string][]ebpf.ProgramID {
 	t.Helper()
 	out := map[string][]ebpf.ProgramID{}
+	haveTCX := loader.ProbeTCX() == nil
 	err := f.ns.Do(func() error {
 		for _, name := range []string{"dev0", "dev1"} {
 			lk, err := netlink.LinkByName(name)
@@ -95,11 +96,11 @@ func (f *tcFixture) attachedTC(t *testing.T) map[string][]ebpf.ProgramID {
 				parent uint32
 			}{{"ingress", ebpf.AttachTCXIngress, netlink.HANDLE_MIN_INGRESS}, {"egress", ebpf.AttachTCXEgress, netlink.HANDLE_MIN_EGRESS}} {
 				key := name + "/" + d.dir
-				res, err := link.QueryPrograms(link.QueryOptions{Target: lk.Attrs().Index, Attach: d.at})
-				if err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
-					return err
-				}
-				if res != nil {
+				if haveTCX {
+					res, err := link.QueryPrograms(link.QueryOptions{Target: lk.Attrs().Index, Attach: d.at})
+					if err != nil {
+						return err
+					}
 					for _, p := range res.Programs {
 						out[key] = append(out[key], p.ID)
 					}
@@ -134,15 +135,37 @@ func progID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
 }
 
 func TestTCAttachReplaceDetach(t *testing.T) {
-	for _, mode := range []string{loader.TCAttachTCX, loader.TCAttachClsact} {
-		t.Run(mode, func(t *testing.T) {
+	sandbox.RequireRoot(t)
+	tcxErr := loader.ProbeTCX()
+	if tcxErr != nil && !errors.Is(tcxErr, ebpf.ErrNotSupported) {
+		t.Fatal(tcxErr)
+	}
+	// Without a mode the loader takes tcx where the kernel has it.
+	auto := loader.TCAttachTCX
+	if tcxErr != nil {
+		auto = loader.TCAttachClsact
+	}
+	for _, tc := range []struct{ mode, want string }{
+		{loader.TCAttachTCX, loader.TCAttachTCX},
+		{loader.TCAttachClsact, loader.TCAttachClsact},
+		{loader.TCAttachAuto, auto},
+	} {
+		name := tc.mode
+		if name == "" {
+			name = "auto"
+		}
+		t.Run(name, func(t *testing.T) {
+			if tc.mode == loader.TCAttachTCX && tcxErr != nil {
+				t.Skipf("kernel without tcx; the clsact and auto cases cover it: %v", tcxErr)
+			}
+			mode := tc.mode
 			f := newTCFixture(t)
 			first, err := f.load(t, mode, "dev0", "dev1")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if first.Mode != mode {
-				t.Errorf("attached with %s, want %s", first.Mode, mode)
+			if first.Mode != tc.want {
+				t.Errorf("attached with %s, want %s", first.Mode, tc.want)
 			}
 			ids := []ebpf.ProgramID{progID(t, first.Objects.TcIngress), progID(t, first.Objects.TcEgress)}
 			want := map[string][]ebpf.ProgramID{
