@@ -127,6 +127,20 @@ static __always_inline __be32 tc_snat_addr(struct __sk_buff *skb, const struct p
 	return a ? a->address : 0;
 }
 
+/* tc_source_allowed says whether the client may reach a LoadBalancer IP
+ * with loadBalancerSourceRanges (kube-proxy drops the others; NodePorts and
+ * ExternalIPs of the same Service are open to all). */
+static __always_inline bool tc_source_allowed(const struct lb4_service *svc, const struct pkt4 *p)
+{
+	struct lb4_src_range_key key = {
+		.prefixlen = 64,
+		.svc_id = svc->svc_id,
+		.address = p->saddr,
+	};
+
+	return bpf_map_lookup_elem(&lb4_source_ranges_v1, &key) != NULL;
+}
+
 /* tc_new_flow handles the first packet of a flow: a frontend's verdict, a
  * backend, the flow's two entries and the translation. */
 static __always_inline int tc_new_flow(struct __sk_buff *skb, struct pkt4 *p, __u32 now)
@@ -157,12 +171,18 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, struct pkt4 *p, __
 		lb_count(LB_M_DROP);
 		return TC_ACT_SHOT;
 	}
+	/* Without endpoints every client is refused, inside the source
+	 * ranges or not, as kube-proxy's REJECT comes before its firewall. */
 	if ((svc->flags & SVC_F_REJECT) || svc->count == 0) {
 		lb_count(LB_M_REJECT);
 		ret = pkt4_icmp_port_unreach(skb, p);
 		if (ret == TC_ACT_SHOT)
 			lb_count(LB_M_TC_ICMP_FAIL);
 		return ret;
+	}
+	if ((svc->flags & SVC_F_SOURCE_RANGES) && !tc_source_allowed(svc, p)) {
+		lb_count(LB_M_TC_SOURCE_RANGE);
+		return TC_ACT_SHOT;
 	}
 	if (svc->affinity_timeout) {
 		/* External clients are told apart by address, as kube-proxy

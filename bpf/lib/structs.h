@@ -27,6 +27,7 @@ enum {
 	SVC_F_NODE_PORT = 1 << 4,
 	SVC_F_EXTERNAL_IP = 1 << 5,
 	SVC_F_LOAD_BALANCER = 1 << 6,
+	SVC_F_SOURCE_RANGES = 1 << 7, /* lb4_source_ranges says who may connect */
 };
 
 /* Key of lb4_services. slot 0 is the master entry of a frontend; slots
@@ -83,6 +84,15 @@ struct lb4_affinity {
 struct lb4_member_key {
 	__u32 backend_id;
 	__u32 svc_id;
+};
+
+/* Key of lb4_source_ranges, an LPM trie: a loadBalancerSourceRanges CIDR of
+ * the ServicePort svc_id. prefixlen counts svc_id's 32 bits and the CIDR's;
+ * a lookup gives 64 and the client's address. */
+struct lb4_src_range_key {
+	__u32 prefixlen;
+	__u32 svc_id;
+	__be32 address;
 };
 
 /* Backend flags, in lb4_backend.flags. */
@@ -218,6 +228,7 @@ enum lb_metric {
 	LB_M_TC_NO_ROUTE,	/* TC: no route or neighbour for a translated packet */
 	LB_M_TC_CT_FULL,	/* TC: could not record a flow */
 	LB_M_TC_FRAGMENT,	/* TC: fragment to a frontend, not translated */
+	LB_M_TC_SOURCE_RANGE,	/* TC: client outside loadBalancerSourceRanges */
 	LB_M_MAX,
 };
 

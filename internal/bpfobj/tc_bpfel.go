@@ -93,6 +93,13 @@ type TcLb4Service struct {
 	SvcId           uint32
 }
 
+type TcLb4SrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Address   uint32
+}
+
 type TcLbMetric uint32
 
 const (
@@ -118,7 +125,8 @@ const (
 	TcLbMetricLB_M_TC_NO_ROUTE       TcLbMetric = 19
 	TcLbMetricLB_M_TC_CT_FULL        TcLbMetric = 20
 	TcLbMetricLB_M_TC_FRAGMENT       TcLbMetric = 21
-	TcLbMetricLB_M_MAX               TcLbMetric = 22
+	TcLbMetricLB_M_TC_SOURCE_RANGE   TcLbMetric = 22
+	TcLbMetricLB_M_MAX               TcLbMetric = 23
 )
 
 type TcSock4Revnat struct {
@@ -160,20 +168,21 @@ type TcTc4SnatAddr struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	TcMapLb4AffinityV1  = "lb4_affinity_v1"
-	TcMapLb4BackendsV1  = "lb4_backends_v1"
-	TcMapLb4MembersV1   = "lb4_members_v1"
-	TcMapLb4RevnatV1    = "lb4_revnat_v1"
-	TcMapLb4ServicesV1  = "lb4_services_v1"
-	TcMapLbMetricsV1    = "lb_metrics_v1"
-	TcMapSock4RevnatV1  = "sock4_revnat_v1"
-	TcMapSock4UdpFwdV1  = "sock4_udp_fwd_v1"
-	TcMapTc4CtV1        = "tc4_ct_v1"
-	TcMapTc4SnatAddrsV1 = "tc4_snat_addrs_v1"
-	TcProgTcEgress      = "tc_egress"
-	TcProgTcIngress     = "tc_ingress"
-	TcVarSnatPortMax    = "snat_port_max"
-	TcVarSnatPortMin    = "snat_port_min"
+	TcMapLb4AffinityV1     = "lb4_affinity_v1"
+	TcMapLb4BackendsV1     = "lb4_backends_v1"
+	TcMapLb4MembersV1      = "lb4_members_v1"
+	TcMapLb4RevnatV1       = "lb4_revnat_v1"
+	TcMapLb4ServicesV1     = "lb4_services_v1"
+	TcMapLb4SourceRangesV1 = "lb4_source_ranges_v1"
+	TcMapLbMetricsV1       = "lb_metrics_v1"
+	TcMapSock4RevnatV1     = "sock4_revnat_v1"
+	TcMapSock4UdpFwdV1     = "sock4_udp_fwd_v1"
+	TcMapTc4CtV1           = "tc4_ct_v1"
+	TcMapTc4SnatAddrsV1    = "tc4_snat_addrs_v1"
+	TcProgTcEgress         = "tc_egress"
+	TcProgTcIngress        = "tc_ingress"
+	TcVarSnatPortMax       = "snat_port_max"
+	TcVarSnatPortMin       = "snat_port_min"
 )
 
 // LoadTc returns the embedded CollectionSpec for Tc.
@@ -226,16 +235,17 @@ type TcProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type TcMapSpecs struct {
-	Lb4AffinityV1  *ebpf.MapSpec `ebpf:"lb4_affinity_v1"`
-	Lb4BackendsV1  *ebpf.MapSpec `ebpf:"lb4_backends_v1"`
-	Lb4MembersV1   *ebpf.MapSpec `ebpf:"lb4_members_v1"`
-	Lb4RevnatV1    *ebpf.MapSpec `ebpf:"lb4_revnat_v1"`
-	Lb4ServicesV1  *ebpf.MapSpec `ebpf:"lb4_services_v1"`
-	LbMetricsV1    *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
-	Sock4RevnatV1  *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
-	Sock4UdpFwdV1  *ebpf.MapSpec `ebpf:"sock4_udp_fwd_v1"`
-	Tc4CtV1        *ebpf.MapSpec `ebpf:"tc4_ct_v1"`
-	Tc4SnatAddrsV1 *ebpf.MapSpec `ebpf:"tc4_snat_addrs_v1"`
+	Lb4AffinityV1     *ebpf.MapSpec `ebpf:"lb4_affinity_v1"`
+	Lb4BackendsV1     *ebpf.MapSpec `ebpf:"lb4_backends_v1"`
+	Lb4MembersV1      *ebpf.MapSpec `ebpf:"lb4_members_v1"`
+	Lb4RevnatV1       *ebpf.MapSpec `ebpf:"lb4_revnat_v1"`
+	Lb4ServicesV1     *ebpf.MapSpec `ebpf:"lb4_services_v1"`
+	Lb4SourceRangesV1 *ebpf.MapSpec `ebpf:"lb4_source_ranges_v1"`
+	LbMetricsV1       *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
+	Sock4RevnatV1     *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
+	Sock4UdpFwdV1     *ebpf.MapSpec `ebpf:"sock4_udp_fwd_v1"`
+	Tc4CtV1           *ebpf.MapSpec `ebpf:"tc4_ct_v1"`
+	Tc4SnatAddrsV1    *ebpf.MapSpec `ebpf:"tc4_snat_addrs_v1"`
 }
 
 // TcVariableSpecs contains global variables before they are loaded into the kernel.
@@ -266,16 +276,17 @@ func (o *TcObjects) Close() error {
 //
 // It can be passed to LoadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type TcMaps struct {
-	Lb4AffinityV1  *ebpf.Map `ebpf:"lb4_affinity_v1"`
-	Lb4BackendsV1  *ebpf.Map `ebpf:"lb4_backends_v1"`
-	Lb4MembersV1   *ebpf.Map `ebpf:"lb4_members_v1"`
-	Lb4RevnatV1    *ebpf.Map `ebpf:"lb4_revnat_v1"`
-	Lb4ServicesV1  *ebpf.Map `ebpf:"lb4_services_v1"`
-	LbMetricsV1    *ebpf.Map `ebpf:"lb_metrics_v1"`
-	Sock4RevnatV1  *ebpf.Map `ebpf:"sock4_revnat_v1"`
-	Sock4UdpFwdV1  *ebpf.Map `ebpf:"sock4_udp_fwd_v1"`
-	Tc4CtV1        *ebpf.Map `ebpf:"tc4_ct_v1"`
-	Tc4SnatAddrsV1 *ebpf.Map `ebpf:"tc4_snat_addrs_v1"`
+	Lb4AffinityV1     *ebpf.Map `ebpf:"lb4_affinity_v1"`
+	Lb4BackendsV1     *ebpf.Map `ebpf:"lb4_backends_v1"`
+	Lb4MembersV1      *ebpf.Map `ebpf:"lb4_members_v1"`
+	Lb4RevnatV1       *ebpf.Map `ebpf:"lb4_revnat_v1"`
+	Lb4ServicesV1     *ebpf.Map `ebpf:"lb4_services_v1"`
+	Lb4SourceRangesV1 *ebpf.Map `ebpf:"lb4_source_ranges_v1"`
+	LbMetricsV1       *ebpf.Map `ebpf:"lb_metrics_v1"`
+	Sock4RevnatV1     *ebpf.Map `ebpf:"sock4_revnat_v1"`
+	Sock4UdpFwdV1     *ebpf.Map `ebpf:"sock4_udp_fwd_v1"`
+	Tc4CtV1           *ebpf.Map `ebpf:"tc4_ct_v1"`
+	Tc4SnatAddrsV1    *ebpf.Map `ebpf:"tc4_snat_addrs_v1"`
 }
 
 func (m *TcMaps) Close() error {
@@ -285,6 +296,7 @@ func (m *TcMaps) Close() error {
 		m.Lb4MembersV1,
 		m.Lb4RevnatV1,
 		m.Lb4ServicesV1,
+		m.Lb4SourceRangesV1,
 		m.LbMetricsV1,
 		m.Sock4RevnatV1,
 		m.Sock4UdpFwdV1,

@@ -327,6 +327,7 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_TC_NO_ROUTE:       "tc_no_route",
 	bpfobj.SockLbMetricLB_M_TC_CT_FULL:        "tc_conntrack_update_failed",
 	bpfobj.SockLbMetricLB_M_TC_FRAGMENT:       "tc_fragment_not_translated",
+	bpfobj.SockLbMetricLB_M_TC_SOURCE_RANGE:   "tc_dropped_source_range",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,

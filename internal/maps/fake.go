@@ -97,6 +97,9 @@ type Fakes struct {
 	Backends *FakeMap[uint32, BackendValue]
 	RevNat   *FakeMap[uint32, RevNatValue]
 	Members  *FakeMap[MemberKey, uint8]
+	// Ranges stands for the LPM trie of source ranges, as a plain map of
+	// its keys.
+	Ranges *FakeMap[SourceRangeKey, uint8]
 }
 
 // NewFakes returns empty fakes; a zero capacity is unlimited.
@@ -106,10 +109,11 @@ func NewFakes(services, backends, revnat int) *Fakes {
 		Backends: NewFakeMap[uint32, BackendValue](backends),
 		RevNat:   NewFakeMap[uint32, RevNatValue](revnat),
 		Members:  NewFakeMap[MemberKey, uint8](0),
+		Ranges:   NewFakeMap[SourceRangeKey, uint8](0),
 	}
 }
 
 // Maps returns the fakes as the Writer's Maps.
 func (f *Fakes) Maps() Maps {
-	return Maps{Services: f.Services, Backends: f.Backends, RevNat: f.RevNat, Members: f.Members}
+	return Maps{Services: f.Services, Backends: f.Backends, RevNat: f.RevNat, Members: f.Members, SourceRanges: f.Ranges}
 }

@@ -111,8 +111,12 @@ func frontendsOf(svc *model.Service, node *model.Node) []desiredFrontend {
 	for _, addr := range sp.ExternalIPs {
 		external(addr, sp.Port, FlagExternalIP, true)
 	}
+	lbKind := FlagLoadBalancer
+	if len(sourceRanges(sp)) > 0 {
+		lbKind |= FlagSourceRanges
+	}
 	for _, addr := range sp.LoadBalancerIPs {
-		external(addr, sp.Port, FlagLoadBalancer, len(sp.LoadBalancerSourceRanges) == 0)
+		external(addr, sp.Port, lbKind, len(sp.LoadBalancerSourceRanges) == 0)
 	}
 	return out
 }

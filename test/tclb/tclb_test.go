@@ -46,6 +46,8 @@ type env struct {
 	nodes  []*node
 	pods   map[string]*sandbox.Pod
 	client *sandbox.Client
+	// other is a second client outside, for source ranges.
+	other *sandbox.Client
 }
 
 var small = loader.MapSizes{Services: 4096, Backends: 4096, RevNat: 4096, SockRevNat: 4096, Affinity: 4096}
@@ -80,6 +82,9 @@ func newEnv(t *testing.T, mode string) *env {
 		t.Fatal(err)
 	}
 	e.client = client
+	if e.other, err = sb.AddExternalClient("elsewhere", netip.Addr{}); err != nil {
+		t.Fatal(err)
+	}
 	if err := sb.RouteToNode(sandbox.LoadBalancerCIDR, e.nodes[0].Node); err != nil {
 		t.Fatal(err)
 	}
@@ -124,6 +129,8 @@ func (e *env) attach(n *node, mode string) {
 		Backends: maps.FromKernel[uint32, maps.BackendValue](o.Lb4BackendsV1),
 		RevNat:   maps.FromKernel[uint32, maps.RevNatValue](o.Lb4RevnatV1),
 		Members:  maps.FromKernel[maps.MemberKey, uint8](o.Lb4MembersV1),
+
+		SourceRanges: maps.FromKernel[maps.SourceRangeKey, uint8](o.Lb4SourceRangesV1),
 	}, maps.Limits{Backends: small.Backends, RevNat: small.RevNat})
 	if err != nil {
 		t.Fatal(err)
@@ -139,6 +146,7 @@ type service struct {
 	nodePort  uint16
 	extIPs    []netip.Addr
 	lbIPs     []netip.Addr
+	ranges    []netip.Prefix
 	etpLocal  bool
 	endpoints []string
 }
@@ -157,6 +165,8 @@ func (e *env) sync(svcs ...service) {
 				NodePort:        s.nodePort,
 				ExternalIPs:     s.extIPs,
 				LoadBalancerIPs: s.lbIPs,
+
+				LoadBalancerSourceRanges: s.ranges,
 			}
 			if s.etpLocal {
 				sp.ExternalPolicy = model.PolicyLocal
@@ -198,8 +208,9 @@ func (e *env) counter(n *node, m bpfobj.TcLbMetric) uint64 {
 }
 
 var (
-	lbIP  = netip.MustParseAddr("198.19.0.20")
-	extIP = netip.MustParseAddr("198.19.0.10")
+	lbIP     = netip.MustParseAddr("198.19.0.20")
+	extIP    = netip.MustParseAddr("198.19.0.10")
+	rangedIP = netip.MustParseAddr("198.19.0.30")
 )
 
 // The Services of the scenario; each has its own NodePort.
@@ -213,6 +224,9 @@ func scenario() []service {
 		{name: "dead", clusterIP: "10.96.0.15", proto: model.TCP, port: 80, nodePort: 30015},
 		{name: "dead-udp", clusterIP: "10.96.0.15", proto: model.UDP, port: 53, nodePort: 30015},
 		{name: "lb", clusterIP: "10.96.0.16", proto: model.TCP, port: 80, lbIPs: []netip.Addr{lbIP}, endpoints: []string{"pod-a"}},
+		// Only the first external client (198.18.0.10) is in the range.
+		{name: "ranged", clusterIP: "10.96.0.17", proto: model.TCP, port: 80, nodePort: 30017, lbIPs: []netip.Addr{rangedIP},
+			ranges: []netip.Prefix{netip.MustParsePrefix("198.18.0.10/32")}, endpoints: []string{"pod-b"}},
 	}
 }
 
@@ -307,6 +321,37 @@ func TestExternalTraffic(t *testing.T) {
 				}
 				if r := rep.Results[0]; r.Err != "" || r.Server != "pod-b" || r.ClientSeen.Addr() != outside {
 					t.Errorf("node-b: got %+v, want pod-b seeing %s", r, outside)
+				}
+			})
+			t.Run("loadBalancerSourceRanges: the client inside is served", func(t *testing.T) {
+				rep, err := e.client.TCP(e.ctx(), netip.AddrPortFrom(rangedIP, 80), 2)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range rep.Results {
+					if r.Err != "" || r.Server != "pod-b" {
+						t.Errorf("got %+v, want pod-b", r)
+					}
+				}
+			})
+			t.Run("loadBalancerSourceRanges: a client outside is dropped, but not at the NodePort", func(t *testing.T) {
+				before := e.counter(a, bpfobj.TcLbMetricLB_M_TC_SOURCE_RANGE)
+				rep, err := e.other.WithTimeout(time.Second).TCP(e.ctx(), netip.AddrPortFrom(rangedIP, 80), 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r := rep.Results[0]; r.Err != "ETIMEDOUT" {
+					t.Errorf("got %+v, want ETIMEDOUT (the SYN dropped)", r)
+				}
+				if d := e.counter(a, bpfobj.TcLbMetricLB_M_TC_SOURCE_RANGE) - before; d == 0 {
+					t.Error("node-a counted no source range drop")
+				}
+				rep, err = e.other.TCP(e.ctx(), netip.AddrPortFrom(a.IP, 30017), 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r := rep.Results[0]; r.Err != "" || r.Server != "pod-b" {
+					t.Errorf("NodePort: got %+v, want pod-b", r)
 				}
 			})
 			t.Run("traffic that is not for a Service passes", func(t *testing.T) {

@@ -114,6 +114,8 @@ func newFixture(tb testing.TB, opts loadOptions) *fixture {
 		Backends: maps.FromKernel[uint32, maps.BackendValue](f.objs.Lb4BackendsV1),
 		RevNat:   maps.FromKernel[uint32, maps.RevNatValue](f.objs.Lb4RevnatV1),
 		Members:  maps.FromKernel[maps.MemberKey, uint8](f.objs.Lb4MembersV1),
+
+		SourceRanges: maps.FromKernel[maps.SourceRangeKey, uint8](f.objs.Lb4SourceRangesV1),
 	}, maps.Limits{Backends: 1024, RevNat: 1024})
 	if err != nil {
 		tb.Fatal(err)
@@ -249,6 +251,7 @@ type service struct {
 	nodePort  uint16
 	extIPs    []string
 	lbIPs     []string
+	ranges    []string
 	etpLocal  bool
 	affinity  bool
 	// endpoints are "ip:port@node".
@@ -272,6 +275,9 @@ func state(svcs ...service) *model.State {
 		}
 		for _, a := range s.lbIPs {
 			sp.LoadBalancerIPs = append(sp.LoadBalancerIPs, netip.MustParseAddr(a))
+		}
+		for _, r := range s.ranges {
+			sp.LoadBalancerSourceRanges = append(sp.LoadBalancerSourceRanges, netip.MustParsePrefix(r))
 		}
 		if s.etpLocal {
 			sp.ExternalPolicy = model.PolicyLocal

@@ -369,3 +369,27 @@ func TestAffinityForExternalClients(t *testing.T) {
 		}
 	}
 }
+
+// TestSourceRanges: loadBalancerSourceRanges admit only the clients inside
+// them to the LoadBalancer IP; the Service's NodePort stays open to all, as
+// in kube-proxy.
+func TestSourceRanges(t *testing.T) {
+	f := newFixture(t, loadOptions{})
+	ranged := netip.MustParseAddrPort("198.19.0.30:80")
+	f.sync(t, state(service{
+		name: "ranged", clusterIP: "10.96.0.30", port: 80, proto: model.TCP, nodePort: 30018,
+		lbIPs: []string{ranged.Addr().String()}, ranges: []string{"198.18.0.10/32", "203.0.113.0/24"},
+		endpoints: []string{at(localWeb, thisNode)},
+	}))
+	inside := fromOutside(pktest.TCP(client, ranged, pktest.SYN))
+	other := fromOutside(pktest.TCP(netip.MustParseAddrPort("203.0.113.77:40000"), ranged, pktest.SYN))
+	outside := fromOutside(pktest.TCP(client2, ranged, pktest.SYN))
+	viaNodePort := fromOutside(pktest.TCP(client2, np(30018), pktest.SYN))
+	blocked, blockedOK := f.counted(bpfobj.TcLbMetricLB_M_TC_SOURCE_RANGE, 1)
+	f.run(t, []row{
+		{Case: pktest.Case{Name: "client inside a /32 range", In: inside.Bytes(), Verdict: pktest.TCActOK, Out: inside.WithDst(localWeb).Bytes()}},
+		{Case: pktest.Case{Name: "client inside a /24 range", In: other.Bytes(), Verdict: pktest.TCActOK, Out: other.WithDst(localWeb).Bytes()}},
+		{Case: pktest.Case{Name: "client outside the ranges: dropped and counted", In: outside.Bytes(), Verdict: pktest.TCActShot, Setup: blocked, Check: blockedOK}},
+		{Case: pktest.Case{Name: "the same client through the NodePort", In: viaNodePort.Bytes(), Verdict: pktest.TCActOK, Out: viaNodePort.WithDst(localWeb).Bytes()}},
+	})
+}
