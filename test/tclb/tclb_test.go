@@ -57,6 +57,17 @@ var small = loader.MapSizes{Services: 4096, Backends: 4096, RevNat: 4096, SockRe
 // for the LoadBalancer and external IPs to node-a.
 func newEnv(t *testing.T, mode string) *env {
 	t.Helper()
+	e := newTopology(t)
+	for _, n := range e.nodes {
+		e.attach(n, mode)
+	}
+	return e
+}
+
+// newTopology builds the namespaces, pods and clients of newEnv and
+// attaches nothing.
+func newTopology(t *testing.T) *env {
+	t.Helper()
 	sb := sandbox.ForTest(t)
 	e := &env{t: t, sb: sb, pods: map[string]*sandbox.Pod{}}
 	for _, name := range []string{"node-a", "node-b"} {
@@ -87,9 +98,6 @@ func newEnv(t *testing.T, mode string) *env {
 	}
 	if err := sb.RouteToNode(sandbox.LoadBalancerCIDR, e.nodes[0].Node); err != nil {
 		t.Fatal(err)
-	}
-	for _, n := range e.nodes {
-		e.attach(n, mode)
 	}
 	return e
 }
