@@ -110,7 +110,6 @@ static __always_inline __be32 tc_snat_addr(struct __sk_buff *skb, const struct p
 		.family = PKT_AF_INET,
 		.tos = p->tos,
 		.l4_protocol = p->proto,
-		.tot_len = p->tot_len,
 		.ipv4_src = p->saddr,
 		.ipv4_dst = dst,
 		.ifindex = skb->ifindex,

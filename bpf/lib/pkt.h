@@ -282,7 +282,9 @@ static __always_inline int pkt4_icmp_port_unreach(struct __sk_buff *skb, const s
 /* pkt4_forward sends a translated packet out of the device the FIB chooses
  * for its new destination, bypassing the kernel's input path: a packet whose
  * source is now a node address would be a martian there. It decrements the
- * TTL as a router does. Returns the TC verdict, and sets *no_route when it
+ * TTL as a router does. No tot_len is given to the lookup, so that the
+ * kernel checks the MTU against the skb, which lets GRO packets through as
+ * its forwarding path does. Returns the TC verdict, and sets *no_route when it
  * drops the packet for want of a route or TTL, for the caller to count. */
 static __always_inline int pkt4_forward(struct __sk_buff *skb, const struct pkt4 *p, bool *no_route)
 {
@@ -292,7 +294,6 @@ static __always_inline int pkt4_forward(struct __sk_buff *skb, const struct pkt4
 		.l4_protocol = p->proto,
 		.sport = p->sport,
 		.dport = p->dport,
-		.tot_len = p->tot_len,
 		.ipv4_src = p->saddr,
 		.ipv4_dst = p->daddr,
 		.ifindex = skb->ifindex,
