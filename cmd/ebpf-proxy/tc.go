@@ -102,11 +102,10 @@ type tcAttacher struct {
 	log      *zap.Logger
 
 	loaded *loader.TCLoaded
-	// npAddrs are the NodePort addresses when --nodeport-addresses names
-	// CIDRs, found once at start-up.
-	npAddrs []netip.Addr
-	local   map[netip.Addr]string
-	warned  bool
+	// local are the node's IPv4 addresses and their devices, read once
+	// at start-up: --nodeport-addresses CIDRs select among them.
+	local  map[netip.Addr]string
+	warned bool
 }
 
 func newTCAttacher(o *options, log *zap.Logger) (*tcAttacher, error) {
