@@ -21,13 +21,29 @@ asm-generic/types.h
 asm-generic/int-ll64.h
 asm-generic/bitsperlong.h
 asm-generic/posix_types.h
+linux/if_ether.h
+linux/ip.h
+linux/in.h
+linux/tcp.h
+linux/udp.h
+linux/pkt_cls.h
+linux/pkt_sched.h
+linux/const.h
+linux/socket.h
+linux/libc-compat.h
+linux/byteorder/little_endian.h
+linux/swab.h
 "
+# linux/icmp.h is left out on purpose: it includes linux/if.h, which needs
+# the C library's sys/socket.h. bpf/lib/pkt.h declares the ICMP header.
 # Architecture-specific headers, taken from the amd64 multiarch directory.
 ASM_HEADERS="
 asm/types.h
 asm/bitsperlong.h
 asm/posix_types.h
 asm/posix_types_64.h
+asm/byteorder.h
+asm/swab.h
 "
 
 here=$(cd "$(dirname "$0")" && pwd)

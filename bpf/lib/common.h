@@ -7,12 +7,10 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <linux/in.h>
 
-/* Only the few protocol numbers and errno values the programs use, so that
- * no libc header is needed. */
-#define IPPROTO_TCP 6
-#define IPPROTO_UDP 17
-
+/* Only the few errno values the programs use, so that no libc header is
+ * needed. */
 #define EPERM	     1
 #define ETIMEDOUT    110
 #define ECONNREFUSED 111

@@ -27,6 +27,9 @@
 #ifndef LB4_MEMBERS_MAX
 #define LB4_MEMBERS_MAX 262144
 #endif
+#ifndef LB4_SOURCE_RANGES_MAX
+#define LB4_SOURCE_RANGES_MAX 65536
+#endif
 #ifndef SOCK4_REVNAT_MAX
 #define SOCK4_REVNAT_MAX 262144
 #endif
@@ -87,6 +90,15 @@ struct {
 	__uint(max_entries, SOCK4_REVNAT_MAX);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sock4_udp_fwd_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lb4_src_range_key);
+	__type(value, __u8);
+	__uint(max_entries, LB4_SOURCE_RANGES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb4_source_ranges_v1 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -27,6 +27,7 @@ enum {
 	SVC_F_NODE_PORT = 1 << 4,
 	SVC_F_EXTERNAL_IP = 1 << 5,
 	SVC_F_LOAD_BALANCER = 1 << 6,
+	SVC_F_SOURCE_RANGES = 1 << 7, /* lb4_source_ranges says who may connect */
 };
 
 /* Key of lb4_services. slot 0 is the master entry of a frontend; slots
@@ -85,9 +86,25 @@ struct lb4_member_key {
 	__u32 svc_id;
 };
 
+/* Key of lb4_source_ranges, an LPM trie: a loadBalancerSourceRanges CIDR of
+ * the ServicePort svc_id. prefixlen counts svc_id's 32 bits and the CIDR's;
+ * a lookup gives 64 and the client's address. */
+struct lb4_src_range_key {
+	__u32 prefixlen;
+	__u32 svc_id;
+	__be32 address;
+};
+
 /* Backend flags, in lb4_backend.flags. */
 enum {
 	BE_F_TERMINATING = 1 << 0,
+};
+
+/* BE_F_LOCAL: the endpoint runs on this node. The TC program delivers
+ * external traffic to it without source NAT; traffic to an endpoint on
+ * another node is sent there with the node's address as its source. */
+enum {
+	BE_F_LOCAL = 1 << 1,
 };
 
 /* Value of lb4_backends, keyed by a __u32 backend id. */
@@ -137,6 +154,56 @@ struct sock4_revnat {
 	__u32 rev_nat_id;
 };
 
+/* Direction of a tc4_ct entry's key. */
+enum {
+	CT_DIR_ORIG = 0,  /* the flow as the client sends it, to the frontend */
+	CT_DIR_REPLY = 1, /* the flow as the backend answers, after translation */
+};
+
+/* Key of tc4_ct: a flow's addresses and ports as the packet carries them
+ * when the TC program sees it. */
+struct ct4_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir;
+	__u8 pad[2];
+};
+
+/* Flags of struct ct4_entry. */
+enum {
+	CT_F_SNAT = 1 << 0,    /* source translated: replies arrive at ingress */
+	CT_F_CLOSING = 1 << 1, /* TCP FIN or RST seen: the entry expires soon */
+};
+
+/* Value of tc4_ct: how packets with the key's tuple are rewritten. A zero
+ * address leaves that side untouched. In CT_DIR_ORIG entries nat_d* is the
+ * backend and nat_s* the node address and port of the source NAT; in
+ * CT_DIR_REPLY entries nat_s* is the frontend the reply must come from and
+ * nat_d* the client it returns to (source NAT only). */
+struct ct4_entry {
+	__be32 nat_saddr;
+	__be32 nat_daddr;
+	__be16 nat_sport;
+	__be16 nat_dport;
+	__u32 backend_id;
+	__u32 svc_id;
+	/* Seconds of CLOCK_MONOTONIC after which the entry no longer holds
+	 * its flow: a new flow with the same tuple selects again, and a
+	 * source NAT port may be reused. */
+	__u32 expires;
+	__u16 flags;
+	__u8 pad[2];
+};
+
+/* Value of tc4_snat_addrs, keyed by a __u32 ifindex: the address source NAT
+ * gives traffic leaving that device. */
+struct tc4_snat_addr {
+	__be32 address;
+};
+
 /* Indices of lb_metrics: per-CPU packet and event counters. */
 enum lb_metric {
 	LB_M_XLATE_TCP = 0,	/* TCP connect translated */
@@ -151,6 +218,17 @@ enum lb_metric {
 	LB_M_AFFINITY_HIT,	/* backend chosen by session affinity */
 	LB_M_AFFINITY_STALE,	/* affinity entry expired or its backend gone */
 	LB_M_UDP_STICKY,	/* UDP datagram kept on its socket's backend */
+	LB_M_TC_NEW_LOCAL,	/* TC: new external flow to a local backend */
+	LB_M_TC_NEW_SNAT,	/* TC: new external flow to a remote backend, SNAT */
+	LB_M_TC_FWD,		/* TC: packet of a tracked flow translated */
+	LB_M_TC_REPLY,		/* TC: reply translated back */
+	LB_M_TC_ICMP_FAIL,	/* TC: could not build the ICMP unreachable */
+	LB_M_TC_SNAT_NO_PORT,	/* TC: no free source NAT port */
+	LB_M_TC_SNAT_NO_ADDR,	/* TC: no source NAT address for the device */
+	LB_M_TC_NO_ROUTE,	/* TC: no route or neighbour for a translated packet */
+	LB_M_TC_CT_FULL,	/* TC: could not record a flow */
+	LB_M_TC_FRAGMENT,	/* TC: fragment to a frontend, not translated */
+	LB_M_TC_SOURCE_RANGE,	/* TC: client outside loadBalancerSourceRanges */
 	LB_M_MAX,
 };
 

@@ -21,6 +21,10 @@ type bpfDataplane struct {
 	*maps.Writer
 	term *sockterm.Terminator
 	log  *zap.Logger
+	// prepare, when set, runs before each sync and may change the update:
+	// the TC attacher gives the NodePort addresses and attaches once the
+	// node's devices are known.
+	prepare func(*model.Update) error
 
 	mu      sync.Mutex
 	pending []sockterm.Backend
@@ -45,6 +49,11 @@ func newBPFDataplane(w *maps.Writer, term *sockterm.Terminator, reg prometheus.R
 // them again, and outside the sync loop, which must not wait for a scan of
 // every network namespace.
 func (d *bpfDataplane) Sync(up model.Update) error {
+	if d.prepare != nil {
+		if err := d.prepare(&up); err != nil {
+			return err
+		}
+	}
 	if err := d.Writer.Sync(up); err != nil {
 		return err
 	}

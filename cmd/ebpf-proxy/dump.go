@@ -44,6 +44,10 @@ func runDump(args []string) int {
 			return 1
 		}
 	}
+	// Maps of an agent older than source ranges lack this one.
+	if m, err := open(bpfobj.SockMapLb4SourceRangesV1); err == nil {
+		sm.Lb4SourceRangesV1 = m
+	}
 	defer sm.Close()
 	lines, err := maps.Dump(maps.KernelMaps(&sm))
 	if err != nil {

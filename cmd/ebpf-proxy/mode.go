@@ -182,13 +182,19 @@ func startBPF(o *options, m *metrics.Metrics, log *zap.Logger, reason string) (*
 	if !l.Features.SetRetval {
 		log.Warn("kernel lacks bpf_set_retval in cgroup programs: connections to Services without endpoints fail with EPERM instead of ECONNREFUSED")
 	}
+	tc, err := newTCAttacher(o, log)
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
 	fe, be := w.Counts()
 	log.Info("BPF programs attached", zap.String("cgroupPath", cgroupPath), zap.String("bpffsPath", o.bpffsPath),
 		zap.Int("restoredFrontends", fe), zap.Int("restoredBackends", be))
 
 	m.Registry().MustRegister(newBPFCollector(l, w))
 	bpf := newBPFDataplane(w, term, m.Registry(), log)
-	dp := &dataplane{Dataplane: bpf, mode: modeEBPF, reason: reason, close: l.Close,
+	bpf.prepare = tc.prepare
+	dp := &dataplane{Dataplane: bpf, mode: modeEBPF, reason: reason, close: func() { tc.close(); l.Close() },
 		removeLeftovers: func(ctx context.Context) error {
 			// Our iptables chains (every back end) first, then IPVS's
 			// virtual servers, ipsets and dummy interface.
@@ -202,6 +208,9 @@ func startBPF(o *options, m *metrics.Metrics, log *zap.Logger, reason string) (*
 
 // startIPTables prepares the iptables dataplane in the agent's namespace.
 func startIPTables(ctx context.Context, o *options, m *metrics.Metrics, log *zap.Logger, reason string) (*dataplane, error) {
+	if o.nodePortPrimary {
+		return nil, fmt.Errorf("--nodeport-addresses=primary is supported in ebpf mode only; give the node's IP as a /32")
+	}
 	d, err := iptables.New(ctx, iptables.Config{
 		ClusterCIDR:       o.clusterPrefix,
 		MasqueradeAll:     o.masqueradeAll,
@@ -220,13 +229,16 @@ func startIPTables(ctx context.Context, o *options, m *metrics.Metrics, log *zap
 			return errors.Join(
 				d.CleanupOtherBackends(ctx),
 				ipvs.RemoveLeftovers(ctx, ""),
-				loader.Cleanup(o.bpffsPath),
+				loader.Cleanup(o.bpffsPath), loader.CleanupTC(),
 			)
 		}}, nil
 }
 
 // startIPVS prepares the IPVS dataplane in the agent's namespace.
 func startIPVS(ctx context.Context, o *options, m *metrics.Metrics, log *zap.Logger, reason string) (*dataplane, error) {
+	if o.nodePortPrimary {
+		return nil, fmt.Errorf("--nodeport-addresses=primary is supported in ebpf mode only; give the node's IP as a /32")
+	}
 	d, err := ipvs.New(ctx, ipvs.Config{
 		Scheduler:         o.ipvsScheduler,
 		ClusterCIDR:       o.clusterPrefix,
@@ -246,7 +258,7 @@ func startIPVS(ctx context.Context, o *options, m *metrics.Metrics, log *zap.Log
 		removeLeftovers: func(ctx context.Context) error {
 			// The first sync replaced the iptables mode's chains in our
 			// back end.
-			return errors.Join(d.CleanupOtherBackends(ctx), loader.Cleanup(o.bpffsPath))
+			return errors.Join(d.CleanupOtherBackends(ctx), loader.Cleanup(o.bpffsPath), loader.CleanupTC())
 		}}, nil
 }
 
@@ -254,7 +266,7 @@ func startIPVS(ctx context.Context, o *options, m *metrics.Metrics, log *zap.Log
 // so that no program keeps translating to backends whose rules are gone.
 func cleanupAll(ctx context.Context, o *options, log *zap.Logger) error {
 	var errs []error
-	if err := loader.Cleanup(o.bpffsPath); err != nil {
+	if err := errors.Join(loader.Cleanup(o.bpffsPath), loader.CleanupTC()); err != nil {
 		errs = append(errs, fmt.Errorf("BPF programs and maps: %w", err))
 	} else {
 		log.Info("removed every pinned BPF program and map", zap.String("bpffsPath", o.bpffsPath))

@@ -44,12 +44,17 @@ type options struct {
 	// Parsed by validate.
 	clusterPrefix    netip.Prefix
 	nodePortPrefixes []netip.Prefix
+	nodePortPrimary  bool
 
 	manifests        string
 	terminateSockets bool
 	cgroupPath       string
 	bpffsPath        string
 	mapSizes         loader.MapSizes
+
+	devices       []string
+	tcAttach      string
+	conntrackSize uint32
 }
 
 func defaultOptions() *options {
@@ -63,6 +68,7 @@ func defaultOptions() *options {
 		bpffsPath:          loader.DefaultBPFFSPath,
 		mapSizes:           loader.DefaultMapSizes,
 		terminateSockets:   true,
+		conntrackSize:      loader.DefaultConntrackSize,
 	}
 }
 
@@ -80,7 +86,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", o.configSyncPeriod, "How often the configuration from the API server is refreshed. Must be greater than 0.")
 	fs.DurationVar(&o.syncPeriod, "sync-period", o.syncPeriod, "Interval of the periodic full sync, and the longest retry backoff after a failed sync.")
 	fs.DurationVar(&o.minSyncPeriod, "min-sync-period", o.minSyncPeriod, "Least time between two syncs; changes arriving sooner are batched. 0 applies each change at once.")
-	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "The CIDRs of the node addresses that accept NodePort traffic and serve health check node ports (comma-separated, e.g. '192.168.77.0/24'); empty means every local address. kube-proxy's 'primary' keyword is not supported yet: give the node's IP as a /32.")
+	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "The CIDRs of the node addresses that accept NodePort traffic and serve health check node ports (comma-separated, e.g. '192.168.77.0/24'); empty means every local address. 'primary' means the node's own addresses (ebpf mode only).")
 	fs.BoolVar(&o.terminateSockets, "terminate-removed-backend-sockets", o.terminateSockets, "End the TCP and connected UDP sockets that the socket load balancer sent to a backend once that backend is removed, in every network namespace of the node (needs hostPID), so that clients reconnect to live backends instead of hanging.")
 	fs.StringVar(&o.clusterCIDR, "cluster-cidr", o.clusterCIDR, "The CIDR range of the pods in the cluster (comma-separated for dual-stack; the IPv4 one is used). In iptables and ipvs mode, ClusterIP traffic from outside it is masqueraded.")
 	fs.BoolVar(&o.masqueradeAll, "masquerade-all", o.masqueradeAll, "In iptables and ipvs mode, SNAT all traffic sent through Service cluster IPs.")
@@ -96,6 +102,9 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.Uint32Var(&o.mapSizes.Backends, "bpf-map-backends-max", o.mapSizes.Backends, "Capacity of the backends map.")
 	fs.Uint32Var(&o.mapSizes.RevNat, "bpf-map-revnat-max", o.mapSizes.RevNat, "Capacity of the reverse NAT map: one entry per frontend.")
 	fs.Uint32Var(&o.mapSizes.SockRevNat, "bpf-map-sock-revnat-max", o.mapSizes.SockRevNat, "Capacity of the socket reverse NAT LRU.")
+	fs.StringSliceVar(&o.devices, "devices", o.devices, "Network devices to translate NodePort, ExternalIP and LoadBalancer-IP traffic on (default: the devices carrying the node's addresses).")
+	fs.StringVar(&o.tcAttach, "tc-attach", o.tcAttach, "How to attach the TC programs: '' (tcx where the kernel has it, else clsact), 'tcx' or 'clsact'.")
+	fs.Uint32Var(&o.conntrackSize, "bpf-map-conntrack-max", o.conntrackSize, "Capacity of the TC connection tracking LRU: two entries per flow from outside the node.")
 	fs.Uint32Var(&o.mapSizes.Affinity, "bpf-map-affinity-max", o.mapSizes.Affinity, "Capacity of the session affinity LRU: (client, Service port) pairs remembered.")
 }
 
@@ -122,7 +131,7 @@ func (o *options) validate() error {
 	if o.clusterPrefix, err = parseClusterCIDR(o.clusterCIDR); err != nil {
 		return err
 	}
-	if o.nodePortPrefixes, err = parseNodePortAddresses(o.nodePortAddresses); err != nil {
+	if o.nodePortPrefixes, o.nodePortPrimary, err = parseNodePortAddresses(o.nodePortAddresses); err != nil {
 		return err
 	}
 	if o.configSyncPeriod <= 0 {
@@ -130,6 +139,11 @@ func (o *options) validate() error {
 	}
 	if o.syncPeriod <= 0 {
 		return fmt.Errorf("--sync-period must be greater than 0")
+	}
+	switch o.tcAttach {
+	case loader.TCAttachAuto, loader.TCAttachTCX, loader.TCAttachClsact:
+	default:
+		return fmt.Errorf("unknown --tc-attach %q: use tcx or clsact, or leave it empty", o.tcAttach)
 	}
 	if o.minSyncPeriod < 0 {
 		return fmt.Errorf("--min-sync-period must not be negative")
@@ -164,23 +178,29 @@ func parseClusterCIDR(v string) (netip.Prefix, error) {
 	return v4, nil
 }
 
-// parseNodePortAddresses returns the IPv4 prefixes of --nodeport-addresses.
-// kube-proxy's "primary" keyword is refused rather than misread.
-func parseNodePortAddresses(vs []string) ([]netip.Prefix, error) {
+// parseNodePortAddresses returns the IPv4 prefixes of --nodeport-addresses
+// and whether it names kube-proxy's "primary" keyword (the node's own
+// addresses).
+func parseNodePortAddresses(vs []string) ([]netip.Prefix, bool, error) {
 	var out []netip.Prefix
+	primary := false
 	for _, s := range vs {
 		if s = strings.TrimSpace(s); s == "" {
 			continue
 		}
+		if s == "primary" {
+			primary = true
+			continue
+		}
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
-			return nil, fmt.Errorf("--nodeport-addresses: %q is not a CIDR (the 'primary' keyword is not supported; give the node's IP as a /32): %w", s, err)
+			return nil, false, fmt.Errorf("--nodeport-addresses: %q is neither a CIDR nor \"primary\": %w", s, err)
 		}
 		if p.Addr().Is4() {
 			out = append(out, p.Masked())
 		}
 	}
-	return out, nil
+	return out, primary, nil
 }
 
 func zapISOTime(t time.Time, enc zapcore.PrimitiveArrayEncoder) {

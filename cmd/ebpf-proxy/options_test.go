@@ -90,7 +90,7 @@ func TestBadFallbackFlagsAreRefusedClearly(t *testing.T) {
 		{"masquerade bit out of range", []string{"--iptables-masquerade-bit=32"}, "[0, 31]"},
 		{"negative masquerade bit", []string{"--iptables-masquerade-bit=-1"}, "[0, 31]"},
 		{"unknown scheduler", []string{"--ipvs-scheduler=wrr2"}, "--ipvs-scheduler"},
-		{"node port keyword we do not support", []string{"--nodeport-addresses=primary"}, "'primary' keyword is not supported"},
+		{"node port address that is not a CIDR", []string{"--nodeport-addresses=eth0"}, "neither a CIDR nor"},
 		{"fractional IPVS timeout", []string{"--ipvs-udp-timeout=1500ms"}, "whole seconds"},
 		{"negative IPVS timeout", []string{"--ipvs-tcp-timeout=-1s"}, "whole seconds"},
 	} {

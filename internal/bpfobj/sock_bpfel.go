@@ -69,6 +69,13 @@ type SockLb4Service struct {
 	SvcId           uint32
 }
 
+type SockLb4SrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Address   uint32
+}
+
 type SockLbMetric uint32
 
 const (
@@ -84,7 +91,18 @@ const (
 	SockLbMetricLB_M_AFFINITY_HIT      SockLbMetric = 9
 	SockLbMetricLB_M_AFFINITY_STALE    SockLbMetric = 10
 	SockLbMetricLB_M_UDP_STICKY        SockLbMetric = 11
-	SockLbMetricLB_M_MAX               SockLbMetric = 12
+	SockLbMetricLB_M_TC_NEW_LOCAL      SockLbMetric = 12
+	SockLbMetricLB_M_TC_NEW_SNAT       SockLbMetric = 13
+	SockLbMetricLB_M_TC_FWD            SockLbMetric = 14
+	SockLbMetricLB_M_TC_REPLY          SockLbMetric = 15
+	SockLbMetricLB_M_TC_ICMP_FAIL      SockLbMetric = 16
+	SockLbMetricLB_M_TC_SNAT_NO_PORT   SockLbMetric = 17
+	SockLbMetricLB_M_TC_SNAT_NO_ADDR   SockLbMetric = 18
+	SockLbMetricLB_M_TC_NO_ROUTE       SockLbMetric = 19
+	SockLbMetricLB_M_TC_CT_FULL        SockLbMetric = 20
+	SockLbMetricLB_M_TC_FRAGMENT       SockLbMetric = 21
+	SockLbMetricLB_M_TC_SOURCE_RANGE   SockLbMetric = 22
+	SockLbMetricLB_M_MAX               SockLbMetric = 23
 )
 
 type SockSock4Revnat struct {
@@ -121,20 +139,21 @@ type SockSock4UdpKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	SockMapLb4AffinityV1   = "lb4_affinity_v1"
-	SockMapLb4BackendsV1   = "lb4_backends_v1"
-	SockMapLb4MembersV1    = "lb4_members_v1"
-	SockMapLb4RevnatV1     = "lb4_revnat_v1"
-	SockMapLb4ServicesV1   = "lb4_services_v1"
-	SockMapLbMetricsV1     = "lb_metrics_v1"
-	SockMapSock4RevnatV1   = "sock4_revnat_v1"
-	SockMapSock4UdpFwdV1   = "sock4_udp_fwd_v1"
-	SockProgCgConnect4     = "cg_connect4"
-	SockProgCgGetpeername4 = "cg_getpeername4"
-	SockProgCgRecvmsg4     = "cg_recvmsg4"
-	SockProgCgSendmsg4     = "cg_sendmsg4"
-	SockVarHaveSetRetval   = "have_set_retval"
-	SockVarNodeNetnsCookie = "node_netns_cookie"
+	SockMapLb4AffinityV1     = "lb4_affinity_v1"
+	SockMapLb4BackendsV1     = "lb4_backends_v1"
+	SockMapLb4MembersV1      = "lb4_members_v1"
+	SockMapLb4RevnatV1       = "lb4_revnat_v1"
+	SockMapLb4ServicesV1     = "lb4_services_v1"
+	SockMapLb4SourceRangesV1 = "lb4_source_ranges_v1"
+	SockMapLbMetricsV1       = "lb_metrics_v1"
+	SockMapSock4RevnatV1     = "sock4_revnat_v1"
+	SockMapSock4UdpFwdV1     = "sock4_udp_fwd_v1"
+	SockProgCgConnect4       = "cg_connect4"
+	SockProgCgGetpeername4   = "cg_getpeername4"
+	SockProgCgRecvmsg4       = "cg_recvmsg4"
+	SockProgCgSendmsg4       = "cg_sendmsg4"
+	SockVarHaveSetRetval     = "have_set_retval"
+	SockVarNodeNetnsCookie   = "node_netns_cookie"
 )
 
 // LoadSock returns the embedded CollectionSpec for Sock.
@@ -189,14 +208,15 @@ type SockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SockMapSpecs struct {
-	Lb4AffinityV1 *ebpf.MapSpec `ebpf:"lb4_affinity_v1"`
-	Lb4BackendsV1 *ebpf.MapSpec `ebpf:"lb4_backends_v1"`
-	Lb4MembersV1  *ebpf.MapSpec `ebpf:"lb4_members_v1"`
-	Lb4RevnatV1   *ebpf.MapSpec `ebpf:"lb4_revnat_v1"`
-	Lb4ServicesV1 *ebpf.MapSpec `ebpf:"lb4_services_v1"`
-	LbMetricsV1   *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
-	Sock4RevnatV1 *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
-	Sock4UdpFwdV1 *ebpf.MapSpec `ebpf:"sock4_udp_fwd_v1"`
+	Lb4AffinityV1     *ebpf.MapSpec `ebpf:"lb4_affinity_v1"`
+	Lb4BackendsV1     *ebpf.MapSpec `ebpf:"lb4_backends_v1"`
+	Lb4MembersV1      *ebpf.MapSpec `ebpf:"lb4_members_v1"`
+	Lb4RevnatV1       *ebpf.MapSpec `ebpf:"lb4_revnat_v1"`
+	Lb4ServicesV1     *ebpf.MapSpec `ebpf:"lb4_services_v1"`
+	Lb4SourceRangesV1 *ebpf.MapSpec `ebpf:"lb4_source_ranges_v1"`
+	LbMetricsV1       *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
+	Sock4RevnatV1     *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
+	Sock4UdpFwdV1     *ebpf.MapSpec `ebpf:"sock4_udp_fwd_v1"`
 }
 
 // SockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -227,14 +247,15 @@ func (o *SockObjects) Close() error {
 //
 // It can be passed to LoadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SockMaps struct {
-	Lb4AffinityV1 *ebpf.Map `ebpf:"lb4_affinity_v1"`
-	Lb4BackendsV1 *ebpf.Map `ebpf:"lb4_backends_v1"`
-	Lb4MembersV1  *ebpf.Map `ebpf:"lb4_members_v1"`
-	Lb4RevnatV1   *ebpf.Map `ebpf:"lb4_revnat_v1"`
-	Lb4ServicesV1 *ebpf.Map `ebpf:"lb4_services_v1"`
-	LbMetricsV1   *ebpf.Map `ebpf:"lb_metrics_v1"`
-	Sock4RevnatV1 *ebpf.Map `ebpf:"sock4_revnat_v1"`
-	Sock4UdpFwdV1 *ebpf.Map `ebpf:"sock4_udp_fwd_v1"`
+	Lb4AffinityV1     *ebpf.Map `ebpf:"lb4_affinity_v1"`
+	Lb4BackendsV1     *ebpf.Map `ebpf:"lb4_backends_v1"`
+	Lb4MembersV1      *ebpf.Map `ebpf:"lb4_members_v1"`
+	Lb4RevnatV1       *ebpf.Map `ebpf:"lb4_revnat_v1"`
+	Lb4ServicesV1     *ebpf.Map `ebpf:"lb4_services_v1"`
+	Lb4SourceRangesV1 *ebpf.Map `ebpf:"lb4_source_ranges_v1"`
+	LbMetricsV1       *ebpf.Map `ebpf:"lb_metrics_v1"`
+	Sock4RevnatV1     *ebpf.Map `ebpf:"sock4_revnat_v1"`
+	Sock4UdpFwdV1     *ebpf.Map `ebpf:"sock4_udp_fwd_v1"`
 }
 
 func (m *SockMaps) Close() error {
@@ -244,6 +265,7 @@ func (m *SockMaps) Close() error {
 		m.Lb4MembersV1,
 		m.Lb4RevnatV1,
 		m.Lb4ServicesV1,
+		m.Lb4SourceRangesV1,
 		m.LbMetricsV1,
 		m.Sock4RevnatV1,
 		m.Sock4UdpFwdV1,

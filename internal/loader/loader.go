@@ -325,6 +325,17 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_AFFINITY_HIT:      "affinity_hit",
 	bpfobj.SockLbMetricLB_M_AFFINITY_STALE:    "affinity_stale",
 	bpfobj.SockLbMetricLB_M_UDP_STICKY:        "udp_sticky",
+	bpfobj.SockLbMetricLB_M_TC_NEW_LOCAL:      "tc_new_flow_local",
+	bpfobj.SockLbMetricLB_M_TC_NEW_SNAT:       "tc_new_flow_snat",
+	bpfobj.SockLbMetricLB_M_TC_FWD:            "tc_translated",
+	bpfobj.SockLbMetricLB_M_TC_REPLY:          "tc_reply_translated",
+	bpfobj.SockLbMetricLB_M_TC_ICMP_FAIL:      "tc_icmp_unreachable_failed",
+	bpfobj.SockLbMetricLB_M_TC_SNAT_NO_PORT:   "tc_snat_no_free_port",
+	bpfobj.SockLbMetricLB_M_TC_SNAT_NO_ADDR:   "tc_snat_no_address",
+	bpfobj.SockLbMetricLB_M_TC_NO_ROUTE:       "tc_no_route",
+	bpfobj.SockLbMetricLB_M_TC_CT_FULL:        "tc_conntrack_update_failed",
+	bpfobj.SockLbMetricLB_M_TC_FRAGMENT:       "tc_fragment_not_translated",
+	bpfobj.SockLbMetricLB_M_TC_SOURCE_RANGE:   "tc_dropped_source_range",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,

@@ -58,6 +58,16 @@ func Dump(m Maps) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	if m.SourceRanges != nil {
+		err = m.SourceRanges.Iterate(func(k SourceRangeKey, _ uint8) bool {
+			p := netip.PrefixFrom(addrFromBE32(k.Address), int(k.Prefixlen)-32)
+			lines = append(lines, fmt.Sprintf("source-range svc=%d %s", k.SvcId, p))
+			return true
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
 	slices.Sort(lines)
 	return lines, nil
 }
@@ -73,6 +83,7 @@ var serviceFlagNames = []struct {
 	{FlagTwoScopes, "two-scopes"},
 	{FlagReject, "reject"},
 	{FlagDrop, "drop"},
+	{FlagSourceRanges, "source-ranges"},
 }
 
 func serviceFlagString(f uint16) string {
@@ -93,8 +104,12 @@ func serviceFlagString(f uint16) string {
 }
 
 func backendFlagString(f uint8) string {
-	if f&BackendFlagTerminating != 0 {
-		return " terminating"
+	var s string
+	if f&BackendFlagLocal != 0 {
+		s += " local"
 	}
-	return ""
+	if f&BackendFlagTerminating != 0 {
+		s += " terminating"
+	}
+	return s
 }

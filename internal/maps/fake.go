@@ -98,6 +98,9 @@ type Fakes struct {
 	RevNat   *FakeMap[uint32, RevNatValue]
 	Members  *FakeMap[MemberKey, uint8]
 	Maglev   *FakeMaglev
+	// Ranges stands for the LPM trie of source ranges, as a plain map of
+	// its keys.
+	Ranges *FakeMap[SourceRangeKey, uint8]
 }
 
 // NewFakes returns empty fakes; a zero capacity is unlimited.
@@ -108,12 +111,13 @@ func NewFakes(services, backends, revnat int) *Fakes {
 		RevNat:   NewFakeMap[uint32, RevNatValue](revnat),
 		Members:  NewFakeMap[MemberKey, uint8](0),
 		Maglev:   NewFakeMaglev(FakeMaglevSize),
+		Ranges:   NewFakeMap[SourceRangeKey, uint8](0),
 	}
 }
 
 // Maps returns the fakes as the Writer's Maps.
 func (f *Fakes) Maps() Maps {
-	return Maps{Services: f.Services, Backends: f.Backends, RevNat: f.RevNat, Members: f.Members, Maglev: f.Maglev}
+	return Maps{Services: f.Services, Backends: f.Backends, RevNat: f.RevNat, Members: f.Members, Maglev: f.Maglev, SourceRanges: f.Ranges}
 }
 
 // FakeMaglevSize is the table size of the fakes: a small prime keeps

@@ -67,8 +67,8 @@ type desiredFrontend struct {
 	bflags   []uint8
 }
 
-// frontendsOf renders the frontends of one ServicePort on a node with the
-// given addresses. Endpoint selection is the model's: this only maps
+// frontendsOf renders the frontends of one ServicePort on node (its
+// addresses carry the NodePorts; its name says which endpoints are local). Endpoint selection is the model's: this only maps
 // verdicts onto entries.
 //
 // The ClusterIP has one entry with the internal verdict. A NodePort (on each
@@ -79,14 +79,14 @@ type desiredFrontend struct {
 // the internal one. A LoadBalancer IP with source ranges gets no internal
 // entry: a socket's source address is not known at connect(), so the ranges
 // could not be honoured there.
-func frontendsOf(svc *model.Service, nodeAddrs []netip.Addr) []desiredFrontend {
+func frontendsOf(svc *model.Service, node *model.Node) []desiredFrontend {
 	sp := svc.Port
 	var out []desiredFrontend
 	add := func(addr netip.Addr, port uint16, kind uint16, scope uint8, action model.Action, eps []model.Endpoint) {
 		if !addr.Is4() || port == 0 {
 			return
 		}
-		out = append(out, render(sp, Frontend{Addr: addr, Port: port, Proto: sp.Name.Protocol, Scope: scope}, kind, action, eps))
+		out = append(out, render(sp, node.Name, Frontend{Addr: addr, Port: port, Proto: sp.Name.Protocol, Scope: scope}, kind, action, eps))
 	}
 	a, eps := svc.Internal()
 	add(sp.ClusterIP, sp.Port, FlagClusterIP, ScopeExternal, a, eps)
@@ -105,14 +105,18 @@ func frontendsOf(svc *model.Service, nodeAddrs []netip.Addr) []desiredFrontend {
 		add(addr, port, kind|FlagTwoScopes, ScopeExternal, ea, eeps)
 		add(addr, port, kind, ScopeInternal, ia, ieps)
 	}
-	for _, addr := range nodeAddrs {
+	for _, addr := range node.Addrs {
 		external(addr, sp.NodePort, FlagNodePort, true)
 	}
 	for _, addr := range sp.ExternalIPs {
 		external(addr, sp.Port, FlagExternalIP, true)
 	}
+	lbKind := FlagLoadBalancer
+	if len(sourceRanges(sp)) > 0 {
+		lbKind |= FlagSourceRanges
+	}
 	for _, addr := range sp.LoadBalancerIPs {
-		external(addr, sp.Port, FlagLoadBalancer, len(sp.LoadBalancerSourceRanges) == 0)
+		external(addr, sp.Port, lbKind, len(sp.LoadBalancerSourceRanges) == 0)
 	}
 	return out
 }
@@ -120,8 +124,9 @@ func frontendsOf(svc *model.Service, nodeAddrs []netip.Addr) []desiredFrontend {
 func sameEndpoint(a, b model.Endpoint) bool { return a.AddrPort() == b.AddrPort() }
 
 // render is one entry: the frontend, its kind and scope flags, and the
-// verdict with its backends.
-func render(sp *model.ServicePort, fe Frontend, flags uint16, action model.Action, eps []model.Endpoint) desiredFrontend {
+// verdict with its backends. Endpoints on nodeName are marked local: the TC
+// program sends external traffic to the others with source NAT.
+func render(sp *model.ServicePort, nodeName string, fe Frontend, flags uint16, action model.Action, eps []model.Endpoint) desiredFrontend {
 	d := desiredFrontend{fe: fe, owner: sp.Name, flags: flags, affinity: uint32(sp.AffinityTimeout.Seconds())}
 	switch action {
 	case model.Reject:
@@ -137,6 +142,9 @@ func render(sp *model.ServicePort, fe Frontend, flags uint16, action model.Actio
 			var f uint8
 			if ep.Terminating {
 				f |= BackendFlagTerminating
+			}
+			if nodeName != "" && ep.NodeName == nodeName {
+				f |= BackendFlagLocal
 			}
 			d.bflags = append(d.bflags, f)
 		}

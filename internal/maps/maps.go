@@ -29,6 +29,8 @@ type (
 	RevNatValue = bpfobj.SockLb4ReverseNat
 	// MemberKey mirrors struct lb4_member_key.
 	MemberKey = bpfobj.SockLb4MemberKey
+	// SourceRangeKey mirrors struct lb4_src_range_key.
+	SourceRangeKey = bpfobj.SockLb4SrcRangeKey
 )
 
 // Flags of ServiceValue, mirroring the SVC_F_* enum.
@@ -40,10 +42,16 @@ const (
 	FlagNodePort     uint16 = 1 << 4
 	FlagExternalIP   uint16 = 1 << 5
 	FlagLoadBalancer uint16 = 1 << 6
+	FlagSourceRanges uint16 = 1 << 7
 )
 
-// BackendFlagTerminating mirrors BE_F_TERMINATING.
-const BackendFlagTerminating uint8 = 1 << 0
+// Flags of BackendValue.
+const (
+	// BackendFlagTerminating mirrors BE_F_TERMINATING.
+	BackendFlagTerminating uint8 = 1 << 0
+	// BackendFlagLocal mirrors BE_F_LOCAL: the endpoint is on this node.
+	BackendFlagLocal uint8 = 1 << 1
+)
 
 // Scopes of a ServiceKey, mirroring enum lb_scope.
 const (
@@ -77,6 +85,10 @@ type Maps struct {
 	// Maglev holds the Maglev tables of the ServicePorts that use Maglev
 	// for external traffic; nil when the dataplane has none.
 	Maglev MaglevTables
+	// SourceRanges holds the loadBalancerSourceRanges of ServicePorts
+	// whose LoadBalancer IPs have them (an LPM trie); nil leaves them
+	// unwritten, for tests of the other maps.
+	SourceRanges Map[SourceRangeKey, uint8]
 }
 
 // ErrMapFull is returned (wrapped) when a map has no room for a new entry.
@@ -145,12 +157,18 @@ func (k kernelMap[K, V]) Iterate(fn func(K, V) bool) error {
 }
 
 // KernelMaps wraps the loaded maps of the socket programs.
+// A nil source ranges map (a dump of maps an older agent pinned) is left
+// out.
 func KernelMaps(m *bpfobj.SockMaps) Maps {
-	return Maps{
+	km := Maps{
 		Services: FromKernel[ServiceKey, ServiceValue](m.Lb4ServicesV1),
 		Backends: FromKernel[uint32, BackendValue](m.Lb4BackendsV1),
 		RevNat:   FromKernel[uint32, RevNatValue](m.Lb4RevnatV1),
 
 		Members: FromKernel[MemberKey, uint8](m.Lb4MembersV1),
 	}
+	if m.Lb4SourceRangesV1 != nil {
+		km.SourceRanges = FromKernel[SourceRangeKey, uint8](m.Lb4SourceRangesV1)
+	}
+	return km
 }

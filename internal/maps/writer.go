@@ -84,6 +84,8 @@ type Writer struct {
 	// Membership entries, counted by the frontends that need them.
 	matchRefs map[MemberKey]int
 	gcMatch   map[MemberKey]struct{}
+	// ranges are the source ranges written per ServicePort.
+	ranges map[model.ServicePortName]*appliedRanges
 
 	backendIDs, revNatIDs, svcIDs *idAllocator
 	needRestore                   bool
@@ -142,6 +144,7 @@ func (w *Writer) reset() {
 	w.svcRefs = map[uint32]int{}
 	w.matchRefs = map[MemberKey]int{}
 	w.gcMatch = map[MemberKey]struct{}{}
+	w.ranges = map[model.ServicePortName]*appliedRanges{}
 	w.backendIDs = newIDAllocator(w.backendIDs.max)
 	w.revNatIDs = newIDAllocator(w.revNatIDs.max)
 	w.svcIDs = newIDAllocator(w.svcIDs.max)
@@ -319,12 +322,18 @@ func (w *Writer) Sync(up model.Update) error {
 	var errs []error
 	desired := map[Frontend]bool{}
 	newOwned := map[model.ServicePortName][]Frontend{}
+	var staleRanges []SourceRangeKey
 	for _, owner := range owners {
 		svc := up.State.Services[owner]
 		if svc == nil {
+			stale, err := w.syncRanges(owner, nil)
+			staleRanges = append(staleRanges, stale...)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", owner, err))
+			}
 			continue
 		}
-		ds := frontendsOf(svc, up.State.Node.Addrs)
+		ds := frontendsOf(svc, &up.State.Node)
 		sortFrontends(ds)
 		for _, d := range ds {
 			if desired[d.fe] {
@@ -342,6 +351,12 @@ func (w *Writer) Sync(up model.Update) error {
 			if err := w.upsert(d); err != nil {
 				errs = append(errs, fmt.Errorf("%s: frontend %s: %w", owner, d.fe, err))
 			}
+		}
+		// The ranges go in before the queued frontends that use them.
+		stale, err := w.syncRanges(owner, svc)
+		staleRanges = append(staleRanges, stale...)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", owner, err))
 		}
 	}
 
@@ -380,6 +395,8 @@ func (w *Writer) Sync(up model.Update) error {
 	}
 	w.planMaglev(owners, up, svcBefore, full)
 	if err := w.q.flush(); err != nil {
+		errs = append(errs, err)
+	} else if err := w.deleteRanges(staleRanges, full); err != nil {
 		errs = append(errs, err)
 	}
 	w.unbatched = false

@@ -572,3 +572,90 @@ func TestWriterReportsBackendsRemovedFromEveryFrontend(t *testing.T) {
 		t.Errorf("removed %v, want [%v]", r, want)
 	}
 }
+
+func TestWriterSourceRanges(t *testing.T) {
+	st := buildState(web)
+	svc := st.Services[spn("default", "web", model.TCP)]
+	sp := *svc.Port
+	reprogram := func(p model.ServicePort) {
+		t.Helper()
+		eps := svc.Endpoints
+		st.Services[sp.Name] = &model.Service{Port: &p, Endpoints: eps, Selection: model.Categorize(&p, eps, &st.Node, model.DefaultOptions)}
+	}
+	f := newFakes(0, 0, 0)
+	w := newWriter(t, f.m)
+	rangesOf := func() []string {
+		t.Helper()
+		var out []string
+		for _, l := range strings.Split(dump(t, f.m), "\n") {
+			if strings.HasPrefix(l, "source-range ") || strings.Contains(l, "198.19.0.8:80/TCP count") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	for _, step := range []struct {
+		name   string
+		lbIPs  []string
+		ranges []string
+		want   []string
+	}{
+		{name: "ranges without a LoadBalancer IP restrict nothing", ranges: []string{"203.0.113.0/24"}, want: nil},
+		{name: "a LoadBalancer IP with ranges", lbIPs: []string{"198.19.0.8"}, ranges: []string{"203.0.113.0/24", "198.51.100.7/32", "2001:db8::/32"}, want: []string{
+			"service 198.19.0.8:80/TCP count=3 revnat=2 svc=1 flags=load-balancer,source-ranges",
+			"source-range svc=1 198.51.100.7/32",
+			"source-range svc=1 203.0.113.0/24",
+		}},
+		{name: "a range removed, one added", lbIPs: []string{"198.19.0.8"}, ranges: []string{"203.0.113.0/24", "192.0.2.0/25"}, want: []string{
+			"service 198.19.0.8:80/TCP count=3 revnat=2 svc=1 flags=load-balancer,source-ranges",
+			"source-range svc=1 192.0.2.0/25",
+			"source-range svc=1 203.0.113.0/24",
+		}},
+		{name: "only IPv6 ranges: open to all, as kube-proxy's IPv4 rules", lbIPs: []string{"198.19.0.8"}, ranges: []string{"2001:db8::/32"}, want: []string{
+			"service 198.19.0.8:80/TCP count=3 revnat=2 svc=1 flags=load-balancer",
+		}},
+		{name: "ranges again", lbIPs: []string{"198.19.0.8"}, ranges: []string{"203.0.113.0/24"}, want: []string{
+			"service 198.19.0.8:80/TCP count=3 revnat=2 svc=1 flags=load-balancer,source-ranges",
+			"source-range svc=1 203.0.113.0/24",
+		}},
+	} {
+		t.Run(step.name, func(t *testing.T) {
+			sp.LoadBalancerIPs = nil
+			for _, a := range step.lbIPs {
+				sp.LoadBalancerIPs = append(sp.LoadBalancerIPs, netip.MustParseAddr(a))
+			}
+			sp.LoadBalancerSourceRanges = nil
+			for _, r := range step.ranges {
+				sp.LoadBalancerSourceRanges = append(sp.LoadBalancerSourceRanges, netip.MustParsePrefix(r))
+			}
+			reprogram(sp)
+			if err := w.Sync(partial(st, sp.Name)); err != nil {
+				t.Fatal(err)
+			}
+			if got := rangesOf(); !slices.Equal(got, step.want) {
+				t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(step.want, "\n"))
+			}
+		})
+	}
+	t.Run("the Service deleted: its ranges go", func(t *testing.T) {
+		delete(st.Services, sp.Name)
+		if err := w.Sync(partial(st, sp.Name)); err != nil {
+			t.Fatal(err)
+		}
+		if got := rangesOf(); len(got) != 0 {
+			t.Errorf("left: %v", got)
+		}
+	})
+	t.Run("a restarted writer removes ranges nobody wants", func(t *testing.T) {
+		if err := f.m.SourceRanges.Put(SourceRangeKey{Prefixlen: 56, SvcId: 99, Address: be32(netip.MustParseAddr("10.0.0.0"))}, 1); err != nil {
+			t.Fatal(err)
+		}
+		w := newWriter(t, f.m)
+		if err := w.Sync(full(st)); err != nil {
+			t.Fatal(err)
+		}
+		if got := rangesOf(); len(got) != 0 {
+			t.Errorf("left: %v", got)
+		}
+	})
+}

@@ -32,11 +32,38 @@ import (
 // takes no flags.
 func Bench(b *testing.B, prog *ebpf.Program, frame []byte) {
 	b.Helper()
-	first, err := Exec(prog, Case{In: frame})
+	BenchWith(b, prog, frame, BenchOptions{})
+}
+
+// BenchOptions vary what BenchWith measures.
+type BenchOptions struct {
+	// Do wraps the runs, as Case.Do does: to run in a test namespace whose
+	// devices and routes the program's FIB lookups need.
+	Do func(run func() error) error
+	// BeforeRun runs before every run, outside the kernel's timer: to
+	// reset state the program keeps in maps so that every run takes the
+	// same path (a new flow rather than a tracked one). It makes every run
+	// a single run.
+	BeforeRun func() error
+}
+
+// BenchWith is Bench with options.
+func BenchWith(b *testing.B, prog *ebpf.Program, frame []byte, opts BenchOptions) {
+	b.Helper()
+	do := opts.Do
+	if do == nil {
+		do = func(run func() error) error { return run() }
+	}
+	if opts.BeforeRun != nil {
+		if err := opts.BeforeRun(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	first, err := Exec(prog, Case{In: frame, Do: opts.Do})
 	if err != nil {
 		b.Fatal(err)
 	}
-	rewrites := !bytes.Equal(first.Out, frame)
+	rewrites := !bytes.Equal(first.Out, frame) || opts.BeforeRun != nil
 	var overhead float64
 	if rewrites {
 		if overhead, err = singleRunOverhead(prog.Type(), frame); err != nil {
@@ -44,7 +71,12 @@ func Bench(b *testing.B, prog *ebpf.Program, frame []byte) {
 		}
 	}
 	b.ResetTimer()
-	total, err := kernelTime(prog, frame, b.N, rewrites)
+	var total time.Duration
+	err = do(func() error {
+		var err error
+		total, err = kernelTime(prog, frame, b.N, rewrites, opts.BeforeRun)
+		return err
+	})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -59,10 +91,15 @@ func Bench(b *testing.B, prog *ebpf.Program, frame []byte) {
 
 // kernelTime runs prog n times on frame, as n single runs or as repeats,
 // and returns the kernel's time for all of them.
-func kernelTime(prog *ebpf.Program, frame []byte, n int, single bool) (time.Duration, error) {
+func kernelTime(prog *ebpf.Program, frame []byte, n int, single bool, before func() error) (time.Duration, error) {
 	var total time.Duration
 	if single {
 		for range n {
+			if before != nil {
+				if err := before(); err != nil {
+					return 0, err
+				}
+			}
 			_, d, err := prog.Benchmark(frame, 1, nil)
 			if err != nil {
 				return 0, err
@@ -100,11 +137,11 @@ func singleRunOverhead(typ ebpf.ProgramType, frame []byte) (float64, error) {
 		}
 		defer prog.Close()
 		const n = 20000
-		single, err := kernelTime(prog, frame, n, true)
+		single, err := kernelTime(prog, frame, n, true, nil)
 		if err != nil {
 			return 0, err
 		}
-		repeated, err := kernelTime(prog, frame, 100*n, false)
+		repeated, err := kernelTime(prog, frame, 100*n, false, nil)
 		if err != nil {
 			return 0, err
 		}

@@ -91,6 +91,11 @@ type Case struct {
 	// XDP is the xdp_md input of an XDP case; nil means the whole frame
 	// is linear.
 	XDP *XDPContext
+	// Do, when set, wraps the run: the program runs inside the function Do
+	// calls, such as sandbox.Netns.Do, so that helpers that look at the
+	// network namespace (FIB lookups, SKB.Ifindex) see a test namespace's
+	// devices and routes rather than the caller's.
+	Do func(run func() error) error
 }
 
 // Result is what one run of a program gave.
@@ -155,7 +160,17 @@ func Exec(prog *ebpf.Program, c Case) (Result, error) {
 		return Result{}, fmt.Errorf("%w: program type %s is neither XDP nor TC", ErrCase, prog.Type())
 	}
 	opts.ContextOut = ctxOut
-	ret, err := prog.Run(&opts)
+	var ret uint32
+	var err error
+	if c.Do != nil {
+		err = c.Do(func() error {
+			var rerr error
+			ret, rerr = prog.Run(&opts)
+			return rerr
+		})
+	} else {
+		ret, err = prog.Run(&opts)
+	}
 	if err != nil {
 		if errors.Is(err, unix.EBADMSG) && res.ChecksumComplete {
 			return Result{}, fmt.Errorf("%w: %v", ErrChecksumComplete, err)

@@ -1,0 +1,329 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Packet parsing and rewriting for the TC programs: IPv4 TCP and UDP
+ * headers read through bpf_skb_load_bytes (so that paged skbs need no pull),
+ * address and port rewrites with the kernel's checksum helpers, the ICMP
+ * port unreachable answer, and forwarding by a FIB lookup. */
+#ifndef EBPF_PROXY_PKT_H
+#define EBPF_PROXY_PKT_H
+
+#include "common.h"
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <linux/pkt_cls.h>
+
+#define IP_MF	  0x2000
+#define IP_OFFSET 0x1fff
+
+/* offsetof without libc. */
+#define pkt_offsetof(type, member) __builtin_offsetof(type, member)
+
+/* linux/icmp.h needs the C library (see bpf/include/update.sh), so the
+ * ICMP header is declared here. */
+struct pkt_icmphdr {
+	__u8 type;
+	__u8 code;
+	__sum16 checksum;
+	__be32 unused;
+};
+
+#define ICMP_DEST_UNREACH 3
+#define ICMP_PORT_UNREACH 3
+
+/* AF_INET for bpf_fib_lookup. */
+#define PKT_AF_INET 2
+
+/* What the parser found in a frame. Offsets are from the start of the
+ * Ethernet header. */
+struct pkt4 {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 tcp_flags; /* byte 13 of the TCP header */
+	__u8 ttl;
+	__u8 tos;
+	__u16 ihl_len; /* IP header length in bytes */
+	__u16 tot_len;
+	__u32 l4_off;
+	__u32 csum_off; /* of the L4 checksum, from the frame start */
+	bool fragment;
+};
+
+#define TCP_FLAG_FIN 0x01
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
+#define TCP_FLAG_ACK 0x10
+
+enum pkt_parse {
+	PKT_OK,	   /* TCP or UDP with whole headers */
+	PKT_OTHER, /* not IPv4, another protocol, truncated, malformed */
+};
+
+/* pkt4_parse reads the IPv4 and TCP/UDP headers of skb into p. Anything
+ * that is not a well-formed, complete IPv4 TCP or UDP packet is PKT_OTHER,
+ * which the programs pass untouched: the kernel drops what is malformed.
+ * Fragments parse as PKT_OK with p->fragment set and, for non-first
+ * fragments, no ports. */
+static __always_inline enum pkt_parse pkt4_parse(struct __sk_buff *skb, struct pkt4 *p)
+{
+	struct iphdr ip;
+	__u32 ihl, tot_len, hlen;
+	__be16 ports[2];
+
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return PKT_OTHER;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)))
+		return PKT_OTHER;
+	ihl = ip.ihl * 4;
+	tot_len = bpf_ntohs(ip.tot_len);
+	/* The 6.1 verifier does not bound a byte swap's result. */
+	barrier_var(tot_len);
+	tot_len &= 0xffff;
+	if (ip.version != 4 || ihl < sizeof(ip) || tot_len < ihl)
+		return PKT_OTHER;
+	/* Bytes beyond the total length are link padding; fewer bytes than
+	 * it says is a truncated packet. */
+	if (skb->len < ETH_HLEN + tot_len)
+		return PKT_OTHER;
+	if (ip.protocol == IPPROTO_TCP) {
+		hlen = sizeof(struct tcphdr);
+		p->csum_off = pkt_offsetof(struct tcphdr, check);
+	} else if (ip.protocol == IPPROTO_UDP) {
+		hlen = sizeof(struct udphdr);
+		p->csum_off = pkt_offsetof(struct udphdr, check);
+	} else {
+		return PKT_OTHER;
+	}
+	p->saddr = ip.saddr;
+	p->daddr = ip.daddr;
+	p->proto = ip.protocol;
+	p->ttl = ip.ttl;
+	p->tos = ip.tos;
+	p->ihl_len = ihl;
+	p->tot_len = tot_len;
+	p->l4_off = ETH_HLEN + ihl;
+	p->csum_off += p->l4_off;
+	p->fragment = (ip.frag_off & bpf_htons(IP_MF | IP_OFFSET)) != 0;
+	if (ip.frag_off & bpf_htons(IP_OFFSET)) {
+		p->sport = 0;
+		p->dport = 0;
+		return PKT_OK;
+	}
+	if (tot_len - ihl < hlen)
+		return PKT_OTHER;
+	if (bpf_skb_load_bytes(skb, p->l4_off, ports, sizeof(ports)))
+		return PKT_OTHER;
+	p->sport = ports[0];
+	p->dport = ports[1];
+	p->tcp_flags = 0;
+	if (p->proto == IPPROTO_TCP &&
+	    bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, sizeof(p->tcp_flags)))
+		return PKT_OTHER;
+	return PKT_OK;
+}
+
+/* pkt4_rewrite changes one side of the packet (the source when src, else
+ * the destination) from (p's address, p's port) to (addr, port), keeping the
+ * IP and L4 checksums and a CHECKSUM_COMPLETE skb->csum right, and updates p.
+ * Returns 0 or a negative error (the packet may then be half rewritten and
+ * must be dropped). */
+static __always_inline int pkt4_rewrite(struct __sk_buff *skb, struct pkt4 *p, bool src,
+					__be32 addr, __be16 port)
+{
+	__u32 addr_off = ETH_HLEN + (src ? pkt_offsetof(struct iphdr, saddr)
+					 : pkt_offsetof(struct iphdr, daddr));
+	__u32 port_off = p->l4_off + (src ? 0 : sizeof(__be16));
+	__be32 old_addr = src ? p->saddr : p->daddr;
+	__be16 old_port = src ? p->sport : p->dport;
+	__u64 l4_flags = 0, port_flags = 0;
+	__sum16 l4_csum;
+
+	if (p->proto == IPPROTO_UDP) {
+		/* A UDP datagram without checksum keeps none (RFC 768), and
+		 * a computed zero is sent as all ones. Without a checksum
+		 * field to cancel the port change in, skb->csum must follow
+		 * the store itself. */
+		l4_flags = BPF_F_MARK_MANGLED_0;
+		if (bpf_skb_load_bytes(skb, p->csum_off, &l4_csum, sizeof(l4_csum)))
+			return -1;
+		if (!l4_csum)
+			port_flags = BPF_F_RECOMPUTE_CSUM;
+	}
+	if (old_addr != addr) {
+		if (bpf_l4_csum_replace(skb, p->csum_off, old_addr, addr,
+					l4_flags | BPF_F_PSEUDO_HDR | sizeof(addr)))
+			return -1;
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + pkt_offsetof(struct iphdr, check), old_addr,
+					addr, sizeof(addr)))
+			return -1;
+		if (bpf_skb_store_bytes(skb, addr_off, &addr, sizeof(addr), 0))
+			return -1;
+	}
+	if (old_port != port) {
+		if (bpf_l4_csum_replace(skb, p->csum_off, old_port, port, l4_flags | sizeof(port)))
+			return -1;
+		if (bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), port_flags))
+			return -1;
+	}
+	if (src) {
+		p->saddr = addr;
+		p->sport = port;
+	} else {
+		p->daddr = addr;
+		p->dport = port;
+	}
+	return 0;
+}
+
+static __always_inline __u16 pkt_csum_fold(__s64 sum)
+{
+	__u64 s = (__u64)sum;
+
+	s = (s & 0xffffffff) + (s >> 32);
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
+}
+
+/* The headers put in front of a packet for a Service without endpoints to
+ * turn it into the ICMP port unreachable kube-proxy's REJECT answers with. */
+struct pkt_icmp_reply {
+	struct iphdr ip;
+	struct pkt_icmphdr icmp;
+};
+
+/* An ICMP error quotes as much of the packet as fits in 576 bytes (RFC 1812
+ * 4.3.2.3), as the kernel's icmp_send does. */
+#define ICMP_QUOTE_MAX (576 - sizeof(struct pkt_icmp_reply))
+#define CSUM_CHUNK     64
+
+/* pkt4_icmp_port_unreach turns skb into an ICMP port unreachable from the
+ * packet's destination to its source that quotes the packet, and sends it
+ * back out of the device it arrived on. Returns the TC verdict.
+ *
+ * The new headers are inserted in front of the IP packet, which stays where
+ * it is as the quote: inserting an even number of zero bytes keeps a
+ * CHECKSUM_COMPLETE skb->csum right, and the stores of the headers update
+ * it. Only a packet longer than the quote is trimmed, which turns such an
+ * skb into CHECKSUM_NONE. */
+static __always_inline int pkt4_icmp_port_unreach(struct __sk_buff *skb, const struct pkt4 *p)
+{
+	__u8 macs[2 * ETH_ALEN];
+	__u8 buf[CSUM_CHUNK];
+	struct pkt_icmp_reply r = {};
+	/* 64-bit, so that the compiler checks the same register it passes
+	 * to the helpers (the verifier follows no zero-extended copy). */
+	__u64 qlen = p->tot_len, off, n;
+	__s64 sum;
+	int i;
+
+	if (qlen > ICMP_QUOTE_MAX)
+		qlen = ICMP_QUOTE_MAX;
+	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)))
+		return TC_ACT_SHOT;
+
+	r.icmp.type = ICMP_DEST_UNREACH;
+	r.icmp.code = ICMP_PORT_UNREACH;
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)&r.icmp, sizeof(r.icmp), 0);
+	for (i = 0; i < ICMP_QUOTE_MAX / CSUM_CHUNK + 1; i++) {
+		off = i * CSUM_CHUNK;
+		if (off >= qlen || sum < 0)
+			break;
+		n = qlen - off;
+		if (n > CSUM_CHUNK)
+			n = CSUM_CHUNK;
+		/* n is in [1, CSUM_CHUNK]; the mask says so to verifiers
+		 * (6.1) that learn no lower bound from a comparison. */
+		barrier_var(n);
+		n = ((n - 1) & (CSUM_CHUNK - 1)) + 1;
+		/* A short last chunk is summed with zeros after it, as the
+		 * checksum pads an odd byte. */
+		__builtin_memset(buf, 0, sizeof(buf));
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + off, buf, n))
+			return TC_ACT_SHOT;
+		n = (n + 3) & ~3ULL;
+		barrier_var(n);
+		if (n > CSUM_CHUNK)
+			break;
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)buf, n, (__u32)sum);
+	}
+	if (sum < 0)
+		return TC_ACT_SHOT;
+	r.icmp.checksum = pkt_csum_fold(sum);
+
+	r.ip.version = 4;
+	r.ip.ihl = 5;
+	r.ip.tot_len = bpf_htons(sizeof(r) + qlen);
+	r.ip.ttl = 64;
+	r.ip.protocol = IPPROTO_ICMP;
+	r.ip.saddr = p->daddr;
+	r.ip.daddr = p->saddr;
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)&r.ip, sizeof(r.ip), 0);
+	if (sum < 0)
+		return TC_ACT_SHOT;
+	r.ip.check = pkt_csum_fold(sum);
+
+	if (bpf_skb_adjust_room(skb, sizeof(r), BPF_ADJ_ROOM_MAC, 0))
+		return TC_ACT_SHOT;
+	if (qlen < p->tot_len && bpf_skb_change_tail(skb, ETH_HLEN + sizeof(r) + qlen, 0))
+		return TC_ACT_SHOT;
+	/* skb->csum covers the IP packet, not the Ethernet header: only the
+	 * store of the new IP and ICMP headers updates it. */
+	if (bpf_skb_store_bytes(skb, 0, macs + ETH_ALEN, ETH_ALEN, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_ALEN, macs, ETH_ALEN, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &r, sizeof(r), BPF_F_RECOMPUTE_CSUM))
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* pkt4_forward sends a translated packet out of the device the FIB chooses
+ * for its new destination, bypassing the kernel's input path: a packet whose
+ * source is now a node address would be a martian there. It decrements the
+ * TTL as a router does. No tot_len is given to the lookup, so that the
+ * kernel checks the MTU against the skb, which lets GRO packets through as
+ * its forwarding path does. Returns the TC verdict, and sets *no_route when it
+ * drops the packet for want of a route or TTL, for the caller to count. */
+static __always_inline int pkt4_forward(struct __sk_buff *skb, const struct pkt4 *p, bool *no_route)
+{
+	struct bpf_fib_lookup fib = {
+		.family = PKT_AF_INET,
+		.tos = p->tos,
+		.l4_protocol = p->proto,
+		.sport = p->sport,
+		.dport = p->dport,
+		.ipv4_src = p->saddr,
+		.ipv4_dst = p->daddr,
+		.ifindex = skb->ifindex,
+	};
+	__be16 old_ttl, new_ttl;
+	long ret;
+
+	if (p->ttl <= 1) {
+		*no_route = true;
+		return TC_ACT_SHOT;
+	}
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH) {
+		*no_route = true;
+		return TC_ACT_SHOT;
+	}
+	/* The TTL shares a 16-bit word with the protocol for the checksum. */
+	old_ttl = bpf_htons(((__u16)p->ttl << 8) | p->proto);
+	new_ttl = bpf_htons(((__u16)(p->ttl - 1) << 8) | p->proto);
+	if (bpf_l3_csum_replace(skb, ETH_HLEN + pkt_offsetof(struct iphdr, check), old_ttl, new_ttl,
+				sizeof(new_ttl)) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + pkt_offsetof(struct iphdr, ttl), &new_ttl,
+				sizeof(__u8), 0))
+		return TC_ACT_SHOT;
+	if (ret == BPF_FIB_LKUP_RET_NO_NEIGH)
+		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+	if (bpf_skb_store_bytes(skb, 0, fib.dmac, ETH_ALEN, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_ALEN, fib.smac, ETH_ALEN, 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(fib.ifindex, 0);
+}
+
+#endif /* EBPF_PROXY_PKT_H */

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+)
+
+// nodePortAddresses is --nodeport-addresses, as kube-proxy reads it: CIDRs
+// whose local addresses accept NodePorts, and "primary" for the node's own
+// addresses (the Node object's). Neither means every local address, as in
+// kube-proxy's iptables and IPVS modes.
+type nodePortAddresses struct {
+	primary bool
+	cidrs   []netip.Prefix
+}
+
+func newNodePortAddresses(cidrs []netip.Prefix, primary bool) nodePortAddresses {
+	if len(cidrs) == 0 && !primary {
+		cidrs = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
+	}
+	return nodePortAddresses{primary: primary, cidrs: cidrs}
+}
+
+// addresses returns the addresses that get NodePorts: the node's own
+// for "primary", and the local IPv4 addresses inside the CIDRs.
+func (n nodePortAddresses) addresses(node []netip.Addr, local []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	if n.primary {
+		out = append(out, node...)
+	}
+	for _, a := range local {
+		if a.IsLoopback() || slices.Contains(out, a) {
+			continue
+		}
+		for _, p := range n.cidrs {
+			if p.Contains(a) {
+				out = append(out, a)
+				break
+			}
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// localAddrs are the IPv4 addresses of the node's devices, with the device
+// that holds each.
+func localAddrs() (map[netip.Addr]string, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list devices: %w", err)
+	}
+	out := map[netip.Addr]string{}
+	for _, lk := range links {
+		addrs, err := netlink.AddrList(lk, netlink.FAMILY_V4)
+		if err != nil {
+			return nil, fmt.Errorf("addresses of %s: %w", lk.Attrs().Name, err)
+		}
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
+				out[ip] = lk.Attrs().Name
+			}
+		}
+	}
+	return out, nil
+}
+
+// tcAttacher attaches the TC programs to the node's devices once it knows
+// them: at start-up with --devices, else at the first sync that knows the
+// node's addresses (the devices carrying them).
+type tcAttacher struct {
+	cfg      loader.TCConfig
+	devices  []string
+	nodePort nodePortAddresses
+	log      *zap.Logger
+
+	loaded *loader.TCLoaded
+	// local are the node's IPv4 addresses and their devices, read once
+	// at start-up: --nodeport-addresses CIDRs select among them.
+	local  map[netip.Addr]string
+	warned bool
+}
+
+func newTCAttacher(o *options, log *zap.Logger) (*tcAttacher, error) {
+	np := newNodePortAddresses(o.nodePortPrefixes, o.nodePortPrimary)
+	local, err := localAddrs()
+	if err != nil {
+		return nil, err
+	}
+	a := &tcAttacher{
+		cfg: loader.TCConfig{
+			BPFFSPath: o.bpffsPath, Sizes: o.mapSizes, ConntrackSize: o.conntrackSize, Attach: o.tcAttach,
+		},
+		devices:  o.devices,
+		nodePort: np,
+		log:      log,
+		local:    local,
+	}
+	if len(a.devices) > 0 {
+		if err := a.attach(nil); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// prepare is called before every sync: it attaches once the devices are
+// known and gives the maps writer the NodePort addresses.
+func (a *tcAttacher) prepare(up *model.Update) error {
+	nodeAddrs := up.State.Node.Addrs
+	st := *up.State
+	st.Node.Addrs = a.nodePort.addresses(nodeAddrs, slices.Collect(maps.Keys(a.local)))
+	up.State = &st
+	if a.loaded == nil {
+		if err := a.attach(nodeAddrs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// attach resolves the devices (--devices, else those carrying nodeAddrs)
+// and their source NAT addresses, and loads the TC programs onto them. With
+// no device it attaches nothing and says so once.
+func (a *tcAttacher) attach(nodeAddrs []netip.Addr) error {
+	names := a.devices
+	if len(names) == 0 {
+		for _, ip := range nodeAddrs {
+			if dev, ok := a.local[ip]; ok && !slices.Contains(names, dev) {
+				names = append(names, dev)
+			}
+		}
+	}
+	if len(names) == 0 {
+		// Guessing a device (the one with the default route, say)
+		// could put the programs on an interface nobody meant to
+		// proxy on: say so and wait for a Node address or --devices.
+		if !a.warned {
+			a.log.Warn("no device carries the node's addresses and --devices is not set: NodePort, ExternalIP and LoadBalancer-IP traffic from outside is not translated",
+				zap.Stringers("nodeAddresses", nodeAddrs))
+			a.warned = true
+		}
+		return nil
+	}
+	var devs []loader.TCDevice
+	for _, name := range names {
+		snat, err := snatAddress(name, nodeAddrs)
+		if err != nil {
+			return err
+		}
+		devs = append(devs, loader.TCDevice{Name: name, SNAT: snat})
+	}
+	cfg := a.cfg
+	cfg.Devices = devs
+	l, err := loader.LoadTC(cfg)
+	if err != nil {
+		return fmt.Errorf("attach the TC programs: %w", err)
+	}
+	a.loaded = l
+	a.log.Info("TC programs attached", zap.Strings("devices", names), zap.String("mode", l.Mode))
+	return nil
+}
+
+// snatAddress is the address source NAT gives traffic leaving dev: a node
+// address on it if it has one, else its first IPv4 address.
+func snatAddress(dev string, nodeAddrs []netip.Addr) (netip.Addr, error) {
+	lk, err := netlink.LinkByName(dev)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("--devices: %s: %w", dev, err)
+	}
+	addrs, err := netlink.AddrList(lk, netlink.FAMILY_V4)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("addresses of %s: %w", dev, err)
+	}
+	var first netip.Addr
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP.To4())
+		if !ok || ip.IsLoopback() || ip.IsLinkLocalUnicast() {
+			continue
+		}
+		if slices.Contains(nodeAddrs, ip) {
+			return ip, nil
+		}
+		if !first.IsValid() {
+			first = ip
+		}
+	}
+	if !first.IsValid() {
+		return netip.Addr{}, fmt.Errorf("device %s has no IPv4 address to source-NAT to", dev)
+	}
+	return first, nil
+}
+
+func (a *tcAttacher) close() {
+	if a.loaded != nil {
+		a.loaded.Close()
+	}
+}

@@ -1,0 +1,473 @@
+package loader
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+)
+
+// TC attach modes.
+const (
+	// TCAttachAuto uses tcx where the kernel has it (6.6 and later), and a
+	// clsact qdisc with bpf filters through netlink where it does not.
+	TCAttachAuto = ""
+	// TCAttachTCX and TCAttachClsact force one of the two.
+	TCAttachTCX    = "tcx"
+	TCAttachClsact = "clsact"
+)
+
+// Defaults of the TC programs' settings.
+const (
+	// DefaultConntrackSize is the number of flow entries (two per flow).
+	DefaultConntrackSize = 262144
+	// DefaultSNATPortMin and DefaultSNATPortMax bound the source ports of
+	// source-NATed flows: above the kernel's default ephemeral range
+	// (32768-60999) and the NodePort range, so that neither collides.
+	DefaultSNATPortMin = 61000
+	DefaultSNATPortMax = 65535
+)
+
+// clsactPriority is the priority of our bpf filters on a clsact qdisc,
+// and filterPrefix the start of their names; Cleanup removes only those.
+const (
+	clsactPriority = 0xeb0f
+	filterPrefix   = "ebpf-proxy-"
+)
+
+// TCDevice is a device the TC programs attach to, with the address source
+// NAT gives traffic leaving it.
+type TCDevice struct {
+	Name string
+	SNAT netip.Addr
+}
+
+// TCConfig says what the TC programs attach to.
+type TCConfig struct {
+	// BPFFSPath is the same directory the socket programs pin under: the
+	// TC programs share their maps.
+	BPFFSPath string
+	// Sizes must be the sizes the socket programs were loaded with, or the
+	// shared pinned maps are not adopted (ErrPinnedMapMismatch).
+	Sizes         MapSizes
+	ConntrackSize uint32
+	Devices       []TCDevice
+	// Attach is one of the TCAttach* modes.
+	Attach string
+	// SNATPortMin and SNATPortMax are the source NAT port range; zero
+	// means the defaults.
+	SNATPortMin, SNATPortMax uint16
+}
+
+// TCLoaded are the TC programs in the kernel and what holds them attached.
+type TCLoaded struct {
+	Objects bpfobj.TcObjects
+	// Mode is how the programs were attached: TCAttachTCX or
+	// TCAttachClsact.
+	Mode  string
+	links []link.Link
+}
+
+// ErrNoSuchDevice is returned (wrapped) when a configured device does not
+// exist.
+var ErrNoSuchDevice = errors.New("no such network device")
+
+// LoadTC loads the TC programs with the maps pinned under cfg.BPFFSPath
+// (shared with the socket programs) and attaches them at ingress and egress
+// of every device in cfg.Devices, replacing programs an earlier agent
+// attached there in place: tcx links are pinned and updated, clsact filters
+// are replaced at the same priority and handle. Devices it attached to
+// before and that are no longer configured are detached, in either mode.
+//
+// It runs in the network namespace of the calling thread: devices are
+// looked up and attached there.
+func LoadTC(cfg TCConfig) (*TCLoaded, error) {
+	if err := ensureBPFFS(cfg.BPFFSPath); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(mapsDir(cfg.BPFFSPath), 0o700); err != nil {
+		return nil, fmt.Errorf("create %s: %w", mapsDir(cfg.BPFFSPath), err)
+	}
+	spec, err := bpfobj.LoadTc()
+	if err != nil {
+		return nil, fmt.Errorf("load embedded TC object: %w", err)
+	}
+	sizes := cfg.Sizes
+	if sizes == (MapSizes{}) {
+		sizes = DefaultMapSizes
+	}
+	ct := cfg.ConntrackSize
+	if ct == 0 {
+		ct = DefaultConntrackSize
+	}
+	for name, n := range map[string]uint32{
+		bpfobj.TcMapLb4ServicesV1: sizes.Services,
+		bpfobj.TcMapLb4BackendsV1: sizes.Backends,
+		bpfobj.TcMapLb4RevnatV1:   sizes.RevNat,
+		bpfobj.TcMapSock4RevnatV1: sizes.SockRevNat,
+		bpfobj.TcMapSock4UdpFwdV1: sizes.SockRevNat,
+		bpfobj.TcMapLb4AffinityV1: sizes.Affinity,
+		bpfobj.TcMapLb4MembersV1:  sizes.Services,
+		bpfobj.TcMapTc4CtV1:       ct,
+	} {
+		spec.Maps[name].MaxEntries = n
+	}
+	pmin, pmax := cfg.SNATPortMin, cfg.SNATPortMax
+	if pmin == 0 && pmax == 0 {
+		pmin, pmax = DefaultSNATPortMin, DefaultSNATPortMax
+	}
+	if pmin == 0 || pmax < pmin {
+		return nil, fmt.Errorf("source NAT port range %d-%d is empty", pmin, pmax)
+	}
+	if err := spec.Variables[bpfobj.TcVarSnatPortMin].Set(pmin); err != nil {
+		return nil, fmt.Errorf("set snat_port_min: %w", err)
+	}
+	if err := spec.Variables[bpfobj.TcVarSnatPortMax].Set(pmax); err != nil {
+		return nil, fmt.Errorf("set snat_port_max: %w", err)
+	}
+	l := &TCLoaded{}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: mapsDir(cfg.BPFFSPath)}}
+	if err := spec.LoadAndAssign(&l.Objects, opts); err != nil {
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, fmt.Errorf("%w under %s (run with --cleanup to start afresh): %w", ErrPinnedMapMismatch, mapsDir(cfg.BPFFSPath), err)
+		}
+		var verr *ebpf.VerifierError
+		if errors.As(err, &verr) {
+			return nil, fmt.Errorf("verifier rejected a TC program: %+v", verr)
+		}
+		return nil, fmt.Errorf("load TC objects: %w", err)
+	}
+	if err := l.attach(cfg); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// tcHook is one attach point of one device.
+type tcHook struct {
+	dir    string // "ingress" or "egress"
+	tcx    ebpf.AttachType
+	parent uint32
+	prog   func(*bpfobj.TcPrograms) *ebpf.Program
+}
+
+var tcHooks = []tcHook{
+	{"ingress", ebpf.AttachTCXIngress, netlink.HANDLE_MIN_INGRESS, func(p *bpfobj.TcPrograms) *ebpf.Program { return p.TcIngress }},
+	{"egress", ebpf.AttachTCXEgress, netlink.HANDLE_MIN_EGRESS, func(p *bpfobj.TcPrograms) *ebpf.Program { return p.TcEgress }},
+}
+
+func tcPinName(dir, dev string) string { return "tc_" + dir + "_" + dev }
+
+func (l *TCLoaded) attach(cfg TCConfig) error {
+	if err := os.MkdirAll(linksDir(cfg.BPFFSPath), 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", linksDir(cfg.BPFFSPath), err)
+	}
+	type dev struct {
+		TCDevice
+		link netlink.Link
+	}
+	var devs []dev
+	wanted := map[string]bool{}
+	for _, d := range cfg.Devices {
+		lk, err := netlink.LinkByName(d.Name)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrNoSuchDevice, d.Name, err)
+		}
+		if !d.SNAT.Is4() {
+			return fmt.Errorf("device %s: no IPv4 address for source NAT", d.Name)
+		}
+		devs = append(devs, dev{d, lk})
+		for _, h := range tcHooks {
+			wanted[tcPinName(h.dir, d.Name)] = true
+		}
+	}
+	// Forget devices an earlier agent attached to that are not wanted.
+	if err := detachStaleTC(cfg.BPFFSPath, wanted); err != nil {
+		return err
+	}
+	var snatKeep []uint32
+	for _, d := range devs {
+		idx := uint32(d.link.Attrs().Index)
+		if err := l.Objects.Tc4SnatAddrsV1.Put(idx, bpfobj.TcTc4SnatAddr{Address: be32Addr(d.SNAT)}); err != nil {
+			return fmt.Errorf("source NAT address of %s: %w", d.Name, err)
+		}
+		snatKeep = append(snatKeep, idx)
+	}
+	if err := pruneSNATAddrs(l.Objects.Tc4SnatAddrsV1, snatKeep); err != nil {
+		return err
+	}
+
+	mode := cfg.Attach
+	for _, d := range devs {
+		for _, h := range tcHooks {
+			prog := h.prog(&l.Objects.TcPrograms)
+			pin := filepath.Join(linksDir(cfg.BPFFSPath), tcPinName(h.dir, d.Name))
+			if mode != TCAttachClsact {
+				err := l.attachTCX(d.link, h, prog, pin)
+				if err == nil {
+					mode = TCAttachTCX
+					continue
+				}
+				if mode == TCAttachTCX || !errors.Is(err, ebpf.ErrNotSupported) {
+					return err
+				}
+				// The kernel has no tcx: clsact from here on.
+				mode = TCAttachClsact
+			}
+			if err := attachClsact(d.link, h, prog); err != nil {
+				return err
+			}
+		}
+		if mode == TCAttachClsact {
+			// A pinned tcx link from an agent on a newer kernel would
+			// run the old program too.
+			if err := detachStaleTC(cfg.BPFFSPath, nil, tcPinName("ingress", d.Name), tcPinName("egress", d.Name)); err != nil {
+				return err
+			}
+		} else if err := removeClsactFilters(d.link); err != nil {
+			return err
+		}
+	}
+	// And our clsact filters on devices no longer configured.
+	all, err := netlink.LinkList()
+	if err != nil {
+		return fmt.Errorf("list devices: %w", err)
+	}
+	for _, lk := range all {
+		configured := false
+		for _, d := range devs {
+			configured = configured || d.link.Attrs().Index == lk.Attrs().Index
+		}
+		if !configured {
+			if err := removeClsactFilters(lk); err != nil {
+				return err
+			}
+		}
+	}
+	l.Mode = mode
+	if l.Mode == TCAttachAuto {
+		l.Mode = TCAttachTCX
+	}
+	return nil
+}
+
+// attachTCX updates the pinned tcx link of the hook in place, or attaches
+// and pins a new one.
+func (l *TCLoaded) attachTCX(dev netlink.Link, h tcHook, prog *ebpf.Program, pin string) error {
+	idx := dev.Attrs().Index
+	lk, err := link.LoadPinnedLink(pin, nil)
+	switch {
+	case err == nil:
+		info, ierr := lk.Info()
+		if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == idx && uint32(info.TCX().AttachType) == uint32(h.tcx) {
+			if err := lk.Update(prog); err != nil {
+				lk.Close()
+				return fmt.Errorf("replace the %s program of %s in its pinned link: %w", h.dir, dev.Attrs().Name, err)
+			}
+			l.links = append(l.links, lk)
+			return nil
+		}
+		// The device was recreated under the same name: a new link.
+		if err := lk.Unpin(); err != nil {
+			lk.Close()
+			return fmt.Errorf("unpin stale link %s: %w", pin, err)
+		}
+		lk.Close()
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("open pinned link %s: %w", pin, err)
+	}
+	lk, err = link.AttachTCX(link.TCXOptions{Interface: idx, Program: prog, Attach: h.tcx})
+	if err != nil {
+		return fmt.Errorf("attach %s program to %s with tcx: %w", h.dir, dev.Attrs().Name, err)
+	}
+	if err := lk.Pin(pin); err != nil {
+		lk.Close()
+		return fmt.Errorf("pin tcx link of %s: %w", dev.Attrs().Name, err)
+	}
+	l.links = append(l.links, lk)
+	return nil
+}
+
+// attachClsact adds a clsact qdisc to dev if it has none and puts prog in
+// our bpf filter, replacing the program of an earlier agent atomically.
+func attachClsact(dev netlink.Link, h tcHook, prog *ebpf.Program) error {
+	q := &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: dev.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
+		QdiscType:  "clsact",
+	}
+	if err := netlink.QdiscAdd(q); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("add clsact qdisc to %s: %w", dev.Attrs().Name, err)
+	}
+	f := &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{
+			LinkIndex: dev.Attrs().Index,
+			Parent:    h.parent,
+			Handle:    1,
+			Protocol:  unix.ETH_P_ALL,
+			Priority:  clsactPriority,
+		},
+		Fd:           prog.FD(),
+		Name:         filterPrefix + h.dir,
+		DirectAction: true,
+	}
+	if err := netlink.FilterReplace(f); err != nil {
+		return fmt.Errorf("attach %s program to %s with a clsact filter: %w", h.dir, dev.Attrs().Name, err)
+	}
+	return nil
+}
+
+// removeClsactFilters deletes our bpf filters from dev; other filters and
+// the qdisc stay.
+func removeClsactFilters(dev netlink.Link) error {
+	var errs []error
+	for _, h := range tcHooks {
+		fs, err := netlink.FilterList(dev, h.parent)
+		if err != nil {
+			// A device without clsact has nothing of ours.
+			if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			errs = append(errs, fmt.Errorf("list %s filters of %s: %w", h.dir, dev.Attrs().Name, err))
+			continue
+		}
+		for _, f := range fs {
+			bf, ok := f.(*netlink.BpfFilter)
+			if !ok || !strings.HasPrefix(bf.Name, filterPrefix) {
+				continue
+			}
+			if err := netlink.FilterDel(bf); err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("remove %s filter of %s: %w", h.dir, dev.Attrs().Name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// detachStaleTC unpins (and so detaches) the pinned TC links that are not
+// in keep, or with names given, exactly those.
+func detachStaleTC(bpffs string, keep map[string]bool, names ...string) error {
+	if names == nil {
+		entries, err := os.ReadDir(linksDir(bpffs))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("read %s: %w", linksDir(bpffs), err)
+		}
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), "tc_") && !keep[e.Name()] {
+				names = append(names, e.Name())
+			}
+		}
+	}
+	var errs []error
+	for _, n := range names {
+		pin := filepath.Join(linksDir(bpffs), n)
+		lk, err := link.LoadPinnedLink(pin, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("open %s: %w", pin, err))
+			continue
+		}
+		if err := lk.Unpin(); err != nil {
+			errs = append(errs, fmt.Errorf("unpin %s: %w", pin, err))
+		}
+		lk.Close()
+	}
+	return errors.Join(errs...)
+}
+
+func pruneSNATAddrs(m *ebpf.Map, keep []uint32) error {
+	var (
+		idx   uint32
+		v     bpfobj.TcTc4SnatAddr
+		stale []uint32
+	)
+	it := m.Iterate()
+	for it.Next(&idx, &v) {
+		found := false
+		for _, k := range keep {
+			found = found || k == idx
+		}
+		if !found {
+			stale = append(stale, idx)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read source NAT addresses: %w", err)
+	}
+	for _, idx := range stale {
+		if err := m.Delete(idx); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("forget source NAT address of ifindex %d: %w", idx, err)
+		}
+	}
+	return nil
+}
+
+// be32Addr is a in network order, as the C side's __be32 holds it.
+func be32Addr(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+// ProbeTCX reports whether the kernel attaches TC programs with tcx links
+// (6.6 and later): nil if it does, an error wrapping ebpf.ErrNotSupported if
+// it does not. It attaches a trivial program to an interface index no
+// device has, so that it touches nothing.
+func ProbeTCX() error {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.SchedCLS,
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()},
+		License:      "GPL",
+	})
+	if err != nil {
+		return fmt.Errorf("load a probe TC program: %w", err)
+	}
+	defer prog.Close()
+	lk, err := link.AttachTCX(link.TCXOptions{Interface: math.MaxInt32, Program: prog, Attach: ebpf.AttachTCXIngress})
+	switch {
+	case err == nil:
+		lk.Close()
+		return errors.New("tcx probe attached to a device that does not exist")
+	case errors.Is(err, ebpf.ErrNotSupported):
+		return fmt.Errorf("tcx: %w", err)
+	case errors.Is(err, unix.ENODEV):
+		return nil
+	}
+	return fmt.Errorf("probe tcx: %w", err)
+}
+
+// CleanupTC removes the clsact filters LoadTC added to any device of the
+// calling thread's network namespace. Pinned tcx links go with Cleanup.
+func CleanupTC() error {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return fmt.Errorf("list devices: %w", err)
+	}
+	var errs []error
+	for _, lk := range links {
+		errs = append(errs, removeClsactFilters(lk))
+	}
+	return errors.Join(errs...)
+}
+
+// Close releases the agent's handles; the programs stay attached.
+func (l *TCLoaded) Close() {
+	for _, lk := range l.links {
+		lk.Close()
+	}
+	l.links = nil
+	l.Objects.Close()
+}

@@ -1,0 +1,74 @@
+package tcpkt_test
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
+)
+
+// BenchmarkPaths reports the kernel's ns per packet for each path of the TC
+// programs (pktest.BenchWith: repeated runs where the packet comes out
+// unchanged, single runs on fresh copies where it is rewritten). "new flow"
+// paths forget the flow before every run, outside the timed part; the
+// others run against a flow set up once.
+func BenchmarkPaths(b *testing.B) {
+	f := newFixture(b, loadOptions{snatMin: 61000, snatMax: 65535})
+	f.sync(b, fixtureState())
+	reset := func() error {
+		f.resetCT(b)
+		return nil
+	}
+	synLocal := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.SYN)).Bytes()
+	synRemote := fromOutside(pktest.TCP(client, np(npWebRemote), pktest.SYN)).Bytes()
+	ackLocal := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.ACK)).Bytes()
+	ackRemote := fromOutside(pktest.TCP(client, np(npWebRemote), pktest.ACK)).Bytes()
+	paths := []struct {
+		name   string
+		egress bool
+		frame  []byte
+		// prime are frames sent first so that a flow exists.
+		prime     [][]byte
+		beforeRun func() error
+	}{
+		{name: "ingress/not a frontend", frame: fromOutside(pktest.TCP(client, np(22), pktest.ACK)).Bytes()},
+		{name: "ingress/not IPv4", frame: pktest.ARPRequest(clientMAC, routerAddr, nodeAddr)},
+		{name: "egress/not a reply", frame: toRouter(pktest.TCP(np(22), client, pktest.ACK)).Bytes()},
+		{name: "ingress/new flow, local backend", frame: synLocal, beforeRun: reset},
+		{name: "ingress/new flow, remote backend (SNAT)", frame: synRemote, beforeRun: reset},
+		{name: "ingress/tracked flow, local backend", frame: ackLocal, prime: [][]byte{synLocal}},
+		{name: "ingress/tracked flow, remote backend (SNAT)", frame: ackRemote, prime: [][]byte{synRemote}},
+		{name: "egress/reply from a local backend", egress: true, frame: toRouter(pktest.TCP(localWeb, client, pktest.ACK)).Bytes(), prime: [][]byte{synLocal}},
+		{name: "ingress/no endpoints: ICMP unreachable", frame: fromOutside(pktest.TCP(client, np(npNoEPs), pktest.SYN)).Bytes()},
+		{name: "ingress/policy Local, none here: drop", frame: fromOutside(pktest.TCP(client, np(npElsewhere), pktest.SYN)).Bytes()},
+	}
+	for _, p := range paths {
+		b.Run(p.name, func(b *testing.B) {
+			f.resetCT(b)
+			prog := f.objs.TcIngress
+			if p.egress {
+				prog = f.objs.TcEgress
+			}
+			for _, fr := range p.prime {
+				if _, err := pktest.Exec(f.objs.TcIngress, pktest.Case{In: fr, Do: f.ns.Do}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			pktest.BenchWith(b, prog, p.frame, pktest.BenchOptions{Do: f.ns.Do, BeforeRun: p.beforeRun})
+		})
+	}
+	// The reply of a source-NATed flow needs the port the flow got.
+	b.Run("ingress/reply from a remote backend (SNAT)", func(b *testing.B) {
+		f.resetCT(b)
+		res, err := pktest.Exec(f.objs.TcIngress, pktest.Case{In: synRemote, Do: f.ns.Do})
+		if err != nil {
+			b.Fatal(err)
+		}
+		out := pktest.Decode(res.Out)
+		if out.TCP == nil {
+			b.Fatalf("no translated SYN: %s", out)
+		}
+		reply := fromNodeB(pktest.TCP(remoteWeb, netip.AddrPortFrom(nodeAddr, out.TCP.Src), pktest.ACK)).Bytes()
+		pktest.BenchWith(b, f.objs.TcIngress, reply, pktest.BenchOptions{Do: f.ns.Do})
+	})
+}

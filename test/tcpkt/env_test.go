@@ -1,0 +1,297 @@
+package tcpkt_test
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/features"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+)
+
+// The fixture's node: node-a with one device, n0, on the node network. Its
+// routes send node-b's pods to node-b and everything else (the external
+// clients) to the router, each with a permanent neighbour entry so that FIB
+// lookups resolve MAC addresses without ARP.
+const (
+	thisNode  = "node-a"
+	otherNode = "node-b"
+	device    = "n0"
+	snatPort  = 61000
+)
+
+var (
+	nodeAddr   = netip.MustParseAddr("192.168.77.11")
+	nodeBAddr  = netip.MustParseAddr("192.168.77.12")
+	routerAddr = netip.MustParseAddr("192.168.77.1")
+	nodeBPods  = netip.MustParsePrefix("10.244.2.0/24")
+
+	deviceMAC = net.HardwareAddr{0x02, 0x77, 0x00, 0x00, 0x00, 0x11}
+	nodeBMAC  = net.HardwareAddr{0x02, 0x77, 0x00, 0x00, 0x00, 0x12}
+	routerMAC = net.HardwareAddr{0x02, 0x77, 0x00, 0x00, 0x00, 0x01}
+	// clientMAC is the source of frames arriving from the router.
+	clientMAC = routerMAC
+)
+
+// fixture is the TC programs loaded with small private maps, a namespace
+// holding the node's device and routes, and the maps Writer that programs
+// Services into the maps as the agent does.
+type fixture struct {
+	objs    *bpfobj.TcObjects
+	ns      *sandbox.Netns
+	ifindex uint32
+	w       *maps.Writer
+}
+
+type loadOptions struct {
+	// snatMin and snatMax are the source NAT port range; zero means the
+	// single port snatPort, which makes outputs deterministic.
+	snatMin, snatMax uint16
+}
+
+func newFixture(tb testing.TB, opts loadOptions) *fixture {
+	tb.Helper()
+	sandbox.RequireRoot(tb)
+	sandbox.RequireFeature(tb, "TC programs", features.HaveProgramType(ebpf.SchedCLS))
+	spec, err := bpfobj.LoadTc()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, m := range spec.Maps {
+		if m.MaxEntries > 1024 && m.Type != ebpf.PerCPUArray {
+			m.MaxEntries = 1024
+		}
+		// Private maps: never adopt or create pins of a running agent.
+		m.Pinning = ebpf.PinNone
+	}
+	if opts.snatMin == 0 {
+		opts.snatMin, opts.snatMax = snatPort, snatPort
+	}
+	if err := spec.Variables[bpfobj.TcVarSnatPortMin].Set(opts.snatMin); err != nil {
+		tb.Fatal(err)
+	}
+	if err := spec.Variables[bpfobj.TcVarSnatPortMax].Set(opts.snatMax); err != nil {
+		tb.Fatal(err)
+	}
+	f := &fixture{objs: &bpfobj.TcObjects{}}
+	if err := spec.LoadAndAssign(f.objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			tb.Fatalf("load the TC programs: %+v", ve)
+		}
+		tb.Fatalf("load the TC programs: %v", err)
+	}
+	tb.Cleanup(func() { f.objs.Close() })
+
+	if f.ns, err = sandbox.NewNetns("tcpkt"); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := f.ns.Close(); err != nil {
+			tb.Error(err)
+		}
+	})
+	idx, err := setUpNodeNetwork(f.ns)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	f.ifindex = uint32(idx)
+	if err := f.objs.Tc4SnatAddrsV1.Put(f.ifindex, bpfobj.TcTc4SnatAddr{Address: be32(nodeAddr)}); err != nil {
+		tb.Fatal(err)
+	}
+	f.w, err = maps.NewWriter(maps.Maps{
+		Services: maps.FromKernel[maps.ServiceKey, maps.ServiceValue](f.objs.Lb4ServicesV1),
+		Backends: maps.FromKernel[uint32, maps.BackendValue](f.objs.Lb4BackendsV1),
+		RevNat:   maps.FromKernel[uint32, maps.RevNatValue](f.objs.Lb4RevnatV1),
+		Members:  maps.FromKernel[maps.MemberKey, uint8](f.objs.Lb4MembersV1),
+
+		SourceRanges: maps.FromKernel[maps.SourceRangeKey, uint8](f.objs.Lb4SourceRangesV1),
+	}, maps.Limits{Backends: 1024, RevNat: 1024})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return f
+}
+
+// setUpNodeNetwork creates the node's device in ns with its address,
+// routes and neighbours, and turns forwarding on, as on a node.
+func setUpNodeNetwork(ns *sandbox.Netns) (int, error) {
+	nl := ns.Netlink()
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: device, HardwareAddr: deviceMAC}, PeerName: device + "p"}
+	if err := nl.LinkAdd(veth); err != nil {
+		return 0, fmt.Errorf("add %s: %w", device, err)
+	}
+	link, err := nl.LinkByName(device)
+	if err != nil {
+		return 0, err
+	}
+	peer, err := nl.LinkByName(device + "p")
+	if err != nil {
+		return 0, err
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: nodeAddr.AsSlice(), Mask: net.CIDRMask(24, 32)}}
+	if err := nl.AddrAdd(link, addr); err != nil {
+		return 0, fmt.Errorf("address %s: %w", device, err)
+	}
+	for _, l := range []netlink.Link{peer, link} {
+		if err := nl.LinkSetUp(l); err != nil {
+			return 0, fmt.Errorf("set %s up: %w", l.Attrs().Name, err)
+		}
+	}
+	for _, n := range []struct {
+		ip  netip.Addr
+		mac net.HardwareAddr
+	}{{nodeBAddr, nodeBMAC}, {routerAddr, routerMAC}} {
+		neigh := &netlink.Neigh{LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT, IP: n.ip.AsSlice(), HardwareAddr: n.mac}
+		if err := nl.NeighSet(neigh); err != nil {
+			return 0, fmt.Errorf("neighbour %s: %w", n.ip, err)
+		}
+	}
+	routes := []*netlink.Route{
+		{LinkIndex: link.Attrs().Index, Dst: &net.IPNet{IP: nodeBPods.Addr().AsSlice(), Mask: net.CIDRMask(nodeBPods.Bits(), 32)}, Gw: nodeBAddr.AsSlice()},
+		{LinkIndex: link.Attrs().Index, Gw: routerAddr.AsSlice()},
+	}
+	for _, r := range routes {
+		if err := nl.RouteAdd(r); err != nil {
+			return 0, fmt.Errorf("route %v: %w", r, err)
+		}
+	}
+	err = ns.Do(func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("enable forwarding: %w", err)
+	}
+	return link.Attrs().Index, nil
+}
+
+// sync programs the Services of st as the agent does.
+func (f *fixture) sync(tb testing.TB, st *model.State) {
+	tb.Helper()
+	if err := f.w.Sync(model.Update{State: st, Full: true}); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// resetCT forgets every tracked flow.
+func (f *fixture) resetCT(tb testing.TB) {
+	tb.Helper()
+	var (
+		k    bpfobj.TcCt4Key
+		keys []bpfobj.TcCt4Key
+	)
+	var v bpfobj.TcCt4Entry
+	it := f.objs.Tc4CtV1.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	if err := it.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	for _, k := range keys {
+		if err := f.objs.Tc4CtV1.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// counter is one of the programs' per-CPU counters summed over CPUs.
+func (f *fixture) counter(tb testing.TB, m bpfobj.TcLbMetric) uint64 {
+	tb.Helper()
+	var perCPU []uint64
+	if err := f.objs.LbMetricsV1.Lookup(uint32(m), &perCPU); err != nil {
+		tb.Fatal(err)
+	}
+	var n uint64
+	for _, v := range perCPU {
+		n += v
+	}
+	return n
+}
+
+// flows is the number of connection tracking entries.
+func (f *fixture) flows(tb testing.TB) int {
+	tb.Helper()
+	var (
+		k bpfobj.TcCt4Key
+		v bpfobj.TcCt4Entry
+		n int
+	)
+	it := f.objs.Tc4CtV1.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}
+
+func be32(a netip.Addr) uint32 {
+	b := a.As4()
+	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
+}
+
+// service is a compact ServicePort description for the fixture's state.
+type service struct {
+	name      string
+	clusterIP string
+	port      uint16
+	proto     model.Protocol
+	nodePort  uint16
+	extIPs    []string
+	lbIPs     []string
+	ranges    []string
+	etpLocal  bool
+	affinity  bool
+	// endpoints are "ip:port@node".
+	endpoints []string
+}
+
+func state(svcs ...service) *model.State {
+	st := &model.State{
+		Node:     model.Node{Name: thisNode, Addrs: []netip.Addr{nodeAddr}},
+		Services: map[model.ServicePortName]*model.Service{},
+	}
+	for _, s := range svcs {
+		sp := &model.ServicePort{
+			Name:      model.ServicePortName{ServiceName: model.ServiceName{Namespace: "default", Name: s.name}, Protocol: s.proto},
+			ClusterIP: netip.MustParseAddr(s.clusterIP),
+			Port:      s.port,
+			NodePort:  s.nodePort,
+		}
+		for _, a := range s.extIPs {
+			sp.ExternalIPs = append(sp.ExternalIPs, netip.MustParseAddr(a))
+		}
+		for _, a := range s.lbIPs {
+			sp.LoadBalancerIPs = append(sp.LoadBalancerIPs, netip.MustParseAddr(a))
+		}
+		for _, r := range s.ranges {
+			sp.LoadBalancerSourceRanges = append(sp.LoadBalancerSourceRanges, netip.MustParsePrefix(r))
+		}
+		if s.etpLocal {
+			sp.ExternalPolicy = model.PolicyLocal
+		}
+		if s.affinity {
+			sp.AffinityTimeout = model.DefaultAffinityTimeout
+		}
+		var eps []model.Endpoint
+		for _, e := range s.endpoints {
+			ap, node, _ := strings.Cut(e, "@")
+			a := netip.MustParseAddrPort(ap)
+			eps = append(eps, model.Endpoint{Addr: a.Addr(), Port: a.Port(), Ready: true, Serving: true, NodeName: node})
+		}
+		st.Services[sp.Name] = &model.Service{Port: sp, Endpoints: eps, Selection: model.Categorize(sp, eps, &st.Node, model.DefaultOptions)}
+	}
+	return st
+}
