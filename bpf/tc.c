@@ -19,6 +19,7 @@
 #include "lib/common.h"
 #include "lib/lb.h"
 #include "lib/ct.h"
+#include "lib/maglev.h"
 
 /* Source NAT ports: above the kernel's default ephemeral range
  * (ip_local_port_range 32768-60999) and the NodePort range, so that the
@@ -140,6 +141,27 @@ static __always_inline bool tc_source_allowed(const struct lb4_service *svc, con
 	return bpf_map_lookup_elem(&lb4_source_ranges_v1, &key) != NULL;
 }
 
+/* tc_select picks the backend of a new flow: the one the ServicePort's
+ * Maglev table holds for the flow's hash when it has a table, else one at
+ * random. */
+static __always_inline struct lb4_backend *tc_select(struct lb4_key *lkey, const struct lb4_service *svc,
+						     const struct pkt4 *p, __u32 *backend_id)
+{
+	__u32 hash = flow_hash(p->saddr, p->daddr, p->sport, p->dport, p->proto);
+	__u32 id = lb4_maglev_backend_id(svc->svc_id, hash);
+
+	if (id) {
+		struct lb4_backend *be = lb4_member_backend(id, svc->svc_id);
+
+		if (be) {
+			*backend_id = id;
+			lb_count(LB_M_MAGLEV);
+			return be;
+		}
+	}
+	return lb4_select_backend(lkey, svc, backend_id);
+}
+
 /* tc_new_flow handles the first packet of a flow: a frontend's verdict, a
  * backend, the flow's two entries and the translation. */
 static __always_inline int tc_new_flow(struct __sk_buff *skb, struct pkt4 *p, __u32 now)
@@ -194,12 +216,12 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, struct pkt4 *p, __
 
 		be = lb4_affinity_backend(&akey, svc, bpf_ktime_get_ns(), &backend_id);
 		if (!be) {
-			be = lb4_select_backend(&lkey, svc, &backend_id);
+			be = tc_select(&lkey, svc, p, &backend_id);
 			if (be)
 				lb4_affinity_record(&akey, bpf_ktime_get_ns(), backend_id);
 		}
 	} else {
-		be = lb4_select_backend(&lkey, svc, &backend_id);
+		be = tc_select(&lkey, svc, p, &backend_id);
 	}
 	if (!be)
 		return TC_ACT_SHOT;

@@ -100,11 +100,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb4_source_ranges_v1 SEC(".maps");
 
+#define LB_METRICS_SLOTS 128
+_Static_assert(LB_M_MAX <= LB_METRICS_SLOTS, "lb_metrics_v1 has no room for every counter");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, enum lb_metric); /* also puts the enum in BTF for bpf2go */
 	__type(value, __u64);
-	__uint(max_entries, LB_M_MAX);
+	/* Room for counters added later: a new counter must not change the
+	 * map's size, or a pinned map would no longer fit the new programs. */
+	__uint(max_entries, LB_METRICS_SLOTS);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_metrics_v1 SEC(".maps");
 

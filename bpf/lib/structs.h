@@ -229,6 +229,7 @@ enum lb_metric {
 	LB_M_TC_CT_FULL,	/* TC: could not record a flow */
 	LB_M_TC_FRAGMENT,	/* TC: fragment to a frontend, not translated */
 	LB_M_TC_SOURCE_RANGE,	/* TC: client outside loadBalancerSourceRanges */
+	LB_M_MAGLEV,		/* TC: backend chosen by a Maglev table */
 	LB_M_MAX,
 };
 

@@ -167,7 +167,9 @@ func startBPF(o *options, m *metrics.Metrics, log *zap.Logger, reason string) (*
 	if err != nil {
 		return nil, fmt.Errorf("load BPF programs: %w", err)
 	}
-	w, err := maps.NewWriter(maps.KernelMaps(&l.Objects.SockMaps), maps.Limits{Backends: l.Sizes.Backends, RevNat: l.Sizes.RevNat})
+	km := maps.KernelMaps(&l.Objects.SockMaps)
+	km.Maglev = maps.KernelMaglev(l.Maglev.Tables, l.Maglev.Fingerprints, l.Maglev.Table)
+	w, err := maps.NewWriter(km, maps.Limits{Backends: l.Sizes.Backends, RevNat: l.Sizes.RevNat})
 	if err != nil {
 		l.Close()
 		return nil, fmt.Errorf("restore state from pinned maps: %w", err)

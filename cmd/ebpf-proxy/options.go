@@ -12,7 +12,10 @@ import (
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/maglev"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/nodeaddrs"
 )
 
@@ -55,6 +58,9 @@ type options struct {
 	devices       []string
 	tcAttach      string
 	conntrackSize uint32
+	lbAlgorithm   string
+	// lb is lbAlgorithm parsed by validate.
+	lb model.LBAlgorithm
 }
 
 func defaultOptions() *options {
@@ -69,6 +75,7 @@ func defaultOptions() *options {
 		mapSizes:           loader.DefaultMapSizes,
 		terminateSockets:   true,
 		conntrackSize:      loader.DefaultConntrackSize,
+		lbAlgorithm:        model.LBRandom.String(),
 	}
 }
 
@@ -106,6 +113,8 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.tcAttach, "tc-attach", o.tcAttach, "How to attach the TC programs: '' (tcx where the kernel has it, else clsact), 'tcx' or 'clsact'.")
 	fs.Uint32Var(&o.conntrackSize, "bpf-map-conntrack-max", o.conntrackSize, "Capacity of the TC connection tracking LRU: two entries per flow from outside the node.")
 	fs.Uint32Var(&o.mapSizes.Affinity, "bpf-map-affinity-max", o.mapSizes.Affinity, "Capacity of the session affinity LRU: (client, Service port) pairs remembered.")
+	fs.StringVar(&o.lbAlgorithm, "lb-algorithm", o.lbAlgorithm, "How traffic from outside the node picks a backend for a new flow: 'random' (as kube-proxy) or 'maglev' (consistent hashing: every node picks the same backend for a flow). A Service's annotation "+k8swatch.AnnotationLBAlgorithm+" overrides it.")
+	fs.Uint32Var(&o.mapSizes.MaglevTable, "maglev-table-size", o.mapSizes.MaglevTable, "Entries of a Maglev table, a prime well above the largest backend count (4 bytes each, per Service port that uses Maglev).")
 }
 
 func (o *options) validate() error {
@@ -144,6 +153,12 @@ func (o *options) validate() error {
 	case loader.TCAttachAuto, loader.TCAttachTCX, loader.TCAttachClsact:
 	default:
 		return fmt.Errorf("unknown --tc-attach %q: use tcx or clsact, or leave it empty", o.tcAttach)
+	}
+	if o.lb, err = model.ParseLBAlgorithm(o.lbAlgorithm); err != nil {
+		return fmt.Errorf("--lb-algorithm: %w", err)
+	}
+	if err := maglev.CheckSize(int(o.mapSizes.MaglevTable)); err != nil {
+		return fmt.Errorf("--maglev-table-size: %w", err)
 	}
 	if o.minSyncPeriod < 0 {
 		return fmt.Errorf("--min-sync-period must not be negative")

@@ -25,7 +25,7 @@ func startSource(ctx context.Context, o *options, nodeName string, tr *tracker.T
 	if o.manifests != "" {
 		// Standalone: there is no Node object to be ineligible.
 		health.SetNode(&healthcheck.NodeStatus{})
-		src := k8swatch.NewManifests(o.manifests, nodeName, tr, k8swatch.ManifestOptions{Invalid: invalid})
+		src := k8swatch.NewManifests(o.manifests, nodeName, tr, k8swatch.ManifestOptions{Invalid: invalid, LBAlgorithm: o.lb})
 		if err := src.Reload(); err != nil {
 			return fmt.Errorf("read manifests: %w", err)
 		}
@@ -51,6 +51,7 @@ func startSource(ctx context.Context, o *options, nodeName string, tr *tracker.T
 	}
 	go func() {
 		err := k8swatch.Watch(ctx, client, nodeName, tr, k8swatch.WatchOptions{
+			LBAlgorithm:  o.lb,
 			ResyncPeriod: o.configSyncPeriod,
 			Invalid:      invalid,
 			NodeStatus: func(known, deleting bool, taints []string) {

@@ -126,7 +126,8 @@ const (
 	TcLbMetricLB_M_TC_CT_FULL        TcLbMetric = 20
 	TcLbMetricLB_M_TC_FRAGMENT       TcLbMetric = 21
 	TcLbMetricLB_M_TC_SOURCE_RANGE   TcLbMetric = 22
-	TcLbMetricLB_M_MAX               TcLbMetric = 23
+	TcLbMetricLB_M_MAGLEV            TcLbMetric = 23
+	TcLbMetricLB_M_MAX               TcLbMetric = 24
 )
 
 type TcSock4Revnat struct {
@@ -170,6 +171,8 @@ type TcTc4SnatAddr struct {
 const (
 	TcMapLb4AffinityV1     = "lb4_affinity_v1"
 	TcMapLb4BackendsV1     = "lb4_backends_v1"
+	TcMapLb4MaglevFpV1     = "lb4_maglev_fp_v1"
+	TcMapLb4MaglevV1       = "lb4_maglev_v1"
 	TcMapLb4MembersV1      = "lb4_members_v1"
 	TcMapLb4RevnatV1       = "lb4_revnat_v1"
 	TcMapLb4ServicesV1     = "lb4_services_v1"
@@ -181,6 +184,7 @@ const (
 	TcMapTc4SnatAddrsV1    = "tc4_snat_addrs_v1"
 	TcProgTcEgress         = "tc_egress"
 	TcProgTcIngress        = "tc_ingress"
+	TcVarMaglevTableSize   = "maglev_table_size"
 	TcVarSnatPortMax       = "snat_port_max"
 	TcVarSnatPortMin       = "snat_port_min"
 )
@@ -237,6 +241,8 @@ type TcProgramSpecs struct {
 type TcMapSpecs struct {
 	Lb4AffinityV1     *ebpf.MapSpec `ebpf:"lb4_affinity_v1"`
 	Lb4BackendsV1     *ebpf.MapSpec `ebpf:"lb4_backends_v1"`
+	Lb4MaglevFpV1     *ebpf.MapSpec `ebpf:"lb4_maglev_fp_v1"`
+	Lb4MaglevV1       *ebpf.MapSpec `ebpf:"lb4_maglev_v1"`
 	Lb4MembersV1      *ebpf.MapSpec `ebpf:"lb4_members_v1"`
 	Lb4RevnatV1       *ebpf.MapSpec `ebpf:"lb4_revnat_v1"`
 	Lb4ServicesV1     *ebpf.MapSpec `ebpf:"lb4_services_v1"`
@@ -252,8 +258,9 @@ type TcMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type TcVariableSpecs struct {
-	SnatPortMax *ebpf.VariableSpec `ebpf:"snat_port_max"`
-	SnatPortMin *ebpf.VariableSpec `ebpf:"snat_port_min"`
+	MaglevTableSize *ebpf.VariableSpec `ebpf:"maglev_table_size"`
+	SnatPortMax     *ebpf.VariableSpec `ebpf:"snat_port_max"`
+	SnatPortMin     *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
 
 // TcObjects contains all objects after they have been loaded into the kernel.
@@ -278,6 +285,8 @@ func (o *TcObjects) Close() error {
 type TcMaps struct {
 	Lb4AffinityV1     *ebpf.Map `ebpf:"lb4_affinity_v1"`
 	Lb4BackendsV1     *ebpf.Map `ebpf:"lb4_backends_v1"`
+	Lb4MaglevFpV1     *ebpf.Map `ebpf:"lb4_maglev_fp_v1"`
+	Lb4MaglevV1       *ebpf.Map `ebpf:"lb4_maglev_v1"`
 	Lb4MembersV1      *ebpf.Map `ebpf:"lb4_members_v1"`
 	Lb4RevnatV1       *ebpf.Map `ebpf:"lb4_revnat_v1"`
 	Lb4ServicesV1     *ebpf.Map `ebpf:"lb4_services_v1"`
@@ -293,6 +302,8 @@ func (m *TcMaps) Close() error {
 	return _TcClose(
 		m.Lb4AffinityV1,
 		m.Lb4BackendsV1,
+		m.Lb4MaglevFpV1,
+		m.Lb4MaglevV1,
 		m.Lb4MembersV1,
 		m.Lb4RevnatV1,
 		m.Lb4ServicesV1,
@@ -309,8 +320,9 @@ func (m *TcMaps) Close() error {
 //
 // It can be passed to LoadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type TcVariables struct {
-	SnatPortMax *ebpf.Variable `ebpf:"snat_port_max"`
-	SnatPortMin *ebpf.Variable `ebpf:"snat_port_min"`
+	MaglevTableSize *ebpf.Variable `ebpf:"maglev_table_size"`
+	SnatPortMax     *ebpf.Variable `ebpf:"snat_port_max"`
+	SnatPortMin     *ebpf.Variable `ebpf:"snat_port_min"`
 }
 
 // TcPrograms contains all programs after they have been loaded into the kernel.

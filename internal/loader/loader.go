@@ -32,10 +32,14 @@ type MapSizes struct {
 	// Affinity is the number of (client, ServicePort) pairs remembered
 	// for session affinity; the least recently used are forgotten first.
 	Affinity uint32
+	// MaglevTable is the number of entries of a Maglev table (a prime);
+	// each ServicePort that uses Maglev has one, of 4 bytes per entry.
+	MaglevTable uint32
 }
 
 // DefaultMapSizes fit 10,000 Services of 10 endpoints with room to spare.
-var DefaultMapSizes = MapSizes{Services: 262144, Backends: 262144, RevNat: 65536, SockRevNat: 262144, Affinity: 262144}
+var DefaultMapSizes = MapSizes{Services: 262144, Backends: 262144, RevNat: 65536, SockRevNat: 262144, Affinity: 262144,
+	MaglevTable: 16381}
 
 // Config says where to pin and what to attach to.
 type Config struct {
@@ -59,7 +63,10 @@ var ErrPinnedMapMismatch = errors.New("pinned map does not match the new program
 // Loaded is the result of Load: the programs and maps in the kernel, and
 // the links that keep the programs attached.
 type Loaded struct {
-	Objects  bpfobj.SockObjects
+	Objects bpfobj.SockObjects
+	// Maglev are the TC programs' Maglev tables, which the maps writer
+	// fills.
+	Maglev   MaglevMaps
 	Features Features
 	Sizes    MapSizes
 	links    []link.Link
@@ -129,7 +136,15 @@ func Load(cfg Config) (*Loaded, error) {
 
 	l := &Loaded{Features: feat, Sizes: sizes}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: mapsDir(cfg.BPFFSPath)}}
+	// The Maglev maps belong to the TC programs, which attach later, when
+	// the node's devices are known; the maps writer needs them from the
+	// start, so they are made (or adopted) here and pinned for the TC
+	// programs to adopt.
+	if l.Maglev, err = loadMaglevMaps(cfg.BPFFSPath, sizes); err != nil {
+		return nil, err
+	}
 	if err := spec.LoadAndAssign(&l.Objects, opts); err != nil {
+		l.Maglev.Close()
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
 			return nil, fmt.Errorf("%w under %s (run with --cleanup to start afresh): %w", ErrPinnedMapMismatch, mapsDir(cfg.BPFFSPath), err)
 		}
@@ -255,6 +270,7 @@ func (l *Loaded) Close() {
 	}
 	l.links = nil
 	l.Objects.Close()
+	l.Maglev.Close()
 }
 
 // Cleanup detaches and unpins everything an agent pinned under bpffs: links
@@ -336,6 +352,7 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_TC_CT_FULL:        "tc_conntrack_update_failed",
 	bpfobj.SockLbMetricLB_M_TC_FRAGMENT:       "tc_fragment_not_translated",
 	bpfobj.SockLbMetricLB_M_TC_SOURCE_RANGE:   "tc_dropped_source_range",
+	bpfobj.SockLbMetricLB_M_MAGLEV:            "tc_maglev_selected",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,

@@ -124,6 +124,9 @@ func LoadTC(cfg TCConfig) (*TCLoaded, error) {
 	} {
 		spec.Maps[name].MaxEntries = n
 	}
+	if err := patchMaglev(spec, sizes); err != nil {
+		return nil, err
+	}
 	pmin, pmax := cfg.SNATPortMin, cfg.SNATPortMax
 	if pmin == 0 && pmax == 0 {
 		pmin, pmax = DefaultSNATPortMin, DefaultSNATPortMax

@@ -27,6 +27,15 @@ var (
 	ErrDuplicateName = errors.New("maglev: duplicate backend name")
 )
 
+// CheckSize returns ErrSizeNotPrime (wrapped) unless m can be a table's
+// size.
+func CheckSize(m int) error {
+	if !isPrime(m) {
+		return fmt.Errorf("%w: %d", ErrSizeNotPrime, m)
+	}
+	return nil
+}
+
 // Build returns a table of size m in which entry i holds the index, in
 // names, of the backend for hash values congruent to i. names identify the
 // backends stably across nodes (for example "10.244.1.5:8080/TCP"); their

@@ -116,6 +116,7 @@ func newFixture(tb testing.TB, opts loadOptions) *fixture {
 		Members:  maps.FromKernel[maps.MemberKey, uint8](f.objs.Lb4MembersV1),
 
 		SourceRanges: maps.FromKernel[maps.SourceRangeKey, uint8](f.objs.Lb4SourceRangesV1),
+		Maglev:       maps.KernelMaglev(f.objs.Lb4MaglevV1, f.objs.Lb4MaglevFpV1, spec.Maps[bpfobj.TcMapLb4MaglevV1].InnerMap),
 	}, maps.Limits{Backends: 1024, RevNat: 1024})
 	if err != nil {
 		tb.Fatal(err)
@@ -254,6 +255,7 @@ type service struct {
 	ranges    []string
 	etpLocal  bool
 	affinity  bool
+	maglev    bool
 	// endpoints are "ip:port@node".
 	endpoints []string
 }
@@ -284,6 +286,9 @@ func state(svcs ...service) *model.State {
 		}
 		if s.affinity {
 			sp.AffinityTimeout = model.DefaultAffinityTimeout
+		}
+		if s.maglev {
+			sp.LBAlgorithm = model.LBMaglev
 		}
 		var eps []model.Endpoint
 		for _, e := range s.endpoints {
