@@ -22,35 +22,14 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 )
 
-var (
-	buildOnce sync.Once
-	builtBin  string
-	buildErr  error
-)
-
-// agentBinary is the ebpf-proxy binary under test: $EBPF_PROXY_BIN (the
-// Makefile and the VM runner build it once), else built here.
+// agentBinary is the ebpf-proxy binary under test (sandbox.AgentBinary).
 func agentBinary(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv("EBPF_PROXY_BIN"); p != "" {
-		return p
+	bin, err := sandbox.AgentBinary()
+	if err != nil {
+		t.Fatal(err)
 	}
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "ebpf-proxy-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		builtBin = filepath.Join(dir, "ebpf-proxy")
-		out, err := exec.Command("go", "build", "-o", builtBin, "github.com/ebpf-proxy/ebpf-proxy/cmd/ebpf-proxy").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("build agent: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return builtBin
+	return bin
 }
 
 // syncBuffer collects a process's output for a test to wait on.

@@ -24,7 +24,9 @@ import (
 
 func TestMain(m *testing.M) {
 	sandbox.Main()
-	os.Exit(m.Run())
+	code := m.Run()
+	sandbox.RemoveAgentBinary()
+	os.Exit(code)
 }
 
 const nodeName = "node-a"
