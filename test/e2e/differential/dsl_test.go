@@ -35,16 +35,17 @@ const (
 
 // ebpfProxyFeatures are the features ebpf-proxy implements today: its
 // socket hooks serve ClusterIPs, NodePorts, ExternalIPs and LoadBalancer IPs
-// to clients on the node, with session affinity, and it serves health check
-// node ports. Traffic from the network (TC/XDP, issue 5) and source ranges
-// are to come; add them here when they land, and their scenarios start to
-// count.
+// to clients on the node, with session affinity; its TC programs serve them
+// to traffic from the network, with source ranges; and it serves health
+// check node ports.
 var ebpfProxyFeatures = map[Feature]bool{
-	FeatureNodePort:     true,
-	FeatureExternalIP:   true,
-	FeatureLoadBalancer: true,
-	FeatureAffinity:     true,
-	FeatureHealthCheck:  true,
+	FeatureNodePort:        true,
+	FeatureExternalIP:      true,
+	FeatureLoadBalancer:    true,
+	FeatureAffinity:        true,
+	FeatureHealthCheck:     true,
+	FeatureExternalTraffic: true,
+	FeatureSourceRanges:    true,
 }
 
 // Scenario is one behaviour to compare: a sequence of states of some

@@ -96,3 +96,18 @@ func TestUnmasqueradedReadsOnlyNodeAddressesAsTheClient(t *testing.T) {
 		}
 	}
 }
+
+// Only a node's bridge address, upstream's masquerade to a local endpoint,
+// reads as the client's for traffic delivered on the receiving node.
+func TestLocalUnmasqueradedReadsOnlyBridgeAddresses(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"{a1:8080 sees node-a/br0, b1:8080 sees node-a}", "{a1:8080 sees client, b1:8080 sees node-a}"},
+		{"{a1:8080 sees node-b, b1:8080 sees node-b/br0}", "{a1:8080 sees node-b, b1:8080 sees client}"},
+		{"{a1:8080 sees ext}", "{a1:8080 sees ext}"},
+	}
+	for _, tt := range tests {
+		if got := localUnmasqueraded(tt.in); got != tt.want {
+			t.Errorf("localUnmasqueraded(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
