@@ -102,9 +102,10 @@ static __always_inline bool tc_orig_valid(struct ct4_entry *e, const struct pkt4
 }
 
 /* tc_snat_addr is the address source NAT gives a packet to dst: that of
- * the device the FIB sends it out of, else that of the device it came in
- * on. 0 if the agent configured neither. */
-static __always_inline __be32 tc_snat_addr(struct __sk_buff *skb, const struct pkt4 *p, __be32 dst)
+ * the device the FIB sends it out of, else (unless egress_only) that of the
+ * device it came in on. 0 if the agent configured none of them. */
+static __always_inline __be32 tc_snat_addr(struct __sk_buff *skb, const struct pkt4 *p, __be32 dst,
+					   bool egress_only)
 {
 	struct bpf_fib_lookup fib = {
 		.family = PKT_AF_INET,
@@ -121,7 +122,7 @@ static __always_inline __be32 tc_snat_addr(struct __sk_buff *skb, const struct p
 	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if (ret == BPF_FIB_LKUP_RET_SUCCESS || ret == BPF_FIB_LKUP_RET_NO_NEIGH)
 		a = bpf_map_lookup_elem(&tc4_snat_addrs_v1, &fib.ifindex);
-	if (!a)
+	if (!a && !egress_only)
 		a = bpf_map_lookup_elem(&tc4_snat_addrs_v1, &ifindex);
 	return a ? a->address : 0;
 }
@@ -154,7 +155,7 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, struct pkt4 *p, __
 	struct lb4_service *svc;
 	struct lb4_backend *be;
 	__u32 backend_id = 0;
-	__be32 snat_addr;
+	__be32 snat_addr = 0;
 	int ret;
 
 	svc = lb4_lookup_service(&lkey, LB_SCOPE_EXT);
@@ -220,7 +221,22 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, struct pkt4 *p, __
 	rkey.proto = p->proto;
 	rkey.dir = CT_DIR_REPLY;
 
-	if (be->flags & BE_F_LOCAL) {
+	if (!(be->flags & BE_F_LOCAL)) {
+		snat_addr = tc_snat_addr(skb, p, be->address, false);
+		if (!snat_addr) {
+			lb_count(LB_M_TC_SNAT_NO_ADDR);
+			return TC_ACT_SHOT;
+		}
+	} else if (!(svc->flags & SVC_F_EXT_LOCAL)) {
+		/* kube-proxy masquerades externalTrafficPolicy=Cluster traffic
+		 * to endpoints on the node too, to the address of the device
+		 * toward the pod. Its replies must then meet a program on that
+		 * device: only when the agent attached there (its address is
+		 * known) does the pod see the node; else it sees the client. */
+		snat_addr = tc_snat_addr(skb, p, be->address, true);
+	}
+
+	if (!snat_addr) {
 		rkey.daddr = p->saddr;
 		rkey.dport = p->sport;
 		if (bpf_map_update_elem(&tc4_ct_v1, &rkey, &rval, BPF_ANY)) {
@@ -229,11 +245,6 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, struct pkt4 *p, __
 		}
 		lb_count(LB_M_TC_NEW_LOCAL);
 	} else {
-		snat_addr = tc_snat_addr(skb, p, be->address);
-		if (!snat_addr) {
-			lb_count(LB_M_TC_SNAT_NO_ADDR);
-			return TC_ACT_SHOT;
-		}
 		rkey.daddr = snat_addr;
 		rval.nat_daddr = p->saddr;
 		rval.nat_dport = p->sport;

@@ -97,6 +97,8 @@ func (f *fixture) counted(m bpfobj.TcLbMetric, want uint64) (func(testing.TB), f
 type row struct {
 	pktest.Case
 	egress bool
+	// onPodDevice runs the case on p0 rather than n0.
+	onPodDevice bool
 }
 
 // run runs rows in order, each on the fixture's device inside its
@@ -107,6 +109,9 @@ func (f *fixture) run(t *testing.T, rows []row) {
 		c := r.Case
 		c.Do = f.ns.Do
 		c.SKB = &pktest.SKBContext{Ifindex: f.ifindex}
+		if r.onPodDevice {
+			c.SKB.Ifindex = f.podIfindex
+		}
 		prog := f.objs.TcIngress
 		if r.egress {
 			prog = f.objs.TcEgress
@@ -391,5 +396,34 @@ func TestSourceRanges(t *testing.T) {
 		{Case: pktest.Case{Name: "client inside a /24 range", In: other.Bytes(), Verdict: pktest.TCActOK, Out: other.WithDst(localWeb).Bytes()}},
 		{Case: pktest.Case{Name: "client outside the ranges: dropped and counted", In: outside.Bytes(), Verdict: pktest.TCActShot, Setup: blocked, Check: blockedOK}},
 		{Case: pktest.Case{Name: "the same client through the NodePort", In: viaNodePort.Bytes(), Verdict: pktest.TCActOK, Out: viaNodePort.WithDst(localWeb).Bytes()}},
+	})
+}
+
+// TestMasqueradeToLocalBackends: with the pod device among the programs'
+// devices, externalTrafficPolicy=Cluster traffic to an endpoint on the node
+// is masqueraded to the pod gateway address, as kube-proxy does, and the
+// reply is caught on the pod device; policy Local keeps the client.
+func TestMasqueradeToLocalBackends(t *testing.T) {
+	f := newFixture(t, loadOptions{podDevice: true})
+	f.sync(t, fixtureState())
+	gw := netip.AddrPortFrom(podGateway.Addr(), snatPort)
+	syn := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.SYN))
+	toPod := func(b pktest.Builder) pktest.Builder { return b.WithMACs(podDevMAC, podMAC) }
+	fromPod := func(b pktest.Builder) pktest.Builder { return b.WithMACs(podMAC, podDevMAC) }
+	etpLocal := fromOutside(pktest.TCP(client, np(npETPLocal), pktest.SYN))
+	f.run(t, []row{
+		{Case: pktest.Case{
+			Name: "policy Cluster, local backend: SNAT to the pod gateway, sent to the pod", In: syn.Bytes(),
+			Verdict: pktest.TCActRedirect, Out: toPod(syn.WithSrc(gw).WithDst(localWeb).WithTTL(63)).Bytes(),
+		}},
+		{onPodDevice: true, Case: pktest.Case{
+			Name:    "the pod's reply at the pod device: back to the client from the NodePort",
+			In:      fromPod(pktest.TCP(localWeb, gw, pktest.SYN|pktest.ACK)).Bytes(),
+			Verdict: pktest.TCActRedirect, Out: toRouter(pktest.TCP(np(npWebLocal), client, pktest.SYN|pktest.ACK).WithTTL(63)).Bytes(),
+		}},
+		{Case: pktest.Case{
+			Name: "policy Local: the client address is kept", In: etpLocal.Bytes(),
+			Verdict: pktest.TCActOK, Out: etpLocal.WithDst(etpLocalEP).Bytes(),
+		}},
 	})
 }
