@@ -230,6 +230,7 @@ enum lb_metric {
 	LB_M_TC_CT_FULL,	/* TC: could not record a flow */
 	LB_M_TC_FRAGMENT,	/* TC: fragment to a frontend, not translated */
 	LB_M_TC_SOURCE_RANGE,	/* TC: client outside loadBalancerSourceRanges */
+	LB_M_TC_ICMP_XLATE,	/* TC: ICMP error about a tracked flow translated */
 	LB_M_MAX,
 };
 

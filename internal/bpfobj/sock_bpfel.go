@@ -102,7 +102,8 @@ const (
 	SockLbMetricLB_M_TC_CT_FULL        SockLbMetric = 20
 	SockLbMetricLB_M_TC_FRAGMENT       SockLbMetric = 21
 	SockLbMetricLB_M_TC_SOURCE_RANGE   SockLbMetric = 22
-	SockLbMetricLB_M_MAX               SockLbMetric = 23
+	SockLbMetricLB_M_TC_ICMP_XLATE     SockLbMetric = 23
+	SockLbMetricLB_M_MAX               SockLbMetric = 24
 )
 
 type SockSock4Revnat struct {

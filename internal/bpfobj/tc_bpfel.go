@@ -126,7 +126,8 @@ const (
 	TcLbMetricLB_M_TC_CT_FULL        TcLbMetric = 20
 	TcLbMetricLB_M_TC_FRAGMENT       TcLbMetric = 21
 	TcLbMetricLB_M_TC_SOURCE_RANGE   TcLbMetric = 22
-	TcLbMetricLB_M_MAX               TcLbMetric = 23
+	TcLbMetricLB_M_TC_ICMP_XLATE     TcLbMetric = 23
+	TcLbMetricLB_M_MAX               TcLbMetric = 24
 )
 
 type TcSock4Revnat struct {

@@ -8,6 +8,7 @@ package tclb_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -161,6 +162,8 @@ type service struct {
 	ranges    []netip.Prefix
 	etpLocal  bool
 	endpoints []string
+	// target overrides the pods' port (tcpPort or udpPort).
+	target uint16
 }
 
 // sync programs the Services on both nodes, each with its own name and
@@ -186,6 +189,9 @@ func (e *env) sync(svcs ...service) {
 			target := uint16(tcpPort)
 			if s.proto == model.UDP {
 				target = udpPort
+			}
+			if s.target != 0 {
+				target = s.target
 			}
 			var eps []model.Endpoint
 			for _, name := range s.endpoints {
@@ -236,6 +242,9 @@ func scenario() []service {
 		{name: "dead", clusterIP: "10.96.0.15", proto: model.TCP, port: 80, nodePort: 30015},
 		{name: "dead-udp", clusterIP: "10.96.0.15", proto: model.UDP, port: 53, nodePort: 30015},
 		{name: "lb", clusterIP: "10.96.0.16", proto: model.TCP, port: 80, lbIPs: []netip.Addr{lbIP}, endpoints: []string{"pod-a"}},
+		// Pods listen on no UDP port 5454: they answer port unreachable.
+		{name: "closed-a", clusterIP: "10.96.0.18", proto: model.UDP, port: 53, nodePort: 30018, target: 5454, endpoints: []string{"pod-a"}},
+		{name: "closed-b", clusterIP: "10.96.0.19", proto: model.UDP, port: 53, nodePort: 30019, target: 5454, endpoints: []string{"pod-b"}},
 		// Only the first external client (198.18.0.10) is in the range.
 		{name: "ranged", clusterIP: "10.96.0.17", proto: model.TCP, port: 80, nodePort: 30017, lbIPs: []netip.Addr{rangedIP},
 			ranges: []netip.Prefix{netip.MustParsePrefix("198.18.0.10/32")}, endpoints: []string{"pod-b"}},
@@ -314,6 +323,17 @@ func TestExternalTraffic(t *testing.T) {
 					t.Errorf("got %+v, want ECONNREFUSED", r)
 				}
 			})
+			for _, np := range []uint16{30018, 30019} {
+				t.Run(fmt.Sprintf("UDP to a port the pod does not listen on (NodePort %d): the pod's port unreachable reaches the client", np), func(t *testing.T) {
+					rep, err := e.client.UDPConnected(e.ctx(), netip.AddrPortFrom(a.IP, np), 1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if r := rep.Results[0]; r.Err != "ECONNREFUSED" {
+						t.Errorf("got %+v, want ECONNREFUSED", r)
+					}
+				})
+			}
 			t.Run("externalTrafficPolicy=Local on a node without endpoints: dropped", func(t *testing.T) {
 				before := e.counter(a, bpfobj.TcLbMetricLB_M_DROP)
 				rep, err := e.client.WithTimeout(time.Second).TCP(e.ctx(), netip.AddrPortFrom(a.IP, 30014), 1)
