@@ -103,9 +103,10 @@ static __always_inline bool tc_orig_valid(struct ct4_entry *e, const struct pkt4
 }
 
 /* tc_snat_addr is the address source NAT gives a packet to dst: that of
- * the device the FIB sends it out of, else that of the device it came in
- * on. 0 if the agent configured neither. */
-static __always_inline __be32 tc_snat_addr(struct __sk_buff *skb, const struct pkt4 *p, __be32 dst)
+ * the device the FIB sends it out of, else (unless egress_only) that of the
+ * device it came in on. 0 if the agent configured none of them. */
+static __always_inline __be32 tc_snat_addr(struct __sk_buff *skb, const struct pkt4 *p, __be32 dst,
+					   bool egress_only)
 {
 	struct bpf_fib_lookup fib = {
 		.family = PKT_AF_INET,
@@ -122,7 +123,7 @@ static __always_inline __be32 tc_snat_addr(struct __sk_buff *skb, const struct p
 	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if (ret == BPF_FIB_LKUP_RET_SUCCESS || ret == BPF_FIB_LKUP_RET_NO_NEIGH)
 		a = bpf_map_lookup_elem(&tc4_snat_addrs_v1, &fib.ifindex);
-	if (!a)
+	if (!a && !egress_only)
 		a = bpf_map_lookup_elem(&tc4_snat_addrs_v1, &ifindex);
 	return a ? a->address : 0;
 }
@@ -176,7 +177,7 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, struct pkt4 *p, __
 	struct lb4_service *svc;
 	struct lb4_backend *be;
 	__u32 backend_id = 0;
-	__be32 snat_addr;
+	__be32 snat_addr = 0;
 	int ret;
 
 	svc = lb4_lookup_service(&lkey, LB_SCOPE_EXT);
@@ -242,7 +243,22 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, struct pkt4 *p, __
 	rkey.proto = p->proto;
 	rkey.dir = CT_DIR_REPLY;
 
-	if (be->flags & BE_F_LOCAL) {
+	if (!(be->flags & BE_F_LOCAL)) {
+		snat_addr = tc_snat_addr(skb, p, be->address, false);
+		if (!snat_addr) {
+			lb_count(LB_M_TC_SNAT_NO_ADDR);
+			return TC_ACT_SHOT;
+		}
+	} else if (!(svc->flags & SVC_F_EXT_LOCAL)) {
+		/* kube-proxy masquerades externalTrafficPolicy=Cluster traffic
+		 * to endpoints on the node too, to the address of the device
+		 * toward the pod. Its replies must then meet a program on that
+		 * device: only when the agent attached there (its address is
+		 * known) does the pod see the node; else it sees the client. */
+		snat_addr = tc_snat_addr(skb, p, be->address, true);
+	}
+
+	if (!snat_addr) {
 		rkey.daddr = p->saddr;
 		rkey.dport = p->sport;
 		if (bpf_map_update_elem(&tc4_ct_v1, &rkey, &rval, BPF_ANY)) {
@@ -251,11 +267,6 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, struct pkt4 *p, __
 		}
 		lb_count(LB_M_TC_NEW_LOCAL);
 	} else {
-		snat_addr = tc_snat_addr(skb, p, be->address);
-		if (!snat_addr) {
-			lb_count(LB_M_TC_SNAT_NO_ADDR);
-			return TC_ACT_SHOT;
-		}
 		rkey.daddr = snat_addr;
 		rval.nat_daddr = p->saddr;
 		rval.nat_dport = p->sport;
@@ -302,6 +313,72 @@ static __always_inline int tc_reply(struct __sk_buff *skb, struct pkt4 *p, struc
 	return tc_send(skb, p, snat);
 }
 
+/* tc_icmp_error translates an ICMP error about a tracked flow, so that it
+ * reaches the host that sent the quoted packet, quoting that packet as it
+ * was sent: what kube-proxy's conntrack does for RELATED traffic, and what
+ * path MTU discovery needs.
+ *  - At ingress, about a reply we sent to a client (F:fport -> C:cport), for
+ *    instance "fragmentation needed" from a router on the way: it goes to
+ *    the backend, about its own reply (P:port -> C:cport, or -> S:sport
+ *    with source NAT).
+ *  - About a packet we sent to a backend (C:cport or S:sport -> P:port),
+ *    from the backend's side (at ingress with source NAT, at egress from a
+ *    local backend without): it goes to the client, about its own packet
+ *    (C:cport -> F:fport), from the frontend when the backend sent it. */
+static __always_inline int tc_icmp_error(struct __sk_buff *skb, struct pkt4 *p, bool egress)
+{
+	struct pkt4_inner in = {};
+	struct ct4_key key = {};
+	struct ct4_entry *e;
+	bool snat;
+
+	if (pkt4_parse_icmp_err(skb, p, &in))
+		return TC_ACT_UNSPEC;
+	/* The flow of the quoted packet, seen from the other end. */
+	key.saddr = in.daddr;
+	key.daddr = in.saddr;
+	key.sport = in.dport;
+	key.dport = in.sport;
+	key.proto = in.proto;
+	if (!egress) {
+		key.dir = CT_DIR_ORIG;
+		e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
+		if (e && p->daddr == in.saddr) {
+			__be32 be_addr = e->nat_daddr, snat_addr = e->nat_saddr;
+			__be16 be_port = e->nat_dport, snat_port = e->nat_sport;
+
+			snat = e->flags & CT_F_SNAT;
+			if (pkt4_icmp_rewrite_outer(skb, p, false, be_addr) ||
+			    pkt4_icmp_rewrite_inner(skb, p, &in, true, be_addr, be_port) ||
+			    (snat &&
+			     pkt4_icmp_rewrite_inner(skb, p, &in, false, snat_addr, snat_port)))
+				return TC_ACT_SHOT;
+			lb_count(LB_M_TC_ICMP_XLATE);
+			return tc_send(skb, p, snat);
+		}
+	}
+	key.dir = CT_DIR_REPLY;
+	e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
+	if (!e)
+		return TC_ACT_UNSPEC;
+	snat = e->flags & CT_F_SNAT;
+	/* Source-NATed flows come back at ingress, the others leave at egress. */
+	if (snat == egress || p->daddr != in.saddr)
+		return TC_ACT_UNSPEC;
+	{
+		__be32 fe_addr = e->nat_saddr, client = e->nat_daddr;
+		__be16 fe_port = e->nat_sport, client_port = e->nat_dport;
+
+		if ((p->saddr == in.daddr && pkt4_icmp_rewrite_outer(skb, p, true, fe_addr)) ||
+		    (snat && pkt4_icmp_rewrite_outer(skb, p, false, client)) ||
+		    pkt4_icmp_rewrite_inner(skb, p, &in, false, fe_addr, fe_port) ||
+		    (snat && pkt4_icmp_rewrite_inner(skb, p, &in, true, client, client_port)))
+			return TC_ACT_SHOT;
+	}
+	lb_count(LB_M_TC_ICMP_XLATE);
+	return tc_send(skb, p, snat);
+}
+
 SEC("tc")
 int tc_ingress(struct __sk_buff *skb)
 {
@@ -311,8 +388,14 @@ int tc_ingress(struct __sk_buff *skb)
 	__u16 port;
 	__u32 now;
 
-	if (pkt4_parse(skb, &p) != PKT_OK)
+	switch (pkt4_parse(skb, &p)) {
+	case PKT_OK:
+		break;
+	case PKT_ICMP:
+		return tc_icmp_error(skb, &p, false);
+	default:
 		return TC_ACT_UNSPEC;
+	}
 	now = ct_now();
 	key.saddr = p.saddr;
 	key.daddr = p.daddr;
@@ -347,7 +430,15 @@ int tc_egress(struct __sk_buff *skb)
 	struct ct4_key key = {};
 	struct ct4_entry *e;
 
-	if (pkt4_parse(skb, &p) != PKT_OK || p.fragment)
+	switch (pkt4_parse(skb, &p)) {
+	case PKT_OK:
+		break;
+	case PKT_ICMP:
+		return tc_icmp_error(skb, &p, true);
+	default:
+		return TC_ACT_UNSPEC;
+	}
+	if (p.fragment)
 		return TC_ACT_UNSPEC;
 	key.saddr = p.saddr;
 	key.daddr = p.daddr;

@@ -28,8 +28,9 @@ struct pkt_icmphdr {
 	__be32 unused;
 };
 
-#define ICMP_DEST_UNREACH 3
-#define ICMP_PORT_UNREACH 3
+#define ICMP_DEST_UNREACH  3
+#define ICMP_PORT_UNREACH  3
+#define ICMP_TIME_EXCEEDED 11
 
 /* AF_INET for bpf_fib_lookup. */
 #define PKT_AF_INET 2
@@ -59,6 +60,7 @@ struct pkt4 {
 
 enum pkt_parse {
 	PKT_OK,	   /* TCP or UDP with whole headers */
+	PKT_ICMP,  /* ICMP, not a fragment: only the IP fields of p are set */
 	PKT_OTHER, /* not IPv4, another protocol, truncated, malformed */
 };
 
@@ -94,6 +96,9 @@ static __always_inline enum pkt_parse pkt4_parse(struct __sk_buff *skb, struct p
 	} else if (ip.protocol == IPPROTO_UDP) {
 		hlen = sizeof(struct udphdr);
 		p->csum_off = pkt_offsetof(struct udphdr, check);
+	} else if (ip.protocol == IPPROTO_ICMP) {
+		hlen = 0;
+		p->csum_off = pkt_offsetof(struct pkt_icmphdr, checksum);
 	} else {
 		return PKT_OTHER;
 	}
@@ -107,6 +112,8 @@ static __always_inline enum pkt_parse pkt4_parse(struct __sk_buff *skb, struct p
 	p->l4_off = ETH_HLEN + ihl;
 	p->csum_off += p->l4_off;
 	p->fragment = (ip.frag_off & bpf_htons(IP_MF | IP_OFFSET)) != 0;
+	if (p->proto == IPPROTO_ICMP)
+		return p->fragment ? PKT_OTHER : PKT_ICMP;
 	if (ip.frag_off & bpf_htons(IP_OFFSET)) {
 		p->sport = 0;
 		p->dport = 0;
@@ -277,6 +284,157 @@ static __always_inline int pkt4_icmp_port_unreach(struct __sk_buff *skb, const s
 	    bpf_skb_store_bytes(skb, ETH_HLEN, &r, sizeof(r), BPF_F_RECOMPUTE_CSUM))
 		return TC_ACT_SHOT;
 	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* The packet an ICMP error quotes: its addresses and ports as quoted, and
+ * where its headers are, from the frame start. */
+struct pkt4_inner {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u32 ip_off;
+	__u32 l4_off;
+	/* Of the quoted L4 checksum, 0 when the quote ends before it. */
+	__u32 l4_check_off;
+};
+
+/* pkt4_parse_icmp_err reads the packet that an ICMP destination unreachable
+ * or time exceeded message p quotes, when it is a TCP or UDP packet (or its
+ * first fragment) quoted with at least its ports. Returns 0 when it is. */
+static __always_inline int pkt4_parse_icmp_err(struct __sk_buff *skb, const struct pkt4 *p,
+					       struct pkt4_inner *in)
+{
+	struct pkt_icmphdr icmp;
+	struct iphdr ip;
+	__be16 ports[2];
+	__u32 ihl;
+
+	if (p->tot_len < p->ihl_len + sizeof(icmp) + sizeof(ip) + sizeof(ports))
+		return -1;
+	if (bpf_skb_load_bytes(skb, p->l4_off, &icmp, sizeof(icmp)))
+		return -1;
+	if (icmp.type != ICMP_DEST_UNREACH && icmp.type != ICMP_TIME_EXCEEDED)
+		return -1;
+	in->ip_off = p->l4_off + sizeof(icmp);
+	if (bpf_skb_load_bytes(skb, in->ip_off, &ip, sizeof(ip)))
+		return -1;
+	ihl = ip.ihl * 4;
+	if (ip.version != 4 || ihl < sizeof(ip) || (ip.frag_off & bpf_htons(IP_OFFSET)) ||
+	    (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP))
+		return -1;
+	in->l4_off = in->ip_off + ihl;
+	if (ETH_HLEN + p->tot_len < in->l4_off + sizeof(ports))
+		return -1;
+	if (bpf_skb_load_bytes(skb, in->l4_off, ports, sizeof(ports)))
+		return -1;
+	in->saddr = ip.saddr;
+	in->daddr = ip.daddr;
+	in->sport = ports[0];
+	in->dport = ports[1];
+	in->proto = ip.protocol;
+	in->l4_check_off =
+		in->l4_off + (ip.protocol == IPPROTO_TCP ? pkt_offsetof(struct tcphdr, check)
+							 : pkt_offsetof(struct udphdr, check));
+	if (ETH_HLEN + p->tot_len < in->l4_check_off + sizeof(__sum16))
+		in->l4_check_off = 0;
+	return 0;
+}
+
+/* pkt_csum_replace updates a ones' complement checksum for a field
+ * changing from `from` to `to` (RFC 1624, eqn. 3): for checksums inside a
+ * quoted packet, which the kernel helpers' checksum state must not touch. */
+static __always_inline __u16 pkt_csum_replace(__u16 check, __u32 from, __u32 to)
+{
+	__u32 sum = (__u16)~check;
+
+	sum += (~from & 0xffff) + (~from >> 16);
+	sum += (to & 0xffff) + (to >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/* pkt4_icmp_rewrite_outer changes the source (src) or destination address of
+ * an ICMP message's own IP header; ICMP has no pseudo-header. */
+static __always_inline int pkt4_icmp_rewrite_outer(struct __sk_buff *skb, struct pkt4 *p, bool src,
+						   __be32 addr)
+{
+	__be32 old = src ? p->saddr : p->daddr;
+	__u32 off = ETH_HLEN +
+		    (src ? pkt_offsetof(struct iphdr, saddr) : pkt_offsetof(struct iphdr, daddr));
+
+	if (old == addr)
+		return 0;
+	if (bpf_l3_csum_replace(skb, ETH_HLEN + pkt_offsetof(struct iphdr, check), old, addr,
+				sizeof(addr)) ||
+	    bpf_skb_store_bytes(skb, off, &addr, sizeof(addr), 0))
+		return -1;
+	if (src)
+		p->saddr = addr;
+	else
+		p->daddr = addr;
+	return 0;
+}
+
+/* pkt4_icmp_rewrite_inner changes one side (src) of the quoted packet to
+ * (addr, port): its IP and L4 checksums follow (the latter when quoted),
+ * and the ICMP checksum follows every byte changed. On a CHECKSUM_PARTIAL
+ * skb the ICMP checksum is the device's to compute, and the helper leaves
+ * it alone, as it should. */
+static __always_inline int pkt4_icmp_rewrite_inner(struct __sk_buff *skb, const struct pkt4 *p,
+						   struct pkt4_inner *in, bool src, __be32 addr,
+						   __be16 port)
+{
+	__u32 icmp_csum = p->csum_off;
+	__u32 check_off = in->ip_off + pkt_offsetof(struct iphdr, check);
+	__u32 addr_off = in->ip_off + (src ? pkt_offsetof(struct iphdr, saddr)
+					   : pkt_offsetof(struct iphdr, daddr));
+	__u32 port_off = in->l4_off + (src ? 0 : sizeof(__be16));
+	__be32 old = src ? in->saddr : in->daddr;
+	__be16 old_port = src ? in->sport : in->dport;
+	__sum16 old_check, new_check;
+
+	__u16 l4_check, l4_new;
+
+	/* The quoted L4 checksum (its pseudo-header holds the addresses) is
+	 * kept right for the quoted packet as it now reads. */
+	if (in->l4_check_off && (old != addr || old_port != port)) {
+		if (bpf_skb_load_bytes(skb, in->l4_check_off, &l4_check, sizeof(l4_check)))
+			return -1;
+		if (in->proto == IPPROTO_TCP || l4_check) {
+			l4_new = pkt_csum_replace(l4_check, old, addr);
+			l4_new = pkt_csum_replace(l4_new, old_port, port);
+			if (in->proto == IPPROTO_UDP && !l4_new)
+				l4_new = 0xffff;
+			if (bpf_l4_csum_replace(skb, icmp_csum, l4_check, l4_new, sizeof(l4_new)) ||
+			    bpf_skb_store_bytes(skb, in->l4_check_off, &l4_new, sizeof(l4_new), 0))
+				return -1;
+		}
+	}
+	if (old != addr) {
+		if (bpf_skb_load_bytes(skb, check_off, &old_check, sizeof(old_check)) ||
+		    bpf_l3_csum_replace(skb, check_off, old, addr, sizeof(addr)) ||
+		    bpf_skb_load_bytes(skb, check_off, &new_check, sizeof(new_check)) ||
+		    bpf_l4_csum_replace(skb, icmp_csum, old, addr, sizeof(addr)) ||
+		    bpf_l4_csum_replace(skb, icmp_csum, old_check, new_check, sizeof(new_check)) ||
+		    bpf_skb_store_bytes(skb, addr_off, &addr, sizeof(addr), 0))
+			return -1;
+	}
+	if (old_port != port) {
+		if (bpf_l4_csum_replace(skb, icmp_csum, old_port, port, sizeof(port)) ||
+		    bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), 0))
+			return -1;
+	}
+	if (src) {
+		in->saddr = addr;
+		in->sport = port;
+	} else {
+		in->daddr = addr;
+		in->dport = port;
+	}
+	return 0;
 }
 
 /* pkt4_forward sends a translated packet out of the device the FIB chooses

@@ -28,6 +28,7 @@ enum {
 	SVC_F_EXTERNAL_IP = 1 << 5,
 	SVC_F_LOAD_BALANCER = 1 << 6,
 	SVC_F_SOURCE_RANGES = 1 << 7, /* lb4_source_ranges says who may connect */
+	SVC_F_EXT_LOCAL = 1 << 8,     /* externalTrafficPolicy=Local: no SNAT */
 };
 
 /* Key of lb4_services. slot 0 is the master entry of a frontend; slots
@@ -230,6 +231,7 @@ enum lb_metric {
 	LB_M_TC_FRAGMENT,	/* TC: fragment to a frontend, not translated */
 	LB_M_TC_SOURCE_RANGE,	/* TC: client outside loadBalancerSourceRanges */
 	LB_M_MAGLEV,		/* TC: backend chosen by a Maglev table */
+	LB_M_TC_ICMP_XLATE,	/* TC: ICMP error about a tracked flow translated */
 	LB_M_MAX,
 };
 

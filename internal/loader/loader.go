@@ -353,6 +353,7 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_TC_FRAGMENT:       "tc_fragment_not_translated",
 	bpfobj.SockLbMetricLB_M_TC_SOURCE_RANGE:   "tc_dropped_source_range",
 	bpfobj.SockLbMetricLB_M_MAGLEV:            "tc_maglev_selected",
+	bpfobj.SockLbMetricLB_M_TC_ICMP_XLATE:     "tc_icmp_error_translated",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,

@@ -84,6 +84,7 @@ var serviceFlagNames = []struct {
 	{FlagReject, "reject"},
 	{FlagDrop, "drop"},
 	{FlagSourceRanges, "source-ranges"},
+	{FlagExternalLocal, "external-local"},
 }
 
 func serviceFlagString(f uint16) string {

@@ -94,15 +94,21 @@ func frontendsOf(svc *model.Service, node *model.Node) []desiredFrontend {
 	external := func(addr netip.Addr, port uint16, kind uint16, socketLB bool) {
 		ea, eeps := svc.External()
 		ia, ieps := svc.ShortCircuit()
+		// The TC program keeps the client's address under policy Local
+		// and masquerades under Cluster, as kube-proxy does.
+		ext := kind
+		if sp.ExternalPolicy == model.PolicyLocal {
+			ext |= FlagExternalLocal
+		}
 		if !socketLB {
-			add(addr, port, kind, ScopeExternal, ea, eeps)
+			add(addr, port, ext, ScopeExternal, ea, eeps)
 			return
 		}
 		if ea == ia && slices.EqualFunc(eeps, ieps, sameEndpoint) {
-			add(addr, port, kind, ScopeExternal, ea, eeps)
+			add(addr, port, ext, ScopeExternal, ea, eeps)
 			return
 		}
-		add(addr, port, kind|FlagTwoScopes, ScopeExternal, ea, eeps)
+		add(addr, port, ext|FlagTwoScopes, ScopeExternal, ea, eeps)
 		add(addr, port, kind, ScopeInternal, ia, ieps)
 	}
 	for _, addr := range node.Addrs {

@@ -43,6 +43,9 @@ const (
 	FlagExternalIP   uint16 = 1 << 5
 	FlagLoadBalancer uint16 = 1 << 6
 	FlagSourceRanges uint16 = 1 << 7
+	// FlagExternalLocal marks the external entries of a Service with
+	// externalTrafficPolicy=Local (SVC_F_EXT_LOCAL).
+	FlagExternalLocal uint16 = 1 << 8
 )
 
 // Flags of BackendValue.

@@ -8,6 +8,7 @@ package tclb_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -61,7 +62,7 @@ func newEnv(t *testing.T, mode string) *env {
 	t.Helper()
 	e := newTopology(t)
 	for _, n := range e.nodes {
-		e.attach(n, mode)
+		e.attach(n, mode, false)
 	}
 	return e
 }
@@ -104,17 +105,21 @@ func newTopology(t *testing.T) *env {
 	return e
 }
 
-// attach loads the TC programs onto the node's uplink with maps pinned in
-// a directory of its own, as the node's agent would.
-func (e *env) attach(n *node, mode string) {
+// attach loads the TC programs onto the node's uplink (and with bridge
+// onto its pod bridge too) with maps pinned in a directory of its own, as
+// the node's agent would.
+func (e *env) attach(n *node, mode string, bridge bool) {
 	t := e.t
 	t.Helper()
 	bpffs := filepath.Join(e.sb.BPFFS.Path(), n.Name)
+	devs := []loader.TCDevice{{Name: sandbox.IfaceName, SNAT: n.IP}}
+	if bridge {
+		devs = append(devs, loader.TCDevice{Name: sandbox.BridgeName, SNAT: n.Gateway})
+	}
 	err := n.NS.Do(func() error {
 		var err error
 		n.tc, err = loader.LoadTC(loader.TCConfig{
-			BPFFSPath: bpffs, Sizes: small, ConntrackSize: 4096, Attach: mode,
-			Devices: []loader.TCDevice{{Name: sandbox.IfaceName, SNAT: n.IP}},
+			BPFFSPath: bpffs, Sizes: small, ConntrackSize: 4096, Attach: mode, Devices: devs,
 		})
 		return err
 	})
@@ -130,7 +135,7 @@ func (e *env) attach(n *node, mode string) {
 			t.Errorf("cleanup %s: %v", n.Name, err)
 		}
 	})
-	if n.tc.Mode != mode {
+	if mode != loader.TCAttachAuto && n.tc.Mode != mode {
 		t.Fatalf("attached with %s, want %s", n.tc.Mode, mode)
 	}
 	o := &n.tc.Objects
@@ -159,6 +164,8 @@ type service struct {
 	ranges    []netip.Prefix
 	etpLocal  bool
 	endpoints []string
+	// target overrides the pods' port (tcpPort or udpPort).
+	target uint16
 }
 
 // sync programs the Services on both nodes, each with its own name and
@@ -184,6 +191,9 @@ func (e *env) sync(svcs ...service) {
 			target := uint16(tcpPort)
 			if s.proto == model.UDP {
 				target = udpPort
+			}
+			if s.target != 0 {
+				target = s.target
 			}
 			var eps []model.Endpoint
 			for _, name := range s.endpoints {
@@ -234,6 +244,9 @@ func scenario() []service {
 		{name: "dead", clusterIP: "10.96.0.15", proto: model.TCP, port: 80, nodePort: 30015},
 		{name: "dead-udp", clusterIP: "10.96.0.15", proto: model.UDP, port: 53, nodePort: 30015},
 		{name: "lb", clusterIP: "10.96.0.16", proto: model.TCP, port: 80, lbIPs: []netip.Addr{lbIP}, endpoints: []string{"pod-a"}},
+		// Pods listen on no UDP port 5454: they answer port unreachable.
+		{name: "closed-a", clusterIP: "10.96.0.18", proto: model.UDP, port: 53, nodePort: 30018, target: 5454, endpoints: []string{"pod-a"}},
+		{name: "closed-b", clusterIP: "10.96.0.19", proto: model.UDP, port: 53, nodePort: 30019, target: 5454, endpoints: []string{"pod-b"}},
 		// Only the first external client (198.18.0.10) is in the range.
 		{name: "ranged", clusterIP: "10.96.0.17", proto: model.TCP, port: 80, nodePort: 30017, lbIPs: []netip.Addr{rangedIP},
 			ranges: []netip.Prefix{netip.MustParsePrefix("198.18.0.10/32")}, endpoints: []string{"pod-b"}},
@@ -312,6 +325,17 @@ func TestExternalTraffic(t *testing.T) {
 					t.Errorf("got %+v, want ECONNREFUSED", r)
 				}
 			})
+			for _, np := range []uint16{30018, 30019} {
+				t.Run(fmt.Sprintf("UDP to a port the pod does not listen on (NodePort %d): the pod's port unreachable reaches the client", np), func(t *testing.T) {
+					rep, err := e.client.UDPConnected(e.ctx(), netip.AddrPortFrom(a.IP, np), 1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if r := rep.Results[0]; r.Err != "ECONNREFUSED" {
+						t.Errorf("got %+v, want ECONNREFUSED", r)
+					}
+				})
+			}
 			t.Run("externalTrafficPolicy=Local on a node without endpoints: dropped", func(t *testing.T) {
 				before := e.counter(a, bpfobj.TcLbMetricLB_M_DROP)
 				rep, err := e.client.WithTimeout(time.Second).TCP(e.ctx(), netip.AddrPortFrom(a.IP, 30014), 1)
@@ -379,6 +403,59 @@ func TestExternalTraffic(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestMasqueradeWithPodBridge: with the programs on the pod bridge as well,
+// externalTrafficPolicy=Cluster traffic to a pod on the node is
+// masqueraded to the node's bridge address, as kube-proxy does; policy Local
+// keeps the client's address, and pods' own traffic through the bridge
+// passes untouched.
+func TestMasqueradeWithPodBridge(t *testing.T) {
+	e := newTopology(t)
+	for _, n := range e.nodes {
+		e.attach(n, loader.TCAttachAuto, true)
+	}
+	e.sync(scenario()...)
+	a := e.nodes[0]
+	outside := e.client.IP
+	for _, tc := range []struct {
+		name       string
+		to         netip.AddrPort
+		server     string
+		clientSeen netip.Addr
+	}{
+		{"policy Cluster, backend on the node: the pod sees the bridge address", netip.AddrPortFrom(a.IP, 30010), "pod-a", a.Gateway},
+		{"policy Cluster, backend on the other node: the pod sees the node", netip.AddrPortFrom(a.IP, 30011), "pod-b", a.IP},
+		{"policy Local: the pod sees the client", netip.AddrPortFrom(a.IP, 30013), "pod-a", outside},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep, err := e.client.TCP(e.ctx(), tc.to, 5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rep.Results {
+				if r.Err != "" || r.Server != tc.server || r.ClientSeen.Addr() != tc.clientSeen || r.Peer != tc.to {
+					t.Errorf("got %+v; want served by %s, who sees %s", r, tc.server, tc.clientSeen)
+				}
+			}
+		})
+	}
+	t.Run("a pod's own traffic through the bridge passes", func(t *testing.T) {
+		c, err := e.sb.AddClient(a.Node, "pod-client", netip.Addr{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		to := netip.AddrPortFrom(e.pods["pod-b"].IP, tcpPort)
+		rep, err := c.TCP(e.ctx(), to, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rep.Results {
+			if r.Err != "" || r.Server != "pod-b" || r.ClientSeen.Addr() != c.IP {
+				t.Errorf("got %+v, want pod-b seeing %s", r, c.IP)
+			}
+		}
+	})
 }
 
 // requireTCX skips the tcx variant on kernels without tcx (6.1), where the

@@ -19,14 +19,16 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 )
 
-// The fixture's node: node-a with one device, n0, on the node network. Its
-// routes send node-b's pods to node-b and everything else (the external
-// clients) to the router, each with a permanent neighbour entry so that FIB
-// lookups resolve MAC addresses without ARP.
+// The fixture's node: node-a with its uplink n0 on the node network and p0
+// towards its own pods (10.244.1.0/24, as a pod bridge). Its routes send
+// node-b's pods to node-b and everything else (the external clients) to the
+// router, with permanent neighbour entries so that FIB lookups resolve MAC
+// addresses without ARP.
 const (
 	thisNode  = "node-a"
 	otherNode = "node-b"
 	device    = "n0"
+	podDevice = "p0"
 	snatPort  = 61000
 )
 
@@ -35,8 +37,12 @@ var (
 	nodeBAddr  = netip.MustParseAddr("192.168.77.12")
 	routerAddr = netip.MustParseAddr("192.168.77.1")
 	nodeBPods  = netip.MustParsePrefix("10.244.2.0/24")
+	podGateway = netip.MustParsePrefix("10.244.1.1/24")
 
 	deviceMAC = net.HardwareAddr{0x02, 0x77, 0x00, 0x00, 0x00, 0x11}
+	podDevMAC = net.HardwareAddr{0x02, 0x44, 0x01, 0x00, 0x00, 0x01}
+	// podMAC is every local pod's MAC, as the fixture's neighbours say.
+	podMAC    = net.HardwareAddr{0x02, 0x44, 0x01, 0x00, 0x00, 0x10}
 	nodeBMAC  = net.HardwareAddr{0x02, 0x77, 0x00, 0x00, 0x00, 0x12}
 	routerMAC = net.HardwareAddr{0x02, 0x77, 0x00, 0x00, 0x00, 0x01}
 	// clientMAC is the source of frames arriving from the router.
@@ -50,13 +56,18 @@ type fixture struct {
 	objs    *bpfobj.TcObjects
 	ns      *sandbox.Netns
 	ifindex uint32
-	w       *maps.Writer
+	// podIfindex is p0's.
+	podIfindex uint32
+	w          *maps.Writer
 }
 
 type loadOptions struct {
 	// snatMin and snatMax are the source NAT port range; zero means the
 	// single port snatPort, which makes outputs deterministic.
 	snatMin, snatMax uint16
+	// podDevice makes p0 one of the programs' devices, with its address
+	// for source NAT, as when the agent attaches to the pod bridge.
+	podDevice bool
 }
 
 func newFixture(tb testing.TB, opts loadOptions) *fixture {
@@ -101,13 +112,18 @@ func newFixture(tb testing.TB, opts loadOptions) *fixture {
 			tb.Error(err)
 		}
 	})
-	idx, err := setUpNodeNetwork(f.ns)
+	idx, podIdx, err := setUpNodeNetwork(f.ns)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	f.ifindex = uint32(idx)
+	f.ifindex, f.podIfindex = uint32(idx), uint32(podIdx)
 	if err := f.objs.Tc4SnatAddrsV1.Put(f.ifindex, bpfobj.TcTc4SnatAddr{Address: be32(nodeAddr)}); err != nil {
 		tb.Fatal(err)
+	}
+	if opts.podDevice {
+		if err := f.objs.Tc4SnatAddrsV1.Put(f.podIfindex, bpfobj.TcTc4SnatAddr{Address: be32(podGateway.Addr())}); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	f.w, err = maps.NewWriter(maps.Maps{
 		Services: maps.FromKernel[maps.ServiceKey, maps.ServiceValue](f.objs.Lb4ServicesV1),
@@ -124,29 +140,58 @@ func newFixture(tb testing.TB, opts loadOptions) *fixture {
 	return f
 }
 
-// setUpNodeNetwork creates the node's device in ns with its address,
-// routes and neighbours, and turns forwarding on, as on a node.
-func setUpNodeNetwork(ns *sandbox.Netns) (int, error) {
+// setUpNodeNetwork creates the node's devices in ns with their addresses,
+// routes and neighbours, and turns forwarding on, as on a node. It returns
+// the ifindexes of n0 and p0.
+func setUpNodeNetwork(ns *sandbox.Netns) (int, int, error) {
 	nl := ns.Netlink()
+	pod := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: podDevice, HardwareAddr: podDevMAC}, PeerName: podDevice + "p"}
+	if err := nl.LinkAdd(pod); err != nil {
+		return 0, 0, fmt.Errorf("add %s: %w", podDevice, err)
+	}
+	podLink, err := nl.LinkByName(podDevice)
+	if err != nil {
+		return 0, 0, err
+	}
+	podPeer, err := nl.LinkByName(podDevice + "p")
+	if err != nil {
+		return 0, 0, err
+	}
+	gw := &netlink.Addr{IPNet: &net.IPNet{IP: podGateway.Addr().AsSlice(), Mask: net.CIDRMask(podGateway.Bits(), 32)}}
+	if err := nl.AddrAdd(podLink, gw); err != nil {
+		return 0, 0, fmt.Errorf("address %s: %w", podDevice, err)
+	}
+	for _, l := range []netlink.Link{podPeer, podLink} {
+		if err := nl.LinkSetUp(l); err != nil {
+			return 0, 0, fmt.Errorf("set %s up: %w", l.Attrs().Name, err)
+		}
+	}
+	for i := 10; i < 40; i++ {
+		neigh := &netlink.Neigh{LinkIndex: podLink.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+			IP: net.IPv4(10, 244, 1, byte(i)), HardwareAddr: podMAC}
+		if err := nl.NeighSet(neigh); err != nil {
+			return 0, 0, fmt.Errorf("neighbour of pod %d: %w", i, err)
+		}
+	}
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: device, HardwareAddr: deviceMAC}, PeerName: device + "p"}
 	if err := nl.LinkAdd(veth); err != nil {
-		return 0, fmt.Errorf("add %s: %w", device, err)
+		return 0, 0, fmt.Errorf("add %s: %w", device, err)
 	}
 	link, err := nl.LinkByName(device)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	peer, err := nl.LinkByName(device + "p")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: nodeAddr.AsSlice(), Mask: net.CIDRMask(24, 32)}}
 	if err := nl.AddrAdd(link, addr); err != nil {
-		return 0, fmt.Errorf("address %s: %w", device, err)
+		return 0, 0, fmt.Errorf("address %s: %w", device, err)
 	}
 	for _, l := range []netlink.Link{peer, link} {
 		if err := nl.LinkSetUp(l); err != nil {
-			return 0, fmt.Errorf("set %s up: %w", l.Attrs().Name, err)
+			return 0, 0, fmt.Errorf("set %s up: %w", l.Attrs().Name, err)
 		}
 	}
 	for _, n := range []struct {
@@ -155,7 +200,7 @@ func setUpNodeNetwork(ns *sandbox.Netns) (int, error) {
 	}{{nodeBAddr, nodeBMAC}, {routerAddr, routerMAC}} {
 		neigh := &netlink.Neigh{LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT, IP: n.ip.AsSlice(), HardwareAddr: n.mac}
 		if err := nl.NeighSet(neigh); err != nil {
-			return 0, fmt.Errorf("neighbour %s: %w", n.ip, err)
+			return 0, 0, fmt.Errorf("neighbour %s: %w", n.ip, err)
 		}
 	}
 	routes := []*netlink.Route{
@@ -164,16 +209,16 @@ func setUpNodeNetwork(ns *sandbox.Netns) (int, error) {
 	}
 	for _, r := range routes {
 		if err := nl.RouteAdd(r); err != nil {
-			return 0, fmt.Errorf("route %v: %w", r, err)
+			return 0, 0, fmt.Errorf("route %v: %w", r, err)
 		}
 	}
 	err = ns.Do(func() error {
 		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644)
 	})
 	if err != nil {
-		return 0, fmt.Errorf("enable forwarding: %w", err)
+		return 0, 0, fmt.Errorf("enable forwarding: %w", err)
 	}
-	return link.Attrs().Index, nil
+	return link.Attrs().Index, podLink.Attrs().Index, nil
 }
 
 // sync programs the Services of st as the agent does.

@@ -97,6 +97,8 @@ func (f *fixture) counted(m bpfobj.TcLbMetric, want uint64) (func(testing.TB), f
 type row struct {
 	pktest.Case
 	egress bool
+	// onPodDevice runs the case on p0 rather than n0.
+	onPodDevice bool
 }
 
 // run runs rows in order, each on the fixture's device inside its
@@ -107,6 +109,9 @@ func (f *fixture) run(t *testing.T, rows []row) {
 		c := r.Case
 		c.Do = f.ns.Do
 		c.SKB = &pktest.SKBContext{Ifindex: f.ifindex}
+		if r.onPodDevice {
+			c.SKB.Ifindex = f.podIfindex
+		}
 		prog := f.objs.TcIngress
 		if r.egress {
 			prog = f.objs.TcEgress
@@ -391,5 +396,99 @@ func TestSourceRanges(t *testing.T) {
 		{Case: pktest.Case{Name: "client inside a /24 range", In: other.Bytes(), Verdict: pktest.TCActOK, Out: other.WithDst(localWeb).Bytes()}},
 		{Case: pktest.Case{Name: "client outside the ranges: dropped and counted", In: outside.Bytes(), Verdict: pktest.TCActShot, Setup: blocked, Check: blockedOK}},
 		{Case: pktest.Case{Name: "the same client through the NodePort", In: viaNodePort.Bytes(), Verdict: pktest.TCActOK, Out: viaNodePort.WithDst(localWeb).Bytes()}},
+	})
+}
+
+// TestMasqueradeToLocalBackends: with the pod device among the programs'
+// devices, externalTrafficPolicy=Cluster traffic to an endpoint on the node
+// is masqueraded to the pod gateway address, as kube-proxy does, and the
+// reply is caught on the pod device; policy Local keeps the client.
+func TestMasqueradeToLocalBackends(t *testing.T) {
+	f := newFixture(t, loadOptions{podDevice: true})
+	f.sync(t, fixtureState())
+	gw := netip.AddrPortFrom(podGateway.Addr(), snatPort)
+	syn := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.SYN))
+	toPod := func(b pktest.Builder) pktest.Builder { return b.WithMACs(podDevMAC, podMAC) }
+	fromPod := func(b pktest.Builder) pktest.Builder { return b.WithMACs(podMAC, podDevMAC) }
+	etpLocal := fromOutside(pktest.TCP(client, np(npETPLocal), pktest.SYN))
+	f.run(t, []row{
+		{Case: pktest.Case{
+			Name: "policy Cluster, local backend: SNAT to the pod gateway, sent to the pod", In: syn.Bytes(),
+			Verdict: pktest.TCActRedirect, Out: toPod(syn.WithSrc(gw).WithDst(localWeb).WithTTL(63)).Bytes(),
+		}},
+		{onPodDevice: true, Case: pktest.Case{
+			Name:    "the pod's reply at the pod device: back to the client from the NodePort",
+			In:      fromPod(pktest.TCP(localWeb, gw, pktest.SYN|pktest.ACK)).Bytes(),
+			Verdict: pktest.TCActRedirect, Out: toRouter(pktest.TCP(np(npWebLocal), client, pktest.SYN|pktest.ACK).WithTTL(63)).Bytes(),
+		}},
+		{Case: pktest.Case{
+			Name: "policy Local: the client address is kept", In: etpLocal.Bytes(),
+			Verdict: pktest.TCActOK, Out: etpLocal.WithDst(etpLocalEP).Bytes(),
+		}},
+	})
+}
+
+// TestICMPErrors: ICMP errors about tracked flows reach the host that sent
+// the quoted packet, quoting it as that host sent it: path MTU discovery
+// through a NodePort, and a backend's port unreachable reaching the client.
+func TestICMPErrors(t *testing.T) {
+	f := newFixture(t, loadOptions{})
+	f.sync(t, fixtureState())
+	router := netip.MustParseAddr("198.51.100.1")
+	const mtu = 1400
+	fragNeeded := func(from, to netip.Addr, about pktest.Builder) pktest.Builder {
+		return pktest.ICMPUnreachable(from, to, pktest.ICMPFragNeeded, about.IPBytes()).WithNextHopMTU(mtu)
+	}
+	synLocal := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.SYN))
+	synRemote := fromOutside(pktest.TCP(client, np(npWebRemote), pktest.SYN))
+	query := fromOutside(pktest.UDP(client, np(npDNSRemote)).WithPayload([]byte("query")))
+	// Replies as they left the node, and as their backends sent them.
+	bigLocal := pktest.TCP(np(npWebLocal), client, pktest.ACK).WithPayload(make([]byte, 100))
+	bigLocalSent := pktest.TCP(localWeb, client, pktest.ACK).WithPayload(make([]byte, 100))
+	bigRemote := pktest.TCP(np(npWebRemote), client, pktest.ACK).WithPayload(make([]byte, 100))
+	bigRemoteSent := pktest.TCP(remoteWeb, snatSrc, pktest.ACK).WithPayload(make([]byte, 100))
+	// The query as node-b's pod got it, and as the client sent it.
+	queryGot := pktest.UDP(snatSrc, remoteDNS).WithPayload([]byte("query")).WithTTL(63)
+	querySent := pktest.UDP(client, np(npDNSRemote)).WithPayload([]byte("query"))
+	xlated, xlatedOK := f.counted(bpfobj.TcLbMetricLB_M_TC_ICMP_XLATE, 1)
+
+	f.run(t, []row{
+		{Case: pktest.Case{Name: "flow to a local backend", In: synLocal.Bytes(), Verdict: pktest.TCActOK, Out: synLocal.WithDst(localWeb).Bytes()}},
+		{Case: pktest.Case{Name: "flow to a remote backend", In: synRemote.Bytes(), Verdict: pktest.TCActRedirect, Out: toNodeB(synRemote.WithSrc(snatSrc).WithDst(remoteWeb).WithTTL(63)).Bytes()}},
+		{Case: pktest.Case{Name: "UDP flow to a remote backend", In: query.Bytes(), Verdict: pktest.TCActRedirect, Out: toNodeB(queryGot).Bytes()}},
+		{Case: pktest.Case{
+			Name:    "fragmentation needed for a local backend's reply: to the pod, about its own packet",
+			In:      fromOutside(fragNeeded(router, nodeAddr, bigLocal)).Bytes(),
+			Verdict: pktest.TCActOK, Out: fromOutside(fragNeeded(router, localWeb.Addr(), bigLocalSent)).Bytes(),
+			Setup: xlated, Check: xlatedOK,
+		}},
+		{Case: pktest.Case{
+			Name:    "fragmentation needed for a remote backend's reply: to node-b's pod, about its packet to the SNAT port",
+			In:      fromOutside(fragNeeded(router, nodeAddr, bigRemote)).Bytes(),
+			Verdict: pktest.TCActRedirect, Out: toNodeB(fragNeeded(router, remoteWeb.Addr(), bigRemoteSent).WithTTL(63)).Bytes(),
+		}},
+		{Case: pktest.Case{
+			Name:    "port unreachable from node-b's pod: to the client from the NodePort, about its own datagram",
+			In:      fromNodeB(pktest.ICMPUnreachable(remoteDNS.Addr(), nodeAddr, pktest.ICMPPortUnreachable, queryGot.IPBytes())).Bytes(),
+			Verdict: pktest.TCActRedirect,
+			Out:     toRouter(pktest.ICMPUnreachable(nodeAddr, client.Addr(), pktest.ICMPPortUnreachable, querySent.WithTTL(63).IPBytes()).WithTTL(63)).Bytes(),
+		}},
+		{egress: true, Case: pktest.Case{
+			Name: "port unreachable from a local pod: from the NodePort, about the client's packet",
+			In: toRouter(pktest.ICMPUnreachable(localWeb.Addr(), client.Addr(), pktest.ICMPPortUnreachable,
+				synLocal.WithDst(localWeb).IPBytes())).Bytes(),
+			Verdict: pktest.TCActOK,
+			Out:     toRouter(pktest.ICMPUnreachable(nodeAddr, client.Addr(), pktest.ICMPPortUnreachable, synLocal.IPBytes())).Bytes(),
+		}},
+		{Case: pktest.Case{
+			Name:    "an ICMP error about a flow nobody tracks passes",
+			In:      fromOutside(fragNeeded(router, nodeAddr, pktest.TCP(np(22), client, pktest.ACK))).Bytes(),
+			Verdict: pktest.TCActUnspec,
+		}},
+		{Case: pktest.Case{
+			Name:    "an ICMP error about a tracked flow but addressed elsewhere passes",
+			In:      fromOutside(fragNeeded(router, nodeBAddr, bigLocal)).Bytes(),
+			Verdict: pktest.TCActUnspec,
+		}},
 	})
 }
