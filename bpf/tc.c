@@ -379,6 +379,30 @@ static __always_inline int tc_icmp_error(struct __sk_buff *skb, struct pkt4 *p, 
 	return tc_send(skb, p, snat);
 }
 
+/* tc_forget_stale_reply drops the reply entry of an earlier flow that a new
+ * connection reuses: a client that reached a local backend through a
+ * frontend, and now connects to that backend directly (a pod on another
+ * node through the ClusterIP) from the same port, must not have the
+ * backend's answers rewritten to come from the frontend. A new SYN is the
+ * only packet that can start such a connection. */
+static __always_inline void tc_forget_stale_reply(const struct pkt4 *p)
+{
+	struct ct4_key rkey = {
+		.saddr = p->daddr,
+		.daddr = p->saddr,
+		.sport = p->dport,
+		.dport = p->sport,
+		.proto = p->proto,
+		.dir = CT_DIR_REPLY,
+	};
+	struct ct4_entry *e = bpf_map_lookup_elem(&tc4_ct_v1, &rkey);
+
+	if (e && !(e->flags & CT_F_SNAT)) {
+		bpf_map_delete_elem(&tc4_ct_v1, &rkey);
+		lb_count(LB_M_TC_STALE_REPLY);
+	}
+}
+
 SEC("tc")
 int tc_ingress(struct __sk_buff *skb)
 {
@@ -410,6 +434,8 @@ int tc_ingress(struct __sk_buff *skb)
 			lb_count(LB_M_TC_FWD);
 			return tc_xlate_orig(skb, &p, e);
 		}
+		if (p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+			tc_forget_stale_reply(&p);
 		/* Replies to source-NATed flows come back to a port of the
 		 * source NAT range: most packets need no second lookup. */
 		port = bpf_ntohs(p.dport);

@@ -104,7 +104,8 @@ const (
 	SockLbMetricLB_M_TC_SOURCE_RANGE   SockLbMetric = 22
 	SockLbMetricLB_M_MAGLEV            SockLbMetric = 23
 	SockLbMetricLB_M_TC_ICMP_XLATE     SockLbMetric = 24
-	SockLbMetricLB_M_MAX               SockLbMetric = 25
+	SockLbMetricLB_M_TC_STALE_REPLY    SockLbMetric = 25
+	SockLbMetricLB_M_MAX               SockLbMetric = 26
 )
 
 type SockSock4Revnat struct {

@@ -128,7 +128,8 @@ const (
 	TcLbMetricLB_M_TC_SOURCE_RANGE   TcLbMetric = 22
 	TcLbMetricLB_M_MAGLEV            TcLbMetric = 23
 	TcLbMetricLB_M_TC_ICMP_XLATE     TcLbMetric = 24
-	TcLbMetricLB_M_MAX               TcLbMetric = 25
+	TcLbMetricLB_M_TC_STALE_REPLY    TcLbMetric = 25
+	TcLbMetricLB_M_MAX               TcLbMetric = 26
 )
 
 type TcSock4Revnat struct {

@@ -354,6 +354,7 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_TC_SOURCE_RANGE:   "tc_dropped_source_range",
 	bpfobj.SockLbMetricLB_M_MAGLEV:            "tc_maglev_selected",
 	bpfobj.SockLbMetricLB_M_TC_ICMP_XLATE:     "tc_icmp_error_translated",
+	bpfobj.SockLbMetricLB_M_TC_STALE_REPLY:    "tc_stale_reply_dropped",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,

@@ -492,3 +492,23 @@ func TestICMPErrors(t *testing.T) {
 		}},
 	})
 }
+
+// TestANewConnectionReusingAFlowsTupleIsNotTranslated: a client that reached
+// a local backend through a NodePort and then connects to the backend
+// directly from the same port (a pod on another node through the ClusterIP,
+// translated by its own node's socket hooks) gets the backend's answers as
+// they are, not rewritten to come from the NodePort.
+func TestANewConnectionReusingAFlowsTupleIsNotTranslated(t *testing.T) {
+	f := newFixture(t, loadOptions{})
+	f.sync(t, fixtureState())
+	viaNodePort := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.SYN))
+	direct := fromOutside(pktest.TCP(client, localWeb, pktest.SYN))
+	synAck := toRouter(pktest.TCP(localWeb, client, pktest.SYN|pktest.ACK))
+	before, after := f.counted(bpfobj.TcLbMetricLB_M_TC_STALE_REPLY, 1)
+	f.run(t, []row{
+		{Case: pktest.Case{Name: "through the NodePort", In: viaNodePort.Bytes(), Verdict: pktest.TCActOK, Out: viaNodePort.WithDst(localWeb).Bytes()}},
+		{Case: pktest.Case{Name: "its answer comes from the NodePort", In: synAck.Bytes(), Verdict: pktest.TCActOK, Out: synAck.WithSrc(np(npWebLocal)).Bytes()}, egress: true},
+		{Case: pktest.Case{Name: "a new connection straight to the backend from the same port", In: direct.Bytes(), Verdict: pktest.TCActUnspec, Setup: before, Check: after}},
+		{Case: pktest.Case{Name: "its answer is left alone", In: synAck.Bytes(), Verdict: pktest.TCActUnspec}, egress: true},
+	})
+}
