@@ -145,7 +145,8 @@ static __always_inline bool tc_source_allowed(const struct lb4_service *svc, con
 /* tc_select picks the backend of a new flow: the one the ServicePort's
  * Maglev table holds for the flow's hash when it has a table, else one at
  * random. */
-static __always_inline struct lb4_backend *tc_select(struct lb4_key *lkey, const struct lb4_service *svc,
+static __always_inline struct lb4_backend *tc_select(struct lb4_key *lkey,
+						     const struct lb4_service *svc,
 						     const struct pkt4 *p, __u32 *backend_id)
 {
 	__u32 hash = flow_hash(p->saddr, p->daddr, p->sport, p->dport, p->proto);
@@ -434,7 +435,8 @@ int tc_ingress(struct __sk_buff *skb)
 			lb_count(LB_M_TC_FWD);
 			return tc_xlate_orig(skb, &p, e);
 		}
-		if (p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		if (p.proto == IPPROTO_TCP &&
+		    (p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
 			tc_forget_stale_reply(&p);
 		/* Replies to source-NATed flows come back to a port of the
 		 * source NAT range: most packets need no second lookup. */

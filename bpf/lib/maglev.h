@@ -57,7 +57,8 @@ static __always_inline __u32 rol32(__u32 word, unsigned int shift)
 /* flow_hash is Bob Jenkins' lookup3 final mix over the flow's addresses,
  * ports and protocol with a fixed seed: the same on every node, unlike the
  * kernel's skb hash, which is seeded at boot. */
-static __always_inline __u32 flow_hash(__be32 saddr, __be32 daddr, __be16 sport, __be16 dport, __u8 proto)
+static __always_inline __u32 flow_hash(__be32 saddr, __be32 daddr, __be16 sport, __be16 dport,
+				       __u8 proto)
 {
 	__u32 a = (__u32)saddr + 0xdeadbeef + 12;
 	__u32 b = (__u32)daddr + 0xdeadbeef + 12;

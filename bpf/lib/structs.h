@@ -232,7 +232,7 @@ enum lb_metric {
 	LB_M_TC_SOURCE_RANGE,	/* TC: client outside loadBalancerSourceRanges */
 	LB_M_MAGLEV,		/* TC: backend chosen by a Maglev table */
 	LB_M_TC_ICMP_XLATE,	/* TC: ICMP error about a tracked flow translated */
-	LB_M_TC_STALE_REPLY,	/* TC: reply entry of a flow whose tuple a new connection reuses, dropped */
+	LB_M_TC_STALE_REPLY,	/* TC: stale reply entry of a reused tuple dropped */
 	LB_M_MAX,
 };
 
