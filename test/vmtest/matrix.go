@@ -42,6 +42,19 @@ type matrixFlags struct {
 	out        string
 	jobTimeout time.Duration
 	buildFlags string
+	// timeoutSet: --timeout was given; otherwise a VM's deadline grows
+	// with the number of test binaries it runs (vmDeadline).
+	timeoutSet bool
+}
+
+// vmDeadline is the default deadline of a VM that runs n test binaries:
+// boot plus a generous allowance per binary. The packages' own run times
+// under TCG add up to several minutes and grow with the suite, and a busy
+// host stretches them by half again, so a fixed deadline made the matrix
+// fail for want of time while every test was passing. A binary that hangs
+// is still stopped by its own --job-timeout.
+func vmDeadline(n int) time.Duration {
+	return 2*time.Minute + time.Duration(n)*90*time.Second
 }
 
 func matrixMain(ctx context.Context, args []string) int {
@@ -56,6 +69,11 @@ func matrixMain(ctx context.Context, args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "timeout" {
+			mf.timeoutSet = true
+		}
+	})
 	patterns := fs.Args()
 	if len(patterns) == 0 {
 		patterns = []string{"./test/vmtest/..."}
@@ -279,6 +297,9 @@ func (mf *matrixFlags) runVM(ctx context.Context, c *column, k *kernel.Kernel, p
 			Stderr:  f,
 		})
 		idx = append(idx, i)
+	}
+	if !mf.timeoutSet {
+		cfg.Timeout = vmDeadline(len(jobs))
 	}
 	res, err := vm.Run(ctx, cfg, jobs)
 	for _, f := range logs {
