@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
+	"strings"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
@@ -213,8 +216,13 @@ func startIPTables(ctx context.Context, o *options, m *metrics.Metrics, log *zap
 	if o.nodePortPrimary {
 		return nil, fmt.Errorf("--nodeport-addresses=primary is supported in ebpf mode only; give the node's IP as a /32")
 	}
+	local, err := o.localDetector()
+	if err != nil {
+		return nil, err
+	}
 	d, err := iptables.New(ctx, iptables.Config{
 		ClusterCIDR:       o.clusterPrefix,
+		LocalDetector:     local,
 		MasqueradeAll:     o.masqueradeAll,
 		MasqueradeBit:     int(o.masqueradeBit),
 		NodePortAddresses: o.nodePortPrefixes,
@@ -241,9 +249,21 @@ func startIPVS(ctx context.Context, o *options, m *metrics.Metrics, log *zap.Log
 	if o.nodePortPrimary {
 		return nil, fmt.Errorf("--nodeport-addresses=primary is supported in ebpf mode only; give the node's IP as a /32")
 	}
+	local, err := o.localDetector()
+	if err != nil {
+		return nil, err
+	}
+	var exclude []netip.Prefix
+	for _, c := range o.ipvsExcludeCIDRs {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(c)); err == nil && p.Addr().Is4() {
+			exclude = append(exclude, p.Masked())
+		}
+	}
 	d, err := ipvs.New(ctx, ipvs.Config{
 		Scheduler:         o.ipvsScheduler,
 		ClusterCIDR:       o.clusterPrefix,
+		LocalDetector:     local,
+		ExcludeCIDRs:      exclude,
 		MasqueradeAll:     o.masqueradeAll,
 		MasqueradeBit:     int(o.masqueradeBit),
 		NodePortAddresses: o.nodePortPrefixes,
@@ -282,4 +302,19 @@ func cleanupAll(ctx context.Context, o *options, log *zap.Logger) error {
 		return fmt.Errorf("cleanup: %w", err)
 	}
 	return nil
+}
+
+// localDetector is --detect-local-mode for the fallback dataplanes. The
+// zero detector with ClusterCIDR (or its default) lets them use
+// --cluster-cidr.
+func (o *options) localDetector() (xtables.LocalDetector, error) {
+	switch o.detectLocalMode {
+	case detectLocalBridgeInterface:
+		return xtables.LocalDetector{Bridge: o.podBridgeInterface}, nil
+	case detectLocalInterfaceNamePrefix:
+		return xtables.LocalDetector{InterfacePrefix: o.podInterfacePrefix}, nil
+	case detectLocalNodeCIDR:
+		return xtables.LocalDetector{}, fmt.Errorf("--detect-local-mode=NodeCIDR is not supported in iptables and ipvs mode: use ClusterCIDR with --cluster-cidr, BridgeInterface or InterfaceNamePrefix")
+	}
+	return xtables.LocalDetector{}, nil
 }

@@ -36,6 +36,33 @@ type options struct {
 	minSyncPeriod      time.Duration
 	nodePortAddresses  []string
 
+	// kube-proxy's remaining flags, and its configuration file.
+	configFile         string
+	writeConfigTo      string
+	initOnly           bool
+	featureGates       map[string]string
+	kubeAPIContentType string
+	kubeAPIQPS         float32
+	kubeAPIBurst       int32
+	bindAddress        string
+	showHiddenMetrics  string
+	loggingFormat      string
+	oomScoreAdj        int32
+	iptablesSyncPeriod time.Duration
+	iptablesMinSync    time.Duration
+	localhostNodePorts bool
+	ipvsSyncPeriod     time.Duration
+	ipvsMinSync        time.Duration
+	ipvsExcludeCIDRs   []string
+	ipvsStrictARP      bool
+	detectLocalMode    string
+	podBridgeInterface string
+	podInterfacePrefix string
+	conntrack          conntrackOptions
+	// Parsed by validate.
+	nodeIP netip.Addr
+	gates  featureGates
+
 	// The fallback dataplanes' settings, under kube-proxy's flag names.
 	clusterCIDR       string
 	masqueradeAll     bool
@@ -76,6 +103,18 @@ func defaultOptions() *options {
 		terminateSockets:   true,
 		conntrackSize:      loader.DefaultConntrackSize,
 		lbAlgorithm:        model.LBRandom.String(),
+		kubeAPIContentType: "application/vnd.kubernetes.protobuf",
+		kubeAPIQPS:         5,
+		kubeAPIBurst:       10,
+		bindAddress:        "0.0.0.0",
+		loggingFormat:      "json",
+		oomScoreAdj:        -999,
+		iptablesSyncPeriod: 30 * time.Second,
+		iptablesMinSync:    time.Second,
+		localhostNodePorts: true,
+		ipvsSyncPeriod:     30 * time.Second,
+		ipvsMinSync:        0,
+		conntrack:          defaultConntrack(),
 	}
 }
 
@@ -114,6 +153,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.Uint32Var(&o.conntrackSize, "bpf-map-conntrack-max", o.conntrackSize, "Capacity of the TC connection tracking LRU: two entries per flow from outside the node.")
 	fs.Uint32Var(&o.mapSizes.Affinity, "bpf-map-affinity-max", o.mapSizes.Affinity, "Capacity of the session affinity LRU: (client, Service port) pairs remembered.")
 	fs.StringVar(&o.lbAlgorithm, "lb-algorithm", o.lbAlgorithm, "How traffic from outside the node picks a backend for a new flow: 'random' (as kube-proxy) or 'maglev' (consistent hashing: every node picks the same backend for a flow). A Service's annotation "+k8swatch.AnnotationLBAlgorithm+" overrides it.")
+	o.addKubeProxyFlags(fs)
 	fs.Uint32Var(&o.mapSizes.MaglevTable, "maglev-table-size", o.mapSizes.MaglevTable, "Entries of a Maglev table, a prime well above the largest backend count (4 bytes each, per Service port that uses Maglev).")
 }
 
@@ -166,7 +206,7 @@ func (o *options) validate() error {
 	if _, err := nodeaddrs.Parse(o.nodePortAddresses, false); err != nil {
 		return err
 	}
-	return nil
+	return o.validateKubeProxyFlags()
 }
 
 // parseClusterCIDR returns the IPv4 prefix of --cluster-cidr, which may
