@@ -73,6 +73,7 @@ e2e-bench: k8s-binaries e2e-agent
 # as ratios against the baseline. Not part of make test. Settings:
 #   EBPF_PROXY_BENCH_RPS_DURATION=5s  measured time per phase
 #   EBPF_PROXY_BENCH_RPS_WORKERS=8    concurrent connections
+#   EBPF_PROXY_BENCH_RPS_ROUNDS=1     rounds, interleaved; medians reported
 #   EBPF_PROXY_BENCH_RPS_PROXIES=iptables,ebpf,ebpf-iptables
 #     (also known: iptables-nft, nftables; see rpsRows in test/e2e/bench)
 .PHONY: e2e-bench-rps

@@ -35,6 +35,10 @@ const (
 	envRPSDuration = "EBPF_PROXY_BENCH_RPS_DURATION" // measured time per phase, default 5s
 	envRPSWorkers  = "EBPF_PROXY_BENCH_RPS_WORKERS"  // concurrent connections, default 8
 	envRPSRows     = "EBPF_PROXY_BENCH_RPS_PROXIES"  // rows to run, default "iptables,ebpf,ebpf-iptables"
+	// envRPSRounds repeats every row, interleaved (A B C A B C), so that a
+	// change of the shared machine's load over the run favours no row;
+	// default 1.
+	envRPSRounds = "EBPF_PROXY_BENCH_RPS_ROUNDS"
 )
 
 // rpsRow is one proxy set-up of the benchmark; every node runs it.
@@ -73,13 +77,13 @@ var rpsRows = []rpsRow{
 var rpsDefaultRows = []string{rpsBaseline, "ebpf", "ebpf-iptables"}
 
 type rpsConfig struct {
-	duration time.Duration
-	workers  int
-	rows     []rpsRow
+	duration        time.Duration
+	workers, rounds int
+	rows            []rpsRow
 }
 
 func rpsConfigFromEnv() (rpsConfig, error) {
-	cfg := rpsConfig{duration: 5 * time.Second, workers: 8}
+	cfg := rpsConfig{duration: 5 * time.Second, workers: 8, rounds: 1}
 	if s := os.Getenv(envRPSDuration); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil || d <= 0 || d > 10*time.Minute {
@@ -93,6 +97,13 @@ func rpsConfigFromEnv() (rpsConfig, error) {
 			return cfg, fmt.Errorf("%s=%q: want a number in [1, 256]", envRPSWorkers, s)
 		}
 		cfg.workers = n
+	}
+	if s := os.Getenv(envRPSRounds); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 20 {
+			return cfg, fmt.Errorf("%s=%q: want a number in [1, 20]", envRPSRounds, s)
+		}
+		cfg.rounds = n
 	}
 	names := rpsDefaultRows
 	if s := os.Getenv(envRPSRows); s != "" {
@@ -133,6 +144,7 @@ const (
 // rpsResult is one row's measurement.
 type rpsResult struct {
 	row        rpsRow
+	round      int
 	readyAfter time.Duration
 	newConn    rpsPhase
 	persistent rpsPhase
@@ -168,13 +180,16 @@ func BenchmarkNodePortRPS(b *testing.B) {
 		b.Fatal(err)
 	}
 	var results []rpsResult
-	for _, row := range cfg.rows {
-		b.Run(row.name, func(b *testing.B) {
-			r := measureRPS(b, c, row, cfg)
-			results = append(results, r)
-			b.ReportMetric(r.newConn.PerSecond(), "new-conn-req/s")
-			b.ReportMetric(r.persistent.PerSecond(), "persistent-req/s")
-		})
+	for round := range cfg.rounds {
+		for _, row := range cfg.rows {
+			b.Run(row.name, func(b *testing.B) {
+				r := measureRPS(b, c, row, cfg)
+				r.round = round
+				results = append(results, r)
+				b.ReportMetric(r.newConn.PerSecond(), "new-conn-req/s")
+				b.ReportMetric(r.persistent.PerSecond(), "persistent-req/s")
+			})
+		}
 	}
 	table := rpsSummary(cfg, results)
 	b.Log("\n" + table)
@@ -436,60 +451,113 @@ func loadAverage() string {
 }
 
 // rpsSummary renders the results as a table and one line of ratios against
-// the baseline.
+// the baseline per mode. With several rounds a rate is the median of the
+// rounds (their range follows it), and a ratio the median of the rounds'
+// ratios, each against the baseline of its own round.
 func rpsSummary(cfg rpsConfig, rs []rpsResult) string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "nodeport-rps: external client → node-a:%d (NodePort) → pod on node-b; %d workers, %s per phase after %s of warmup; %d cores\n",
-		rpsNodePort, cfg.workers, cfg.duration, rpsWarmup, runtime.NumCPU())
-	var base *rpsResult
-	for i := range rs {
-		if rs[i].row.name == rpsBaseline {
-			base = &rs[i]
+	fmt.Fprintf(&sb, "nodeport-rps: external client → node-a:%d (NodePort) → pod on node-b; %d workers, %s per phase after %s of warmup; %d round(s); %d cores\n",
+		rpsNodePort, cfg.workers, cfg.duration, rpsWarmup, cfg.rounds, runtime.NumCPU())
+	base := map[int]rpsResult{}
+	for _, r := range rs {
+		if r.row.name == rpsBaseline {
+			base[r.round] = r
 		}
 	}
-	ratio := func(v, b float64) string {
-		if base == nil || b == 0 {
-			return "-"
+	rate := func(r rpsResult, mode string) float64 {
+		if mode == modeNewConn {
+			return r.newConn.PerSecond()
 		}
-		return fmt.Sprintf("%.2fx", v/b)
+		return r.persistent.PerSecond()
+	}
+	// stats are a row's median rate, its range and its median ratio.
+	stats := func(row rpsRow, mode string) (rateText, ratioText string) {
+		var rates, ratios []float64
+		for _, r := range rs {
+			if r.row.name != row.name {
+				continue
+			}
+			rates = append(rates, rate(r, mode))
+			if b, ok := base[r.round]; ok && rate(b, mode) > 0 {
+				ratios = append(ratios, rate(r, mode)/rate(b, mode))
+			}
+		}
+		if len(rates) == 0 {
+			return "-", "-"
+		}
+		rateText = fmt.Sprintf("%.0f", median(rates))
+		if len(rates) > 1 {
+			rateText += fmt.Sprintf(" (%.0f–%.0f)", slices.Min(rates), slices.Max(rates))
+		}
+		ratioText = "-"
+		if len(ratios) > 0 {
+			ratioText = fmt.Sprintf("%.2fx", median(ratios))
+		}
+		return rateText, ratioText
+	}
+	phases := func(row rpsRow, mode string) rpsPhase {
+		sum := rpsPhase{Errors: map[string]uint64{}}
+		for _, r := range rs {
+			if r.row.name != row.name {
+				continue
+			}
+			p := r.persistent
+			if mode == modeNewConn {
+				p = r.newConn
+			}
+			sum.Requests += p.Requests
+			for k, v := range p.Errors {
+				sum.Errors[k] += v
+			}
+		}
+		return sum
 	}
 	w := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "proxy\tnew-conn req/s\tvs iptables\tfailed\tpersistent req/s\tvs iptables\tfailed\tfirst answer after\tload avg before/after")
-	for _, r := range rs {
-		var bn, bp float64
-		if base != nil {
-			bn, bp = base.newConn.PerSecond(), base.persistent.PerSecond()
+	for _, row := range cfg.rows {
+		nRate, nRatio := stats(row, modeNewConn)
+		pRate, pRatio := stats(row, modePersistent)
+		var ready, load []string
+		for _, r := range rs {
+			if r.row.name == row.name {
+				ready = append(ready, ms(r.readyAfter))
+				load = append(load, r.loadBefore+"/"+r.loadAfter)
+			}
 		}
-		fmt.Fprintf(w, "%s\t%.0f\t%s\t%s\t%.0f\t%s\t%s\t%s\t%s/%s\n", r.row.label,
-			r.newConn.PerSecond(), ratio(r.newConn.PerSecond(), bn), failed(r.newConn),
-			r.persistent.PerSecond(), ratio(r.persistent.PerSecond(), bp), failed(r.persistent),
-			ms(r.readyAfter), r.loadBefore, r.loadAfter)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", row.label, nRate, nRatio, failed(phases(row, modeNewConn)),
+			pRate, pRatio, failed(phases(row, modePersistent)), strings.Join(ready, ", "), strings.Join(load, ", "))
 	}
 	w.Flush()
 	for _, r := range rs {
 		if r.events != "" {
-			fmt.Fprintf(&sb, "%s, node-a's TC events: %s\n", r.row.label, r.events)
+			fmt.Fprintf(&sb, "%s, round %d, node-a's TC events: %s\n", r.row.label, r.round+1, r.events)
 		}
 	}
-	if base == nil {
+	if len(base) == 0 {
 		fmt.Fprintf(&sb, "nodeport-rps: no ratios, the baseline %q did not run\n", rpsBaseline)
 		return sb.String()
 	}
 	for _, mode := range []string{modeNewConn, modePersistent} {
 		line := "nodeport-rps: " + mode
-		for _, r := range rs {
-			if r.row.name == rpsBaseline {
+		for _, row := range cfg.rows {
+			if row.name == rpsBaseline {
 				continue
 			}
-			v, bv := r.newConn.PerSecond(), base.newConn.PerSecond()
-			if mode == modePersistent {
-				v, bv = r.persistent.PerSecond(), base.persistent.PerSecond()
-			}
-			line += fmt.Sprintf(" %s/%s=%s", r.row.name, rpsBaseline, ratio(v, bv))
+			_, ratio := stats(row, mode)
+			line += fmt.Sprintf(" %s/%s=%s", row.name, rpsBaseline, ratio)
 		}
 		sb.WriteString(line + "\n")
 	}
 	return sb.String()
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // failed renders a phase's failures: their share and causes.
