@@ -143,8 +143,8 @@ static __always_inline int xdp_new_flow(struct xdp_md *ctx, struct pkt4 *p, __u3
 	return xdp_orig(ctx, p, &orig, LB_M_XDP_NEW_SNAT);
 }
 
-SEC("xdp.frags")
-int xdp_nodeport(struct xdp_md *ctx)
+/* xdp_nodeport_run is the program, in one section per mode. */
+static __always_inline int xdp_nodeport_run(struct xdp_md *ctx)
 {
 	struct pkt4 p = {};
 	struct ct4_entry *e;
@@ -171,6 +171,25 @@ int xdp_nodeport(struct xdp_md *ctx)
 		return xdp_orig(ctx, &p, e, LB_M_XDP_FWD);
 	}
 	return xdp_new_flow(ctx, &p, now);
+}
+
+/* For drivers (native mode): multi-buffer aware, so that devices with a
+ * jumbo MTU take it; such frames are passed. */
+SEC("xdp.frags")
+int xdp_nodeport(struct xdp_md *ctx)
+{
+	return xdp_nodeport_run(ctx);
+}
+
+/* For generic mode, without multi-buffer support: with it, even a program
+ * that only returns XDP_PASS left TC unable to translate the packets it
+ * passed to the node's own addresses (seen on 6.18: the kernel then
+ * handles the skb as a multi-buffer frame and copies it). Without it,
+ * generic XDP linearizes the skb and hands it on as it was. */
+SEC("xdp")
+int xdp_nodeport_skb(struct xdp_md *ctx)
+{
+	return xdp_nodeport_run(ctx);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

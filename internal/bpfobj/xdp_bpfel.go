@@ -191,6 +191,7 @@ const (
 	XdpMapTc4SnatAddrsV1    = "tc4_snat_addrs_v1"
 	XdpMapXdp4DevsV1        = "xdp4_devs_v1"
 	XdpProgXdpNodeport      = "xdp_nodeport"
+	XdpProgXdpNodeportSkb   = "xdp_nodeport_skb"
 	XdpVarMaglevTableSize   = "maglev_table_size"
 	XdpVarSnatPortMax       = "snat_port_max"
 	XdpVarSnatPortMin       = "snat_port_min"
@@ -238,7 +239,8 @@ type XdpSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type XdpProgramSpecs struct {
-	XdpNodeport *ebpf.ProgramSpec `ebpf:"xdp_nodeport"`
+	XdpNodeport    *ebpf.ProgramSpec `ebpf:"xdp_nodeport"`
+	XdpNodeportSkb *ebpf.ProgramSpec `ebpf:"xdp_nodeport_skb"`
 }
 
 // XdpMapSpecs contains maps before they are loaded into the kernel.
@@ -338,12 +340,14 @@ type XdpVariables struct {
 //
 // It can be passed to LoadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type XdpPrograms struct {
-	XdpNodeport *ebpf.Program `ebpf:"xdp_nodeport"`
+	XdpNodeport    *ebpf.Program `ebpf:"xdp_nodeport"`
+	XdpNodeportSkb *ebpf.Program `ebpf:"xdp_nodeport_skb"`
 }
 
 func (p *XdpPrograms) Close() error {
 	return _XdpClose(
 		p.XdpNodeport,
+		p.XdpNodeportSkb,
 	)
 }
 

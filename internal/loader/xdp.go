@@ -53,6 +53,17 @@ type XDPLoaded struct {
 	links  []link.Link
 }
 
+// program is the XDP program for the mode: multi-buffer aware in the
+// driver, so that devices with a jumbo MTU take it; not in generic mode,
+// where that makes the kernel copy skbs in a way the TC programs do not
+// handle (see bpf/xdp.c).
+func (l *XDPLoaded) program() *ebpf.Program {
+	if l.Mode == XDPGeneric {
+		return l.Objects.XdpNodeportSkb
+	}
+	return l.Objects.XdpNodeport
+}
+
 // ErrXDPMode is returned (wrapped) for a mode other than native or generic.
 var ErrXDPMode = errors.New("unknown XDP mode")
 
@@ -156,7 +167,7 @@ func (l *XDPLoaded) attachDevice(bpffs, dev string, flags link.XDPAttachFlags) (
 	case err == nil:
 		info, ierr := lk.Info()
 		if ierr == nil && info.XDP() != nil && int(info.XDP().Ifindex) == idx {
-			if err := lk.Update(l.Objects.XdpNodeport); err != nil {
+			if err := lk.Update(l.program()); err != nil {
 				lk.Close()
 				return 0, fmt.Errorf("replace the XDP program of %s in its pinned link: %w", dev, err)
 			}
@@ -173,7 +184,7 @@ func (l *XDPLoaded) attachDevice(bpffs, dev string, flags link.XDPAttachFlags) (
 	case !errors.Is(err, os.ErrNotExist):
 		return 0, &xdpPinError{fmt.Errorf("open pinned link %s: %w", pin, err)}
 	}
-	lk, err = link.AttachXDP(link.XDPOptions{Program: l.Objects.XdpNodeport, Interface: idx, Flags: flags})
+	lk, err = link.AttachXDP(link.XDPOptions{Program: l.program(), Interface: idx, Flags: flags})
 	if err != nil {
 		return 0, fmt.Errorf("attach the XDP program to %s in %s mode: %w", dev, l.Mode, err)
 	}
