@@ -187,7 +187,7 @@ func startBPF(o *options, m *metrics.Metrics, log *zap.Logger, reason string) (*
 	if !l.Features.SetRetval {
 		log.Warn("kernel lacks bpf_set_retval in cgroup programs: connections to Services without endpoints fail with EPERM instead of ECONNREFUSED")
 	}
-	tc, err := newTCAttacher(o, log)
+	tc, err := newTCAttacher(o, m, log)
 	if err != nil {
 		l.Close()
 		return nil, err
@@ -239,7 +239,7 @@ func startIPTables(ctx context.Context, o *options, m *metrics.Metrics, log *zap
 			return errors.Join(
 				d.CleanupOtherBackends(ctx),
 				ipvs.RemoveLeftovers(ctx, ""),
-				loader.Cleanup(o.bpffsPath), loader.CleanupTC(),
+				loader.CleanupXDP(o.bpffsPath), loader.Cleanup(o.bpffsPath), loader.CleanupTC(),
 			)
 		}}, nil
 }
@@ -280,7 +280,7 @@ func startIPVS(ctx context.Context, o *options, m *metrics.Metrics, log *zap.Log
 		removeLeftovers: func(ctx context.Context) error {
 			// The first sync replaced the iptables mode's chains in our
 			// back end.
-			return errors.Join(d.CleanupOtherBackends(ctx), loader.Cleanup(o.bpffsPath), loader.CleanupTC())
+			return errors.Join(d.CleanupOtherBackends(ctx), loader.CleanupXDP(o.bpffsPath), loader.Cleanup(o.bpffsPath), loader.CleanupTC())
 		}}, nil
 }
 
@@ -288,7 +288,7 @@ func startIPVS(ctx context.Context, o *options, m *metrics.Metrics, log *zap.Log
 // so that no program keeps translating to backends whose rules are gone.
 func cleanupAll(ctx context.Context, o *options, log *zap.Logger) error {
 	var errs []error
-	if err := errors.Join(loader.Cleanup(o.bpffsPath), loader.CleanupTC()); err != nil {
+	if err := errors.Join(loader.CleanupXDP(o.bpffsPath), loader.Cleanup(o.bpffsPath), loader.CleanupTC()); err != nil {
 		errs = append(errs, fmt.Errorf("BPF programs and maps: %w", err))
 	} else {
 		log.Info("removed every pinned BPF program and map", zap.String("bpffsPath", o.bpffsPath))

@@ -84,6 +84,7 @@ type options struct {
 
 	devices       []string
 	tcAttach      string
+	xdp           string
 	conntrackSize uint32
 	lbAlgorithm   string
 	// lb is lbAlgorithm parsed by validate.
@@ -95,6 +96,7 @@ func defaultOptions() *options {
 		proxyMode:          modeAuto,
 		masqueradeBit:      iptables.DefaultMasqueradeBit,
 		healthzBindAddress: "0.0.0.0:10256",
+		xdp:                loader.XDPOff,
 		metricsBindAddress: "127.0.0.1:10249",
 		configSyncPeriod:   15 * time.Minute,
 		syncPeriod:         30 * time.Second,
@@ -150,6 +152,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.Uint32Var(&o.mapSizes.SockRevNat, "bpf-map-sock-revnat-max", o.mapSizes.SockRevNat, "Capacity of the socket reverse NAT LRU.")
 	fs.StringSliceVar(&o.devices, "devices", o.devices, "Network devices to translate NodePort, ExternalIP and LoadBalancer-IP traffic on (default: the devices carrying the node's addresses). Add the pod bridge (cni0, ...) to masquerade externalTrafficPolicy=Cluster traffic to pods on the node as kube-proxy does; without it those pods see the client's address.")
 	fs.StringVar(&o.tcAttach, "tc-attach", o.tcAttach, "How to attach the TC programs: '' (tcx where the kernel has it, else clsact), 'tcx' or 'clsact'.")
+	fs.StringVar(&o.xdp, "xdp", o.xdp, "The XDP fast path for NodePort, ExternalIP and LoadBalancer-IP traffic to backends on other nodes, on the same devices as the TC programs: 'native' (in the driver), 'generic' (any device, less gain) or 'off'. A device that refuses the mode keeps the TC programs only (logged, and counted in ebpfproxy_xdp_attach_failures_total).")
 	fs.Uint32Var(&o.conntrackSize, "bpf-map-conntrack-max", o.conntrackSize, "Capacity of the TC connection tracking LRU: two entries per flow from outside the node.")
 	fs.Uint32Var(&o.mapSizes.Affinity, "bpf-map-affinity-max", o.mapSizes.Affinity, "Capacity of the session affinity LRU: (client, Service port) pairs remembered.")
 	fs.StringVar(&o.lbAlgorithm, "lb-algorithm", o.lbAlgorithm, "How traffic from outside the node picks a backend for a new flow: 'random' (as kube-proxy) or 'maglev' (consistent hashing: every node picks the same backend for a flow). A Service's annotation "+k8swatch.AnnotationLBAlgorithm+" overrides it.")
@@ -193,6 +196,11 @@ func (o *options) validate() error {
 	case loader.TCAttachAuto, loader.TCAttachTCX, loader.TCAttachClsact:
 	default:
 		return fmt.Errorf("unknown --tc-attach %q: use tcx or clsact, or leave it empty", o.tcAttach)
+	}
+	switch o.xdp {
+	case loader.XDPOff, loader.XDPNative, loader.XDPGeneric:
+	default:
+		return fmt.Errorf("unknown --xdp %q: use native, generic or off", o.xdp)
 	}
 	if o.lb, err = model.ParseLBAlgorithm(o.lbAlgorithm); err != nil {
 		return fmt.Errorf("--lb-algorithm: %w", err)
