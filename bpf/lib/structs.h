@@ -96,6 +96,34 @@ struct lb4_src_range_key {
 	__be32 address;
 };
 
+/* One destination a socket sends to through a LoadBalancer IP whose
+ * Service has loadBalancerSourceRanges: the ServicePort (0: none) and the
+ * backend the socket hook chose, and the source address a packet to it was
+ * last admitted from (0: none yet). */
+struct sock4_range_dst {
+	__u32 svc_id;
+	__be32 backend;
+	__be16 port;
+	__u8 pad[2];
+	__be32 allowed_saddr;
+};
+
+/* Flags of struct sock4_range_tag. */
+enum {
+	RANGE_TAG_F_NODE = 1 << 0, /* a socket of the node's own namespace */
+};
+
+/* Value of sock4_range_tags, a socket storage: what the egress program
+ * must check of a socket's packets. conn is set by connect(), msg by the
+ * last sendmsg() with an address on an unconnected UDP socket; a packet is
+ * checked against msg when it goes to msg's backend, else against conn. */
+struct sock4_range_tag {
+	struct sock4_range_dst conn;
+	struct sock4_range_dst msg;
+	__u8 flags;
+	__u8 pad[3];
+};
+
 /* Backend flags, in lb4_backend.flags. */
 enum {
 	BE_F_TERMINATING = 1 << 0,
@@ -233,6 +261,8 @@ enum lb_metric {
 	LB_M_MAGLEV,		/* TC: backend chosen by a Maglev table */
 	LB_M_TC_ICMP_XLATE,	/* TC: ICMP error about a tracked flow translated */
 	LB_M_TC_STALE_REPLY,	/* TC: stale reply entry of a reused tuple dropped */
+	LB_M_SOCK_SOURCE_RANGE, /* socket: packet of a pod or the node outside the ranges dropped */
+	LB_M_SOCK_RANGE_TAG_ERR, /* socket: could not tag a socket for the range check */
 	LB_M_MAX,
 };
 
