@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
@@ -32,6 +33,53 @@ func sourceRanges(sp *model.ServicePort) []netip.Prefix {
 	return out
 }
 
+// admittedSources are the entries the trie holds for a ServicePort: its
+// source ranges and, when they hold an address of node, its LoadBalancer IPs
+// as single addresses. kube-proxy admits the LoadBalancer IPs as a source
+// then, because a node that holds a LoadBalancer IP locally reaches it from
+// that address.
+func admittedSources(sp *model.ServicePort, node *model.Node) []netip.Prefix {
+	out := sourceRanges(sp)
+	if len(out) == 0 || node == nil {
+		return out
+	}
+	if !slices.ContainsFunc(out, func(p netip.Prefix) bool { return slices.ContainsFunc(node.Addrs, p.Contains) }) {
+		return out
+	}
+	for _, ip := range sp.LoadBalancerIPs {
+		if ip.Is4() {
+			out = append(out, netip.PrefixFrom(ip, 32))
+		}
+	}
+	return out
+}
+
+// WantsSourceRangeCheck says whether up leaves some ServicePort with source
+// ranges among those it changes (all of them when up is full): the egress
+// program that holds the node's own sockets to the ranges must be attached
+// before such an update is written.
+func WantsSourceRangeCheck(up model.Update) bool {
+	has := func(svc *model.Service) bool { return svc != nil && len(sourceRanges(svc.Port)) > 0 }
+	if up.Full {
+		for _, svc := range up.State.Services {
+			if has(svc) {
+				return true
+			}
+		}
+		return false
+	}
+	for spn := range up.Changed {
+		if has(up.State.Services[spn]) {
+			return true
+		}
+	}
+	return false
+}
+
+// HasSourceRanges says whether the maps hold source ranges of some
+// ServicePort: while they do, the egress program must stay attached.
+func (w *Writer) HasSourceRanges() bool { return len(w.ranges) > 0 }
+
 func rangeKey(svcID uint32, p netip.Prefix) SourceRangeKey {
 	return SourceRangeKey{Prefixlen: 32 + uint32(p.Bits()), SvcId: svcID, Address: be32(p.Addr())}
 }
@@ -40,7 +88,7 @@ func rangeKey(svcID uint32, p netip.Prefix) SourceRangeKey {
 // its frontends are flushed, and returns the keys to delete after them, so
 // that a LoadBalancer IP with SVC_F_SOURCE_RANGES never finds its ranges
 // missing. The LPM trie takes no batches: these are single writes.
-func (w *Writer) syncRanges(owner model.ServicePortName, svc *model.Service) ([]SourceRangeKey, error) {
+func (w *Writer) syncRanges(owner model.ServicePortName, svc *model.Service, node *model.Node) ([]SourceRangeKey, error) {
 	if w.m.SourceRanges == nil {
 		return nil, nil
 	}
@@ -48,7 +96,7 @@ func (w *Writer) syncRanges(owner model.ServicePortName, svc *model.Service) ([]
 	var want []netip.Prefix
 	var id uint32
 	if svc != nil {
-		want = sourceRanges(svc.Port)
+		want = admittedSources(svc.Port, node)
 		id = w.ownerSvc[owner]
 	}
 	if len(want) == 0 || id == 0 {
