@@ -91,9 +91,23 @@ static __always_inline bool sock4_range_tag_set(struct bpf_sock_addr *ctx, bool 
 	struct bpf_sock *sk = ctx->sk;
 	struct sock4_range_tag *tag;
 	struct sock4_range_dst *dst;
+	bool node = false;
+	__u8 flags = 0;
+	__be32 src = 0;
 
 	if (!sk)
 		return !svc_id;
+	if (svc_id && node_netns_cookie && bpf_get_netns_cookie(ctx) == node_netns_cookie) {
+		node = true;
+		/* An address the application chose (bind(), or IP_PKTINFO
+		 * for one datagram) is the source in kube-proxy too. */
+		if (sendmsg)
+			src = ctx->msg_src_ip4;
+		if (!src)
+			src = sk->src_ip4;
+		if (!src)
+			flags = RANGE_DST_F_AS_NODE;
+	}
 	tag = bpf_sk_storage_get(&sock4_range_tags_v1, sk, 0,
 				 svc_id ? BPF_SK_STORAGE_GET_F_CREATE : 0);
 	if (!tag) {
@@ -106,13 +120,15 @@ static __always_inline bool sock4_range_tag_set(struct bpf_sock_addr *ctx, bool 
 	/* The same destination again (a UDP socket's next datagram) keeps
 	 * the source address admitted already, as a conntrack entry keeps
 	 * kube-proxy's verdict for a flow. */
-	if (dst->svc_id == svc_id && dst->backend == addr && dst->port == port)
+	if (dst->svc_id == svc_id && dst->backend == addr && dst->port == port &&
+	    dst->flags == flags)
 		return true;
 	dst->svc_id = svc_id;
 	dst->backend = addr;
 	dst->port = port;
+	dst->flags = flags;
 	dst->allowed_saddr = 0;
-	if (svc_id && node_netns_cookie && bpf_get_netns_cookie(ctx) == node_netns_cookie)
+	if (node)
 		tag->flags |= RANGE_TAG_F_NODE;
 	return true;
 }
@@ -340,7 +356,8 @@ int cg_egress4(struct __sk_buff *skb)
 		return SKB_PASS;
 	if (!dst->svc_id || dst->allowed_saddr == ip.saddr)
 		return SKB_PASS;
-	if (range_allowed(dst->svc_id, ip.saddr)) {
+	if ((dst->flags & RANGE_DST_F_AS_NODE) ? range_node_allowed(dst->svc_id)
+					       : range_allowed(dst->svc_id, ip.saddr)) {
 		dst->allowed_saddr = ip.saddr;
 		return SKB_PASS;
 	}

@@ -35,4 +35,16 @@ static __always_inline bool range_allowed(__u32 svc_id, __be32 saddr)
 	return bpf_map_lookup_elem(&lb4_source_ranges_v1, &key) != NULL;
 }
 
+/* range_node_allowed says whether the ranges of svc_id hold an address of
+ * the node. */
+static __always_inline bool range_node_allowed(__u32 svc_id)
+{
+	struct lb4_src_range_key key = {
+		.prefixlen = 64,
+		.svc_id = svc_id | SRC_RANGE_NODE,
+	};
+
+	return bpf_map_lookup_elem(&lb4_source_ranges_v1, &key) != NULL;
+}
+
 #endif /* EBPF_PROXY_SRCRANGE_H */

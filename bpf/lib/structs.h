@@ -96,6 +96,12 @@ struct lb4_src_range_key {
 	__be32 address;
 };
 
+/* svc_id | SRC_RANGE_NODE with address 0 is present when the ranges of
+ * svc_id hold an address of the node: the node's sockets whose source the
+ * kernel picks are admitted (see sock4_range_dst). No ServicePort id has
+ * this bit. */
+#define SRC_RANGE_NODE 0x80000000u
+
 /* One destination a socket sends to through a LoadBalancer IP whose
  * Service has loadBalancerSourceRanges: the ServicePort (0: none) and the
  * backend the socket hook chose, and the source address a packet to it was
@@ -104,8 +110,19 @@ struct sock4_range_dst {
 	__u32 svc_id;
 	__be32 backend;
 	__be16 port;
-	__u8 pad[2];
+	__u8 flags;
+	__u8 pad;
 	__be32 allowed_saddr;
+};
+
+/* Flags of struct sock4_range_dst. */
+enum {
+	/* A socket of the node whose source address the kernel picks. kube-
+	 * proxy sees its packet with the source of the route to the
+	 * LoadBalancer IP, a node address; the translated socket gets that of
+	 * the route to the endpoint (a pod bridge's address, say). So it is
+	 * checked as the node's address, not as its own. */
+	RANGE_DST_F_AS_NODE = 1 << 0,
 };
 
 /* Flags of struct sock4_range_tag. */

@@ -117,7 +117,8 @@ type SockSock4RangeTag struct {
 		SvcId        uint32
 		Backend      uint32
 		Port         uint16
-		Pad          [2]uint8
+		Flags        uint8
+		Pad          uint8
 		AllowedSaddr uint32
 	}
 	Msg struct {
@@ -125,7 +126,8 @@ type SockSock4RangeTag struct {
 		SvcId        uint32
 		Backend      uint32
 		Port         uint16
-		Pad          [2]uint8
+		Flags        uint8
+		Pad          uint8
 		AllowedSaddr uint32
 	}
 	Flags uint8

@@ -9,11 +9,16 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
 
-// appliedRanges are the source ranges written for one ServicePort.
+// appliedRanges are the trie entries written for one ServicePort.
 type appliedRanges struct {
-	svcID    uint32
-	prefixes map[netip.Prefix]bool
+	svcID uint32
+	keys  map[SourceRangeKey]bool
 }
+
+// NodeSourceRange marks, in the ServicePort id of a trie key with address
+// 0, the entry that admits the node's own sockets whose source address the
+// kernel picks (SRC_RANGE_NODE in bpf/lib/structs.h).
+const NodeSourceRange = 1 << 31
 
 // sourceRanges are the loadBalancerSourceRanges a ServicePort's LoadBalancer
 // IPs admit: its IPv4 ones, and none when it has no LoadBalancer IP (the
@@ -33,25 +38,33 @@ func sourceRanges(sp *model.ServicePort) []netip.Prefix {
 	return out
 }
 
-// admittedSources are the entries the trie holds for a ServicePort: its
+// admittedKeys are the trie entries of a ServicePort with id svcID: its
 // source ranges and, when they hold an address of node, its LoadBalancer IPs
-// as single addresses. kube-proxy admits the LoadBalancer IPs as a source
-// then, because a node that holds a LoadBalancer IP locally reaches it from
-// that address.
-func admittedSources(sp *model.ServicePort, node *model.Node) []netip.Prefix {
-	out := sourceRanges(sp)
-	if len(out) == 0 || node == nil {
-		return out
+// as single addresses and the node's entry. kube-proxy admits the
+// LoadBalancer IPs as a source then, because a node that holds one locally
+// reaches it from that address; and it sees the node's other sockets with a
+// node address as their source, that of the route to the LoadBalancer IP,
+// where the socket hooks connect them straight to an endpoint by another
+// route (see RANGE_DST_F_AS_NODE).
+func admittedKeys(sp *model.ServicePort, node *model.Node, svcID uint32) map[SourceRangeKey]bool {
+	ranges := sourceRanges(sp)
+	if len(ranges) == 0 {
+		return nil
 	}
-	if !slices.ContainsFunc(out, func(p netip.Prefix) bool { return slices.ContainsFunc(node.Addrs, p.Contains) }) {
-		return out
+	keys := map[SourceRangeKey]bool{}
+	for _, p := range ranges {
+		keys[rangeKey(svcID, p)] = true
+	}
+	if node == nil || !slices.ContainsFunc(ranges, func(p netip.Prefix) bool { return slices.ContainsFunc(node.Addrs, p.Contains) }) {
+		return keys
 	}
 	for _, ip := range sp.LoadBalancerIPs {
 		if ip.Is4() {
-			out = append(out, netip.PrefixFrom(ip, 32))
+			keys[rangeKey(svcID, netip.PrefixFrom(ip, 32))] = true
 		}
 	}
-	return out
+	keys[SourceRangeKey{Prefixlen: 64, SvcId: svcID | NodeSourceRange}] = true
+	return keys
 }
 
 // WantsSourceRangeCheck says whether up leaves some ServicePort with source
@@ -93,45 +106,42 @@ func (w *Writer) syncRanges(owner model.ServicePortName, svc *model.Service, nod
 		return nil, nil
 	}
 	cur := w.ranges[owner]
-	var want []netip.Prefix
-	var id uint32
-	if svc != nil {
-		want = admittedSources(svc.Port, node)
-		id = w.ownerSvc[owner]
-	}
-	if len(want) == 0 || id == 0 {
-		if cur == nil {
-			return nil, nil
-		}
-		delete(w.ranges, owner)
-		var stale []SourceRangeKey
-		for p := range cur.prefixes {
-			stale = append(stale, rangeKey(cur.svcID, p))
-		}
-		return stale, nil
-	}
-	next := &appliedRanges{svcID: id, prefixes: map[netip.Prefix]bool{}}
-	var errs []error
-	for _, p := range want {
-		next.prefixes[p] = true
-		if cur != nil && cur.svcID == id && cur.prefixes[p] {
-			continue
-		}
-		w.stats.Writes++
-		if err := w.m.SourceRanges.Put(rangeKey(id, p), 1); err != nil {
-			errs = append(errs, fmt.Errorf("source range %s: %w", p, err))
-		}
+	var want map[SourceRangeKey]bool
+	if id := w.ownerSvc[owner]; svc != nil && id != 0 {
+		want = admittedKeys(svc.Port, node, id)
 	}
 	var stale []SourceRangeKey
 	if cur != nil {
-		for p := range cur.prefixes {
-			if cur.svcID != id || !next.prefixes[p] {
-				stale = append(stale, rangeKey(cur.svcID, p))
+		for k := range cur.keys {
+			if !want[k] {
+				stale = append(stale, k)
 			}
 		}
 	}
-	w.ranges[owner] = next
+	if len(want) == 0 {
+		delete(w.ranges, owner)
+		return stale, nil
+	}
+	var errs []error
+	for k := range want {
+		if cur != nil && cur.keys[k] {
+			continue
+		}
+		w.stats.Writes++
+		if err := w.m.SourceRanges.Put(k, 1); err != nil {
+			errs = append(errs, fmt.Errorf("source range %s: %w", describeRangeKey(k), err))
+		}
+	}
+	w.ranges[owner] = &appliedRanges{svcID: w.ownerSvc[owner], keys: want}
 	return stale, errors.Join(errs...)
+}
+
+// describeRangeKey is a trie entry as the dump shows it.
+func describeRangeKey(k SourceRangeKey) string {
+	if k.SvcId&NodeSourceRange != 0 {
+		return fmt.Sprintf("svc=%d node", k.SvcId&^NodeSourceRange)
+	}
+	return fmt.Sprintf("svc=%d %s", k.SvcId, netip.PrefixFrom(addrFromBE32(k.Address), int(k.Prefixlen)-32))
 }
 
 // deleteRanges deletes source range entries after the frontends that used
@@ -144,8 +154,8 @@ func (w *Writer) deleteRanges(stale []SourceRangeKey, full bool) error {
 	if full {
 		wanted := map[SourceRangeKey]bool{}
 		for _, r := range w.ranges {
-			for p := range r.prefixes {
-				wanted[rangeKey(r.svcID, p)] = true
+			for k := range r.keys {
+				wanted[k] = true
 			}
 		}
 		err := w.m.SourceRanges.Iterate(func(k SourceRangeKey, _ uint8) bool {

@@ -627,7 +627,8 @@ func TestWriterSourceRanges(t *testing.T) {
 			"source-range svc=1 203.0.113.0/24",
 		}},
 		// kube-proxy's allowFromNode: a node holding the LoadBalancer IP
-		// reaches it from that address.
+		// reaches it from that address; and the node's sockets are
+		// admitted as the node (see NodeSourceRange).
 		{name: "a range holding the node admits the LoadBalancer IPs as a source", lbIPs: []string{"198.19.0.8", "198.19.0.9"},
 			ranges: []string{"203.0.113.0/24", "192.168.77.0/24"}, want: []string{
 				"service 198.19.0.8:80/TCP count=3 revnat=2 svc=1 flags=load-balancer,source-ranges",
@@ -635,6 +636,7 @@ func TestWriterSourceRanges(t *testing.T) {
 				"source-range svc=1 198.19.0.8/32",
 				"source-range svc=1 198.19.0.9/32",
 				"source-range svc=1 203.0.113.0/24",
+				"source-range svc=1 node",
 			}},
 		{name: "the node outside the ranges again", lbIPs: []string{"198.19.0.8"}, ranges: []string{"203.0.113.0/24"}, want: []string{
 			"service 198.19.0.8:80/TCP count=3 revnat=2 svc=1 flags=load-balancer,source-ranges",
