@@ -76,12 +76,54 @@ static __always_inline void sock4_record_revnat(struct bpf_sock_addr *ctx,
 		lb_count(LB_M_REVNAT_UPDATE_ERR);
 }
 
+/* sock4_range_dst_set points dst at svc_id and addr:port. The same
+ * destination again (a UDP socket's next datagram) keeps the source address
+ * admitted already, as a conntrack entry keeps kube-proxy's verdict for a
+ * flow. */
+static __always_inline void sock4_range_dst_set(struct sock4_range_dst *dst, __u32 svc_id,
+						__be32 addr, __be16 port, __u8 flags)
+{
+	if (dst->svc_id == svc_id && dst->backend == addr && dst->port == port &&
+	    dst->flags == flags)
+		return;
+	dst->svc_id = svc_id;
+	dst->backend = addr;
+	dst->port = port;
+	dst->flags = flags;
+	dst->allowed_saddr = 0;
+}
+
+/* sock4_range_msg_slot returns the msg slot of tag for addr:port: the one
+ * that holds it, else (when create) a free one or the one to reuse, else
+ * NULL. */
+static __always_inline struct sock4_range_dst *
+sock4_range_msg_slot(struct sock4_range_tag *tag, __be32 addr, __be16 port, bool create)
+{
+	struct sock4_range_dst *free = NULL;
+	__u32 i;
+
+	for (i = 0; i < SOCK4_RANGE_MSG_SLOTS; i++) {
+		struct sock4_range_dst *d = &tag->msg[i];
+
+		if (d->backend == addr && d->port == port)
+			return d;
+		if (!free && !d->svc_id)
+			free = d;
+	}
+	if (!create)
+		return NULL;
+	if (free)
+		return free;
+	i = tag->next++ & (SOCK4_RANGE_MSG_SLOTS - 1);
+	return &tag->msg[i];
+}
+
 /* sock4_range_tag_set tells the egress program that the socket of ctx now
  * sends to addr:port (a backend) through a LoadBalancer IP of the
  * ServicePort svc_id, whose source ranges it must check; svc_id 0 says
  * that packets to addr:port are not checked. connect() sets the socket's
- * connected destination, sendmsg() (unconnected UDP) the destination of the
- * datagram being sent. Returns false when a needed tag could not be made.
+ * connected destination, sendmsg() (unconnected UDP) that of the datagram
+ * being sent. Returns false when a needed tag could not be made.
  *
  * A socket never sent through such a LoadBalancer IP has no storage: for it
  * this is one lookup that finds nothing, and nothing is created. */
@@ -116,20 +158,23 @@ static __always_inline bool sock4_range_tag_set(struct bpf_sock_addr *ctx, bool 
 		lb_count(LB_M_SOCK_RANGE_TAG_ERR);
 		return false;
 	}
-	dst = sendmsg ? &tag->msg : &tag->conn;
-	/* The same destination again (a UDP socket's next datagram) keeps
-	 * the source address admitted already, as a conntrack entry keeps
-	 * kube-proxy's verdict for a flow. */
-	if (dst->svc_id == svc_id && dst->backend == addr && dst->port == port &&
-	    dst->flags == flags)
-		return true;
-	dst->svc_id = svc_id;
-	dst->backend = addr;
-	dst->port = port;
-	dst->flags = flags;
-	dst->allowed_saddr = 0;
 	if (node)
 		tag->flags |= RANGE_TAG_F_NODE;
+	if (!sendmsg) {
+		sock4_range_dst_set(&tag->conn, svc_id, addr, port, flags);
+		return true;
+	}
+	dst = sock4_range_msg_slot(tag, addr, port, svc_id != 0);
+	if (!dst)
+		return true;
+	if (svc_id) {
+		sock4_range_dst_set(dst, svc_id, addr, port, flags);
+	} else {
+		/* The same backend by a way without ranges: unchecked. */
+		dst->svc_id = 0;
+		dst->backend = 0;
+		dst->port = 0;
+	}
 	return true;
 }
 
@@ -348,12 +393,12 @@ int cg_egress4(struct __sk_buff *skb)
 		return SKB_PASS;
 	if (bpf_skb_load_bytes(skb, ip.ihl * 4, ports, sizeof(ports)))
 		return SKB_PASS;
-	if (tag->msg.backend == ip.daddr && tag->msg.port == ports[1])
-		dst = &tag->msg;
-	else if (tag->conn.backend == ip.daddr && tag->conn.port == ports[1])
+	dst = sock4_range_msg_slot(tag, ip.daddr, ports[1], false);
+	if (!dst) {
+		if (tag->conn.backend != ip.daddr || tag->conn.port != ports[1])
+			return SKB_PASS;
 		dst = &tag->conn;
-	else
-		return SKB_PASS;
+	}
 	if (!dst->svc_id || dst->allowed_saddr == ip.saddr)
 		return SKB_PASS;
 	if ((dst->flags & RANGE_DST_F_AS_NODE) ? range_node_allowed(dst->svc_id)

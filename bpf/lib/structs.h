@@ -130,15 +130,23 @@ enum {
 	RANGE_TAG_F_NODE = 1 << 0, /* a socket of the node's own namespace */
 };
 
+/* How many destinations of sendmsg() a tag holds (a power of 2). */
+#define SOCK4_RANGE_MSG_SLOTS 4
+
 /* Value of sock4_range_tags, a socket storage: what the egress program
- * must check of a socket's packets. conn is set by connect(), msg by the
- * last sendmsg() with an address on an unconnected UDP socket; a packet is
- * checked against msg when it goes to msg's backend, else against conn. */
+ * must check of a socket's packets. conn is set by connect(); msg holds the
+ * destinations sendmsg() with an address (unconnected UDP) last sent to
+ * through such a LoadBalancer IP, so that datagrams that threads send at
+ * once to several destinations each meet their own; a send to the same
+ * backend by another way clears its slot. A packet is checked against the
+ * msg slot of its destination, else against conn. next is the slot to
+ * reuse when all are taken. */
 struct sock4_range_tag {
 	struct sock4_range_dst conn;
-	struct sock4_range_dst msg;
+	struct sock4_range_dst msg[SOCK4_RANGE_MSG_SLOTS];
 	__u8 flags;
-	__u8 pad[3];
+	__u8 next;
+	__u8 pad[2];
 };
 
 /* Backend flags, in lb4_backend.flags. */

@@ -121,7 +121,7 @@ type SockSock4RangeTag struct {
 		Pad          uint8
 		AllowedSaddr uint32
 	}
-	Msg struct {
+	Msg [4]struct {
 		_            structs.HostLayout
 		SvcId        uint32
 		Backend      uint32
@@ -131,7 +131,8 @@ type SockSock4RangeTag struct {
 		AllowedSaddr uint32
 	}
 	Flags uint8
-	Pad   [3]uint8
+	Next  uint8
+	Pad   [2]uint8
 }
 
 type SockSock4Revnat struct {
