@@ -363,6 +363,11 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_MAGLEV:             "tc_maglev_selected",
 	bpfobj.SockLbMetricLB_M_TC_ICMP_XLATE:      "tc_icmp_error_translated",
 	bpfobj.SockLbMetricLB_M_TC_STALE_REPLY:     "tc_stale_reply_dropped",
+	bpfobj.SockLbMetricLB_M_XDP_NEW_SNAT:       "xdp_new_flow_snat",
+	bpfobj.SockLbMetricLB_M_XDP_FWD:            "xdp_translated",
+	bpfobj.SockLbMetricLB_M_XDP_REPLY:          "xdp_reply_translated",
+	bpfobj.SockLbMetricLB_M_XDP_TO_TC:          "xdp_passed_to_tc",
+	bpfobj.SockLbMetricLB_M_XDP_MULTIBUF:       "xdp_multibuffer_passed",
 	bpfobj.SockLbMetricLB_M_SOCK_SOURCE_RANGE:  "sock_dropped_source_range",
 	bpfobj.SockLbMetricLB_M_SOCK_RANGE_TAG_ERR: "sock_source_range_tag_failed",
 }
