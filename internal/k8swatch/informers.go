@@ -100,7 +100,7 @@ func Watch(ctx context.Context, client kubernetes.Interface, nodeName string, tr
 		informers.WithTransform(strip))
 	sliceFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = proxied }),
-		informers.WithTransform(strip))
+		informers.WithTransform(h.sliceTransform))
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
@@ -159,11 +159,13 @@ func markSynced(ctx context.Context, reg cache.ResourceEventHandlerRegistration,
 	}
 }
 
-// handlers turn informer events into tracker changes. Each handler
-// translates both the old and the new object and drops updates that change
-// nothing the proxy uses (resyncs, relists, status and annotation churn),
-// as kube-proxy's change trackers do; the old object is translated with
-// reports off so that a problem is reported once per object version.
+// handlers turn informer events into tracker changes. Updates that change
+// nothing the proxy uses (resyncs, relists, status and annotation churn)
+// are dropped, as kube-proxy's change trackers do: a Service handler
+// translates both the old and the new object, the old one with reports off
+// so that a problem is reported once per object version; EndpointSlices
+// arrive translated (sliceTransform) and their problems are reported when
+// a new version reaches the handler.
 type handlers struct {
 	tr         *tracker.Tracker
 	nodeStatus func(known, deleting bool, taintKeys []string)
@@ -242,32 +244,30 @@ func (h *handlers) slice(tl *Translator, es *discoveryv1.EndpointSlice) *model.E
 }
 
 func (h *handlers) addSlice(obj any) {
-	es, ok := obj.(*discoveryv1.EndpointSlice)
+	c, ok := h.cached(obj)
 	if !ok {
 		return
 	}
-	if m := h.slice(&h.tl, es); m != nil {
-		h.tr.UpdateEndpointSlice(m)
+	h.report(c)
+	if c.slice != nil {
+		h.tr.UpdateEndpointSlice(c.slice)
 	}
 }
 
 func (h *handlers) updateSlice(oldObj, newObj any) {
-	oldES, ok1 := oldObj.(*discoveryv1.EndpointSlice)
-	newES, ok2 := newObj.(*discoveryv1.EndpointSlice)
-	if !ok1 || !ok2 || unchanged(oldES, newES) {
+	oldC, ok1 := h.cached(oldObj)
+	newC, ok2 := h.cached(newObj)
+	if !ok1 || !ok2 || unchanged(oldC, newC) {
 		return
 	}
-	applySlice(h.tr, h.slice(&h.quiet, oldES), h.slice(&h.tl, newES))
+	h.report(newC)
+	applySlice(h.tr, oldC.slice, newC.slice)
 }
 
 // deleteSlice, like deleteService, only needs the slice's name and Service.
 func (h *handlers) deleteSlice(obj any) {
-	es, ok := tombstone(obj).(*discoveryv1.EndpointSlice)
-	if !ok {
-		return
-	}
-	if svc, ok := EndpointSliceService(es); ok {
-		h.tr.DeleteEndpointSlice(svc, es.Name)
+	if c, ok := h.cached(obj); ok && c.serviceOK {
+		h.tr.DeleteEndpointSlice(c.service, c.Name)
 	}
 }
 
