@@ -212,6 +212,27 @@ static __always_inline struct lb4_backend *sock4_udp_backend(struct bpf_sock_add
 	return be;
 }
 
+static __always_inline bool is_loopback4(__be32 addr)
+{
+	return (addr & bpf_htonl(0xff000000)) == bpf_htonl(0x7f000000);
+}
+
+/* sock4_loopback_frontend decides a destination in 127.0.0.0/8. Only the
+ * node's own sockets reach NodePorts there (kube-proxy's localhost NodePorts,
+ * which it serves in its nat OUTPUT chain, so never to pods, whose loopback
+ * is their own), all of 127.0.0.0/8 as 127.0.0.1, whose frontends the agent
+ * writes only when --iptables-localhost-nodeports allows them. Returns false
+ * when key is not to be looked up; any other destination is left as it is. */
+static __always_inline bool sock4_loopback_frontend(struct bpf_sock_addr *ctx, struct lb4_key *key)
+{
+	if (!is_loopback4(key->address))
+		return true;
+	if (!node_netns_cookie || bpf_get_netns_cookie(ctx) != node_netns_cookie)
+		return false;
+	key->address = bpf_htonl(0x7f000001);
+	return true;
+}
+
 /* sock4_xlate_fwd rewrites the destination of ctx when it is a Service
  * frontend; sendmsg says the call comes from sendmsg() on an unconnected
  * UDP socket. Returns the value the hook must return. */
@@ -230,6 +251,8 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, bool sendm
 	__be16 port;
 
 	if (key.proto != IPPROTO_TCP && key.proto != IPPROTO_UDP)
+		return SYS_PROCEED;
+	if (!sock4_loopback_frontend(ctx, &key))
 		return SYS_PROCEED;
 	/* Sockets here belong to the node or its pods: the inside scope. */
 	svc = lb4_lookup_service(&key, LB_SCOPE_INT);
@@ -283,6 +306,9 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, bool sendm
 	} else if (key.proto == IPPROTO_UDP) {
 		sock4_range_tag_set(ctx, sendmsg, 0, addr, port);
 	}
+	/* The peer a socket sees is the address it asked for, also when
+	 * that was 127.0.0.1's alias 127.x.y.z. */
+	key.address = ctx->user_ip4;
 	sock4_record_revnat(ctx, be, &key, rev_nat_id);
 	ctx->user_ip4 = addr;
 	ctx->user_port = (__u32)port;
@@ -309,7 +335,9 @@ static __always_inline void sock4_xlate_rev(struct bpf_sock_addr *ctx)
 	id = val->rev_nat_id;
 	rn = bpf_map_lookup_elem(&lb4_revnat_v1, &id);
 	/* The frontend was deleted or renumbered since: show the real peer. */
-	if (!rn || rn->address != val->address || rn->port != val->port) {
+	if (!rn ||
+	    rn->address != (is_loopback4(val->address) ? bpf_htonl(0x7f000001) : val->address) ||
+	    rn->port != val->port) {
 		lb_count(LB_M_REVNAT_STALE);
 		bpf_map_delete_elem(&sock4_revnat_v1, &rkey);
 		return;

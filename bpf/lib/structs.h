@@ -29,6 +29,7 @@ enum {
 	SVC_F_LOAD_BALANCER = 1 << 6,
 	SVC_F_SOURCE_RANGES = 1 << 7, /* lb4_source_ranges says who may connect */
 	SVC_F_EXT_LOCAL = 1 << 8,     /* externalTrafficPolicy=Local: no SNAT */
+	SVC_F_LOCALHOST = 1 << 9,     /* a NodePort on 127.0.0.1: the node's sockets only */
 };
 
 /* Key of lb4_services. slot 0 is the master entry of a frontend; slots

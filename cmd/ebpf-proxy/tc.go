@@ -17,28 +17,39 @@ import (
 // nodePortAddresses is --nodeport-addresses, as kube-proxy reads it: CIDRs
 // whose local addresses accept NodePorts, and "primary" for the node's own
 // addresses (the Node object's). Neither means every local address, as in
-// kube-proxy's iptables and IPVS modes.
+// kube-proxy's iptables and IPVS modes. localhost is
+// --iptables-localhost-nodeports: 127.0.0.1 accepts NodePorts from the
+// node's own sockets when the CIDRs hold it, as in kube-proxy's iptables
+// mode (by default).
 type nodePortAddresses struct {
-	primary bool
-	cidrs   []netip.Prefix
+	primary   bool
+	localhost bool
+	cidrs     []netip.Prefix
 }
 
-func newNodePortAddresses(cidrs []netip.Prefix, primary bool) nodePortAddresses {
+func newNodePortAddresses(cidrs []netip.Prefix, primary, localhost bool) nodePortAddresses {
 	if len(cidrs) == 0 && !primary {
 		cidrs = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
 	}
-	return nodePortAddresses{primary: primary, cidrs: cidrs}
+	return nodePortAddresses{primary: primary, localhost: localhost, cidrs: cidrs}
 }
 
 // addresses returns the addresses that get NodePorts: the node's own
-// for "primary", and the local IPv4 addresses inside the CIDRs.
+// for "primary", and the local IPv4 addresses inside the CIDRs, loopback
+// ones only as 127.0.0.1 and only with localhost.
 func (n nodePortAddresses) addresses(node []netip.Addr, local []netip.Addr) []netip.Addr {
 	var out []netip.Addr
 	if n.primary {
 		out = append(out, node...)
 	}
 	for _, a := range local {
-		if a.IsLoopback() || slices.Contains(out, a) {
+		if a.IsLoopback() {
+			if !n.localhost || !a.Is4() {
+				continue
+			}
+			a = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+		}
+		if slices.Contains(out, a) {
 			continue
 		}
 		for _, p := range n.cidrs {
@@ -95,7 +106,7 @@ type tcAttacher struct {
 }
 
 func newTCAttacher(o *options, m *metrics.Metrics, log *zap.Logger) (*tcAttacher, error) {
-	np := newNodePortAddresses(o.nodePortPrefixes, o.nodePortPrimary)
+	np := newNodePortAddresses(o.nodePortPrefixes, o.nodePortPrimary, o.localhostNodePorts)
 	local, err := localAddrs()
 	if err != nil {
 		return nil, err

@@ -13,12 +13,17 @@ func TestNodePortAddresses(t *testing.T) {
 		netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.244.1.1"),
 	}
 	for _, tc := range []struct {
-		name  string
-		flag  []string
-		want  []string
-		error bool
+		name      string
+		flag      []string
+		localhost bool
+		want      []string
+		error     bool
 	}{
 		{name: "unset: every local address but loopback, as iptables mode", flag: nil, want: []string{"10.0.0.5", "10.244.1.1", "192.168.77.11"}},
+		{name: "unset, localhost NodePorts: 127.0.0.1 too", flag: nil, localhost: true, want: []string{"10.0.0.5", "10.244.1.1", "127.0.0.1", "192.168.77.11"}},
+		{name: "loopback CIDR, localhost NodePorts", flag: []string{"127.0.0.0/8"}, localhost: true, want: []string{"127.0.0.1"}},
+		{name: "primary, localhost NodePorts: the CIDRs do not hold 127.0.0.1", flag: []string{"primary"}, localhost: true, want: []string{"192.168.77.11"}},
+		{name: "a CIDR without loopback, localhost NodePorts", flag: []string{"10.0.0.0/8"}, localhost: true, want: []string{"10.0.0.5", "10.244.1.1"}},
 		{name: "primary", flag: []string{"primary"}, want: []string{"192.168.77.11"}},
 		{name: "a CIDR: local addresses inside it only", flag: []string{"10.0.0.0/8"}, want: []string{"10.0.0.5", "10.244.1.1"}},
 		{name: "a CIDR and primary", flag: []string{"10.0.0.0/24", "primary"}, want: []string{"10.0.0.5", "192.168.77.11"}},
@@ -28,7 +33,7 @@ func TestNodePortAddresses(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cidrs, primary, err := parseNodePortAddresses(tc.flag)
-			np := newNodePortAddresses(cidrs, primary)
+			np := newNodePortAddresses(cidrs, primary, tc.localhost)
 			if tc.error {
 				if err == nil {
 					t.Fatal("accepted")

@@ -77,6 +77,7 @@ var serviceFlagNames = []struct {
 }{
 	{FlagClusterIP, "cluster-ip"},
 	{FlagNodePort, "node-port"},
+	{FlagLocalhostNodePort, "localhost-node-port"},
 	{FlagExternalIP, "external-ip"},
 	{FlagLoadBalancer, "load-balancer"},
 	{FlagTwoScopes, "two-scopes"},

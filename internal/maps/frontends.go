@@ -72,7 +72,7 @@ type desiredFrontend struct {
 // verdicts onto entries.
 //
 // The ClusterIP has one entry with the internal verdict. A NodePort (on each
-// node address), ExternalIP or LoadBalancer IP has an external-scope entry
+// node address; on a loopback one, for the node's sockets only), ExternalIP or LoadBalancer IP has an external-scope entry
 // with the external verdict and, when clients on the node get another one
 // (kube-proxy short-circuits pods and the node itself to the cluster
 // endpoints), an internal-scope entry with it; the socket programs look up
@@ -108,6 +108,19 @@ func frontendsOf(svc *model.Service, node *model.Node) []desiredFrontend {
 		add(addr, port, kind, ScopeInternal, ia, ieps)
 	}
 	for _, addr := range node.Addrs {
+		if addr.IsLoopback() {
+			// kube-proxy's localhost NodePorts, for the node's own
+			// sockets only (the socket programs check), with the
+			// verdict traffic from the node gets. The entry is not
+			// an external frontend, so that the TC and XDP programs
+			// translate nothing sent to 127.0.0.1 from outside
+			// (CVE-2020-8558).
+			if sp.NodePort != 0 {
+				ia, ieps := svc.ShortCircuit()
+				add(netip.AddrFrom4([4]byte{127, 0, 0, 1}), sp.NodePort, FlagLocalhostNodePort, ScopeExternal, ia, ieps)
+			}
+			continue
+		}
 		external(addr, sp.NodePort, FlagNodePort)
 	}
 	for _, addr := range sp.ExternalIPs {

@@ -46,6 +46,9 @@ const (
 	// FlagExternalLocal marks the external entries of a Service with
 	// externalTrafficPolicy=Local (SVC_F_EXT_LOCAL).
 	FlagExternalLocal uint16 = 1 << 8
+	// FlagLocalhostNodePort marks a NodePort on 127.0.0.1, for the node's
+	// own sockets only (SVC_F_LOCALHOST).
+	FlagLocalhostNodePort uint16 = 1 << 9
 )
 
 // Flags of BackendValue.

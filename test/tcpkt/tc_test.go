@@ -59,6 +59,18 @@ func fixtureState() *model.State {
 
 func np(port uint16) netip.AddrPort { return netip.AddrPortFrom(nodeAddr, port) }
 
+// localhostNP is a NodePort on 127.0.0.1.
+func localhostNP(port uint16) netip.AddrPort {
+	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
+}
+
+// withLocalhostNodePorts adds 127.0.0.1 to the node's NodePort addresses,
+// as the agent does with --iptables-localhost-nodeports.
+func withLocalhostNodePorts(st *model.State) *model.State {
+	st.Node.Addrs = append(st.Node.Addrs, netip.MustParseAddr("127.0.0.1"))
+	return st
+}
+
 var snatSrc = netip.AddrPortFrom(nodeAddr, snatPort)
 
 // fromOutside is a frame arriving at the node's device from the router.
@@ -263,7 +275,7 @@ func TestVerdicts(t *testing.T) {
 
 func TestPassesWhatIsNotOurs(t *testing.T) {
 	f := newFixture(t, loadOptions{})
-	f.sync(t, fixtureState())
+	f.sync(t, withLocalhostNodePorts(fixtureState()))
 
 	synLocal := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.SYN))
 	bigUDP := fromOutside(pktest.UDP(client, np(npDNSRemote)).WithPayload(make([]byte, 64)))
@@ -273,6 +285,7 @@ func TestPassesWhatIsNotOurs(t *testing.T) {
 		{Case: pktest.Case{Name: "TCP to a node port without a Service", In: fromOutside(pktest.TCP(client, np(22), pktest.SYN)).Bytes(), Verdict: pktest.TCActUnspec}},
 		{Case: pktest.Case{Name: "TCP to a NodePort on an address that is not the node's", In: fromOutside(pktest.TCP(client, netip.MustParseAddrPort("192.168.77.99:30010"), pktest.SYN)).Bytes(), Verdict: pktest.TCActUnspec}},
 		{Case: pktest.Case{Name: "UDP to a TCP NodePort", In: fromOutside(pktest.UDP(client, np(npWebLocal))).Bytes(), Verdict: pktest.TCActUnspec}},
+		{Case: pktest.Case{Name: "TCP from outside to a localhost NodePort: the node's sockets' only (CVE-2020-8558)", In: fromOutside(pktest.TCP(client, localhostNP(npWebRemote), pktest.SYN)).Bytes(), Verdict: pktest.TCActUnspec}},
 		{Case: pktest.Case{Name: "TCP to a ClusterIP from outside: not an external frontend", In: fromOutside(pktest.TCP(client, netip.MustParseAddrPort("10.96.0.10:80"), pktest.SYN)).Bytes(), Verdict: pktest.TCActUnspec}},
 		{Case: pktest.Case{Name: "ICMP echo to the node", In: fromOutside(pktest.ICMPEcho(client.Addr(), nodeAddr, 1, 1)).Bytes(), Verdict: pktest.TCActUnspec}},
 		{Case: pktest.Case{Name: "ARP request", In: pktest.ARPRequest(clientMAC, routerAddr, nodeAddr), Verdict: pktest.TCActUnspec}},

@@ -115,7 +115,7 @@ func TestXDPLoadBalancerIP(t *testing.T) {
 func TestXDPPassesTheRest(t *testing.T) {
 	f := newFixture(t, loadOptions{})
 	x := f.loadXDP(t, f.ifindex)
-	f.sync(t, fixtureState())
+	f.sync(t, withLocalhostNodePorts(fixtureState()))
 
 	synLocal := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.SYN))
 	synRemote := fromOutside(pktest.TCP(client, np(npWebRemote), pktest.SYN))
@@ -125,6 +125,7 @@ func TestXDPPassesTheRest(t *testing.T) {
 	multi, multiOK := f.counted(bpfobj.TcLbMetricLB_M_XDP_MULTIBUF, 1)
 	rows := []xrow{
 		{Case: pktest.Case{Name: "NodePort, local backend: for TC", In: synLocal.Bytes(), Verdict: pktest.XDPPass}},
+		{Case: pktest.Case{Name: "localhost NodePort from outside: not ours (CVE-2020-8558)", In: fromOutside(pktest.TCP(client, localhostNP(npWebRemote), pktest.SYN)).Bytes(), Verdict: pktest.XDPPass}},
 		{Case: pktest.Case{Name: "LoadBalancer IP, local backend: for TC", In: fromOutside(pktest.TCP(client, lbIP, pktest.SYN)).Bytes(), Verdict: pktest.XDPPass}},
 		{Case: pktest.Case{Name: "externalTrafficPolicy=Local: for TC", In: fromOutside(pktest.TCP(client, np(npETPLocal), pktest.SYN)).Bytes(), Verdict: pktest.XDPPass}},
 		{Case: pktest.Case{

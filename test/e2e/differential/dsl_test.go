@@ -180,6 +180,9 @@ const (
 	PodIP
 	// HealthCheck is a node's IP and the Service's healthCheckNodePort.
 	HealthCheck
+	// LocalhostNodePort is 127.0.0.1 and the port's NodePort, for probes
+	// from a node itself.
+	LocalhostNodePort
 )
 
 // Dest is a probe's destination.
@@ -208,6 +211,8 @@ func (d Dest) String() string {
 		return fmt.Sprintf("pod %s:%d", d.Name, d.Port)
 	case HealthCheck:
 		return fmt.Sprintf("healthCheckNodePort of %s on %s", d.Service, d.Node)
+	case LocalhostNodePort:
+		return fmt.Sprintf("NodePort of %s:%d on 127.0.0.1", d.Service, d.Port)
 	}
 	return "?"
 }

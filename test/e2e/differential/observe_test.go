@@ -72,6 +72,9 @@ func (w *world) dest(ctx context.Context, sc int, d Dest) (netip.AddrPort, error
 		}
 		p, err := w.nodePort(sc, d.Service, d.Port)
 		return netip.AddrPortFrom(n.IP, uint16(p)), err
+	case LocalhostNodePort:
+		p, err := w.nodePort(sc, d.Service, d.Port)
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(p)), err
 	case VIP:
 		ip, err := w.vip(sc, d.Name)
 		return netip.AddrPortFrom(ip, uint16(d.Port)), err

@@ -382,6 +382,25 @@ var scenarios = []Scenario{
 		}(),
 	},
 	{
+		// kube-proxy's iptables mode serves NodePorts on 127.0.0.1 to the
+		// node's own processes (localhostNodePorts, on by default); its
+		// nftables mode does not.
+		Name:  "nodeport on 127.0.0.1 from the node itself (localhost NodePorts)",
+		Needs: []Feature{FeatureNodePort},
+		Steps: func() []Step {
+			lh := Dest{Kind: LocalhostNodePort, Service: "web", Port: 80}
+			probes := ps(from(tcp, lh, selfA, selfB), from(udp, lh, selfA))
+			svc := dual(web(withType(corev1.ServiceTypeNodePort)))
+			local := dual(web(withType(corev1.ServiceTypeNodePort), withETP(corev1.ServiceExternalTrafficPolicyLocal)))
+			return []Step{
+				{Name: "a1 and b1", Services: []Svc{svc}, Slices: []Slice{dualSlice(ready("a1"), ready("b1"))}, Probes: probes},
+				{Name: "externalTrafficPolicy=Local: the node's own traffic goes to every endpoint",
+					Services: []Svc{local}, Slices: []Slice{dualSlice(ready("b1"))}, Probes: probes},
+				{Name: "no endpoints", Services: []Svc{svc}, Slices: []Slice{dualSlice()}, Probes: probes},
+			}
+		}(),
+	},
+	{
 		Name:  "nodeport from outside: externalTrafficPolicy=Cluster",
 		Needs: []Feature{FeatureNodePort, FeatureExternalTraffic},
 		Steps: func() []Step {
