@@ -110,7 +110,9 @@ const (
 	SockLbMetricLB_M_XDP_REPLY         SockLbMetric = 28
 	SockLbMetricLB_M_XDP_TO_TC         SockLbMetric = 29
 	SockLbMetricLB_M_XDP_MULTIBUF      SockLbMetric = 30
-	SockLbMetricLB_M_MAX               SockLbMetric = 31
+	SockLbMetricLB_M_TC_SNAT_REUSED    SockLbMetric = 31
+	SockLbMetricLB_M_TC_SNAT_LATE      SockLbMetric = 32
+	SockLbMetricLB_M_MAX               SockLbMetric = 33
 )
 
 type SockSock4Revnat struct {

@@ -23,7 +23,7 @@ type TcCt4Entry struct {
 	SvcId     uint32
 	Expires   uint32
 	Flags     uint16
-	Pad       [2]uint8
+	Born      uint16
 }
 
 type TcCt4Key struct {
@@ -134,7 +134,9 @@ const (
 	TcLbMetricLB_M_XDP_REPLY         TcLbMetric = 28
 	TcLbMetricLB_M_XDP_TO_TC         TcLbMetric = 29
 	TcLbMetricLB_M_XDP_MULTIBUF      TcLbMetric = 30
-	TcLbMetricLB_M_MAX               TcLbMetric = 31
+	TcLbMetricLB_M_TC_SNAT_REUSED    TcLbMetric = 31
+	TcLbMetricLB_M_TC_SNAT_LATE      TcLbMetric = 32
+	TcLbMetricLB_M_MAX               TcLbMetric = 33
 )
 
 type TcSock4Revnat struct {

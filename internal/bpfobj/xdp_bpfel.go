@@ -23,7 +23,7 @@ type XdpCt4Entry struct {
 	SvcId     uint32
 	Expires   uint32
 	Flags     uint16
-	Pad       [2]uint8
+	Born      uint16
 }
 
 type XdpCt4Key struct {
@@ -134,7 +134,9 @@ const (
 	XdpLbMetricLB_M_XDP_REPLY         XdpLbMetric = 28
 	XdpLbMetricLB_M_XDP_TO_TC         XdpLbMetric = 29
 	XdpLbMetricLB_M_XDP_MULTIBUF      XdpLbMetric = 30
-	XdpLbMetricLB_M_MAX               XdpLbMetric = 31
+	XdpLbMetricLB_M_TC_SNAT_REUSED    XdpLbMetric = 31
+	XdpLbMetricLB_M_TC_SNAT_LATE      XdpLbMetric = 32
+	XdpLbMetricLB_M_MAX               XdpLbMetric = 33
 )
 
 type XdpSock4Revnat struct {

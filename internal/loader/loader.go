@@ -360,6 +360,8 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_XDP_REPLY:         "xdp_reply_translated",
 	bpfobj.SockLbMetricLB_M_XDP_TO_TC:         "xdp_passed_to_tc",
 	bpfobj.SockLbMetricLB_M_XDP_MULTIBUF:      "xdp_multibuffer_passed",
+	bpfobj.SockLbMetricLB_M_TC_SNAT_REUSED:    "tc_snat_port_reused_closed",
+	bpfobj.SockLbMetricLB_M_TC_SNAT_LATE:      "tc_snat_late_packet_to_stack",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,
