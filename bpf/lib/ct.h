@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Connection tracking for the TC programs: one LRU map holds, per flow, an
- * entry for the client's direction and one for the backend's replies, so that
- * a flow keeps its backend for its lifetime and its replies are translated
- * back. Only the TC programs include this header. */
+/* Connection tracking for the TC and XDP programs (through nodeport.h): one
+ * LRU map holds, per flow, an entry for the client's direction and one for
+ * the backend's replies, so that a flow keeps its backend for its lifetime
+ * and its replies are translated back, and the source NAT ports. */
 #ifndef EBPF_PROXY_CT_H
 #define EBPF_PROXY_CT_H
 
