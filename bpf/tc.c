@@ -97,7 +97,7 @@ static __always_inline int tc_reply(struct __sk_buff *skb, struct pkt4 *p, struc
 	__be16 sport = e->nat_sport, dport = e->nat_dport;
 	bool snat = e->flags & CT_F_SNAT;
 
-	ct_refresh(e, p, now);
+	ct_refresh_dir(e, p, now, true);
 	if (pkt4_rewrite(skb, p, true, saddr, sport))
 		return TC_ACT_SHOT;
 	if (snat && pkt4_rewrite(skb, p, false, daddr, dport))
@@ -193,6 +193,10 @@ int tc_ingress(struct __sk_buff *skb)
 		e = np_lookup_tracked(&p, now, &reply);
 		if (e && reply)
 			return tc_reply(skb, &p, e, now);
+		if (reply) {
+			lb_count(LB_M_TC_SNAT_LATE);
+			return TC_ACT_UNSPEC;
+		}
 		if (e) {
 			lb_count(LB_M_TC_FWD);
 			return tc_xlate_orig(skb, &p, e);

@@ -103,7 +103,7 @@ static __always_inline int xdp_reply(struct xdp_md *ctx, const struct pkt4 *p, s
 	n.dport = e->nat_dport;
 	ret = xdp_send(ctx, p, &n);
 	if (ret != XDP_PASS) {
-		ct_refresh(e, p, now);
+		ct_refresh_dir(e, p, now, true);
 		lb_count(LB_M_XDP_REPLY);
 	}
 	return ret;
@@ -164,6 +164,10 @@ static __always_inline int xdp_nodeport_run(struct xdp_md *ctx)
 	e = np_lookup_tracked(&p, now, &reply);
 	if (e && reply)
 		return xdp_reply(ctx, &p, e, now);
+	/* A late packet to a reused source NAT port: TC counts it and hands
+	 * it to the stack. */
+	if (reply)
+		return XDP_PASS;
 	if (e) {
 		/* A flow to a local backend stays with TC. */
 		if (!(e->flags & CT_F_SNAT))

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Connection tracking for the TC programs: one LRU map holds, per flow, an
- * entry for the client's direction and one for the backend's replies, so that
- * a flow keeps its backend for its lifetime and its replies are translated
- * back. Only the TC programs include this header. */
+/* Connection tracking for the TC and XDP programs (through nodeport.h): one
+ * LRU map holds, per flow, an entry for the client's direction and one for
+ * the backend's replies, so that a flow keeps its backend for its lifetime
+ * and its replies are translated back, and the source NAT ports. */
 #ifndef EBPF_PROXY_CT_H
 #define EBPF_PROXY_CT_H
 
@@ -36,11 +36,25 @@ struct {
 /* Lifetimes in seconds. An established TCP flow lives as long as
  * kube-proxy's conntrack keeps one (--conntrack-tcp-timeout-established,
  * 24h); a handshake that does not complete and a closing connection free
- * their entry (and source NAT port) soon. */
+ * their entry soon (a closed one frees its source NAT port at once, see
+ * ct_tcp_track). A source-NATed UDP flow lives as in conntrack: 30 s
+ * (nf_conntrack_udp_timeout) until it is a stream, that is until it has
+ * seen a reply and is still active CT_UDP_STREAM_AGE seconds after it began,
+ * then 120 s (nf_conntrack_udp_timeout_stream). DNS-like traffic, a new
+ * source port per query, would otherwise hold a source NAT port for 120 s a
+ * query. A UDP flow without source NAT, whose two entries each see one
+ * direction only and use no port of ours, keeps 120 s. */
 #define CT_LIFETIME_TCP	      86400
 #define CT_LIFETIME_TCP_SYN   60
 #define CT_LIFETIME_TCP_CLOSE 10
 #define CT_LIFETIME_UDP	      120
+#define CT_LIFETIME_UDP_SHORT 30
+#define CT_UDP_STREAM_AGE     2
+
+/* The TCP state flags, which a new connection on the tuple starts over. */
+#define CT_F_TCP_STATE                                                                             \
+	(CT_F_CLOSING | CT_F_FIN_ORIG | CT_F_FIN_REPLY | CT_F_FIN_REPLY_FIRST | CT_F_CLOSED |      \
+	 CT_F_SYN_WAIT)
 
 /* How many random source NAT ports are tried for a new flow. */
 #define SNAT_TRIES 16
@@ -50,30 +64,121 @@ static __always_inline __u32 ct_now(void)
 	return bpf_ktime_get_ns() / 1000000000ULL;
 }
 
-/* ct_refresh extends e's lifetime for a packet of its flow. The entry is
- * written only when the expiry moves, which is at most once a second. */
-static __always_inline void ct_refresh(struct ct4_entry *e, const struct pkt4 *p, __u32 now)
+/* ct_tcp_track follows a TCP flow's close in e's flags, for a packet p from
+ * the backend (reply) or the client. A source-NATed flow's reply entry sees
+ * both directions (the client's packets refresh it in np_orig_valid), so it
+ * knows when its port may be reused, as conntrack lets a new connection
+ * take a NAT tuple whose entry is in TIME_WAIT or CLOSE
+ * (nf_nat_used_tuple_harder):
+ *  - an RST, from either side, closes the flow;
+ *  - so does the ACK of the side that sent the first FIN once both sides
+ *    have sent theirs: the final ACK (sequence numbers are not kept, so an
+ *    ACK of earlier data that crosses the second FIN counts too; a port
+ *    reused too early is then handled as a late packet, see
+ *    np_lookup_tracked).
+ * A half-closed flow (one FIN) or one in LAST_ACK (both FINs, no final ACK)
+ * keeps its port. A client's SYN (without ACK) on a new entry, or on a flow
+ * that was closing, is a new connection: the state starts over and the flow
+ * waits for the backend's SYN (CT_F_SYN_WAIT), until which a backend packet
+ * without SYN or RST belongs to an older connection. A SYN on an open flow
+ * (a retransmission crossing the backend's answer) changes nothing. */
+static __always_inline void ct_tcp_track(struct ct4_entry *e, const struct pkt4 *p, bool reply)
+{
+	__u16 fin = reply ? CT_F_FIN_REPLY : CT_F_FIN_ORIG;
+	__u16 both = CT_F_FIN_ORIG | CT_F_FIN_REPLY;
+	__u8 tf = p->tcp_flags;
+	__u16 f = e->flags;
+
+	if (tf & TCP_FLAG_RST) {
+		f |= CT_F_CLOSED | CT_F_CLOSING;
+	} else if (tf & TCP_FLAG_SYN) {
+		if (reply)
+			f &= ~CT_F_SYN_WAIT;
+		else if (!(tf & TCP_FLAG_ACK) && (!e->expires || (f & CT_F_CLOSING)))
+			f = (f & ~CT_F_TCP_STATE) | CT_F_SYN_WAIT;
+	} else if (tf & TCP_FLAG_FIN) {
+		if (!(f & both) && reply)
+			f |= CT_F_FIN_REPLY_FIRST;
+		f |= fin | CT_F_CLOSING;
+	} else if ((f & both) == both && (tf & TCP_FLAG_ACK) &&
+		   reply == !!(f & CT_F_FIN_REPLY_FIRST)) {
+		f |= CT_F_CLOSED;
+	}
+	if (e->flags != f)
+		e->flags = f;
+}
+
+/* ct_udp_life is the lifetime a source-NATed UDP flow's packet p gives its
+ * entry e (see CT_LIFETIME_UDP_SHORT), marking the flow replied and a stream
+ * as it becomes one. born wraps after 18 hours, long past any flow that is
+ * not a stream yet. */
+static __always_inline __u32 ct_udp_life(struct ct4_entry *e, bool reply, __u32 now)
+{
+	__u16 f = e->flags;
+
+	if (reply)
+		f |= CT_F_UDP_REPLIED;
+	if ((f & (CT_F_UDP_REPLIED | CT_F_UDP_STREAM)) == CT_F_UDP_REPLIED &&
+	    (__u16)((__u16)now - e->born) >= CT_UDP_STREAM_AGE)
+		f |= CT_F_UDP_STREAM;
+	if (e->flags != f)
+		e->flags = f;
+	return (f & CT_F_UDP_STREAM) ? CT_LIFETIME_UDP : CT_LIFETIME_UDP_SHORT;
+}
+
+/* ct_refresh_dir extends e's lifetime for a packet p of its flow, from the
+ * backend when reply, and follows the flow's state. A new entry (expires
+ * still 0) is born now. The entry is written only when something moves:
+ * the expiry at most once a second. */
+static __always_inline void ct_refresh_dir(struct ct4_entry *e, const struct pkt4 *p, __u32 now,
+					   bool reply)
 {
 	__u32 life = CT_LIFETIME_UDP, exp;
 
+	if (!e->expires)
+		e->born = (__u16)now;
 	if (p->proto == IPPROTO_TCP) {
-		if ((p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) && !(e->flags & CT_F_CLOSING))
-			e->flags |= CT_F_CLOSING;
+		ct_tcp_track(e, p, reply);
 		if (e->flags & CT_F_CLOSING)
 			life = CT_LIFETIME_TCP_CLOSE;
 		else if (p->tcp_flags & TCP_FLAG_SYN)
 			life = CT_LIFETIME_TCP_SYN;
 		else
 			life = CT_LIFETIME_TCP;
+	} else if (e->flags & CT_F_SNAT) {
+		life = ct_udp_life(e, reply, now);
 	}
 	exp = now + life;
 	if (e->expires != exp)
 		e->expires = exp;
 }
 
+/* ct_refresh is ct_refresh_dir for a packet from the client. */
+static __always_inline void ct_refresh(struct ct4_entry *e, const struct pkt4 *p, __u32 now)
+{
+	ct_refresh_dir(e, p, now, false);
+}
+
 static __always_inline bool ct_expired(const struct ct4_entry *e, __u32 now)
 {
 	return (__s32)(now - e->expires) > 0;
+}
+
+/* ct_reply_late says whether p, a backend's packet to a source NAT port
+ * whose reply entry is e, belongs to an older connection than e's flow: a
+ * TCP flow waiting for the backend's SYN only takes a SYN or an RST (which
+ * refuses the connection) from it. Such a packet (the backend's
+ * retransmitted FIN of the flow that had the port before, or the ACK a
+ * backend socket still in TIME_WAIT or LAST_ACK answers the new SYN with)
+ * must not reach the new client. Passed to the node's stack, which has no
+ * socket on the port (the range is outside the ephemeral one), it is
+ * answered with an RST: that ends the backend's leftover socket, and the
+ * new client's next SYN gets through, as when the new client itself resets
+ * it under conntrack. */
+static __always_inline bool ct_reply_late(const struct ct4_entry *e, const struct pkt4 *p)
+{
+	return p->proto == IPPROTO_TCP && (e->flags & CT_F_SYN_WAIT) &&
+	       !(p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_RST));
 }
 
 /* ct_reply_key is the key of the reply entry of the flow whose client-side
@@ -93,13 +198,19 @@ static __always_inline void ct_reply_key(struct ct4_key *rkey, const struct ct4_
 
 /* ct_snat_alloc records the reply entry rval under a free source NAT port
  * of rkey->daddr and leaves the port in rkey->dport. A port is free when no
- * reply entry uses it or the flow that did has expired. Returns 0, or -1
- * when SNAT_TRIES random ports were all busy. */
+ * reply entry uses it, the flow that did has expired, or that flow is a
+ * closed TCP connection (CT_F_CLOSED, counted). Taking over an entry leaves
+ * the old flow's client-side entry pointing at a reply entry that is no
+ * longer its own: np_orig_valid then lets its packets select again. Two
+ * CPUs may take over the same entry at once; the loser's flow selects again
+ * at its next packet, as after an eviction. Returns 0, or -1 when
+ * SNAT_TRIES random ports were all busy. */
 static __always_inline int ct_snat_alloc(struct ct4_key *rkey, const struct ct4_entry *rval,
 					 __u16 port_min, __u16 port_max, __u32 now)
 {
 	__u32 range = (__u32)port_max - port_min + 1;
 	struct ct4_entry *old;
+	bool closed;
 	int i;
 
 	if (port_max < port_min)
@@ -109,9 +220,15 @@ static __always_inline int ct_snat_alloc(struct ct4_key *rkey, const struct ct4_
 		if (!bpf_map_update_elem(&tc4_ct_v1, rkey, rval, BPF_NOEXIST))
 			return 0;
 		old = bpf_map_lookup_elem(&tc4_ct_v1, rkey);
-		if (old && ct_expired(old, now) &&
-		    !bpf_map_update_elem(&tc4_ct_v1, rkey, rval, BPF_EXIST))
+		if (!old)
+			continue;
+		closed = !ct_expired(old, now) && (old->flags & CT_F_CLOSED);
+		if ((closed || ct_expired(old, now)) &&
+		    !bpf_map_update_elem(&tc4_ct_v1, rkey, rval, BPF_EXIST)) {
+			if (closed)
+				lb_count(LB_M_TC_SNAT_REUSED);
 			return 0;
+		}
 	}
 	return -1;
 }

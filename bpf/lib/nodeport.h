@@ -26,14 +26,18 @@ volatile const __u16 snat_port_max = 65535;
  * lives until it expires; a new TCP connection or a UDP datagram also needs
  * its backend to still be one the ServicePort may choose (kube-proxy
  * clears the UDP flows of removed endpoints), and a source-NATed flow needs
- * its reply entry, which a newer flow may have taken over. */
+ * its reply entry, which a newer flow may have taken over (its old client's
+ * late packets, a retransmitted final ACK say, then select again: a new
+ * flow, whose backend answers an RST, which frees that flow's port). A
+ * source-NATed flow lives as long as either entry: the reply entry sees
+ * both directions (a UDP flow only the backend keeps talking on). */
 static __always_inline bool np_orig_valid(struct ct4_entry *e, const struct pkt4 *p, __u32 now)
 {
 	struct ct4_entry *r, rval = {};
 	struct ct4_key rkey = {};
 	struct lb4_backend *be;
 
-	if (ct_expired(e, now))
+	if (!(e->flags & CT_F_SNAT) && ct_expired(e, now))
 		return false;
 	if (p->proto == IPPROTO_UDP ||
 	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
@@ -48,9 +52,13 @@ static __always_inline bool np_orig_valid(struct ct4_entry *e, const struct pkt4
 	if (r) {
 		if (r->nat_daddr != p->saddr || r->nat_dport != p->sport)
 			return false;
+		if (ct_expired(e, now) && ct_expired(r, now))
+			return false;
 		ct_refresh(r, p, now);
 		return true;
 	}
+	if (ct_expired(e, now))
+		return false;
 	/* Evicted from the LRU: take the port back if nobody else has. */
 	rval.nat_saddr = p->daddr;
 	rval.nat_sport = p->dport;
@@ -228,6 +236,7 @@ static __always_inline int np_record(void *ctx, __u32 ifindex, const struct pkt4
 	rval.backend_id = c->backend_id;
 	rval.svc_id = c->svc->svc_id;
 	rval.expires = orig->expires;
+	rval.born = orig->born;
 	rval.flags = orig->flags;
 	rkey.saddr = be->address;
 	rkey.sport = be->port;
@@ -261,6 +270,7 @@ static __always_inline int np_record(void *ctx, __u32 ifindex, const struct pkt4
 		rval.nat_daddr = p->saddr;
 		rval.nat_dport = p->sport;
 		rval.flags |= CT_F_SNAT;
+		ct_refresh(&rval, p, now); /* UDP: source NAT lifetimes */
 		if (ct_snat_alloc(&rkey, &rval, snat_port_min, snat_port_max, now)) {
 			lb_count(LB_M_TC_SNAT_NO_PORT);
 			return -1;
@@ -268,6 +278,7 @@ static __always_inline int np_record(void *ctx, __u32 ifindex, const struct pkt4
 		orig->nat_saddr = snat_addr;
 		orig->nat_sport = rkey.dport;
 		orig->flags |= CT_F_SNAT;
+		ct_refresh(orig, p, now);
 	}
 	okey.saddr = p->saddr;
 	okey.daddr = p->daddr;
@@ -311,8 +322,11 @@ static __always_inline void np_forget_stale_reply(const struct pkt4 *p)
  * is not a fragment, when it belongs to a tracked flow: its client-side
  * entry while the flow holds (refreshed; *reply false), else the reply entry
  * of a source-NATed flow when p comes to a source NAT port (*reply true).
- * NULL for a packet of no tracked flow. A new TCP connection first forgets
- * the stale reply entry of its tuple (np_forget_stale_reply). */
+ * NULL for a packet of no tracked flow, and (with *reply true) for a
+ * backend's late packet of an older connection on the port (ct_reply_late),
+ * which the hook hands to the node's stack untranslated. A new TCP
+ * connection first forgets the stale reply entry of its tuple
+ * (np_forget_stale_reply). */
 static __always_inline struct ct4_entry *np_lookup_tracked(const struct pkt4 *p, __u32 now,
 							   bool *reply)
 {
@@ -346,7 +360,7 @@ static __always_inline struct ct4_entry *np_lookup_tracked(const struct pkt4 *p,
 	if (!e || !(e->flags & CT_F_SNAT))
 		return NULL;
 	*reply = true;
-	return e;
+	return ct_reply_late(e, p) ? NULL : e;
 }
 
 #endif /* EBPF_PROXY_NODEPORT_H */

@@ -231,6 +231,17 @@ struct ct4_key {
 enum {
 	CT_F_SNAT = 1 << 0,    /* source translated: replies arrive at ingress */
 	CT_F_CLOSING = 1 << 1, /* TCP FIN or RST seen: the entry expires soon */
+	/* TCP close tracking (ct.h), what conntrack's TIME_WAIT and CLOSE
+	 * states say: the flow's reply entry sees both directions. */
+	CT_F_FIN_ORIG = 1 << 2,	       /* the client's FIN seen */
+	CT_F_FIN_REPLY = 1 << 3,       /* the backend's FIN seen */
+	CT_F_FIN_REPLY_FIRST = 1 << 4, /* the backend closed first */
+	CT_F_CLOSED = 1 << 5,	       /* closed: its source NAT port is free */
+	CT_F_SYN_WAIT = 1 << 6,	       /* opened by a SYN, no SYN from the backend yet */
+	/* UDP (ct.h): a reply seen, and the flow a stream (replied and still
+	 * active 2 s after it began), as conntrack's SEEN_REPLY and ASSURED. */
+	CT_F_UDP_REPLIED = 1 << 7,
+	CT_F_UDP_STREAM = 1 << 8,
 };
 
 /* Value of tc4_ct: how packets with the key's tuple are rewritten. A zero
@@ -250,7 +261,9 @@ struct ct4_entry {
 	 * source NAT port may be reused. */
 	__u32 expires;
 	__u16 flags;
-	__u8 pad[2];
+	/* The low 16 bits of the second the entry was made in (a UDP flow's
+	 * age decides its lifetime). */
+	__u16 born;
 };
 
 /* Value of tc4_snat_addrs, keyed by a __u32 ifindex: the address source NAT
@@ -294,6 +307,8 @@ enum lb_metric {
 	LB_M_XDP_MULTIBUF,	/* XDP: multi-buffer frame passed to TC */
 	LB_M_SOCK_SOURCE_RANGE, /* socket: packet of a pod or the node outside the ranges dropped */
 	LB_M_SOCK_RANGE_TAG_ERR, /* socket: could not tag a socket for the range check */
+	LB_M_TC_SNAT_REUSED,	 /* TC/XDP: a closed flow's source NAT port reused */
+	LB_M_TC_SNAT_LATE,	 /* TC: backend's late packet of a reused port, to the stack */
 	LB_M_MAX,
 };
 

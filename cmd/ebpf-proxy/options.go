@@ -86,7 +86,12 @@ type options struct {
 	tcAttach      string
 	xdp           string
 	conntrackSize uint32
-	lbAlgorithm   string
+	// snatPortRange is --nodeport-snat-port-range, parsed by validate
+	// into snatPorts; snatPortRangeForce skips its overlap checks.
+	snatPortRange      string
+	snatPorts          portRange
+	snatPortRangeForce bool
+	lbAlgorithm        string
 	// lb is lbAlgorithm parsed by validate.
 	lb model.LBAlgorithm
 }
@@ -104,6 +109,7 @@ func defaultOptions() *options {
 		mapSizes:           loader.DefaultMapSizes,
 		terminateSockets:   true,
 		conntrackSize:      loader.DefaultConntrackSize,
+		snatPortRange:      defaultSNATPortRange.String(),
 		lbAlgorithm:        model.LBRandom.String(),
 		kubeAPIContentType: "application/vnd.kubernetes.protobuf",
 		kubeAPIQPS:         5,
@@ -154,6 +160,8 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.tcAttach, "tc-attach", o.tcAttach, "How to attach the TC programs: '' (tcx where the kernel has it, else clsact), 'tcx' or 'clsact'.")
 	fs.StringVar(&o.xdp, "xdp", o.xdp, "The XDP fast path for NodePort, ExternalIP and LoadBalancer-IP traffic to backends on other nodes, on the same devices as the TC programs: 'native' (in the driver), 'generic' (any device, less gain) or 'off'. A device that refuses the mode keeps the TC programs only (logged, and counted in ebpfproxy_xdp_attach_failures_total).")
 	fs.Uint32Var(&o.conntrackSize, "bpf-map-conntrack-max", o.conntrackSize, "Capacity of the TC connection tracking LRU: two entries per flow from outside the node.")
+	fs.StringVar(&o.snatPortRange, "nodeport-snat-port-range", o.snatPortRange, "Source ports (min-max) that NodePort, ExternalIP and LoadBalancer-IP traffic to a backend on another node is source-NATed to: each (node address, backend) pair has this many concurrent flows (a closed TCP connection frees its port at once, a UDP flow after 30 s, or 120 s once it is a stream). Must lie within 1024-65535 and stay clear of the node's ephemeral ports (net.ipv4.ip_local_port_range) and of the NodePort range 30000-32767: the node's own connections and NodePorts use those, and a reply to them would be taken for source NAT's.")
+	fs.BoolVar(&o.snatPortRangeForce, "nodeport-snat-port-range-force", o.snatPortRangeForce, "Accept a --nodeport-snat-port-range that overlaps the node's ephemeral ports or 30000-32767 (logged), for nodes that keep those ports free otherwise.")
 	fs.Uint32Var(&o.mapSizes.Affinity, "bpf-map-affinity-max", o.mapSizes.Affinity, "Capacity of the session affinity LRU: (client, Service port) pairs remembered.")
 	fs.StringVar(&o.lbAlgorithm, "lb-algorithm", o.lbAlgorithm, "How traffic from outside the node picks a backend for a new flow: 'random' (as kube-proxy) or 'maglev' (consistent hashing: every node picks the same backend for a flow). A Service's annotation "+k8swatch.AnnotationLBAlgorithm+" overrides it.")
 	o.addKubeProxyFlags(fs)
@@ -201,6 +209,9 @@ func (o *options) validate() error {
 	case loader.XDPOff, loader.XDPNative, loader.XDPGeneric:
 	default:
 		return fmt.Errorf("unknown --xdp %q: use native, generic or off", o.xdp)
+	}
+	if o.snatPorts, err = parsePortRange(o.snatPortRange); err != nil {
+		return fmt.Errorf("--nodeport-snat-port-range: %w", err)
 	}
 	if o.lb, err = model.ParseLBAlgorithm(o.lbAlgorithm); err != nil {
 		return fmt.Errorf("--lb-algorithm: %w", err)

@@ -111,9 +111,13 @@ func newTCAttacher(o *options, m *metrics.Metrics, log *zap.Logger) (*tcAttacher
 	if err != nil {
 		return nil, err
 	}
+	if err := checkSNATPortRange(o.snatPorts, o.snatPortRangeForce, ephemeralPortsFile, log); err != nil {
+		return nil, err
+	}
 	a := &tcAttacher{
 		cfg: loader.TCConfig{
 			BPFFSPath: o.bpffsPath, Sizes: o.mapSizes, ConntrackSize: o.conntrackSize, Attach: o.tcAttach,
+			SNATPortMin: o.snatPorts.min, SNATPortMax: o.snatPorts.max,
 		},
 		devices:  o.devices,
 		nodePort: np,

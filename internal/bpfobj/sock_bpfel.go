@@ -112,7 +112,9 @@ const (
 	SockLbMetricLB_M_XDP_MULTIBUF       SockLbMetric = 30
 	SockLbMetricLB_M_SOCK_SOURCE_RANGE  SockLbMetric = 31
 	SockLbMetricLB_M_SOCK_RANGE_TAG_ERR SockLbMetric = 32
-	SockLbMetricLB_M_MAX                SockLbMetric = 33
+	SockLbMetricLB_M_TC_SNAT_REUSED     SockLbMetric = 33
+	SockLbMetricLB_M_TC_SNAT_LATE       SockLbMetric = 34
+	SockLbMetricLB_M_MAX                SockLbMetric = 35
 )
 
 type SockSock4RangeTag struct {

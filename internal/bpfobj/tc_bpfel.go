@@ -23,7 +23,7 @@ type TcCt4Entry struct {
 	SvcId     uint32
 	Expires   uint32
 	Flags     uint16
-	Pad       [2]uint8
+	Born      uint16
 }
 
 type TcCt4Key struct {
@@ -136,7 +136,9 @@ const (
 	TcLbMetricLB_M_XDP_MULTIBUF       TcLbMetric = 30
 	TcLbMetricLB_M_SOCK_SOURCE_RANGE  TcLbMetric = 31
 	TcLbMetricLB_M_SOCK_RANGE_TAG_ERR TcLbMetric = 32
-	TcLbMetricLB_M_MAX                TcLbMetric = 33
+	TcLbMetricLB_M_TC_SNAT_REUSED     TcLbMetric = 33
+	TcLbMetricLB_M_TC_SNAT_LATE       TcLbMetric = 34
+	TcLbMetricLB_M_MAX                TcLbMetric = 35
 )
 
 type TcSock4Revnat struct {

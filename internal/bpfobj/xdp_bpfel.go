@@ -23,7 +23,7 @@ type XdpCt4Entry struct {
 	SvcId     uint32
 	Expires   uint32
 	Flags     uint16
-	Pad       [2]uint8
+	Born      uint16
 }
 
 type XdpCt4Key struct {
@@ -136,7 +136,9 @@ const (
 	XdpLbMetricLB_M_XDP_MULTIBUF       XdpLbMetric = 30
 	XdpLbMetricLB_M_SOCK_SOURCE_RANGE  XdpLbMetric = 31
 	XdpLbMetricLB_M_SOCK_RANGE_TAG_ERR XdpLbMetric = 32
-	XdpLbMetricLB_M_MAX                XdpLbMetric = 33
+	XdpLbMetricLB_M_TC_SNAT_REUSED     XdpLbMetric = 33
+	XdpLbMetricLB_M_TC_SNAT_LATE       XdpLbMetric = 34
+	XdpLbMetricLB_M_MAX                XdpLbMetric = 35
 )
 
 type XdpSock4Revnat struct {

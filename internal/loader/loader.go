@@ -370,6 +370,8 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_XDP_MULTIBUF:       "xdp_multibuffer_passed",
 	bpfobj.SockLbMetricLB_M_SOCK_SOURCE_RANGE:  "sock_dropped_source_range",
 	bpfobj.SockLbMetricLB_M_SOCK_RANGE_TAG_ERR: "sock_source_range_tag_failed",
+	bpfobj.SockLbMetricLB_M_TC_SNAT_REUSED:     "tc_snat_port_reused_closed",
+	bpfobj.SockLbMetricLB_M_TC_SNAT_LATE:       "tc_snat_late_packet_to_stack",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,

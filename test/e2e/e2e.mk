@@ -75,7 +75,7 @@ e2e-bench: k8s-binaries e2e-agent
 #   EBPF_PROXY_BENCH_RPS_WORKERS=8    concurrent connections
 #   EBPF_PROXY_BENCH_RPS_ROUNDS=1     rounds, interleaved; medians reported
 #   EBPF_PROXY_BENCH_RPS_PROXIES=iptables,ebpf,ebpf-iptables
-#     (also known: iptables-nft, nftables; see rpsRows in test/e2e/bench)
+#     (also known: iptables-nft, nftables, ebpf-xdp-generic; see rpsRows in test/e2e/bench)
 .PHONY: e2e-bench-rps
 e2e-bench-rps: k8s-binaries e2e-agent
 	cd $(E2E_ROOT) && \

@@ -51,6 +51,9 @@ type env struct {
 	client *sandbox.Client
 	// other is a second client outside, for source ranges.
 	other *sandbox.Client
+	// snatMin and snatMax are the source NAT port range attach gives the
+	// programs; zero for the default.
+	snatMin, snatMax uint16
 }
 
 var small = loader.MapSizes{Services: 4096, Backends: 4096, RevNat: 4096, SockRevNat: 4096, Affinity: 4096}
@@ -120,6 +123,7 @@ func (e *env) attach(n *node, mode string, bridge bool) {
 		var err error
 		n.tc, err = loader.LoadTC(loader.TCConfig{
 			BPFFSPath: bpffs, Sizes: small, ConntrackSize: 4096, Attach: mode, Devices: devs,
+			SNATPortMin: e.snatMin, SNATPortMax: e.snatMax,
 		})
 		return err
 	})

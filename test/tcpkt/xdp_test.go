@@ -185,8 +185,8 @@ func TestXDPAndTCShareFlows(t *testing.T) {
 		}},
 		{tc: true, Case: pktest.Case{
 			Name:    "TC translates its reply alike",
-			In:      fromNodeB(pktest.TCP(remoteWeb, snatSrc, pktest.ACK)).Bytes(),
-			Verdict: pktest.TCActRedirect, Out: toRouter(pktest.TCP(np(npWebRemote), client, pktest.ACK).WithTTL(63)).Bytes(),
+			In:      fromNodeB(pktest.TCP(remoteWeb, snatSrc, pktest.SYN|pktest.ACK)).Bytes(),
+			Verdict: pktest.TCActRedirect, Out: toRouter(pktest.TCP(np(npWebRemote), client, pktest.SYN|pktest.ACK).WithTTL(63)).Bytes(),
 		}},
 	})
 	g := newFixture(t, loadOptions{})

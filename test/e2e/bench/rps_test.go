@@ -70,8 +70,7 @@ var rpsRows = []rpsRow{
 	{name: "ebpf-iptables", kind: testbed.EbpfProxyIPTables, label: "ebpf-proxy iptables fallback"},
 	{name: "iptables-nft", kind: testbed.KubeProxyIPTables, label: "kube-proxy iptables (nft)"},
 	{name: "nftables", kind: testbed.KubeProxyNFTables, label: "kube-proxy nftables"},
-	// The XDP fast path, once merged, is one more row each, e.g.
-	// {name: "ebpf-xdp-generic", kind: testbed.EbpfProxy, args: []string{"--xdp=generic"}, label: "ebpf-proxy XDP generic"},
+	{name: "ebpf-xdp-generic", kind: testbed.EbpfProxy, args: []string{"--xdp=generic"}, label: "ebpf-proxy XDP generic"},
 }
 
 var rpsDefaultRows = []string{rpsBaseline, "ebpf", "ebpf-iptables"}
