@@ -83,7 +83,7 @@ func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 			cfg: Config{
 				MasqueradeAll:     true,
 				MasqueradeBit:     12,
-				NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")},
+				NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24"), netip.MustParsePrefix("127.0.0.1/32")},
 			},
 		},
 	}

@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -435,7 +436,19 @@ func (r *renderer) staticRules(forwardDropInvalid bool) []staticRule {
 		rules = append(rules, staticRule{"nat", chainServices, rule().dst("127.0.0.0/8", true).comment(npComment).
 			match("-m", "addrtype", "--dst-type", "LOCAL").jump(chainNodePorts)})
 	}
+	// Localhost NodePorts would need route_localnet, which exposes the
+	// node's 127.0.0.1 services to its network (CVE-2020-8558): loopback
+	// destinations never reach the NodePorts, as in kube-proxy's nftables
+	// mode, even when the prefixes hold them.
+	loopback := netip.MustParsePrefix("127.0.0.0/8")
+	if slices.ContainsFunc(r.cfg.NodePortAddresses, loopback.Overlaps) {
+		rules = append(rules, staticRule{"nat", chainServices, rule().dst(loopback.String(), false).
+			comment("ebpf-proxy: no NodePorts on loopback addresses").jump("RETURN")})
+	}
 	for _, p := range r.cfg.NodePortAddresses {
+		if p.Bits() >= loopback.Bits() && loopback.Contains(p.Addr()) {
+			continue
+		}
 		rules = append(rules, staticRule{"nat", chainServices, rule().dst(p.Masked().String(), false).comment(npComment).
 			match("-m", "addrtype", "--dst-type", "LOCAL").jump(chainNodePorts)})
 	}

@@ -208,8 +208,8 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 			"--bpffs-path=" + p.BPFFS,
 			"--metrics-bind-address=" + metricsAddr,
 			"--healthz-bind-address=" + healthzAddr,
-			// As upstream's configuration above.
-			"--nodeport-addresses=" + n.IP.String() + "/32",
+			// As upstream's configuration below.
+			"--nodeport-addresses=" + n.IP.String() + "/32," + localhostPrefix,
 			"-v=" + strconv.Itoa(v),
 		}
 		if opts.Kind == EbpfProxy {
@@ -252,6 +252,12 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 	return p, nil
 }
 
+// localhostPrefix is among every proxy's NodePort addresses, besides the
+// node's own: kube-proxy's iptables mode then serves NodePorts on 127.0.0.1
+// to the node's own processes (setting route_localnet in the node's
+// namespace only), its nftables mode does not, and the scenarios compare.
+const localhostPrefix = "127.0.0.1/32"
+
 // kubeProxyConfig renders upstream kube-proxy's configuration file.
 func kubeProxyConfig(n *Node, opts ProxyOptions, kubeconfig string) string {
 	var b strings.Builder
@@ -264,7 +270,7 @@ hostnameOverride: %q
 mode: %q
 clusterCIDR: %q
 detectLocalMode: ClusterCIDR
-nodePortAddresses: [%q]
+nodePortAddresses: [%q, %q]
 metricsBindAddress: %q
 healthzBindAddress: %q
 oomScoreAdj: 0
@@ -276,7 +282,7 @@ iptables:
 nftables:
   minSyncPeriod: 1s
   syncPeriod: 30s
-`, kubeconfig, n.Spec.Name, string(opts.Kind), PodCIDR, n.IP.String()+"/32", metricsAddr, healthzAddr)
+`, kubeconfig, n.Spec.Name, string(opts.Kind), PodCIDR, n.IP.String()+"/32", localhostPrefix, metricsAddr, healthzAddr)
 	if len(opts.FeatureGates) > 0 {
 		b.WriteString("featureGates:\n")
 		names := make([]string, 0, len(opts.FeatureGates))
