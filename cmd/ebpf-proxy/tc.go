@@ -111,7 +111,7 @@ func newTCAttacher(o *options, m *metrics.Metrics, log *zap.Logger) (*tcAttacher
 	if err != nil {
 		return nil, err
 	}
-	if err := checkSNATPortRange(o.snatPorts, o.snatPortRangeForce, ephemeralPortsFile, log); err != nil {
+	if err := checkSNATPortRange(o.snatPorts, o.snatPortRangeForce, ephemeralPortsFile, reservedPortsFile, log); err != nil {
 		return nil, err
 	}
 	a := &tcAttacher{
