@@ -32,12 +32,17 @@ volatile const __u64 node_netns_cookie = 0;
  * rather than let through unchecked. */
 #define TAG_ERRNO ENOMEM
 
-/* sock_udp_from_node says whether ctx is a UDP socket of the node's
- * own network namespace, whose refusals kube-proxy reports as EPERM. */
-static __always_inline bool sock_udp_from_node(struct bpf_sock_addr *ctx, __u8 proto)
+/* sock_udp_from_node says whether ctx is a UDP socket of the node's own
+ * network namespace sending to svc, whose refusal kube-proxy reports as
+ * EPERM: its REJECT and DROP rules for Service IPs are in the OUTPUT path.
+ * Those for NodePorts are in the INPUT path only, which the node's datagram
+ * reaches through loopback: refused there, it gets ECONNREFUSED like a
+ * pod's. */
+static __always_inline bool sock_udp_from_node(struct bpf_sock_addr *ctx, __u8 proto,
+					       const struct lb4_service *svc)
 {
-	return proto == IPPROTO_UDP && node_netns_cookie &&
-	       bpf_get_netns_cookie(ctx) == node_netns_cookie;
+	return proto == IPPROTO_UDP && !(svc->flags & (SVC_F_NODE_PORT | SVC_F_LOCALHOST)) &&
+	       node_netns_cookie && bpf_get_netns_cookie(ctx) == node_netns_cookie;
 }
 
 static __always_inline __be16 ctx_port(const struct bpf_sock_addr *ctx)
@@ -266,11 +271,11 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, bool sendm
 	}
 	if (svc->flags & SVC_F_DROP) {
 		lb_count(LB_M_DROP);
-		return sock_refuse(sock_udp_from_node(ctx, key.proto) ? EPERM : DROP_ERRNO);
+		return sock_refuse(sock_udp_from_node(ctx, key.proto, svc) ? EPERM : DROP_ERRNO);
 	}
 	if ((svc->flags & SVC_F_REJECT) || svc->count == 0) {
 		lb_count(LB_M_REJECT);
-		return sock_refuse(sock_udp_from_node(ctx, key.proto) ? EPERM : REJECT_ERRNO);
+		return sock_refuse(sock_udp_from_node(ctx, key.proto, svc) ? EPERM : REJECT_ERRNO);
 	}
 	rev_nat_id = svc->rev_nat_id;
 	if (svc->affinity_timeout) {

@@ -14,7 +14,9 @@ import (
 // (kube-proxy's iptables mode by default), the node's own processes reach a
 // NodePort on 127.0.0.1 and the rest of 127.0.0.0/8, TCP and UDP, and see
 // the address they asked for as their peer; a pod's 127.0.0.1 stays its own
-// loopback; without 127.0.0.1 among the addresses (the flag off) the node
+// loopback; without endpoints the node's datagrams to a NodePort get
+// ECONNREFUSED (kube-proxy refuses them in INPUT, not in OUTPUT as for a
+// ClusterIP); without 127.0.0.1 among the addresses (the flag off) the node
 // gets its own loopback too.
 func TestLocalhostNodePorts(t *testing.T) {
 	e := newEnv(t, 2)
@@ -64,6 +66,29 @@ func TestLocalhostNodePorts(t *testing.T) {
 		}
 		if r := rep2.Results[0]; r.Err != "ECONNREFUSED" {
 			t.Errorf("a pod to its own 127.0.0.1:%d: %+v, want ECONNREFUSED from its loopback", nodePort, r)
+		}
+	})
+
+	t.Run("no endpoints: the node's datagrams to a NodePort are refused as kube-proxy's INPUT rules refuse them", func(t *testing.T) {
+		program(e.node.IP, localhost)
+		e.setSlice(makeSlice("dns", "dns-1", udpPort, v1.ProtocolUDP))
+		e.sync()
+		for _, addr := range []netip.AddrPort{netip.AddrPortFrom(localhost, udpNodePort), netip.AddrPortFrom(e.node.IP, udpNodePort)} {
+			rep, err := node.UDPConnected(e.ctx(), addr, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r := rep.Results[0]; r.Err != "ECONNREFUSED" {
+				t.Errorf("the node's datagram to %s: %+v, want ECONNREFUSED", addr, r)
+			}
+		}
+		// Its ClusterIP's REJECT is in the OUTPUT path: send() fails.
+		rep, err := node.UDPConnected(e.ctx(), netip.MustParseAddrPort("10.96.0.53:53"), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := rep.Results[0]; r.Err != "EPERM" {
+			t.Errorf("the node's datagram to the ClusterIP: %+v, want EPERM", r)
 		}
 	})
 

@@ -226,8 +226,10 @@ func (r *renderer) service(svc *model.Service) serviceRules {
 				proto(proto).comment(name).dport(proto, sp.NodePort).jump(extChain))
 		}
 		if external != model.Forward {
+			// Not on loopback addresses, which never reach the
+			// NodePorts (see staticRules).
 			out.shared[filterExternal] = append(out.shared[filterExternal], rule().
-				proto(proto).comment(name+" "+verdictComment(external)).match("-m", "addrtype", "--dst-type", "LOCAL").dport(proto, sp.NodePort).jump(external.String()))
+				proto(proto).dst("127.0.0.0/8", true).comment(name+" "+verdictComment(external)).match("-m", "addrtype", "--dst-type", "LOCAL").dport(proto, sp.NodePort).jump(external.String()))
 		}
 	}
 	if sp.HealthCheckNodePort != 0 {

@@ -389,7 +389,9 @@ var scenarios = []Scenario{
 		Needs: []Feature{FeatureNodePort},
 		Steps: func() []Step {
 			lh := Dest{Kind: LocalhostNodePort, Service: "web", Port: 80}
-			probes := ps(from(tcp, lh, selfA, selfB), from(udp, lh, selfA))
+			// And the node's own address, for UDP: kube-proxy refuses
+			// a NodePort's datagrams in INPUT, a ClusterIP's in OUTPUT.
+			probes := ps(from(tcp, lh, selfA, selfB), from(udp, lh, selfA), from(udp, np("web", 80, selfA), selfA))
 			svc := dual(web(withType(corev1.ServiceTypeNodePort)))
 			local := dual(web(withType(corev1.ServiceTypeNodePort), withETP(corev1.ServiceExternalTrafficPolicyLocal)))
 			return []Step{
