@@ -404,6 +404,51 @@ static __always_inline void tc_forget_stale_reply(const struct pkt4 *p)
 	}
 }
 
+/* tc_backend_gone says whether the backend of the tracked TCP flow e was
+ * removed: its id is no longer in lb4_backends_v1, or names another endpoint
+ * now. internal/maps keeps a terminating endpoint there until its
+ * EndpointSlice drops it, so that its flows live on meanwhile. A new SYN on
+ * the tuple is a new connection, which selects again. */
+static __always_inline bool tc_backend_gone(const struct ct4_entry *e, const struct pkt4 *p,
+					    __u32 now)
+{
+	struct lb4_backend *be;
+	__u32 id = e->backend_id;
+
+	if (p->proto != IPPROTO_TCP || ct_expired(e, now) ||
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		return false;
+	be = bpf_map_lookup_elem(&lb4_backends_v1, &id);
+	return !be || be->address != e->nat_daddr || be->port != e->nat_dport ||
+	       be->proto != p->proto;
+}
+
+/* tc_reset ends the flow of p (its entry e, under okey), whose backend was
+ * removed: the client gets a reset from the frontend at its next segment,
+ * rather than retransmitting to a pod that is gone until its own timeout
+ * (kube-proxy leaves it so), and the flow's entries go, freeing its source
+ * NAT port. A reset from the client only ends the flow. */
+static __always_inline int tc_reset(struct __sk_buff *skb, const struct pkt4 *p,
+				    const struct ct4_key *okey, const struct ct4_entry *e)
+{
+	struct ct4_key rkey = {};
+	struct ct4_entry *r;
+	int ret;
+
+	ct_reply_key(&rkey, e, p);
+	bpf_map_delete_elem(&tc4_ct_v1, okey);
+	r = bpf_map_lookup_elem(&tc4_ct_v1, &rkey);
+	/* Only the flow's own: a newer flow may hold its source NAT port. */
+	if (r && r->nat_saddr == p->daddr && r->nat_sport == p->dport &&
+	    (!(r->flags & CT_F_SNAT) || (r->nat_daddr == p->saddr && r->nat_dport == p->sport)))
+		bpf_map_delete_elem(&tc4_ct_v1, &rkey);
+	if (p->tcp_flags & TCP_FLAG_RST)
+		return TC_ACT_SHOT;
+	ret = pkt4_tcp_rst(skb, p);
+	lb_count(ret == TC_ACT_SHOT ? LB_M_TC_RESET_FAIL : LB_M_TC_RESET);
+	return ret;
+}
+
 SEC("tc")
 int tc_ingress(struct __sk_buff *skb)
 {
@@ -430,6 +475,8 @@ int tc_ingress(struct __sk_buff *skb)
 	if (!p.fragment) {
 		key.dir = CT_DIR_ORIG;
 		e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
+		if (e && tc_backend_gone(e, &p, now))
+			return tc_reset(skb, &p, &key, e);
 		if (e && tc_orig_valid(e, &p, now)) {
 			ct_refresh(e, &p, now);
 			lb_count(LB_M_TC_FWD);

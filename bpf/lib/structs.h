@@ -233,6 +233,8 @@ enum lb_metric {
 	LB_M_MAGLEV,		/* TC: backend chosen by a Maglev table */
 	LB_M_TC_ICMP_XLATE,	/* TC: ICMP error about a tracked flow translated */
 	LB_M_TC_STALE_REPLY,	/* TC: stale reply entry of a reused tuple dropped */
+	LB_M_TC_RESET,		/* TC: TCP flow to a removed backend reset */
+	LB_M_TC_RESET_FAIL,	/* TC: could not build that reset */
 	LB_M_MAX,
 };
 

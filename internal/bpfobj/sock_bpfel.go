@@ -105,7 +105,9 @@ const (
 	SockLbMetricLB_M_MAGLEV            SockLbMetric = 23
 	SockLbMetricLB_M_TC_ICMP_XLATE     SockLbMetric = 24
 	SockLbMetricLB_M_TC_STALE_REPLY    SockLbMetric = 25
-	SockLbMetricLB_M_MAX               SockLbMetric = 26
+	SockLbMetricLB_M_TC_RESET          SockLbMetric = 26
+	SockLbMetricLB_M_TC_RESET_FAIL     SockLbMetric = 27
+	SockLbMetricLB_M_MAX               SockLbMetric = 28
 )
 
 type SockSock4Revnat struct {

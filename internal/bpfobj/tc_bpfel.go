@@ -129,7 +129,9 @@ const (
 	TcLbMetricLB_M_MAGLEV            TcLbMetric = 23
 	TcLbMetricLB_M_TC_ICMP_XLATE     TcLbMetric = 24
 	TcLbMetricLB_M_TC_STALE_REPLY    TcLbMetric = 25
-	TcLbMetricLB_M_MAX               TcLbMetric = 26
+	TcLbMetricLB_M_TC_RESET          TcLbMetric = 26
+	TcLbMetricLB_M_TC_RESET_FAIL     TcLbMetric = 27
+	TcLbMetricLB_M_MAX               TcLbMetric = 28
 )
 
 type TcSock4Revnat struct {

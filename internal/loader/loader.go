@@ -355,6 +355,8 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_MAGLEV:            "tc_maglev_selected",
 	bpfobj.SockLbMetricLB_M_TC_ICMP_XLATE:     "tc_icmp_error_translated",
 	bpfobj.SockLbMetricLB_M_TC_STALE_REPLY:    "tc_stale_reply_dropped",
+	bpfobj.SockLbMetricLB_M_TC_RESET:          "tc_reset_backend_removed",
+	bpfobj.SockLbMetricLB_M_TC_RESET_FAIL:     "tc_reset_failed",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,
