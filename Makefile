@@ -58,6 +58,9 @@ test-go: deps build
 # Benchmarks, one run: BenchmarkSync of the BPF maps, iptables and IPVS (IPVS
 # only where ip_vs loads, i.e. not on this host: run that package in the VM
 # runner) for the same states, then the socket load balancer's cost.
+# Against upstream kube-proxy on a real API server (test/e2e/e2e.mk):
+# `make e2e-bench` (10,000 Services programmed), `make e2e-bench-rps`
+# (NodePort requests per second through a node to a pod on another).
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./internal/maps/... ./internal/fallback/iptables/... ./internal/fallback/ipvs/... ./test/socklb/...
 

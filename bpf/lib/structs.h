@@ -233,6 +233,11 @@ enum lb_metric {
 	LB_M_MAGLEV,		/* TC: backend chosen by a Maglev table */
 	LB_M_TC_ICMP_XLATE,	/* TC: ICMP error about a tracked flow translated */
 	LB_M_TC_STALE_REPLY,	/* TC: stale reply entry of a reused tuple dropped */
+	LB_M_XDP_NEW_SNAT,	/* XDP: new flow to a remote backend, SNAT, sent */
+	LB_M_XDP_FWD,		/* XDP: packet of a source-NATed flow translated, sent */
+	LB_M_XDP_REPLY,		/* XDP: reply translated back, sent */
+	LB_M_XDP_TO_TC,		/* XDP: flow's packet passed to TC (next hop, device) */
+	LB_M_XDP_MULTIBUF,	/* XDP: multi-buffer frame passed to TC */
 	LB_M_TC_RESET,		/* TC: TCP flow to a removed backend reset */
 	LB_M_TC_RESET_FAIL,	/* TC: could not build that reset */
 	LB_M_MAX,

@@ -25,20 +25,35 @@ func main() {
 	}
 	opts := defaultOptions()
 	fs := pflag.NewFlagSet("ebpf-proxy", pflag.ContinueOnError)
-	opts.addFlags(fs)
-	if err := fs.Parse(os.Args[1:]); err != nil {
+	notes, err := loadFlagsAndConfig(opts, fs, os.Args[1:])
+	if err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			os.Exit(0)
 		}
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	log, err := newLogger(opts.verbosity)
+	log, err := newLogger(opts.verbosity, opts.loggingFormat)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 	defer log.Sync() //nolint:errcheck // nothing to do about a failed flush at exit
+	for _, n := range notes {
+		log.Warn(n)
+	}
+	if opts.writeConfigTo != "" {
+		err := opts.validate()
+		if err == nil {
+			err = opts.writeConfig(opts.writeConfigTo)
+		}
+		if err != nil {
+			log.Error("exiting", zap.Error(err))
+			os.Exit(1)
+		}
+		log.Info("wrote the configuration in effect", zap.String("path", opts.writeConfigTo))
+		return
+	}
 	// client-go logs through klog: send it to the same structured log.
 	klog.SetLogger(zapr.NewLogger(log.Named("client-go")))
 
@@ -50,7 +65,7 @@ func main() {
 	}
 }
 
-func newLogger(v int) (*zap.Logger, error) {
+func newLogger(v int, format string) (*zap.Logger, error) {
 	cfg := zap.NewProductionConfig()
 	cfg.Sampling = nil
 	cfg.EncoderConfig.TimeKey = "time"
@@ -58,7 +73,7 @@ func newLogger(v int) (*zap.Logger, error) {
 	if v >= 2 {
 		cfg.Level = zap.NewAtomicLevelAt(zap.DebugLevel)
 	}
-	if strings.EqualFold(os.Getenv("EBPF_PROXY_LOG_FORMAT"), "console") {
+	if format == "text" || strings.EqualFold(os.Getenv("EBPF_PROXY_LOG_FORMAT"), "console") {
 		cfg.Encoding = "console"
 	}
 	return cfg.Build()

@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
+	"strings"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
@@ -184,7 +187,7 @@ func startBPF(o *options, m *metrics.Metrics, log *zap.Logger, reason string) (*
 	if !l.Features.SetRetval {
 		log.Warn("kernel lacks bpf_set_retval in cgroup programs: connections to Services without endpoints fail with EPERM instead of ECONNREFUSED")
 	}
-	tc, err := newTCAttacher(o, log)
+	tc, err := newTCAttacher(o, m, log)
 	if err != nil {
 		l.Close()
 		return nil, err
@@ -213,8 +216,13 @@ func startIPTables(ctx context.Context, o *options, m *metrics.Metrics, log *zap
 	if o.nodePortPrimary {
 		return nil, fmt.Errorf("--nodeport-addresses=primary is supported in ebpf mode only; give the node's IP as a /32")
 	}
+	local, err := o.localDetector()
+	if err != nil {
+		return nil, err
+	}
 	d, err := iptables.New(ctx, iptables.Config{
 		ClusterCIDR:       o.clusterPrefix,
+		LocalDetector:     local,
 		MasqueradeAll:     o.masqueradeAll,
 		MasqueradeBit:     int(o.masqueradeBit),
 		NodePortAddresses: o.nodePortPrefixes,
@@ -231,7 +239,7 @@ func startIPTables(ctx context.Context, o *options, m *metrics.Metrics, log *zap
 			return errors.Join(
 				d.CleanupOtherBackends(ctx),
 				ipvs.RemoveLeftovers(ctx, ""),
-				loader.Cleanup(o.bpffsPath), loader.CleanupTC(),
+				loader.CleanupXDP(o.bpffsPath), loader.Cleanup(o.bpffsPath), loader.CleanupTC(),
 			)
 		}}, nil
 }
@@ -241,9 +249,21 @@ func startIPVS(ctx context.Context, o *options, m *metrics.Metrics, log *zap.Log
 	if o.nodePortPrimary {
 		return nil, fmt.Errorf("--nodeport-addresses=primary is supported in ebpf mode only; give the node's IP as a /32")
 	}
+	local, err := o.localDetector()
+	if err != nil {
+		return nil, err
+	}
+	var exclude []netip.Prefix
+	for _, c := range o.ipvsExcludeCIDRs {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(c)); err == nil && p.Addr().Is4() {
+			exclude = append(exclude, p.Masked())
+		}
+	}
 	d, err := ipvs.New(ctx, ipvs.Config{
 		Scheduler:         o.ipvsScheduler,
 		ClusterCIDR:       o.clusterPrefix,
+		LocalDetector:     local,
+		ExcludeCIDRs:      exclude,
 		MasqueradeAll:     o.masqueradeAll,
 		MasqueradeBit:     int(o.masqueradeBit),
 		NodePortAddresses: o.nodePortPrefixes,
@@ -260,7 +280,7 @@ func startIPVS(ctx context.Context, o *options, m *metrics.Metrics, log *zap.Log
 		removeLeftovers: func(ctx context.Context) error {
 			// The first sync replaced the iptables mode's chains in our
 			// back end.
-			return errors.Join(d.CleanupOtherBackends(ctx), loader.Cleanup(o.bpffsPath), loader.CleanupTC())
+			return errors.Join(d.CleanupOtherBackends(ctx), loader.CleanupXDP(o.bpffsPath), loader.Cleanup(o.bpffsPath), loader.CleanupTC())
 		}}, nil
 }
 
@@ -268,7 +288,7 @@ func startIPVS(ctx context.Context, o *options, m *metrics.Metrics, log *zap.Log
 // so that no program keeps translating to backends whose rules are gone.
 func cleanupAll(ctx context.Context, o *options, log *zap.Logger) error {
 	var errs []error
-	if err := errors.Join(loader.Cleanup(o.bpffsPath), loader.CleanupTC()); err != nil {
+	if err := errors.Join(loader.CleanupXDP(o.bpffsPath), loader.Cleanup(o.bpffsPath), loader.CleanupTC()); err != nil {
 		errs = append(errs, fmt.Errorf("BPF programs and maps: %w", err))
 	} else {
 		log.Info("removed every pinned BPF program and map", zap.String("bpffsPath", o.bpffsPath))
@@ -282,4 +302,19 @@ func cleanupAll(ctx context.Context, o *options, log *zap.Logger) error {
 		return fmt.Errorf("cleanup: %w", err)
 	}
 	return nil
+}
+
+// localDetector is --detect-local-mode for the fallback dataplanes. The
+// zero detector with ClusterCIDR (or its default) lets them use
+// --cluster-cidr.
+func (o *options) localDetector() (xtables.LocalDetector, error) {
+	switch o.detectLocalMode {
+	case detectLocalBridgeInterface:
+		return xtables.LocalDetector{Bridge: o.podBridgeInterface}, nil
+	case detectLocalInterfaceNamePrefix:
+		return xtables.LocalDetector{InterfacePrefix: o.podInterfacePrefix}, nil
+	case detectLocalNodeCIDR:
+		return xtables.LocalDetector{}, fmt.Errorf("--detect-local-mode=NodeCIDR is not supported in iptables and ipvs mode: use ClusterCIDR with --cluster-cidr, BridgeInterface or InterfaceNamePrefix")
+	}
+	return xtables.LocalDetector{}, nil
 }

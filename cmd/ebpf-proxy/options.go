@@ -36,6 +36,33 @@ type options struct {
 	minSyncPeriod      time.Duration
 	nodePortAddresses  []string
 
+	// kube-proxy's remaining flags, and its configuration file.
+	configFile         string
+	writeConfigTo      string
+	initOnly           bool
+	featureGates       map[string]string
+	kubeAPIContentType string
+	kubeAPIQPS         float32
+	kubeAPIBurst       int32
+	bindAddress        string
+	showHiddenMetrics  string
+	loggingFormat      string
+	oomScoreAdj        int32
+	iptablesSyncPeriod time.Duration
+	iptablesMinSync    time.Duration
+	localhostNodePorts bool
+	ipvsSyncPeriod     time.Duration
+	ipvsMinSync        time.Duration
+	ipvsExcludeCIDRs   []string
+	ipvsStrictARP      bool
+	detectLocalMode    string
+	podBridgeInterface string
+	podInterfacePrefix string
+	conntrack          conntrackOptions
+	// Parsed by validate.
+	nodeIP netip.Addr
+	gates  featureGates
+
 	// The fallback dataplanes' settings, under kube-proxy's flag names.
 	clusterCIDR       string
 	masqueradeAll     bool
@@ -57,6 +84,7 @@ type options struct {
 
 	devices       []string
 	tcAttach      string
+	xdp           string
 	conntrackSize uint32
 	lbAlgorithm   string
 	// lb is lbAlgorithm parsed by validate.
@@ -68,6 +96,7 @@ func defaultOptions() *options {
 		proxyMode:          modeAuto,
 		masqueradeBit:      iptables.DefaultMasqueradeBit,
 		healthzBindAddress: "0.0.0.0:10256",
+		xdp:                loader.XDPOff,
 		metricsBindAddress: "127.0.0.1:10249",
 		configSyncPeriod:   15 * time.Minute,
 		syncPeriod:         30 * time.Second,
@@ -76,6 +105,18 @@ func defaultOptions() *options {
 		terminateSockets:   true,
 		conntrackSize:      loader.DefaultConntrackSize,
 		lbAlgorithm:        model.LBRandom.String(),
+		kubeAPIContentType: "application/vnd.kubernetes.protobuf",
+		kubeAPIQPS:         5,
+		kubeAPIBurst:       10,
+		bindAddress:        "0.0.0.0",
+		loggingFormat:      "json",
+		oomScoreAdj:        -999,
+		iptablesSyncPeriod: 30 * time.Second,
+		iptablesMinSync:    time.Second,
+		localhostNodePorts: true,
+		ipvsSyncPeriod:     30 * time.Second,
+		ipvsMinSync:        0,
+		conntrack:          defaultConntrack(),
 	}
 }
 
@@ -111,9 +152,11 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.Uint32Var(&o.mapSizes.SockRevNat, "bpf-map-sock-revnat-max", o.mapSizes.SockRevNat, "Capacity of the socket reverse NAT LRU.")
 	fs.StringSliceVar(&o.devices, "devices", o.devices, "Network devices to translate NodePort, ExternalIP and LoadBalancer-IP traffic on (default: the devices carrying the node's addresses). Add the pod bridge (cni0, ...) to masquerade externalTrafficPolicy=Cluster traffic to pods on the node as kube-proxy does; without it those pods see the client's address.")
 	fs.StringVar(&o.tcAttach, "tc-attach", o.tcAttach, "How to attach the TC programs: '' (tcx where the kernel has it, else clsact), 'tcx' or 'clsact'.")
+	fs.StringVar(&o.xdp, "xdp", o.xdp, "The XDP fast path for NodePort, ExternalIP and LoadBalancer-IP traffic to backends on other nodes, on the same devices as the TC programs: 'native' (in the driver), 'generic' (any device, less gain) or 'off'. A device that refuses the mode keeps the TC programs only (logged, and counted in ebpfproxy_xdp_attach_failures_total).")
 	fs.Uint32Var(&o.conntrackSize, "bpf-map-conntrack-max", o.conntrackSize, "Capacity of the TC connection tracking LRU: two entries per flow from outside the node.")
 	fs.Uint32Var(&o.mapSizes.Affinity, "bpf-map-affinity-max", o.mapSizes.Affinity, "Capacity of the session affinity LRU: (client, Service port) pairs remembered.")
 	fs.StringVar(&o.lbAlgorithm, "lb-algorithm", o.lbAlgorithm, "How traffic from outside the node picks a backend for a new flow: 'random' (as kube-proxy) or 'maglev' (consistent hashing: every node picks the same backend for a flow). A Service's annotation "+k8swatch.AnnotationLBAlgorithm+" overrides it.")
+	o.addKubeProxyFlags(fs)
 	fs.Uint32Var(&o.mapSizes.MaglevTable, "maglev-table-size", o.mapSizes.MaglevTable, "Entries of a Maglev table, a prime well above the largest backend count (4 bytes each, per Service port that uses Maglev).")
 }
 
@@ -154,6 +197,11 @@ func (o *options) validate() error {
 	default:
 		return fmt.Errorf("unknown --tc-attach %q: use tcx or clsact, or leave it empty", o.tcAttach)
 	}
+	switch o.xdp {
+	case loader.XDPOff, loader.XDPNative, loader.XDPGeneric:
+	default:
+		return fmt.Errorf("unknown --xdp %q: use native, generic or off", o.xdp)
+	}
 	if o.lb, err = model.ParseLBAlgorithm(o.lbAlgorithm); err != nil {
 		return fmt.Errorf("--lb-algorithm: %w", err)
 	}
@@ -166,7 +214,7 @@ func (o *options) validate() error {
 	if _, err := nodeaddrs.Parse(o.nodePortAddresses, false); err != nil {
 		return err
 	}
-	return nil
+	return o.validateKubeProxyFlags()
 }
 
 // parseClusterCIDR returns the IPv4 prefix of --cluster-cidr, which may

@@ -16,6 +16,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxier"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sysctl"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 
@@ -33,6 +34,18 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 		return err
 	}
 	log = log.With(zap.String("node", nodeName))
+	applyOOMScoreAdj(o.oomScoreAdj, log)
+	if o.initOnly {
+		mode := o.proxyMode
+		if mode == modeAuto {
+			mode = modeEBPF
+			if probeBPF() != nil {
+				mode = modeIPTables
+			}
+		}
+		log.Info("--init-only: applying the connection tracking settings, then exiting", zap.String("proxyMode", mode))
+		return setupConntrack(realConntrack, o.conntrack, mode, log)
+	}
 	log.Info("starting", zap.String("proxyMode", o.proxyMode))
 
 	m := metrics.New(ipFamily)
@@ -42,12 +55,21 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 	}
 	defer dp.close()
 	m.SetProxyMode(dp.mode, dp.reason)
-	health, err := healthcheck.NewProxyHealthServer(o.healthzBindAddress, 2*o.syncPeriod, m, healthcheck.WithLogger(log))
+	o.noteIgnored(dp.mode, log)
+	if dp.mode == modeIPVS && o.ipvsStrictARP {
+		if err := applyStrictARP(sysctl.Default, log); err != nil {
+			return err
+		}
+	}
+	syncPeriod, minSyncPeriod := o.syncPeriods(dp.mode)
+	health, err := healthcheck.NewProxyHealthServer(o.healthzBindAddress, 2*syncPeriod, m, healthcheck.WithLogger(log))
 	if err != nil {
 		return err
 	}
 
-	tr := tracker.New(nodeName, model.DefaultOptions)
+	topology := model.DefaultOptions
+	topology.PreferSameNode = o.gates.enabled(gatePreferSameTrafficDistribution, topology.PreferSameNode)
+	tr := tracker.New(nodeName, topology)
 	if err := startSource(ctx, o, nodeName, tr, m, health, log); err != nil {
 		return err
 	}
@@ -72,7 +94,7 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 		return err
 	}
 	defer svcHealth.Close()
-	p := proxier.New(proxier.Config{MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod, IPFamily: ipFamily,
+	p := proxier.New(proxier.Config{MinSyncPeriod: minSyncPeriod, SyncPeriod: syncPeriod, IPFamily: ipFamily,
 		ServiceHealth: svcHealth}, tr, dp.Dataplane, m, health, log)
 	done := make(chan struct{})
 	go func() {
@@ -80,6 +102,15 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 		close(done)
 	}()
 	go removeLeftovers(ctx, p, dp, log)
+	go func() {
+		// After the first sync: the fallbacks' rules have loaded
+		// nf_conntrack by then, whose parameters exist only once it is.
+		select {
+		case <-ctx.Done():
+		case <-p.FirstSync():
+			setupConntrack(realConntrack, o.conntrack, dp.mode, log) //nolint:errcheck // logged; the node keeps its own values
+		}
+	}()
 	select {
 	case err := <-errc:
 		return err

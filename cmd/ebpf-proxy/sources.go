@@ -42,8 +42,10 @@ func startSource(ctx context.Context, o *options, nodeName string, tr *tracker.T
 	if err != nil {
 		return fmt.Errorf("API server client configuration: %w", err)
 	}
-	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cfg.ContentType = o.kubeAPIContentType
 	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	cfg.QPS = o.kubeAPIQPS
+	cfg.Burst = int(o.kubeAPIBurst)
 	cfg.UserAgent = "ebpf-proxy"
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -53,6 +55,7 @@ func startSource(ctx context.Context, o *options, nodeName string, tr *tracker.T
 		err := k8swatch.Watch(ctx, client, nodeName, tr, k8swatch.WatchOptions{
 			LBAlgorithm:  o.lb,
 			ResyncPeriod: o.configSyncPeriod,
+			NodeIP:       o.nodeIP,
 			Invalid:      invalid,
 			NodeStatus: func(known, deleting bool, taints []string) {
 				if !known {

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
 
@@ -81,15 +82,19 @@ type tcAttacher struct {
 	devices  []string
 	nodePort nodePortAddresses
 	log      *zap.Logger
+	// xdpMode is --xdp; metrics take the XDP attachment's outcome.
+	xdpMode string
+	metrics *metrics.Metrics
 
 	loaded *loader.TCLoaded
+	xdp    *loader.XDPLoaded
 	// local are the node's IPv4 addresses and their devices, read once
 	// at start-up: --nodeport-addresses CIDRs select among them.
 	local  map[netip.Addr]string
 	warned bool
 }
 
-func newTCAttacher(o *options, log *zap.Logger) (*tcAttacher, error) {
+func newTCAttacher(o *options, m *metrics.Metrics, log *zap.Logger) (*tcAttacher, error) {
 	np := newNodePortAddresses(o.nodePortPrefixes, o.nodePortPrimary)
 	local, err := localAddrs()
 	if err != nil {
@@ -103,6 +108,8 @@ func newTCAttacher(o *options, log *zap.Logger) (*tcAttacher, error) {
 		nodePort: np,
 		log:      log,
 		local:    local,
+		xdpMode:  o.xdp,
+		metrics:  m,
 	}
 	if len(a.devices) > 0 {
 		if err := a.attach(nil); err != nil {
@@ -166,7 +173,57 @@ func (a *tcAttacher) attach(nodeAddrs []netip.Addr) error {
 	}
 	a.loaded = l
 	a.log.Info("TC programs attached", zap.Strings("devices", names), zap.String("mode", l.Mode))
+	return a.attachXDP(cfg, names)
+}
+
+// attachXDP puts the XDP fast path on the TC programs' devices, as far as
+// they take it in --xdp's mode: a device that refuses it, or a kernel that
+// cannot load it, leaves TC alone doing the work, which is logged and
+// counted rather than fatal. With --xdp=off it detaches what an earlier run
+// attached.
+func (a *tcAttacher) attachXDP(tc loader.TCConfig, names []string) error {
+	if a.xdpMode == loader.XDPOff {
+		if err := loader.CleanupXDP(tc.BPFFSPath); err != nil {
+			return fmt.Errorf("detach the XDP programs of an earlier run: %w", err)
+		}
+		return nil
+	}
+	l, err := loader.LoadXDP(loader.XDPConfig{
+		BPFFSPath: tc.BPFFSPath, Sizes: tc.Sizes, ConntrackSize: tc.ConntrackSize,
+		SNATPortMin: tc.SNATPortMin, SNATPortMax: tc.SNATPortMax,
+		Devices: names, Mode: a.xdpMode,
+	})
+	if err != nil {
+		a.log.Error("XDP fast path not loaded: the TC programs handle all traffic", zap.String("mode", a.xdpMode), zap.Error(err))
+		for _, d := range names {
+			a.xdpFailed(d)
+		}
+		return nil
+	}
+	a.xdp = l
+	for _, d := range names {
+		if err, failed := l.Failed[d]; failed {
+			a.log.Warn("device refused the XDP program: the TC programs handle its traffic", zap.String("device", d), zap.String("mode", l.Mode), zap.Error(err))
+			a.xdpFailed(d)
+		}
+	}
+	for _, d := range l.Attached {
+		if a.metrics != nil {
+			a.metrics.XDPAttached.WithLabelValues(d, l.Mode).Set(1)
+		}
+	}
+	if len(l.Attached) > 0 {
+		a.log.Info("XDP fast path attached", zap.Strings("devices", l.Attached), zap.String("mode", l.Mode))
+	}
 	return nil
+}
+
+func (a *tcAttacher) xdpFailed(dev string) {
+	if a.metrics == nil {
+		return
+	}
+	a.metrics.XDPAttachFailuresTotal.WithLabelValues(dev, a.xdpMode).Inc()
+	a.metrics.XDPAttached.WithLabelValues(dev, a.xdpMode).Set(0)
 }
 
 // snatAddress is the address source NAT gives traffic leaving dev: a node
@@ -200,6 +257,9 @@ func snatAddress(dev string, nodeAddrs []netip.Addr) (netip.Addr, error) {
 }
 
 func (a *tcAttacher) close() {
+	if a.xdp != nil {
+		a.xdp.Close()
+	}
 	if a.loaded != nil {
 		a.loaded.Close()
 	}

@@ -105,9 +105,14 @@ const (
 	SockLbMetricLB_M_MAGLEV            SockLbMetric = 23
 	SockLbMetricLB_M_TC_ICMP_XLATE     SockLbMetric = 24
 	SockLbMetricLB_M_TC_STALE_REPLY    SockLbMetric = 25
-	SockLbMetricLB_M_TC_RESET          SockLbMetric = 26
-	SockLbMetricLB_M_TC_RESET_FAIL     SockLbMetric = 27
-	SockLbMetricLB_M_MAX               SockLbMetric = 28
+	SockLbMetricLB_M_XDP_NEW_SNAT      SockLbMetric = 26
+	SockLbMetricLB_M_XDP_FWD           SockLbMetric = 27
+	SockLbMetricLB_M_XDP_REPLY         SockLbMetric = 28
+	SockLbMetricLB_M_XDP_TO_TC         SockLbMetric = 29
+	SockLbMetricLB_M_XDP_MULTIBUF      SockLbMetric = 30
+	SockLbMetricLB_M_TC_RESET          SockLbMetric = 31
+	SockLbMetricLB_M_TC_RESET_FAIL     SockLbMetric = 32
+	SockLbMetricLB_M_MAX               SockLbMetric = 33
 )
 
 type SockSock4Revnat struct {

@@ -129,9 +129,14 @@ const (
 	TcLbMetricLB_M_MAGLEV            TcLbMetric = 23
 	TcLbMetricLB_M_TC_ICMP_XLATE     TcLbMetric = 24
 	TcLbMetricLB_M_TC_STALE_REPLY    TcLbMetric = 25
-	TcLbMetricLB_M_TC_RESET          TcLbMetric = 26
-	TcLbMetricLB_M_TC_RESET_FAIL     TcLbMetric = 27
-	TcLbMetricLB_M_MAX               TcLbMetric = 28
+	TcLbMetricLB_M_XDP_NEW_SNAT      TcLbMetric = 26
+	TcLbMetricLB_M_XDP_FWD           TcLbMetric = 27
+	TcLbMetricLB_M_XDP_REPLY         TcLbMetric = 28
+	TcLbMetricLB_M_XDP_TO_TC         TcLbMetric = 29
+	TcLbMetricLB_M_XDP_MULTIBUF      TcLbMetric = 30
+	TcLbMetricLB_M_TC_RESET          TcLbMetric = 31
+	TcLbMetricLB_M_TC_RESET_FAIL     TcLbMetric = 32
+	TcLbMetricLB_M_MAX               TcLbMetric = 33
 )
 
 type TcSock4Revnat struct {

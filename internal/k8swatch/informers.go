@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"reflect"
 	"time"
 
@@ -41,6 +42,9 @@ type WatchOptions struct {
 	// eligibility (kube-proxy fails /healthz for a Node being deleted or
 	// tainted ToBeDeletedByClusterAutoscaler).
 	NodeStatus func(known, deleting bool, taintKeys []string)
+	// NodeIP, when valid, is the node's primary address whatever its Node
+	// object lists (kube-proxy's --bind-address).
+	NodeIP netip.Addr
 }
 
 // ProxiedSelector is the label selector of the objects kube-proxy handles:
@@ -81,8 +85,8 @@ func Watch(ctx context.Context, client kubernetes.Interface, nodeName string, tr
 		tr:         tr,
 		nodeStatus: opts.NodeStatus,
 		nodeName:   nodeName,
-		tl:         Translator{Family: opts.Family, Invalid: opts.Invalid, LBAlgorithm: opts.LBAlgorithm},
-		quiet:      Translator{Family: opts.Family, LBAlgorithm: opts.LBAlgorithm},
+		tl:         Translator{Family: opts.Family, Invalid: opts.Invalid, LBAlgorithm: opts.LBAlgorithm, NodeIP: opts.NodeIP},
+		quiet:      Translator{Family: opts.Family, LBAlgorithm: opts.LBAlgorithm, NodeIP: opts.NodeIP},
 	}
 	proxied := ProxiedSelector().String()
 

@@ -71,6 +71,9 @@ type Translator struct {
 	// LBAlgorithm is the algorithm of Services without the
 	// AnnotationLBAlgorithm annotation (--lb-algorithm).
 	LBAlgorithm model.LBAlgorithm
+	// NodeIP, when valid, comes first among the Node's addresses: the
+	// node's primary address (kube-proxy's --bind-address).
+	NodeIP netip.Addr
 }
 
 func (t *Translator) family() v1.IPFamily {
@@ -464,6 +467,9 @@ func (t *Translator) EndpointSlice(es *discoveryv1.EndpointSlice) *model.Endpoin
 // duplicates.
 func (t *Translator) Node(n *v1.Node) model.Node {
 	out := model.Node{Name: n.Name, Zone: n.Labels[v1.LabelTopologyZone]}
+	if t.NodeIP.IsValid() && t.inFamily(t.NodeIP) {
+		out.Addrs = append(out.Addrs, t.NodeIP)
+	}
 	for _, na := range n.Status.Addresses {
 		if na.Type != v1.NodeInternalIP && na.Type != v1.NodeExternalIP {
 			continue

@@ -2,6 +2,7 @@ package k8swatch
 
 import (
 	"fmt"
+	"net/netip"
 	"reflect"
 	"testing"
 	"time"
@@ -551,4 +552,30 @@ func TestNode(t *testing.T) {
 		t.Errorf("Node: got %+v, want %+v", got, want)
 	}
 	checkReports(t, r.take(), []string{`Node /node-a: invalid node address: "bogus"`})
+}
+
+// --bind-address makes an address the node's primary one, first among the
+// Node's own, which follow without it repeated.
+func TestNodeIPOverride(t *testing.T) {
+	n := makeNode("node-a", "",
+		v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.77.10"},
+		v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.88.10"},
+	)
+	for _, tc := range []struct {
+		name     string
+		override netip.Addr
+		want     []netip.Addr
+	}{
+		{"none", netip.Addr{}, addrs("192.168.77.10", "192.168.88.10")},
+		{"another address", netip.MustParseAddr("10.0.0.5"), addrs("10.0.0.5", "192.168.77.10", "192.168.88.10")},
+		{"the second address", netip.MustParseAddr("192.168.88.10"), addrs("192.168.88.10", "192.168.77.10")},
+		{"other family: ignored", netip.MustParseAddr("fd00::5"), addrs("192.168.77.10", "192.168.88.10")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tl := Translator{NodeIP: tc.override}
+			if got := tl.Node(n).Addrs; !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("Addrs %v, want %v", got, tc.want)
+			}
+		})
+	}
 }

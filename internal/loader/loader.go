@@ -355,6 +355,11 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_MAGLEV:            "tc_maglev_selected",
 	bpfobj.SockLbMetricLB_M_TC_ICMP_XLATE:     "tc_icmp_error_translated",
 	bpfobj.SockLbMetricLB_M_TC_STALE_REPLY:    "tc_stale_reply_dropped",
+	bpfobj.SockLbMetricLB_M_XDP_NEW_SNAT:      "xdp_new_flow_snat",
+	bpfobj.SockLbMetricLB_M_XDP_FWD:           "xdp_translated",
+	bpfobj.SockLbMetricLB_M_XDP_REPLY:         "xdp_reply_translated",
+	bpfobj.SockLbMetricLB_M_XDP_TO_TC:         "xdp_passed_to_tc",
+	bpfobj.SockLbMetricLB_M_XDP_MULTIBUF:      "xdp_multibuffer_passed",
 	bpfobj.SockLbMetricLB_M_TC_RESET:          "tc_reset_backend_removed",
 	bpfobj.SockLbMetricLB_M_TC_RESET_FAIL:     "tc_reset_failed",
 }

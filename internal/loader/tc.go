@@ -104,41 +104,8 @@ func LoadTC(cfg TCConfig) (*TCLoaded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load embedded TC object: %w", err)
 	}
-	sizes := cfg.Sizes
-	if sizes == (MapSizes{}) {
-		sizes = DefaultMapSizes
-	}
-	ct := cfg.ConntrackSize
-	if ct == 0 {
-		ct = DefaultConntrackSize
-	}
-	for name, n := range map[string]uint32{
-		bpfobj.TcMapLb4ServicesV1: sizes.Services,
-		bpfobj.TcMapLb4BackendsV1: sizes.Backends,
-		bpfobj.TcMapLb4RevnatV1:   sizes.RevNat,
-		bpfobj.TcMapSock4RevnatV1: sizes.SockRevNat,
-		bpfobj.TcMapSock4UdpFwdV1: sizes.SockRevNat,
-		bpfobj.TcMapLb4AffinityV1: sizes.Affinity,
-		bpfobj.TcMapLb4MembersV1:  sizes.Services,
-		bpfobj.TcMapTc4CtV1:       ct,
-	} {
-		spec.Maps[name].MaxEntries = n
-	}
-	if err := patchMaglev(spec, sizes); err != nil {
+	if err := patchNodePort(spec, cfg.Sizes, cfg.ConntrackSize, cfg.SNATPortMin, cfg.SNATPortMax); err != nil {
 		return nil, err
-	}
-	pmin, pmax := cfg.SNATPortMin, cfg.SNATPortMax
-	if pmin == 0 && pmax == 0 {
-		pmin, pmax = DefaultSNATPortMin, DefaultSNATPortMax
-	}
-	if pmin == 0 || pmax < pmin {
-		return nil, fmt.Errorf("source NAT port range %d-%d is empty", pmin, pmax)
-	}
-	if err := spec.Variables[bpfobj.TcVarSnatPortMin].Set(pmin); err != nil {
-		return nil, fmt.Errorf("set snat_port_min: %w", err)
-	}
-	if err := spec.Variables[bpfobj.TcVarSnatPortMax].Set(pmax); err != nil {
-		return nil, fmt.Errorf("set snat_port_max: %w", err)
 	}
 	l := &TCLoaded{}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: mapsDir(cfg.BPFFSPath)}}
@@ -157,6 +124,46 @@ func LoadTC(cfg TCConfig) (*TCLoaded, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// patchNodePort sets the sizes of the maps and the source NAT port range
+// in the spec of a program that handles traffic from outside (tc.c, xdp.c):
+// both must agree, as they share the maps and the ports.
+func patchNodePort(spec *ebpf.CollectionSpec, sizes MapSizes, ct uint32, pmin, pmax uint16) error {
+	if sizes == (MapSizes{}) {
+		sizes = DefaultMapSizes
+	}
+	if ct == 0 {
+		ct = DefaultConntrackSize
+	}
+	for name, n := range map[string]uint32{
+		bpfobj.TcMapLb4ServicesV1: sizes.Services,
+		bpfobj.TcMapLb4BackendsV1: sizes.Backends,
+		bpfobj.TcMapLb4RevnatV1:   sizes.RevNat,
+		bpfobj.TcMapSock4RevnatV1: sizes.SockRevNat,
+		bpfobj.TcMapSock4UdpFwdV1: sizes.SockRevNat,
+		bpfobj.TcMapLb4AffinityV1: sizes.Affinity,
+		bpfobj.TcMapLb4MembersV1:  sizes.Services,
+		bpfobj.TcMapTc4CtV1:       ct,
+	} {
+		spec.Maps[name].MaxEntries = n
+	}
+	if err := patchMaglev(spec, sizes); err != nil {
+		return err
+	}
+	if pmin == 0 && pmax == 0 {
+		pmin, pmax = DefaultSNATPortMin, DefaultSNATPortMax
+	}
+	if pmin == 0 || pmax < pmin {
+		return fmt.Errorf("source NAT port range %d-%d is empty", pmin, pmax)
+	}
+	if err := spec.Variables[bpfobj.TcVarSnatPortMin].Set(pmin); err != nil {
+		return fmt.Errorf("set snat_port_min: %w", err)
+	}
+	if err := spec.Variables[bpfobj.TcVarSnatPortMax].Set(pmax); err != nil {
+		return fmt.Errorf("set snat_port_max: %w", err)
+	}
+	return nil
 }
 
 // tcHook is one attach point of one device.

@@ -47,6 +47,7 @@ const (
 	LabelMode          = "mode"
 	LabelTable         = "table"
 	LabelState         = "state"
+	LabelDevice        = "device"
 )
 
 const (
@@ -190,6 +191,13 @@ type Metrics struct {
 	// number of Services whose health check node port is being served
 	// (state "serving") or could not be bound (state "failed").
 	HealthCheckNodePorts *prometheus.GaugeVec
+	// XDPAttached (ebpfproxy_xdp_attached{device,mode}) is 1 for each
+	// device the XDP fast path runs on, in its mode (native or generic).
+	XDPAttached *prometheus.GaugeVec
+	// XDPAttachFailuresTotal (ebpfproxy_xdp_attach_failures_total{device,mode})
+	// counts devices that refused the XDP program in the mode asked for;
+	// their traffic is handled by the TC programs alone.
+	XDPAttachFailuresTotal *prometheus.CounterVec
 
 	registry *prometheus.Registry
 
@@ -339,6 +347,16 @@ func New(ipFamily string) *Metrics {
 		Name:      "invalid_objects_total",
 		Help:      "Malformed Kubernetes objects that were skipped, by kind and reason.",
 	}, []string{LabelKind, LabelReason})
+	m.XDPAttached = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ebpfProxyNamespace,
+		Name:      "xdp_attached",
+		Help:      "1 for each device the XDP fast path is attached to, by device and mode (native or generic).",
+	}, []string{LabelDevice, LabelMode})
+	m.XDPAttachFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ebpfProxyNamespace,
+		Name:      "xdp_attach_failures_total",
+		Help:      "Devices that refused the XDP program in the mode asked for; their traffic goes through the TC programs only.",
+	}, []string{LabelDevice, LabelMode})
 	m.ProxyMode = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: ebpfProxyNamespace,
 		Name:      "proxy_mode",
@@ -386,6 +404,8 @@ func New(ipFamily string) *Metrics {
 		m.ProxyMode,
 		m.HealthCheckListenFailuresTotal,
 		m.HealthCheckNodePorts,
+		m.XDPAttached,
+		m.XDPAttachFailuresTotal,
 	)
 
 	m.FamilyMetrics = *m.Family(ipFamily)

@@ -98,6 +98,10 @@ type XDPContext struct {
 	// frame up to 3520 bytes (4 KiB pages), beyond which the kernel always
 	// uses fragments.
 	LinearLen uint32
+	// IngressIfindex names the device the frame arrived on
+	// (ctx->ingress_ifindex, and the device of FIB lookups with it), in
+	// the network namespace of the calling thread; 0 means none.
+	IngressIfindex uint32
 }
 
 // XDPResult is struct xdp_md after the run.
@@ -111,6 +115,7 @@ type XDPResult struct {
 const (
 	xdpOffData    = 0
 	xdpOffDataEnd = 4
+	xdpOffIfindex = 12
 	xdpSize       = 24
 )
 
@@ -121,6 +126,9 @@ func (c *XDPContext) marshal(frameLen int) []byte {
 		end = c.LinearLen
 	}
 	binary.NativeEndian.PutUint32(b[xdpOffDataEnd:], end)
+	if c != nil {
+		binary.NativeEndian.PutUint32(b[xdpOffIfindex:], c.IngressIfindex)
+	}
 	return b
 }
 

@@ -63,4 +63,22 @@ e2e: k8s-binaries e2e-agent
 e2e-bench: k8s-binaries e2e-agent
 	cd $(E2E_ROOT) && \
 	EBPF_PROXY_CACHE=$(EBPF_PROXY_CACHE) EBPF_PROXY_BIN=$(E2E_AGENT) EBPF_PROXY_REQUIRE_PRIVILEGED=1 \
-	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 180m ./test/e2e/bench/
+	$(GO) test -count=1 -run '^$$' -bench '^BenchmarkScale$$' -benchtime 1x -timeout 180m ./test/e2e/bench/
+
+# Requests per second from an external client through a NodePort on one node
+# to a pod on another (DNAT and SNAT on the first node), for upstream
+# kube-proxy's iptables mode (the baseline), ebpf-proxy at TC and its
+# iptables fallback, each on a fresh two-node testbed in one run: new
+# connections per request and persistent connections, printed as a table and
+# as ratios against the baseline. Not part of make test. Settings:
+#   EBPF_PROXY_BENCH_RPS_DURATION=5s  measured time per phase
+#   EBPF_PROXY_BENCH_RPS_WORKERS=8    concurrent connections
+#   EBPF_PROXY_BENCH_RPS_ROUNDS=1     rounds, interleaved; medians reported
+#   EBPF_PROXY_BENCH_RPS_PROXIES=iptables,ebpf,ebpf-iptables
+#     (also known: iptables-nft, nftables; see rpsRows in test/e2e/bench)
+.PHONY: e2e-bench-rps
+e2e-bench-rps: k8s-binaries e2e-agent
+	cd $(E2E_ROOT) && \
+	EBPF_PROXY_CACHE=$(EBPF_PROXY_CACHE) EBPF_PROXY_BIN=$(E2E_AGENT) EBPF_PROXY_REQUIRE_PRIVILEGED=1 \
+	$(GO) test -count=1 -run '^$$' -bench '^BenchmarkNodePortRPS$$' -benchtime 1x -timeout 30m ./test/e2e/bench/ \
+	| grep -v '^[[:space:]]*{"level"' | grep -E -v '^[[:space:]]+[IWE][0-9]{4} '; exit $${PIPESTATUS[0]}

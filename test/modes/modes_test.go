@@ -3,6 +3,8 @@ package modes_test
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +27,7 @@ func TestAutoModeFallsBackWhenTheBPFDataplaneCannotRun(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
+			hostEstablished := readSysctl(t, conntrackEstablished)
 			wantMode, wantReason := "iptables", tc.reason+",ipvs-unavailable"
 			if ipvsAvailable(t, e.node) {
 				wantMode, wantReason = "ipvs", tc.reason
@@ -51,6 +54,7 @@ func TestAutoModeFallsBackWhenTheBPFDataplaneCannotRun(t *testing.T) {
 				t.Errorf("log line of the choice %q, want mode %s and reason %s", line, wantMode, wantReason)
 			}
 			e.expectOnly(wantMode)
+			e.expectConntrackDefaults(a, hostEstablished)
 
 			nodePortAddr := netip.AddrPortFrom(e.node.IP, nodePort)
 			e.reaches(e.client, netip.AddrPortFrom(clusterIP, 80), 20)
@@ -170,4 +174,59 @@ func grep(text, s string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+const (
+	conntrackEstablished = "net/netfilter/nf_conntrack_tcp_timeout_established"
+	conntrackCloseWait   = "net/netfilter/nf_conntrack_tcp_timeout_close_wait"
+)
+
+// readSysctl reads an integer under /proc/sys in the test's own (the
+// host's) network namespace.
+func readSysctl(t *testing.T, name string) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/sys/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// expectConntrackDefaults checks that a fallback-mode agent applied
+// kube-proxy's connection tracking defaults in its node's namespace (24h
+// established, 1h CLOSE_WAIT) after its first sync, and left the host's
+// namespace as it was.
+func (e *env) expectConntrackDefaults(a *agent, hostEstablished int) {
+	t := e.t
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(a.logs.String(), "nf_conntrack_tcp_timeout_close_wait") && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	got := map[string]int{}
+	err := e.node.NS.Do(func() error {
+		for _, name := range []string{conntrackEstablished, conntrackCloseWait} {
+			b, err := os.ReadFile("/proc/sys/" + name)
+			if err != nil {
+				return err
+			}
+			if got[name], err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[conntrackEstablished] != 86400 || got[conntrackCloseWait] != 3600 {
+		t.Errorf("node namespace: %v, want kube-proxy's 86400 and 3600\n%s", got, grep(a.logs.String(), "conntrack"))
+	}
+	if h := readSysctl(t, conntrackEstablished); h != hostEstablished {
+		t.Errorf("the host's %s changed from %d to %d", conntrackEstablished, hostEstablished, h)
+	}
 }

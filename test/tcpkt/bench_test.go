@@ -72,3 +72,57 @@ func BenchmarkPaths(b *testing.B) {
 		pktest.BenchWith(b, f.objs.TcIngress, reply, pktest.BenchOptions{Do: f.ns.Do})
 	})
 }
+
+// BenchmarkXDPPaths is BenchmarkPaths for the XDP program, next to which it
+// reports. The kernel's benchmark runs give the frame the loopback device
+// as its ingress device, so translated frames are redirected to n0 rather
+// than sent back out (XDP_TX): the same work but for the verdict.
+func BenchmarkXDPPaths(b *testing.B) {
+	f := newFixture(b, loadOptions{snatMin: 61000, snatMax: 65535})
+	x := f.loadXDP(b, f.ifindex)
+	f.sync(b, fixtureState())
+	reset := func() error {
+		f.resetCT(b)
+		return nil
+	}
+	synLocal := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.SYN)).Bytes()
+	synRemote := fromOutside(pktest.TCP(client, np(npWebRemote), pktest.SYN)).Bytes()
+	ackRemote := fromOutside(pktest.TCP(client, np(npWebRemote), pktest.ACK)).Bytes()
+	paths := []struct {
+		name      string
+		frame     []byte
+		prime     [][]byte
+		beforeRun func() error
+	}{
+		{name: "xdp/not a frontend", frame: fromOutside(pktest.TCP(client, np(22), pktest.ACK)).Bytes()},
+		{name: "xdp/not IPv4", frame: pktest.ARPRequest(clientMAC, routerAddr, nodeAddr)},
+		{name: "xdp/new flow, local backend: pass", frame: synLocal, beforeRun: reset},
+		{name: "xdp/new flow, remote backend (SNAT)", frame: synRemote, beforeRun: reset},
+		{name: "xdp/tracked flow, remote backend (SNAT)", frame: ackRemote, prime: [][]byte{synRemote}},
+		{name: "xdp/policy Local, none here: drop", frame: fromOutside(pktest.TCP(client, np(npElsewhere), pktest.SYN)).Bytes()},
+	}
+	for _, p := range paths {
+		b.Run(p.name, func(b *testing.B) {
+			f.resetCT(b)
+			for _, fr := range p.prime {
+				if _, err := pktest.Exec(x.XdpNodeport, pktest.Case{In: fr, Do: f.ns.Do}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			pktest.BenchWith(b, x.XdpNodeport, p.frame, pktest.BenchOptions{Do: f.ns.Do, BeforeRun: p.beforeRun})
+		})
+	}
+	b.Run("xdp/reply from a remote backend (SNAT)", func(b *testing.B) {
+		f.resetCT(b)
+		res, err := pktest.Exec(x.XdpNodeport, pktest.Case{In: synRemote, Do: f.ns.Do})
+		if err != nil {
+			b.Fatal(err)
+		}
+		out := pktest.Decode(res.Out)
+		if res.Verdict != pktest.XDPRedirect || out.TCP == nil {
+			b.Fatalf("no translated SYN: %v %s", res.Verdict, out)
+		}
+		reply := fromNodeB(pktest.TCP(remoteWeb, netip.AddrPortFrom(nodeAddr, out.TCP.Src), pktest.ACK)).Bytes()
+		pktest.BenchWith(b, x.XdpNodeport, reply, pktest.BenchOptions{Do: f.ns.Do})
+	})
+}

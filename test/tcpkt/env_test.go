@@ -59,6 +59,8 @@ type fixture struct {
 	// podIfindex is p0's.
 	podIfindex uint32
 	w          *maps.Writer
+	// snatMin and snatMax are the programs' source NAT port range.
+	snatMin, snatMax uint16
 }
 
 type loadOptions struct {
@@ -94,7 +96,7 @@ func newFixture(tb testing.TB, opts loadOptions) *fixture {
 	if err := spec.Variables[bpfobj.TcVarSnatPortMax].Set(opts.snatMax); err != nil {
 		tb.Fatal(err)
 	}
-	f := &fixture{objs: &bpfobj.TcObjects{}}
+	f := &fixture{objs: &bpfobj.TcObjects{}, snatMin: opts.snatMin, snatMax: opts.snatMax}
 	if err := spec.LoadAndAssign(f.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {

@@ -71,6 +71,10 @@ type Config struct {
 	// endpoints. The zero Prefix disables both, as upstream's no-op
 	// detector does.
 	ClusterCIDR netip.Prefix
+	// LocalDetector, when set, tells pod traffic from the rest instead of
+	// ClusterCIDR (--detect-local-mode=BridgeInterface or
+	// InterfaceNamePrefix), for the same two rules.
+	LocalDetector xtables.LocalDetector
 	// MasqueradeAll masquerades all ClusterIP traffic (--masquerade-all).
 	MasqueradeAll bool
 	// MasqueradeBit is the bit of the packet mark that asks for masquerade
@@ -103,6 +107,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.ClusterCIDR.IsValid() && !c.ClusterCIDR.Addr().Is4() {
 		return fmt.Errorf("cluster CIDR %s: the iptables dataplane is IPv4 only", c.ClusterCIDR)
+	}
+	if !c.LocalDetector.IsSet() {
+		c.LocalDetector.CIDR = c.ClusterCIDR
+	}
+	if err := c.LocalDetector.Validate(); err != nil {
+		return err
 	}
 	for _, p := range c.NodePortAddresses {
 		if !p.IsValid() || !p.Addr().Is4() {

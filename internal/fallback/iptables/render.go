@@ -108,6 +108,24 @@ func (b *ruleBuilder) jump(target string, args ...string) string {
 
 func rule() *ruleBuilder { return &ruleBuilder{} }
 
+// localSrc and localIn match the local traffic detector d (or with negate
+// the rest) in iptables-save's order of the header: the source before the
+// destination, the input interface after it. Each is a no-op for the
+// other kind of detector.
+func (b *ruleBuilder) localSrc(d xtables.LocalDetector, negate bool) *ruleBuilder {
+	if d.CIDR.IsValid() {
+		b.header = append(b.header, d.Match(negate)...)
+	}
+	return b
+}
+
+func (b *ruleBuilder) localIn(d xtables.LocalDetector, negate bool) *ruleBuilder {
+	if !d.CIDR.IsValid() {
+		b.header = append(b.header, d.Match(negate)...)
+	}
+	return b
+}
+
 func host(a netip.Addr) string { return netip.PrefixFrom(a, a.BitLen()).String() }
 
 // service renders one ServicePort.
@@ -279,8 +297,9 @@ func (r *renderer) internalMasquerade(sp *model.ServicePort, proto, name string)
 	case r.cfg.MasqueradeAll:
 		return []string{rule().dst(host(sp.ClusterIP), false).proto(proto).comment(r.comment(name+" cluster IP")).
 			dport(proto, sp.Port).jump(chainMarkMasq)}
-	case r.cfg.ClusterCIDR.IsValid():
-		return []string{rule().src(r.cfg.ClusterCIDR.String(), true).dst(host(sp.ClusterIP), false).proto(proto).
+	case r.cfg.LocalDetector.IsSet():
+		d := r.cfg.LocalDetector
+		return []string{rule().localSrc(d, true).dst(host(sp.ClusterIP), false).localIn(d, true).proto(proto).
 			comment(r.comment(name+" cluster IP")).dport(proto, sp.Port).jump(chainMarkMasq)}
 	}
 	return nil
@@ -330,8 +349,8 @@ func (r *renderer) externalRules(sp *model.ServicePort, name, svcChain, svlChain
 		}
 	}
 	var rules []string
-	if r.cfg.ClusterCIDR.IsValid() {
-		rules = append(rules, rule().src(r.cfg.ClusterCIDR.String(), false).
+	if d := r.cfg.LocalDetector; d.IsSet() {
+		rules = append(rules, rule().localSrc(d, false).localIn(d, false).
 			comment(r.comment("pod traffic for "+name+" external destinations")).jump(svcChain))
 	}
 	// The node's own traffic leaves with the external address as its

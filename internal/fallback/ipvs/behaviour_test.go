@@ -331,3 +331,55 @@ func TestCleanupRemovesOnlyOurs(t *testing.T) {
 		t.Errorf("second cleanup: %v", err)
 	}
 }
+
+// A virtual server on one of our Service addresses that is not ours (an
+// operator's, on the ClusterIP's dummy address) is removed by the next
+// full sync, unless its address is in --ipvs-exclude-cidrs.
+func TestExcludedVirtualServersAreKept(t *testing.T) {
+	requireIPVS(t)
+	for _, tc := range []struct {
+		name    string
+		exclude []netip.Prefix
+		kept    bool
+	}{
+		{"not excluded: removed", nil, false},
+		{"excluded: kept", []netip.Prefix{netip.MustParsePrefix("10.96.0.0/24")}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sb := sandbox.ForTest(t)
+			node, err := sb.AddNode(fallbacktest.NodeA)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := handle(t, node)
+			src := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(fallbacktest.Example()...)
+			first, err := New(fallbacktest.Context(t), Config{Netns: node.NS.Path()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := first.Sync(src.Update()); err != nil {
+				t.Fatal(err)
+			}
+			first.Close()
+			operators := ipvsService(vsKey{Addr: netip.MustParseAddr("10.96.0.10"), Proto: model.TCP, Port: 9999}, "rr", 0)
+			if err := h.NewService(operators); err != nil {
+				t.Fatal(err)
+			}
+			second, err := New(fallbacktest.Context(t), Config{Netns: node.NS.Path(), ExcludeCIDRs: tc.exclude})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer second.Close()
+			if err := second.Sync(src.Update()); err != nil {
+				t.Fatal(err)
+			}
+			if got := h.IsServicePresent(operators); got != tc.kept {
+				t.Errorf("10.96.0.10:9999 present after a full sync: %v, want %v", got, tc.kept)
+			}
+			ours := ipvsService(vsKey{Addr: netip.MustParseAddr("10.96.0.10"), Proto: model.TCP, Port: 80}, "", 0)
+			if !h.IsServicePresent(ours) {
+				t.Errorf("the Service's own virtual server 10.96.0.10:80 is gone")
+			}
+		})
+	}
+}

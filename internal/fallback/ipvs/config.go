@@ -81,6 +81,13 @@ type Config struct {
 	// it is masqueraded. The zero Prefix masquerades only the node's own
 	// traffic to ClusterIPs.
 	ClusterCIDR netip.Prefix
+	// LocalDetector, when set, tells pod traffic from the rest instead of
+	// ClusterCIDR (--detect-local-mode=BridgeInterface or
+	// InterfaceNamePrefix).
+	LocalDetector xtables.LocalDetector
+	// ExcludeCIDRs hold virtual servers that are never removed, even when
+	// they look like ours (--ipvs-exclude-cidrs).
+	ExcludeCIDRs []netip.Prefix
 	// MasqueradeAll masquerades all ClusterIP traffic.
 	MasqueradeAll bool
 	// MasqueradeBit is the mark bit that asks for masquerade (0..31); 0
@@ -132,6 +139,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.ClusterCIDR.IsValid() && !c.ClusterCIDR.Addr().Is4() {
 		return fmt.Errorf("cluster CIDR %s: the IPVS dataplane is IPv4 only", c.ClusterCIDR)
+	}
+	if !c.LocalDetector.IsSet() {
+		c.LocalDetector.CIDR = c.ClusterCIDR
+	}
+	if err := c.LocalDetector.Validate(); err != nil {
+		return err
 	}
 	for _, p := range c.NodePortAddresses {
 		if !p.IsValid() || !p.Addr().Is4() {

@@ -348,6 +348,11 @@ func (d *Dataplane) sync(ctx context.Context, up model.Update, full bool) error 
 	}
 	for _, key := range touchedVS {
 		if len(d.wantVS[key]) == 0 && d.haveVS[key] != nil {
+			if d.excluded(key.Addr) {
+				// --ipvs-exclude-cidrs: kept, as kube-proxy keeps
+				// them, and still known should it be wanted again.
+				continue
+			}
 			if err := d.k.ipvs.DelService(ipvsService(key, "", 0)); err != nil {
 				return fmt.Errorf("delete virtual server %s: %w", key, err)
 			}
@@ -571,4 +576,14 @@ func tcpBeLiberal(netns string) bool {
 		return nil
 	})
 	return liberal
+}
+
+// excluded says whether a is in one of the ExcludeCIDRs.
+func (d *Dataplane) excluded(a netip.Addr) bool {
+	for _, p := range d.cfg.ExcludeCIDRs {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }

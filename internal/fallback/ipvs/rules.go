@@ -43,9 +43,9 @@ func rules(cfg *Config, dropInvalid bool) []rule {
 	case cfg.MasqueradeAll:
 		add("nat", chainServices, "-m", "comment", "--comment", "masquerade all ClusterIP traffic",
 			"-m", "set", "--match-set", setClusterIP, "dst,dst", "-j", chainMarkMasq)
-	case cfg.ClusterCIDR.IsValid():
-		add("nat", chainServices, "!", "-s", cfg.ClusterCIDR.String(), "-m", "comment", "--comment", "masquerade off-cluster ClusterIP traffic",
-			"-m", "set", "--match-set", setClusterIP, "dst,dst", "-j", chainMarkMasq)
+	case cfg.LocalDetector.IsSet():
+		add("nat", chainServices, append(cfg.LocalDetector.Match(true), "-m", "comment", "--comment", "masquerade off-cluster ClusterIP traffic",
+			"-m", "set", "--match-set", setClusterIP, "dst,dst", "-j", chainMarkMasq)...)
 	default:
 		// The node reaches a ClusterIP bound on the dummy interface
 		// from that very address, which no endpoint could answer.

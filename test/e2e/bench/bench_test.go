@@ -25,7 +25,12 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
 )
 
-func TestMain(m *testing.M) { testbed.Main(m) }
+// TestMain runs the NodePort benchmark's client or server when the binary was
+// re-executed as one, else the benchmarks.
+func TestMain(m *testing.M) {
+	runRPSChild()
+	testbed.Main(m)
+}
 
 // Settings, from the environment so that a slower machine can measure less.
 const (

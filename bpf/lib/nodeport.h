@@ -1,0 +1,374 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The decisions about traffic from outside the node to NodePorts,
+ * ExternalIPs and LoadBalancer IPs, shared by the TC (tc.c) and XDP (xdp.c)
+ * programs so that a flow gets the same verdict, backend and connection
+ * tracking entries whichever hook sees its first packet, and either hook can
+ * carry on a flow the other began. Nothing here touches the packet: each
+ * hook rewrites it with its own helpers (pkt.h for skbs, xdp_pkt.h for XDP
+ * buffers). */
+#ifndef EBPF_PROXY_NODEPORT_H
+#define EBPF_PROXY_NODEPORT_H
+
+#include "lb.h"
+#include "ct.h"
+#include "maglev.h"
+
+/* Source NAT ports: above the kernel's default ephemeral range
+ * (ip_local_port_range 32768-60999) and the NodePort range, so that the
+ * node's own connections and NodePorts never collide with them. Set by the
+ * loader, the same in both programs. */
+volatile const __u16 snat_port_min = 61000;
+volatile const __u16 snat_port_max = 65535;
+
+#define EXTERNAL_FRONTEND (SVC_F_NODE_PORT | SVC_F_EXTERNAL_IP | SVC_F_LOAD_BALANCER)
+
+/* np_orig_valid says whether the tracked flow e still holds for p. A flow
+ * lives until it expires; a new TCP connection or a UDP datagram also needs
+ * its backend to still be one the ServicePort may choose (kube-proxy
+ * clears the UDP flows of removed endpoints), and a source-NATed flow needs
+ * its reply entry, which a newer flow may have taken over. */
+static __always_inline bool np_orig_valid(struct ct4_entry *e, const struct pkt4 *p, __u32 now)
+{
+	struct ct4_entry *r, rval = {};
+	struct ct4_key rkey = {};
+	struct lb4_backend *be;
+
+	if (ct_expired(e, now))
+		return false;
+	if (p->proto == IPPROTO_UDP ||
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
+		be = lb4_member_backend(e->backend_id, e->svc_id);
+		if (!be || be->address != e->nat_daddr || be->port != e->nat_dport)
+			return false;
+	}
+	if (!(e->flags & CT_F_SNAT))
+		return true;
+	ct_reply_key(&rkey, e, p);
+	r = bpf_map_lookup_elem(&tc4_ct_v1, &rkey);
+	if (r) {
+		if (r->nat_daddr != p->saddr || r->nat_dport != p->sport)
+			return false;
+		ct_refresh(r, p, now);
+		return true;
+	}
+	/* Evicted from the LRU: take the port back if nobody else has. */
+	rval.nat_saddr = p->daddr;
+	rval.nat_sport = p->dport;
+	rval.nat_daddr = p->saddr;
+	rval.nat_dport = p->sport;
+	rval.backend_id = e->backend_id;
+	rval.svc_id = e->svc_id;
+	rval.flags = CT_F_SNAT;
+	ct_refresh(&rval, p, now);
+	return !bpf_map_update_elem(&tc4_ct_v1, &rkey, &rval, BPF_NOEXIST);
+}
+
+/* np_snat_addr is the address source NAT gives a packet to dst that came in
+ * on ifindex: that of the device the FIB sends it out of, else (unless
+ * egress_only) that of the device it came in on. 0 if the agent configured
+ * none of them. ctx is the program's context (skb or xdp_md). */
+static __always_inline __be32 np_snat_addr(void *ctx, __u32 ifindex, const struct pkt4 *p,
+					   __be32 dst, bool egress_only)
+{
+	struct bpf_fib_lookup fib = {
+		.family = PKT_AF_INET,
+		.tos = p->tos,
+		.l4_protocol = p->proto,
+		.ipv4_src = p->saddr,
+		.ipv4_dst = dst,
+		.ifindex = ifindex,
+	};
+	struct tc4_snat_addr *a = NULL;
+	long ret;
+
+	ret = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
+	if (ret == BPF_FIB_LKUP_RET_SUCCESS || ret == BPF_FIB_LKUP_RET_NO_NEIGH)
+		a = bpf_map_lookup_elem(&tc4_snat_addrs_v1, &fib.ifindex);
+	if (!a && !egress_only)
+		a = bpf_map_lookup_elem(&tc4_snat_addrs_v1, &ifindex);
+	return a ? a->address : 0;
+}
+
+/* np_source_allowed says whether the client may reach a LoadBalancer IP
+ * with loadBalancerSourceRanges (kube-proxy drops the others; NodePorts and
+ * ExternalIPs of the same Service are open to all). */
+static __always_inline bool np_source_allowed(const struct lb4_service *svc, const struct pkt4 *p)
+{
+	struct lb4_src_range_key key = {
+		.prefixlen = 64,
+		.svc_id = svc->svc_id,
+		.address = p->saddr,
+	};
+
+	return bpf_map_lookup_elem(&lb4_source_ranges_v1, &key) != NULL;
+}
+
+/* np_select picks the backend of a new flow: the one the ServicePort's
+ * Maglev table holds for the flow's hash when it has a table, else one at
+ * random. */
+static __always_inline struct lb4_backend *np_select(struct lb4_key *lkey,
+						     const struct lb4_service *svc,
+						     const struct pkt4 *p, __u32 *backend_id)
+{
+	__u32 hash = flow_hash(p->saddr, p->daddr, p->sport, p->dport, p->proto);
+	__u32 id = lb4_maglev_backend_id(svc->svc_id, hash);
+
+	if (id) {
+		struct lb4_backend *be = lb4_member_backend(id, svc->svc_id);
+
+		if (be) {
+			*backend_id = id;
+			lb_count(LB_M_MAGLEV);
+			return be;
+		}
+	}
+	return lb4_select_backend(lkey, svc, backend_id);
+}
+
+/* What np_decide found for the first packet of a flow. */
+enum np_verdict {
+	NP_NOT_OURS,	 /* not an external frontend: pass */
+	NP_FRAGMENT,	 /* a fragment to a frontend: pass untranslated */
+	NP_DROP,	 /* policy Local without local endpoint (counted) */
+	NP_REJECT,	 /* no endpoint: an ICMP port unreachable */
+	NP_SRC_RANGE,	 /* client outside loadBalancerSourceRanges: drop */
+	NP_NO_BACKEND,	 /* the maps are inconsistent (counted by lb.h): drop */
+	NP_LOCAL_POLICY, /* policy Local: only endpoints on this node */
+	NP_FORWARD,	 /* c holds the backend */
+};
+
+/* A new flow's frontend and backend. */
+struct np_choice {
+	struct lb4_service *svc;
+	struct lb4_backend *be;
+	__u32 backend_id;
+};
+
+/* np_decide gives a new flow p its frontend's verdict and, when it is to
+ * be forwarded, a backend: by session affinity, Maglev or at random. With
+ * select_local false, a Service under externalTrafficPolicy=Local stops at
+ * NP_LOCAL_POLICY before choosing (its endpoints are all on this node).
+ * Verdicts are not counted: the hook that acts on them does. */
+static __always_inline enum np_verdict np_decide(struct pkt4 *p, struct np_choice *c,
+						 bool select_local)
+{
+	struct lb4_key lkey = {
+		.address = p->daddr,
+		.dport = p->dport,
+		.proto = p->proto,
+	};
+	struct lb4_service *svc;
+	struct lb4_backend *be;
+	__u32 backend_id = 0;
+
+	svc = lb4_lookup_service(&lkey, LB_SCOPE_EXT);
+	if (!svc || !(svc->flags & EXTERNAL_FRONTEND))
+		return NP_NOT_OURS;
+	/* Ports are only in the first fragment: translating it alone would
+	 * split the packet. The kernel gets it as it is. */
+	if (p->fragment)
+		return NP_FRAGMENT;
+	if (svc->flags & SVC_F_DROP)
+		return NP_DROP;
+	/* Without endpoints every client is refused, inside the source
+	 * ranges or not, as kube-proxy's REJECT comes before its firewall. */
+	if ((svc->flags & SVC_F_REJECT) || svc->count == 0)
+		return NP_REJECT;
+	if ((svc->flags & SVC_F_SOURCE_RANGES) && !np_source_allowed(svc, p))
+		return NP_SRC_RANGE;
+	if (!select_local && (svc->flags & SVC_F_EXT_LOCAL))
+		return NP_LOCAL_POLICY;
+	if (svc->affinity_timeout) {
+		/* External clients are told apart by address, as kube-proxy
+		 * does; svc_id is shared with the ClusterIP. */
+		struct lb4_affinity_key akey = {
+			.client = p->saddr,
+			.svc_id = svc->svc_id,
+			.client_kind = AFFINITY_CLIENT_ADDR,
+		};
+
+		be = lb4_affinity_backend(&akey, svc, bpf_ktime_get_ns(), &backend_id);
+		if (!be) {
+			be = np_select(&lkey, svc, p, &backend_id);
+			if (be)
+				lb4_affinity_record(&akey, bpf_ktime_get_ns(), backend_id);
+		}
+	} else {
+		be = np_select(&lkey, svc, p, &backend_id);
+	}
+	if (!be)
+		return NP_NO_BACKEND;
+	c->svc = svc;
+	c->be = be;
+	c->backend_id = backend_id;
+	return NP_FORWARD;
+}
+
+/* np_record writes the connection tracking entries of a new flow p to the
+ * backend of c and fills orig with the client-side entry, which says how
+ * to rewrite p. A backend on another node gets source NAT to the address of
+ * the device towards it and a free port; one on this node keeps the client
+ * (see below). ifindex is the device p came in on. Returns 0, or -1 after
+ * counting why the flow cannot be recorded (the packet is then dropped). */
+static __always_inline int np_record(void *ctx, __u32 ifindex, const struct pkt4 *p,
+				     const struct np_choice *c, __u32 now, struct ct4_entry *orig)
+{
+	struct lb4_backend *be = c->be;
+	struct ct4_entry rval = {};
+	struct ct4_key okey = {}, rkey = {};
+	__be32 snat_addr = 0;
+
+	orig->nat_daddr = be->address;
+	orig->nat_dport = be->port;
+	orig->backend_id = c->backend_id;
+	orig->svc_id = c->svc->svc_id;
+	ct_refresh(orig, p, now);
+	rval.nat_saddr = p->daddr;
+	rval.nat_sport = p->dport;
+	rval.backend_id = c->backend_id;
+	rval.svc_id = c->svc->svc_id;
+	rval.expires = orig->expires;
+	rval.flags = orig->flags;
+	rkey.saddr = be->address;
+	rkey.sport = be->port;
+	rkey.proto = p->proto;
+	rkey.dir = CT_DIR_REPLY;
+
+	if (!(be->flags & BE_F_LOCAL)) {
+		snat_addr = np_snat_addr(ctx, ifindex, p, be->address, false);
+		if (!snat_addr) {
+			lb_count(LB_M_TC_SNAT_NO_ADDR);
+			return -1;
+		}
+	} else if (!(c->svc->flags & SVC_F_EXT_LOCAL)) {
+		/* kube-proxy masquerades externalTrafficPolicy=Cluster traffic
+		 * to endpoints on the node too, to the address of the device
+		 * toward the pod. Its replies must then meet a program on that
+		 * device: only when the agent attached there (its address is
+		 * known) does the pod see the node; else it sees the client. */
+		snat_addr = np_snat_addr(ctx, ifindex, p, be->address, true);
+	}
+
+	if (!snat_addr) {
+		rkey.daddr = p->saddr;
+		rkey.dport = p->sport;
+		if (bpf_map_update_elem(&tc4_ct_v1, &rkey, &rval, BPF_ANY)) {
+			lb_count(LB_M_TC_CT_FULL);
+			return -1;
+		}
+	} else {
+		rkey.daddr = snat_addr;
+		rval.nat_daddr = p->saddr;
+		rval.nat_dport = p->sport;
+		rval.flags |= CT_F_SNAT;
+		if (ct_snat_alloc(&rkey, &rval, snat_port_min, snat_port_max, now)) {
+			lb_count(LB_M_TC_SNAT_NO_PORT);
+			return -1;
+		}
+		orig->nat_saddr = snat_addr;
+		orig->nat_sport = rkey.dport;
+		orig->flags |= CT_F_SNAT;
+	}
+	okey.saddr = p->saddr;
+	okey.daddr = p->daddr;
+	okey.sport = p->sport;
+	okey.dport = p->dport;
+	okey.proto = p->proto;
+	okey.dir = CT_DIR_ORIG;
+	if (bpf_map_update_elem(&tc4_ct_v1, &okey, orig, BPF_ANY)) {
+		bpf_map_delete_elem(&tc4_ct_v1, &rkey);
+		lb_count(LB_M_TC_CT_FULL);
+		return -1;
+	}
+	return 0;
+}
+
+/* np_forget_stale_reply drops the reply entry of an earlier flow that a new
+ * connection reuses: a client that reached a local backend through a
+ * frontend, and now connects to that backend directly (a pod on another
+ * node through the ClusterIP) from the same port, must not have the
+ * backend's answers rewritten to come from the frontend. A new SYN is the
+ * only packet that can start such a connection. */
+static __always_inline void np_forget_stale_reply(const struct pkt4 *p)
+{
+	struct ct4_key rkey = {
+		.saddr = p->daddr,
+		.daddr = p->saddr,
+		.sport = p->dport,
+		.dport = p->sport,
+		.proto = p->proto,
+		.dir = CT_DIR_REPLY,
+	};
+	struct ct4_entry *e = bpf_map_lookup_elem(&tc4_ct_v1, &rkey);
+
+	if (e && !(e->flags & CT_F_SNAT)) {
+		bpf_map_delete_elem(&tc4_ct_v1, &rkey);
+		lb_count(LB_M_TC_STALE_REPLY);
+	}
+}
+
+/* np_lookup_tracked finds the entry saying how to rewrite p, a packet that
+ * is not a fragment, when it belongs to a tracked flow: its client-side
+ * entry while the flow holds (refreshed; *reply false), else the reply entry
+ * of a source-NATed flow when p comes to a source NAT port (*reply true).
+ * NULL for a packet of no tracked flow. A new TCP connection first forgets
+ * the stale reply entry of its tuple (np_forget_stale_reply). */
+static __always_inline struct ct4_entry *np_lookup_tracked(const struct pkt4 *p, __u32 now,
+							   bool *reply)
+{
+	struct ct4_key key = {
+		.saddr = p->saddr,
+		.daddr = p->daddr,
+		.sport = p->sport,
+		.dport = p->dport,
+		.proto = p->proto,
+		.dir = CT_DIR_ORIG,
+	};
+	struct ct4_entry *e;
+	__u16 port;
+
+	e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
+	if (e && np_orig_valid(e, p, now)) {
+		ct_refresh(e, p, now);
+		*reply = false;
+		return e;
+	}
+	if (p->proto == IPPROTO_TCP &&
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		np_forget_stale_reply(p);
+	/* Replies to source-NATed flows come back to a port of the source NAT
+	 * range: most packets need no second lookup. */
+	port = bpf_ntohs(p->dport);
+	if (port < snat_port_min || port > snat_port_max)
+		return NULL;
+	key.dir = CT_DIR_REPLY;
+	e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
+	if (!e || !(e->flags & CT_F_SNAT))
+		return NULL;
+	*reply = true;
+	return e;
+}
+
+/* np_backend_gone says whether the backend of a tracked TCP flow was
+ * removed, for p, a packet of the flow whose client-side entry
+ * np_lookup_tracked returned as e: the backend's id is no longer in
+ * lb4_backends_v1, or names another endpoint now. internal/maps keeps a
+ * terminating endpoint there (no longer a member: chosen by no new flow)
+ * until its EndpointSlice drops it, so that its flows live on meanwhile. A
+ * new SYN on the tuple is a new connection, which np_orig_valid already
+ * sends to a backend the ServicePort may choose; UDP flows move there too.
+ * Such a flow is reset by TC (tc.c tc_reset); XDP hands its packets over. */
+static __always_inline bool np_backend_gone(const struct ct4_entry *e, const struct pkt4 *p)
+{
+	struct lb4_backend *be;
+	__u32 id = e->backend_id;
+
+	if (p->proto != IPPROTO_TCP ||
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		return false;
+	be = bpf_map_lookup_elem(&lb4_backends_v1, &id);
+	return !be || be->address != e->nat_daddr || be->port != e->nat_dport ||
+	       be->proto != p->proto;
+}
+
+#endif /* EBPF_PROXY_NODEPORT_H */

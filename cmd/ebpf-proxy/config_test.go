@@ -1,0 +1,220 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// load parses args (with --config if given) as main does.
+func load(t *testing.T, args ...string) (*options, []string, error) {
+	t.Helper()
+	o := defaultOptions()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	notes, err := loadFlagsAndConfig(o, fs, args)
+	if err == nil {
+		err = o.validate()
+	}
+	return o, notes, err
+}
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// kubeadm's ConfigMap, handed to ebpf-proxy as to kube-proxy, with the
+// DaemonSet's --hostname-override: the file's values and kube-proxy's
+// defaults for what it leaves empty.
+func TestKubeadmConfigFileRunsUnchanged(t *testing.T) {
+	o, notes, err := load(t, "--config=testdata/kubeadm-kube-proxy.yaml", "--hostname-override=node-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(notes) != 0 {
+		t.Errorf("warnings for kubeadm's own file: %q", notes)
+	}
+	for _, c := range []struct {
+		name      string
+		got, want any
+	}{
+		{"kubeconfig", o.kubeconfig, "/var/lib/kube-proxy/kubeconfig.conf"},
+		{"hostname (the flag wins)", o.hostnameOverride, "node-7"},
+		{"cluster CIDR", o.clusterPrefix.String(), "10.244.0.0/16"},
+		{"proxy mode (empty: auto)", o.proxyMode, modeAuto},
+		{"strict ARP", o.ipvsStrictARP, true},
+		{"healthz address", o.healthzBindAddress, "0.0.0.0:10256"},
+		{"metrics address", o.metricsBindAddress, "127.0.0.1:10249"},
+		{"API QPS", o.kubeAPIQPS, float32(5)},
+		{"API burst", o.kubeAPIBurst, int32(10)},
+		{"API content type", o.kubeAPIContentType, "application/vnd.kubernetes.protobuf"},
+		{"masquerade bit", o.masqueradeBit, int32(14)},
+		{"localhost NodePorts", o.localhostNodePorts, true},
+		{"iptables sync period", o.iptablesSyncPeriod, 30 * time.Second},
+		{"iptables min sync period", o.iptablesMinSync, time.Second},
+		{"ipvs sync period", o.ipvsSyncPeriod, 30 * time.Second},
+		{"config sync period", o.configSyncPeriod, 15 * time.Minute},
+		{"oom score adj", o.oomScoreAdj, int32(-999)},
+		{"conntrack max per core (mode default)", o.conntrack.maxPerCore == nil, true},
+		{"node IP override (0.0.0.0: none)", o.nodeIP.IsValid(), false},
+	} {
+		if !reflect.DeepEqual(c.got, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+// As in kube-proxy, the file replaces the flags it covers, which are
+// named in a warning; ebpf-proxy's own flags still apply.
+func TestConfigFileReplacesKubeProxyFlags(t *testing.T) {
+	path := writeFile(t, `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+hostnameOverride: From-File
+bindAddress: 192.168.77.7
+iptables:
+  minSyncPeriod: 2s
+  syncPeriod: 1m
+conntrack:
+  maxPerCore: 0
+  tcpEstablishedTimeout: 2h
+featureGates:
+  PreferSameTrafficDistribution: false
+logging:
+  verbosity: 3
+  format: text
+`)
+	o, notes, err := load(t, "--config="+path, "--proxy-mode=ebpf", "--iptables-min-sync-period=5s", "--lb-algorithm=maglev", "--bpffs-path=/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.proxyMode != modeIPTables {
+		t.Errorf("mode %q: the file's iptables must win over --proxy-mode", o.proxyMode)
+	}
+	if s, m := o.syncPeriods(modeIPTables); s != time.Minute || m != 2*time.Second {
+		t.Errorf("iptables sync periods %s/%s, want the file's 1m/2s", s, m)
+	}
+	if o.hostnameOverride != "From-File" || o.verbosity != 3 || o.loggingFormat != "text" {
+		t.Errorf("hostname %q verbosity %d format %q: want the file's", o.hostnameOverride, o.verbosity, o.loggingFormat)
+	}
+	if o.nodeIP.String() != "192.168.77.7" {
+		t.Errorf("node IP %v, want the file's bindAddress", o.nodeIP)
+	}
+	if o.conntrack.maxPerCore == nil || *o.conntrack.maxPerCore != 0 || o.conntrack.tcpEstablished == nil || *o.conntrack.tcpEstablished != 2*time.Hour {
+		t.Errorf("conntrack %+v: want maxPerCore 0 and 2h given", o.conntrack)
+	}
+	if o.gates.enabled(gatePreferSameTrafficDistribution, true) {
+		t.Errorf("PreferSameTrafficDistribution=false in the file not applied")
+	}
+	if o.lbAlgorithm != "maglev" || o.bpffsPath != "/x" {
+		t.Errorf("ebpf-proxy's own flags lost: lb %q bpffs %q", o.lbAlgorithm, o.bpffsPath)
+	}
+	if len(notes) != 1 || !strings.Contains(notes[0], "--proxy-mode") || !strings.Contains(notes[0], "--iptables-min-sync-period") ||
+		strings.Contains(notes[0], "--lb-algorithm") {
+		t.Errorf("warnings %q: want one naming exactly the ignored kube-proxy flags", notes)
+	}
+}
+
+func TestConfigFileBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		// err is a part of the refusal; "" means it loads, with a
+		// warning containing warn.
+		err, warn string
+	}{
+		{"wrong kind", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeletConfiguration\n", "KubeletConfiguration", ""},
+		{"wrong version", "apiVersion: kubeproxy.config.k8s.io/v1alpha2\nkind: KubeProxyConfiguration\n", "v1alpha2", ""},
+		{"not YAML", "{{{", "--config", ""},
+		{"nftables mode", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n", "nftables is not available", ""},
+		{"bad value", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nipvs:\n  excludeCIDRs: [nonsense]\n", "--ipvs-exclude-cidrs", ""},
+		{"unknown field: lenient, as kube-proxy", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nfancyNewField: 1\nclusterCIDR: 10.0.0.0/8\n", "", "strict decoding"},
+		{"portRange", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nportRange: 30000-30100\n", "", "portRange"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, notes, err := load(t, "--config="+writeFile(t, tc.body))
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.ContainsFunc(notes, func(n string) bool { return strings.Contains(n, tc.warn) }) {
+				t.Errorf("warnings %q, want one containing %q", notes, tc.warn)
+			}
+			if tc.name == "unknown field: lenient, as kube-proxy" && o.clusterCIDR != "10.0.0.0/8" {
+				t.Errorf("known fields not applied after the lenient decode: cluster CIDR %q", o.clusterCIDR)
+			}
+		})
+	}
+	if _, _, err := load(t, "--config=/nonexistent/config.yaml"); err == nil {
+		t.Errorf("a missing file is accepted")
+	}
+}
+
+// --write-config-to writes what is in effect; reading it back gives the
+// same options.
+func TestWrittenConfigReadsBackTheSame(t *testing.T) {
+	o, _, err := load(t, "--proxy-mode=ipvs", "--ipvs-scheduler=lc", "--ipvs-exclude-cidrs=10.1.0.0/16", "--ipvs-strict-arp",
+		"--cluster-cidr=10.244.0.0/16", "--detect-local-mode=BridgeInterface", "--pod-bridge-interface=cni0",
+		"--conntrack-max-per-core=0", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout=30s", "--feature-gates=PreferSameTrafficDistribution=false",
+		"--kube-api-qps=50", "--kube-api-burst=100", "--oom-score-adj=-500", "--masquerade-all", "--iptables-masquerade-bit=12",
+		"--nodeport-addresses=192.168.0.0/16", "--bind-address=10.0.0.5", "--metrics-bind-address=0.0.0.0:10249", "-v=2", "--config-sync-period=5m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "out.yaml")
+	if err := o.writeConfig(path); err != nil {
+		t.Fatal(err)
+	}
+	back, notes, err := load(t, "--config="+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(notes) != 0 {
+		t.Errorf("warnings reading our own output: %q", notes)
+	}
+	o.configFile = back.configFile
+	if !reflect.DeepEqual(o, back) {
+		t.Errorf("read back differs:\n%+v\nwant\n%+v", back, o)
+	}
+}
+
+func TestSyncPeriodsFollowTheMode(t *testing.T) {
+	o, _, err := load(t, "--sync-period=1m", "--min-sync-period=0", "--iptables-sync-period=2m", "--iptables-min-sync-period=3s",
+		"--ipvs-sync-period=4m", "--ipvs-min-sync-period=5s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for mode, want := range map[string][2]time.Duration{
+		modeEBPF:     {time.Minute, 0},
+		modeIPTables: {2 * time.Minute, 3 * time.Second},
+		modeIPVS:     {4 * time.Minute, 5 * time.Second},
+	} {
+		if s, m := o.syncPeriods(mode); s != want[0] || m != want[1] {
+			t.Errorf("%s: %s/%s, want %s/%s", mode, s, m, want[0], want[1])
+		}
+	}
+	for _, args := range [][]string{
+		{"--iptables-sync-period=0"}, {"--iptables-min-sync-period=1m", "--iptables-sync-period=30s"},
+		{"--ipvs-min-sync-period=-1s"}, {"--oom-score-adj=1001"}, {"--logging-format=xml"},
+		{"--detect-local-mode=BridgeInterface"}, {"--detect-local-mode=Magic"}, {"--feature-gates=A=maybe"},
+		{"--bind-address=not-an-ip"}, {"--conntrack-min=-1"},
+	} {
+		if _, _, err := load(t, args...); err == nil {
+			t.Errorf("%q accepted", args)
+		}
+	}
+}

@@ -1,0 +1,295 @@
+package main
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"go.uber.org/zap"
+)
+
+// kube-proxy's flags that ebpf-proxy takes under the same names, so that
+// a kube-proxy DaemonSet's command line runs unchanged. Those with a
+// meaning in a mode of ours apply there; the few without any are accepted
+// and their effect (none) is logged once at start-up by noteIgnored.
+
+// Detect-local modes (--detect-local-mode).
+const (
+	detectLocalClusterCIDR         = "ClusterCIDR"
+	detectLocalNodeCIDR            = "NodeCIDR"
+	detectLocalBridgeInterface     = "BridgeInterface"
+	detectLocalInterfaceNamePrefix = "InterfaceNamePrefix"
+)
+
+// Feature gates of kube-proxy that change what ebpf-proxy does.
+const gatePreferSameTrafficDistribution = "PreferSameTrafficDistribution"
+
+// featureGates are the parsed --feature-gates.
+type featureGates map[string]bool
+
+// enabled says whether gate is on, def when not given.
+func (g featureGates) enabled(gate string, def bool) bool {
+	if v, ok := g[gate]; ok {
+		return v
+	}
+	return def
+}
+
+// conntrackOptions are kube-proxy's --conntrack-* settings. A nil field
+// was not given: kube-proxy's default then applies in iptables and ipvs
+// mode, whose Service NAT lives in the kernel's connection tracking table,
+// and nothing is written in ebpf mode, whose does not (see conntrack.go).
+type conntrackOptions struct {
+	maxPerCore       *int32
+	min              *int32
+	tcpEstablished   *time.Duration
+	tcpCloseWait     *time.Duration
+	tcpBeLiberal     *bool
+	udpTimeout       *time.Duration
+	udpStreamTimeout *time.Duration
+}
+
+func defaultConntrack() conntrackOptions { return conntrackOptions{} }
+
+// kube-proxy's defaults for the conntrack settings.
+const (
+	defaultConntrackMaxPerCore     = 32768
+	defaultConntrackMin            = 131072
+	defaultConntrackTCPEstablished = 24 * time.Hour
+	defaultConntrackTCPCloseWait   = time.Hour
+)
+
+// optional flag values: nil until the flag is given.
+type optInt32 struct{ p **int32 }
+
+func (v optInt32) String() string {
+	if *v.p == nil {
+		return ""
+	}
+	return strconv.Itoa(int(**v.p))
+}
+
+func (v optInt32) Set(s string) error {
+	n, err := strconv.ParseInt(s, 10, 32)
+	if err != nil {
+		return err
+	}
+	x := int32(n)
+	*v.p = &x
+	return nil
+}
+
+func (v optInt32) Type() string { return "int32" }
+
+type optDuration struct{ p **time.Duration }
+
+func (v optDuration) String() string {
+	if *v.p == nil {
+		return ""
+	}
+	return (**v.p).String()
+}
+
+func (v optDuration) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*v.p = &d
+	return nil
+}
+
+func (v optDuration) Type() string { return "duration" }
+
+type optBool struct{ p **bool }
+
+func (v optBool) String() string {
+	if *v.p == nil {
+		return ""
+	}
+	return strconv.FormatBool(**v.p)
+}
+
+func (v optBool) Set(s string) error {
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	*v.p = &b
+	return nil
+}
+
+func (v optBool) Type() string     { return "bool" }
+func (v optBool) IsBoolFlag() bool { return true }
+
+func (o *options) addKubeProxyFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.configFile, "config", o.configFile, "The path to kube-proxy's configuration file (KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1). As in kube-proxy, the file replaces kube-proxy's own flags (except --hostname-override); ebpf-proxy's flags still apply.")
+	fs.StringVar(&o.writeConfigTo, "write-config-to", o.writeConfigTo, "If set, write the configuration in effect (defaults, flags and --config) to this file as a KubeProxyConfiguration and exit.")
+	fs.BoolVar(&o.initOnly, "init-only", o.initOnly, "If true, do the privileged start-up work (the connection tracking settings) and exit.")
+	fs.StringToStringVar(&o.featureGates, "feature-gates", o.featureGates, "kube-proxy's feature gates as key=value pairs. "+gatePreferSameTrafficDistribution+" (default true) switches trafficDistribution PreferSameNode; the others have no effect on ebpf-proxy and are logged.")
+	fs.StringVar(&o.kubeAPIContentType, "kube-api-content-type", o.kubeAPIContentType, "Content type of requests sent to the API server.")
+	fs.Float32Var(&o.kubeAPIQPS, "kube-api-qps", o.kubeAPIQPS, "QPS to use while talking with the API server.")
+	fs.Int32Var(&o.kubeAPIBurst, "kube-api-burst", o.kubeAPIBurst, "Burst to use while talking with the API server.")
+	fs.StringVar(&o.bindAddress, "bind-address", o.bindAddress, "Overrides the node's primary IPv4 address (the first of its Node object's addresses) when set to one; 0.0.0.0 keeps the Node's.")
+	fs.StringVar(&o.showHiddenMetrics, "show-hidden-metrics-for-version", o.showHiddenMetrics, "The previous version for which to show hidden metrics. ebpf-proxy hides none, so any version is accepted and changes nothing.")
+	fs.StringVar(&o.loggingFormat, "logging-format", o.loggingFormat, "Log format: 'json' (default) or 'text'.")
+	fs.Int32Var(&o.oomScoreAdj, "oom-score-adj", o.oomScoreAdj, "The oom-score-adj value for the agent's process. Must be within [-1000, 1000].")
+	fs.DurationVar(&o.iptablesSyncPeriod, "iptables-sync-period", o.iptablesSyncPeriod, "In iptables mode, the interval of the periodic full sync and the longest retry backoff (e.g. '5s', '1m'). Must be greater than 0.")
+	fs.DurationVar(&o.iptablesMinSync, "iptables-min-sync-period", o.iptablesMinSync, "In iptables mode, the least time between two syncs; changes arriving sooner are batched.")
+	fs.BoolVar(&o.localhostNodePorts, "iptables-localhost-nodeports", o.localhostNodePorts, "kube-proxy's switch for NodePorts on 127.0.0.1, which need route_localnet (CVE-2020-8558). ebpf-proxy never serves them in iptables mode, whatever the value (logged).")
+	fs.DurationVar(&o.ipvsSyncPeriod, "ipvs-sync-period", o.ipvsSyncPeriod, "In ipvs mode, the interval of the periodic full sync and the longest retry backoff. Must be greater than 0.")
+	fs.DurationVar(&o.ipvsMinSync, "ipvs-min-sync-period", o.ipvsMinSync, "In ipvs mode, the least time between two syncs; changes arriving sooner are batched.")
+	fs.StringSliceVar(&o.ipvsExcludeCIDRs, "ipvs-exclude-cidrs", o.ipvsExcludeCIDRs, "In ipvs mode, CIDRs whose IPVS virtual servers are never removed, not even when they look like ours.")
+	fs.BoolVar(&o.ipvsStrictARP, "ipvs-strict-arp", o.ipvsStrictARP, "In ipvs mode, set arp_ignore=1 and arp_announce=2 so that the Service addresses on the dummy device are not answered for by ARP.")
+	fs.StringVar(&o.detectLocalMode, "detect-local-mode", o.detectLocalMode, "How iptables and ipvs mode tell pod traffic from the rest: 'ClusterCIDR' (default) or 'BridgeInterface' or 'InterfaceNamePrefix'. ebpf mode sees every client's socket and needs none.")
+	fs.StringVar(&o.podBridgeInterface, "pod-bridge-interface", o.podBridgeInterface, "With --detect-local-mode=BridgeInterface, the bridge the node's pods are attached to.")
+	fs.StringVar(&o.podInterfacePrefix, "pod-interface-name-prefix", o.podInterfacePrefix, "With --detect-local-mode=InterfaceNamePrefix, the prefix of the node's pod interfaces.")
+	fs.Var(optInt32{&o.conntrack.maxPerCore}, "conntrack-max-per-core", "Maximum number of NAT connections to track per CPU core (0 to leave the limit as is and ignore conntrack-min); kube-proxy's default 32768 applies in iptables and ipvs mode.")
+	fs.Var(optInt32{&o.conntrack.min}, "conntrack-min", "Minimum number of connection tracking entries to allocate, whatever conntrack-max-per-core says; default 131072 in iptables and ipvs mode.")
+	fs.Var(optDuration{&o.conntrack.tcpEstablished}, "conntrack-tcp-timeout-established", "Idle timeout of established TCP connections in the connection tracking table (0 to leave it as is); default 24h in iptables and ipvs mode.")
+	fs.Var(optDuration{&o.conntrack.tcpCloseWait}, "conntrack-tcp-timeout-close-wait", "Time connection tracking keeps TCP connections in CLOSE_WAIT; default 1h in iptables and ipvs mode.")
+	fs.Var(optBool{&o.conntrack.tcpBeLiberal}, "conntrack-tcp-be-liberal", "Mark only out-of-window RST segments as INVALID (nf_conntrack_tcp_be_liberal=1).")
+	fs.Var(optDuration{&o.conntrack.udpTimeout}, "conntrack-udp-timeout", "Idle timeout of UNREPLIED UDP entries (0 to leave it as is).")
+	fs.Var(optDuration{&o.conntrack.udpStreamTimeout}, "conntrack-udp-timeout-stream", "Idle timeout of ASSURED UDP entries (0 to leave it as is).")
+	fs.Lookup("conntrack-tcp-be-liberal").NoOptDefVal = "true"
+}
+
+// validateKubeProxyFlags checks kube-proxy's flags as kube-proxy's own
+// validation does, and parses what later steps need.
+func (o *options) validateKubeProxyFlags() error {
+	if o.oomScoreAdj < -1000 || o.oomScoreAdj > 1000 {
+		return fmt.Errorf("--oom-score-adj=%d: must be within [-1000, 1000]", o.oomScoreAdj)
+	}
+	if o.kubeAPIQPS < 0 || o.kubeAPIBurst < 0 {
+		return fmt.Errorf("--kube-api-qps and --kube-api-burst must not be negative")
+	}
+	for name, d := range map[string]time.Duration{"--iptables-sync-period": o.iptablesSyncPeriod, "--ipvs-sync-period": o.ipvsSyncPeriod} {
+		if d <= 0 {
+			return fmt.Errorf("%s=%s: must be greater than 0", name, d)
+		}
+	}
+	for name, d := range map[string]time.Duration{"--iptables-min-sync-period": o.iptablesMinSync, "--ipvs-min-sync-period": o.ipvsMinSync} {
+		if d < 0 {
+			return fmt.Errorf("%s=%s: must not be negative", name, d)
+		}
+	}
+	if o.iptablesMinSync > o.iptablesSyncPeriod {
+		return fmt.Errorf("--iptables-min-sync-period=%s must be less than or equal to --iptables-sync-period=%s", o.iptablesMinSync, o.iptablesSyncPeriod)
+	}
+	if o.ipvsMinSync > o.ipvsSyncPeriod {
+		return fmt.Errorf("--ipvs-min-sync-period=%s must be less than or equal to --ipvs-sync-period=%s", o.ipvsMinSync, o.ipvsSyncPeriod)
+	}
+	for _, c := range o.ipvsExcludeCIDRs {
+		if _, err := netip.ParsePrefix(strings.TrimSpace(c)); err != nil {
+			return fmt.Errorf("--ipvs-exclude-cidrs: %q is not a CIDR: %w", c, err)
+		}
+	}
+	switch o.loggingFormat {
+	case "json", "text":
+	default:
+		return fmt.Errorf("--logging-format=%q: want 'json' or 'text'", o.loggingFormat)
+	}
+	switch o.detectLocalMode {
+	case "", detectLocalClusterCIDR:
+	case detectLocalBridgeInterface:
+		if o.podBridgeInterface == "" {
+			return fmt.Errorf("--detect-local-mode=BridgeInterface needs --pod-bridge-interface")
+		}
+	case detectLocalInterfaceNamePrefix:
+		if o.podInterfacePrefix == "" {
+			return fmt.Errorf("--detect-local-mode=InterfaceNamePrefix needs --pod-interface-name-prefix")
+		}
+	case detectLocalNodeCIDR:
+		// Node.spec.podCIDRs are not watched: refused when a fallback
+		// mode starts (mode.go), where it would matter.
+	default:
+		return fmt.Errorf("unknown --detect-local-mode %q: want ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix", o.detectLocalMode)
+	}
+	if err := o.conntrack.validate(); err != nil {
+		return err
+	}
+	o.gates = featureGates{}
+	for k, v := range o.featureGates {
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("--feature-gates: %s=%q is not a boolean", k, v)
+		}
+		o.gates[strings.TrimSpace(k)] = b
+	}
+	o.nodeIP = netip.Addr{}
+	if s := strings.TrimSpace(o.bindAddress); s != "" {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return fmt.Errorf("--bind-address=%q is not an IP address: %w", o.bindAddress, err)
+		}
+		if a.Is4() && !a.IsUnspecified() && !a.IsLoopback() {
+			o.nodeIP = a
+		}
+	}
+	return nil
+}
+
+func (c *conntrackOptions) validate() error {
+	if c.maxPerCore != nil && *c.maxPerCore < 0 {
+		return fmt.Errorf("--conntrack-max-per-core must not be negative")
+	}
+	if c.min != nil && *c.min < 0 {
+		return fmt.Errorf("--conntrack-min must not be negative")
+	}
+	for name, d := range map[string]*time.Duration{
+		"--conntrack-tcp-timeout-established": c.tcpEstablished, "--conntrack-tcp-timeout-close-wait": c.tcpCloseWait,
+		"--conntrack-udp-timeout": c.udpTimeout, "--conntrack-udp-timeout-stream": c.udpStreamTimeout,
+	} {
+		if d != nil && *d < 0 {
+			return fmt.Errorf("%s must not be negative", name)
+		}
+	}
+	return nil
+}
+
+// syncPeriods returns the sync loop's periods for the dataplane mode that
+// started: kube-proxy's per-mode flags for the fallbacks, ebpf-proxy's own
+// --sync-period and --min-sync-period for ebpf.
+func (o *options) syncPeriods(mode string) (sync, minSync time.Duration) {
+	switch mode {
+	case modeIPTables:
+		return o.iptablesSyncPeriod, o.iptablesMinSync
+	case modeIPVS:
+		return o.ipvsSyncPeriod, o.ipvsMinSync
+	default:
+		return o.syncPeriod, o.minSyncPeriod
+	}
+}
+
+// noteIgnored logs, once at start-up, each kube-proxy setting given that
+// has no effect in the mode that runs, so that nobody relies on it
+// unknowingly.
+func (o *options) noteIgnored(mode string, log *zap.Logger) {
+	var known []string
+	for gate, on := range o.gates {
+		if gate == gatePreferSameTrafficDistribution {
+			continue
+		}
+		known = append(known, fmt.Sprintf("%s=%t", gate, on))
+	}
+	sort.Strings(known)
+	if len(known) > 0 {
+		log.Info("feature gates without effect on ebpf-proxy", zap.Strings("featureGates", known))
+	}
+	if o.showHiddenMetrics != "" {
+		log.Info("--show-hidden-metrics-for-version: ebpf-proxy hides no metrics", zap.String("version", o.showHiddenMetrics))
+	}
+	if mode == modeIPTables && o.localhostNodePorts {
+		log.Info("NodePorts on 127.0.0.1 are not served in iptables mode: they need route_localnet, which exposes the node's localhost services to its network (CVE-2020-8558); --iptables-localhost-nodeports=true has no effect")
+	}
+	if mode == modeEBPF && o.detectLocalMode != "" && o.detectLocalMode != detectLocalClusterCIDR {
+		log.Info("--detect-local-mode has no effect in ebpf mode: the socket programs know every client on the node", zap.String("detectLocalMode", o.detectLocalMode))
+	}
+	if mode != modeIPVS && (o.ipvsStrictARP || len(o.ipvsExcludeCIDRs) > 0) {
+		log.Info("--ipvs-strict-arp and --ipvs-exclude-cidrs apply in ipvs mode only", zap.String("mode", mode))
+	}
+}

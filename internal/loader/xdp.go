@@ -1,0 +1,272 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+)
+
+// XDP modes (--xdp).
+const (
+	// XDPOff attaches no XDP program: the TC programs do everything.
+	XDPOff = "off"
+	// XDPNative runs the program in the driver, before the kernel builds
+	// an skb; the driver must support it.
+	XDPNative = "native"
+	// XDPGeneric runs it on the skb at the start of the receive path: on
+	// every device, for less gain.
+	XDPGeneric = "generic"
+)
+
+// XDPConfig says where the XDP fast path (bpf/xdp.c) attaches. The TC
+// programs must be attached to the same devices (LoadTC): the XDP program
+// passes them everything it does not forward itself.
+type XDPConfig struct {
+	// BPFFSPath, Sizes, ConntrackSize and the source NAT port range must
+	// be those of the TC programs, whose pinned maps it shares.
+	BPFFSPath                string
+	Sizes                    MapSizes
+	ConntrackSize            uint32
+	SNATPortMin, SNATPortMax uint16
+	Devices                  []string
+	// Mode is XDPNative or XDPGeneric.
+	Mode string
+}
+
+// XDPLoaded is the XDP program in the kernel and where it is attached.
+type XDPLoaded struct {
+	Objects bpfobj.XdpObjects
+	Mode    string
+	// Attached are the devices the program runs on.
+	Attached []string
+	// Failed are the devices that refused it in Mode, with the reason:
+	// their traffic goes through TC only.
+	Failed map[string]error
+	links  []link.Link
+}
+
+// program is the XDP program for the mode: multi-buffer aware in the
+// driver, so that devices with a jumbo MTU take it; not in generic mode,
+// where that makes the kernel copy skbs in a way the TC programs do not
+// handle (see bpf/xdp.c).
+func (l *XDPLoaded) program() *ebpf.Program {
+	if l.Mode == XDPGeneric {
+		return l.Objects.XdpNodeportSkb
+	}
+	return l.Objects.XdpNodeport
+}
+
+// ErrXDPMode is returned (wrapped) for a mode other than native or generic.
+var ErrXDPMode = errors.New("unknown XDP mode")
+
+func xdpPinName(mode, dev string) string { return "xdp_" + mode + "_" + dev }
+
+// LoadXDP loads the XDP program with the maps pinned under cfg.BPFFSPath and
+// attaches it to every device of cfg.Devices that accepts it in cfg.Mode,
+// through links pinned there: a restarted agent replaces the program in
+// place. A device that refuses is not an error: it is in Failed and keeps
+// the TC programs only. Devices attached before and no longer configured,
+// or in another mode, are detached. It fails only when the program cannot
+// be loaded (then nothing attached changes) or the pins cannot be managed.
+//
+// It runs in the network namespace of the calling thread.
+func LoadXDP(cfg XDPConfig) (*XDPLoaded, error) {
+	flags := link.XDPDriverMode
+	switch cfg.Mode {
+	case XDPNative:
+	case XDPGeneric:
+		flags = link.XDPGenericMode
+	default:
+		return nil, fmt.Errorf("%w %q: use %s or %s", ErrXDPMode, cfg.Mode, XDPNative, XDPGeneric)
+	}
+	if err := ensureBPFFS(cfg.BPFFSPath); err != nil {
+		return nil, err
+	}
+	for _, dir := range []string{mapsDir(cfg.BPFFSPath), linksDir(cfg.BPFFSPath)} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("create %s: %w", dir, err)
+		}
+	}
+	spec, err := bpfobj.LoadXdp()
+	if err != nil {
+		return nil, fmt.Errorf("load embedded XDP object: %w", err)
+	}
+	if err := patchNodePort(spec, cfg.Sizes, cfg.ConntrackSize, cfg.SNATPortMin, cfg.SNATPortMax); err != nil {
+		return nil, err
+	}
+	l := &XDPLoaded{Mode: cfg.Mode, Failed: map[string]error{}}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: mapsDir(cfg.BPFFSPath)}}
+	if err := spec.LoadAndAssign(&l.Objects, opts); err != nil {
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, fmt.Errorf("%w under %s (run with --cleanup to start afresh): %w", ErrPinnedMapMismatch, mapsDir(cfg.BPFFSPath), err)
+		}
+		var verr *ebpf.VerifierError
+		if errors.As(err, &verr) {
+			return nil, fmt.Errorf("verifier rejected the XDP program: %+v", verr)
+		}
+		return nil, fmt.Errorf("load XDP objects: %w", err)
+	}
+	wanted := map[string]bool{}
+	for _, d := range cfg.Devices {
+		wanted[xdpPinName(cfg.Mode, d)] = true
+	}
+	// A device has one XDP program, native or generic: links of devices
+	// no longer configured or of the other mode go first.
+	if err := detachStaleXDP(cfg.BPFFSPath, wanted); err != nil {
+		l.Close()
+		return nil, err
+	}
+	var ifindexes []uint32
+	for _, d := range cfg.Devices {
+		idx, err := l.attachDevice(cfg.BPFFSPath, d, flags)
+		if err != nil {
+			var pinErr *xdpPinError
+			if errors.As(err, &pinErr) {
+				l.Close()
+				return nil, err
+			}
+			l.Failed[d] = err
+			continue
+		}
+		l.Attached = append(l.Attached, d)
+		ifindexes = append(ifindexes, idx)
+	}
+	if err := l.setDevices(ifindexes); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// xdpPinError is a failure to manage a pinned link, as opposed to a device
+// refusing the program.
+type xdpPinError struct{ err error }
+
+func (e *xdpPinError) Error() string { return e.err.Error() }
+func (e *xdpPinError) Unwrap() error { return e.err }
+
+// attachDevice replaces the program of dev's pinned link, or attaches and
+// pins a new link. It returns dev's ifindex.
+func (l *XDPLoaded) attachDevice(bpffs, dev string, flags link.XDPAttachFlags) (uint32, error) {
+	nl, err := netlink.LinkByName(dev)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: %w", ErrNoSuchDevice, dev, err)
+	}
+	idx := nl.Attrs().Index
+	pin := filepath.Join(linksDir(bpffs), xdpPinName(l.Mode, dev))
+	lk, err := link.LoadPinnedLink(pin, nil)
+	switch {
+	case err == nil:
+		info, ierr := lk.Info()
+		if ierr == nil && info.XDP() != nil && int(info.XDP().Ifindex) == idx {
+			if err := lk.Update(l.program()); err != nil {
+				lk.Close()
+				return 0, fmt.Errorf("replace the XDP program of %s in its pinned link: %w", dev, err)
+			}
+			l.links = append(l.links, lk)
+			return uint32(idx), nil
+		}
+		// The device was recreated under the same name (or the link
+		// was detached with it): a new link.
+		if err := lk.Unpin(); err != nil {
+			lk.Close()
+			return 0, &xdpPinError{fmt.Errorf("unpin stale link %s: %w", pin, err)}
+		}
+		lk.Close()
+	case !errors.Is(err, os.ErrNotExist):
+		return 0, &xdpPinError{fmt.Errorf("open pinned link %s: %w", pin, err)}
+	}
+	lk, err = link.AttachXDP(link.XDPOptions{Program: l.program(), Interface: idx, Flags: flags})
+	if err != nil {
+		return 0, fmt.Errorf("attach the XDP program to %s in %s mode: %w", dev, l.Mode, err)
+	}
+	if err := lk.Pin(pin); err != nil {
+		lk.Close()
+		return 0, &xdpPinError{fmt.Errorf("pin XDP link of %s: %w", dev, err)}
+	}
+	l.links = append(l.links, lk)
+	return uint32(idx), nil
+}
+
+// setDevices makes ifindexes the devices the program redirects to, and no
+// others.
+func (l *XDPLoaded) setDevices(ifindexes []uint32) error {
+	m := l.Objects.Xdp4DevsV1
+	for _, idx := range ifindexes {
+		if err := m.Put(idx, idx); err != nil {
+			return fmt.Errorf("device map entry of ifindex %d: %w", idx, err)
+		}
+	}
+	var (
+		k, v  uint32
+		stale []uint32
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		found := false
+		for _, idx := range ifindexes {
+			found = found || idx == k
+		}
+		if !found {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read the XDP device map: %w", err)
+	}
+	for _, k := range stale {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("forget ifindex %d in the XDP device map: %w", k, err)
+		}
+	}
+	return nil
+}
+
+// detachStaleXDP unpins (and so detaches) the pinned XDP links not in keep.
+func detachStaleXDP(bpffs string, keep map[string]bool) error {
+	entries, err := os.ReadDir(linksDir(bpffs))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("read %s: %w", linksDir(bpffs), err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), "xdp_") || keep[e.Name()] {
+			continue
+		}
+		pin := filepath.Join(linksDir(bpffs), e.Name())
+		lk, err := link.LoadPinnedLink(pin, nil)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("open %s: %w", pin, err))
+			continue
+		}
+		if err := lk.Unpin(); err != nil {
+			errs = append(errs, fmt.Errorf("unpin %s: %w", pin, err))
+		}
+		lk.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// CleanupXDP detaches every XDP program an agent attached (its pinned links
+// under bpffs), for --cleanup and for --xdp=off: Cleanup removes them too,
+// with everything else.
+func CleanupXDP(bpffs string) error {
+	return detachStaleXDP(bpffs, nil)
+}
+
+// Close releases the agent's handles; the program stays attached.
+func (l *XDPLoaded) Close() {
+	for _, lk := range l.links {
+		lk.Close()
+	}
+	l.links = nil
+	l.Objects.Close()
+}
