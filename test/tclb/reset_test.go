@@ -65,6 +65,63 @@ func TestRemovedBackendResetsExternalClients(t *testing.T) {
 	}
 }
 
+// TestRemovedBackendResetsThroughXDP: with the XDP program on node-a's
+// uplink, in native and generic mode, an external client's connection
+// through a NodePort to node-b's pod is carried by XDP while the endpoint
+// is terminating; once it is removed XDP hands the client's next segment to
+// TC, whose reset gives the client ECONNRESET (nothing reaches the dead
+// pod), and a new connection reaches the live endpoint.
+func TestRemovedBackendResetsThroughXDP(t *testing.T) {
+	for _, mode := range []string{loader.XDPNative, loader.XDPGeneric} {
+		t.Run(mode, func(t *testing.T) {
+			e := newXDPEnv(t, mode)
+			a := e.nodes[0]
+			svc := service{name: "roll", clusterIP: "10.96.0.20", proto: model.TCP, port: 80, nodePort: 30021, endpoints: []string{"pod-b"}}
+			e.sync(svc)
+			to := netip.AddrPortFrom(a.IP, 30021)
+			// The first packet towards node-b, without a neighbour
+			// entry yet, is TC's: this resolves it, so that the held
+			// connection is XDP's from its first segment on.
+			e.expectServer(to, "pod-b")
+			h, err := e.client.WithTimeout(5*time.Second).Hold(e.ctx(), to)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { h.Close() })
+			if h.First.Err != "" || h.First.Server != "pod-b" {
+				t.Fatalf("holding a connection: got %+v, want one to pod-b", h.First)
+			}
+
+			svc.endpoints, svc.terminating = []string{"pod-a"}, []string{"pod-b"}
+			e.sync(svc)
+			fwd := e.counter(a, bpfobj.TcLbMetricLB_M_XDP_FWD)
+			if err := h.Ping(); err != nil {
+				t.Fatalf("while its endpoint is terminating the connection broke: %v", err)
+			}
+			if e.counter(a, bpfobj.TcLbMetricLB_M_XDP_FWD) == fwd {
+				t.Error("the terminating endpoint's connection did not go through XDP")
+			}
+			e.expectServer(to, "pod-a")
+
+			reset := e.counter(a, bpfobj.TcLbMetricLB_M_TC_RESET)
+			toTC := e.counter(a, bpfobj.TcLbMetricLB_M_XDP_TO_TC)
+			svc.terminating = nil
+			e.sync(svc)
+			err = h.Ping()
+			if err == nil || !strings.Contains(err.Error(), "ECONNRESET") {
+				t.Errorf("after its endpoint was removed the connection gave %v, want ECONNRESET", err)
+			}
+			if d := e.counter(a, bpfobj.TcLbMetricLB_M_TC_RESET) - reset; d != 1 {
+				t.Errorf("node-a's TC counted %d resets, want 1", d)
+			}
+			if e.counter(a, bpfobj.TcLbMetricLB_M_XDP_TO_TC) == toTC {
+				t.Error("XDP passed nothing to TC")
+			}
+			e.expectServer(to, "pod-a")
+		})
+	}
+}
+
 // expectServer checks that new connections to to are served by server.
 func (e *env) expectServer(to netip.AddrPort, server string) {
 	e.t.Helper()
