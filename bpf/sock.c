@@ -6,6 +6,9 @@
 
 #include "lib/common.h"
 #include "lib/lb.h"
+#include "lib/srcrange.h"
+#include <linux/if_ether.h>
+#include <linux/ip.h>
 
 /* Set by the loader from a feature probe. Without bpf_set_retval a refused
  * connect() reports EPERM instead of the errno below. */
@@ -25,6 +28,9 @@ volatile const __u64 node_netns_cookie = 0;
  * a client experiences as a timeout; we report the timeout at once rather
  * than letting the socket wait for it. */
 #define DROP_ERRNO ETIMEDOUT
+/* A socket that cannot be tagged for the source range check is refused
+ * rather than let through unchecked. */
+#define TAG_ERRNO ENOMEM
 
 /* sock_udp_from_node says whether ctx is a UDP socket of the node's
  * own network namespace, whose refusals kube-proxy reports as EPERM. */
@@ -68,6 +74,108 @@ static __always_inline void sock4_record_revnat(struct bpf_sock_addr *ctx,
 		return;
 	if (bpf_map_update_elem(&sock4_revnat_v1, &rkey, &rval, BPF_ANY))
 		lb_count(LB_M_REVNAT_UPDATE_ERR);
+}
+
+/* sock4_range_dst_set points dst at svc_id and addr:port. The same
+ * destination again (a UDP socket's next datagram) keeps the source address
+ * admitted already, as a conntrack entry keeps kube-proxy's verdict for a
+ * flow. */
+static __always_inline void sock4_range_dst_set(struct sock4_range_dst *dst, __u32 svc_id,
+						__be32 addr, __be16 port, __u8 flags)
+{
+	if (dst->svc_id == svc_id && dst->backend == addr && dst->port == port &&
+	    dst->flags == flags)
+		return;
+	dst->svc_id = svc_id;
+	dst->backend = addr;
+	dst->port = port;
+	dst->flags = flags;
+	dst->allowed_saddr = 0;
+}
+
+/* sock4_range_msg_slot returns the msg slot of tag for addr:port: the one
+ * that holds it, else (when create) a free one or the one to reuse, else
+ * NULL. */
+static __always_inline struct sock4_range_dst *
+sock4_range_msg_slot(struct sock4_range_tag *tag, __be32 addr, __be16 port, bool create)
+{
+	struct sock4_range_dst *free = NULL;
+	__u32 i;
+
+	for (i = 0; i < SOCK4_RANGE_MSG_SLOTS; i++) {
+		struct sock4_range_dst *d = &tag->msg[i];
+
+		if (d->backend == addr && d->port == port)
+			return d;
+		if (!free && !d->svc_id)
+			free = d;
+	}
+	if (!create)
+		return NULL;
+	if (free)
+		return free;
+	i = tag->next++ & (SOCK4_RANGE_MSG_SLOTS - 1);
+	return &tag->msg[i];
+}
+
+/* sock4_range_tag_set tells the egress program that the socket of ctx now
+ * sends to addr:port (a backend) through a LoadBalancer IP of the
+ * ServicePort svc_id, whose source ranges it must check; svc_id 0 says
+ * that packets to addr:port are not checked. connect() sets the socket's
+ * connected destination, sendmsg() (unconnected UDP) that of the datagram
+ * being sent. Returns false when a needed tag could not be made.
+ *
+ * A socket never sent through such a LoadBalancer IP has no storage: for it
+ * this is one lookup that finds nothing, and nothing is created. */
+static __always_inline bool sock4_range_tag_set(struct bpf_sock_addr *ctx, bool sendmsg,
+						__u32 svc_id, __be32 addr, __be16 port)
+{
+	struct bpf_sock *sk = ctx->sk;
+	struct sock4_range_tag *tag;
+	struct sock4_range_dst *dst;
+	bool node = false;
+	__u8 flags = 0;
+	__be32 src = 0;
+
+	if (!sk)
+		return !svc_id;
+	if (svc_id && node_netns_cookie && bpf_get_netns_cookie(ctx) == node_netns_cookie) {
+		node = true;
+		/* An address the application chose (bind(), or IP_PKTINFO
+		 * for one datagram) is the source in kube-proxy too. */
+		if (sendmsg)
+			src = ctx->msg_src_ip4;
+		if (!src)
+			src = sk->src_ip4;
+		if (!src)
+			flags = RANGE_DST_F_AS_NODE;
+	}
+	tag = bpf_sk_storage_get(&sock4_range_tags_v1, sk, 0,
+				 svc_id ? BPF_SK_STORAGE_GET_F_CREATE : 0);
+	if (!tag) {
+		if (!svc_id)
+			return true;
+		lb_count(LB_M_SOCK_RANGE_TAG_ERR);
+		return false;
+	}
+	if (node)
+		tag->flags |= RANGE_TAG_F_NODE;
+	if (!sendmsg) {
+		sock4_range_dst_set(&tag->conn, svc_id, addr, port, flags);
+		return true;
+	}
+	dst = sock4_range_msg_slot(tag, addr, port, svc_id != 0);
+	if (!dst)
+		return true;
+	if (svc_id) {
+		sock4_range_dst_set(dst, svc_id, addr, port, flags);
+	} else {
+		/* The same backend by a way without ranges: unchecked. */
+		dst->svc_id = 0;
+		dst->backend = 0;
+		dst->port = 0;
+	}
+	return true;
 }
 
 /* sock4_udp_backend keeps the datagrams an unconnected UDP socket sends to
@@ -125,8 +233,14 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, bool sendm
 		return SYS_PROCEED;
 	/* Sockets here belong to the node or its pods: the inside scope. */
 	svc = lb4_lookup_service(&key, LB_SCOPE_INT);
-	if (!svc)
+	if (!svc) {
+		/* A UDP socket may have been sent through a LoadBalancer IP
+		 * with source ranges before; this destination is not. A TCP
+		 * socket connects once. */
+		if (key.proto == IPPROTO_UDP)
+			sock4_range_tag_set(ctx, sendmsg, 0, key.address, key.dport);
 		return SYS_PROCEED;
+	}
 	if (svc->flags & SVC_F_DROP) {
 		lb_count(LB_M_DROP);
 		return sock_refuse(sock_udp_from_node(ctx, key.proto) ? EPERM : DROP_ERRNO);
@@ -161,6 +275,14 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, bool sendm
 		return sock_refuse(EHOSTUNREACH);
 	addr = be->address;
 	port = be->port;
+	/* kube-proxy checks the ranges before it translates, and after its
+	 * refusals: the egress program checks this socket's packets. */
+	if (svc->flags & SVC_F_SOURCE_RANGES) {
+		if (!sock4_range_tag_set(ctx, sendmsg, svc->svc_id, addr, port))
+			return sock_refuse(TAG_ERRNO);
+	} else if (key.proto == IPPROTO_UDP) {
+		sock4_range_tag_set(ctx, sendmsg, 0, addr, port);
+	}
 	sock4_record_revnat(ctx, be, &key, rev_nat_id);
 	ctx->user_ip4 = addr;
 	ctx->user_port = (__u32)port;
@@ -221,6 +343,73 @@ int cg_getpeername4(struct bpf_sock_addr *ctx)
 {
 	sock4_xlate_rev(ctx);
 	return SYS_PROCEED;
+}
+
+/* Return values of cgroup_skb egress programs: bit 0 passes the packet,
+ * bit 1 reports congestion, which a UDP sendmsg() treats as a silent drop
+ * (without IP_RECVERR) where a plain drop fails it with EPERM. */
+#define SKB_DROP    0
+#define SKB_PASS    1
+#define SKB_DROP_CN 2
+
+/* cg_egress4 drops a packet that a socket tagged by sock4_range_tag_set
+ * sends to its backend from a source address outside the ServicePort's
+ * loadBalancerSourceRanges, as kube-proxy's firewall chain does.
+ *
+ * What the sender sees is kube-proxy's: a TCP connect() retransmits its SYN
+ * until it times out; a pod's UDP datagram is lost without an error (kube-
+ * proxy drops it in the node's PREROUTING); the node's own UDP send() fails
+ * with EPERM (kube-proxy drops it in OUTPUT, which fails the send). A
+ * source address admitted once is remembered for the destination, so later
+ * packets pay one comparison; a refused one is checked again, as a dropped
+ * packet leaves no conntrack entry in kube-proxy. */
+SEC("cgroup_skb/egress")
+int cg_egress4(struct __sk_buff *skb)
+{
+	struct sock4_range_tag *tag;
+	struct sock4_range_dst *dst;
+	struct bpf_sock *sk;
+	struct iphdr ip;
+	__be16 ports[2];
+
+	sk = skb->sk;
+	if (!sk)
+		return SKB_PASS;
+	sk = bpf_sk_fullsock(sk);
+	if (!sk)
+		return SKB_PASS;
+	tag = bpf_sk_storage_get(&sock4_range_tags_v1, sk, 0, 0);
+	if (!tag)
+		return SKB_PASS;
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return SKB_PASS;
+	if (bpf_skb_load_bytes(skb, 0, &ip, sizeof(ip)))
+		return SKB_PASS;
+	if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
+		return SKB_PASS;
+	/* The egress hook runs before fragmentation: a packet with an
+	 * offset is not one of ours. */
+	if (ip.frag_off & bpf_htons(0x1fff))
+		return SKB_PASS;
+	if (bpf_skb_load_bytes(skb, ip.ihl * 4, ports, sizeof(ports)))
+		return SKB_PASS;
+	dst = sock4_range_msg_slot(tag, ip.daddr, ports[1], false);
+	if (!dst) {
+		if (tag->conn.backend != ip.daddr || tag->conn.port != ports[1])
+			return SKB_PASS;
+		dst = &tag->conn;
+	}
+	if (!dst->svc_id || dst->allowed_saddr == ip.saddr)
+		return SKB_PASS;
+	if ((dst->flags & RANGE_DST_F_AS_NODE) ? range_node_allowed(dst->svc_id)
+					       : range_allowed(dst->svc_id, ip.saddr)) {
+		dst->allowed_saddr = ip.saddr;
+		return SKB_PASS;
+	}
+	lb_count(LB_M_SOCK_SOURCE_RANGE);
+	if (ip.protocol == IPPROTO_UDP && !(tag->flags & RANGE_TAG_F_NODE))
+		return SKB_DROP_CN;
+	return SKB_DROP;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -12,6 +12,7 @@
 /* Only the few errno values the programs use, so that no libc header is
  * needed. */
 #define EPERM	     1
+#define ENOMEM	     12
 #define ETIMEDOUT    110
 #define ECONNREFUSED 111
 #define EHOSTUNREACH 113

@@ -96,6 +96,59 @@ struct lb4_src_range_key {
 	__be32 address;
 };
 
+/* svc_id | SRC_RANGE_NODE with address 0 is present when the ranges of
+ * svc_id hold an address of the node: the node's sockets whose source the
+ * kernel picks are admitted (see sock4_range_dst). No ServicePort id has
+ * this bit. */
+#define SRC_RANGE_NODE 0x80000000u
+
+/* One destination a socket sends to through a LoadBalancer IP whose
+ * Service has loadBalancerSourceRanges: the ServicePort (0: none) and the
+ * backend the socket hook chose, and the source address a packet to it was
+ * last admitted from (0: none yet). */
+struct sock4_range_dst {
+	__u32 svc_id;
+	__be32 backend;
+	__be16 port;
+	__u8 flags;
+	__u8 pad;
+	__be32 allowed_saddr;
+};
+
+/* Flags of struct sock4_range_dst. */
+enum {
+	/* A socket of the node whose source address the kernel picks. kube-
+	 * proxy sees its packet with the source of the route to the
+	 * LoadBalancer IP, a node address; the translated socket gets that of
+	 * the route to the endpoint (a pod bridge's address, say). So it is
+	 * checked as the node's address, not as its own. */
+	RANGE_DST_F_AS_NODE = 1 << 0,
+};
+
+/* Flags of struct sock4_range_tag. */
+enum {
+	RANGE_TAG_F_NODE = 1 << 0, /* a socket of the node's own namespace */
+};
+
+/* How many destinations of sendmsg() a tag holds (a power of 2). */
+#define SOCK4_RANGE_MSG_SLOTS 4
+
+/* Value of sock4_range_tags, a socket storage: what the egress program
+ * must check of a socket's packets. conn is set by connect(); msg holds the
+ * destinations sendmsg() with an address (unconnected UDP) last sent to
+ * through such a LoadBalancer IP, so that datagrams that threads send at
+ * once to several destinations each meet their own; a send to the same
+ * backend by another way clears its slot. A packet is checked against the
+ * msg slot of its destination, else against conn. next is the slot to
+ * reuse when all are taken. */
+struct sock4_range_tag {
+	struct sock4_range_dst conn;
+	struct sock4_range_dst msg[SOCK4_RANGE_MSG_SLOTS];
+	__u8 flags;
+	__u8 next;
+	__u8 pad[2];
+};
+
 /* Backend flags, in lb4_backend.flags. */
 enum {
 	BE_F_TERMINATING = 1 << 0,
@@ -238,8 +291,10 @@ enum lb_metric {
 	LB_M_XDP_REPLY,		/* XDP: reply translated back, sent */
 	LB_M_XDP_TO_TC,		/* XDP: flow's packet passed to TC (next hop, device) */
 	LB_M_XDP_MULTIBUF,	/* XDP: multi-buffer frame passed to TC */
-	LB_M_TC_RESET,		/* TC: TCP flow to a removed backend reset */
-	LB_M_TC_RESET_FAIL,	/* TC: could not build that reset */
+	LB_M_SOCK_SOURCE_RANGE, /* socket: packet of a pod or the node outside the ranges dropped */
+	LB_M_SOCK_RANGE_TAG_ERR, /* socket: could not tag a socket for the range check */
+	LB_M_TC_RESET,		 /* TC: TCP flow to a removed backend reset */
+	LB_M_TC_RESET_FAIL,	 /* TC: could not build that reset */
 	LB_M_MAX,
 };
 

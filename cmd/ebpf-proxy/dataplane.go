@@ -25,6 +25,8 @@ type bpfDataplane struct {
 	// the TC attacher gives the NodePort addresses and attaches once the
 	// node's devices are known.
 	prepare func(*model.Update) error
+	// ranges attaches and detaches the source range check around syncs.
+	ranges *sourceRangeCheck
 
 	mu      sync.Mutex
 	pending []sockterm.Backend
@@ -54,9 +56,13 @@ func (d *bpfDataplane) Sync(up model.Update) error {
 			return err
 		}
 	}
+	if err := d.ranges.before(up); err != nil {
+		return err
+	}
 	if err := d.Writer.Sync(up); err != nil {
 		return err
 	}
+	d.ranges.after(d.Writer)
 	if d.term == nil {
 		return nil
 	}

@@ -199,6 +199,7 @@ func startBPF(o *options, m *metrics.Metrics, log *zap.Logger, reason string) (*
 	m.Registry().MustRegister(newBPFCollector(l, w))
 	bpf := newBPFDataplane(w, term, m.Registry(), log)
 	bpf.prepare = tc.prepare
+	bpf.ranges = &sourceRangeCheck{set: l.SetSourceRangeCheck, on: l.SourceRangeCheck, log: log}
 	dp := &dataplane{Dataplane: bpf, mode: modeEBPF, reason: reason, close: func() { tc.close(); l.Close() },
 		removeLeftovers: func(ctx context.Context) error {
 			// Our iptables chains (every back end) first, then IPVS's

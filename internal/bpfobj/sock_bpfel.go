@@ -79,41 +79,68 @@ type SockLb4SrcRangeKey struct {
 type SockLbMetric uint32
 
 const (
-	SockLbMetricLB_M_XLATE_TCP         SockLbMetric = 0
-	SockLbMetricLB_M_XLATE_UDP         SockLbMetric = 1
-	SockLbMetricLB_M_REJECT            SockLbMetric = 2
-	SockLbMetricLB_M_DROP              SockLbMetric = 3
-	SockLbMetricLB_M_NO_SLOT           SockLbMetric = 4
-	SockLbMetricLB_M_NO_BACKEND        SockLbMetric = 5
-	SockLbMetricLB_M_REVNAT_HIT        SockLbMetric = 6
-	SockLbMetricLB_M_REVNAT_STALE      SockLbMetric = 7
-	SockLbMetricLB_M_REVNAT_UPDATE_ERR SockLbMetric = 8
-	SockLbMetricLB_M_AFFINITY_HIT      SockLbMetric = 9
-	SockLbMetricLB_M_AFFINITY_STALE    SockLbMetric = 10
-	SockLbMetricLB_M_UDP_STICKY        SockLbMetric = 11
-	SockLbMetricLB_M_TC_NEW_LOCAL      SockLbMetric = 12
-	SockLbMetricLB_M_TC_NEW_SNAT       SockLbMetric = 13
-	SockLbMetricLB_M_TC_FWD            SockLbMetric = 14
-	SockLbMetricLB_M_TC_REPLY          SockLbMetric = 15
-	SockLbMetricLB_M_TC_ICMP_FAIL      SockLbMetric = 16
-	SockLbMetricLB_M_TC_SNAT_NO_PORT   SockLbMetric = 17
-	SockLbMetricLB_M_TC_SNAT_NO_ADDR   SockLbMetric = 18
-	SockLbMetricLB_M_TC_NO_ROUTE       SockLbMetric = 19
-	SockLbMetricLB_M_TC_CT_FULL        SockLbMetric = 20
-	SockLbMetricLB_M_TC_FRAGMENT       SockLbMetric = 21
-	SockLbMetricLB_M_TC_SOURCE_RANGE   SockLbMetric = 22
-	SockLbMetricLB_M_MAGLEV            SockLbMetric = 23
-	SockLbMetricLB_M_TC_ICMP_XLATE     SockLbMetric = 24
-	SockLbMetricLB_M_TC_STALE_REPLY    SockLbMetric = 25
-	SockLbMetricLB_M_XDP_NEW_SNAT      SockLbMetric = 26
-	SockLbMetricLB_M_XDP_FWD           SockLbMetric = 27
-	SockLbMetricLB_M_XDP_REPLY         SockLbMetric = 28
-	SockLbMetricLB_M_XDP_TO_TC         SockLbMetric = 29
-	SockLbMetricLB_M_XDP_MULTIBUF      SockLbMetric = 30
-	SockLbMetricLB_M_TC_RESET          SockLbMetric = 31
-	SockLbMetricLB_M_TC_RESET_FAIL     SockLbMetric = 32
-	SockLbMetricLB_M_MAX               SockLbMetric = 33
+	SockLbMetricLB_M_XLATE_TCP          SockLbMetric = 0
+	SockLbMetricLB_M_XLATE_UDP          SockLbMetric = 1
+	SockLbMetricLB_M_REJECT             SockLbMetric = 2
+	SockLbMetricLB_M_DROP               SockLbMetric = 3
+	SockLbMetricLB_M_NO_SLOT            SockLbMetric = 4
+	SockLbMetricLB_M_NO_BACKEND         SockLbMetric = 5
+	SockLbMetricLB_M_REVNAT_HIT         SockLbMetric = 6
+	SockLbMetricLB_M_REVNAT_STALE       SockLbMetric = 7
+	SockLbMetricLB_M_REVNAT_UPDATE_ERR  SockLbMetric = 8
+	SockLbMetricLB_M_AFFINITY_HIT       SockLbMetric = 9
+	SockLbMetricLB_M_AFFINITY_STALE     SockLbMetric = 10
+	SockLbMetricLB_M_UDP_STICKY         SockLbMetric = 11
+	SockLbMetricLB_M_TC_NEW_LOCAL       SockLbMetric = 12
+	SockLbMetricLB_M_TC_NEW_SNAT        SockLbMetric = 13
+	SockLbMetricLB_M_TC_FWD             SockLbMetric = 14
+	SockLbMetricLB_M_TC_REPLY           SockLbMetric = 15
+	SockLbMetricLB_M_TC_ICMP_FAIL       SockLbMetric = 16
+	SockLbMetricLB_M_TC_SNAT_NO_PORT    SockLbMetric = 17
+	SockLbMetricLB_M_TC_SNAT_NO_ADDR    SockLbMetric = 18
+	SockLbMetricLB_M_TC_NO_ROUTE        SockLbMetric = 19
+	SockLbMetricLB_M_TC_CT_FULL         SockLbMetric = 20
+	SockLbMetricLB_M_TC_FRAGMENT        SockLbMetric = 21
+	SockLbMetricLB_M_TC_SOURCE_RANGE    SockLbMetric = 22
+	SockLbMetricLB_M_MAGLEV             SockLbMetric = 23
+	SockLbMetricLB_M_TC_ICMP_XLATE      SockLbMetric = 24
+	SockLbMetricLB_M_TC_STALE_REPLY     SockLbMetric = 25
+	SockLbMetricLB_M_XDP_NEW_SNAT       SockLbMetric = 26
+	SockLbMetricLB_M_XDP_FWD            SockLbMetric = 27
+	SockLbMetricLB_M_XDP_REPLY          SockLbMetric = 28
+	SockLbMetricLB_M_XDP_TO_TC          SockLbMetric = 29
+	SockLbMetricLB_M_XDP_MULTIBUF       SockLbMetric = 30
+	SockLbMetricLB_M_SOCK_SOURCE_RANGE  SockLbMetric = 31
+	SockLbMetricLB_M_SOCK_RANGE_TAG_ERR SockLbMetric = 32
+	SockLbMetricLB_M_TC_RESET           SockLbMetric = 33
+	SockLbMetricLB_M_TC_RESET_FAIL      SockLbMetric = 34
+	SockLbMetricLB_M_MAX                SockLbMetric = 35
 )
+
+type SockSock4RangeTag struct {
+	_    structs.HostLayout
+	Conn struct {
+		_            structs.HostLayout
+		SvcId        uint32
+		Backend      uint32
+		Port         uint16
+		Flags        uint8
+		Pad          uint8
+		AllowedSaddr uint32
+	}
+	Msg [4]struct {
+		_            structs.HostLayout
+		SvcId        uint32
+		Backend      uint32
+		Port         uint16
+		Flags        uint8
+		Pad          uint8
+		AllowedSaddr uint32
+	}
+	Flags uint8
+	Next  uint8
+	Pad   [2]uint8
+}
 
 type SockSock4Revnat struct {
 	_        structs.HostLayout
@@ -156,9 +183,11 @@ const (
 	SockMapLb4ServicesV1     = "lb4_services_v1"
 	SockMapLb4SourceRangesV1 = "lb4_source_ranges_v1"
 	SockMapLbMetricsV1       = "lb_metrics_v1"
+	SockMapSock4RangeTagsV1  = "sock4_range_tags_v1"
 	SockMapSock4RevnatV1     = "sock4_revnat_v1"
 	SockMapSock4UdpFwdV1     = "sock4_udp_fwd_v1"
 	SockProgCgConnect4       = "cg_connect4"
+	SockProgCgEgress4        = "cg_egress4"
 	SockProgCgGetpeername4   = "cg_getpeername4"
 	SockProgCgRecvmsg4       = "cg_recvmsg4"
 	SockProgCgSendmsg4       = "cg_sendmsg4"
@@ -209,6 +238,7 @@ type SockSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type SockProgramSpecs struct {
 	CgConnect4     *ebpf.ProgramSpec `ebpf:"cg_connect4"`
+	CgEgress4      *ebpf.ProgramSpec `ebpf:"cg_egress4"`
 	CgGetpeername4 *ebpf.ProgramSpec `ebpf:"cg_getpeername4"`
 	CgRecvmsg4     *ebpf.ProgramSpec `ebpf:"cg_recvmsg4"`
 	CgSendmsg4     *ebpf.ProgramSpec `ebpf:"cg_sendmsg4"`
@@ -225,6 +255,7 @@ type SockMapSpecs struct {
 	Lb4ServicesV1     *ebpf.MapSpec `ebpf:"lb4_services_v1"`
 	Lb4SourceRangesV1 *ebpf.MapSpec `ebpf:"lb4_source_ranges_v1"`
 	LbMetricsV1       *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
+	Sock4RangeTagsV1  *ebpf.MapSpec `ebpf:"sock4_range_tags_v1"`
 	Sock4RevnatV1     *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
 	Sock4UdpFwdV1     *ebpf.MapSpec `ebpf:"sock4_udp_fwd_v1"`
 }
@@ -264,6 +295,7 @@ type SockMaps struct {
 	Lb4ServicesV1     *ebpf.Map `ebpf:"lb4_services_v1"`
 	Lb4SourceRangesV1 *ebpf.Map `ebpf:"lb4_source_ranges_v1"`
 	LbMetricsV1       *ebpf.Map `ebpf:"lb_metrics_v1"`
+	Sock4RangeTagsV1  *ebpf.Map `ebpf:"sock4_range_tags_v1"`
 	Sock4RevnatV1     *ebpf.Map `ebpf:"sock4_revnat_v1"`
 	Sock4UdpFwdV1     *ebpf.Map `ebpf:"sock4_udp_fwd_v1"`
 }
@@ -277,6 +309,7 @@ func (m *SockMaps) Close() error {
 		m.Lb4ServicesV1,
 		m.Lb4SourceRangesV1,
 		m.LbMetricsV1,
+		m.Sock4RangeTagsV1,
 		m.Sock4RevnatV1,
 		m.Sock4UdpFwdV1,
 	)
@@ -295,6 +328,7 @@ type SockVariables struct {
 // It can be passed to LoadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SockPrograms struct {
 	CgConnect4     *ebpf.Program `ebpf:"cg_connect4"`
+	CgEgress4      *ebpf.Program `ebpf:"cg_egress4"`
 	CgGetpeername4 *ebpf.Program `ebpf:"cg_getpeername4"`
 	CgRecvmsg4     *ebpf.Program `ebpf:"cg_recvmsg4"`
 	CgSendmsg4     *ebpf.Program `ebpf:"cg_sendmsg4"`
@@ -303,6 +337,7 @@ type SockPrograms struct {
 func (p *SockPrograms) Close() error {
 	return _SockClose(
 		p.CgConnect4,
+		p.CgEgress4,
 		p.CgGetpeername4,
 		p.CgRecvmsg4,
 		p.CgSendmsg4,

@@ -103,40 +103,42 @@ type TcLb4SrcRangeKey struct {
 type TcLbMetric uint32
 
 const (
-	TcLbMetricLB_M_XLATE_TCP         TcLbMetric = 0
-	TcLbMetricLB_M_XLATE_UDP         TcLbMetric = 1
-	TcLbMetricLB_M_REJECT            TcLbMetric = 2
-	TcLbMetricLB_M_DROP              TcLbMetric = 3
-	TcLbMetricLB_M_NO_SLOT           TcLbMetric = 4
-	TcLbMetricLB_M_NO_BACKEND        TcLbMetric = 5
-	TcLbMetricLB_M_REVNAT_HIT        TcLbMetric = 6
-	TcLbMetricLB_M_REVNAT_STALE      TcLbMetric = 7
-	TcLbMetricLB_M_REVNAT_UPDATE_ERR TcLbMetric = 8
-	TcLbMetricLB_M_AFFINITY_HIT      TcLbMetric = 9
-	TcLbMetricLB_M_AFFINITY_STALE    TcLbMetric = 10
-	TcLbMetricLB_M_UDP_STICKY        TcLbMetric = 11
-	TcLbMetricLB_M_TC_NEW_LOCAL      TcLbMetric = 12
-	TcLbMetricLB_M_TC_NEW_SNAT       TcLbMetric = 13
-	TcLbMetricLB_M_TC_FWD            TcLbMetric = 14
-	TcLbMetricLB_M_TC_REPLY          TcLbMetric = 15
-	TcLbMetricLB_M_TC_ICMP_FAIL      TcLbMetric = 16
-	TcLbMetricLB_M_TC_SNAT_NO_PORT   TcLbMetric = 17
-	TcLbMetricLB_M_TC_SNAT_NO_ADDR   TcLbMetric = 18
-	TcLbMetricLB_M_TC_NO_ROUTE       TcLbMetric = 19
-	TcLbMetricLB_M_TC_CT_FULL        TcLbMetric = 20
-	TcLbMetricLB_M_TC_FRAGMENT       TcLbMetric = 21
-	TcLbMetricLB_M_TC_SOURCE_RANGE   TcLbMetric = 22
-	TcLbMetricLB_M_MAGLEV            TcLbMetric = 23
-	TcLbMetricLB_M_TC_ICMP_XLATE     TcLbMetric = 24
-	TcLbMetricLB_M_TC_STALE_REPLY    TcLbMetric = 25
-	TcLbMetricLB_M_XDP_NEW_SNAT      TcLbMetric = 26
-	TcLbMetricLB_M_XDP_FWD           TcLbMetric = 27
-	TcLbMetricLB_M_XDP_REPLY         TcLbMetric = 28
-	TcLbMetricLB_M_XDP_TO_TC         TcLbMetric = 29
-	TcLbMetricLB_M_XDP_MULTIBUF      TcLbMetric = 30
-	TcLbMetricLB_M_TC_RESET          TcLbMetric = 31
-	TcLbMetricLB_M_TC_RESET_FAIL     TcLbMetric = 32
-	TcLbMetricLB_M_MAX               TcLbMetric = 33
+	TcLbMetricLB_M_XLATE_TCP          TcLbMetric = 0
+	TcLbMetricLB_M_XLATE_UDP          TcLbMetric = 1
+	TcLbMetricLB_M_REJECT             TcLbMetric = 2
+	TcLbMetricLB_M_DROP               TcLbMetric = 3
+	TcLbMetricLB_M_NO_SLOT            TcLbMetric = 4
+	TcLbMetricLB_M_NO_BACKEND         TcLbMetric = 5
+	TcLbMetricLB_M_REVNAT_HIT         TcLbMetric = 6
+	TcLbMetricLB_M_REVNAT_STALE       TcLbMetric = 7
+	TcLbMetricLB_M_REVNAT_UPDATE_ERR  TcLbMetric = 8
+	TcLbMetricLB_M_AFFINITY_HIT       TcLbMetric = 9
+	TcLbMetricLB_M_AFFINITY_STALE     TcLbMetric = 10
+	TcLbMetricLB_M_UDP_STICKY         TcLbMetric = 11
+	TcLbMetricLB_M_TC_NEW_LOCAL       TcLbMetric = 12
+	TcLbMetricLB_M_TC_NEW_SNAT        TcLbMetric = 13
+	TcLbMetricLB_M_TC_FWD             TcLbMetric = 14
+	TcLbMetricLB_M_TC_REPLY           TcLbMetric = 15
+	TcLbMetricLB_M_TC_ICMP_FAIL       TcLbMetric = 16
+	TcLbMetricLB_M_TC_SNAT_NO_PORT    TcLbMetric = 17
+	TcLbMetricLB_M_TC_SNAT_NO_ADDR    TcLbMetric = 18
+	TcLbMetricLB_M_TC_NO_ROUTE        TcLbMetric = 19
+	TcLbMetricLB_M_TC_CT_FULL         TcLbMetric = 20
+	TcLbMetricLB_M_TC_FRAGMENT        TcLbMetric = 21
+	TcLbMetricLB_M_TC_SOURCE_RANGE    TcLbMetric = 22
+	TcLbMetricLB_M_MAGLEV             TcLbMetric = 23
+	TcLbMetricLB_M_TC_ICMP_XLATE      TcLbMetric = 24
+	TcLbMetricLB_M_TC_STALE_REPLY     TcLbMetric = 25
+	TcLbMetricLB_M_XDP_NEW_SNAT       TcLbMetric = 26
+	TcLbMetricLB_M_XDP_FWD            TcLbMetric = 27
+	TcLbMetricLB_M_XDP_REPLY          TcLbMetric = 28
+	TcLbMetricLB_M_XDP_TO_TC          TcLbMetric = 29
+	TcLbMetricLB_M_XDP_MULTIBUF       TcLbMetric = 30
+	TcLbMetricLB_M_SOCK_SOURCE_RANGE  TcLbMetric = 31
+	TcLbMetricLB_M_SOCK_RANGE_TAG_ERR TcLbMetric = 32
+	TcLbMetricLB_M_TC_RESET           TcLbMetric = 33
+	TcLbMetricLB_M_TC_RESET_FAIL      TcLbMetric = 34
+	TcLbMetricLB_M_MAX                TcLbMetric = 35
 )
 
 type TcSock4Revnat struct {

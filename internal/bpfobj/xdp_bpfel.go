@@ -103,40 +103,42 @@ type XdpLb4SrcRangeKey struct {
 type XdpLbMetric uint32
 
 const (
-	XdpLbMetricLB_M_XLATE_TCP         XdpLbMetric = 0
-	XdpLbMetricLB_M_XLATE_UDP         XdpLbMetric = 1
-	XdpLbMetricLB_M_REJECT            XdpLbMetric = 2
-	XdpLbMetricLB_M_DROP              XdpLbMetric = 3
-	XdpLbMetricLB_M_NO_SLOT           XdpLbMetric = 4
-	XdpLbMetricLB_M_NO_BACKEND        XdpLbMetric = 5
-	XdpLbMetricLB_M_REVNAT_HIT        XdpLbMetric = 6
-	XdpLbMetricLB_M_REVNAT_STALE      XdpLbMetric = 7
-	XdpLbMetricLB_M_REVNAT_UPDATE_ERR XdpLbMetric = 8
-	XdpLbMetricLB_M_AFFINITY_HIT      XdpLbMetric = 9
-	XdpLbMetricLB_M_AFFINITY_STALE    XdpLbMetric = 10
-	XdpLbMetricLB_M_UDP_STICKY        XdpLbMetric = 11
-	XdpLbMetricLB_M_TC_NEW_LOCAL      XdpLbMetric = 12
-	XdpLbMetricLB_M_TC_NEW_SNAT       XdpLbMetric = 13
-	XdpLbMetricLB_M_TC_FWD            XdpLbMetric = 14
-	XdpLbMetricLB_M_TC_REPLY          XdpLbMetric = 15
-	XdpLbMetricLB_M_TC_ICMP_FAIL      XdpLbMetric = 16
-	XdpLbMetricLB_M_TC_SNAT_NO_PORT   XdpLbMetric = 17
-	XdpLbMetricLB_M_TC_SNAT_NO_ADDR   XdpLbMetric = 18
-	XdpLbMetricLB_M_TC_NO_ROUTE       XdpLbMetric = 19
-	XdpLbMetricLB_M_TC_CT_FULL        XdpLbMetric = 20
-	XdpLbMetricLB_M_TC_FRAGMENT       XdpLbMetric = 21
-	XdpLbMetricLB_M_TC_SOURCE_RANGE   XdpLbMetric = 22
-	XdpLbMetricLB_M_MAGLEV            XdpLbMetric = 23
-	XdpLbMetricLB_M_TC_ICMP_XLATE     XdpLbMetric = 24
-	XdpLbMetricLB_M_TC_STALE_REPLY    XdpLbMetric = 25
-	XdpLbMetricLB_M_XDP_NEW_SNAT      XdpLbMetric = 26
-	XdpLbMetricLB_M_XDP_FWD           XdpLbMetric = 27
-	XdpLbMetricLB_M_XDP_REPLY         XdpLbMetric = 28
-	XdpLbMetricLB_M_XDP_TO_TC         XdpLbMetric = 29
-	XdpLbMetricLB_M_XDP_MULTIBUF      XdpLbMetric = 30
-	XdpLbMetricLB_M_TC_RESET          XdpLbMetric = 31
-	XdpLbMetricLB_M_TC_RESET_FAIL     XdpLbMetric = 32
-	XdpLbMetricLB_M_MAX               XdpLbMetric = 33
+	XdpLbMetricLB_M_XLATE_TCP          XdpLbMetric = 0
+	XdpLbMetricLB_M_XLATE_UDP          XdpLbMetric = 1
+	XdpLbMetricLB_M_REJECT             XdpLbMetric = 2
+	XdpLbMetricLB_M_DROP               XdpLbMetric = 3
+	XdpLbMetricLB_M_NO_SLOT            XdpLbMetric = 4
+	XdpLbMetricLB_M_NO_BACKEND         XdpLbMetric = 5
+	XdpLbMetricLB_M_REVNAT_HIT         XdpLbMetric = 6
+	XdpLbMetricLB_M_REVNAT_STALE       XdpLbMetric = 7
+	XdpLbMetricLB_M_REVNAT_UPDATE_ERR  XdpLbMetric = 8
+	XdpLbMetricLB_M_AFFINITY_HIT       XdpLbMetric = 9
+	XdpLbMetricLB_M_AFFINITY_STALE     XdpLbMetric = 10
+	XdpLbMetricLB_M_UDP_STICKY         XdpLbMetric = 11
+	XdpLbMetricLB_M_TC_NEW_LOCAL       XdpLbMetric = 12
+	XdpLbMetricLB_M_TC_NEW_SNAT        XdpLbMetric = 13
+	XdpLbMetricLB_M_TC_FWD             XdpLbMetric = 14
+	XdpLbMetricLB_M_TC_REPLY           XdpLbMetric = 15
+	XdpLbMetricLB_M_TC_ICMP_FAIL       XdpLbMetric = 16
+	XdpLbMetricLB_M_TC_SNAT_NO_PORT    XdpLbMetric = 17
+	XdpLbMetricLB_M_TC_SNAT_NO_ADDR    XdpLbMetric = 18
+	XdpLbMetricLB_M_TC_NO_ROUTE        XdpLbMetric = 19
+	XdpLbMetricLB_M_TC_CT_FULL         XdpLbMetric = 20
+	XdpLbMetricLB_M_TC_FRAGMENT        XdpLbMetric = 21
+	XdpLbMetricLB_M_TC_SOURCE_RANGE    XdpLbMetric = 22
+	XdpLbMetricLB_M_MAGLEV             XdpLbMetric = 23
+	XdpLbMetricLB_M_TC_ICMP_XLATE      XdpLbMetric = 24
+	XdpLbMetricLB_M_TC_STALE_REPLY     XdpLbMetric = 25
+	XdpLbMetricLB_M_XDP_NEW_SNAT       XdpLbMetric = 26
+	XdpLbMetricLB_M_XDP_FWD            XdpLbMetric = 27
+	XdpLbMetricLB_M_XDP_REPLY          XdpLbMetric = 28
+	XdpLbMetricLB_M_XDP_TO_TC          XdpLbMetric = 29
+	XdpLbMetricLB_M_XDP_MULTIBUF       XdpLbMetric = 30
+	XdpLbMetricLB_M_SOCK_SOURCE_RANGE  XdpLbMetric = 31
+	XdpLbMetricLB_M_SOCK_RANGE_TAG_ERR XdpLbMetric = 32
+	XdpLbMetricLB_M_TC_RESET           XdpLbMetric = 33
+	XdpLbMetricLB_M_TC_RESET_FAIL      XdpLbMetric = 34
+	XdpLbMetricLB_M_MAX                XdpLbMetric = 35
 )
 
 type XdpSock4Revnat struct {

@@ -70,6 +70,10 @@ type Loaded struct {
 	Features Features
 	Sizes    MapSizes
 	links    []link.Link
+	// egress is the source range check's link while it is attached.
+	egress     link.Link
+	bpffs      string
+	cgroupPath string
 }
 
 type cgroupProg struct {
@@ -134,7 +138,7 @@ func Load(cfg Config) (*Loaded, error) {
 		return nil, fmt.Errorf("set node_netns_cookie: %w", err)
 	}
 
-	l := &Loaded{Features: feat, Sizes: sizes}
+	l := &Loaded{Features: feat, Sizes: sizes, bpffs: cfg.BPFFSPath, cgroupPath: cfg.CgroupPath}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: mapsDir(cfg.BPFFSPath)}}
 	// The Maglev maps belong to the TC programs, which attach later, when
 	// the node's devices are known; the maps writer needs them from the
@@ -201,7 +205,7 @@ func (l *Loaded) attach(cfg Config) error {
 		}
 		l.links = append(l.links, lk)
 	}
-	return nil
+	return l.adoptSourceRangeCheck(cgID)
 }
 
 // adoptLink opens the pinned link at pin when it is attached to the cgroup
@@ -269,6 +273,10 @@ func (l *Loaded) Close() {
 		lk.Close()
 	}
 	l.links = nil
+	if l.egress != nil {
+		l.egress.Close()
+		l.egress = nil
+	}
 	l.Objects.Close()
 	l.Maglev.Close()
 }
@@ -329,39 +337,41 @@ func removeDirPins(dir string) error {
 // CounterNames name the programs' event counters (enum lb_metric), in
 // index order, as they appear in the ebpfproxy_bpf_events_total metric.
 var CounterNames = []string{
-	bpfobj.SockLbMetricLB_M_XLATE_TCP:         "translated_tcp",
-	bpfobj.SockLbMetricLB_M_XLATE_UDP:         "translated_udp",
-	bpfobj.SockLbMetricLB_M_REJECT:            "rejected_no_endpoints",
-	bpfobj.SockLbMetricLB_M_DROP:              "dropped_no_local_endpoints",
-	bpfobj.SockLbMetricLB_M_NO_SLOT:           "missing_slot",
-	bpfobj.SockLbMetricLB_M_NO_BACKEND:        "missing_backend",
-	bpfobj.SockLbMetricLB_M_REVNAT_HIT:        "reverse_translated",
-	bpfobj.SockLbMetricLB_M_REVNAT_STALE:      "reverse_entry_stale",
-	bpfobj.SockLbMetricLB_M_REVNAT_UPDATE_ERR: "reverse_entry_update_failed",
-	bpfobj.SockLbMetricLB_M_AFFINITY_HIT:      "affinity_hit",
-	bpfobj.SockLbMetricLB_M_AFFINITY_STALE:    "affinity_stale",
-	bpfobj.SockLbMetricLB_M_UDP_STICKY:        "udp_sticky",
-	bpfobj.SockLbMetricLB_M_TC_NEW_LOCAL:      "tc_new_flow_local",
-	bpfobj.SockLbMetricLB_M_TC_NEW_SNAT:       "tc_new_flow_snat",
-	bpfobj.SockLbMetricLB_M_TC_FWD:            "tc_translated",
-	bpfobj.SockLbMetricLB_M_TC_REPLY:          "tc_reply_translated",
-	bpfobj.SockLbMetricLB_M_TC_ICMP_FAIL:      "tc_icmp_unreachable_failed",
-	bpfobj.SockLbMetricLB_M_TC_SNAT_NO_PORT:   "tc_snat_no_free_port",
-	bpfobj.SockLbMetricLB_M_TC_SNAT_NO_ADDR:   "tc_snat_no_address",
-	bpfobj.SockLbMetricLB_M_TC_NO_ROUTE:       "tc_no_route",
-	bpfobj.SockLbMetricLB_M_TC_CT_FULL:        "tc_conntrack_update_failed",
-	bpfobj.SockLbMetricLB_M_TC_FRAGMENT:       "tc_fragment_not_translated",
-	bpfobj.SockLbMetricLB_M_TC_SOURCE_RANGE:   "tc_dropped_source_range",
-	bpfobj.SockLbMetricLB_M_MAGLEV:            "tc_maglev_selected",
-	bpfobj.SockLbMetricLB_M_TC_ICMP_XLATE:     "tc_icmp_error_translated",
-	bpfobj.SockLbMetricLB_M_TC_STALE_REPLY:    "tc_stale_reply_dropped",
-	bpfobj.SockLbMetricLB_M_XDP_NEW_SNAT:      "xdp_new_flow_snat",
-	bpfobj.SockLbMetricLB_M_XDP_FWD:           "xdp_translated",
-	bpfobj.SockLbMetricLB_M_XDP_REPLY:         "xdp_reply_translated",
-	bpfobj.SockLbMetricLB_M_XDP_TO_TC:         "xdp_passed_to_tc",
-	bpfobj.SockLbMetricLB_M_XDP_MULTIBUF:      "xdp_multibuffer_passed",
-	bpfobj.SockLbMetricLB_M_TC_RESET:          "tc_reset_backend_removed",
-	bpfobj.SockLbMetricLB_M_TC_RESET_FAIL:     "tc_reset_failed",
+	bpfobj.SockLbMetricLB_M_XLATE_TCP:          "translated_tcp",
+	bpfobj.SockLbMetricLB_M_XLATE_UDP:          "translated_udp",
+	bpfobj.SockLbMetricLB_M_REJECT:             "rejected_no_endpoints",
+	bpfobj.SockLbMetricLB_M_DROP:               "dropped_no_local_endpoints",
+	bpfobj.SockLbMetricLB_M_NO_SLOT:            "missing_slot",
+	bpfobj.SockLbMetricLB_M_NO_BACKEND:         "missing_backend",
+	bpfobj.SockLbMetricLB_M_REVNAT_HIT:         "reverse_translated",
+	bpfobj.SockLbMetricLB_M_REVNAT_STALE:       "reverse_entry_stale",
+	bpfobj.SockLbMetricLB_M_REVNAT_UPDATE_ERR:  "reverse_entry_update_failed",
+	bpfobj.SockLbMetricLB_M_AFFINITY_HIT:       "affinity_hit",
+	bpfobj.SockLbMetricLB_M_AFFINITY_STALE:     "affinity_stale",
+	bpfobj.SockLbMetricLB_M_UDP_STICKY:         "udp_sticky",
+	bpfobj.SockLbMetricLB_M_TC_NEW_LOCAL:       "tc_new_flow_local",
+	bpfobj.SockLbMetricLB_M_TC_NEW_SNAT:        "tc_new_flow_snat",
+	bpfobj.SockLbMetricLB_M_TC_FWD:             "tc_translated",
+	bpfobj.SockLbMetricLB_M_TC_REPLY:           "tc_reply_translated",
+	bpfobj.SockLbMetricLB_M_TC_ICMP_FAIL:       "tc_icmp_unreachable_failed",
+	bpfobj.SockLbMetricLB_M_TC_SNAT_NO_PORT:    "tc_snat_no_free_port",
+	bpfobj.SockLbMetricLB_M_TC_SNAT_NO_ADDR:    "tc_snat_no_address",
+	bpfobj.SockLbMetricLB_M_TC_NO_ROUTE:        "tc_no_route",
+	bpfobj.SockLbMetricLB_M_TC_CT_FULL:         "tc_conntrack_update_failed",
+	bpfobj.SockLbMetricLB_M_TC_FRAGMENT:        "tc_fragment_not_translated",
+	bpfobj.SockLbMetricLB_M_TC_SOURCE_RANGE:    "tc_dropped_source_range",
+	bpfobj.SockLbMetricLB_M_MAGLEV:             "tc_maglev_selected",
+	bpfobj.SockLbMetricLB_M_TC_ICMP_XLATE:      "tc_icmp_error_translated",
+	bpfobj.SockLbMetricLB_M_TC_STALE_REPLY:     "tc_stale_reply_dropped",
+	bpfobj.SockLbMetricLB_M_XDP_NEW_SNAT:       "xdp_new_flow_snat",
+	bpfobj.SockLbMetricLB_M_XDP_FWD:            "xdp_translated",
+	bpfobj.SockLbMetricLB_M_XDP_REPLY:          "xdp_reply_translated",
+	bpfobj.SockLbMetricLB_M_XDP_TO_TC:          "xdp_passed_to_tc",
+	bpfobj.SockLbMetricLB_M_XDP_MULTIBUF:       "xdp_multibuffer_passed",
+	bpfobj.SockLbMetricLB_M_SOCK_SOURCE_RANGE:  "sock_dropped_source_range",
+	bpfobj.SockLbMetricLB_M_SOCK_RANGE_TAG_ERR: "sock_source_range_tag_failed",
+	bpfobj.SockLbMetricLB_M_TC_RESET:           "tc_reset_backend_removed",
+	bpfobj.SockLbMetricLB_M_TC_RESET_FAIL:      "tc_reset_failed",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,

@@ -32,6 +32,13 @@ func Probe() (Features, error) {
 			return f, fmt.Errorf("%w: helper %s in cgroup sock_addr programs: %w", ErrUnsupported, h, err)
 		}
 	}
+	// loadBalancerSourceRanges for the node's own sockets: the socket
+	// hooks tag a socket, a cgroup_skb egress program reads the tag.
+	for _, pt := range []ebpf.ProgramType{ebpf.CGroupSockAddr, ebpf.CGroupSKB} {
+		if err := features.HaveProgramHelper(pt, asm.FnSkStorageGet); err != nil {
+			return f, fmt.Errorf("%w: helper %s in %s programs: %w", ErrUnsupported, asm.FnSkStorageGet, pt, err)
+		}
+	}
 	switch err := features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnSetRetval); {
 	case err == nil:
 		f.SetRetval = true

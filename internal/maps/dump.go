@@ -60,8 +60,7 @@ func Dump(m Maps) ([]string, error) {
 	}
 	if m.SourceRanges != nil {
 		err = m.SourceRanges.Iterate(func(k SourceRangeKey, _ uint8) bool {
-			p := netip.PrefixFrom(addrFromBE32(k.Address), int(k.Prefixlen)-32)
-			lines = append(lines, fmt.Sprintf("source-range svc=%d %s", k.SvcId, p))
+			lines = append(lines, "source-range "+describeRangeKey(k))
 			return true
 		})
 		if err != nil {

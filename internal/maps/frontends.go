@@ -76,9 +76,9 @@ type desiredFrontend struct {
 // with the external verdict and, when clients on the node get another one
 // (kube-proxy short-circuits pods and the node itself to the cluster
 // endpoints), an internal-scope entry with it; the socket programs look up
-// the internal one. A LoadBalancer IP with source ranges gets no internal
-// entry: a socket's source address is not known at connect(), so the ranges
-// could not be honoured there.
+// the internal one. A LoadBalancer IP with source ranges carries them in
+// both: the socket programs tag the socket, and an egress program checks
+// its packets' source address, known only then.
 func frontendsOf(svc *model.Service, node *model.Node) []desiredFrontend {
 	sp := svc.Port
 	var out []desiredFrontend
@@ -91,7 +91,7 @@ func frontendsOf(svc *model.Service, node *model.Node) []desiredFrontend {
 	a, eps := svc.Internal()
 	add(sp.ClusterIP, sp.Port, FlagClusterIP, ScopeExternal, a, eps)
 
-	external := func(addr netip.Addr, port uint16, kind uint16, socketLB bool) {
+	external := func(addr netip.Addr, port uint16, kind uint16) {
 		ea, eeps := svc.External()
 		ia, ieps := svc.ShortCircuit()
 		// The TC program keeps the client's address under policy Local
@@ -99,10 +99,6 @@ func frontendsOf(svc *model.Service, node *model.Node) []desiredFrontend {
 		ext := kind
 		if sp.ExternalPolicy == model.PolicyLocal {
 			ext |= FlagExternalLocal
-		}
-		if !socketLB {
-			add(addr, port, ext, ScopeExternal, ea, eeps)
-			return
 		}
 		if ea == ia && slices.EqualFunc(eeps, ieps, sameEndpoint) {
 			add(addr, port, ext, ScopeExternal, ea, eeps)
@@ -112,17 +108,17 @@ func frontendsOf(svc *model.Service, node *model.Node) []desiredFrontend {
 		add(addr, port, kind, ScopeInternal, ia, ieps)
 	}
 	for _, addr := range node.Addrs {
-		external(addr, sp.NodePort, FlagNodePort, true)
+		external(addr, sp.NodePort, FlagNodePort)
 	}
 	for _, addr := range sp.ExternalIPs {
-		external(addr, sp.Port, FlagExternalIP, true)
+		external(addr, sp.Port, FlagExternalIP)
 	}
 	lbKind := FlagLoadBalancer
 	if len(sourceRanges(sp)) > 0 {
 		lbKind |= FlagSourceRanges
 	}
 	for _, addr := range sp.LoadBalancerIPs {
-		external(addr, sp.Port, lbKind, len(sp.LoadBalancerSourceRanges) == 0)
+		external(addr, sp.Port, lbKind)
 	}
 	return out
 }

@@ -4,15 +4,21 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
 
-// appliedRanges are the source ranges written for one ServicePort.
+// appliedRanges are the trie entries written for one ServicePort.
 type appliedRanges struct {
-	svcID    uint32
-	prefixes map[netip.Prefix]bool
+	svcID uint32
+	keys  map[SourceRangeKey]bool
 }
+
+// NodeSourceRange marks, in the ServicePort id of a trie key with address
+// 0, the entry that admits the node's own sockets whose source address the
+// kernel picks (SRC_RANGE_NODE in bpf/lib/structs.h).
+const NodeSourceRange = 1 << 31
 
 // sourceRanges are the loadBalancerSourceRanges a ServicePort's LoadBalancer
 // IPs admit: its IPv4 ones, and none when it has no LoadBalancer IP (the
@@ -32,6 +38,61 @@ func sourceRanges(sp *model.ServicePort) []netip.Prefix {
 	return out
 }
 
+// admittedKeys are the trie entries of a ServicePort with id svcID: its
+// source ranges and, when they hold an address of node, its LoadBalancer IPs
+// as single addresses and the node's entry. kube-proxy admits the
+// LoadBalancer IPs as a source then, because a node that holds one locally
+// reaches it from that address; and it sees the node's other sockets with a
+// node address as their source, that of the route to the LoadBalancer IP,
+// where the socket hooks connect them straight to an endpoint by another
+// route (see RANGE_DST_F_AS_NODE).
+func admittedKeys(sp *model.ServicePort, node *model.Node, svcID uint32) map[SourceRangeKey]bool {
+	ranges := sourceRanges(sp)
+	if len(ranges) == 0 {
+		return nil
+	}
+	keys := map[SourceRangeKey]bool{}
+	for _, p := range ranges {
+		keys[rangeKey(svcID, p)] = true
+	}
+	if node == nil || !slices.ContainsFunc(ranges, func(p netip.Prefix) bool { return slices.ContainsFunc(node.Addrs, p.Contains) }) {
+		return keys
+	}
+	for _, ip := range sp.LoadBalancerIPs {
+		if ip.Is4() {
+			keys[rangeKey(svcID, netip.PrefixFrom(ip, 32))] = true
+		}
+	}
+	keys[SourceRangeKey{Prefixlen: 64, SvcId: svcID | NodeSourceRange}] = true
+	return keys
+}
+
+// WantsSourceRangeCheck says whether up leaves some ServicePort with source
+// ranges among those it changes (all of them when up is full): the egress
+// program that holds the node's own sockets to the ranges must be attached
+// before such an update is written.
+func WantsSourceRangeCheck(up model.Update) bool {
+	has := func(svc *model.Service) bool { return svc != nil && len(sourceRanges(svc.Port)) > 0 }
+	if up.Full {
+		for _, svc := range up.State.Services {
+			if has(svc) {
+				return true
+			}
+		}
+		return false
+	}
+	for spn := range up.Changed {
+		if has(up.State.Services[spn]) {
+			return true
+		}
+	}
+	return false
+}
+
+// HasSourceRanges says whether the maps hold source ranges of some
+// ServicePort: while they do, the egress program must stay attached.
+func (w *Writer) HasSourceRanges() bool { return len(w.ranges) > 0 }
+
 func rangeKey(svcID uint32, p netip.Prefix) SourceRangeKey {
 	return SourceRangeKey{Prefixlen: 32 + uint32(p.Bits()), SvcId: svcID, Address: be32(p.Addr())}
 }
@@ -40,50 +101,47 @@ func rangeKey(svcID uint32, p netip.Prefix) SourceRangeKey {
 // its frontends are flushed, and returns the keys to delete after them, so
 // that a LoadBalancer IP with SVC_F_SOURCE_RANGES never finds its ranges
 // missing. The LPM trie takes no batches: these are single writes.
-func (w *Writer) syncRanges(owner model.ServicePortName, svc *model.Service) ([]SourceRangeKey, error) {
+func (w *Writer) syncRanges(owner model.ServicePortName, svc *model.Service, node *model.Node) ([]SourceRangeKey, error) {
 	if w.m.SourceRanges == nil {
 		return nil, nil
 	}
 	cur := w.ranges[owner]
-	var want []netip.Prefix
-	var id uint32
-	if svc != nil {
-		want = sourceRanges(svc.Port)
-		id = w.ownerSvc[owner]
-	}
-	if len(want) == 0 || id == 0 {
-		if cur == nil {
-			return nil, nil
-		}
-		delete(w.ranges, owner)
-		var stale []SourceRangeKey
-		for p := range cur.prefixes {
-			stale = append(stale, rangeKey(cur.svcID, p))
-		}
-		return stale, nil
-	}
-	next := &appliedRanges{svcID: id, prefixes: map[netip.Prefix]bool{}}
-	var errs []error
-	for _, p := range want {
-		next.prefixes[p] = true
-		if cur != nil && cur.svcID == id && cur.prefixes[p] {
-			continue
-		}
-		w.stats.Writes++
-		if err := w.m.SourceRanges.Put(rangeKey(id, p), 1); err != nil {
-			errs = append(errs, fmt.Errorf("source range %s: %w", p, err))
-		}
+	var want map[SourceRangeKey]bool
+	if id := w.ownerSvc[owner]; svc != nil && id != 0 {
+		want = admittedKeys(svc.Port, node, id)
 	}
 	var stale []SourceRangeKey
 	if cur != nil {
-		for p := range cur.prefixes {
-			if cur.svcID != id || !next.prefixes[p] {
-				stale = append(stale, rangeKey(cur.svcID, p))
+		for k := range cur.keys {
+			if !want[k] {
+				stale = append(stale, k)
 			}
 		}
 	}
-	w.ranges[owner] = next
+	if len(want) == 0 {
+		delete(w.ranges, owner)
+		return stale, nil
+	}
+	var errs []error
+	for k := range want {
+		if cur != nil && cur.keys[k] {
+			continue
+		}
+		w.stats.Writes++
+		if err := w.m.SourceRanges.Put(k, 1); err != nil {
+			errs = append(errs, fmt.Errorf("source range %s: %w", describeRangeKey(k), err))
+		}
+	}
+	w.ranges[owner] = &appliedRanges{svcID: w.ownerSvc[owner], keys: want}
 	return stale, errors.Join(errs...)
+}
+
+// describeRangeKey is a trie entry as the dump shows it.
+func describeRangeKey(k SourceRangeKey) string {
+	if k.SvcId&NodeSourceRange != 0 {
+		return fmt.Sprintf("svc=%d node", k.SvcId&^NodeSourceRange)
+	}
+	return fmt.Sprintf("svc=%d %s", k.SvcId, netip.PrefixFrom(addrFromBE32(k.Address), int(k.Prefixlen)-32))
 }
 
 // deleteRanges deletes source range entries after the frontends that used
@@ -96,8 +154,8 @@ func (w *Writer) deleteRanges(stale []SourceRangeKey, full bool) error {
 	if full {
 		wanted := map[SourceRangeKey]bool{}
 		for _, r := range w.ranges {
-			for p := range r.prefixes {
-				wanted[rangeKey(r.svcID, p)] = true
+			for k := range r.keys {
+				wanted[k] = true
 			}
 		}
 		err := w.m.SourceRanges.Iterate(func(k SourceRangeKey, _ uint8) bool {

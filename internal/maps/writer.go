@@ -336,7 +336,7 @@ func (w *Writer) Sync(up model.Update) error {
 	for _, owner := range owners {
 		svc := up.State.Services[owner]
 		if svc == nil {
-			stale, err := w.syncRanges(owner, nil)
+			stale, err := w.syncRanges(owner, nil, nil)
 			staleRanges = append(staleRanges, stale...)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", owner, err))
@@ -369,7 +369,7 @@ func (w *Writer) Sync(up model.Update) error {
 			errs = append(errs, fmt.Errorf("%s: %w", owner, err))
 		}
 		// The ranges go in before the queued frontends that use them.
-		stale, err := w.syncRanges(owner, svc)
+		stale, err := w.syncRanges(owner, svc, &up.State.Node)
 		staleRanges = append(staleRanges, stale...)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", owner, err))

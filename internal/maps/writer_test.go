@@ -523,15 +523,22 @@ func TestWriterExternalFrontends(t *testing.T) {
 		}
 	}
 
-	// Source ranges on the LoadBalancer IP: no internal entry for it.
+	// Source ranges on the LoadBalancer IP: clients on the node still
+	// short-circuit, and both entries carry the ranges, which the socket
+	// programs check at egress and the TC program at ingress.
 	sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}
 	reprogram(sp)
 	if err := w.Sync(partial(st, sp.Name)); err != nil {
 		t.Fatal(err)
 	}
 	got = dump(t, f.m)
-	if strings.Contains(got, "198.19.0.8:80/TCP (internal)") || strings.Contains(got, "198.19.0.8:80/TCP count=0 revnat=4 svc=1 flags=load-balancer,two-scopes") {
-		t.Errorf("source-ranged LoadBalancer IP still has an internal entry:\n%s", got)
+	for _, want := range []string{
+		"service 198.19.0.8:80/TCP (internal) count=3 revnat=4 svc=1 flags=load-balancer,source-ranges\n",
+		"service 198.19.0.8:80/TCP count=0 revnat=4 svc=1 flags=load-balancer,two-scopes,drop,source-ranges,external-local\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("want %q in:\n%s", want, got)
+		}
 	}
 
 	// Back to Cluster: the internal entries go, after the masters stop
@@ -575,6 +582,7 @@ func TestWriterReportsBackendsRemovedFromEveryFrontend(t *testing.T) {
 
 func TestWriterSourceRanges(t *testing.T) {
 	st := buildState(web)
+	st.Node.Addrs = []netip.Addr{netip.MustParseAddr("192.168.77.11")}
 	svc := st.Services[spn("default", "web", model.TCP)]
 	sp := *svc.Port
 	reprogram := func(p model.ServicePort) {
@@ -615,6 +623,22 @@ func TestWriterSourceRanges(t *testing.T) {
 			"service 198.19.0.8:80/TCP count=3 revnat=2 svc=1 flags=load-balancer",
 		}},
 		{name: "ranges again", lbIPs: []string{"198.19.0.8"}, ranges: []string{"203.0.113.0/24"}, want: []string{
+			"service 198.19.0.8:80/TCP count=3 revnat=2 svc=1 flags=load-balancer,source-ranges",
+			"source-range svc=1 203.0.113.0/24",
+		}},
+		// kube-proxy's allowFromNode: a node holding the LoadBalancer IP
+		// reaches it from that address; and the node's sockets are
+		// admitted as the node (see NodeSourceRange).
+		{name: "a range holding the node admits the LoadBalancer IPs as a source", lbIPs: []string{"198.19.0.8", "198.19.0.9"},
+			ranges: []string{"203.0.113.0/24", "192.168.77.0/24"}, want: []string{
+				"service 198.19.0.8:80/TCP count=3 revnat=2 svc=1 flags=load-balancer,source-ranges",
+				"source-range svc=1 192.168.77.0/24",
+				"source-range svc=1 198.19.0.8/32",
+				"source-range svc=1 198.19.0.9/32",
+				"source-range svc=1 203.0.113.0/24",
+				"source-range svc=1 node",
+			}},
+		{name: "the node outside the ranges again", lbIPs: []string{"198.19.0.8"}, ranges: []string{"203.0.113.0/24"}, want: []string{
 			"service 198.19.0.8:80/TCP count=3 revnat=2 svc=1 flags=load-balancer,source-ranges",
 			"source-range svc=1 203.0.113.0/24",
 		}},

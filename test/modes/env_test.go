@@ -180,9 +180,15 @@ func (e *env) agentArgs(mode string) []string {
 // extra environment variables env, and waits until it has synced and
 // removed what other modes left.
 func (e *env) startAgent(mode string, env ...string) *agent {
+	e.t.Helper()
+	return e.startAgentArgs(mode, e.agentArgs(mode), env...)
+}
+
+// startAgentArgs is startAgent with the agent's whole command line.
+func (e *env) startAgentArgs(mode string, args []string, env ...string) *agent {
 	t := e.t
 	t.Helper()
-	a := e.launch(e.agentArgs(mode), env...)
+	a := e.launch(args, env...)
 	deadline := time.After(2 * time.Minute)
 	for !strings.Contains(a.logs.String(), "removed what other proxy modes left") {
 		select {

@@ -119,13 +119,24 @@ func (e *env) attach() {
 	e.tl.Invalid = func(kind, ns, name, reason string) { t.Errorf("invalid %s %s/%s: %s", kind, ns, name, reason) }
 }
 
-// sync programs everything recorded so far.
+// sync programs everything recorded so far, attaching the source range
+// check around it as the agent does.
 func (e *env) sync() {
 	e.t.Helper()
 	up := e.tr.Apply()
 	up.Full = up.Full || !e.synced
+	if maps.WantsSourceRangeCheck(up) {
+		if err := e.loaded.SetSourceRangeCheck(true); err != nil {
+			e.t.Fatal(err)
+		}
+	}
 	if err := e.w.Sync(up); err != nil {
 		e.t.Fatalf("sync: %v", err)
+	}
+	if !e.w.HasSourceRanges() {
+		if err := e.loaded.SetSourceRangeCheck(false); err != nil {
+			e.t.Fatal(err)
+		}
 	}
 	e.synced = true
 }

@@ -590,18 +590,30 @@ var scenarios = []Scenario{
 		}},
 	},
 	{
-		Name:  "loadbalancer: loadBalancerSourceRanges for a pod reaching the LoadBalancer IP",
+		// kube-proxy's firewall chain runs before its DNAT in PREROUTING
+		// (pods) and OUTPUT (the node), so it holds the node's own
+		// clients to the ranges too, with the node admitted when a range
+		// holds its address. ebpf-proxy's socket hooks tag the socket and
+		// check its packets at egress.
+		Name:  "loadbalancer: loadBalancerSourceRanges for pods and nodes reaching the LoadBalancer IP",
 		Needs: []Feature{FeatureLoadBalancer, FeatureSourceRanges},
 		VIPs:  map[string]string{"l1": selfA},
-		Pending: "kube-proxy drops a pod outside the ranges on its own node; ebpf-proxy's socket hooks translate " +
-			"the LoadBalancer IP for pods without checking the ranges (a connect() has no source address yet)",
-		Steps: []Step{{
-			Name: "only ext allowed",
-			Services: []Svc{web(withType(corev1.ServiceTypeLoadBalancer), withIngress(Ingress{VIP: "l1"}),
-				func(s *Svc) { s.SourceRanges = []string{ext} })},
-			Slices: []Slice{webSlice(ready("a1"))},
-			Probes: from(tcp, vip("l1", 80), clientB),
-		}},
+		KeepsSource: "kube-proxy masquerades a pod's traffic to a LoadBalancer IP with externalTrafficPolicy=Cluster " +
+			"(the endpoint sees a node address); ebpf-proxy's socket hooks connect the admitted pod straight to the endpoint",
+		Steps: func() []Step {
+			probes := ps(from(tcp, vip("l1", 80), clientA, clientB, selfA, selfB),
+				from(udp, vip("l1", 80), clientA, clientB, selfA, selfB))
+			lb := func(ranges ...string) []Svc {
+				return []Svc{dual(web(withType(corev1.ServiceTypeLoadBalancer), withIngress(Ingress{VIP: "l1"}),
+					func(s *Svc) { s.SourceRanges = ranges }))}
+			}
+			return []Step{
+				{Name: "only ext allowed: every pod and node dropped", Services: lb(ext),
+					Slices: []Slice{dualSlice(ready("a1"))}, Probes: probes},
+				{Name: "node-b's pod and node-a allowed too", Services: lb(ext, clientB, selfA),
+					Slices: []Slice{dualSlice(ready("a1"))}, Probes: probes},
+			}
+		}(),
 	},
 
 	// ---- Where ebpf-proxy keeps the client's address and upstream masquerades ----
