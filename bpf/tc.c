@@ -14,7 +14,8 @@
  *    this node's ingress and are translated back and forwarded to the client.
  * A frontend without any endpoint answers with an ICMP port unreachable; one
  * with externalTrafficPolicy=Local and no endpoint on this node drops.
- * Everything else passes untouched. */
+ * A TCP flow whose backend was removed gets a reset from the frontend at
+ * the client's next segment. Everything else passes untouched. */
 
 #include "lib/common.h"
 #include "lib/nodeport.h"
@@ -172,6 +173,41 @@ static __always_inline int tc_icmp_error(struct __sk_buff *skb, struct pkt4 *p, 
 	return tc_send(skb, p, snat);
 }
 
+/* tc_reset ends the tracked flow of p (its client-side entry e), whose
+ * backend was removed (np_backend_gone): the client gets a reset from the
+ * frontend at its next segment, rather than retransmitting to a pod that is
+ * gone until its own timeout (kube-proxy leaves it so), and the flow's
+ * entries go, freeing its source NAT port. A reset from the client only
+ * ends the flow. */
+static __always_inline int tc_reset(struct __sk_buff *skb, const struct pkt4 *p,
+				    const struct ct4_entry *e)
+{
+	struct ct4_key okey = {
+		.saddr = p->saddr,
+		.daddr = p->daddr,
+		.sport = p->sport,
+		.dport = p->dport,
+		.proto = p->proto,
+		.dir = CT_DIR_ORIG,
+	};
+	struct ct4_key rkey = {};
+	struct ct4_entry *r;
+	int ret;
+
+	ct_reply_key(&rkey, e, p);
+	bpf_map_delete_elem(&tc4_ct_v1, &okey);
+	r = bpf_map_lookup_elem(&tc4_ct_v1, &rkey);
+	/* Only the flow's own: a newer flow may hold its source NAT port. */
+	if (r && r->nat_saddr == p->daddr && r->nat_sport == p->dport &&
+	    (!(r->flags & CT_F_SNAT) || (r->nat_daddr == p->saddr && r->nat_dport == p->sport)))
+		bpf_map_delete_elem(&tc4_ct_v1, &rkey);
+	if (p->tcp_flags & TCP_FLAG_RST)
+		return TC_ACT_SHOT;
+	ret = pkt4_tcp_rst(skb, p);
+	lb_count(ret == TC_ACT_SHOT ? LB_M_TC_RESET_FAIL : LB_M_TC_RESET);
+	return ret;
+}
+
 SEC("tc")
 int tc_ingress(struct __sk_buff *skb)
 {
@@ -197,6 +233,8 @@ int tc_ingress(struct __sk_buff *skb)
 			lb_count(LB_M_TC_SNAT_LATE);
 			return TC_ACT_UNSPEC;
 		}
+		if (e && np_backend_gone(e, &p))
+			return tc_reset(skb, &p, e);
 		if (e) {
 			lb_count(LB_M_TC_FWD);
 			return tc_xlate_orig(skb, &p, e);

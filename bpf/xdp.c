@@ -10,9 +10,10 @@
  *  - the first packet of a flow: the verdict, backend and connection
  *    tracking entries of tc.c (lib/nodeport.h), then as above.
  * The TC programs stay attached and do everything else, which this program
- * passes: local backends, policy Local, refusals with an ICMP answer, ICMP
- * errors, fragments, IP options, multi-buffer frames, frames whose next hop
- * needs neighbour resolution or is out of a device without this program.
+ * passes: local backends, policy Local, refusals with an ICMP answer, resets
+ * of TCP flows whose backend was removed, ICMP errors, fragments, IP
+ * options, multi-buffer frames, frames whose next hop needs neighbour
+ * resolution or is out of a device without this program.
  * Both share the connection tracking map, so a flow may move between them
  * (XDP detached, or its next packet passed). */
 
@@ -172,6 +173,14 @@ static __always_inline int xdp_nodeport_run(struct xdp_md *ctx)
 		/* A flow to a local backend stays with TC. */
 		if (!(e->flags & CT_F_SNAT))
 			return XDP_PASS;
+		/* Its backend removed: TC answers the client with a reset and
+		 * ends the flow (tc.c tc_reset). Building the reset here too
+		 * would duplicate that for one packet per dead flow; what
+		 * matters is that nothing goes on to the dead pod. */
+		if (np_backend_gone(e, &p)) {
+			lb_count(LB_M_XDP_TO_TC);
+			return XDP_PASS;
+		}
 		return xdp_orig(ctx, &p, e, LB_M_XDP_FWD);
 	}
 	return xdp_new_flow(ctx, &p, now);

@@ -363,4 +363,26 @@ static __always_inline struct ct4_entry *np_lookup_tracked(const struct pkt4 *p,
 	return ct_reply_late(e, p) ? NULL : e;
 }
 
+/* np_backend_gone says whether the backend of a tracked TCP flow was
+ * removed, for p, a packet of the flow whose client-side entry
+ * np_lookup_tracked returned as e: the backend's id is no longer in
+ * lb4_backends_v1, or names another endpoint now. internal/maps keeps a
+ * terminating endpoint there (no longer a member: chosen by no new flow)
+ * until its EndpointSlice drops it, so that its flows live on meanwhile. A
+ * new SYN on the tuple is a new connection, which np_orig_valid already
+ * sends to a backend the ServicePort may choose; UDP flows move there too.
+ * Such a flow is reset by TC (tc.c tc_reset); XDP hands its packets over. */
+static __always_inline bool np_backend_gone(const struct ct4_entry *e, const struct pkt4 *p)
+{
+	struct lb4_backend *be;
+	__u32 id = e->backend_id;
+
+	if (p->proto != IPPROTO_TCP ||
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		return false;
+	be = bpf_map_lookup_elem(&lb4_backends_v1, &id);
+	return !be || be->address != e->nat_daddr || be->port != e->nat_dport ||
+	       be->proto != p->proto;
+}
+
 #endif /* EBPF_PROXY_NODEPORT_H */

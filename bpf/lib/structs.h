@@ -309,6 +309,8 @@ enum lb_metric {
 	LB_M_SOCK_RANGE_TAG_ERR, /* socket: could not tag a socket for the range check */
 	LB_M_TC_SNAT_REUSED,	 /* TC/XDP: a closed flow's source NAT port reused */
 	LB_M_TC_SNAT_LATE,	 /* TC: backend's late packet of a reused port, to the stack */
+	LB_M_TC_RESET,		 /* TC: TCP flow to a removed backend reset */
+	LB_M_TC_RESET_FAIL,	 /* TC: could not build that reset */
 	LB_M_MAX,
 };
 

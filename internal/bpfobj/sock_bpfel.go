@@ -114,7 +114,9 @@ const (
 	SockLbMetricLB_M_SOCK_RANGE_TAG_ERR SockLbMetric = 32
 	SockLbMetricLB_M_TC_SNAT_REUSED     SockLbMetric = 33
 	SockLbMetricLB_M_TC_SNAT_LATE       SockLbMetric = 34
-	SockLbMetricLB_M_MAX                SockLbMetric = 35
+	SockLbMetricLB_M_TC_RESET           SockLbMetric = 35
+	SockLbMetricLB_M_TC_RESET_FAIL      SockLbMetric = 36
+	SockLbMetricLB_M_MAX                SockLbMetric = 37
 )
 
 type SockSock4RangeTag struct {

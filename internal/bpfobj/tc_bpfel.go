@@ -138,7 +138,9 @@ const (
 	TcLbMetricLB_M_SOCK_RANGE_TAG_ERR TcLbMetric = 32
 	TcLbMetricLB_M_TC_SNAT_REUSED     TcLbMetric = 33
 	TcLbMetricLB_M_TC_SNAT_LATE       TcLbMetric = 34
-	TcLbMetricLB_M_MAX                TcLbMetric = 35
+	TcLbMetricLB_M_TC_RESET           TcLbMetric = 35
+	TcLbMetricLB_M_TC_RESET_FAIL      TcLbMetric = 36
+	TcLbMetricLB_M_MAX                TcLbMetric = 37
 )
 
 type TcSock4Revnat struct {

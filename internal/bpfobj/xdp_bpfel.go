@@ -138,7 +138,9 @@ const (
 	XdpLbMetricLB_M_SOCK_RANGE_TAG_ERR XdpLbMetric = 32
 	XdpLbMetricLB_M_TC_SNAT_REUSED     XdpLbMetric = 33
 	XdpLbMetricLB_M_TC_SNAT_LATE       XdpLbMetric = 34
-	XdpLbMetricLB_M_MAX                XdpLbMetric = 35
+	XdpLbMetricLB_M_TC_RESET           XdpLbMetric = 35
+	XdpLbMetricLB_M_TC_RESET_FAIL      XdpLbMetric = 36
+	XdpLbMetricLB_M_MAX                XdpLbMetric = 37
 )
 
 type XdpSock4Revnat struct {

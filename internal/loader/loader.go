@@ -372,6 +372,8 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_SOCK_RANGE_TAG_ERR: "sock_source_range_tag_failed",
 	bpfobj.SockLbMetricLB_M_TC_SNAT_REUSED:     "tc_snat_port_reused_closed",
 	bpfobj.SockLbMetricLB_M_TC_SNAT_LATE:       "tc_snat_late_packet_to_stack",
+	bpfobj.SockLbMetricLB_M_TC_RESET:           "tc_reset_backend_removed",
+	bpfobj.SockLbMetricLB_M_TC_RESET_FAIL:      "tc_reset_failed",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,

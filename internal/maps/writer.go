@@ -86,6 +86,9 @@ type Writer struct {
 	gcMatch   map[MemberKey]struct{}
 	// ranges are the source ranges written per ServicePort.
 	ranges map[model.ServicePortName]*appliedRanges
+	// held are the backends each ServicePort keeps for the endpoints its
+	// EndpointSlices list (see hold).
+	held map[model.ServicePortName][]Backend
 
 	backendIDs, revNatIDs, svcIDs *idAllocator
 	needRestore                   bool
@@ -145,6 +148,7 @@ func (w *Writer) reset() {
 	w.matchRefs = map[MemberKey]int{}
 	w.gcMatch = map[MemberKey]struct{}{}
 	w.ranges = map[model.ServicePortName]*appliedRanges{}
+	w.held = map[model.ServicePortName][]Backend{}
 	w.backendIDs = newIDAllocator(w.backendIDs.max)
 	w.revNatIDs = newIDAllocator(w.revNatIDs.max)
 	w.svcIDs = newIDAllocator(w.svcIDs.max)
@@ -306,6 +310,12 @@ func (w *Writer) Sync(up model.Update) error {
 				owners = append(owners, spn)
 			}
 		}
+		for spn := range w.held {
+			_, inState := up.State.Services[spn]
+			if _, owned := w.byOwner[spn]; !inState && !owned {
+				owners = append(owners, spn)
+			}
+		}
 	} else {
 		for spn := range up.Changed {
 			owners = append(owners, spn)
@@ -331,6 +341,9 @@ func (w *Writer) Sync(up model.Update) error {
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", owner, err))
 			}
+			if err := w.hold(owner, nil, ""); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", owner, err))
+			}
 			continue
 		}
 		ds := frontendsOf(svc, &up.State.Node)
@@ -351,6 +364,9 @@ func (w *Writer) Sync(up model.Update) error {
 			if err := w.upsert(d); err != nil {
 				errs = append(errs, fmt.Errorf("%s: frontend %s: %w", owner, d.fe, err))
 			}
+		}
+		if err := w.hold(owner, svc, up.State.Node.Name); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", owner, err))
 		}
 		// The ranges go in before the queued frontends that use them.
 		stale, err := w.syncRanges(owner, svc, &up.State.Node)
@@ -414,8 +430,9 @@ func (w *Writer) Sync(up model.Update) error {
 func (w *Writer) Name() string { return "ebpf" }
 
 // Removed returns the backends the last successful Sync took out of every
-// frontend: no new connection goes to them, and sockets still connected to
-// them are the ones to end.
+// frontend and every ServicePort's endpoints: no new connection goes to
+// them, and sockets still connected to them are the ones to end. An
+// endpoint that is only terminating stays (see hold).
 func (w *Writer) Removed() []Backend { return slices.Clone(w.removed) }
 
 // LastStats says what the last Sync wrote.

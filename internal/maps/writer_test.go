@@ -683,3 +683,70 @@ func TestWriterSourceRanges(t *testing.T) {
 		}
 	})
 }
+
+// TestWriterKeepsTerminatingEndpointsUntilRemoved: an endpoint that turns
+// terminating while others are ready is chosen by no new flow but stays a
+// backend, under its id, so that its established flows keep working; only
+// its removal from the EndpointSlice takes it out and reports it.
+func TestWriterKeepsTerminatingEndpointsUntilRemoved(t *testing.T) {
+	f := newFakes(0, 0, 0)
+	f.watchConsistency(t)
+	w := newWriter(t, f.m)
+	gone := Backend{Addr: netip.MustParseAddr("10.244.1.3"), Port: 8080, Proto: model.TCP}
+	s := web
+	if err := w.Sync(full(buildState(s, dns))); err != nil {
+		t.Fatal(err)
+	}
+	id, ok := w.BackendID(gone)
+	if !ok {
+		t.Fatalf("backend %s not programmed", gone)
+	}
+	name := spn("default", "web", model.TCP)
+
+	s.eps, s.terminate = web.eps[1:], web.eps[:1]
+	if err := w.Sync(partial(buildState(s, dns), name)); err != nil {
+		t.Fatal(err)
+	}
+	got := dump(t, f.m)
+	if want := fmt.Sprintf("backend %d %s terminating\n", id, gone); !strings.Contains(got, want) {
+		t.Errorf("terminating endpoint left the backends map, want %q:\n%s", want, got)
+	}
+	if bad := fmt.Sprintf("backend=%d ", id); strings.Contains(got, bad) {
+		t.Errorf("terminating endpoint can still be chosen (%q):\n%s", bad, got)
+	}
+	if r := w.Removed(); len(r) != 0 {
+		t.Errorf("removed %v while it is only terminating", r)
+	}
+
+	// A restarted agent keeps it too, writing nothing.
+	w = newWriter(t, f.m)
+	before := f.writes()
+	if err := w.Sync(full(buildState(s, dns))); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.writes() - before; n != 0 {
+		t.Errorf("restart wrote %d entries, want 0:\n%s", n, dump(t, f.m))
+	}
+	if got, ok := w.BackendID(gone); !ok || got != id {
+		t.Errorf("after a restart the terminating endpoint has id %d (%v), want %d", got, ok, id)
+	}
+
+	s.terminate = nil
+	if err := w.Sync(partial(buildState(s, dns), name)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := w.BackendID(gone); ok {
+		t.Errorf("removed endpoint still a backend:\n%s", dump(t, f.m))
+	}
+	if r := w.Removed(); len(r) != 1 || r[0] != gone {
+		t.Errorf("removed %v, want [%v]", r, gone)
+	}
+
+	// Deleting the Service releases everything it held.
+	if err := w.Sync(full(buildState(dns))); err != nil {
+		t.Fatal(err)
+	}
+	if got := dump(t, f.m); strings.Contains(got, ":8080/TCP") {
+		t.Errorf("backends of the deleted Service left:\n%s", got)
+	}
+}

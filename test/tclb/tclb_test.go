@@ -168,6 +168,9 @@ type service struct {
 	ranges    []netip.Prefix
 	etpLocal  bool
 	endpoints []string
+	// terminating name pods whose endpoints are terminating but still
+	// serving, as during a rollout.
+	terminating []string
 	// target overrides the pods' port (tcpPort or udpPort).
 	target uint16
 }
@@ -203,6 +206,10 @@ func (e *env) sync(svcs ...service) {
 			for _, name := range s.endpoints {
 				pod := e.pods[name]
 				eps = append(eps, model.Endpoint{Addr: pod.IP, Port: target, Ready: true, Serving: true, NodeName: pod.Node.Name})
+			}
+			for _, name := range s.terminating {
+				pod := e.pods[name]
+				eps = append(eps, model.Endpoint{Addr: pod.IP, Port: target, Serving: true, Terminating: true, NodeName: pod.Node.Name})
 			}
 			st.Services[sp.Name] = &model.Service{Port: sp, Endpoints: eps, Selection: model.Categorize(sp, eps, &st.Node, model.DefaultOptions)}
 		}

@@ -106,6 +106,34 @@ func (e *env) peerXDPPass(dev string) {
 	}
 }
 
+// newXDPEnv is newEnv with TC attached to both nodes and the XDP program
+// on node-a's uplink in mode.
+func newXDPEnv(t *testing.T, mode string) *env {
+	t.Helper()
+	e := newTopology(t)
+	for _, n := range e.nodes {
+		e.attach(n, loader.TCAttachAuto, false)
+	}
+	a := e.nodes[0]
+	if mode == loader.XDPNative {
+		// A veth stands in for a NIC here. Frames that native XDP sends
+		// back out (XDP_TX) reach the peer only when the peer has NAPI,
+		// which an XDP program of its own gives it: the router's end
+		// gets one that passes everything. And a frame that native XDP
+		// sends on loses the skb's "checksum to be completed" state, so
+		// the hosts that originate traffic compute full checksums, as
+		// every frame on a real wire has them.
+		e.peerXDPPass(fmt.Sprintf("node%d", a.Index))
+		for _, h := range []*sandbox.Host{e.client.Host, e.other.Host, e.pods["pod-a"].Host, e.pods["pod-b"].Host} {
+			if err := h.NS.Do(func() error { return setTXChecksum(sandbox.IfaceName, false) }); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	e.attachXDP(a, mode)
+	return e
+}
+
 // TestXDPExternalTraffic: with the XDP program on node-a's uplink, in
 // native and in generic mode, NodePort and ExternalIP traffic to node-b's
 // pod is translated and sent back out by XDP, TC seeing none of it, and
@@ -113,28 +141,8 @@ func (e *env) peerXDPPass(dev string) {
 func TestXDPExternalTraffic(t *testing.T) {
 	for _, mode := range []string{loader.XDPNative, loader.XDPGeneric} {
 		t.Run(mode, func(t *testing.T) {
-			e := newTopology(t)
-			for _, n := range e.nodes {
-				e.attach(n, loader.TCAttachAuto, false)
-			}
+			e := newXDPEnv(t, mode)
 			a, b := e.nodes[0], e.nodes[1]
-			if mode == loader.XDPNative {
-				// A veth stands in for a NIC here. Frames that native
-				// XDP sends back out (XDP_TX) reach the peer only when
-				// the peer has NAPI, which an XDP program of its own
-				// gives it: the router's end gets one that passes
-				// everything. And a frame that native XDP sends on
-				// loses the skb's "checksum to be completed" state, so
-				// the hosts that originate traffic compute full
-				// checksums, as every frame on a real wire has them.
-				e.peerXDPPass(fmt.Sprintf("node%d", a.Index))
-				for _, h := range []*sandbox.Host{e.client.Host, e.other.Host, e.pods["pod-a"].Host, e.pods["pod-b"].Host} {
-					if err := h.NS.Do(func() error { return setTXChecksum(sandbox.IfaceName, false) }); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			e.attachXDP(a, mode)
 			e.sync(scenario()...)
 			outside := e.client.IP
 			// The first packet towards a next hop without a neighbour

@@ -305,6 +305,9 @@ type service struct {
 	maglev    bool
 	// endpoints are "ip:port@node".
 	endpoints []string
+	// terminating are endpoints ("ip:port@node") that are terminating
+	// but still serving, as during a rollout.
+	terminating []string
 }
 
 func state(svcs ...service) *model.State {
@@ -342,6 +345,11 @@ func state(svcs ...service) *model.State {
 			ap, node, _ := strings.Cut(e, "@")
 			a := netip.MustParseAddrPort(ap)
 			eps = append(eps, model.Endpoint{Addr: a.Addr(), Port: a.Port(), Ready: true, Serving: true, NodeName: node})
+		}
+		for _, e := range s.terminating {
+			ap, node, _ := strings.Cut(e, "@")
+			a := netip.MustParseAddrPort(ap)
+			eps = append(eps, model.Endpoint{Addr: a.Addr(), Port: a.Port(), Serving: true, Terminating: true, NodeName: node})
 		}
 		st.Services[sp.Name] = &model.Service{Port: sp, Endpoints: eps, Selection: model.Categorize(sp, eps, &st.Node, model.DefaultOptions)}
 	}

@@ -338,24 +338,24 @@ func TestUDPFlowFollowsItsBackend(t *testing.T) {
 }
 
 // TestTCPFlowKeepsItsBackend: an established TCP flow keeps its backend
-// when the Service's endpoints change, as conntrack keeps it in kube-proxy;
-// a new connection goes to the new endpoint.
+// while that endpoint is terminating, as conntrack keeps it in kube-proxy;
+// new connections go to the ready endpoint. (Once the endpoint is removed
+// the flow is reset: TestResetWhenTheBackendIsRemoved.)
 func TestTCPFlowKeepsItsBackend(t *testing.T) {
 	f := newFixture(t, loadOptions{})
-	web := func(ep netip.AddrPort) *model.State {
-		return state(service{name: "web", clusterIP: "10.96.0.10", port: 80, proto: model.TCP, nodePort: npWebLocal, endpoints: []string{at(ep, thisNode)}})
-	}
 	first := netip.MustParseAddrPort("10.244.1.20:8080")
 	second := netip.MustParseAddrPort("10.244.1.21:8080")
-	f.sync(t, web(first))
+	f.sync(t, state(service{name: "web", clusterIP: "10.96.0.10", port: 80, proto: model.TCP, nodePort: npWebLocal, endpoints: []string{at(first, thisNode)}}))
 	syn := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.SYN))
-	ack := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.ACK))
+	ack := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.ACK).WithPayload([]byte("GET /")))
 	other := fromOutside(pktest.TCP(client2, np(npWebLocal), pktest.SYN))
 	f.run(t, []row{{Case: pktest.Case{Name: "connection opened", In: syn.Bytes(), Verdict: pktest.TCActOK, Out: syn.WithDst(first).Bytes()}}})
-	f.sync(t, web(second))
+	f.sync(t, state(service{name: "web", clusterIP: "10.96.0.10", port: 80, proto: model.TCP, nodePort: npWebLocal,
+		endpoints: []string{at(second, thisNode)}, terminating: []string{at(first, thisNode)}}))
+	reset, resetOK := f.counted(bpfobj.TcLbMetricLB_M_TC_RESET, 0)
 	f.run(t, []row{
-		{Case: pktest.Case{Name: "established connection stays", In: ack.Bytes(), Verdict: pktest.TCActOK, Out: ack.WithDst(first).Bytes()}},
-		{Case: pktest.Case{Name: "new connection goes to the new endpoint", In: other.Bytes(), Verdict: pktest.TCActOK, Out: other.WithDst(second).Bytes()}},
+		{Case: pktest.Case{Name: "established connection stays on the terminating endpoint", In: ack.Bytes(), Verdict: pktest.TCActOK, Out: ack.WithDst(first).Bytes(), Setup: reset, Check: resetOK}},
+		{Case: pktest.Case{Name: "new connection goes to the ready endpoint", In: other.Bytes(), Verdict: pktest.TCActOK, Out: other.WithDst(second).Bytes()}},
 		{Case: pktest.Case{Name: "a new SYN on the old tuple selects again", In: syn.Bytes(), Verdict: pktest.TCActOK, Out: syn.WithDst(second).Bytes()}},
 	})
 }

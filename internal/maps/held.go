@@ -1,0 +1,65 @@
+package maps
+
+import (
+	"fmt"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+)
+
+// hold keeps in the backends map every endpoint that owner's EndpointSlices
+// still list, also those no frontend may choose (terminating, not ready):
+// their established flows must keep working until the endpoint is removed
+// (the TC program resets a TCP flow whose backend left the map, and the
+// agent ends sockets connected to a backend Removed reports). A held backend
+// is in no slot and no membership entry, so no new flow chooses it. It runs
+// after owner's frontends were written, so that a backend that moves from a
+// slot to being only held keeps its id; svc nil releases what owner held.
+func (w *Writer) hold(owner model.ServicePortName, svc *model.Service, node string) error {
+	var want []Backend
+	if svc != nil {
+		want = make([]Backend, 0, len(svc.Endpoints))
+		for _, ep := range svc.Endpoints {
+			if !ep.Addr.Is4() {
+				continue
+			}
+			b := Backend{Addr: ep.Addr, Port: ep.Port, Proto: owner.Protocol}
+			// The flags a slot gives it: an endpoint that turns
+			// terminating is marked so, and a slot naming it later
+			// rewrites nothing.
+			var f uint8
+			if ep.Terminating {
+				f |= BackendFlagTerminating
+			}
+			if node != "" && ep.NodeName == node {
+				f |= BackendFlagLocal
+			}
+			if _, err := w.ensureBackend(b, f); err != nil {
+				w.releaseHeld(want)
+				return fmt.Errorf("backend %s: %w", b, err)
+			}
+			w.backends[b].refs++
+			want = append(want, b)
+		}
+	}
+	w.releaseHeld(w.held[owner])
+	if len(want) == 0 {
+		delete(w.held, owner)
+		return nil
+	}
+	w.held[owner] = want
+	return nil
+}
+
+// releaseHeld drops one reference to each of bs.
+func (w *Writer) releaseHeld(bs []Backend) {
+	for _, b := range bs {
+		ab := w.backends[b]
+		if ab == nil {
+			continue
+		}
+		ab.refs--
+		if ab.refs <= 0 {
+			w.gcBackends[b] = struct{}{}
+		}
+	}
+}
