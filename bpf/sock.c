@@ -217,6 +217,9 @@ static __always_inline struct lb4_backend *sock4_udp_backend(struct bpf_sock_add
 	return be;
 }
 
+/* 127.0.0.1: the frontend of localhost NodePorts for all of 127.0.0.0/8. */
+#define LOCALHOST4 bpf_htonl(0x7f000001)
+
 static __always_inline bool is_loopback4(__be32 addr)
 {
 	return (addr & bpf_htonl(0xff000000)) == bpf_htonl(0x7f000000);
@@ -234,7 +237,7 @@ static __always_inline bool sock4_loopback_frontend(struct bpf_sock_addr *ctx, s
 		return true;
 	if (!node_netns_cookie || bpf_get_netns_cookie(ctx) != node_netns_cookie)
 		return false;
-	key->address = bpf_htonl(0x7f000001);
+	key->address = LOCALHOST4;
 	return true;
 }
 
@@ -340,8 +343,7 @@ static __always_inline void sock4_xlate_rev(struct bpf_sock_addr *ctx)
 	id = val->rev_nat_id;
 	rn = bpf_map_lookup_elem(&lb4_revnat_v1, &id);
 	/* The frontend was deleted or renumbered since: show the real peer. */
-	if (!rn ||
-	    rn->address != (is_loopback4(val->address) ? bpf_htonl(0x7f000001) : val->address) ||
+	if (!rn || rn->address != (is_loopback4(val->address) ? LOCALHOST4 : val->address) ||
 	    rn->port != val->port) {
 		lb_count(LB_M_REVNAT_STALE);
 		bpf_map_delete_elem(&sock4_revnat_v1, &rkey);

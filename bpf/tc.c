@@ -182,18 +182,11 @@ static __always_inline int tc_icmp_error(struct __sk_buff *skb, struct pkt4 *p, 
 static __always_inline int tc_reset(struct __sk_buff *skb, const struct pkt4 *p,
 				    const struct ct4_entry *e)
 {
-	struct ct4_key okey = {
-		.saddr = p->saddr,
-		.daddr = p->daddr,
-		.sport = p->sport,
-		.dport = p->dport,
-		.proto = p->proto,
-		.dir = CT_DIR_ORIG,
-	};
-	struct ct4_key rkey = {};
+	struct ct4_key okey, rkey;
 	struct ct4_entry *r;
 	int ret;
 
+	ct_orig_key(&okey, p);
 	ct_reply_key(&rkey, e, p);
 	bpf_map_delete_elem(&tc4_ct_v1, &okey);
 	r = bpf_map_lookup_elem(&tc4_ct_v1, &rkey);

@@ -34,27 +34,35 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xdp4_devs_v1 SEC(".maps");
 
-/* xdp_send rewrites the frame that p describes to the tuple n and sends it
- * to n's destination: back out of the device it came in on, or redirected
- * to another device with this program. Anything the FIB cannot resolve on
- * its own (no neighbour entry, no route, too big for the MTU) and any other
- * egress device is passed untouched, for TC to do or drop as it does. */
-static __always_inline int xdp_send(struct xdp_md *ctx, const struct pkt4 *p, const struct pkt4 *n)
+/* xdp_send rewrites the frame that p describes to the tuple that the
+ * flow's entry e gives its packets (both entries of a source-NATed flow hold
+ * all four of it) and sends it to that destination: back out of the device
+ * it came in on, or redirected to another device with this program.
+ * Anything the FIB cannot resolve on its own (no neighbour entry, no route,
+ * too big for the MTU) and any other egress device is passed untouched, for
+ * TC to do or drop as it does. */
+static __always_inline int xdp_send(struct xdp_md *ctx, const struct pkt4 *p,
+				    const struct ct4_entry *e)
 {
 	struct bpf_fib_lookup fib = {
 		.family = PKT_AF_INET,
 		.tos = p->tos,
 		.l4_protocol = p->proto,
-		.sport = n->sport,
-		.dport = n->dport,
+		.sport = e->nat_sport,
+		.dport = e->nat_dport,
 		.tot_len = p->tot_len,
-		.ipv4_src = n->saddr,
-		.ipv4_dst = n->daddr,
+		.ipv4_src = e->nat_saddr,
+		.ipv4_dst = e->nat_daddr,
 		.ifindex = ctx->ingress_ifindex,
 	};
+	struct pkt4 n = *p;
 	__u32 ifindex = ctx->ingress_ifindex;
 	long ret;
 
+	n.saddr = e->nat_saddr;
+	n.sport = e->nat_sport;
+	n.daddr = e->nat_daddr;
+	n.dport = e->nat_dport;
 	if (p->ttl <= 1)
 		goto pass;
 	ret = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
@@ -62,7 +70,7 @@ static __always_inline int xdp_send(struct xdp_md *ctx, const struct pkt4 *p, co
 		goto pass;
 	if (fib.ifindex != ifindex && !bpf_map_lookup_elem(&xdp4_devs_v1, &fib.ifindex))
 		goto pass;
-	if (xdp_pkt4_rewrite(ctx, p, n, &fib))
+	if (xdp_pkt4_rewrite(ctx, p, &n, &fib))
 		goto pass;
 	if (fib.ifindex == ifindex)
 		return XDP_TX;
@@ -77,14 +85,9 @@ pass:
 static __always_inline int xdp_orig(struct xdp_md *ctx, const struct pkt4 *p,
 				    const struct ct4_entry *e, enum lb_metric m)
 {
-	struct pkt4 n = *p;
 	int ret;
 
-	n.saddr = e->nat_saddr;
-	n.sport = e->nat_sport;
-	n.daddr = e->nat_daddr;
-	n.dport = e->nat_dport;
-	ret = xdp_send(ctx, p, &n);
+	ret = xdp_send(ctx, p, e);
 	if (ret != XDP_PASS)
 		lb_count(m);
 	return ret;
@@ -95,14 +98,9 @@ static __always_inline int xdp_orig(struct xdp_md *ctx, const struct pkt4 *p,
 static __always_inline int xdp_reply(struct xdp_md *ctx, const struct pkt4 *p, struct ct4_entry *e,
 				     __u32 now)
 {
-	struct pkt4 n = *p;
 	int ret;
 
-	n.saddr = e->nat_saddr;
-	n.sport = e->nat_sport;
-	n.daddr = e->nat_daddr;
-	n.dport = e->nat_dport;
-	ret = xdp_send(ctx, p, &n);
+	ret = xdp_send(ctx, p, e);
 	if (ret != XDP_PASS) {
 		ct_refresh_dir(e, p, now, true);
 		lb_count(LB_M_XDP_REPLY);

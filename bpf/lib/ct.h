@@ -181,6 +181,19 @@ static __always_inline bool ct_reply_late(const struct ct4_entry *e, const struc
 	       !(p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_RST));
 }
 
+/* ct_orig_key is the key of the client-side entry of p's flow. */
+static __always_inline void ct_orig_key(struct ct4_key *okey, const struct pkt4 *p)
+{
+	okey->saddr = p->saddr;
+	okey->daddr = p->daddr;
+	okey->sport = p->sport;
+	okey->dport = p->dport;
+	okey->proto = p->proto;
+	okey->dir = CT_DIR_ORIG;
+	okey->pad[0] = 0;
+	okey->pad[1] = 0;
+}
+
 /* ct_reply_key is the key of the reply entry of the flow whose client-side
  * entry is orig, for a packet p of that flow. */
 static __always_inline void ct_reply_key(struct ct4_key *rkey, const struct ct4_entry *orig,

@@ -280,12 +280,7 @@ static __always_inline int np_record(void *ctx, __u32 ifindex, const struct pkt4
 		orig->flags |= CT_F_SNAT;
 		ct_refresh(orig, p, now);
 	}
-	okey.saddr = p->saddr;
-	okey.daddr = p->daddr;
-	okey.sport = p->sport;
-	okey.dport = p->dport;
-	okey.proto = p->proto;
-	okey.dir = CT_DIR_ORIG;
+	ct_orig_key(&okey, p);
 	if (bpf_map_update_elem(&tc4_ct_v1, &okey, orig, BPF_ANY)) {
 		bpf_map_delete_elem(&tc4_ct_v1, &rkey);
 		lb_count(LB_M_TC_CT_FULL);
@@ -330,17 +325,11 @@ static __always_inline void np_forget_stale_reply(const struct pkt4 *p)
 static __always_inline struct ct4_entry *np_lookup_tracked(const struct pkt4 *p, __u32 now,
 							   bool *reply)
 {
-	struct ct4_key key = {
-		.saddr = p->saddr,
-		.daddr = p->daddr,
-		.sport = p->sport,
-		.dport = p->dport,
-		.proto = p->proto,
-		.dir = CT_DIR_ORIG,
-	};
+	struct ct4_key key;
 	struct ct4_entry *e;
 	__u16 port;
 
+	ct_orig_key(&key, p);
 	e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
 	if (e && np_orig_valid(e, p, now)) {
 		ct_refresh(e, p, now);

@@ -2,14 +2,14 @@ package k8swatch
 
 import (
 	v1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// strip is the informers' transform: it drops everything the translation
-// does not read before the object enters the informer's cache, so that the
-// cache of 10,000 Services and their slices holds only what the proxy uses.
+// strip is the Service and Node informers' transform: it drops everything
+// the translation does not read before the object enters the informer's
+// cache, so that the cache of 10,000 Services holds only what the proxy uses
+// (the EndpointSlice informer keeps translations: sliceTransform).
 // managedFields and last-applied-configuration annotations alone are often
 // larger than the rest of an object.
 //
@@ -20,8 +20,6 @@ func strip(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *v1.Service:
 		stripService(o)
-	case *discoveryv1.EndpointSlice:
-		stripEndpointSlice(o)
 	case *v1.Node:
 		stripNode(o)
 	}
@@ -58,9 +56,6 @@ var (
 	serviceLabels = []string{LabelServiceProxyName, LabelHeadless}
 	// serviceAnnotations are ebpf-proxy's own settings of a Service.
 	serviceAnnotations = []string{AnnotationLBAlgorithm}
-	sliceLabels        = []string{discoveryv1.LabelServiceName, LabelServiceProxyName, LabelHeadless}
-	// sliceAnnotations feed the network programming latency metric.
-	sliceAnnotations = []string{v1.EndpointsLastChangeTriggerTime}
 	// nodeLabels are the labels endpoint selection reads.
 	nodeLabels = []string{v1.LabelTopologyZone}
 )
@@ -84,23 +79,6 @@ func stripService(s *v1.Service) {
 		ing := &s.Status.LoadBalancer.Ingress[i]
 		ing.Hostname = ""
 		ing.Ports = nil
-	}
-}
-
-func stripEndpointSlice(es *discoveryv1.EndpointSlice) {
-	stripMeta(&es.ObjectMeta, sliceLabels, sliceAnnotations)
-	for i := range es.Ports {
-		es.Ports[i].AppProtocol = nil
-	}
-	for i := range es.Endpoints {
-		ep := &es.Endpoints[i]
-		// Only the first address is ever used.
-		if len(ep.Addresses) > 1 {
-			ep.Addresses = []string{ep.Addresses[0]}
-		}
-		ep.TargetRef = nil
-		ep.Hostname = nil
-		ep.DeprecatedTopology = nil
 	}
 }
 

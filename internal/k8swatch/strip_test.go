@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -80,33 +79,6 @@ func TestStrip(t *testing.T) {
 			},
 		},
 		{
-			name: "EndpointSlice",
-			obj: makeEndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{
-				endpoint("10.244.1.1", "node-a", func(ep *discoveryv1.Endpoint) {
-					ep.Addresses = append(ep.Addresses, "10.244.1.2")
-					ep.Zone = ptr.To("zone-a")
-					ep.Hostname = ptr.To("pod-1")
-					ep.TargetRef = &v1.ObjectReference{Kind: "Pod", Namespace: "ns", Name: "pod-1"}
-					ep.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}}
-				}),
-			}, func(es *discoveryv1.EndpointSlice) {
-				bulkyMeta(&es.ObjectMeta)
-				es.Annotations[v1.EndpointsLastChangeTriggerTime] = "2026-07-01T12:00:00Z"
-				es.Ports[0].AppProtocol = ptr.To("http")
-			}),
-			gone: func(obj runtime.Object) []string {
-				es := obj.(*discoveryv1.EndpointSlice)
-				var bad []string
-				if es.ManagedFields != nil || len(es.Annotations) != 1 || len(es.Labels) != 1 || es.OwnerReferences != nil {
-					bad = append(bad, "metadata kept")
-				}
-				if ep := es.Endpoints[0]; ep.TargetRef != nil || ep.Hostname != nil || len(ep.Addresses) != 1 {
-					bad = append(bad, "endpoint details kept")
-				}
-				return bad
-			},
-		},
-		{
 			name: "Node",
 			obj: func() runtime.Object {
 				n := makeNode("node-a", "zone-a", v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.77.10"})
@@ -137,8 +109,6 @@ func TestStrip(t *testing.T) {
 		switch o := obj.(type) {
 		case *v1.Service:
 			return tl.ServicePorts(o)
-		case *discoveryv1.EndpointSlice:
-			return tl.EndpointSlice(o)
 		case *v1.Node:
 			return tl.Node(o)
 		}

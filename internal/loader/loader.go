@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -147,16 +149,9 @@ func Load(cfg Config) (*Loaded, error) {
 	if l.Maglev, err = loadMaglevMaps(cfg.BPFFSPath, sizes); err != nil {
 		return nil, err
 	}
-	if err := spec.LoadAndAssign(&l.Objects, opts); err != nil {
+	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "a program", "BPF objects"); err != nil {
 		l.Maglev.Close()
-		if errors.Is(err, ebpf.ErrMapIncompatible) {
-			return nil, fmt.Errorf("%w under %s (run with --cleanup to start afresh): %w", ErrPinnedMapMismatch, mapsDir(cfg.BPFFSPath), err)
-		}
-		var verr *ebpf.VerifierError
-		if errors.As(err, &verr) {
-			return nil, fmt.Errorf("verifier rejected a program: %+v", verr)
-		}
-		return nil, fmt.Errorf("load BPF objects: %w", err)
+		return nil, err
 	}
 	if err := l.attach(cfg); err != nil {
 		l.Close()
@@ -285,14 +280,37 @@ func (l *Loaded) Close() {
 // first, so that no program runs against maps being removed, then maps.
 // It is not an error if nothing is pinned.
 func Cleanup(bpffs string) error {
-	var errs []error
-	entries, err := os.ReadDir(linksDir(bpffs))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("read %s: %w", linksDir(bpffs), err)
+	errs := []error{unpinLinks(bpffs, "", nil)}
+	for _, dir := range []string{linksDir(bpffs), mapsDir(bpffs), bpffs} {
+		if err := removeDirPins(dir); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	for _, e := range entries {
-		pin := filepath.Join(linksDir(bpffs), e.Name())
+	return errors.Join(errs...)
+}
+
+// unpinLinks unpins, and so detaches, the links pinned under bpffs whose
+// names start with prefix and are not in keep; with names given, exactly
+// those (a missing one is no error). A missing links directory is no error.
+func unpinLinks(bpffs, prefix string, keep map[string]bool, names ...string) error {
+	if names == nil {
+		entries, err := os.ReadDir(linksDir(bpffs))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("read %s: %w", linksDir(bpffs), err)
+		}
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), prefix) && !keep[e.Name()] {
+				names = append(names, e.Name())
+			}
+		}
+	}
+	var errs []error
+	for _, n := range names {
+		pin := filepath.Join(linksDir(bpffs), n)
 		lk, err := link.LoadPinnedLink(pin, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("open %s: %w", pin, err))
 			continue
@@ -303,12 +321,50 @@ func Cleanup(bpffs string) error {
 		// Closing the last reference detaches the program.
 		lk.Close()
 	}
-	for _, dir := range []string{linksDir(bpffs), mapsDir(bpffs), bpffs} {
-		if err := removeDirPins(dir); err != nil {
-			errs = append(errs, err)
+	return errors.Join(errs...)
+}
+
+// loadPinned loads spec into objs with its maps pinned (and adopted) under
+// bpffs, naming in its errors the program (a verifier rejection) and the
+// objects being loaded.
+func loadPinned(spec *ebpf.CollectionSpec, objs any, opts *ebpf.CollectionOptions, bpffs, program, objects string) error {
+	err := spec.LoadAndAssign(objs, opts)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		return fmt.Errorf("%w under %s (run with --cleanup to start afresh): %w", ErrPinnedMapMismatch, mapsDir(bpffs), err)
+	}
+	var verr *ebpf.VerifierError
+	if errors.As(err, &verr) {
+		return fmt.Errorf("verifier rejected %s: %+v", program, verr)
+	}
+	return fmt.Errorf("load %s: %w", objects, err)
+}
+
+// pruneKeys deletes the entries of m, a map keyed by uint32, whose keys are
+// not in keep; what names the entries in errors. V is the map's value type.
+func pruneKeys[V any](m *ebpf.Map, keep []uint32, what string) error {
+	var (
+		k     uint32
+		v     V
+		stale []uint32
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if !slices.Contains(keep, k) {
+			stale = append(stale, k)
 		}
 	}
-	return errors.Join(errs...)
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", what, err)
+	}
+	for _, k := range stale {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("forget %s of ifindex %d: %w", what, k, err)
+		}
+	}
+	return nil
 }
 
 func removeDirPins(dir string) error {

@@ -109,15 +109,8 @@ func LoadTC(cfg TCConfig) (*TCLoaded, error) {
 	}
 	l := &TCLoaded{}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: mapsDir(cfg.BPFFSPath)}}
-	if err := spec.LoadAndAssign(&l.Objects, opts); err != nil {
-		if errors.Is(err, ebpf.ErrMapIncompatible) {
-			return nil, fmt.Errorf("%w under %s (run with --cleanup to start afresh): %w", ErrPinnedMapMismatch, mapsDir(cfg.BPFFSPath), err)
-		}
-		var verr *ebpf.VerifierError
-		if errors.As(err, &verr) {
-			return nil, fmt.Errorf("verifier rejected a TC program: %+v", verr)
-		}
-		return nil, fmt.Errorf("load TC objects: %w", err)
+	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "a TC program", "TC objects"); err != nil {
+		return nil, err
 	}
 	if err := l.attach(cfg); err != nil {
 		l.Close()
@@ -369,61 +362,11 @@ func removeClsactFilters(dev netlink.Link) error {
 // detachStaleTC unpins (and so detaches) the pinned TC links that are not
 // in keep, or with names given, exactly those.
 func detachStaleTC(bpffs string, keep map[string]bool, names ...string) error {
-	if names == nil {
-		entries, err := os.ReadDir(linksDir(bpffs))
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("read %s: %w", linksDir(bpffs), err)
-		}
-		for _, e := range entries {
-			if strings.HasPrefix(e.Name(), "tc_") && !keep[e.Name()] {
-				names = append(names, e.Name())
-			}
-		}
-	}
-	var errs []error
-	for _, n := range names {
-		pin := filepath.Join(linksDir(bpffs), n)
-		lk, err := link.LoadPinnedLink(pin, nil)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("open %s: %w", pin, err))
-			continue
-		}
-		if err := lk.Unpin(); err != nil {
-			errs = append(errs, fmt.Errorf("unpin %s: %w", pin, err))
-		}
-		lk.Close()
-	}
-	return errors.Join(errs...)
+	return unpinLinks(bpffs, "tc_", keep, names...)
 }
 
 func pruneSNATAddrs(m *ebpf.Map, keep []uint32) error {
-	var (
-		idx   uint32
-		v     bpfobj.TcTc4SnatAddr
-		stale []uint32
-	)
-	it := m.Iterate()
-	for it.Next(&idx, &v) {
-		found := false
-		for _, k := range keep {
-			found = found || k == idx
-		}
-		if !found {
-			stale = append(stale, idx)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read source NAT addresses: %w", err)
-	}
-	for _, idx := range stale {
-		if err := m.Delete(idx); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("forget source NAT address of ifindex %d: %w", idx, err)
-		}
-	}
-	return nil
+	return pruneKeys[bpfobj.TcTc4SnatAddr](m, keep, "source NAT address")
 }
 
 // be32Addr is a in network order, as the C side's __be32 holds it.

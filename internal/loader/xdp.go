@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -104,15 +103,8 @@ func LoadXDP(cfg XDPConfig) (*XDPLoaded, error) {
 	}
 	l := &XDPLoaded{Mode: cfg.Mode, Failed: map[string]error{}}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: mapsDir(cfg.BPFFSPath)}}
-	if err := spec.LoadAndAssign(&l.Objects, opts); err != nil {
-		if errors.Is(err, ebpf.ErrMapIncompatible) {
-			return nil, fmt.Errorf("%w under %s (run with --cleanup to start afresh): %w", ErrPinnedMapMismatch, mapsDir(cfg.BPFFSPath), err)
-		}
-		var verr *ebpf.VerifierError
-		if errors.As(err, &verr) {
-			return nil, fmt.Errorf("verifier rejected the XDP program: %+v", verr)
-		}
-		return nil, fmt.Errorf("load XDP objects: %w", err)
+	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "the XDP program", "XDP objects"); err != nil {
+		return nil, err
 	}
 	wanted := map[string]bool{}
 	for _, d := range cfg.Devices {
@@ -205,54 +197,12 @@ func (l *XDPLoaded) setDevices(ifindexes []uint32) error {
 			return fmt.Errorf("device map entry of ifindex %d: %w", idx, err)
 		}
 	}
-	var (
-		k, v  uint32
-		stale []uint32
-	)
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		found := false
-		for _, idx := range ifindexes {
-			found = found || idx == k
-		}
-		if !found {
-			stale = append(stale, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read the XDP device map: %w", err)
-	}
-	for _, k := range stale {
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("forget ifindex %d in the XDP device map: %w", k, err)
-		}
-	}
-	return nil
+	return pruneKeys[uint32](m, ifindexes, "XDP device map entry")
 }
 
 // detachStaleXDP unpins (and so detaches) the pinned XDP links not in keep.
 func detachStaleXDP(bpffs string, keep map[string]bool) error {
-	entries, err := os.ReadDir(linksDir(bpffs))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("read %s: %w", linksDir(bpffs), err)
-	}
-	var errs []error
-	for _, e := range entries {
-		if !strings.HasPrefix(e.Name(), "xdp_") || keep[e.Name()] {
-			continue
-		}
-		pin := filepath.Join(linksDir(bpffs), e.Name())
-		lk, err := link.LoadPinnedLink(pin, nil)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("open %s: %w", pin, err))
-			continue
-		}
-		if err := lk.Unpin(); err != nil {
-			errs = append(errs, fmt.Errorf("unpin %s: %w", pin, err))
-		}
-		lk.Close()
-	}
-	return errors.Join(errs...)
+	return unpinLinks(bpffs, "xdp_", keep)
 }
 
 // CleanupXDP detaches every XDP program an agent attached (its pinned links

@@ -88,15 +88,14 @@ func (f *fixture) loadXDP(tb testing.TB, devs ...uint32) *bpfobj.XdpObjects {
 const secondDevice = "n1"
 
 var (
-	secondAddr  = netip.MustParseAddr("192.168.78.11")
-	nodeCAddr   = netip.MustParseAddr("192.168.78.13")
-	nodeCPods   = netip.MustParsePrefix("10.244.3.0/24")
-	nodeDAddr   = netip.MustParseAddr("192.168.77.14")
-	nodeDPods   = netip.MustParsePrefix("10.244.4.0/24")
-	secondMAC   = net.HardwareAddr{0x02, 0x78, 0x00, 0x00, 0x00, 0x11}
-	nodeCMAC    = net.HardwareAddr{0x02, 0x78, 0x00, 0x00, 0x00, 0x13}
-	nodeCSNAT   = netip.AddrPortFrom(secondAddr, snatPort)
-	nodeDRoutes = nodeDPods
+	secondAddr = netip.MustParseAddr("192.168.78.11")
+	nodeCAddr  = netip.MustParseAddr("192.168.78.13")
+	nodeCPods  = netip.MustParsePrefix("10.244.3.0/24")
+	nodeDAddr  = netip.MustParseAddr("192.168.77.14")
+	nodeDPods  = netip.MustParsePrefix("10.244.4.0/24")
+	secondMAC  = net.HardwareAddr{0x02, 0x78, 0x00, 0x00, 0x00, 0x11}
+	nodeCMAC   = net.HardwareAddr{0x02, 0x78, 0x00, 0x00, 0x00, 0x13}
+	nodeCSNAT  = netip.AddrPortFrom(secondAddr, snatPort)
 )
 
 // addSecondUplink creates n1 towards node-c (with node-c's neighbour entry
@@ -135,7 +134,7 @@ func (f *fixture) addSecondUplink(tb testing.TB) uint32 {
 	}
 	for _, r := range []*netlink.Route{
 		{LinkIndex: link.Attrs().Index, Dst: &net.IPNet{IP: nodeCPods.Addr().AsSlice(), Mask: net.CIDRMask(nodeCPods.Bits(), 32)}, Gw: nodeCAddr.AsSlice()},
-		{LinkIndex: n0.Attrs().Index, Dst: &net.IPNet{IP: nodeDRoutes.Addr().AsSlice(), Mask: net.CIDRMask(nodeDRoutes.Bits(), 32)}, Gw: nodeDAddr.AsSlice()},
+		{LinkIndex: n0.Attrs().Index, Dst: &net.IPNet{IP: nodeDPods.Addr().AsSlice(), Mask: net.CIDRMask(nodeDPods.Bits(), 32)}, Gw: nodeDAddr.AsSlice()},
 	} {
 		if err := nl.RouteAdd(r); err != nil {
 			tb.Fatalf("route %v: %v", r, err)
