@@ -7,8 +7,11 @@ import (
 	"slices"
 	"time"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
+
 	"github.com/spf13/pflag"
-	"k8s.io/apimachinery/pkg/apis/meta/v1"
+	v1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	componentbase "k8s.io/component-base/config/v1alpha1"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	kubeproxy "k8s.io/kube-proxy/config/v1alpha1"
@@ -120,7 +123,7 @@ func (o *options) applyConfig(c *kubeproxy.KubeProxyConfiguration, set func(name
 	o.bindAddrHardFail = c.BindAddressHardFail
 	o.profiling = c.EnableProfiling
 	o.showHiddenMetrics = c.ShowHiddenMetricsForVersion
-	o.proxyMode = str(string(c.Mode), modeAuto)
+	o.proxyMode = str(string(c.Mode), proxymode.Auto)
 
 	o.masqueradeBit = d.masqueradeBit
 	if c.IPTables.MasqueradeBit != nil {
@@ -148,24 +151,24 @@ func (o *options) applyConfig(c *kubeproxy.KubeProxyConfiguration, set func(name
 	if c.OOMScoreAdj != nil {
 		o.oomScoreAdj = *c.OOMScoreAdj
 	}
-	o.conntrack = conntrackOptions{
-		maxPerCore: c.Conntrack.MaxPerCore,
-		min:        c.Conntrack.Min,
+	o.conntrack = conntrack.Settings{
+		MaxPerCore: c.Conntrack.MaxPerCore,
+		Min:        c.Conntrack.Min,
 	}
 	if t := c.Conntrack.TCPEstablishedTimeout; t != nil {
-		o.conntrack.tcpEstablished = &t.Duration
+		o.conntrack.TCPEstablished = &t.Duration
 	}
 	if t := c.Conntrack.TCPCloseWaitTimeout; t != nil {
-		o.conntrack.tcpCloseWait = &t.Duration
+		o.conntrack.TCPCloseWait = &t.Duration
 	}
 	if c.Conntrack.TCPBeLiberal {
-		o.conntrack.tcpBeLiberal = &c.Conntrack.TCPBeLiberal
+		o.conntrack.TCPBeLiberal = &c.Conntrack.TCPBeLiberal
 	}
 	if t := c.Conntrack.UDPTimeout.Duration; t != 0 {
-		o.conntrack.udpTimeout = &t
+		o.conntrack.UDPTimeout = &t
 	}
 	if t := c.Conntrack.UDPStreamTimeout.Duration; t != 0 {
-		o.conntrack.udpStreamTimeout = &t
+		o.conntrack.UDPStreamTimeout = &t
 	}
 	o.configSyncPeriod = dur(c.ConfigSyncPeriod, d.configSyncPeriod)
 	return ignored
@@ -212,19 +215,19 @@ func (o *options) toConfig() *kubeproxy.KubeProxyConfiguration {
 	oom := o.oomScoreAdj
 	c.OOMScoreAdj = &oom
 	ct := o.conntrack
-	c.Conntrack = kubeproxy.KubeProxyConntrackConfiguration{MaxPerCore: ct.maxPerCore, Min: ct.min}
-	if ct.tcpEstablished != nil {
-		c.Conntrack.TCPEstablishedTimeout = &v1.Duration{Duration: *ct.tcpEstablished}
+	c.Conntrack = kubeproxy.KubeProxyConntrackConfiguration{MaxPerCore: ct.MaxPerCore, Min: ct.Min}
+	if ct.TCPEstablished != nil {
+		c.Conntrack.TCPEstablishedTimeout = &v1.Duration{Duration: *ct.TCPEstablished}
 	}
-	if ct.tcpCloseWait != nil {
-		c.Conntrack.TCPCloseWaitTimeout = &v1.Duration{Duration: *ct.tcpCloseWait}
+	if ct.TCPCloseWait != nil {
+		c.Conntrack.TCPCloseWaitTimeout = &v1.Duration{Duration: *ct.TCPCloseWait}
 	}
-	c.Conntrack.TCPBeLiberal = ct.tcpBeLiberal != nil && *ct.tcpBeLiberal
-	if ct.udpTimeout != nil {
-		c.Conntrack.UDPTimeout = v1.Duration{Duration: *ct.udpTimeout}
+	c.Conntrack.TCPBeLiberal = ct.TCPBeLiberal != nil && *ct.TCPBeLiberal
+	if ct.UDPTimeout != nil {
+		c.Conntrack.UDPTimeout = v1.Duration{Duration: *ct.UDPTimeout}
 	}
-	if ct.udpStreamTimeout != nil {
-		c.Conntrack.UDPStreamTimeout = v1.Duration{Duration: *ct.udpStreamTimeout}
+	if ct.UDPStreamTimeout != nil {
+		c.Conntrack.UDPStreamTimeout = v1.Duration{Duration: *ct.UDPStreamTimeout}
 	}
 	c.ConfigSyncPeriod = v1.Duration{Duration: o.configSyncPeriod}
 	return c

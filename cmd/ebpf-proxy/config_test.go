@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
+
 	"github.com/spf13/pflag"
 )
 
@@ -51,7 +53,7 @@ func TestKubeadmConfigFileRunsUnchanged(t *testing.T) {
 		{"kubeconfig", o.kubeconfig, "/var/lib/kube-proxy/kubeconfig.conf"},
 		{"hostname (the flag wins)", o.hostnameOverride, "node-7"},
 		{"cluster CIDR", o.clusterPrefix.String(), "10.244.0.0/16"},
-		{"proxy mode (empty: auto)", o.proxyMode, modeAuto},
+		{"proxy mode (empty: auto)", o.proxyMode, proxymode.Auto},
 		{"strict ARP", o.ipvsStrictARP, true},
 		{"healthz address", o.healthzBindAddress, "0.0.0.0:10256"},
 		{"metrics address", o.metricsBindAddress, "127.0.0.1:10249"},
@@ -65,7 +67,7 @@ func TestKubeadmConfigFileRunsUnchanged(t *testing.T) {
 		{"ipvs sync period", o.ipvsSyncPeriod, 30 * time.Second},
 		{"config sync period", o.configSyncPeriod, 15 * time.Minute},
 		{"oom score adj", o.oomScoreAdj, int32(-999)},
-		{"conntrack max per core (mode default)", o.conntrack.maxPerCore == nil, true},
+		{"conntrack max per core (mode default)", o.conntrack.MaxPerCore == nil, true},
 		{"node IP override (0.0.0.0: none)", o.nodeIP.IsValid(), false},
 	} {
 		if !reflect.DeepEqual(c.got, c.want) {
@@ -98,10 +100,10 @@ logging:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.proxyMode != modeIPTables {
+	if o.proxyMode != proxymode.IPTables {
 		t.Errorf("mode %q: the file's iptables must win over --proxy-mode", o.proxyMode)
 	}
-	if s, m := o.syncPeriods(modeIPTables); s != time.Minute || m != 2*time.Second {
+	if s, m := o.syncPeriods(proxymode.IPTables); s != time.Minute || m != 2*time.Second {
 		t.Errorf("iptables sync periods %s/%s, want the file's 1m/2s", s, m)
 	}
 	if o.hostnameOverride != "From-File" || o.verbosity != 3 || o.loggingFormat != "text" {
@@ -110,7 +112,7 @@ logging:
 	if o.nodeIP.String() != "192.168.77.7" {
 		t.Errorf("node IP %v, want the file's bindAddress", o.nodeIP)
 	}
-	if o.conntrack.maxPerCore == nil || *o.conntrack.maxPerCore != 0 || o.conntrack.tcpEstablished == nil || *o.conntrack.tcpEstablished != 2*time.Hour {
+	if o.conntrack.MaxPerCore == nil || *o.conntrack.MaxPerCore != 0 || o.conntrack.TCPEstablished == nil || *o.conntrack.TCPEstablished != 2*time.Hour {
 		t.Errorf("conntrack %+v: want maxPerCore 0 and 2h given", o.conntrack)
 	}
 	if o.gates.enabled(gatePreferSameTrafficDistribution, true) {
@@ -199,9 +201,9 @@ func TestSyncPeriodsFollowTheMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	for mode, want := range map[string][2]time.Duration{
-		modeEBPF:     {time.Minute, 0},
-		modeIPTables: {2 * time.Minute, 3 * time.Second},
-		modeIPVS:     {4 * time.Minute, 5 * time.Second},
+		proxymode.EBPF:     {time.Minute, 0},
+		proxymode.IPTables: {2 * time.Minute, 3 * time.Second},
+		proxymode.IPVS:     {4 * time.Minute, 5 * time.Second},
 	} {
 		if s, m := o.syncPeriods(mode); s != want[0] || m != want[1] {
 			t.Errorf("%s: %s/%s, want %s/%s", mode, s, m, want[0], want[1])

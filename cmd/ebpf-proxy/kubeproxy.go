@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
+
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 )
@@ -39,92 +41,47 @@ func (g featureGates) enabled(gate string, def bool) bool {
 	return def
 }
 
-// conntrackOptions are kube-proxy's --conntrack-* settings. A nil field
-// was not given: kube-proxy's default then applies in iptables and ipvs
-// mode, whose Service NAT lives in the kernel's connection tracking table,
-// and nothing is written in ebpf mode, whose does not (see conntrack.go).
-type conntrackOptions struct {
-	maxPerCore       *int32
-	min              *int32
-	tcpEstablished   *time.Duration
-	tcpCloseWait     *time.Duration
-	tcpBeLiberal     *bool
-	udpTimeout       *time.Duration
-	udpStreamTimeout *time.Duration
+// optional is a flag value that stays nil until the flag is given, for
+// kube-proxy's settings whose default depends on the proxy mode.
+type optional[T any] struct {
+	p     **T
+	parse func(string) (T, error)
+	typ   string
 }
 
-func defaultConntrack() conntrackOptions { return conntrackOptions{} }
-
-// kube-proxy's defaults for the conntrack settings.
-const (
-	defaultConntrackMaxPerCore     = 32768
-	defaultConntrackMin            = 131072
-	defaultConntrackTCPEstablished = 24 * time.Hour
-	defaultConntrackTCPCloseWait   = time.Hour
-)
-
-// optional flag values: nil until the flag is given.
-type optInt32 struct{ p **int32 }
-
-func (v optInt32) String() string {
+func (v optional[T]) String() string {
 	if *v.p == nil {
 		return ""
 	}
-	return strconv.Itoa(int(**v.p))
+	return fmt.Sprint(**v.p)
 }
 
-func (v optInt32) Set(s string) error {
-	n, err := strconv.ParseInt(s, 10, 32)
+func (v optional[T]) Set(s string) error {
+	x, err := v.parse(s)
 	if err != nil {
 		return err
 	}
-	x := int32(n)
 	*v.p = &x
 	return nil
 }
 
-func (v optInt32) Type() string { return "int32" }
+func (v optional[T]) Type() string { return v.typ }
 
-type optDuration struct{ p **time.Duration }
+// IsBoolFlag lets a boolean flag be given without a value.
+func (v optional[T]) IsBoolFlag() bool { return v.typ == "bool" }
 
-func (v optDuration) String() string {
-	if *v.p == nil {
-		return ""
-	}
-	return (**v.p).String()
+func optInt32(p **int32) optional[int32] {
+	return optional[int32]{p, func(s string) (int32, error) {
+		n, err := strconv.ParseInt(s, 10, 32)
+		return int32(n), err
+	}, "int32"}
 }
 
-func (v optDuration) Set(s string) error {
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return err
-	}
-	*v.p = &d
-	return nil
+func optDuration(p **time.Duration) optional[time.Duration] {
+	return optional[time.Duration]{p, time.ParseDuration, "duration"}
 }
 
-func (v optDuration) Type() string { return "duration" }
-
-type optBool struct{ p **bool }
-
-func (v optBool) String() string {
-	if *v.p == nil {
-		return ""
-	}
-	return strconv.FormatBool(**v.p)
-}
-
-func (v optBool) Set(s string) error {
-	b, err := strconv.ParseBool(s)
-	if err != nil {
-		return err
-	}
-	*v.p = &b
-	return nil
-}
-
-func (v optBool) Type() string     { return "bool" }
-func (v optBool) IsBoolFlag() bool { return true }
+func optBool(p **bool) optional[bool] { return optional[bool]{p, strconv.ParseBool, "bool"} }
 
 func (o *options) addKubeProxyFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.configFile, "config", o.configFile, "The path to kube-proxy's configuration file (KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1). As in kube-proxy, the file replaces kube-proxy's own flags (except --hostname-override); ebpf-proxy's flags still apply.")
@@ -148,13 +105,13 @@ func (o *options) addKubeProxyFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.detectLocalMode, "detect-local-mode", o.detectLocalMode, "How iptables and ipvs mode tell pod traffic from the rest: 'ClusterCIDR' (default) or 'BridgeInterface' or 'InterfaceNamePrefix'. ebpf mode sees every client's socket and needs none.")
 	fs.StringVar(&o.podBridgeInterface, "pod-bridge-interface", o.podBridgeInterface, "With --detect-local-mode=BridgeInterface, the bridge the node's pods are attached to.")
 	fs.StringVar(&o.podInterfacePrefix, "pod-interface-name-prefix", o.podInterfacePrefix, "With --detect-local-mode=InterfaceNamePrefix, the prefix of the node's pod interfaces.")
-	fs.Var(optInt32{&o.conntrack.maxPerCore}, "conntrack-max-per-core", "Maximum number of NAT connections to track per CPU core (0 to leave the limit as is and ignore conntrack-min); kube-proxy's default 32768 applies in iptables and ipvs mode.")
-	fs.Var(optInt32{&o.conntrack.min}, "conntrack-min", "Minimum number of connection tracking entries to allocate, whatever conntrack-max-per-core says; default 131072 in iptables and ipvs mode.")
-	fs.Var(optDuration{&o.conntrack.tcpEstablished}, "conntrack-tcp-timeout-established", "Idle timeout of established TCP connections in the connection tracking table (0 to leave it as is); default 24h in iptables and ipvs mode.")
-	fs.Var(optDuration{&o.conntrack.tcpCloseWait}, "conntrack-tcp-timeout-close-wait", "Time connection tracking keeps TCP connections in CLOSE_WAIT; default 1h in iptables and ipvs mode.")
-	fs.Var(optBool{&o.conntrack.tcpBeLiberal}, "conntrack-tcp-be-liberal", "Mark only out-of-window RST segments as INVALID (nf_conntrack_tcp_be_liberal=1).")
-	fs.Var(optDuration{&o.conntrack.udpTimeout}, "conntrack-udp-timeout", "Idle timeout of UNREPLIED UDP entries (0 to leave it as is).")
-	fs.Var(optDuration{&o.conntrack.udpStreamTimeout}, "conntrack-udp-timeout-stream", "Idle timeout of ASSURED UDP entries (0 to leave it as is).")
+	fs.Var(optInt32(&o.conntrack.MaxPerCore), "conntrack-max-per-core", "Maximum number of NAT connections to track per CPU core (0 to leave the limit as is and ignore conntrack-min); kube-proxy's default 32768 applies in iptables and ipvs mode.")
+	fs.Var(optInt32(&o.conntrack.Min), "conntrack-min", "Minimum number of connection tracking entries to allocate, whatever conntrack-max-per-core says; default 131072 in iptables and ipvs mode.")
+	fs.Var(optDuration(&o.conntrack.TCPEstablished), "conntrack-tcp-timeout-established", "Idle timeout of established TCP connections in the connection tracking table (0 to leave it as is); default 24h in iptables and ipvs mode.")
+	fs.Var(optDuration(&o.conntrack.TCPCloseWait), "conntrack-tcp-timeout-close-wait", "Time connection tracking keeps TCP connections in CLOSE_WAIT; default 1h in iptables and ipvs mode.")
+	fs.Var(optBool(&o.conntrack.TCPBeLiberal), "conntrack-tcp-be-liberal", "Mark only out-of-window RST segments as INVALID (nf_conntrack_tcp_be_liberal=1).")
+	fs.Var(optDuration(&o.conntrack.UDPTimeout), "conntrack-udp-timeout", "Idle timeout of UNREPLIED UDP entries (0 to leave it as is).")
+	fs.Var(optDuration(&o.conntrack.UDPStreamTimeout), "conntrack-udp-timeout-stream", "Idle timeout of ASSURED UDP entries (0 to leave it as is).")
 	fs.Lookup("conntrack-tcp-be-liberal").NoOptDefVal = "true"
 }
 
@@ -209,7 +166,7 @@ func (o *options) validateKubeProxyFlags() error {
 	default:
 		return fmt.Errorf("unknown --detect-local-mode %q: want ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix", o.detectLocalMode)
 	}
-	if err := o.conntrack.validate(); err != nil {
+	if err := o.conntrack.Validate(); err != nil {
 		return err
 	}
 	o.gates = featureGates{}
@@ -233,32 +190,14 @@ func (o *options) validateKubeProxyFlags() error {
 	return nil
 }
 
-func (c *conntrackOptions) validate() error {
-	if c.maxPerCore != nil && *c.maxPerCore < 0 {
-		return fmt.Errorf("--conntrack-max-per-core must not be negative")
-	}
-	if c.min != nil && *c.min < 0 {
-		return fmt.Errorf("--conntrack-min must not be negative")
-	}
-	for name, d := range map[string]*time.Duration{
-		"--conntrack-tcp-timeout-established": c.tcpEstablished, "--conntrack-tcp-timeout-close-wait": c.tcpCloseWait,
-		"--conntrack-udp-timeout": c.udpTimeout, "--conntrack-udp-timeout-stream": c.udpStreamTimeout,
-	} {
-		if d != nil && *d < 0 {
-			return fmt.Errorf("%s must not be negative", name)
-		}
-	}
-	return nil
-}
-
 // syncPeriods returns the sync loop's periods for the dataplane mode that
 // started: kube-proxy's per-mode flags for the fallbacks, ebpf-proxy's own
 // --sync-period and --min-sync-period for ebpf.
 func (o *options) syncPeriods(mode string) (sync, minSync time.Duration) {
 	switch mode {
-	case modeIPTables:
+	case proxymode.IPTables:
 		return o.iptablesSyncPeriod, o.iptablesMinSync
-	case modeIPVS:
+	case proxymode.IPVS:
 		return o.ipvsSyncPeriod, o.ipvsMinSync
 	default:
 		return o.syncPeriod, o.minSyncPeriod
@@ -283,13 +222,13 @@ func (o *options) noteIgnored(mode string, log *zap.Logger) {
 	if o.showHiddenMetrics != "" {
 		log.Info("--show-hidden-metrics-for-version: ebpf-proxy hides no metrics", zap.String("version", o.showHiddenMetrics))
 	}
-	if mode == modeIPTables && o.localhostNodePorts {
+	if mode == proxymode.IPTables && o.localhostNodePorts {
 		log.Info("NodePorts on 127.0.0.1 are not served in iptables mode: they need route_localnet, which exposes the node's localhost services to its network (CVE-2020-8558); --iptables-localhost-nodeports=true has no effect")
 	}
-	if mode == modeEBPF && o.detectLocalMode != "" && o.detectLocalMode != detectLocalClusterCIDR {
+	if mode == proxymode.EBPF && o.detectLocalMode != "" && o.detectLocalMode != detectLocalClusterCIDR {
 		log.Info("--detect-local-mode has no effect in ebpf mode: the socket programs know every client on the node", zap.String("detectLocalMode", o.detectLocalMode))
 	}
-	if mode != modeIPVS && (o.ipvsStrictARP || len(o.ipvsExcludeCIDRs) > 0) {
+	if mode != proxymode.IPVS && (o.ipvsStrictARP || len(o.ipvsExcludeCIDRs) > 0) {
 		log.Info("--ipvs-strict-arp and --ipvs-exclude-cidrs apply in ipvs mode only", zap.String("mode", mode))
 	}
 }

@@ -10,13 +10,15 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maglev"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/nodeaddrs"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
 )
 
 // options are the agent's flags.
@@ -58,7 +60,7 @@ type options struct {
 	detectLocalMode    string
 	podBridgeInterface string
 	podInterfacePrefix string
-	conntrack          conntrackOptions
+	conntrack          conntrack.Settings
 	// Parsed by validate.
 	nodeIP netip.Addr
 	gates  featureGates
@@ -71,10 +73,10 @@ type options struct {
 	ipvsTCPTimeout    time.Duration
 	ipvsTCPFinTimeout time.Duration
 	ipvsUDPTimeout    time.Duration
-	// Parsed by validate.
-	clusterPrefix    netip.Prefix
-	nodePortPrefixes []netip.Prefix
-	nodePortPrimary  bool
+	// Parsed by validate: --cluster-cidr's IPv4 prefix, and
+	// --nodeport-addresses with --iptables-localhost-nodeports.
+	clusterPrefix netip.Prefix
+	nodePorts     model.NodePortSpec
 
 	manifests        string
 	terminateSockets bool
@@ -89,7 +91,7 @@ type options struct {
 	// snatPortRange is --nodeport-snat-port-range, parsed by validate
 	// into snatPorts; snatPortRangeForce skips its overlap checks.
 	snatPortRange      string
-	snatPorts          portRange
+	snatPorts          bpf.PortRange
 	snatPortRangeForce bool
 	lbAlgorithm        string
 	// lb is lbAlgorithm parsed by validate.
@@ -98,7 +100,7 @@ type options struct {
 
 func defaultOptions() *options {
 	return &options{
-		proxyMode:          modeAuto,
+		proxyMode:          proxymode.Auto,
 		masqueradeBit:      iptables.DefaultMasqueradeBit,
 		healthzBindAddress: "0.0.0.0:10256",
 		xdp:                loader.XDPOff,
@@ -109,7 +111,7 @@ func defaultOptions() *options {
 		mapSizes:           loader.DefaultMapSizes,
 		terminateSockets:   true,
 		conntrackSize:      loader.DefaultConntrackSize,
-		snatPortRange:      defaultSNATPortRange.String(),
+		snatPortRange:      bpf.DefaultSNATPortRange.String(),
 		lbAlgorithm:        model.LBRandom.String(),
 		kubeAPIContentType: "application/vnd.kubernetes.protobuf",
 		kubeAPIQPS:         5,
@@ -122,7 +124,6 @@ func defaultOptions() *options {
 		localhostNodePorts: true,
 		ipvsSyncPeriod:     30 * time.Second,
 		ipvsMinSync:        0,
-		conntrack:          defaultConntrack(),
 	}
 }
 
@@ -140,7 +141,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", o.configSyncPeriod, "How often the configuration from the API server is refreshed. Must be greater than 0.")
 	fs.DurationVar(&o.syncPeriod, "sync-period", o.syncPeriod, "Interval of the periodic full sync, and the longest retry backoff after a failed sync.")
 	fs.DurationVar(&o.minSyncPeriod, "min-sync-period", o.minSyncPeriod, "Least time between two syncs; changes arriving sooner are batched. 0 applies each change at once.")
-	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "The CIDRs of the node addresses that accept NodePort traffic and serve health check node ports (comma-separated, e.g. '192.168.77.0/24'); empty means every local address. 'primary' means the node's own addresses (ebpf mode only).")
+	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "The CIDRs of the node addresses that accept NodePort traffic and serve health check node ports (comma-separated, e.g. '192.168.77.0/24'); empty means every local address. 'primary' means the node's primary IP.")
 	fs.BoolVar(&o.terminateSockets, "terminate-removed-backend-sockets", o.terminateSockets, "End the TCP and connected UDP sockets that the socket load balancer sent to a backend once that backend is removed, in every network namespace of the node (needs hostPID), so that clients reconnect to live backends instead of hanging.")
 	fs.StringVar(&o.clusterCIDR, "cluster-cidr", o.clusterCIDR, "The CIDR range of the pods in the cluster (comma-separated for dual-stack; the IPv4 one is used). In iptables and ipvs mode, ClusterIP traffic from outside it is masqueraded.")
 	fs.BoolVar(&o.masqueradeAll, "masquerade-all", o.masqueradeAll, "In iptables and ipvs mode, SNAT all traffic sent through Service cluster IPs.")
@@ -170,7 +171,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 
 func (o *options) validate() error {
 	switch o.proxyMode {
-	case modeAuto, modeEBPF, modeIPTables, modeIPVS:
+	case proxymode.Auto, proxymode.EBPF, proxymode.IPTables, proxymode.IPVS:
 	case "nftables":
 		return fmt.Errorf("--proxy-mode=nftables is not available: use 'auto', 'ebpf', 'iptables' or 'ipvs'")
 	default:
@@ -191,7 +192,7 @@ func (o *options) validate() error {
 	if o.clusterPrefix, err = parseClusterCIDR(o.clusterCIDR); err != nil {
 		return err
 	}
-	if o.nodePortPrefixes, o.nodePortPrimary, err = parseNodePortAddresses(o.nodePortAddresses); err != nil {
+	if o.nodePorts, err = model.ParseNodePortSpec(o.nodePortAddresses, false, o.localhostNodePorts); err != nil {
 		return err
 	}
 	if o.configSyncPeriod <= 0 {
@@ -200,17 +201,10 @@ func (o *options) validate() error {
 	if o.syncPeriod <= 0 {
 		return fmt.Errorf("--sync-period must be greater than 0")
 	}
-	switch o.tcAttach {
-	case loader.TCAttachAuto, loader.TCAttachTCX, loader.TCAttachClsact:
-	default:
-		return fmt.Errorf("unknown --tc-attach %q: use tcx or clsact, or leave it empty", o.tcAttach)
+	if err := bpf.ValidateAttach(o.tcAttach, o.xdp); err != nil {
+		return err
 	}
-	switch o.xdp {
-	case loader.XDPOff, loader.XDPNative, loader.XDPGeneric:
-	default:
-		return fmt.Errorf("unknown --xdp %q: use native, generic or off", o.xdp)
-	}
-	if o.snatPorts, err = parsePortRange(o.snatPortRange); err != nil {
+	if o.snatPorts, err = bpf.ParsePortRange(o.snatPortRange); err != nil {
 		return fmt.Errorf("--nodeport-snat-port-range: %w", err)
 	}
 	if o.lb, err = model.ParseLBAlgorithm(o.lbAlgorithm); err != nil {
@@ -221,9 +215,6 @@ func (o *options) validate() error {
 	}
 	if o.minSyncPeriod < 0 {
 		return fmt.Errorf("--min-sync-period must not be negative")
-	}
-	if _, err := nodeaddrs.Parse(o.nodePortAddresses, false); err != nil {
-		return err
 	}
 	return o.validateKubeProxyFlags()
 }
@@ -250,31 +241,6 @@ func parseClusterCIDR(v string) (netip.Prefix, error) {
 		v4 = p.Masked()
 	}
 	return v4, nil
-}
-
-// parseNodePortAddresses returns the IPv4 prefixes of --nodeport-addresses
-// and whether it names kube-proxy's "primary" keyword (the node's own
-// addresses).
-func parseNodePortAddresses(vs []string) ([]netip.Prefix, bool, error) {
-	var out []netip.Prefix
-	primary := false
-	for _, s := range vs {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		if s == "primary" {
-			primary = true
-			continue
-		}
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return nil, false, fmt.Errorf("--nodeport-addresses: %q is neither a CIDR nor \"primary\": %w", s, err)
-		}
-		if p.Addr().Is4() {
-			out = append(out, p.Masked())
-		}
-	}
-	return out, primary, nil
 }
 
 func zapISOTime(t time.Time, enc zapcore.PrimitiveArrayEncoder) {

@@ -2,14 +2,14 @@ package main
 
 import (
 	"net/netip"
-	"os"
-	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 )
 
 func parse(t *testing.T, args ...string) *options {
@@ -35,7 +35,7 @@ func TestFlagsKeepKubeProxyNamesAndDefaults(t *testing.T) {
 	if o.kubeconfig != "/k" || o.master != "https://x" || o.hostnameOverride != "Node-A" || o.verbosity != 4 || !o.cleanup {
 		t.Errorf("parsed %+v", o)
 	}
-	if n, _ := nodeName(o.hostnameOverride); n != "node-a" {
+	if n, _ := k8swatch.NodeName(o.hostnameOverride); n != "node-a" {
 		t.Errorf("node name %q, want the override lowercased as kube-proxy does", n)
 	}
 }
@@ -67,8 +67,8 @@ func TestFallbackFlagsKeepKubeProxyNames(t *testing.T) {
 	if o.clusterPrefix != netip.MustParsePrefix("10.244.0.0/16") {
 		t.Errorf("cluster CIDR %s, want the IPv4 one of the list", o.clusterPrefix)
 	}
-	if want := []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24"), netip.MustParsePrefix("10.0.0.1/32")}; !slices.Equal(o.nodePortPrefixes, want) {
-		t.Errorf("node port addresses %v, want %v", o.nodePortPrefixes, want)
+	if got, want := o.nodePorts.String(), "192.168.77.0/24,10.0.0.1/32"; got != want {
+		t.Errorf("node port addresses %v, want %v", got, want)
 	}
 	if !o.masqueradeAll || o.masqueradeBit != 15 || o.ipvsScheduler != "sh" || o.ipvsTCPTimeout != 15*time.Minute ||
 		o.ipvsTCPFinTimeout != 30*time.Second || o.ipvsUDPTimeout != 5*time.Second {
@@ -103,35 +103,37 @@ func TestBadFallbackFlagsAreRefusedClearly(t *testing.T) {
 	}
 }
 
-func TestFindCgroup2Mount(t *testing.T) {
+func TestSNATPortRangeFlag(t *testing.T) {
 	for _, tc := range []struct {
-		name, mountinfo, want string
+		name    string
+		args    []string
+		want    bpf.PortRange
+		wantErr string
 	}{
-		{"unified hierarchy",
-			"24 1 0:22 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n", "/sys/fs/cgroup"},
-		{"hybrid: the unified mount among v1 ones",
-			"30 24 0:26 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n31 24 0:27 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n", "/sys/fs/cgroup/unified"},
-		{"escaped path", "40 1 0:30 / /run/my\\040cgroup rw - cgroup2 none rw\n", "/run/my cgroup"},
-		{"none mounted", "22 1 0:21 / /proc rw - proc proc rw\n", ""},
+		{"default: above the ephemeral and NodePort ranges", nil, bpf.PortRange{Min: 61000, Max: 65535}, ""},
+		{"a wider range", []string{"--nodeport-snat-port-range=50000-65535"}, bpf.PortRange{Min: 50000, Max: 65535}, ""},
+		{"a single port", []string{"--nodeport-snat-port-range=61000-61000"}, bpf.PortRange{Min: 61000, Max: 61000}, ""},
+		{"no dash", []string{"--nodeport-snat-port-range=61000"}, bpf.PortRange{}, "want min-max"},
+		{"not a number", []string{"--nodeport-snat-port-range=61000-lots"}, bpf.PortRange{}, "is not a port"},
+		{"beyond 65535", []string{"--nodeport-snat-port-range=61000-70000"}, bpf.PortRange{}, "is not a port"},
+		{"reversed", []string{"--nodeport-snat-port-range=65000-61000"}, bpf.PortRange{}, "min <= max"},
+		{"well-known ports", []string{"--nodeport-snat-port-range=80-2000"}, bpf.PortRange{}, "1024 <= min"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := filepath.Join(t.TempDir(), "mountinfo")
-			if err := os.WriteFile(p, []byte(tc.mountinfo), 0o644); err != nil {
+			o := parse(t, tc.args...)
+			err := o.validate()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "--nodeport-snat-port-range") {
+					t.Fatalf("%v: %v, want an error naming the flag and %q", tc.args, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := findCgroup2Mount(p)
-			if err != nil || got != tc.want {
-				t.Errorf("got %q, %v; want %q", got, err, tc.want)
+			if o.snatPorts != tc.want {
+				t.Errorf("%v: range %s, want %s", tc.args, o.snatPorts, tc.want)
 			}
 		})
-	}
-}
-
-func TestInvalidReasonKeepsTheCause(t *testing.T) {
-	if got := invalidReason("invalid externalIP: \"1.2.3\" is not an IP"); got != "invalid externalIP" {
-		t.Errorf("got %q", got)
-	}
-	if got := invalidReason(strings.Repeat("x", 100)); len(got) > 40 {
-		t.Errorf("unbounded label %q", got)
 	}
 }

@@ -2,20 +2,26 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"net/http"
+	"net/netip"
 	"os"
+	"strconv"
 	"strings"
-	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/healthcheck"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxier"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sysctl"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
@@ -24,44 +30,38 @@ const ipFamily = "IPv4"
 
 func run(ctx context.Context, o *options, log *zap.Logger) error {
 	if o.cleanup {
-		return cleanupAll(ctx, o, log)
+		return proxymode.Cleanup(ctx, o.bpffsPath, log)
 	}
 	if err := o.validate(); err != nil {
 		return err
 	}
-	nodeName, err := nodeName(o.hostnameOverride)
+	nodeName, err := k8swatch.NodeName(o.hostnameOverride)
 	if err != nil {
 		return err
 	}
 	log = log.With(zap.String("node", nodeName))
 	applyOOMScoreAdj(o.oomScoreAdj, log)
 	if o.initOnly {
-		mode := o.proxyMode
-		if mode == modeAuto {
-			mode = modeEBPF
-			if probeBPF() != nil {
-				mode = modeIPTables
-			}
-		}
+		mode := proxymode.Guess(o.proxyMode)
 		log.Info("--init-only: applying the connection tracking settings, then exiting", zap.String("proxyMode", mode))
-		return setupConntrack(realConntrack, o.conntrack, mode, log)
+		return conntrack.Setup(conntrack.Node, o.conntrack, mode != proxymode.EBPF, log)
 	}
 	log.Info("starting", zap.String("proxyMode", o.proxyMode))
 
 	m := metrics.New(ipFamily)
-	dp, err := newDataplane(ctx, o, m, log)
+	dp, err := proxymode.Start(ctx, o.proxyModeConfig(m), log)
 	if err != nil {
 		return err
 	}
-	defer dp.close()
-	m.SetProxyMode(dp.mode, dp.reason)
-	o.noteIgnored(dp.mode, log)
-	if dp.mode == modeIPVS && o.ipvsStrictARP {
-		if err := applyStrictARP(sysctl.Default, log); err != nil {
+	defer dp.Close()
+	m.SetProxyMode(dp.Mode, dp.Reason)
+	o.noteIgnored(dp.Mode, log)
+	if dp.Mode == proxymode.IPVS && o.ipvsStrictARP {
+		if err := ipvs.ApplyStrictARP(sysctl.Default, log); err != nil {
 			return err
 		}
 	}
-	syncPeriod, minSyncPeriod := o.syncPeriods(dp.mode)
+	syncPeriod, minSyncPeriod := o.syncPeriods(dp.Mode)
 	health, err := healthcheck.NewProxyHealthServer(o.healthzBindAddress, 2*syncPeriod, m, healthcheck.WithLogger(log))
 	if err != nil {
 		return err
@@ -69,7 +69,7 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 
 	topology := model.DefaultOptions
 	topology.PreferSameNode = o.gates.enabled(gatePreferSameTrafficDistribution, topology.PreferSameNode)
-	tr := tracker.New(nodeName, topology)
+	tr := tracker.New(nodeName, topology, o.nodePorts)
 	if err := startSource(ctx, o, nodeName, tr, m, health, log); err != nil {
 		return err
 	}
@@ -79,15 +79,13 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 		go serve(ctx, "healthz", o.healthzBindAddress, health.Handler(), o.bindAddrHardFail, errc, log)
 	}
 	if o.metricsBindAddress != "" {
-		mux := metrics.NewServerMux(m, dp.mode)
+		mux := metrics.NewServerMux(m, dp.Mode)
 		if o.profiling {
-			installProfiling(mux)
+			metrics.InstallProfiling(mux)
 		}
 		go serve(ctx, "metrics", o.metricsBindAddress, mux, o.bindAddrHardFail, errc, log)
 	}
-	if dp.run != nil {
-		go dp.run(ctx)
-	}
+	go dp.Run(ctx)
 
 	svcHealth, err := newServiceHealthServer(ctx, o, nodeName, health, m, log)
 	if err != nil {
@@ -95,7 +93,7 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 	}
 	defer svcHealth.Close()
 	p := proxier.New(proxier.Config{MinSyncPeriod: minSyncPeriod, SyncPeriod: syncPeriod, IPFamily: ipFamily,
-		ServiceHealth: svcHealth}, tr, dp.Dataplane, m, health, log)
+		ServiceHealth: svcHealth, LocalAddrs: proxymode.LocalAddrs}, tr, dp, m, health, log)
 	done := make(chan struct{})
 	go func() {
 		p.Run(ctx)
@@ -108,7 +106,7 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 		select {
 		case <-ctx.Done():
 		case <-p.FirstSync():
-			setupConntrack(realConntrack, o.conntrack, dp.mode, log) //nolint:errcheck // logged; the node keeps its own values
+			conntrack.Setup(conntrack.Node, o.conntrack, dp.Mode != proxymode.EBPF, log) //nolint:errcheck // logged; the node keeps its own values
 		}
 	}()
 	select {
@@ -116,64 +114,82 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 		return err
 	case <-done:
 	}
-	log.Info("stopping; what the dataplane programmed stays and keeps serving until the next agent adopts it", zap.String("mode", dp.mode))
+	log.Info("stopping; what the dataplane programmed stays and keeps serving until the next agent adopts it", zap.String("mode", dp.Mode))
 	return nil
+}
+
+// serve runs a server until ctx ends; a failure to bind under
+// --bind-address-hard-fail ends the agent through errc.
+func serve(ctx context.Context, name, addr string, h http.Handler, hardFail bool, errc chan<- error, log *zap.Logger) {
+	if err := metrics.Serve(ctx, name, addr, h, hardFail, log); err != nil {
+		errc <- err
+	}
 }
 
 // removeLeftovers removes what other proxy modes left on the node once the
 // first sync has programmed every Service in this one.
-func removeLeftovers(ctx context.Context, p *proxier.Proxier, dp *dataplane, log *zap.Logger) {
+func removeLeftovers(ctx context.Context, p *proxier.Proxier, dp *proxymode.Started, log *zap.Logger) {
 	select {
 	case <-ctx.Done():
 		return
 	case <-p.FirstSync():
 	}
-	if err := dp.removeLeftovers(ctx); err != nil {
-		log.Error("removing what other proxy modes left", zap.String("mode", dp.mode), zap.Error(err))
+	if err := dp.RemoveLeftovers(ctx); err != nil {
+		log.Error("removing what other proxy modes left", zap.String("mode", dp.Mode), zap.Error(err))
 		return
 	}
-	log.Info("removed what other proxy modes left", zap.String("mode", dp.mode))
+	log.Info("removed what other proxy modes left", zap.String("mode", dp.Mode))
 }
 
-func nodeName(override string) (string, error) {
-	if override != "" {
-		return strings.ToLower(strings.TrimSpace(override)), nil
+// proxyModeConfig is what the dataplanes take from the flags.
+func (o *options) proxyModeConfig(m *metrics.Metrics) proxymode.Config {
+	local, localErr := o.localDetector()
+	var exclude []netip.Prefix
+	for _, c := range o.ipvsExcludeCIDRs {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(c)); err == nil && p.Addr().Is4() {
+			exclude = append(exclude, p.Masked())
+		}
 	}
-	h, err := os.Hostname()
-	if err != nil {
-		return "", fmt.Errorf("node name: %w", err)
+	return proxymode.Config{
+		Mode:                o.proxyMode,
+		FallbackUnsupported: localErr,
+		BPF: bpf.Config{
+			CgroupPath: o.cgroupPath, BPFFSPath: o.bpffsPath, Sizes: o.mapSizes, TerminateSockets: o.terminateSockets,
+			Devices: o.devices, TCAttach: o.tcAttach, XDP: o.xdp, ConntrackSize: o.conntrackSize,
+			SNATPorts: o.snatPorts, SNATPortRangeForce: o.snatPortRangeForce, Metrics: m,
+		},
+		IPTables: iptables.Config{
+			ClusterCIDR: o.clusterPrefix, LocalDetector: local, MasqueradeAll: o.masqueradeAll,
+			MasqueradeBit: int(o.masqueradeBit), Metrics: &m.FamilyMetrics,
+		},
+		IPVS: ipvs.Config{
+			Scheduler: o.ipvsScheduler, ClusterCIDR: o.clusterPrefix, LocalDetector: local, ExcludeCIDRs: exclude,
+			MasqueradeAll: o.masqueradeAll, MasqueradeBit: int(o.masqueradeBit),
+			TCPTimeout: o.ipvsTCPTimeout, TCPFinTimeout: o.ipvsTCPFinTimeout, UDPTimeout: o.ipvsUDPTimeout,
+			Metrics: &m.FamilyMetrics,
+		},
 	}
-	return strings.ToLower(strings.TrimSpace(h)), nil
 }
 
-// serve runs an HTTP server until ctx ends. A failure to bind is retried
-// every 5 seconds unless hardFail is set, as kube-proxy does.
-func serve(ctx context.Context, name, addr string, h http.Handler, hardFail bool, errc chan<- error, log *zap.Logger) {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		srv.Shutdown(sctx) //nolint:errcheck // exiting anyway
-	}()
-	for {
-		ln, err := net.Listen("tcp", addr)
-		if err == nil {
-			log.Info("serving", zap.String("server", name), zap.String("address", ln.Addr().String()))
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("server failed", zap.String("server", name), zap.Error(err))
-			}
-			return
-		}
-		if hardFail {
-			errc <- fmt.Errorf("%s server: %w", name, err)
-			return
-		}
-		log.Error("cannot bind, retrying in 5s", zap.String("server", name), zap.String("address", addr), zap.Error(err))
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(5 * time.Second):
-		}
+// localDetector is --detect-local-mode for the fallback dataplanes. The
+// zero detector with ClusterCIDR (or its default) lets them use
+// --cluster-cidr.
+func (o *options) localDetector() (xtables.LocalDetector, error) {
+	switch o.detectLocalMode {
+	case detectLocalBridgeInterface:
+		return xtables.LocalDetector{Bridge: o.podBridgeInterface}, nil
+	case detectLocalInterfaceNamePrefix:
+		return xtables.LocalDetector{InterfacePrefix: o.podInterfacePrefix}, nil
+	case detectLocalNodeCIDR:
+		return xtables.LocalDetector{}, fmt.Errorf("--detect-local-mode=NodeCIDR is not supported in iptables and ipvs mode: use ClusterCIDR with --cluster-cidr, BridgeInterface or InterfaceNamePrefix")
+	}
+	return xtables.LocalDetector{}, nil
+}
+
+// applyOOMScoreAdj sets the agent's oom_score_adj; a refusal is logged, as
+// kube-proxy does, not fatal.
+func applyOOMScoreAdj(v int32, log *zap.Logger) {
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(int(v))), 0o644); err != nil {
+		log.Info("cannot set oom_score_adj", zap.Int32("oomScoreAdj", v), zap.Error(err))
 	}
 }

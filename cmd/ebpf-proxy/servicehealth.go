@@ -2,42 +2,55 @@ package main
 
 import (
 	"context"
-	"net/netip"
+
+	"fmt"
 
 	"go.uber.org/zap"
 
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
 	"github.com/ebpf-proxy/ebpf-proxy/internal/healthcheck"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/nodeaddrs"
 )
+
+// eventsComponent is the reporting controller of the events the agent
+// records; kube-proxy's are "kube-proxy".
+const eventsComponent = "ebpf-proxy"
+
+// healthCheckEvents returns a recorder that raises kube-proxy's Warning
+// event FailedToStartServiceHealthcheck on a Service whose health check
+// node port cannot be bound, so that `kubectl describe service` shows it.
+// Without an API server (--manifests) it returns nil: there is nothing to
+// record on. The broadcaster stops with ctx.
+func healthCheckEvents(ctx context.Context, o *options) (healthcheck.ListenFailureRecorder, error) {
+	if o.manifests != "" {
+		return nil, nil
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags(o.master, o.kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("API server client configuration for events: %w", err)
+	}
+	cfg.UserAgent = eventsComponent
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("API server client for events: %w", err)
+	}
+	return healthcheck.ListenFailureEvents(ctx, client, eventsComponent), nil
+}
 
 // newServiceHealthServer builds the health check node port server of every
 // proxy mode: the sync loop feeds it whatever the dataplane, and it listens
-// where --nodeport-addresses says, as kube-proxy's does.
+// where --nodeport-addresses says (the State's NodePort addresses), as
+// kube-proxy's does.
 func newServiceHealthServer(ctx context.Context, o *options, nodeName string, health healthcheck.HealthReporter, m *metrics.Metrics, log *zap.Logger) (*healthcheck.ServiceHealthServer, error) {
-	npa, err := nodeaddrs.Parse(o.nodePortAddresses, false)
-	if err != nil {
-		return nil, err
-	}
 	events, err := healthCheckEvents(ctx, o)
 	if err != nil {
 		return nil, err
 	}
 	log = log.Named("servicehealth")
 	return healthcheck.NewServiceHealthServer(healthcheck.ServiceHealthConfig{
-		NodeName: nodeName,
-		ListenAddrs: func(nodeAddrs []netip.Addr) []netip.Addr {
-			var primary netip.Addr
-			if len(nodeAddrs) > 0 {
-				primary = nodeAddrs[0]
-			}
-			addrs, err := npa.ListenAddrs(primary, nodeaddrs.InterfaceAddrs)
-			if err != nil {
-				log.Error("cannot match --nodeport-addresses to the node's addresses; health check node ports listen on all of them",
-					zap.Stringer("nodePortAddresses", npa), zap.Error(err))
-			}
-			return addrs
-		},
+		NodeName:        nodeName,
 		Proxier:         health,
 		Metrics:         m,
 		Logger:          log,

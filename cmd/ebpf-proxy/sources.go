@@ -18,7 +18,7 @@ import (
 // manifests directory when --manifests is set, else the API server.
 func startSource(ctx context.Context, o *options, nodeName string, tr *tracker.Tracker, m *metrics.Metrics, health *healthcheck.ProxyHealthServer, log *zap.Logger) error {
 	invalid := func(kind, namespace, name, reason string) {
-		m.InvalidObjectsTotal.WithLabelValues(kind, invalidReason(reason)).Inc()
+		m.InvalidObjectsTotal.WithLabelValues(kind, k8swatch.InvalidReason(reason)).Inc()
 		log.Warn("ignoring invalid input", zap.String("kind", kind), zap.String("namespace", namespace),
 			zap.String("name", name), zap.String("reason", reason))
 	}
@@ -71,16 +71,4 @@ func startSource(ctx context.Context, o *options, nodeName string, tr *tracker.T
 	}()
 	log.Info("watching the API server", zap.String("host", cfg.Host))
 	return nil
-}
-
-// invalidReason keeps the metric's label set small: the first words of a
-// reason, which the translator words as a fixed prefix followed by detail.
-func invalidReason(reason string) string {
-	const max = 40
-	for i, r := range reason {
-		if r == ':' || i >= max {
-			return reason[:i]
-		}
-	}
-	return reason
 }

@@ -37,13 +37,6 @@ type ServiceHealthConfig struct {
 	// NodeName is this node's name: endpoints whose nodeName equals it are
 	// local.
 	NodeName string
-	// ListenAddrs returns the addresses to serve on for a node whose
-	// addresses are nodeAddrs (the Node object's, primary first; empty
-	// while unknown); the unspecified address means all of them. It is
-	// called at the first sync and again only when nodeAddrs change, as
-	// kube-proxy resolves them once per start and restarts when the node's
-	// IPs change. Nil serves on every address.
-	ListenAddrs func(nodeAddrs []netip.Addr) []netip.Addr
 	// Proxier reports the proxier's health; a Service is only healthy when
 	// the proxier is (serviceProxyHealthy). Required.
 	Proxier HealthReporter
@@ -79,7 +72,6 @@ type ServiceHealthServer struct {
 	syncMu      sync.Mutex
 	closed      bool
 	resolved    bool
-	nodeAddrs   []netip.Addr
 	listenAddrs []netip.Addr
 	// members indexes the ServicePorts of each Service in the State, so
 	// that a partial sync revisits only the Services it changed.
@@ -137,9 +129,7 @@ func (s *ServiceHealthServer) Sync(up model.Update) {
 	}
 	st := up.State
 	affected := map[model.ServiceName]struct{}{}
-	if !s.resolved || !slices.Equal(s.nodeAddrs, st.Node.Addrs) {
-		s.resolveListenAddrs(st.Node.Addrs)
-	}
+	s.resolveListenAddrs(&st.Node.NodePorts)
 	if up.Full {
 		for name := range s.wanted {
 			affected[name] = struct{}{}
@@ -330,21 +320,22 @@ func (s *ServiceHealthServer) close(inst *hcInstance, why string) {
 	s.log.Debug(why, zap.Stringer("service", inst.name), zap.Uint16("port", inst.port))
 }
 
-// resolveListenAddrs recomputes where to listen; when that changes, every
-// open health check is closed and reopened on the new addresses (kube-proxy
-// restarts when the node's IPs change, with the same effect).
-func (s *ServiceHealthServer) resolveListenAddrs(nodeAddrs []netip.Addr) {
-	addrs := []netip.Addr{netip.IPv4Unspecified()}
-	if s.cfg.ListenAddrs != nil {
-		addrs = s.cfg.ListenAddrs(nodeAddrs)
+// resolveListenAddrs works out where to listen: where NodePorts are served
+// (--nodeport-addresses, resolved in the State), the unspecified address
+// when that is every address. When it changes, every open health check is
+// closed and reopened on the new addresses (kube-proxy restarts when the
+// node's IPs change, with the same effect).
+func (s *ServiceHealthServer) resolveListenAddrs(np *model.NodePortAddresses) {
+	addrs := np.Addrs
+	if np.All {
+		addrs = []netip.Addr{netip.IPv4Unspecified()}
 	}
 	first := !s.resolved
 	s.resolved = true
-	s.nodeAddrs = slices.Clone(nodeAddrs)
 	if !first && slices.Equal(addrs, s.listenAddrs) {
 		return
 	}
-	s.listenAddrs = addrs
+	s.listenAddrs = slices.Clone(addrs)
 	s.log.Info("health check node ports listen addresses", zap.Stringers("addresses", addrs))
 	s.mu.RLock()
 	open := make([]*hcInstance, 0, len(s.serving))

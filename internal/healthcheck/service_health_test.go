@@ -123,8 +123,16 @@ type cluster struct {
 	tr *tracker.Tracker
 }
 
-func newCluster(t *testing.T) *cluster {
-	tr := tracker.New(thisNode, model.DefaultOptions)
+// newCluster returns a source for this node, whose health check node
+// ports listen where nodePorts (--nodeport-addresses) says among the node's
+// addresses: 127.0.0.1 only. No value listens on every address.
+func newCluster(t *testing.T, nodePorts ...string) *cluster {
+	spec, err := model.ParseNodePortSpec(nodePorts, false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tracker.New(thisNode, model.DefaultOptions, spec)
+	tr.SetLocalAddrs([]netip.Addr{netip.MustParseAddr("127.0.0.1")})
 	return &cluster{t: t, tl: k8swatch.Translator{Invalid: func(kind, ns, name, reason string) {
 		t.Errorf("translator rejected %s %s/%s: %s", kind, ns, name, reason)
 	}}, tr: tr}
@@ -229,8 +237,8 @@ func TestLocalEndpointCount(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newServer(t, healthcheck.ServiceHealthConfig{ListenAddrs: func([]netip.Addr) []netip.Addr { return nil }})
-			s.Sync(newCluster(t).apply(tc.objs...))
+			s := newServer(t, healthcheck.ServiceHealthConfig{})
+			s.Sync(newCluster(t, nowhere).apply(tc.objs...))
 			if got := s.Status(); !maps.Equal(got, tc.want) {
 				t.Errorf("status = %v, want %v", got, tc.want)
 			}
@@ -241,8 +249,8 @@ func TestLocalEndpointCount(t *testing.T) {
 // TestPartialSyncsTrackChanges follows one Service through partial
 // updates and checks that only what changed is touched.
 func TestPartialSyncsTrackChanges(t *testing.T) {
-	c := newCluster(t)
-	s := newServer(t, healthcheck.ServiceHealthConfig{ListenAddrs: func([]netip.Addr) []netip.Addr { return nil }})
+	c := newCluster(t, nowhere)
+	s := newServer(t, healthcheck.ServiceHealthConfig{})
 	status := func() map[model.ServiceName]healthcheck.ServiceHealthStatus { return s.Status() }
 	one := func(port uint16, n int) map[model.ServiceName]healthcheck.ServiceHealthStatus {
 		return map[model.ServiceName]healthcheck.ServiceHealthStatus{svcName("web"): {Port: port, LocalEndpoints: n}}
@@ -340,9 +348,8 @@ func TestHealthCheckOverHTTP(t *testing.T) {
 	ports := freePorts(t, 2)
 	web, api := ports[0], ports[1]
 	proxier := &fakeProxier{}
-	s := newServer(t, healthcheck.ServiceHealthConfig{Proxier: proxier,
-		ListenAddrs: func([]netip.Addr) []netip.Addr { return []netip.Addr{netip.MustParseAddr("127.0.0.1")} }})
-	c := newCluster(t)
+	s := newServer(t, healthcheck.ServiceHealthConfig{Proxier: proxier})
+	c := newCluster(t, loopbackOnly)
 	s.Sync(c.apply(makeService("web", lbLocal(web)), makeService("api", lbLocal(api)),
 		makeSlice("web", "web-1", []string{"http"}, ep{"10.244.1.1", thisNode, readyEp}, ep{"10.244.1.2", thisNode, readyEp},
 			ep{"10.244.2.1", "node-b", readyEp}),
@@ -417,12 +424,11 @@ func TestPortTakenBySomeoneElse(t *testing.T) {
 	m := metrics.New(metrics.IPv4)
 	var events []string
 	s := newServer(t, healthcheck.ServiceHealthConfig{Metrics: m, Logger: zap.New(core),
-		ListenAddrs: func([]netip.Addr) []netip.Addr { return []netip.Addr{netip.MustParseAddr("127.0.0.1")} },
 		OnListenFailure: func(svc model.ServiceName, port uint16, msg string) {
 			events = append(events, fmt.Sprintf("%s %d", svc, port))
 		},
 	})
-	c := newCluster(t)
+	c := newCluster(t, loopbackOnly)
 	s.Sync(c.apply(makeService("blocked", lbLocal(taken)), makeService("web", lbLocal(free)),
 		makeSlice("web", "web-1", []string{"http"}, ep{"10.244.1.1", thisNode, readyEp}),
 		makeSlice("blocked", "blocked-1", []string{"http"}, ep{"10.244.1.2", thisNode, readyEp})))
@@ -472,32 +478,30 @@ func TestPortTakenBySomeoneElse(t *testing.T) {
 }
 
 // TestListenAddressesFollowTheNode checks that the server listens where
-// ListenAddrs says for the node's current addresses, and moves when they
-// change.
+// the State's NodePort addresses say, and moves when the node gains one.
 func TestListenAddressesFollowTheNode(t *testing.T) {
 	port := freePorts(t, 1)[0]
-	var calls int
-	s := newServer(t, healthcheck.ServiceHealthConfig{
-		ListenAddrs: func(node []netip.Addr) []netip.Addr {
-			calls++
-			if len(node) == 0 {
-				return nil // as "primary" matching no interface
-			}
-			return []netip.Addr{node[0]}
-		},
-	})
-	c := newCluster(t)
+	s := newServer(t, healthcheck.ServiceHealthConfig{})
+	c := newCluster(t, loopbackOnly)
+	c.tr.SetLocalAddrs([]netip.Addr{})
 	s.Sync(c.apply(makeService("web", lbLocal(port))))
 	if r := get(port, "/"); !errors.Is(r.err, syscall.ECONNREFUSED) {
-		t.Fatalf("no listen address yet: GET = %+v, want connection refused", r)
+		t.Fatalf("no address in --nodeport-addresses yet: GET = %+v, want connection refused", r)
 	}
-	c.tr.UpdateNode(model.Node{Name: thisNode, Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}})
+	c.tr.SetLocalAddrs([]netip.Addr{netip.MustParseAddr("127.0.0.1")})
 	s.Sync(c.apply())
 	if r := get(port, "/"); r.err != nil || r.status != 503 {
-		t.Errorf("after the node's address is known: GET = %+v, want 503", r)
+		t.Errorf("after the node gains 127.0.0.1: GET = %+v, want 503", r)
 	}
 	s.Sync(c.apply(makeService("api")))
-	if calls != 2 {
-		t.Errorf("ListenAddrs called %d times, want 2 (only when the node's addresses change)", calls)
+	if r := get(port, "/"); r.err != nil || r.status != 503 {
+		t.Errorf("after another Service changed: GET = %+v, want 503", r)
 	}
 }
+
+// --nodeport-addresses values for the tests: the node's loopback address,
+// and a CIDR holding none of its addresses.
+const (
+	loopbackOnly = "127.0.0.0/8"
+	nowhere      = "192.0.2.0/24"
+)

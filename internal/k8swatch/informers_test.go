@@ -128,7 +128,7 @@ func TestWatchSelectors(t *testing.T) {
 		got[a.GetResource().Resource] = []string{r.Labels.String(), r.Fields.String()}
 		return false, nil, nil
 	})
-	tr := tracker.New("node-a", model.DefaultOptions)
+	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 	var r reports
 	startWatch(t, client, tr, &r)
 	waitSynced(t, tr)
@@ -153,7 +153,7 @@ func TestWatchSelectors(t *testing.T) {
 // state, then changes as a user would make them.
 func TestWatch(t *testing.T) {
 	client := fake.NewClientset(clusterObjects()...)
-	tr := tracker.New("node-a", model.DefaultOptions)
+	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 	var r reports
 	startWatch(t, client, tr, &r)
 	ctx := t.Context()
@@ -330,7 +330,7 @@ func TestWatchWaitsForAPIServer(t *testing.T) {
 		}
 		return true, nil, errors.New("dial tcp 127.0.0.1:6443: connect: connection refused")
 	})
-	tr := tracker.New("node-a", model.DefaultOptions)
+	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 	var r reports
 	startWatch(t, client, tr, &r)
 
@@ -371,7 +371,7 @@ func TestWatchReportsNodeEligibility(t *testing.T) {
 	}
 	got := make(chan status, 16)
 	client := fake.NewClientset(clusterObjects()...)
-	tr := tracker.New("node-a", model.DefaultOptions)
+	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {

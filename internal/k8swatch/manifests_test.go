@@ -241,7 +241,7 @@ spec:
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			writeFiles(t, dir, tc.files)
-			tr := tracker.New("node-a", model.DefaultOptions)
+			tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 			var r reports
 			m := NewManifests(dir, "node-a", tr, ManifestOptions{Invalid: r.fn})
 			if err := m.Reload(); err != nil {
@@ -271,7 +271,7 @@ func replaceDir(s, dir string) string { return strings.ReplaceAll(s, "%DIR%", di
 // what was loaded.
 func TestManifestChanges(t *testing.T) {
 	dir := t.TempDir()
-	tr := tracker.New("node-a", model.DefaultOptions)
+	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 	var r reports
 	m := NewManifests(dir, "node-a", tr, ManifestOptions{Invalid: r.fn})
 
@@ -438,7 +438,7 @@ func TestManifestChanges(t *testing.T) {
 // error at start; a file dropped in later is picked up.
 func TestManifestRun(t *testing.T) {
 	t.Run("missing directory", func(t *testing.T) {
-		tr := tracker.New("node-a", model.DefaultOptions)
+		tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 		m := NewManifests(filepath.Join(t.TempDir(), "nope"), "node-a", tr, ManifestOptions{})
 		if err := m.Run(t.Context()); err == nil {
 			t.Fatal("Run on a missing directory succeeded")
@@ -449,7 +449,7 @@ func TestManifestRun(t *testing.T) {
 	})
 	t.Run("a file added while running", func(t *testing.T) {
 		dir := t.TempDir()
-		tr := tracker.New("node-a", model.DefaultOptions)
+		tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 		var r reports
 		m := NewManifests(dir, "node-a", tr, ManifestOptions{PollInterval: 10 * time.Millisecond, Invalid: r.fn})
 		ctx, cancel := context.WithCancel(context.Background())

@@ -16,7 +16,7 @@ import (
 // the same version anew.
 func TestSliceInformerKeepsOnlyTheTranslation(t *testing.T) {
 	var r reports
-	tr := tracker.New("node-a", model.DefaultOptions)
+	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 	h := &handlers{tr: tr, nodeName: "node-a", tl: Translator{Invalid: r.fn}}
 	h.addNode(makeNode("node-a", "zone-a"))
 	h.addService(makeService("ns", "web", nil))

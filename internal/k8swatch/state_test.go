@@ -183,7 +183,7 @@ func TestState(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var r reports
-			tr := tracker.New("node-a", model.DefaultOptions)
+			tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 			h := &handlers{tr: tr, nodeName: "node-a", tl: Translator{Invalid: r.fn}}
 			h.addNode(nodeA)
 			for _, o := range tc.objects {
@@ -304,7 +304,7 @@ func TestHandlerUpdates(t *testing.T) {
 			changed: []model.ServicePortName{webHTTP},
 		},
 	}
-	tr := tracker.New("node-a", model.DefaultOptions)
+	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 	h := &handlers{tr: tr, nodeName: "node-a"}
 	for _, s := range steps {
 		s.do(h)

@@ -93,7 +93,7 @@ func BenchmarkProgramServices(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				tr := tracker.New("node-a", model.DefaultOptions)
+				tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 				feed(tr, n, 10)
 				start, cpu0 := time.Now(), cpuTime()
 				up := tr.Apply()
@@ -122,7 +122,7 @@ func BenchmarkEndpointChange(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tr := tracker.New("node-a", model.DefaultOptions)
+	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 	feed(tr, n, 10)
 	up := tr.Apply()
 	up.Full = true

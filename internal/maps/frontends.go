@@ -68,7 +68,8 @@ type desiredFrontend struct {
 }
 
 // frontendsOf renders the frontends of one ServicePort on node (its
-// addresses carry the NodePorts; its name says which endpoints are local). Endpoint selection is the model's: this only maps
+// NodePorts field says where NodePorts are served; its name says which
+// endpoints are local). Endpoint selection is the model's: this only maps
 // verdicts onto entries.
 //
 // The ClusterIP has one entry with the internal verdict. A NodePort (on each
@@ -107,21 +108,17 @@ func frontendsOf(svc *model.Service, node *model.Node) []desiredFrontend {
 		add(addr, port, ext|FlagTwoScopes, ScopeExternal, ea, eeps)
 		add(addr, port, kind, ScopeInternal, ia, ieps)
 	}
-	for _, addr := range node.Addrs {
-		if addr.IsLoopback() {
-			// kube-proxy's localhost NodePorts, for the node's own
-			// sockets only (the socket programs check), with the
-			// verdict traffic from the node gets. The entry is not
-			// an external frontend, so that the TC and XDP programs
-			// translate nothing sent to 127.0.0.1 from outside
-			// (CVE-2020-8558).
-			if sp.NodePort != 0 {
-				ia, ieps := svc.ShortCircuit()
-				add(netip.AddrFrom4([4]byte{127, 0, 0, 1}), sp.NodePort, FlagLocalhostNodePort, ScopeExternal, ia, ieps)
-			}
-			continue
-		}
+	for _, addr := range node.NodePorts.External() {
 		external(addr, sp.NodePort, FlagNodePort)
+	}
+	if node.NodePorts.Localhost && sp.NodePort != 0 {
+		// kube-proxy's localhost NodePorts, for the node's own sockets
+		// only (the socket programs check), with the verdict traffic
+		// from the node gets. The entry is not an external frontend, so
+		// that the TC and XDP programs translate nothing sent to
+		// 127.0.0.1 from outside (CVE-2020-8558).
+		ia, ieps := svc.ShortCircuit()
+		add(netip.AddrFrom4([4]byte{127, 0, 0, 1}), sp.NodePort, FlagLocalhostNodePort, ScopeExternal, ia, ieps)
 	}
 	for _, addr := range sp.ExternalIPs {
 		external(addr, sp.Port, FlagExternalIP)

@@ -19,7 +19,7 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 // manifests source, the tracker and the writer, as the agent does on
 // node-a, and compares the sorted dump of the maps with the golden file.
 func TestGoldenDump(t *testing.T) {
-	tr := tracker.New("node-a", model.DefaultOptions)
+	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 	src := k8swatch.NewManifests("testdata", "node-a", tr, k8swatch.ManifestOptions{
 		Invalid: func(kind, ns, name, reason string) { t.Errorf("invalid %s %s/%s: %s", kind, ns, name, reason) },
 	})

@@ -10,6 +10,7 @@ import (
 // maglevWeb is web with a NodePort and the Maglev algorithm.
 func maglevWeb(st *model.State) *model.State {
 	st.Node.Addrs = []netip.Addr{netip.MustParseAddr("192.168.77.10")}
+	st.Node.NodePorts = model.NodePortAddresses{All: true, Addrs: st.Node.Addrs}
 	for _, svc := range st.Services {
 		if svc.Port.Name.Name == "web" {
 			svc.Port.NodePort = 30080

@@ -469,6 +469,7 @@ func TestWriterMembershipFollowsSelection(t *testing.T) {
 func TestWriterExternalFrontends(t *testing.T) {
 	st := buildState(web)
 	st.Node.Addrs = []netip.Addr{netip.MustParseAddr("192.168.77.11")}
+	st.Node.NodePorts = model.NodePortAddresses{All: true, Addrs: st.Node.Addrs}
 	svc := st.Services[spn("default", "web", model.TCP)]
 	sp := *svc.Port
 	sp.NodePort = 30080
@@ -583,6 +584,7 @@ func TestWriterReportsBackendsRemovedFromEveryFrontend(t *testing.T) {
 func TestWriterSourceRanges(t *testing.T) {
 	st := buildState(web)
 	st.Node.Addrs = []netip.Addr{netip.MustParseAddr("192.168.77.11")}
+	st.Node.NodePorts = model.NodePortAddresses{All: true, Addrs: st.Node.Addrs}
 	svc := st.Services[spn("default", "web", model.TCP)]
 	sp := *svc.Port
 	reprogram := func(p model.ServicePort) {

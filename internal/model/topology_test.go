@@ -96,7 +96,7 @@ func selectFor(t *testing.T, zone string, svc *v1.Service, es *discoveryv1.Endpo
 	t.Helper()
 	var tl k8swatch.Translator
 	tl.Invalid = func(kind, ns, name, reason string) { t.Fatalf("invalid %s %s/%s: %s", kind, ns, name, reason) }
-	tr := tracker.New(thisNode, model.DefaultOptions)
+	tr := tracker.New(thisNode, model.DefaultOptions, model.NodePortSpec{})
 	tr.UpdateNode(model.Node{Name: thisNode, Zone: zone})
 	tr.UpdateService(k8swatch.ServiceName(svc), tl.ServicePorts(svc))
 	if es != nil {

@@ -240,6 +240,9 @@ type Node struct {
 	// Zone is the node's topology.kubernetes.io/zone label.
 	Zone string
 	// Addrs are the node's addresses (status.addresses InternalIP and
-	// ExternalIP, of the proxy's family).
+	// ExternalIP, of the proxy's family), the primary one first.
 	Addrs []netip.Addr
+	// NodePorts are the addresses that accept NodePorts, resolved from
+	// --nodeport-addresses for this State (the tracker does it).
+	NodePorts NodePortAddresses
 }

@@ -7,23 +7,16 @@ package proxier
 
 import (
 	"context"
+	"net/netip"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
-
-// Dataplane is what the sync loop drives: the BPF maps, or a fallback.
-type Dataplane interface {
-	// Name is the proxy mode it implements ("ebpf", "iptables", "ipvs").
-	Name() string
-	// Sync applies up. After an error the dataplane may be partly updated;
-	// the next Sync it gets is a full one.
-	Sync(up model.Update) error
-}
 
 // Health is the part of the proxier health server the loop reports to.
 type Health interface {
@@ -52,13 +45,18 @@ type Config struct {
 	// it, whatever the dataplane: as in kube-proxy, the health check node
 	// ports report what is programmed, not what is merely known.
 	ServiceHealth ServiceHealth
+	// LocalAddrs, if set, lists the node's interface addresses before
+	// every sync: --nodeport-addresses selects among them (the tracker
+	// resolves State.Node.NodePorts), so that an address the node gains
+	// gets NodePorts at the next sync, as in kube-proxy.
+	LocalAddrs func() ([]netip.Addr, error)
 }
 
 // Proxier runs the sync loop.
 type Proxier struct {
 	cfg     Config
 	tr      *tracker.Tracker
-	dp      Dataplane
+	dp      dataplane.Dataplane
 	metrics *metrics.Metrics
 	health  Health
 	log     *zap.Logger
@@ -74,7 +72,7 @@ type Proxier struct {
 }
 
 // New returns a sync loop feeding dp from tr.
-func New(cfg Config, tr *tracker.Tracker, dp Dataplane, m *metrics.Metrics, h Health, log *zap.Logger) *Proxier {
+func New(cfg Config, tr *tracker.Tracker, dp dataplane.Dataplane, m *metrics.Metrics, h Health, log *zap.Logger) *Proxier {
 	if cfg.IPFamily == "" {
 		cfg.IPFamily = "IPv4"
 	}
@@ -164,6 +162,15 @@ func (p *Proxier) queued() {
 // them.
 func (p *Proxier) syncOnce(full bool) bool {
 	start := p.now()
+	if p.cfg.LocalAddrs != nil {
+		addrs, err := p.cfg.LocalAddrs()
+		if err != nil {
+			// The last addresses read stay in use.
+			p.log.Warn("cannot list the node's addresses; NodePorts stay where they were", zap.Error(err))
+		} else {
+			p.tr.SetLocalAddrs(addrs)
+		}
+	}
 	up := p.tr.Apply()
 	up.Full = up.Full || full
 	p.metrics.ServiceChangesPending.Set(0)

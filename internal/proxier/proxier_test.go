@@ -74,7 +74,7 @@ type loop struct {
 func start(t *testing.T, cfg Config) *loop {
 	t.Helper()
 	l := &loop{
-		tr:     tracker.New("node-a", model.DefaultOptions),
+		tr:     tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{}),
 		dp:     &fakeDataplane{got: make(chan struct{}, 100)},
 		health: &fakeHealth{},
 		m:      metrics.New(metrics.IPv4),

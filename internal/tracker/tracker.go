@@ -22,13 +22,15 @@ type sliceKey struct {
 // The Update*/Delete*/Set* methods are safe from any goroutine; Apply must
 // only be called by the one goroutine that owns the State (the sync loop).
 type Tracker struct {
-	opts   model.Options
-	notify chan struct{}
+	opts      model.Options
+	nodePorts model.NodePortSpec
+	notify    chan struct{}
 
 	mu              sync.Mutex
 	pendingServices map[model.ServiceName][]*model.ServicePort // nil value: deleted
 	pendingSlices   map[sliceKey]*model.EndpointSlice          // nil value: deleted
 	pendingNode     *model.Node
+	pendingLocal    []netip.Addr // nil: unchanged
 	servicesSynced  bool
 	slicesSynced    bool
 	serviceChanges  int
@@ -41,12 +43,20 @@ type Tracker struct {
 	// inState indexes the ServicePorts of each Service in state, so that a
 	// change touches only its own Service.
 	inState map[model.ServiceName][]model.ServicePortName
+	// local are the node's interface addresses, which --nodeport-addresses
+	// selects among.
+	local []netip.Addr
 }
 
-// New returns a tracker for the node named nodeName.
-func New(nodeName string, opts model.Options) *Tracker {
+// New returns a tracker for the node named nodeName. nodePorts is
+// --nodeport-addresses: every State's Node.NodePorts is resolved from it,
+// the Node and the local addresses (SetLocalAddrs).
+func New(nodeName string, opts model.Options, nodePorts model.NodePortSpec) *Tracker {
+	node := model.Node{Name: nodeName}
+	node.NodePorts = nodePorts.Resolve(&node, nil)
 	return &Tracker{
 		opts:            opts,
+		nodePorts:       nodePorts,
 		notify:          make(chan struct{}, 1),
 		pendingServices: map[model.ServiceName][]*model.ServicePort{},
 		pendingSlices:   map[sliceKey]*model.EndpointSlice{},
@@ -54,7 +64,7 @@ func New(nodeName string, opts model.Options) *Tracker {
 		slices:          map[model.ServiceName]map[string]*model.EndpointSlice{},
 		inState:         map[model.ServiceName][]model.ServicePortName{},
 		state: &model.State{
-			Node:     model.Node{Name: nodeName},
+			Node:     node,
 			Services: map[model.ServicePortName]*model.Service{},
 		},
 	}
@@ -126,6 +136,18 @@ func (t *Tracker) UpdateNode(n model.Node) {
 	t.wake()
 }
 
+// SetLocalAddrs records the addresses of the node's interfaces (loopback
+// included). The sync loop reads them before every Apply, so that an address
+// added to the node gets its NodePorts at the next sync.
+func (t *Tracker) SetLocalAddrs(addrs []netip.Addr) {
+	if addrs == nil {
+		addrs = []netip.Addr{}
+	}
+	t.mu.Lock()
+	t.pendingLocal = addrs
+	t.mu.Unlock()
+}
+
 // SetServicesSynced marks the initial list of Services as delivered.
 func (t *Tracker) SetServicesSynced() {
 	t.mu.Lock()
@@ -165,10 +187,11 @@ func (t *Tracker) Pending() (services, endpoints int) {
 // read it until the next Apply but must not change it.
 func (t *Tracker) Apply() model.Update {
 	t.mu.Lock()
-	pendingServices, pendingSlices, pendingNode := t.pendingServices, t.pendingSlices, t.pendingNode
+	pendingServices, pendingSlices, pendingNode, pendingLocal := t.pendingServices, t.pendingSlices, t.pendingNode, t.pendingLocal
 	t.pendingServices = map[model.ServiceName][]*model.ServicePort{}
 	t.pendingSlices = map[sliceKey]*model.EndpointSlice{}
 	t.pendingNode = nil
+	t.pendingLocal = nil
 	up := model.Update{
 		State:           t.state,
 		Changed:         model.ChangeSet{},
@@ -206,8 +229,20 @@ func (t *Tracker) Apply() model.Update {
 		}
 		dirty[key.svc] = struct{}{}
 	}
-	if pendingNode != nil && !sameNode(&t.state.Node, pendingNode) {
+	nodeChanged := pendingNode != nil && !sameNode(&t.state.Node, pendingNode)
+	if nodeChanged {
+		np := t.state.Node.NodePorts
 		t.state.Node = *pendingNode
+		t.state.Node.NodePorts = np
+	}
+	if pendingLocal != nil {
+		t.local = pendingLocal
+	}
+	if np := t.nodePorts.Resolve(&t.state.Node, t.local); !np.Equal(&t.state.Node.NodePorts) {
+		t.state.Node.NodePorts = np
+		nodeChanged = true
+	}
+	if nodeChanged {
 		up.Full = true
 		for name := range t.services {
 			dirty[name] = struct{}{}

@@ -53,7 +53,7 @@ type harness struct {
 }
 
 func newHarness(t *testing.T) *harness {
-	h := &harness{t: t, tr: tracker.New("node-a", model.DefaultOptions)}
+	h := &harness{t: t, tr: tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})}
 	h.tl.Invalid = func(kind, ns, name, reason string) { t.Fatalf("invalid %s %s/%s: %s", kind, ns, name, reason) }
 	return h
 }
@@ -189,7 +189,7 @@ func TestNodeZoneChangeReselectsEverything(t *testing.T) {
 }
 
 func TestSyncedNeedsBothKinds(t *testing.T) {
-	tr := tracker.New("node-a", model.DefaultOptions)
+	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 	tr.SetServicesSynced()
 	if tr.Synced() {
 		t.Error("synced with only Services listed")

@@ -113,7 +113,7 @@ func (e *env) attach() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.tr = tracker.New(nodeName, model.DefaultOptions)
+	e.tr = tracker.New(nodeName, model.DefaultOptions, everyAddress)
 	e.tr.SetServicesSynced()
 	e.tr.SetEndpointSlicesSynced()
 	e.tl.Invalid = func(kind, ns, name, reason string) { t.Errorf("invalid %s %s/%s: %s", kind, ns, name, reason) }
@@ -140,6 +140,18 @@ func (e *env) sync() {
 	}
 	e.synced = true
 }
+
+// setNodeAddrs gives the node addrs, which are all its addresses: each
+// gets NodePorts (a loopback one for the node's own sockets), as with the
+// agent's defaults.
+func (e *env) setNodeAddrs(addrs ...netip.Addr) {
+	e.tr.UpdateNode(model.Node{Name: nodeName, Addrs: addrs})
+	e.tr.SetLocalAddrs(addrs)
+}
+
+// everyAddress is --nodeport-addresses unset, with
+// --iptables-localhost-nodeports (the agent's defaults).
+var everyAddress, _ = model.ParseNodePortSpec(nil, false, true)
 
 func (e *env) setService(svc *v1.Service) {
 	e.tr.UpdateService(k8swatch.ServiceName(svc), e.tl.ServicePorts(svc))

@@ -7,7 +7,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 )
 
@@ -28,7 +27,7 @@ func exposed(svc *v1.Service) {
 }
 
 func (e *env) addExposedWeb(opts []func(*v1.Service), eps ...ep) {
-	e.tr.UpdateNode(model.Node{Name: nodeName, Addrs: []netip.Addr{e.node.IP}})
+	e.setNodeAddrs(e.node.IP)
 	e.setService(makeService("web", webVIP.Addr().String(), int32(webVIP.Port()), v1.ProtocolTCP, intstr.FromString("http"), append([]func(*v1.Service){exposed}, opts...)...))
 	e.setSlice(makeSlice("web", "web-1", tcpPort, v1.ProtocolTCP, eps...))
 	e.sync()

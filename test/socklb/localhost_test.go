@@ -6,8 +6,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-
-	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
 
 // TestLocalhostNodePorts: with 127.0.0.1 among the NodePort addresses
@@ -24,7 +22,7 @@ func TestLocalhostNodePorts(t *testing.T) {
 	localhost := netip.MustParseAddr("127.0.0.1")
 	program := func(addrs ...netip.Addr) {
 		t.Helper()
-		e.tr.UpdateNode(model.Node{Name: nodeName, Addrs: addrs})
+		e.setNodeAddrs(addrs...)
 		e.setService(makeService("web", webVIP.Addr().String(), int32(webVIP.Port()), v1.ProtocolTCP, intstr.FromString("http"), exposed))
 		e.setSlice(makeSlice("web", "web-1", tcpPort, v1.ProtocolTCP, e.podEPs(0, 1)...))
 		e.setService(makeService("dns", "10.96.0.53", 53, v1.ProtocolUDP, intstr.FromString("p"), func(s *v1.Service) {

@@ -213,6 +213,9 @@ func (e *env) sync(svcs ...service) {
 			}
 			st.Services[sp.Name] = &model.Service{Port: sp, Endpoints: eps, Selection: model.Categorize(sp, eps, &st.Node, model.DefaultOptions)}
 		}
+		// Every node address gets NodePorts, a loopback one for the node's
+		// own sockets, as with the agent's defaults.
+		st.Node.NodePorts = everyAddress.Resolve(&st.Node, st.Node.Addrs)
 		if err := n.w.Sync(model.Update{State: st, Full: true}); err != nil {
 			e.t.Fatal(err)
 		}
@@ -482,3 +485,7 @@ func requireTCX(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// everyAddress is --nodeport-addresses unset, with
+// --iptables-localhost-nodeports (the agent's defaults).
+var everyAddress, _ = model.ParseNodePortSpec(nil, false, true)

@@ -226,6 +226,9 @@ func setUpNodeNetwork(ns *sandbox.Netns) (int, int, error) {
 // sync programs the Services of st as the agent does.
 func (f *fixture) sync(tb testing.TB, st *model.State) {
 	tb.Helper()
+	// Every node address gets NodePorts, a loopback one for the node's
+	// own sockets, as with the agent's defaults.
+	st.Node.NodePorts = everyAddress.Resolve(&st.Node, st.Node.Addrs)
 	if err := f.w.Sync(model.Update{State: st, Full: true}); err != nil {
 		tb.Fatal(err)
 	}
@@ -355,3 +358,7 @@ func state(svcs ...service) *model.State {
 	}
 	return st
 }
+
+// everyAddress is --nodeport-addresses unset, with
+// --iptables-localhost-nodeports (the agent's defaults).
+var everyAddress, _ = model.ParseNodePortSpec(nil, false, true)

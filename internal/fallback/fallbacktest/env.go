@@ -10,14 +10,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/proxier"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/nodeaddrs"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 )
 
 // Factory creates the dataplane under test for a node of the sandbox. The
 // dataplane must program node.NS and nothing else; the factory registers
 // its own cleanup with t.
-type Factory func(t *testing.T, node *sandbox.Node) proxier.Dataplane
+type Factory func(t *testing.T, node *sandbox.Node) dataplane.Dataplane
 
 // Client names of the behaviour table.
 const (
@@ -55,7 +56,7 @@ type Env struct {
 	Clients map[string]*sandbox.Client
 	// Sources and Dataplanes are keyed by node name.
 	Sources    map[string]*Source
-	Dataplanes map[string]proxier.Dataplane
+	Dataplanes map[string]dataplane.Dataplane
 	// Example is what the Sources were given.
 	Example []Pair
 }
@@ -68,7 +69,7 @@ func NewEnv(t *testing.T, factory Factory) *Env {
 	e := &Env{
 		T: t, SB: sb,
 		Nodes: map[string]*sandbox.Node{}, Pods: map[string]*sandbox.Pod{}, Clients: map[string]*sandbox.Client{},
-		Sources: map[string]*Source{}, Dataplanes: map[string]proxier.Dataplane{},
+		Sources: map[string]*Source{}, Dataplanes: map[string]dataplane.Dataplane{},
 		Example: Example(),
 	}
 	for _, name := range []string{NodeA, NodeB} {
@@ -125,6 +126,16 @@ func NewEnv(t *testing.T, factory Factory) *Env {
 	}
 	for _, name := range []string{NodeA, NodeB} {
 		e.Sources[name] = NewSource(t, Node(name)).Add(e.Example...)
+		// The node's addresses, read as the agent's sync loop reads them,
+		// before a dataplane adds any of its own.
+		var local []netip.Addr
+		if err := e.Nodes[name].NS.Do(func() (err error) {
+			local, err = nodeaddrs.Local()
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		e.Sources[name].SetLocalAddrs(local)
 		e.Dataplanes[name] = factory(t, e.Nodes[name])
 	}
 	e.Sync(true)

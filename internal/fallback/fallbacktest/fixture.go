@@ -229,7 +229,7 @@ type Source struct {
 
 // NewSource returns a Source for node with both initial lists delivered.
 func NewSource(tb testing.TB, node model.Node) *Source {
-	s := &Source{tb: tb, tr: tracker.New(node.Name, model.DefaultOptions)}
+	s := &Source{tb: tb, tr: tracker.New(node.Name, model.DefaultOptions, model.NodePortSpec{})}
 	s.tl.Invalid = func(kind, ns, name, reason string) { tb.Errorf("invalid %s %s/%s: %s", kind, ns, name, reason) }
 	s.tr.UpdateNode(node)
 	s.tr.SetServicesSynced()
@@ -268,6 +268,10 @@ func (s *Source) DeleteSlice(es *discoveryv1.EndpointSlice) {
 	svc, _ := k8swatch.EndpointSliceService(es)
 	s.tr.DeleteEndpointSlice(svc, es.Name)
 }
+
+// SetLocalAddrs records the node's interface addresses, among which
+// --nodeport-addresses (every address here) selects the NodePorts'.
+func (s *Source) SetLocalAddrs(addrs []netip.Addr) { s.tr.SetLocalAddrs(addrs) }
 
 // Update folds everything recorded since the last call into the State and
 // returns the update a sync would get.

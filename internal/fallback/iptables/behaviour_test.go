@@ -3,16 +3,16 @@ package iptables
 import (
 	"testing"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/proxier"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 )
 
 // factory programs each sandbox node with the iptables dataplane, the
 // rules living in the node's namespace only.
 func factory(backend string) fallbacktest.Factory {
-	return func(t *testing.T, node *sandbox.Node) proxier.Dataplane {
+	return func(t *testing.T, node *sandbox.Node) dataplane.Dataplane {
 		m := metrics.New(metrics.IPv4)
 		d, err := New(fallbacktest.Context(t), Config{
 			Netns:       node.NS.Path(),

@@ -80,11 +80,6 @@ type Config struct {
 	// MasqueradeBit is the bit of the packet mark that asks for masquerade
 	// (--iptables-masquerade-bit, 0..31); 0 means DefaultMasqueradeBit.
 	MasqueradeBit int
-	// NodePortAddresses restricts NodePorts to local addresses in these
-	// prefixes (--nodeport-addresses). Empty means every local address
-	// except loopback: localhost NodePorts need route_localnet, which
-	// exposes 127.0.0.1 services to the network (CVE-2020-8558).
-	NodePortAddresses []netip.Prefix
 	// NodeIPs are the node's addresses; a LoadBalancer source range that
 	// holds one also admits traffic from the LoadBalancer IP itself, as
 	// upstream does. Empty uses the addresses of the model's Node.
@@ -113,11 +108,6 @@ func (c *Config) setDefaults() error {
 	}
 	if err := c.LocalDetector.Validate(); err != nil {
 		return err
-	}
-	for _, p := range c.NodePortAddresses {
-		if !p.IsValid() || !p.Addr().Is4() {
-			return fmt.Errorf("node port address %s: want an IPv4 prefix", p)
-		}
 	}
 	switch c.Backend {
 	case xtables.BackendAuto, xtables.BackendLegacy, xtables.BackendNFT:

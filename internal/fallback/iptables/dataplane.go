@@ -16,7 +16,7 @@ import (
 // Name is the proxy mode this dataplane implements.
 const Name = "iptables"
 
-// Dataplane writes the model to iptables. It implements proxier.Dataplane.
+// Dataplane writes the model to iptables. It implements dataplane.Dataplane.
 // It is not safe for concurrent use: the sync loop is its only caller.
 type Dataplane struct {
 	cfg    Config
@@ -121,6 +121,11 @@ func (d *Dataplane) Sync(up model.Update) error {
 			d.cfg.Logger.Warn("jumps to our chains are missing from the built-in chains; rewriting all rules")
 			rewrite = true
 		}
+	}
+	if np := &up.State.Node.NodePorts; !np.Equal(&d.plan.r.nodePorts) {
+		// The static rules that lead to the NodePorts change.
+		rewrite = true
+		d.plan.r.nodePorts = *np
 	}
 	d.plan.r.nodeIPs = d.cfg.NodeIPs
 	if len(d.plan.r.nodeIPs) == 0 {

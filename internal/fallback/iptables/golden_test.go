@@ -3,7 +3,6 @@ package iptables
 import (
 	"flag"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -61,6 +60,8 @@ func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 	tests := []struct {
 		name string
 		cfg  Config
+		// nodePorts is --nodeport-addresses; unset is every address.
+		nodePorts []string
 		// change, if set, alters the example after the full sync; the
 		// partial sync's input is checked against "<name>-partial".
 		change func(src *fallbacktest.Source, ex []fallbacktest.Pair)
@@ -81,10 +82,10 @@ func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 		{
 			name: "node-a-masquerade-all",
 			cfg: Config{
-				MasqueradeAll:     true,
-				MasqueradeBit:     12,
-				NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24"), netip.MustParsePrefix("127.0.0.1/32")},
+				MasqueradeAll: true,
+				MasqueradeBit: 12,
 			},
+			nodePorts: []string{"192.168.77.0/24", "127.0.0.1/32"},
 		},
 	}
 	for _, tt := range tests {
@@ -98,6 +99,11 @@ func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 			}
 			p := newPlanner(&cfg)
 			p.r.nodeIPs = up.State.Node.Addrs
+			spec, err := model.ParseNodePortSpec(tt.nodePorts, false, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.r.nodePorts = spec.Resolve(&up.State.Node, nil)
 			pl, err := p.full(up.State, freshHooks)
 			if err != nil {
 				t.Fatal(err)

@@ -52,6 +52,9 @@ type renderer struct {
 	cfg *Config
 	// nodeIPs decide whether a LoadBalancer source range admits the node.
 	nodeIPs []netip.Addr
+	// nodePorts are the State's NodePort addresses: the static rules
+	// send traffic to them into the NodePort chain.
+	nodePorts model.NodePortAddresses
 	// comments are left out of per-Service chains in large clusters.
 	comments bool
 }
@@ -434,7 +437,7 @@ func (r *renderer) staticRules(forwardDropInvalid bool) []staticRule {
 	// Last in nat EBPFPROXY-SERVICES: partial syncs insert Service rules at
 	// the top so that this stays last.
 	const npComment = "ebpf-proxy service nodeports; NOTE: this must be the last rule in this chain"
-	if len(r.cfg.NodePortAddresses) == 0 {
+	if r.nodePorts.All {
 		rules = append(rules, staticRule{"nat", chainServices, rule().dst("127.0.0.0/8", true).comment(npComment).
 			match("-m", "addrtype", "--dst-type", "LOCAL").jump(chainNodePorts)})
 	}
@@ -443,11 +446,11 @@ func (r *renderer) staticRules(forwardDropInvalid bool) []staticRule {
 	// destinations never reach the NodePorts, as in kube-proxy's nftables
 	// mode, even when the prefixes hold them.
 	loopback := netip.MustParsePrefix("127.0.0.0/8")
-	if slices.ContainsFunc(r.cfg.NodePortAddresses, loopback.Overlaps) {
+	if slices.ContainsFunc(r.nodePorts.Prefixes, loopback.Overlaps) {
 		rules = append(rules, staticRule{"nat", chainServices, rule().dst(loopback.String(), false).
 			comment("ebpf-proxy: no NodePorts on loopback addresses").jump("RETURN")})
 	}
-	for _, p := range r.cfg.NodePortAddresses {
+	for _, p := range r.nodePorts.Prefixes {
 		if p.Bits() >= loopback.Bits() && loopback.Contains(p.Addr()) {
 			continue
 		}

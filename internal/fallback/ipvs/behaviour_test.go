@@ -9,19 +9,19 @@ import (
 
 	libipvs "github.com/moby/ipvs"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/proxier"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 )
 
 // factory programs each sandbox node with the IPVS dataplane, everything
 // inside the node's namespace.
 func factory(cfg Config) fallbacktest.Factory {
-	return func(t *testing.T, node *sandbox.Node) proxier.Dataplane {
+	return func(t *testing.T, node *sandbox.Node) dataplane.Dataplane {
 		c := cfg
 		c.Netns = node.NS.Path()
 		c.ClusterCIDR = fallbacktest.ClusterCIDR

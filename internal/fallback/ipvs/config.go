@@ -93,13 +93,9 @@ type Config struct {
 	// MasqueradeBit is the mark bit that asks for masquerade (0..31); 0
 	// means DefaultMasqueradeBit.
 	MasqueradeBit int
-	// NodePortAddresses restricts NodePort virtual servers to node
-	// addresses in these prefixes; empty means every address of the
-	// namespace except loopback and the dummy interface's.
-	NodePortAddresses []netip.Prefix
 	// NodeIPs, if set, are the addresses NodePorts are served on, instead
-	// of those found on the namespace's interfaces. They also decide
-	// whether a LoadBalancer source range admits the node.
+	// of the State's NodePort addresses. They also decide whether a
+	// LoadBalancer source range admits the node.
 	NodeIPs []netip.Addr
 	// GracePeriod bounds graceful termination; 0 means DefaultGracePeriod.
 	GracePeriod time.Duration
@@ -145,11 +141,6 @@ func (c *Config) setDefaults() error {
 	}
 	if err := c.LocalDetector.Validate(); err != nil {
 		return err
-	}
-	for _, p := range c.NodePortAddresses {
-		if !p.IsValid() || !p.Addr().Is4() {
-			return fmt.Errorf("node port address %s: want an IPv4 prefix", p)
-		}
 	}
 	for _, a := range c.NodeIPs {
 		if !a.Is4() {

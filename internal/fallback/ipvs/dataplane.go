@@ -31,7 +31,7 @@ type appliedVS struct {
 	draining map[netip.AddrPort]time.Time
 }
 
-// Dataplane programs IPVS. It implements proxier.Dataplane; Sync and the
+// Dataplane programs IPVS. It implements dataplane.Dataplane; Sync and the
 // background reaper of drained real servers may run concurrently.
 type Dataplane struct {
 	cfg    Config
@@ -242,11 +242,7 @@ func (d *Dataplane) sync(ctx context.Context, up model.Update, full bool) error 
 	if full {
 		d.r.nodeIPs = d.cfg.NodeIPs
 		if len(d.r.nodeIPs) == 0 {
-			addrs, err := d.k.nodeAddrs()
-			if err != nil {
-				return err
-			}
-			d.r.nodeIPs = filterPrefixes(addrs, d.cfg.NodePortAddresses)
+			d.r.nodeIPs = up.State.Node.NodePorts.External()
 		}
 		d.services = map[model.ServicePortName]serviceConfig{}
 		d.wantVS = map[vsKey][]virtualServer{}
@@ -549,22 +545,6 @@ func (d *Dataplane) reap() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func filterPrefixes(addrs []netip.Addr, prefixes []netip.Prefix) []netip.Addr {
-	if len(prefixes) == 0 {
-		return addrs
-	}
-	var out []netip.Addr
-	for _, a := range addrs {
-		for _, p := range prefixes {
-			if p.Contains(a) {
-				out = append(out, a)
-				break
-			}
-		}
-	}
-	return out
 }
 
 // tcpBeLiberal reads nf_conntrack_tcp_be_liberal in the namespace.

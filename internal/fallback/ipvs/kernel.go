@@ -148,31 +148,6 @@ func (k *kernel) unbind(l netlink.Link, a netip.Addr) error {
 	return nil
 }
 
-// nodeAddrs lists the namespace's IPv4 addresses except loopback and the
-// dummy interface's: where NodePorts are served by default.
-func (k *kernel) nodeAddrs() ([]netip.Addr, error) {
-	links, err := k.nl.LinkList()
-	if err != nil {
-		return nil, fmt.Errorf("list links: %w", err)
-	}
-	var out []netip.Addr
-	for _, l := range links {
-		if l.Attrs().Name == DummyName || l.Attrs().Flags&net.FlagLoopback != 0 {
-			continue
-		}
-		addrs, err := k.nl.AddrList(l, netlink.FAMILY_V4)
-		if err != nil {
-			return nil, fmt.Errorf("list addresses of %s: %w", l.Attrs().Name, err)
-		}
-		for _, a := range addrs {
-			if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.Unmap().IsLoopback() {
-				out = append(out, ip.Unmap())
-			}
-		}
-	}
-	return out, nil
-}
-
 // ensureSets creates our ipsets where missing, each holding at most
 // maxElements entries. It returns the sets that exist with a lower cap.
 func (k *kernel) ensureSets(maxElements uint32) (small []string, err error) {

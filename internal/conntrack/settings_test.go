@@ -1,4 +1,4 @@
-package main
+package conntrack
 
 import (
 	"os"
@@ -15,7 +15,7 @@ import (
 
 // fakeProc is a /proc/sys and a hashsize file holding the kernel's
 // defaults, in a directory of the test.
-func fakeProc(t *testing.T) (conntrackEnv, func(name string) int) {
+func fakeProc(t *testing.T) (Env, func(name string) int) {
 	t.Helper()
 	root := t.TempDir()
 	files := map[string]int{
@@ -36,7 +36,7 @@ func fakeProc(t *testing.T) (conntrackEnv, func(name string) int) {
 			t.Fatal(err)
 		}
 	}
-	env := conntrackEnv{sys: sysctl.Sysctl{Root: root}, hashsize: filepath.Join(root, "hashsize")}
+	env := Env{Sys: sysctl.Sysctl{Root: root}, Hashsize: filepath.Join(root, "hashsize")}
 	return env, func(name string) int {
 		v, err := sysctl.ReadIntFile(filepath.Join(root, name))
 		if err != nil {
@@ -53,31 +53,32 @@ func TestConntrackSettingsPerMode(t *testing.T) {
 	wantMax := max(32768*cpus, 131072)
 	for _, tc := range []struct {
 		name string
-		mode string
-		c    conntrackOptions
+		// nat: the mode's Service NAT lives in conntrack.
+		nat  bool
+		c    Settings
 		want map[string]int
 	}{
-		{"iptables: kube-proxy's defaults", modeIPTables, conntrackOptions{}, map[string]int{
+		{"iptables: kube-proxy's defaults", true, Settings{}, map[string]int{
 			"net/netfilter/nf_conntrack_max": wantMax, "hashsize": max(16384, wantMax/4),
 			"net/netfilter/nf_conntrack_tcp_timeout_established": 86400, "net/netfilter/nf_conntrack_tcp_timeout_close_wait": 3600,
 			"net/netfilter/nf_conntrack_udp_timeout": 30, "net/netfilter/nf_conntrack_tcp_be_liberal": 0,
 		}},
-		{"ebpf: nothing unless given", modeEBPF, conntrackOptions{}, map[string]int{
+		{"ebpf: nothing unless given", false, Settings{}, map[string]int{
 			"net/netfilter/nf_conntrack_max": 65536, "hashsize": 16384, "net/netfilter/nf_conntrack_tcp_timeout_established": 432000,
 			"net/netfilter/nf_conntrack_tcp_timeout_close_wait": 60,
 		}},
-		{"ebpf: what is given", modeEBPF, conntrackOptions{tcpEstablished: ptr(2 * time.Hour), udpTimeout: ptr(10 * time.Second)}, map[string]int{
+		{"ebpf: what is given", false, Settings{TCPEstablished: ptr(2 * time.Hour), UDPTimeout: ptr(10 * time.Second)}, map[string]int{
 			"net/netfilter/nf_conntrack_max": 65536, "net/netfilter/nf_conntrack_tcp_timeout_established": 7200,
 			"net/netfilter/nf_conntrack_udp_timeout": 10, "net/netfilter/nf_conntrack_tcp_timeout_close_wait": 60,
 		}},
-		{"ipvs: max-per-core 0 leaves the size, timeouts 0 leave theirs", modeIPVS, conntrackOptions{maxPerCore: &zero, tcpEstablished: ptr(0)}, map[string]int{
+		{"ipvs: max-per-core 0 leaves the size, timeouts 0 leave theirs", true, Settings{MaxPerCore: &zero, TCPEstablished: ptr(0)}, map[string]int{
 			"net/netfilter/nf_conntrack_max": 65536, "hashsize": 16384, "net/netfilter/nf_conntrack_tcp_timeout_established": 432000,
 			"net/netfilter/nf_conntrack_tcp_timeout_close_wait": 3600,
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env, read := fakeProc(t)
-			if err := setupConntrack(env, tc.c, tc.mode, zap.NewNop()); err != nil {
+			if err := Setup(env, tc.c, tc.nat, zap.NewNop()); err != nil {
 				t.Fatal(err)
 			}
 			for name, want := range tc.want {
@@ -95,40 +96,18 @@ func TestConntrackReadOnlyMaxIsReportedNotFatal(t *testing.T) {
 	env, read := fakeProc(t)
 	// A directory in the file's place refuses the write even to root,
 	// who ignores file modes.
-	p := filepath.Join(env.sys.Root, "net/netfilter/nf_conntrack_max")
+	p := filepath.Join(env.Sys.Root, "net/netfilter/nf_conntrack_max")
 	if err := os.Remove(p); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Mkdir(p, 0o555); err != nil {
 		t.Fatal(err)
 	}
-	err := setupConntrack(env, conntrackOptions{}, modeIPTables, zap.NewNop())
+	err := Setup(env, Settings{}, true, zap.NewNop())
 	if err == nil || !strings.Contains(err.Error(), "nf_conntrack_max") {
 		t.Errorf("error %v, want one naming nf_conntrack_max", err)
 	}
 	if got := read("net/netfilter/nf_conntrack_tcp_timeout_established"); got != 86400 {
 		t.Errorf("established timeout %d: the other settings must still be applied", got)
-	}
-}
-
-func TestStrictARP(t *testing.T) {
-	root := t.TempDir()
-	for _, n := range []string{"arp_ignore", "arp_announce"} {
-		p := filepath.Join(root, "net/ipv4/conf/all", n)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte("0\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	sys := sysctl.Sysctl{Root: root}
-	if err := applyStrictARP(sys, zap.NewNop()); err != nil {
-		t.Fatal(err)
-	}
-	for n, want := range map[string]int{"net.ipv4.conf.all.arp_ignore": 1, "net.ipv4.conf.all.arp_announce": 2} {
-		if got, err := sys.GetInt(n); err != nil || got != want {
-			t.Errorf("%s = %d (%v), want %d", n, got, err, want)
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package healthcheck
 
 import (
 	"context"
@@ -16,7 +16,7 @@ func TestListenFailureRaisesKubeProxysEvent(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	client := fake.NewClientset()
-	record := listenFailureEvents(ctx, client)
+	record := ListenFailureEvents(ctx, client, "ebpf-proxy")
 	record(model.ServiceName{Namespace: "shop", Name: "web"}, 32000, `node node-a failed to start healthcheck "shop/web" on port 32000: address already in use`)
 
 	// The broadcaster writes asynchronously; wait for it, boundedly.
@@ -30,7 +30,7 @@ func TestListenFailureRaisesKubeProxysEvent(t *testing.T) {
 			if e.Type != corev1.EventTypeWarning || e.Reason != "FailedToStartServiceHealthcheck" || e.Action != "Listen" ||
 				e.Regarding.Kind != "Service" || e.Regarding.Name != "web" || e.Regarding.Namespace != "shop" ||
 				e.Note != `node node-a failed to start healthcheck "shop/web" on port 32000: address already in use` ||
-				e.ReportingController != eventsComponent {
+				e.ReportingController != "ebpf-proxy" {
 				t.Errorf("event = %+v", e)
 			}
 			return

@@ -1,8 +1,7 @@
-package main
+package bpf
 
 import (
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 
@@ -13,55 +12,6 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
-
-// nodePortAddresses is --nodeport-addresses, as kube-proxy reads it: CIDRs
-// whose local addresses accept NodePorts, and "primary" for the node's own
-// addresses (the Node object's). Neither means every local address, as in
-// kube-proxy's iptables and IPVS modes. localhost is
-// --iptables-localhost-nodeports: 127.0.0.1 accepts NodePorts from the
-// node's own sockets when the CIDRs hold it, as in kube-proxy's iptables
-// mode (by default).
-type nodePortAddresses struct {
-	primary   bool
-	localhost bool
-	cidrs     []netip.Prefix
-}
-
-func newNodePortAddresses(cidrs []netip.Prefix, primary, localhost bool) nodePortAddresses {
-	if len(cidrs) == 0 && !primary {
-		cidrs = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
-	}
-	return nodePortAddresses{primary: primary, localhost: localhost, cidrs: cidrs}
-}
-
-// addresses returns the addresses that get NodePorts: the node's own
-// for "primary", and the local IPv4 addresses inside the CIDRs, loopback
-// ones only as 127.0.0.1 and only with localhost.
-func (n nodePortAddresses) addresses(node []netip.Addr, local []netip.Addr) []netip.Addr {
-	var out []netip.Addr
-	if n.primary {
-		out = append(out, node...)
-	}
-	for _, a := range local {
-		if a.IsLoopback() {
-			if !n.localhost || !a.Is4() {
-				continue
-			}
-			a = netip.AddrFrom4([4]byte{127, 0, 0, 1})
-		}
-		if slices.Contains(out, a) {
-			continue
-		}
-		for _, p := range n.cidrs {
-			if p.Contains(a) {
-				out = append(out, a)
-				break
-			}
-		}
-	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return out
-}
 
 // localAddrs are the IPv4 addresses of the node's devices, with the device
 // that holds each.
@@ -89,10 +39,9 @@ func localAddrs() (map[netip.Addr]string, error) {
 // them: at start-up with --devices, else at the first sync that knows the
 // node's addresses (the devices carrying them).
 type tcAttacher struct {
-	cfg      loader.TCConfig
-	devices  []string
-	nodePort nodePortAddresses
-	log      *zap.Logger
+	cfg     loader.TCConfig
+	devices []string
+	log     *zap.Logger
 	// xdpMode is --xdp; metrics take the XDP attachment's outcome.
 	xdpMode string
 	metrics *metrics.Metrics
@@ -100,31 +49,30 @@ type tcAttacher struct {
 	loaded *loader.TCLoaded
 	xdp    *loader.XDPLoaded
 	// local are the node's IPv4 addresses and their devices, read once
-	// at start-up: --nodeport-addresses CIDRs select among them.
+	// at start-up: the devices holding the node's addresses are those
+	// attached to.
 	local  map[netip.Addr]string
 	warned bool
 }
 
-func newTCAttacher(o *options, m *metrics.Metrics, log *zap.Logger) (*tcAttacher, error) {
-	np := newNodePortAddresses(o.nodePortPrefixes, o.nodePortPrimary, o.localhostNodePorts)
+func newTCAttacher(c Config, log *zap.Logger) (*tcAttacher, error) {
 	local, err := localAddrs()
 	if err != nil {
 		return nil, err
 	}
-	if err := checkSNATPortRange(o.snatPorts, o.snatPortRangeForce, ephemeralPortsFile, reservedPortsFile, log); err != nil {
+	if err := checkSNATPortRange(c.SNATPorts, c.SNATPortRangeForce, ephemeralPortsFile, reservedPortsFile, log); err != nil {
 		return nil, err
 	}
 	a := &tcAttacher{
 		cfg: loader.TCConfig{
-			BPFFSPath: o.bpffsPath, Sizes: o.mapSizes, ConntrackSize: o.conntrackSize, Attach: o.tcAttach,
-			SNATPortMin: o.snatPorts.min, SNATPortMax: o.snatPorts.max,
+			BPFFSPath: c.BPFFSPath, Sizes: c.Sizes, ConntrackSize: c.ConntrackSize, Attach: c.TCAttach,
+			SNATPortMin: c.SNATPorts.Min, SNATPortMax: c.SNATPorts.Max,
 		},
-		devices:  o.devices,
-		nodePort: np,
-		log:      log,
-		local:    local,
-		xdpMode:  o.xdp,
-		metrics:  m,
+		devices: c.Devices,
+		log:     log,
+		local:   local,
+		xdpMode: c.XDP,
+		metrics: c.Metrics,
 	}
 	if len(a.devices) > 0 {
 		if err := a.attach(nil); err != nil {
@@ -134,19 +82,13 @@ func newTCAttacher(o *options, m *metrics.Metrics, log *zap.Logger) (*tcAttacher
 	return a, nil
 }
 
-// prepare is called before every sync: it attaches once the devices are
-// known and gives the maps writer the NodePort addresses.
-func (a *tcAttacher) prepare(up *model.Update) error {
-	nodeAddrs := up.State.Node.Addrs
-	st := *up.State
-	st.Node.Addrs = a.nodePort.addresses(nodeAddrs, slices.Collect(maps.Keys(a.local)))
-	up.State = &st
-	if a.loaded == nil {
-		if err := a.attach(nodeAddrs); err != nil {
-			return err
-		}
+// prepare is called before every sync: it attaches once the devices
+// holding the node's addresses are known.
+func (a *tcAttacher) prepare(node *model.Node) error {
+	if a.loaded != nil {
+		return nil
 	}
-	return nil
+	return a.attach(node.Addrs)
 }
 
 // attach resolves the devices (--devices, else those carrying nodeAddrs)

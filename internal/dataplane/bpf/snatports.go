@@ -1,4 +1,4 @@
-package main
+package bpf
 
 import (
 	"errors"
@@ -12,19 +12,21 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 )
 
-// portRange is an inclusive range of ports.
-type portRange struct{ min, max uint16 }
+// PortRange is an inclusive range of ports.
+type PortRange struct{ Min, Max uint16 }
 
-func (r portRange) String() string { return fmt.Sprintf("%d-%d", r.min, r.max) }
+// String returns the range as the flag takes it, "min-max".
+func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Min, r.Max) }
 
-func (r portRange) overlaps(o portRange) bool { return r.min <= o.max && o.min <= r.max }
+func (r PortRange) overlaps(o PortRange) bool { return r.Min <= o.Max && o.Min <= r.Max }
 
 var (
-	defaultSNATPortRange = portRange{loader.DefaultSNATPortMin, loader.DefaultSNATPortMax}
+	// DefaultSNATPortRange is --nodeport-snat-port-range's default.
+	DefaultSNATPortRange = PortRange{loader.DefaultSNATPortMin, loader.DefaultSNATPortMax}
 	// nodePortRange is the API server's default --service-node-port-range:
 	// kube-proxy is not told the cluster's, so the default is what we keep
 	// clear of.
-	nodePortRange = portRange{30000, 32767}
+	nodePortRange = PortRange{30000, 32767}
 )
 
 // ephemeralPortsFile holds the node's ephemeral port range, the source
@@ -35,42 +37,42 @@ const (
 	reservedPortsFile  = "/proc/sys/net/ipv4/ip_local_reserved_ports"
 )
 
-// parsePortRange parses "min-max" within 1024-65535: the ports below are
+// ParsePortRange parses "min-max" within 1024-65535: the ports below are
 // the well-known ones the node's own servers listen on.
-func parsePortRange(s string) (portRange, error) {
+func ParsePortRange(s string) (PortRange, error) {
 	lo, hi, ok := strings.Cut(strings.TrimSpace(s), "-")
 	if !ok {
-		return portRange{}, fmt.Errorf("%q: want min-max, such as %s", s, defaultSNATPortRange)
+		return PortRange{}, fmt.Errorf("%q: want min-max, such as %s", s, DefaultSNATPortRange)
 	}
-	var r portRange
+	var r PortRange
 	for _, p := range []struct {
 		s string
 		v *uint16
-	}{{lo, &r.min}, {hi, &r.max}} {
+	}{{lo, &r.Min}, {hi, &r.Max}} {
 		n, err := strconv.ParseUint(strings.TrimSpace(p.s), 10, 16)
 		if err != nil {
-			return portRange{}, fmt.Errorf("%q: %q is not a port", s, p.s)
+			return PortRange{}, fmt.Errorf("%q: %q is not a port", s, p.s)
 		}
 		*p.v = uint16(n)
 	}
-	if r.min < 1024 || r.max < r.min {
-		return portRange{}, fmt.Errorf("%q: want 1024 <= min <= max <= 65535", s)
+	if r.Min < 1024 || r.Max < r.Min {
+		return PortRange{}, fmt.Errorf("%q: want 1024 <= min <= max <= 65535", s)
 	}
 	return r, nil
 }
 
 // readPortRange reads a range written as two numbers, as in
 // ip_local_port_range ("32768\t60999").
-func readPortRange(path string) (portRange, error) {
+func readPortRange(path string) (PortRange, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return portRange{}, err
+		return PortRange{}, err
 	}
 	f := strings.Fields(string(b))
 	if len(f) != 2 {
-		return portRange{}, fmt.Errorf("%s: want two ports, got %q", path, strings.TrimSpace(string(b)))
+		return PortRange{}, fmt.Errorf("%s: want two ports, got %q", path, strings.TrimSpace(string(b)))
 	}
-	return parsePortRange(f[0] + "-" + f[1])
+	return ParsePortRange(f[0] + "-" + f[1])
 }
 
 // checkSNATPortRange keeps the source NAT range r clear of the node's own
@@ -86,7 +88,7 @@ func readPortRange(path string) (portRange, error) {
 // if that fails is it refused. A range over the NodePorts is refused. With
 // force, both are logged and accepted. An unreadable ephemeral range is
 // logged and the check skipped.
-func checkSNATPortRange(r portRange, force bool, ephemeralPath, reservedPath string, log *zap.Logger) error {
+func checkSNATPortRange(r PortRange, force bool, ephemeralPath, reservedPath string, log *zap.Logger) error {
 	var clash []string
 	eph, err := readPortRange(ephemeralPath)
 	switch {
@@ -114,13 +116,13 @@ func checkSNATPortRange(r portRange, force bool, ephemeralPath, reservedPath str
 
 // reservePorts adds r to the reserved ports in path (comma-separated ports
 // and ranges), unless they hold it already.
-func reservePorts(path string, r portRange, log *zap.Logger) error {
+func reservePorts(path string, r PortRange, log *zap.Logger) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
 	cur := strings.TrimSpace(string(b))
-	var have []portRange
+	var have []PortRange
 	for _, f := range strings.Split(cur, ",") {
 		f = strings.TrimSpace(f)
 		if f == "" {
@@ -135,7 +137,7 @@ func reservePorts(path string, r portRange, log *zap.Logger) error {
 		if err1 != nil || err2 != nil {
 			return fmt.Errorf("%s: cannot parse %q", path, cur)
 		}
-		have = append(have, portRange{uint16(a), uint16(z)})
+		have = append(have, PortRange{uint16(a), uint16(z)})
 	}
 	if covered(r, have) {
 		return nil
@@ -153,12 +155,12 @@ func reservePorts(path string, r portRange, log *zap.Logger) error {
 }
 
 // covered reports whether the ranges in have hold every port of r.
-func covered(r portRange, have []portRange) bool {
-	for p := int(r.min); p <= int(r.max); {
+func covered(r PortRange, have []PortRange) bool {
+	for p := int(r.Min); p <= int(r.Max); {
 		next := p
 		for _, h := range have {
-			if int(h.min) <= p && p <= int(h.max) {
-				next = int(h.max) + 1
+			if int(h.Min) <= p && p <= int(h.Max) {
+				next = int(h.Max) + 1
 				break
 			}
 		}

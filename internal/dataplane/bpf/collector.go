@@ -1,22 +1,21 @@
-package main
+package bpf
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 )
 
-// bpfCollector exports the BPF programs' per-CPU event counters at scrape
+// collector exports the BPF programs' per-CPU event counters at scrape
 // time, so the datapath pays one counter increment and nothing more.
-type bpfCollector struct {
+type collector struct {
 	l      *loader.Loaded
 	events *prometheus.Desc
 	errors *prometheus.Desc
 }
 
-func newBPFCollector(l *loader.Loaded, _ *maps.Writer) prometheus.Collector {
-	return &bpfCollector{
+func newCollector(l *loader.Loaded) prometheus.Collector {
+	return &collector{
 		l: l,
 		events: prometheus.NewDesc("ebpfproxy_bpf_events_total",
 			"Events counted by the BPF programs, by event.", []string{"event"}, nil),
@@ -26,13 +25,13 @@ func newBPFCollector(l *loader.Loaded, _ *maps.Writer) prometheus.Collector {
 }
 
 // Describe implements prometheus.Collector.
-func (c *bpfCollector) Describe(ch chan<- *prometheus.Desc) {
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.events
 	ch <- c.errors
 }
 
 // Collect implements prometheus.Collector.
-func (c *bpfCollector) Collect(ch chan<- prometheus.Metric) {
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counts, err := c.l.Counters()
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(c.errors, prometheus.GaugeValue, 1)

@@ -1,0 +1,278 @@
+// Package bpf is the BPF dataplane, the proxy mode ebpf-proxy exists for:
+// socket load balancing in cgroup hooks for the node's own processes and
+// pods, TC (and optionally XDP) programs on the node's devices for
+// NodePort, ExternalIP and LoadBalancer-IP traffic from outside. It loads
+// and attaches the programs (internal/loader), adopting what an earlier
+// agent pinned, and drives the only writer of their maps (internal/maps)
+// from the sync loop's updates, as the fallback dataplanes drive their
+// netfilter or IPVS configuration.
+package bpf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sockterm"
+)
+
+// Name is the proxy mode this dataplane implements.
+const Name = "ebpf"
+
+// Config is the BPF dataplane's configuration: the agent's flags of the
+// same names.
+type Config struct {
+	// CgroupPath is the cgroup v2 directory the socket programs attach to;
+	// "" is the node's cgroup2 root (mounted under /run/ebpf-proxy when
+	// the node has none mounted).
+	CgroupPath string
+	// BPFFSPath is where maps and links are pinned (--bpffs-path).
+	BPFFSPath string
+	// Sizes are the maps' capacities.
+	Sizes loader.MapSizes
+	// TerminateSockets ends the sockets translated to a removed backend
+	// (--terminate-removed-backend-sockets).
+	TerminateSockets bool
+	// Devices carry NodePort, ExternalIP and LoadBalancer-IP traffic
+	// (--devices); empty means the devices holding the node's addresses,
+	// attached at the first sync that knows them.
+	Devices []string
+	// TCAttach is --tc-attach: loader.TCAttachAuto, TCAttachTCX or
+	// TCAttachClsact.
+	TCAttach string
+	// XDP is --xdp: loader.XDPOff, XDPNative or XDPGeneric.
+	XDP string
+	// ConntrackSize is the TC connection tracking LRU's capacity.
+	ConntrackSize uint32
+	// SNATPorts is --nodeport-snat-port-range; SNATPortRangeForce skips
+	// its overlap checks.
+	SNATPorts          PortRange
+	SNATPortRangeForce bool
+	// Logger receives the dataplane's log lines; nil logs nothing.
+	Logger *zap.Logger
+	// Metrics receives the XDP attachment gauges; its registry takes the
+	// BPF event counters and the terminated-sockets counter. Required.
+	Metrics *metrics.Metrics
+}
+
+// ValidateAttach checks --tc-attach and --xdp.
+func ValidateAttach(tcAttach, xdp string) error {
+	switch tcAttach {
+	case loader.TCAttachAuto, loader.TCAttachTCX, loader.TCAttachClsact:
+	default:
+		return fmt.Errorf("unknown --tc-attach %q: use tcx or clsact, or leave it empty", tcAttach)
+	}
+	switch xdp {
+	case loader.XDPOff, loader.XDPNative, loader.XDPGeneric:
+	default:
+		return fmt.Errorf("unknown --xdp %q: use native, generic or off", xdp)
+	}
+	return nil
+}
+
+// testFailureEnv makes the dataplane fail at start-up, for the tests of
+// the fallback (test/modes), since no test can make a real kernel reject a
+// program on demand: "load" fails after the feature probe passed, as a
+// verifier rejection would. Nothing but tests sets it.
+const testFailureEnv = "EBPF_PROXY_TEST_BPF_FAILURE"
+
+// ErrForcedFailure is the failure EBPF_PROXY_TEST_BPF_FAILURE asks for.
+var ErrForcedFailure = errors.New("forced by " + testFailureEnv)
+
+// ForcedFailure returns what EBPF_PROXY_TEST_BPF_FAILURE asks to fail:
+// "probe", "load" or "".
+func ForcedFailure() string { return os.Getenv(testFailureEnv) }
+
+// Probe checks, with real probe programs, that the kernel can run the
+// socket load balancer. cgroup v2 is checked where the programs attach
+// (New), since the agent mounts it when the node has none mounted.
+func Probe() error {
+	if ForcedFailure() == "probe" {
+		return fmt.Errorf("%w: %w", loader.ErrUnsupported, ErrForcedFailure)
+	}
+	_, err := loader.Probe()
+	return err
+}
+
+// New loads and attaches the BPF programs, replacing those of an earlier
+// agent in place, and restores the maps' state from their pins. A failure
+// leaves an earlier agent's programs attached and serving.
+func New(cfg Config) (*Dataplane, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	cgroupPath := cfg.CgroupPath
+	if cgroupPath == "" {
+		var err error
+		if cgroupPath, err = defaultCgroupPath(); err != nil {
+			return nil, fmt.Errorf("find the cgroup v2 root: %w", err)
+		}
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(cgroupPath, &fs); err != nil {
+		return nil, fmt.Errorf("cgroup path %s: %w", cgroupPath, err)
+	} else if fs.Type != unix.CGROUP2_SUPER_MAGIC {
+		return nil, fmt.Errorf("%w: cgroup path %s is not on a cgroup v2 filesystem", loader.ErrUnsupported, cgroupPath)
+	}
+	if ForcedFailure() == "load" {
+		return nil, fmt.Errorf("load BPF programs: %w", ErrForcedFailure)
+	}
+	// The agent runs in the node's network namespace (hostNetwork).
+	nodeNetns, err := loader.NetnsCookie()
+	if err != nil {
+		return nil, err
+	}
+	l, err := loader.Load(loader.Config{BPFFSPath: cfg.BPFFSPath, CgroupPath: cgroupPath, Sizes: cfg.Sizes, NodeNetnsCookie: nodeNetns})
+	if err != nil {
+		return nil, fmt.Errorf("load BPF programs: %w", err)
+	}
+	km := maps.KernelMaps(&l.Objects.SockMaps)
+	km.Maglev = maps.KernelMaglev(l.Maglev.Tables, l.Maglev.Fingerprints, l.Maglev.Table)
+	w, err := maps.NewWriter(km, maps.Limits{Backends: l.Sizes.Backends, RevNat: l.Sizes.RevNat})
+	if err != nil {
+		l.Close()
+		return nil, fmt.Errorf("restore state from pinned maps: %w", err)
+	}
+	var term *sockterm.Terminator
+	if cfg.TerminateSockets {
+		if term, err = sockterm.New(sockterm.Config{Translated: maps.SockTranslated(l.Objects.Sock4RevnatV1), Logger: log.Named("sockterm")}); err != nil {
+			l.Close()
+			return nil, err
+		}
+	}
+	if !l.Features.SetRetval {
+		log.Warn("kernel lacks bpf_set_retval in cgroup programs: connections to Services without endpoints fail with EPERM instead of ECONNREFUSED")
+	}
+	tc, err := newTCAttacher(cfg, log)
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	fe, be := w.Counts()
+	log.Info("BPF programs attached", zap.String("cgroupPath", cgroupPath), zap.String("bpffsPath", cfg.BPFFSPath),
+		zap.Int("restoredFrontends", fe), zap.Int("restoredBackends", be))
+
+	reg := cfg.Metrics.Registry()
+	reg.MustRegister(newCollector(l))
+	d := &Dataplane{Writer: w, term: term, log: log, loaded: l, tc: tc, wake: make(chan struct{}, 1),
+		ranges: &sourceRangeCheck{set: l.SetSourceRangeCheck, on: l.SourceRangeCheck, log: log},
+		terminated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ebpfproxy_sockets_terminated_total",
+			Help: "Sockets ended because the backend they were connected to through a Service was removed, by protocol.",
+		}, []string{"protocol"}),
+	}
+	reg.MustRegister(d.terminated)
+	return d, nil
+}
+
+// Dataplane is the BPF dataplane: the maps Writer, the programs it
+// attached, and the ending of sockets still connected to backends a sync
+// removed: TCP connections are aborted rather than left hanging on a dead
+// pod, and connected UDP sockets (a DNS client's) are closed so that the
+// application reconnects to a live backend.
+type Dataplane struct {
+	*maps.Writer
+	term   *sockterm.Terminator
+	log    *zap.Logger
+	loaded *loader.Loaded
+	// tc attaches the TC and XDP programs once the node's devices are
+	// known.
+	tc *tcAttacher
+	// ranges attaches and detaches the source range check around syncs.
+	ranges *sourceRangeCheck
+
+	mu      sync.Mutex
+	pending []sockterm.Backend
+	wake    chan struct{}
+
+	terminated *prometheus.CounterVec
+}
+
+// Name implements dataplane.Dataplane.
+func (d *Dataplane) Name() string { return Name }
+
+// Sync implements dataplane.Dataplane. Sockets are ended after the maps no
+// longer name the removed backends, so a reconnecting client cannot land on
+// them again, and outside the sync loop, which must not wait for a scan of
+// every network namespace.
+func (d *Dataplane) Sync(up model.Update) error {
+	if err := d.tc.prepare(&up.State.Node); err != nil {
+		return err
+	}
+	if err := d.ranges.before(up); err != nil {
+		return err
+	}
+	if err := d.Writer.Sync(up); err != nil {
+		return err
+	}
+	d.ranges.after(d.Writer)
+	if d.term == nil {
+		return nil
+	}
+	var gone []sockterm.Backend
+	for _, b := range d.Writer.Removed() {
+		if b.Proto == model.TCP || b.Proto == model.UDP {
+			gone = append(gone, sockterm.Backend{Addr: netipAddrPort(b), Proto: b.Proto})
+		}
+	}
+	if len(gone) == 0 {
+		return nil
+	}
+	d.mu.Lock()
+	d.pending = append(d.pending, gone...)
+	d.mu.Unlock()
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// Run ends the sockets of removed backends until ctx is done.
+func (d *Dataplane) Run(ctx context.Context) {
+	if d.term == nil {
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.wake:
+		}
+		d.mu.Lock()
+		batch := d.pending
+		d.pending = nil
+		d.mu.Unlock()
+		st, err := d.term.Terminate(ctx, batch)
+		d.terminated.WithLabelValues("TCP").Add(float64(st.DestroyedTCP))
+		d.terminated.WithLabelValues("UDP").Add(float64(st.DestroyedUDP))
+		if err != nil {
+			d.log.Warn("ending sockets of removed backends", zap.Int("backends", len(batch)), zap.Error(err))
+		}
+		if st.DestroyedTCP+st.DestroyedUDP > 0 {
+			d.log.Info("ended sockets connected to removed backends", zap.Int("backends", len(batch)),
+				zap.Int("tcp", st.DestroyedTCP), zap.Int("udp", st.DestroyedUDP), zap.Int("namespaces", st.Namespaces))
+		}
+	}
+}
+
+func netipAddrPort(b maps.Backend) netip.AddrPort { return netip.AddrPortFrom(b.Addr, b.Port) }
+
+// Close releases the dataplane's handles. The programs stay attached and
+// the maps pinned: they keep serving until the next agent adopts them.
+func (d *Dataplane) Close() {
+	d.tc.close()
+	d.loaded.Close()
+}

@@ -1,0 +1,44 @@
+package loader
+
+import (
+	"fmt"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+)
+
+// OpenPinnedSockMaps opens, read-only, the socket load balancer's maps an
+// agent pinned under bpffsPath, for inspecting a node (ebpf-proxy dump)
+// without loading anything. The caller closes them.
+func OpenPinnedSockMaps(bpffsPath string) (*bpfobj.SockMaps, error) {
+	open := func(name string) (*ebpf.Map, error) {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(bpffsPath, "maps", name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			return nil, fmt.Errorf("open pinned map %s: %w", name, err)
+		}
+		return m, nil
+	}
+	var sm bpfobj.SockMaps
+	var err error
+	for _, p := range []struct {
+		name string
+		dst  **ebpf.Map
+	}{
+		{bpfobj.SockMapLb4ServicesV1, &sm.Lb4ServicesV1},
+		{bpfobj.SockMapLb4BackendsV1, &sm.Lb4BackendsV1},
+		{bpfobj.SockMapLb4RevnatV1, &sm.Lb4RevnatV1},
+		{bpfobj.SockMapLb4MembersV1, &sm.Lb4MembersV1},
+	} {
+		if *p.dst, err = open(p.name); err != nil {
+			sm.Close()
+			return nil, err
+		}
+	}
+	// Maps of an agent older than source ranges lack this one.
+	if m, err := open(bpfobj.SockMapLb4SourceRangesV1); err == nil {
+		sm.Lb4SourceRangesV1 = m
+	}
+	return &sm, nil
+}
