@@ -4,14 +4,14 @@
  * programs so that a flow gets the same verdict, backend and connection
  * tracking entries whichever hook sees its first packet, and either hook can
  * carry on a flow the other began. Nothing here touches the packet: each
- * hook rewrites it with its own helpers (pkt.h for skbs, xdp_pkt.h for XDP
- * buffers). */
+ * hook rewrites it with the helpers for its buffers (rewrite.h). */
 #ifndef EBPF_PROXY_NODEPORT_H
 #define EBPF_PROXY_NODEPORT_H
 
 #include "lb.h"
 #include "ct.h"
 #include "maglev.h"
+#include "parse.h"
 
 /* Source NAT ports: above the kernel's default ephemeral range
  * (ip_local_port_range 32768-60999) and the NodePort range, so that the
