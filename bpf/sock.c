@@ -208,7 +208,7 @@ static __always_inline struct lb4_backend *sock4_udp_backend(struct bpf_sock_add
 			return be;
 		}
 	}
-	be = lb4_select_backend(key, svc, backend_id);
+	be = lb4_random_backend(key, svc, backend_id);
 	if (be) {
 		val.backend_id = *backend_id;
 		val.svc_id = svc->svc_id;
@@ -281,26 +281,16 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, bool sendm
 		return sock_refuse(sock_udp_from_node(ctx, key.proto, svc) ? EPERM : REJECT_ERRNO);
 	}
 	rev_nat_id = svc->rev_nat_id;
-	if (svc->affinity_timeout) {
-		/* The client is the socket's network namespace: two pods on one
-		 * node are two clients, as their two IPs are to kube-proxy. */
-		struct lb4_affinity_key akey = {
-			.client = bpf_get_netns_cookie(ctx),
-			.svc_id = svc->svc_id,
-			.client_kind = AFFINITY_CLIENT_NETNS,
-		};
-		__u64 now = bpf_ktime_get_ns();
-
-		be = lb4_affinity_backend(&akey, svc, now, &backend_id);
-		if (!be) {
-			be = lb4_select_backend(&key, svc, &backend_id);
-			if (be)
-				lb4_affinity_record(&akey, now, backend_id);
-		}
-	} else if (sendmsg) {
+	if (sendmsg && !svc->affinity_timeout) {
 		be = sock4_udp_backend(ctx, &key, svc, &backend_id);
 	} else {
-		be = lb4_select_backend(&key, svc, &backend_id);
+		/* The client is the socket's network namespace: two pods on one
+		 * node are two clients, as their two IPs are to kube-proxy.
+		 * Sockets choose at random, without Maglev: its tables make
+		 * every node pick the same backend for a flow that a router
+		 * may send to any of them, and a socket's flow starts here. */
+		be = lb4_choose_backend(&key, svc, bpf_get_netns_cookie(ctx), AFFINITY_CLIENT_NETNS,
+					0, &backend_id);
 	}
 	if (!be)
 		return sock_refuse(EHOSTUNREACH);

@@ -18,7 +18,12 @@
  * the client's next segment. Everything else passes untouched. */
 
 #include "lib/common.h"
+#include "lib/fwd.h"
 #include "lib/nodeport.h"
+#include "lib/parse.h"
+#include "lib/reset.h"
+#include "lib/rewrite.h"
+#include "lib/unreach.h"
 
 /* tc_send sends a translated packet on: a source-NATed one (or a reply to
  * a client outside) straight out through the FIB, anything else to the

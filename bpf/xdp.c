@@ -19,7 +19,8 @@
 
 #include "lib/common.h"
 #include "lib/nodeport.h"
-#include "lib/xdp_pkt.h"
+#include "lib/parse.h"
+#include "lib/rewrite.h"
 
 #define XDP4_DEVS_MAX 256
 

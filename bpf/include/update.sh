@@ -35,7 +35,7 @@ linux/byteorder/little_endian.h
 linux/swab.h
 "
 # linux/icmp.h is left out on purpose: it includes linux/if.h, which needs
-# the C library's sys/socket.h. bpf/lib/pkt.h declares the ICMP header.
+# the C library's sys/socket.h. bpf/lib/parse.h declares the ICMP header.
 # Architecture-specific headers, taken from the amd64 multiarch directory.
 ASM_HEADERS="
 asm/types.h

@@ -17,6 +17,9 @@
 #define ECONNREFUSED 111
 #define EHOSTUNREACH 113
 
+/* AF_INET for bpf_fib_lookup, which the C library would define. */
+#define PKT_AF_INET 2
+
 typedef _Bool bool;
 #define true 1
 #define false 0

@@ -7,7 +7,7 @@
 #define EBPF_PROXY_CT_H
 
 #include "maps.h"
-#include "pkt.h"
+#include "parse.h"
 
 #ifndef TC4_CT_MAX
 #define TC4_CT_MAX 262144

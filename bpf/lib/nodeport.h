@@ -4,14 +4,14 @@
  * programs so that a flow gets the same verdict, backend and connection
  * tracking entries whichever hook sees its first packet, and either hook can
  * carry on a flow the other began. Nothing here touches the packet: each
- * hook rewrites it with its own helpers (pkt.h for skbs, xdp_pkt.h for XDP
- * buffers). */
+ * hook rewrites it with the helpers for its buffers (rewrite.h). */
 #ifndef EBPF_PROXY_NODEPORT_H
 #define EBPF_PROXY_NODEPORT_H
 
 #include "lb.h"
 #include "ct.h"
 #include "maglev.h"
+#include "parse.h"
 
 /* Source NAT ports: above the kernel's default ephemeral range
  * (ip_local_port_range 32768-60999) and the NodePort range, so that the
@@ -111,28 +111,6 @@ static __always_inline bool np_source_allowed(const struct lb4_service *svc, con
 	return bpf_map_lookup_elem(&lb4_source_ranges_v1, &key) != NULL;
 }
 
-/* np_select picks the backend of a new flow: the one the ServicePort's
- * Maglev table holds for the flow's hash when it has a table, else one at
- * random. */
-static __always_inline struct lb4_backend *np_select(struct lb4_key *lkey,
-						     const struct lb4_service *svc,
-						     const struct pkt4 *p, __u32 *backend_id)
-{
-	__u32 hash = flow_hash(p->saddr, p->daddr, p->sport, p->dport, p->proto);
-	__u32 id = lb4_maglev_backend_id(svc->svc_id, hash);
-
-	if (id) {
-		struct lb4_backend *be = lb4_member_backend(id, svc->svc_id);
-
-		if (be) {
-			*backend_id = id;
-			lb_count(LB_M_MAGLEV);
-			return be;
-		}
-	}
-	return lb4_select_backend(lkey, svc, backend_id);
-}
-
 /* What np_decide found for the first packet of a flow. */
 enum np_verdict {
 	NP_NOT_OURS,	 /* not an external frontend: pass */
@@ -153,10 +131,11 @@ struct np_choice {
 };
 
 /* np_decide gives a new flow p its frontend's verdict and, when it is to
- * be forwarded, a backend: by session affinity, Maglev or at random. With
- * select_local false, a Service under externalTrafficPolicy=Local stops at
- * NP_LOCAL_POLICY before choosing (its endpoints are all on this node).
- * Verdicts are not counted: the hook that acts on them does. */
+ * be forwarded, a backend (lb4_choose_backend: by session affinity, the
+ * ServicePort's Maglev table or at random). With select_local false, a
+ * Service under externalTrafficPolicy=Local stops at NP_LOCAL_POLICY before
+ * choosing (its endpoints are all on this node). Verdicts are not counted:
+ * the hook that acts on them does. */
 static __always_inline enum np_verdict np_decide(struct pkt4 *p, struct np_choice *c,
 						 bool select_local)
 {
@@ -167,7 +146,7 @@ static __always_inline enum np_verdict np_decide(struct pkt4 *p, struct np_choic
 	};
 	struct lb4_service *svc;
 	struct lb4_backend *be;
-	__u32 backend_id = 0;
+	__u32 backend_id = 0, maglev_id;
 
 	svc = lb4_lookup_service(&lkey, LB_SCOPE_EXT);
 	if (!svc || !(svc->flags & EXTERNAL_FRONTEND))
@@ -186,24 +165,11 @@ static __always_inline enum np_verdict np_decide(struct pkt4 *p, struct np_choic
 		return NP_SRC_RANGE;
 	if (!select_local && (svc->flags & SVC_F_EXT_LOCAL))
 		return NP_LOCAL_POLICY;
-	if (svc->affinity_timeout) {
-		/* External clients are told apart by address, as kube-proxy
-		 * does; svc_id is shared with the ClusterIP. */
-		struct lb4_affinity_key akey = {
-			.client = p->saddr,
-			.svc_id = svc->svc_id,
-			.client_kind = AFFINITY_CLIENT_ADDR,
-		};
-
-		be = lb4_affinity_backend(&akey, svc, bpf_ktime_get_ns(), &backend_id);
-		if (!be) {
-			be = np_select(&lkey, svc, p, &backend_id);
-			if (be)
-				lb4_affinity_record(&akey, bpf_ktime_get_ns(), backend_id);
-		}
-	} else {
-		be = np_select(&lkey, svc, p, &backend_id);
-	}
+	maglev_id = lb4_maglev_backend_id(
+		svc->svc_id, flow_hash(p->saddr, p->daddr, p->sport, p->dport, p->proto));
+	/* External clients are told apart by address, as kube-proxy does;
+	 * svc_id, and with it the affinity, is shared with the ClusterIP. */
+	be = lb4_choose_backend(&lkey, svc, p->saddr, AFFINITY_CLIENT_ADDR, maglev_id, &backend_id);
 	if (!be)
 		return NP_NO_BACKEND;
 	c->svc = svc;

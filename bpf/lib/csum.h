@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Ones' complement checksum arithmetic done by hand, for what the kernel's
+ * checksum helpers cannot do: headers built from nothing (the ICMP
+ * unreachable, the TCP reset), checksums inside a quoted packet, and XDP
+ * buffers, which have no skb checksum state. */
+#ifndef EBPF_PROXY_CSUM_H
+#define EBPF_PROXY_CSUM_H
+
+#include "common.h"
+
+/* pkt_csum_fold makes a checksum field of the 64-bit sum bpf_csum_diff
+ * returns. */
+static __always_inline __u16 pkt_csum_fold(__s64 sum)
+{
+	__u64 s = (__u64)sum;
+
+	s = (s & 0xffffffff) + (s >> 32);
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
+}
+
+/* pkt_csum_replace updates a ones' complement checksum for a field
+ * changing from `from` to `to` (RFC 1624, eqn. 3): for checksums inside a
+ * quoted packet, which the kernel helpers' checksum state must not touch,
+ * and for XDP buffers. */
+static __always_inline __u16 pkt_csum_replace(__u16 check, __u32 from, __u32 to)
+{
+	__u32 sum = (__u16)~check;
+
+	sum += (~from & 0xffff) + (~from >> 16);
+	sum += (to & 0xffff) + (to >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/* pkt4_ttl_word is the 16-bit word of the IP header that a TTL change
+ * alters: the IP checksum sums the TTL together with the protocol. */
+static __always_inline __be16 pkt4_ttl_word(__u16 ttl, __u8 proto)
+{
+	return bpf_htons((ttl << 8) | proto);
+}
+
+#endif /* EBPF_PROXY_CSUM_H */

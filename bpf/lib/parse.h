@@ -1,0 +1,264 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Reading IPv4 TCP and UDP headers into struct pkt4, which every other
+ * packet header takes: from skbs through bpf_skb_load_bytes (so that paged
+ * skbs need no pull), from XDP buffers with direct packet access, and the
+ * packet that an ICMP error quotes. The wire definitions the vendored UAPI
+ * headers lack are here too. */
+#ifndef EBPF_PROXY_PARSE_H
+#define EBPF_PROXY_PARSE_H
+
+#include "common.h"
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+
+#define IP_MF	  0x2000
+#define IP_OFFSET 0x1fff
+
+/* offsetof without libc. */
+#define pkt_offsetof(type, member) __builtin_offsetof(type, member)
+
+/* linux/icmp.h needs the C library (see bpf/include/update.sh), so the
+ * ICMP header is declared here. */
+struct pkt_icmphdr {
+	__u8 type;
+	__u8 code;
+	__sum16 checksum;
+	__be32 unused;
+};
+
+#define ICMP_DEST_UNREACH  3
+#define ICMP_PORT_UNREACH  3
+#define ICMP_TIME_EXCEEDED 11
+
+/* What the parser found in a frame. Offsets are from the start of the
+ * Ethernet header. */
+struct pkt4 {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 tcp_flags; /* byte 13 of the TCP header */
+	__u8 ttl;
+	__u8 tos;
+	__u16 ihl_len; /* IP header length in bytes */
+	__u16 tot_len;
+	__u32 l4_off;
+	__u32 csum_off; /* of the L4 checksum, from the frame start */
+	bool fragment;
+};
+
+#define TCP_FLAG_FIN 0x01
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
+#define TCP_FLAG_ACK 0x10
+
+enum pkt_parse {
+	PKT_OK,	   /* TCP or UDP with whole headers */
+	PKT_ICMP,  /* ICMP, not a fragment: only the IP fields of p are set */
+	PKT_OTHER, /* not IPv4, another protocol, truncated, malformed */
+};
+
+/* pkt4_parse reads the IPv4 and TCP/UDP headers of skb into p. Anything
+ * that is not a well-formed, complete IPv4 TCP or UDP packet is PKT_OTHER,
+ * which the programs pass untouched: the kernel drops what is malformed.
+ * Fragments parse as PKT_OK with p->fragment set and, for non-first
+ * fragments, no ports. */
+static __always_inline enum pkt_parse pkt4_parse(struct __sk_buff *skb, struct pkt4 *p)
+{
+	struct iphdr ip;
+	__u32 ihl, tot_len, hlen;
+	__be16 ports[2];
+
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return PKT_OTHER;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)))
+		return PKT_OTHER;
+	ihl = ip.ihl * 4;
+	tot_len = bpf_ntohs(ip.tot_len);
+	/* The 6.1 verifier does not bound a byte swap's result. */
+	barrier_var(tot_len);
+	tot_len &= 0xffff;
+	if (ip.version != 4 || ihl < sizeof(ip) || tot_len < ihl)
+		return PKT_OTHER;
+	/* Bytes beyond the total length are link padding; fewer bytes than
+	 * it says is a truncated packet. */
+	if (skb->len < ETH_HLEN + tot_len)
+		return PKT_OTHER;
+	if (ip.protocol == IPPROTO_TCP) {
+		hlen = sizeof(struct tcphdr);
+		p->csum_off = pkt_offsetof(struct tcphdr, check);
+	} else if (ip.protocol == IPPROTO_UDP) {
+		hlen = sizeof(struct udphdr);
+		p->csum_off = pkt_offsetof(struct udphdr, check);
+	} else if (ip.protocol == IPPROTO_ICMP) {
+		hlen = 0;
+		p->csum_off = pkt_offsetof(struct pkt_icmphdr, checksum);
+	} else {
+		return PKT_OTHER;
+	}
+	p->saddr = ip.saddr;
+	p->daddr = ip.daddr;
+	p->proto = ip.protocol;
+	p->ttl = ip.ttl;
+	p->tos = ip.tos;
+	p->ihl_len = ihl;
+	p->tot_len = tot_len;
+	p->l4_off = ETH_HLEN + ihl;
+	p->csum_off += p->l4_off;
+	p->fragment = (ip.frag_off & bpf_htons(IP_MF | IP_OFFSET)) != 0;
+	if (p->proto == IPPROTO_ICMP)
+		return p->fragment ? PKT_OTHER : PKT_ICMP;
+	if (ip.frag_off & bpf_htons(IP_OFFSET)) {
+		p->sport = 0;
+		p->dport = 0;
+		return PKT_OK;
+	}
+	if (tot_len - ihl < hlen)
+		return PKT_OTHER;
+	if (bpf_skb_load_bytes(skb, p->l4_off, ports, sizeof(ports)))
+		return PKT_OTHER;
+	p->sport = ports[0];
+	p->dport = ports[1];
+	p->tcp_flags = 0;
+	if (p->proto == IPPROTO_TCP &&
+	    bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, sizeof(p->tcp_flags)))
+		return PKT_OTHER;
+	return PKT_OK;
+}
+
+/* The XDP program handles only the simple, common frames (IPv4 without
+ * options, TCP or UDP, not a fragment, headers in the linear part, no
+ * fragment pages) and leaves the rest to the TC programs, so the headers it
+ * reads sit at fixed offsets: Ethernet, then a 20-byte IPv4 header. */
+#define XDP_IP_OFF ETH_HLEN
+#define XDP_L4_OFF (ETH_HLEN + sizeof(struct iphdr))
+
+/* What xdp_pkt4_parse found. */
+enum xdp_parse {
+	XDP_PKT_OK,	  /* a frame xdp.c may translate; p is set */
+	XDP_PKT_OTHER,	  /* anything else: for TC */
+	XDP_PKT_MULTIBUF, /* a frame with fragment pages: for TC */
+};
+
+/* xdp_pkt4_parse reads the headers of a frame into p when it is one the
+ * XDP program translates: IPv4 with a 20-byte header, not a fragment, TCP
+ * or UDP with its whole header, no shorter than its total length says, and
+ * linear. */
+static __always_inline enum xdp_parse xdp_pkt4_parse(struct xdp_md *ctx, struct pkt4 *p)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + XDP_IP_OFF;
+	__u32 tot_len, hlen, linear;
+	__u8 *l4 = data + XDP_L4_OFF;
+
+	if ((void *)(ip + 1) > end)
+		return XDP_PKT_OTHER;
+	if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->version != 4 || ip->ihl != 5)
+		return XDP_PKT_OTHER;
+	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		return XDP_PKT_OTHER;
+	if (ip->protocol == IPPROTO_TCP) {
+		hlen = sizeof(struct tcphdr);
+		p->csum_off = XDP_L4_OFF + pkt_offsetof(struct tcphdr, check);
+	} else if (ip->protocol == IPPROTO_UDP) {
+		hlen = sizeof(struct udphdr);
+		p->csum_off = XDP_L4_OFF + pkt_offsetof(struct udphdr, check);
+	} else {
+		return XDP_PKT_OTHER;
+	}
+	linear = (__u32)(end - data);
+	/* Translation is only of headers, but sending a multi-buffer frame
+	 * back out needs the devices' support for it: TC does those. */
+	if (bpf_xdp_get_buff_len(ctx) != linear)
+		return XDP_PKT_MULTIBUF;
+	tot_len = bpf_ntohs(ip->tot_len);
+	barrier_var(tot_len);
+	tot_len &= 0xffff;
+	/* Bytes beyond the total length are link padding; fewer bytes than
+	 * it says is a truncated packet, for the kernel to drop. */
+	if (tot_len < sizeof(struct iphdr) + hlen || linear < ETH_HLEN + tot_len)
+		return XDP_PKT_OTHER;
+	if ((void *)(l4 + sizeof(struct udphdr)) > end)
+		return XDP_PKT_OTHER;
+	p->saddr = ip->saddr;
+	p->daddr = ip->daddr;
+	p->proto = ip->protocol;
+	p->ttl = ip->ttl;
+	p->tos = ip->tos;
+	p->ihl_len = sizeof(struct iphdr);
+	p->tot_len = tot_len;
+	p->l4_off = XDP_L4_OFF;
+	p->fragment = false;
+	p->sport = ((struct udphdr *)l4)->source;
+	p->dport = ((struct udphdr *)l4)->dest;
+	p->tcp_flags = 0;
+	if (p->proto == IPPROTO_TCP) {
+		if ((void *)(l4 + sizeof(struct tcphdr)) > end)
+			return XDP_PKT_OTHER;
+		p->tcp_flags = l4[13];
+	}
+	return XDP_PKT_OK;
+}
+
+/* The packet an ICMP error quotes: its addresses and ports as quoted, and
+ * where its headers are, from the frame start. */
+struct pkt4_inner {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u32 ip_off;
+	__u32 l4_off;
+	/* Of the quoted L4 checksum, 0 when the quote ends before it. */
+	__u32 l4_check_off;
+};
+
+/* pkt4_parse_icmp_err reads the packet that an ICMP destination unreachable
+ * or time exceeded message p quotes, when it is a TCP or UDP packet (or its
+ * first fragment) quoted with at least its ports. Returns 0 when it is. */
+static __always_inline int pkt4_parse_icmp_err(struct __sk_buff *skb, const struct pkt4 *p,
+					       struct pkt4_inner *in)
+{
+	struct pkt_icmphdr icmp;
+	struct iphdr ip;
+	__be16 ports[2];
+	__u32 ihl;
+
+	if (p->tot_len < p->ihl_len + sizeof(icmp) + sizeof(ip) + sizeof(ports))
+		return -1;
+	if (bpf_skb_load_bytes(skb, p->l4_off, &icmp, sizeof(icmp)))
+		return -1;
+	if (icmp.type != ICMP_DEST_UNREACH && icmp.type != ICMP_TIME_EXCEEDED)
+		return -1;
+	in->ip_off = p->l4_off + sizeof(icmp);
+	if (bpf_skb_load_bytes(skb, in->ip_off, &ip, sizeof(ip)))
+		return -1;
+	ihl = ip.ihl * 4;
+	if (ip.version != 4 || ihl < sizeof(ip) || (ip.frag_off & bpf_htons(IP_OFFSET)) ||
+	    (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP))
+		return -1;
+	in->l4_off = in->ip_off + ihl;
+	if (ETH_HLEN + p->tot_len < in->l4_off + sizeof(ports))
+		return -1;
+	if (bpf_skb_load_bytes(skb, in->l4_off, ports, sizeof(ports)))
+		return -1;
+	in->saddr = ip.saddr;
+	in->daddr = ip.daddr;
+	in->sport = ports[0];
+	in->dport = ports[1];
+	in->proto = ip.protocol;
+	in->l4_check_off =
+		in->l4_off + (ip.protocol == IPPROTO_TCP ? pkt_offsetof(struct tcphdr, check)
+							 : pkt_offsetof(struct udphdr, check));
+	if (ETH_HLEN + p->tot_len < in->l4_check_off + sizeof(__sum16))
+		in->l4_check_off = 0;
+	return 0;
+}
+
+#endif /* EBPF_PROXY_PARSE_H */

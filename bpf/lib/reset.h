@@ -1,0 +1,174 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The TCP reset that a segment of a flow whose backend was removed is
+ * answered with, built in place from that segment. */
+#ifndef EBPF_PROXY_RESET_H
+#define EBPF_PROXY_RESET_H
+
+#include "common.h"
+#include "csum.h"
+#include "parse.h"
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+
+/* A TCP header without bit fields, whose layout depends on the target. */
+struct pkt_tcphdr {
+	__be16 source;
+	__be16 dest;
+	__be32 seq;
+	__be32 ack_seq;
+	__u8 doff; /* data offset in words, in the high nibble */
+	__u8 flags;
+	__be16 window;
+	__sum16 check;
+	__be16 urg_ptr;
+};
+
+/* The headers of a TCP reset without options, which is all it carries. */
+struct pkt_tcp_rst {
+	struct iphdr ip;
+	struct pkt_tcphdr tcp;
+};
+
+/* The pseudo-header of the TCP checksum, in its wire layout. */
+struct pkt_pseudo4 {
+	__be32 saddr;
+	__be32 daddr;
+	__u8 zero;
+	__u8 proto;
+	__be16 len;
+};
+
+#define IP_DF	     0x4000
+#define RST_TTL	     64
+#define INET_ECN_MSK 0x03
+
+/* pkt4_tcp_rst_csum sets the TCP checksum of the reset being built at off
+ * (its header rst already stored, the packet not yet trimmed) from the
+ * segment's own checksum old: the checksum of a CHECKSUM_PARTIAL skb (the
+ * device sums the data; GRO packets and those of local senders) covers the
+ * pseudo-header only, that of any other the whole segment, and nothing in a
+ * program tells the two apart. bpf_l4_csum_replace does: it changes the
+ * field of a CHECKSUM_PARTIAL skb only for pseudo-header changes. So the
+ * sum of the old segment, ~old, is replaced with that of the new header and
+ * the old pseudo-header (a no-op on CHECKSUM_PARTIAL), then the pseudo-
+ * header's length with the new one (on both). That first change does not
+ * follow into a CHECKSUM_COMPLETE skb->csum: the field is put back with a
+ * plain store and written again with a recomputing one. Returns 0 or -1. */
+static __always_inline int pkt4_tcp_rst_csum(struct __sk_buff *skb, __u32 off,
+					     const struct pkt_tcp_rst *rst, __sum16 old,
+					     __be16 old_len)
+{
+	struct {
+		struct pkt_tcphdr tcp;
+		struct pkt_pseudo4 ph;
+	} to = {
+		.tcp = rst->tcp,
+		.ph =
+			{
+				.saddr = rst->ip.saddr,
+				.daddr = rst->ip.daddr,
+				.proto = IPPROTO_TCP,
+				.len = old_len,
+			},
+	};
+	__be32 from = (__u16)~old;
+	__be16 new_len = bpf_htons(sizeof(struct pkt_tcphdr));
+	__sum16 mid;
+	__s64 diff;
+
+	to.tcp.check = 0;
+	diff = bpf_csum_diff(&from, sizeof(from), (__be32 *)&to, sizeof(to), 0);
+	if (diff < 0)
+		return -1;
+	if (bpf_l4_csum_replace(skb, off, 0, (__u32)diff, 0) ||
+	    bpf_skb_load_bytes(skb, off, &mid, sizeof(mid)) ||
+	    bpf_skb_store_bytes(skb, off, &old, sizeof(old), 0) ||
+	    bpf_skb_store_bytes(skb, off, &mid, sizeof(mid), BPF_F_RECOMPUTE_CSUM))
+		return -1;
+	return bpf_l4_csum_replace(skb, off, old_len, new_len, BPF_F_PSEUDO_HDR | sizeof(new_len))
+		       ? -1
+		       : 0;
+}
+
+/* pkt4_tcp_rst turns the TCP segment p into the reset a host without its
+ * connection answers with (RFC 793, "Reset Generation"), from the segment's
+ * destination to its source, and sends it back out of the device it came
+ * in on. A segment with ACK gets <SEQ=SEG.ACK><CTL=RST>, one without it
+ * <SEQ=0><ACK=SEG.SEQ+SEG.LEN><CTL=RST,ACK>. As the kernel's resets, it has
+ * window 0, no options, TTL 64, DF, IP ID 0 and the segment's DSCP.
+ *
+ * The reset is built in place: IP options are cut out (so that a
+ * CHECKSUM_PARTIAL skb's checksum start stays on the TCP header), the IP
+ * and TCP headers rewritten and TCP options and payload trimmed off, which
+ * leaves a CHECKSUM_COMPLETE skb CHECKSUM_NONE unless nothing was cut.
+ * Returns the TC verdict: TC_ACT_SHOT for a segment that is itself a reset
+ * (never answered, RFC 793), a malformed one, or a helper's failure. */
+static __always_inline int pkt4_tcp_rst(struct __sk_buff *skb, const struct pkt4 *p)
+{
+	__u32 check_off = ETH_HLEN + sizeof(struct iphdr) + pkt_offsetof(struct pkt_tcphdr, check);
+	__u64 frame_len = ETH_HLEN + sizeof(struct pkt_tcp_rst);
+	struct pkt_tcp_rst r = {};
+	struct pkt_tcphdr th;
+	__u8 macs[2 * ETH_ALEN];
+	__u32 thlen, seglen;
+	__s64 sum;
+
+	if (p->tcp_flags & TCP_FLAG_RST)
+		return TC_ACT_SHOT;
+	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) ||
+	    bpf_skb_load_bytes(skb, p->l4_off, &th, sizeof(th)))
+		return TC_ACT_SHOT;
+	thlen = (th.doff >> 4) * 4;
+	if (thlen < sizeof(th) || p->ihl_len + thlen > p->tot_len)
+		return TC_ACT_SHOT;
+
+	r.tcp.source = th.dest;
+	r.tcp.dest = th.source;
+	r.tcp.doff = (sizeof(r.tcp) / 4) << 4;
+	if (th.flags & TCP_FLAG_ACK) {
+		r.tcp.seq = th.ack_seq;
+		r.tcp.flags = TCP_FLAG_RST;
+	} else {
+		seglen = p->tot_len - p->ihl_len - thlen;
+		seglen += !!(th.flags & TCP_FLAG_SYN) + !!(th.flags & TCP_FLAG_FIN);
+		r.tcp.ack_seq = bpf_htonl(bpf_ntohl(th.seq) + seglen);
+		r.tcp.flags = TCP_FLAG_RST | TCP_FLAG_ACK;
+	}
+
+	r.ip.version = 4;
+	r.ip.ihl = 5;
+	r.ip.tos = p->tos & ~INET_ECN_MSK;
+	r.ip.tot_len = bpf_htons(sizeof(r));
+	r.ip.frag_off = bpf_htons(IP_DF);
+	r.ip.ttl = RST_TTL;
+	r.ip.protocol = IPPROTO_TCP;
+	r.ip.saddr = p->daddr;
+	r.ip.daddr = p->saddr;
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)&r.ip, sizeof(r.ip), 0);
+	if (sum < 0)
+		return TC_ACT_SHOT;
+	r.ip.check = pkt_csum_fold(sum);
+
+	if (p->ihl_len > sizeof(struct iphdr) &&
+	    bpf_skb_adjust_room(skb, -(__s32)(p->ihl_len - sizeof(struct iphdr)), BPF_ADJ_ROOM_NET,
+				0))
+		return TC_ACT_SHOT;
+	/* The TCP header but its checksum, then the checksum, then the IP
+	 * header: every store keeps a CHECKSUM_COMPLETE skb->csum right. */
+	if (bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(r.ip), &r.tcp,
+				pkt_offsetof(struct pkt_tcphdr, check), BPF_F_RECOMPUTE_CSUM) ||
+	    bpf_skb_store_bytes(skb, check_off + sizeof(r.tcp.check), &r.tcp.urg_ptr,
+				sizeof(r.tcp.urg_ptr), BPF_F_RECOMPUTE_CSUM) ||
+	    pkt4_tcp_rst_csum(skb, check_off, &r, th.check, bpf_htons(p->tot_len - p->ihl_len)) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &r.ip, sizeof(r.ip), BPF_F_RECOMPUTE_CSUM))
+		return TC_ACT_SHOT;
+	if (skb->len > frame_len && bpf_skb_change_tail(skb, frame_len, 0))
+		return TC_ACT_SHOT;
+	if (bpf_skb_store_bytes(skb, 0, macs + ETH_ALEN, ETH_ALEN, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_ALEN, macs, ETH_ALEN, 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+#endif /* EBPF_PROXY_RESET_H */

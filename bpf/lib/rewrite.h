@@ -1,0 +1,218 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Address and port translation of a parsed packet (parse.h) with every
+ * checksum kept right: of an skb through the kernel's checksum helpers,
+ * which also keep a CHECKSUM_COMPLETE skb->csum right; of an ICMP error and
+ * the packet it quotes; and of an XDP buffer, by hand. */
+#ifndef EBPF_PROXY_REWRITE_H
+#define EBPF_PROXY_REWRITE_H
+
+#include "common.h"
+#include "csum.h"
+#include "parse.h"
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+
+/* pkt4_rewrite changes one side of the packet (the source when src, else
+ * the destination) from (p's address, p's port) to (addr, port), keeping the
+ * IP and L4 checksums and a CHECKSUM_COMPLETE skb->csum right, and updates p.
+ * Returns 0 or a negative error (the packet may then be half rewritten and
+ * must be dropped). */
+static __always_inline int pkt4_rewrite(struct __sk_buff *skb, struct pkt4 *p, bool src,
+					__be32 addr, __be16 port)
+{
+	__u32 addr_off = ETH_HLEN + (src ? pkt_offsetof(struct iphdr, saddr)
+					 : pkt_offsetof(struct iphdr, daddr));
+	__u32 port_off = p->l4_off + (src ? 0 : sizeof(__be16));
+	__be32 old_addr = src ? p->saddr : p->daddr;
+	__be16 old_port = src ? p->sport : p->dport;
+	__u64 l4_flags = 0, port_flags = 0;
+	__sum16 l4_csum;
+
+	if (p->proto == IPPROTO_UDP) {
+		/* A UDP datagram without checksum keeps none (RFC 768), and
+		 * a computed zero is sent as all ones. Without a checksum
+		 * field to cancel the port change in, skb->csum must follow
+		 * the store itself. */
+		l4_flags = BPF_F_MARK_MANGLED_0;
+		if (bpf_skb_load_bytes(skb, p->csum_off, &l4_csum, sizeof(l4_csum)))
+			return -1;
+		if (!l4_csum)
+			port_flags = BPF_F_RECOMPUTE_CSUM;
+	}
+	if (old_addr != addr) {
+		if (bpf_l4_csum_replace(skb, p->csum_off, old_addr, addr,
+					l4_flags | BPF_F_PSEUDO_HDR | sizeof(addr)))
+			return -1;
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + pkt_offsetof(struct iphdr, check), old_addr,
+					addr, sizeof(addr)))
+			return -1;
+		if (bpf_skb_store_bytes(skb, addr_off, &addr, sizeof(addr), 0))
+			return -1;
+	}
+	if (old_port != port) {
+		if (bpf_l4_csum_replace(skb, p->csum_off, old_port, port, l4_flags | sizeof(port)))
+			return -1;
+		if (bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), port_flags))
+			return -1;
+	}
+	if (src) {
+		p->saddr = addr;
+		p->sport = port;
+	} else {
+		p->daddr = addr;
+		p->dport = port;
+	}
+	return 0;
+}
+
+/* pkt4_icmp_rewrite_outer changes the source (src) or destination address of
+ * an ICMP message's own IP header; ICMP has no pseudo-header. */
+static __always_inline int pkt4_icmp_rewrite_outer(struct __sk_buff *skb, struct pkt4 *p, bool src,
+						   __be32 addr)
+{
+	__be32 old = src ? p->saddr : p->daddr;
+	__u32 off = ETH_HLEN +
+		    (src ? pkt_offsetof(struct iphdr, saddr) : pkt_offsetof(struct iphdr, daddr));
+
+	if (old == addr)
+		return 0;
+	if (bpf_l3_csum_replace(skb, ETH_HLEN + pkt_offsetof(struct iphdr, check), old, addr,
+				sizeof(addr)) ||
+	    bpf_skb_store_bytes(skb, off, &addr, sizeof(addr), 0))
+		return -1;
+	if (src)
+		p->saddr = addr;
+	else
+		p->daddr = addr;
+	return 0;
+}
+
+/* pkt4_icmp_rewrite_inner changes one side (src) of the quoted packet to
+ * (addr, port): its IP and L4 checksums follow (the latter when quoted),
+ * and the ICMP checksum follows every byte changed. On a CHECKSUM_PARTIAL
+ * skb the ICMP checksum is the device's to compute, and the helper leaves
+ * it alone, as it should. */
+static __always_inline int pkt4_icmp_rewrite_inner(struct __sk_buff *skb, const struct pkt4 *p,
+						   struct pkt4_inner *in, bool src, __be32 addr,
+						   __be16 port)
+{
+	__u32 icmp_csum = p->csum_off;
+	__u32 check_off = in->ip_off + pkt_offsetof(struct iphdr, check);
+	__u32 addr_off = in->ip_off + (src ? pkt_offsetof(struct iphdr, saddr)
+					   : pkt_offsetof(struct iphdr, daddr));
+	__u32 port_off = in->l4_off + (src ? 0 : sizeof(__be16));
+	__be32 old = src ? in->saddr : in->daddr;
+	__be16 old_port = src ? in->sport : in->dport;
+	__sum16 old_check, new_check;
+
+	__u16 l4_check, l4_new;
+
+	/* The quoted L4 checksum (its pseudo-header holds the addresses) is
+	 * kept right for the quoted packet as it now reads. */
+	if (in->l4_check_off && (old != addr || old_port != port)) {
+		if (bpf_skb_load_bytes(skb, in->l4_check_off, &l4_check, sizeof(l4_check)))
+			return -1;
+		if (in->proto == IPPROTO_TCP || l4_check) {
+			l4_new = pkt_csum_replace(l4_check, old, addr);
+			l4_new = pkt_csum_replace(l4_new, old_port, port);
+			if (in->proto == IPPROTO_UDP && !l4_new)
+				l4_new = 0xffff;
+			if (bpf_l4_csum_replace(skb, icmp_csum, l4_check, l4_new, sizeof(l4_new)) ||
+			    bpf_skb_store_bytes(skb, in->l4_check_off, &l4_new, sizeof(l4_new), 0))
+				return -1;
+		}
+	}
+	if (old != addr) {
+		if (bpf_skb_load_bytes(skb, check_off, &old_check, sizeof(old_check)) ||
+		    bpf_l3_csum_replace(skb, check_off, old, addr, sizeof(addr)) ||
+		    bpf_skb_load_bytes(skb, check_off, &new_check, sizeof(new_check)) ||
+		    bpf_l4_csum_replace(skb, icmp_csum, old, addr, sizeof(addr)) ||
+		    bpf_l4_csum_replace(skb, icmp_csum, old_check, new_check, sizeof(new_check)) ||
+		    bpf_skb_store_bytes(skb, addr_off, &addr, sizeof(addr), 0))
+			return -1;
+	}
+	if (old_port != port) {
+		if (bpf_l4_csum_replace(skb, icmp_csum, old_port, port, sizeof(port)) ||
+		    bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), 0))
+			return -1;
+	}
+	if (src) {
+		in->saddr = addr;
+		in->sport = port;
+	} else {
+		in->daddr = addr;
+		in->dport = port;
+	}
+	return 0;
+}
+
+/* xdp_pkt4_rewrite gives the frame that xdp_pkt4_parse read into p the
+ * addresses and ports of n, decrements its TTL, and addresses it to the
+ * next hop of fib (a successful lookup): the IP checksum and the TCP or UDP
+ * checksum follow (a UDP datagram without checksum keeps none, and a
+ * computed zero is sent as all ones). Returns 0, or -1 when the frame is
+ * not what p says (then it is unchanged).
+ *
+ * The checksums are updated in the headers (RFC 1624): an XDP frame carries
+ * no skb checksum state. Frames from a wire carry complete checksums; so do
+ * those of a veth whose sender computes them (tx checksum offload off),
+ * which is what a NIC would deliver. */
+static __always_inline int xdp_pkt4_rewrite(struct xdp_md *ctx, const struct pkt4 *p,
+					    const struct pkt4 *n, const struct bpf_fib_lookup *fib)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + XDP_IP_OFF;
+	__be16 *ports = data + XDP_L4_OFF;
+	__sum16 *l4_check;
+	__u32 old_ports, new_ports;
+	__u16 check;
+	__be16 old_ttl, new_ttl;
+
+	if ((void *)(ports + 2) > end)
+		return -1;
+	if (p->proto == IPPROTO_TCP) {
+		struct tcphdr *th = (void *)ports;
+
+		if ((void *)(th + 1) > end)
+			return -1;
+		l4_check = &th->check;
+	} else {
+		struct udphdr *uh = (void *)ports;
+
+		if ((void *)(uh + 1) > end)
+			return -1;
+		l4_check = &uh->check;
+	}
+	old_ports = ((__u32)p->dport << 16) | p->sport;
+	new_ports = ((__u32)n->dport << 16) | n->sport;
+	old_ttl = pkt4_ttl_word(p->ttl, p->proto);
+	new_ttl = pkt4_ttl_word(p->ttl - 1, p->proto);
+
+	check = pkt_csum_replace(ip->check, p->saddr, n->saddr);
+	check = pkt_csum_replace(check, p->daddr, n->daddr);
+	ip->check = pkt_csum_replace(check, old_ttl, new_ttl);
+	check = *l4_check;
+	if (p->proto == IPPROTO_TCP || check) {
+		/* The pseudo-header holds the addresses. */
+		check = pkt_csum_replace(check, p->saddr, n->saddr);
+		check = pkt_csum_replace(check, p->daddr, n->daddr);
+		check = pkt_csum_replace(check, old_ports, new_ports);
+		if (p->proto == IPPROTO_UDP && !check)
+			check = 0xffff;
+		*l4_check = check;
+	}
+	ip->saddr = n->saddr;
+	ip->daddr = n->daddr;
+	ip->ttl = p->ttl - 1;
+	ports[0] = n->sport;
+	ports[1] = n->dport;
+	__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
+	return 0;
+}
+
+#endif /* EBPF_PROXY_REWRITE_H */
