@@ -152,23 +152,7 @@ func TestAffinityComesBeforeMaglev(t *testing.T) {
 	maglev := f.counter(t, bpfobj.TcLbMetricLB_M_MAGLEV)
 	hits := f.counter(t, bpfobj.TcLbMetricLB_M_AFFINITY_HIT)
 	const conns = 20
-	var backend netip.Addr
-	for i := range conns {
-		in := fromOutside(pktest.TCP(netip.AddrPortFrom(client.Addr(), uint16(41000+i)), np(npMaglev), pktest.SYN)).Bytes()
-		res, err := pktest.Exec(f.objs.TcIngress, pktest.Case{In: in, Do: f.ns.Do, SKB: &pktest.SKBContext{Ifindex: f.ifindex}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pkt := pktest.Decode(res.Out)
-		if res.Verdict != pktest.TCActOK || pkt.IPv4 == nil {
-			t.Fatalf("connection %d: verdict %v, output %s", i, res.Verdict, pkt)
-		}
-		if i == 0 {
-			backend = pkt.IPv4.Dst
-		} else if pkt.IPv4.Dst != backend {
-			t.Fatalf("connection %d went to %s, the first to %s", i, pkt.IPv4.Dst, backend)
-		}
-	}
+	f.sameBackend(t, np(npMaglev), 41000, conns)
 	if got := f.counter(t, bpfobj.TcLbMetricLB_M_MAGLEV) - maglev; got != 1 {
 		t.Errorf("tc_maglev_selected counted %d times, want 1 (the first connection)", got)
 	}

@@ -369,9 +369,16 @@ func TestAffinityForExternalClients(t *testing.T) {
 		eps = append(eps, at(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 1, byte(30 + i)}), 8080), thisNode))
 	}
 	f.sync(t, state(service{name: "sticky", clusterIP: "10.96.0.30", port: 80, proto: model.TCP, nodePort: npWebLocal, affinity: true, endpoints: eps}))
+	f.sameBackend(t, np(npWebLocal), 40000, 20)
+}
+
+// sameBackend opens n connections from the client to dst, from source
+// ports firstPort and up, and checks that they all reach one backend.
+func (f *fixture) sameBackend(t *testing.T, dst netip.AddrPort, firstPort uint16, n int) {
+	t.Helper()
 	var backend netip.Addr
-	for i := range 20 {
-		in := fromOutside(pktest.TCP(netip.AddrPortFrom(client.Addr(), uint16(40000+i)), np(npWebLocal), pktest.SYN)).Bytes()
+	for i := range n {
+		in := fromOutside(pktest.TCP(netip.AddrPortFrom(client.Addr(), firstPort+uint16(i)), dst, pktest.SYN)).Bytes()
 		res, err := pktest.Exec(f.objs.TcIngress, pktest.Case{In: in, Do: f.ns.Do, SKB: &pktest.SKBContext{Ifindex: f.ifindex}})
 		if err != nil {
 			t.Fatal(err)
