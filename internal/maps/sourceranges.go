@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
@@ -39,13 +38,12 @@ func sourceRanges(sp *model.ServicePort) []netip.Prefix {
 }
 
 // admittedKeys are the trie entries of a ServicePort with id svcID: its
-// source ranges and, when they hold an address of node, its LoadBalancer IPs
-// as single addresses and the node's entry. kube-proxy admits the
-// LoadBalancer IPs as a source then, because a node that holds one locally
-// reaches it from that address; and it sees the node's other sockets with a
-// node address as their source, that of the route to the LoadBalancer IP,
-// where the socket hooks connect them straight to an endpoint by another
-// route (see RANGE_DST_F_AS_NODE).
+// source ranges and, when they admit node (the model's
+// SourceRangesAdmitNode), the sources it is admitted with (its LoadBalancer
+// IPs) as single addresses and the node's entry. kube-proxy sees the node's
+// other sockets with a node address as their source, that of the route to
+// the LoadBalancer IP, where the socket hooks connect them straight to an
+// endpoint by another route (see RANGE_DST_F_AS_NODE).
 func admittedKeys(sp *model.ServicePort, node *model.Node, svcID uint32) map[SourceRangeKey]bool {
 	ranges := sourceRanges(sp)
 	if len(ranges) == 0 {
@@ -55,10 +53,14 @@ func admittedKeys(sp *model.ServicePort, node *model.Node, svcID uint32) map[Sou
 	for _, p := range ranges {
 		keys[rangeKey(svcID, p)] = true
 	}
-	if node == nil || !slices.ContainsFunc(ranges, func(p netip.Prefix) bool { return slices.ContainsFunc(node.Addrs, p.Contains) }) {
+	if node == nil {
 		return keys
 	}
-	for _, ip := range sp.LoadBalancerIPs {
+	admitted, sources := sp.SourceRangesAdmitNode(node.Addrs)
+	if !admitted {
+		return keys
+	}
+	for _, ip := range sources {
 		if ip.Is4() {
 			keys[rangeKey(svcID, netip.PrefixFrom(ip, 32))] = true
 		}

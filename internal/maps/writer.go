@@ -321,7 +321,7 @@ func (w *Writer) Sync(up model.Update) error {
 			owners = append(owners, spn)
 		}
 	}
-	slices.SortFunc(owners, compareSPN)
+	slices.SortFunc(owners, model.ServicePortName.Compare)
 	svcBefore := make(map[model.ServicePortName]uint32, len(owners))
 	for _, owner := range owners {
 		if id, ok := w.ownerSvc[owner]; ok {
@@ -437,22 +437,6 @@ func (w *Writer) Removed() []Backend { return slices.Clone(w.removed) }
 
 // LastStats says what the last Sync wrote.
 func (w *Writer) LastStats() SyncStats { return w.stats }
-
-func compareSPN(a, b model.ServicePortName) int {
-	return cmpStrings(a.Namespace, b.Namespace, a.Name, b.Name, a.Port, b.Port, a.Protocol.String(), b.Protocol.String())
-}
-
-func cmpStrings(pairs ...string) int {
-	for i := 0; i+1 < len(pairs); i += 2 {
-		if pairs[i] != pairs[i+1] {
-			if pairs[i] < pairs[i+1] {
-				return -1
-			}
-			return 1
-		}
-	}
-	return 0
-}
 
 func (w *Writer) put(k ServiceKey, v ServiceValue) error {
 	w.stats.Writes++
