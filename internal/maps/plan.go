@@ -31,7 +31,8 @@ type plan struct {
 	// changes say which service entries belong to which frontend, for an
 	// apply that writes frontend by frontend.
 	changes []frontendChange
-	// removed are the backends the plan deletes (see Writer.Removed).
+	// removed are the backends the plan deletes, removed[i] the one with
+	// id backendDels[i] (see Writer.Removed).
 	removed []Backend
 	stats   SyncStats
 	// errs are what could not be planned: a frontend or a ServicePort
@@ -114,6 +115,22 @@ func (p *plan) putService(k ServiceKey, v ServiceValue) {
 func (p *plan) deleteService(k ServiceKey) {
 	p.stats.Writes++
 	p.serviceDels = append(p.serviceDels, k)
+}
+
+func (p *plan) deleteMember(k MemberKey) {
+	p.stats.Writes++
+	p.memberDels = append(p.memberDels, k)
+}
+
+func (p *plan) deleteBackend(id uint32, b Backend) {
+	p.stats.Writes++
+	p.backendDels = append(p.backendDels, id)
+	p.removed = append(p.removed, b)
+}
+
+func (p *plan) deleteRevNat(id uint32) {
+	p.stats.Writes++
+	p.revNatDels = append(p.revNatDels, id)
 }
 
 func (p *plan) putRange(k SourceRangeKey) {
@@ -453,32 +470,27 @@ func (a *applied) deleteFrontend(p *plan, fe Frontend) {
 func (a *applied) collectGarbage(p *plan) {
 	for b := range a.gcBackends {
 		if ab := a.backends[b]; ab != nil && ab.refs <= 0 {
-			p.stats.Writes++
-			p.backendDels = append(p.backendDels, ab.id)
+			p.deleteBackend(ab.id, b)
 			a.backendIDs.release(ab.id)
 			delete(a.byID, ab.id)
 			delete(a.backends, b)
-			p.removed = append(p.removed, b)
 		}
 	}
 	for k := range a.gcRevNats {
 		if rn := a.revNats[k]; rn != nil && rn.refs <= 0 {
-			p.stats.Writes++
-			p.revNatDels = append(p.revNatDels, rn.id)
+			p.deleteRevNat(rn.id)
 			a.revNatIDs.release(rn.id)
 			delete(a.revNats, k)
 		}
 	}
 	for k := range a.gcMatch {
 		if a.matchRefs[k] <= 0 {
-			p.stats.Writes++
-			p.memberDels = append(p.memberDels, k)
+			p.deleteMember(k)
 			delete(a.matchRefs, k)
 		}
 	}
 	for _, id := range a.orphanRevNats {
-		p.stats.Writes++
-		p.revNatDels = append(p.revNatDels, id)
+		p.deleteRevNat(id)
 		a.revNatIDs.release(id)
 	}
 	a.orphanRevNats = nil
