@@ -11,10 +11,10 @@ import (
 // their established flows must keep working until the endpoint is removed
 // (the TC program resets a TCP flow whose backend left the map, and the
 // agent ends sockets connected to a backend Removed reports). A held backend
-// is in no slot and no membership entry, so no new flow chooses it. It runs
-// after owner's frontends were written, so that a backend that moves from a
-// slot to being only held keeps its id; svc nil releases what owner held.
-func (w *Writer) hold(owner model.ServicePortName, svc *model.Service, node string) error {
+// is in no slot and no membership entry, so no new flow chooses it. It is
+// planned after owner's frontends, so that a backend that moves from a slot
+// to being only held keeps its id; svc nil releases what owner held.
+func (a *applied) hold(p *plan, owner model.ServicePortName, svc *model.Service, node string) error {
 	var want []Backend
 	if svc != nil {
 		want = make([]Backend, 0, len(svc.Endpoints))
@@ -33,33 +33,26 @@ func (w *Writer) hold(owner model.ServicePortName, svc *model.Service, node stri
 			if node != "" && ep.NodeName == node {
 				f |= BackendFlagLocal
 			}
-			if _, err := w.ensureBackend(b, f); err != nil {
-				w.releaseHeld(want)
+			if _, err := a.ensureBackend(p, b, f); err != nil {
+				a.releaseHeld(want)
 				return fmt.Errorf("backend %s: %w", b, err)
 			}
-			w.backends[b].refs++
+			a.backends[b].refs++
 			want = append(want, b)
 		}
 	}
-	w.releaseHeld(w.held[owner])
+	a.releaseHeld(a.held[owner])
 	if len(want) == 0 {
-		delete(w.held, owner)
+		delete(a.held, owner)
 		return nil
 	}
-	w.held[owner] = want
+	a.held[owner] = want
 	return nil
 }
 
 // releaseHeld drops one reference to each of bs.
-func (w *Writer) releaseHeld(bs []Backend) {
+func (a *applied) releaseHeld(bs []Backend) {
 	for _, b := range bs {
-		ab := w.backends[b]
-		if ab == nil {
-			continue
-		}
-		ab.refs--
-		if ab.refs <= 0 {
-			w.gcBackends[b] = struct{}{}
-		}
+		a.unrefBackend(b)
 	}
 }

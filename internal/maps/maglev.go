@@ -26,67 +26,51 @@ type MaglevTables interface {
 	Fingerprints() (map[uint32]uint64, error)
 }
 
-// maglevTable is the table one ServicePort must have after a sync.
+// maglevTable is the table one ServicePort must have after a sync: its
+// backends (whose names place them in the table) with their ids.
 type maglevTable struct {
+	owner       model.ServicePortName
 	svcID       uint32
 	fingerprint uint64
 	backends    []Backend
+	ids         []uint32
 }
 
-// maglevQueue holds a sync's table changes until the queues are flushed:
-// tables are set once the backends they name exist and deleted before
-// backends are.
-type maglevQueue struct {
-	m    MaglevTables
-	sets []maglevTable
-	dels []uint32
-	// ids maps a backend to its id when the tables are built.
-	ids func(Backend) (uint32, bool)
-	// applied is updated as the kernel confirms each change.
-	applied map[uint32]uint64
-}
-
-func (q *maglevQueue) reset() { q.sets, q.dels = q.sets[:0], q.dels[:0] }
-
-func (q *maglevQueue) flushSets() error {
-	if q.m == nil {
-		return nil
-	}
-	for _, t := range q.sets {
-		names := make([]string, len(t.backends))
-		ids := make([]uint32, len(t.backends))
-		for i, b := range t.backends {
-			id, ok := q.ids(b)
-			if !ok {
-				return fmt.Errorf("maglev table of service %d: backend %s has no id", t.svcID, b)
-			}
-			names[i], ids[i] = b.String(), id
+// setMaglevTables builds and writes the tables. A table is built only
+// when it is written, so that a sync that sets many holds one at a time.
+func setMaglevTables(m MaglevTables, tables []maglevTable) error {
+	for _, t := range tables {
+		if err := setMaglevTable(m, t); err != nil {
+			return err
 		}
-		idx, err := maglev.Build(names, q.m.Size())
-		if err != nil {
-			return fmt.Errorf("maglev table of service %d: %w", t.svcID, err)
-		}
-		table := make([]uint32, len(idx))
-		for i, j := range idx {
-			table[i] = ids[j]
-		}
-		if err := q.m.Set(t.svcID, table, t.fingerprint); err != nil {
-			return fmt.Errorf("maglev table of service %d: %w", t.svcID, err)
-		}
-		q.applied[t.svcID] = t.fingerprint
 	}
 	return nil
 }
 
-func (q *maglevQueue) flushDeletes() error {
-	if q.m == nil {
-		return nil
+func setMaglevTable(m MaglevTables, t maglevTable) error {
+	names := make([]string, len(t.backends))
+	for i, b := range t.backends {
+		names[i] = b.String()
 	}
-	for _, id := range q.dels {
-		if err := q.m.Delete(id); err != nil {
+	idx, err := maglev.Build(names, m.Size())
+	if err != nil {
+		return fmt.Errorf("maglev table of service %d: %w", t.svcID, err)
+	}
+	table := make([]uint32, len(idx))
+	for i, j := range idx {
+		table[i] = t.ids[j]
+	}
+	if err := m.Set(t.svcID, table, t.fingerprint); err != nil {
+		return fmt.Errorf("maglev table of service %d: %w", t.svcID, err)
+	}
+	return nil
+}
+
+func deleteMaglevTables(m MaglevTables, ids []uint32) error {
+	for _, id := range ids {
+		if err := m.Delete(id); err != nil {
 			return fmt.Errorf("maglev table of service %d: %w", id, err)
 		}
-		delete(q.applied, id)
 	}
 	return nil
 }
@@ -127,15 +111,13 @@ func maglevFingerprint(bs []Backend, m int) uint64 {
 	return h.Sum64()
 }
 
-// planMaglev queues the table changes of a sync. before holds the
+// planMaglev plans the table changes of a sync. before holds the
 // ServicePort ids the synced owners had before it; after a full sync every
 // table not wanted is deleted.
-func (w *Writer) planMaglev(owners []model.ServicePortName, up model.Update, before map[model.ServicePortName]uint32, full bool) {
-	q := w.q.maglev
-	if q.m == nil {
+func (a *applied) planMaglev(p *plan, owners []model.ServicePortName, up model.Update, before map[model.ServicePortName]uint32, full bool) {
+	if a.maglevSize == 0 {
 		return
 	}
-	m := q.m.Size()
 	wanted := map[uint32]bool{}
 	for _, owner := range owners {
 		svc := up.State.Services[owner]
@@ -143,20 +125,34 @@ func (w *Writer) planMaglev(owners []model.ServicePortName, up model.Update, bef
 			continue
 		}
 		bs := maglevBackends(svc)
-		id := w.ownerSvc[owner]
+		id := a.ownerSvc[owner]
 		if len(bs) == 0 || id == 0 {
 			continue
 		}
 		wanted[id] = true
-		fp := maglevFingerprint(bs, m)
-		if cur, ok := q.applied[id]; ok && cur == fp {
+		fp := maglevFingerprint(bs, a.maglevSize)
+		if cur, ok := a.maglev[id]; ok && cur == fp {
 			continue
 		}
-		q.sets = append(q.sets, maglevTable{svcID: id, fingerprint: fp, backends: bs})
+		ids := make([]uint32, len(bs))
+		for i, b := range bs {
+			ab := a.backends[b]
+			if ab == nil {
+				p.errs = append(p.errs, fmt.Errorf("%s: maglev table of service %d: backend %s has no id", owner, id, b))
+				ids = nil
+				break
+			}
+			ids[i] = ab.id
+		}
+		if ids == nil {
+			continue
+		}
+		p.maglevSets = append(p.maglevSets, maglevTable{owner: owner, svcID: id, fingerprint: fp, backends: bs, ids: ids})
+		a.maglev[id] = fp
 	}
 	var stale []uint32
 	if full {
-		for id := range q.applied {
+		for id := range a.maglev {
 			if !wanted[id] {
 				stale = append(stale, id)
 			}
@@ -164,12 +160,16 @@ func (w *Writer) planMaglev(owners []model.ServicePortName, up model.Update, bef
 	} else {
 		for _, owner := range owners {
 			if id, ok := before[owner]; ok && !wanted[id] {
-				if _, has := q.applied[id]; has {
+				if _, has := a.maglev[id]; has {
 					stale = append(stale, id)
 				}
 			}
 		}
 	}
 	slices.Sort(stale)
-	q.dels = slices.Compact(stale)
+	stale = slices.Compact(stale)
+	for _, id := range stale {
+		delete(a.maglev, id)
+	}
+	p.maglevDels = append(p.maglevDels, stale...)
 }

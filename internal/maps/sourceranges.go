@@ -1,19 +1,13 @@
 package maps
 
 import (
-	"errors"
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
-
-// appliedRanges are the trie entries written for one ServicePort.
-type appliedRanges struct {
-	svcID uint32
-	keys  map[SourceRangeKey]bool
-}
 
 // NodeSourceRange marks, in the ServicePort id of a trie key with address
 // 0, the entry that admits the node's own sockets whose source address the
@@ -39,13 +33,12 @@ func sourceRanges(sp *model.ServicePort) []netip.Prefix {
 }
 
 // admittedKeys are the trie entries of a ServicePort with id svcID: its
-// source ranges and, when they hold an address of node, its LoadBalancer IPs
-// as single addresses and the node's entry. kube-proxy admits the
-// LoadBalancer IPs as a source then, because a node that holds one locally
-// reaches it from that address; and it sees the node's other sockets with a
-// node address as their source, that of the route to the LoadBalancer IP,
-// where the socket hooks connect them straight to an endpoint by another
-// route (see RANGE_DST_F_AS_NODE).
+// source ranges and, when they admit node (the model's
+// SourceRangesAdmitNode), the sources it is admitted with (its LoadBalancer
+// IPs) as single addresses and the node's entry. kube-proxy sees the node's
+// other sockets with a node address as their source, that of the route to
+// the LoadBalancer IP, where the socket hooks connect them straight to an
+// endpoint by another route (see RANGE_DST_F_AS_NODE).
 func admittedKeys(sp *model.ServicePort, node *model.Node, svcID uint32) map[SourceRangeKey]bool {
 	ranges := sourceRanges(sp)
 	if len(ranges) == 0 {
@@ -55,10 +48,14 @@ func admittedKeys(sp *model.ServicePort, node *model.Node, svcID uint32) map[Sou
 	for _, p := range ranges {
 		keys[rangeKey(svcID, p)] = true
 	}
-	if node == nil || !slices.ContainsFunc(ranges, func(p netip.Prefix) bool { return slices.ContainsFunc(node.Addrs, p.Contains) }) {
+	if node == nil {
 		return keys
 	}
-	for _, ip := range sp.LoadBalancerIPs {
+	admitted, sources := sp.SourceRangesAdmitNode(node.Addrs)
+	if !admitted {
+		return keys
+	}
+	for _, ip := range sources {
 		if ip.Is4() {
 			keys[rangeKey(svcID, netip.PrefixFrom(ip, 32))] = true
 		}
@@ -97,20 +94,20 @@ func rangeKey(svcID uint32, p netip.Prefix) SourceRangeKey {
 	return SourceRangeKey{Prefixlen: 32 + uint32(p.Bits()), SvcId: svcID, Address: be32(p.Addr())}
 }
 
-// syncRanges writes the source ranges of owner (svc nil: deleted) before
-// its frontends are flushed, and returns the keys to delete after them, so
-// that a LoadBalancer IP with SVC_F_SOURCE_RANGES never finds its ranges
-// missing. The LPM trie takes no batches: these are single writes.
-func (w *Writer) syncRanges(owner model.ServicePortName, svc *model.Service, node *model.Node) ([]SourceRangeKey, error) {
-	if w.m.SourceRanges == nil {
-		return nil, nil
+// planRanges plans the source ranges of owner (svc nil: deleted). They
+// are written before the frontends that use them and deleted after them,
+// so that a LoadBalancer IP with SVC_F_SOURCE_RANGES never finds its
+// ranges missing.
+func (a *applied) planRanges(p *plan, owner model.ServicePortName, svc *model.Service, node *model.Node) {
+	if !a.rangesOn {
+		return
 	}
-	cur := w.ranges[owner]
+	cur := a.ranges[owner]
 	var want map[SourceRangeKey]bool
-	if id := w.ownerSvc[owner]; svc != nil && id != 0 {
+	if id := a.ownerSvc[owner]; svc != nil && id != 0 {
 		want = admittedKeys(svc.Port, node, id)
 	}
-	var stale []SourceRangeKey
+	var stale, fresh []SourceRangeKey
 	if cur != nil {
 		for k := range cur.keys {
 			if !want[k] {
@@ -118,22 +115,59 @@ func (w *Writer) syncRanges(owner model.ServicePortName, svc *model.Service, nod
 			}
 		}
 	}
-	if len(want) == 0 {
-		delete(w.ranges, owner)
-		return stale, nil
-	}
-	var errs []error
 	for k := range want {
-		if cur != nil && cur.keys[k] {
-			continue
-		}
-		w.stats.Writes++
-		if err := w.m.SourceRanges.Put(k, 1); err != nil {
-			errs = append(errs, fmt.Errorf("source range %s: %w", describeRangeKey(k), err))
+		if cur == nil || !cur.keys[k] {
+			fresh = append(fresh, k)
 		}
 	}
-	w.ranges[owner] = &appliedRanges{svcID: w.ownerSvc[owner], keys: want}
-	return stale, errors.Join(errs...)
+	// Sorted, so that plans are the same from one run to the next.
+	slices.SortFunc(stale, compareRangeKeys)
+	slices.SortFunc(fresh, compareRangeKeys)
+	for _, k := range stale {
+		p.deleteRange(k)
+	}
+	for _, k := range fresh {
+		p.putRange(k)
+	}
+	if len(want) == 0 {
+		delete(a.ranges, owner)
+		return
+	}
+	a.ranges[owner] = &appliedRanges{svcID: a.ownerSvc[owner], keys: want}
+}
+
+// planOrphanRanges plans, in a full sync, the deletion of the trie entries
+// found in the kernel that no ServicePort claimed (left by an earlier
+// agent).
+func (a *applied) planOrphanRanges(p *plan) {
+	if len(a.orphanRanges) == 0 {
+		return
+	}
+	wanted := map[SourceRangeKey]bool{}
+	for _, r := range a.ranges {
+		for k := range r.keys {
+			wanted[k] = true
+		}
+	}
+	var stale []SourceRangeKey
+	for k := range a.orphanRanges {
+		if !wanted[k] {
+			stale = append(stale, k)
+		}
+	}
+	slices.SortFunc(stale, compareRangeKeys)
+	for _, k := range stale {
+		p.deleteRange(k)
+	}
+	clear(a.orphanRanges)
+}
+
+func compareRangeKeys(a, b SourceRangeKey) int {
+	return cmp.Or(
+		cmp.Compare(a.SvcId, b.SvcId),
+		addrFromBE32(a.Address).Compare(addrFromBE32(b.Address)),
+		cmp.Compare(a.Prefixlen, b.Prefixlen),
+	)
 }
 
 // describeRangeKey is a trie entry as the dump shows it.
@@ -142,38 +176,4 @@ func describeRangeKey(k SourceRangeKey) string {
 		return fmt.Sprintf("svc=%d node", k.SvcId&^NodeSourceRange)
 	}
 	return fmt.Sprintf("svc=%d %s", k.SvcId, netip.PrefixFrom(addrFromBE32(k.Address), int(k.Prefixlen)-32))
-}
-
-// deleteRanges deletes source range entries after the frontends that used
-// them are gone; with full, also every entry in the map that no ServicePort
-// wants (left by an earlier agent).
-func (w *Writer) deleteRanges(stale []SourceRangeKey, full bool) error {
-	if w.m.SourceRanges == nil {
-		return nil
-	}
-	if full {
-		wanted := map[SourceRangeKey]bool{}
-		for _, r := range w.ranges {
-			for k := range r.keys {
-				wanted[k] = true
-			}
-		}
-		err := w.m.SourceRanges.Iterate(func(k SourceRangeKey, _ uint8) bool {
-			if !wanted[k] {
-				stale = append(stale, k)
-			}
-			return true
-		})
-		if err != nil {
-			return fmt.Errorf("read source ranges: %w", err)
-		}
-	}
-	var errs []error
-	for _, k := range stale {
-		w.stats.Writes++
-		if err := w.m.SourceRanges.Delete(k); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }

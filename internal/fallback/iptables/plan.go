@@ -100,35 +100,6 @@ func fingerprint(rs *serviceRules) uint64 {
 	return h.Sum64()
 }
 
-func sortedNames[V any](m map[model.ServicePortName]V) []model.ServicePortName {
-	names := make([]model.ServicePortName, 0, len(m))
-	for n := range m {
-		names = append(names, n)
-	}
-	slices.SortFunc(names, func(a, b model.ServicePortName) int {
-		switch {
-		case a.Namespace != b.Namespace:
-			return cmpStr(a.Namespace, b.Namespace)
-		case a.Name != b.Name:
-			return cmpStr(a.Name, b.Name)
-		case a.Port != b.Port:
-			return cmpStr(a.Port, b.Port)
-		}
-		return int(a.Protocol) - int(b.Protocol)
-	})
-	return names
-}
-
-func cmpStr(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
 // full rewrites everything: every shared and per-Service chain is declared
 // (and so flushed) and filled, our chains that nothing wants any more are
 // deleted, and hooks adds what keeps the built-in chains jumping to ours.
@@ -161,7 +132,7 @@ func (p *planner) full(state *model.State, hooks func(*xtables.Transaction) erro
 		tx.Table(s.table).Append(s.chain, s.spec)
 	}
 	nat := tx.Table("nat")
-	for _, name := range sortedNames(state.Services) {
+	for _, name := range model.SortedNames(state.Services) {
 		rs := p.r.service(state.Services[name])
 		for i := range numShared {
 			for _, spec := range rs.shared[i] {
@@ -203,7 +174,7 @@ func (p *planner) full(state *model.State, hooks func(*xtables.Transaction) erro
 // (top of nat EBPFPROXY-SERVICES, so that the NodePort jump stays last) or
 // -A for new ones.
 func (p *planner) partial(up model.Update) *plan {
-	names := sortedNames(up.Changed)
+	names := model.SortedNames(up.Changed)
 	rendered := make([]*serviceRules, len(names))
 	for i, name := range names {
 		if svc := up.State.Services[name]; svc != nil {
@@ -221,7 +192,7 @@ func (p *planner) partial(up model.Update) *plan {
 func (p *planner) reconcile(state *model.State) *plan {
 	var names []model.ServicePortName
 	var rendered []*serviceRules
-	for _, name := range sortedNames(state.Services) {
+	for _, name := range model.SortedNames(state.Services) {
 		rs := p.r.service(state.Services[name])
 		if old := p.services[name]; old != nil && old.fingerprint == fingerprint(&rs) {
 			continue
@@ -229,7 +200,7 @@ func (p *planner) reconcile(state *model.State) *plan {
 		names = append(names, name)
 		rendered = append(rendered, &rs)
 	}
-	for _, name := range sortedNames(p.services) {
+	for _, name := range model.SortedNames(p.services) {
 		if state.Services[name] == nil {
 			names = append(names, name)
 			rendered = append(rendered, nil)

@@ -379,19 +379,14 @@ func (r *renderer) externalRules(sp *model.ServicePort, name, svcChain, svlChain
 // chain; the rest falls through and EBPFPROXY-FIREWALL drops it.
 func (r *renderer) firewallRules(sp *model.ServicePort, name, extChain string) []string {
 	var rules []string
-	allowNode := false
 	for _, src := range sp.LoadBalancerSourceRanges {
 		rules = append(rules, rule().src(src.Masked().String(), false).comment(r.comment(name+" loadbalancer IP")).jump(extChain))
-		for _, ip := range r.nodeIPs {
-			allowNode = allowNode || src.Contains(ip)
-		}
 	}
 	// A node that holds the LoadBalancer IP locally talks to it with
-	// that IP as the source; admit it when the ranges admit the node.
-	if allowNode {
-		for _, ip := range sp.LoadBalancerIPs {
-			rules = append(rules, rule().src(host(ip), false).comment(r.comment(name+" loadbalancer IP")).jump(extChain))
-		}
+	// that IP as the source.
+	_, fromNode := sp.SourceRangesAdmitNode(r.nodeIPs)
+	for _, ip := range fromNode {
+		rules = append(rules, rule().src(host(ip), false).comment(r.comment(name+" loadbalancer IP")).jump(extChain))
 	}
 	return rules
 }

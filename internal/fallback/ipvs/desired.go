@@ -152,12 +152,7 @@ func (r *renderer) service(svc *model.Service) serviceConfig {
 		add("ExternalIP", ip, sp.Port, external, externalEps, frontendSet)
 		out.Addrs = append(out.Addrs, ip)
 	}
-	allowNode := false
-	for _, src := range sp.LoadBalancerSourceRanges {
-		for _, ip := range r.nodeIPs {
-			allowNode = allowNode || src.Contains(ip)
-		}
-	}
+	allowNode, _ := sp.SourceRangesAdmitNode(r.nodeIPs)
 	for _, ip := range sp.LoadBalancerIPs {
 		add("LoadBalancer", ip, sp.Port, external, externalEps, frontendSet)
 		out.Addrs = append(out.Addrs, ip)
@@ -169,6 +164,8 @@ func (r *renderer) service(svc *model.Service) serviceConfig {
 			out.Entries = append(out.Entries, setEntry{Set: setLBSource, IP: ip, Proto: proto, Port: sp.Port, IP2: src.Masked().Addr(), CIDR2: src.Bits()})
 		}
 		// A node holding the LoadBalancer IP talks to it from that IP.
+		// As upstream's IPVS mode, each LoadBalancer IP admits itself
+		// only (iptables admits every LoadBalancer IP of the port).
 		if allowNode {
 			out.Entries = append(out.Entries, setEntry{Set: setLBSourceIP, IP: ip, Proto: proto, Port: sp.Port, IP2: ip, CIDR2: 32})
 		}

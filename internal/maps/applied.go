@@ -1,0 +1,193 @@
+package maps
+
+import (
+	"net/netip"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+)
+
+// applied is what the maps hold, as the Writer knows it: restored from them
+// at start and after an error, and updated by every plan as if it were
+// written. A plan that fails to be written leaves it wrong, which is why
+// the Writer restores it from the maps before the next sync.
+type applied struct {
+	frontends map[Frontend]*appliedFrontend
+	byOwner   map[model.ServicePortName][]Frontend
+	backends  map[Backend]*appliedBackend
+	byID      map[uint32]Backend
+	revNats   map[revNatKey]*appliedRevNat
+	// gc holds backends and reverse-NAT entries that may have lost their
+	// last user, so a sync need not scan every backend.
+	gcBackends map[Backend]struct{}
+	gcRevNats  map[revNatKey]struct{}
+	// orphanRevNats are reverse-NAT ids found in the kernel that no
+	// frontend uses; the next sync deletes them.
+	orphanRevNats []uint32
+
+	// ServicePort ids: one per ServicePort, shared by its frontends.
+	ownerSvc map[model.ServicePortName]uint32
+	svcOwner map[uint32]model.ServicePortName
+	svcRefs  map[uint32]int
+	// Membership entries, counted by the frontends that need them.
+	matchRefs map[MemberKey]int
+	gcMatch   map[MemberKey]struct{}
+	// ranges are the source ranges written per ServicePort.
+	ranges map[model.ServicePortName]*appliedRanges
+	// orphanRanges are trie entries found in the kernel and not claimed
+	// since; the next full sync deletes those no ServicePort wants.
+	orphanRanges map[SourceRangeKey]struct{}
+	// held are the backends each ServicePort keeps for the endpoints its
+	// EndpointSlices list (see hold).
+	held map[model.ServicePortName][]Backend
+	// maglev are the fingerprints of the Maglev tables by ServicePort id.
+	maglev map[uint32]uint64
+
+	backendIDs, revNatIDs, svcIDs *idAllocator
+
+	// rangesOn and maglevSize say which optional maps exist: the source
+	// ranges trie, and the Maglev tables with their size (0: none).
+	rangesOn   bool
+	maglevSize int
+}
+
+type appliedFrontend struct {
+	// owner is unknown (zero) for a frontend restored from the kernel until
+	// a sync claims it.
+	owner     model.ServicePortName
+	hasMaster bool
+	revNat    uint32
+	flags     uint16
+	affinity  uint32
+	// slots[i] is the backend id in slot i+1 (0 if the slot is missing).
+	// It may be longer than count when restored slots exceed the master's.
+	slots []uint32
+	count int
+	// svcID names the frontend's ServicePort for session affinity.
+	svcID uint32
+	// matchIDs are the backends for which this frontend holds a
+	// membership entry: all of its backends.
+	matchIDs []uint32
+}
+
+type appliedBackend struct {
+	id    uint32
+	flags uint8
+	refs  int
+}
+
+type revNatKey struct {
+	addr  netip.Addr
+	port  uint16
+	proto model.Protocol
+}
+
+type appliedRevNat struct {
+	id   uint32
+	refs int
+}
+
+// appliedRanges are the trie entries written for one ServicePort.
+type appliedRanges struct {
+	svcID uint32
+	keys  map[SourceRangeKey]bool
+}
+
+// newApplied returns the empty state of maps with the given capacities;
+// rangesOn and maglevSize say which optional maps exist.
+func newApplied(lim Limits, rangesOn bool, maglevSize int) applied {
+	a := applied{rangesOn: rangesOn, maglevSize: maglevSize}
+	a.backendIDs = newIDAllocator(lim.Backends)
+	a.revNatIDs = newIDAllocator(lim.RevNat)
+	// A ServicePort has at least one frontend, so there are no more
+	// ServicePorts than reverse-NAT entries.
+	a.svcIDs = newIDAllocator(lim.RevNat)
+	a.reset()
+	return a
+}
+
+// reset forgets everything, keeping the capacities.
+func (a *applied) reset() {
+	a.frontends = map[Frontend]*appliedFrontend{}
+	a.byOwner = map[model.ServicePortName][]Frontend{}
+	a.backends = map[Backend]*appliedBackend{}
+	a.byID = map[uint32]Backend{}
+	a.revNats = map[revNatKey]*appliedRevNat{}
+	a.gcBackends = map[Backend]struct{}{}
+	a.gcRevNats = map[revNatKey]struct{}{}
+	a.orphanRevNats = nil
+	a.ownerSvc = map[model.ServicePortName]uint32{}
+	a.svcOwner = map[uint32]model.ServicePortName{}
+	a.svcRefs = map[uint32]int{}
+	a.matchRefs = map[MemberKey]int{}
+	a.gcMatch = map[MemberKey]struct{}{}
+	a.ranges = map[model.ServicePortName]*appliedRanges{}
+	a.orphanRanges = map[SourceRangeKey]struct{}{}
+	a.held = map[model.ServicePortName][]Backend{}
+	a.maglev = map[uint32]uint64{}
+	a.backendIDs = newIDAllocator(a.backendIDs.max)
+	a.revNatIDs = newIDAllocator(a.revNatIDs.max)
+	a.svcIDs = newIDAllocator(a.svcIDs.max)
+}
+
+// unrefBackendID drops one reference to the backend with id, which the
+// next collectGarbage deletes when it was the last.
+func (a *applied) unrefBackendID(id uint32) {
+	b, ok := a.byID[id]
+	if !ok {
+		return
+	}
+	a.unrefBackend(b)
+}
+
+func (a *applied) unrefBackend(b Backend) {
+	ab := a.backends[b]
+	if ab == nil {
+		return
+	}
+	ab.refs--
+	if ab.refs <= 0 {
+		a.gcBackends[b] = struct{}{}
+	}
+}
+
+// svcIDFor returns the id of the ServicePort owner: the one it has, else
+// the one its frontend had in the kernel (kept across restarts), else a new
+// one.
+func (a *applied) svcIDFor(owner model.ServicePortName, had uint32) (uint32, error) {
+	if id, ok := a.ownerSvc[owner]; ok {
+		return id, nil
+	}
+	id := had
+	if _, taken := a.svcOwner[id]; id == 0 || taken {
+		var err error
+		if id, err = a.svcIDs.alloc(); err != nil {
+			return 0, err
+		}
+	}
+	a.ownerSvc[owner] = id
+	a.svcOwner[id] = owner
+	return id, nil
+}
+
+func (a *applied) unrefSvc(id uint32) {
+	if id == 0 {
+		return
+	}
+	a.svcRefs[id]--
+	if a.svcRefs[id] > 0 {
+		return
+	}
+	delete(a.svcRefs, id)
+	if owner, ok := a.svcOwner[id]; ok {
+		delete(a.ownerSvc, owner)
+		delete(a.svcOwner, id)
+	}
+	a.svcIDs.release(id)
+}
+
+func (a *applied) unrefMatch(k MemberKey) {
+	a.matchRefs[k]--
+	if a.matchRefs[k] <= 0 {
+		a.gcMatch[k] = struct{}{}
+	}
+}

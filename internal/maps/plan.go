@@ -1,0 +1,503 @@
+package maps
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+)
+
+// plan is what one sync writes to the maps, computed from the desired state
+// and the applied one without touching the kernel. Its fields are in the
+// order apply writes them, make-before-break: first what entries will point
+// at (source ranges, backends, reverse NAT, memberships, Maglev tables),
+// then the service entries (a frontend's slots before its master entry),
+// then the deletions (a removed frontend's master entry before its slots),
+// and last the deletion of what no service entry points at any more.
+type plan struct {
+	rangePuts   []SourceRangeKey
+	backendPuts entries[uint32, BackendValue]
+	revNatPuts  entries[uint32, RevNatValue]
+	memberPuts  entries[MemberKey, uint8]
+	maglevSets  []maglevTable
+	servicePuts entries[ServiceKey, ServiceValue]
+	serviceDels []ServiceKey
+	maglevDels  []uint32
+	memberDels  []MemberKey
+	backendDels []uint32
+	revNatDels  []uint32
+	rangeDels   []SourceRangeKey
+
+	// changes say which service entries belong to which frontend, for an
+	// apply that writes frontend by frontend.
+	changes []frontendChange
+	// removed are the backends the plan deletes, removed[i] the one with
+	// id backendDels[i] (see Writer.Removed).
+	removed []Backend
+	stats   SyncStats
+	// errs are what could not be planned: a frontend or a ServicePort
+	// that is left as it was, while the rest of the plan holds.
+	errs []error
+}
+
+// entries are key and value pairs in the order they are written, kept as
+// two slices that batch updates take as they are.
+type entries[K comparable, V any] struct {
+	keys   []K
+	values []V
+}
+
+func (e *entries[K, V]) add(k K, v V) {
+	e.keys = append(e.keys, k)
+	e.values = append(e.values, v)
+}
+
+func (e *entries[K, V]) reset() { e.keys, e.values = e.keys[:0], e.values[:0] }
+
+// frontendChange is one frontend's share of a plan's service entries: the
+// puts servicePuts[puts[0]:puts[1]] (its slots, then its master entry) and
+// the deletions serviceDels[dels[0]:dels[1]] (its surplus slots; or, when
+// it is removed, its master entry and then its slots).
+type frontendChange struct {
+	fe         Frontend
+	owner      model.ServicePortName
+	puts, dels [2]int
+	// prev is what the frontend held before (nil when it is new), next
+	// what it holds after (nil when it is removed).
+	prev, next *appliedFrontend
+}
+
+// reset empties p for the next sync, keeping its memory.
+func (p *plan) reset() {
+	p.rangePuts = p.rangePuts[:0]
+	p.backendPuts.reset()
+	p.revNatPuts.reset()
+	p.memberPuts.reset()
+	clear(p.maglevSets)
+	p.maglevSets = p.maglevSets[:0]
+	p.servicePuts.reset()
+	p.serviceDels = p.serviceDels[:0]
+	p.maglevDels = p.maglevDels[:0]
+	p.memberDels = p.memberDels[:0]
+	p.backendDels = p.backendDels[:0]
+	p.revNatDels = p.revNatDels[:0]
+	p.rangeDels = p.rangeDels[:0]
+	clear(p.changes)
+	p.changes = p.changes[:0]
+	p.removed = p.removed[:0]
+	p.stats = SyncStats{}
+	p.errs = nil
+}
+
+// The plan's writes. Each counts in the sync's statistics, whether or not
+// it then reaches the kernel, as the Writer always counted them.
+
+func (p *plan) putBackend(id uint32, b Backend, flags uint8) {
+	p.stats.Writes++
+	p.backendPuts.add(id, BackendValue{Address: be32(b.Addr), Port: be16(b.Port), Proto: uint8(b.Proto), Flags: flags})
+}
+
+func (p *plan) putRevNat(id uint32, fe Frontend) {
+	p.stats.Writes++
+	p.revNatPuts.add(id, RevNatValue{Address: be32(fe.Addr), Port: be16(fe.Port)})
+}
+
+func (p *plan) putMember(k MemberKey) {
+	p.stats.Writes++
+	p.memberPuts.add(k, 1)
+}
+
+func (p *plan) putService(k ServiceKey, v ServiceValue) {
+	p.stats.Writes++
+	p.servicePuts.add(k, v)
+}
+
+func (p *plan) deleteService(k ServiceKey) {
+	p.stats.Writes++
+	p.serviceDels = append(p.serviceDels, k)
+}
+
+func (p *plan) deleteMember(k MemberKey) {
+	p.stats.Writes++
+	p.memberDels = append(p.memberDels, k)
+}
+
+func (p *plan) deleteBackend(id uint32, b Backend) {
+	p.stats.Writes++
+	p.backendDels = append(p.backendDels, id)
+	p.removed = append(p.removed, b)
+}
+
+func (p *plan) deleteRevNat(id uint32) {
+	p.stats.Writes++
+	p.revNatDels = append(p.revNatDels, id)
+}
+
+func (p *plan) putRange(k SourceRangeKey) {
+	p.stats.Writes++
+	p.rangePuts = append(p.rangePuts, k)
+}
+
+func (p *plan) deleteRange(k SourceRangeKey) {
+	p.stats.Writes++
+	p.rangeDels = append(p.rangeDels, k)
+}
+
+// planSync adds to p the writes that bring the maps from the applied state
+// to the desired state of up, and records them as applied. With full every
+// ServicePort is planned and every entry no ServicePort wants is deleted;
+// otherwise only the ServicePorts in up.Changed are.
+func (a *applied) planSync(p *plan, up model.Update, full bool) {
+	owners := a.owners(up, full)
+	svcBefore := make(map[model.ServicePortName]uint32, len(owners))
+	for _, owner := range owners {
+		if id, ok := a.ownerSvc[owner]; ok {
+			svcBefore[owner] = id
+		}
+	}
+
+	desired := map[Frontend]bool{}
+	newOwned := map[model.ServicePortName][]Frontend{}
+	for _, owner := range owners {
+		svc := up.State.Services[owner]
+		if svc == nil {
+			a.planRanges(p, owner, nil, nil)
+			a.hold(p, owner, nil, "")
+			continue
+		}
+		ds := frontendsOf(svc, &up.State.Node)
+		sortFrontends(ds)
+		for _, d := range ds {
+			if desired[d.fe] {
+				p.errs = append(p.errs, fmt.Errorf("%s: frontend %s is already used by another Service port", owner, d.fe))
+				continue
+			}
+			if cur := a.frontends[d.fe]; cur != nil && cur.owner != (model.ServicePortName{}) && cur.owner != owner {
+				if _, stillThere := up.State.Services[cur.owner]; stillThere && !slices.Contains(owners, cur.owner) {
+					p.errs = append(p.errs, fmt.Errorf("%s: frontend %s is already used by %s", owner, d.fe, cur.owner))
+					continue
+				}
+			}
+			desired[d.fe] = true
+			newOwned[owner] = append(newOwned[owner], d.fe)
+			if err := a.upsert(p, d); err != nil {
+				p.errs = append(p.errs, fmt.Errorf("%s: frontend %s: %w", owner, d.fe, err))
+			}
+		}
+		if err := a.hold(p, owner, svc, up.State.Node.Name); err != nil {
+			p.errs = append(p.errs, fmt.Errorf("%s: %w", owner, err))
+		}
+		a.planRanges(p, owner, svc, &up.State.Node)
+	}
+
+	// Break after make: remove what the synced ServicePorts no longer have.
+	var stale []Frontend
+	if full {
+		for fe := range a.frontends {
+			if !desired[fe] {
+				stale = append(stale, fe)
+			}
+		}
+	} else {
+		for _, owner := range owners {
+			for _, fe := range a.byOwner[owner] {
+				if !desired[fe] && a.frontends[fe] != nil && a.frontends[fe].owner == owner {
+					stale = append(stale, fe)
+				}
+			}
+		}
+	}
+	slices.SortFunc(stale, Frontend.compare)
+	for _, fe := range stale {
+		a.deleteFrontend(p, fe)
+	}
+	for _, owner := range owners {
+		if fes := newOwned[owner]; len(fes) > 0 {
+			a.byOwner[owner] = fes
+		} else {
+			delete(a.byOwner, owner)
+		}
+	}
+	a.collectGarbage(p)
+	a.planMaglev(p, owners, up, svcBefore, full)
+	if full {
+		a.planOrphanRanges(p)
+	}
+}
+
+// owners are the ServicePorts a sync plans, in the model's order: those
+// changed, or with full every one in the state or in the maps.
+func (a *applied) owners(up model.Update, full bool) []model.ServicePortName {
+	if !full {
+		return model.SortedNames(up.Changed)
+	}
+	owners := make([]model.ServicePortName, 0, len(up.State.Services))
+	for spn := range up.State.Services {
+		owners = append(owners, spn)
+	}
+	for spn := range a.byOwner {
+		if _, ok := up.State.Services[spn]; !ok {
+			owners = append(owners, spn)
+		}
+	}
+	for spn := range a.held {
+		_, inState := up.State.Services[spn]
+		if _, owned := a.byOwner[spn]; !inState && !owned {
+			owners = append(owners, spn)
+		}
+	}
+	slices.SortFunc(owners, model.ServicePortName.Compare)
+	return owners
+}
+
+// upsert plans one frontend: its new backends, its reverse-NAT entry and
+// memberships (written before anything names them), then the slots, then
+// the master entry with the new count, and only then the deletion of
+// surplus slots. A lookup at any moment sees either the old or the new
+// backend set, never a slot pointing nowhere.
+func (a *applied) upsert(p *plan, d desiredFrontend) error {
+	if len(d.backends) > MaxBackendsPerFrontend {
+		return fmt.Errorf("%d endpoints, more than the %d a frontend can hold", len(d.backends), MaxBackendsPerFrontend)
+	}
+	prev := a.frontends[d.fe]
+	cur := prev
+	if cur == nil {
+		cur = &appliedFrontend{}
+	}
+
+	ids := make([]uint32, len(d.backends))
+	for i, b := range d.backends {
+		id, err := a.ensureBackend(p, b, d.bflags[i])
+		if err != nil {
+			return fmt.Errorf("backend %s: %w", b, err)
+		}
+		ids[i] = id
+	}
+
+	revNat := cur.revNat
+	if revNat == 0 {
+		id, err := a.ensureRevNat(p, d.fe)
+		if err != nil {
+			return fmt.Errorf("reverse NAT: %w", err)
+		}
+		revNat = id
+	}
+	svc, err := a.svcIDFor(d.owner, cur.svcID)
+	if err != nil {
+		return fmt.Errorf("service port id: %w", err)
+	}
+
+	// Affinity and a UDP socket's earlier choice may only return to a
+	// backend the ServicePort can choose: the membership entries of new
+	// backends exist before any slot names them.
+	match := ids
+	for _, id := range ids {
+		if cur.svcID == svc && slices.Contains(cur.matchIDs, id) {
+			continue
+		}
+		a.refMatch(p, MemberKey{BackendId: id, SvcId: svc})
+	}
+
+	change := frontendChange{fe: d.fe, owner: d.owner, prev: prev}
+	change.puts[0] = len(p.servicePuts.keys)
+	slots := arrangeSlots(cur.slots[:min(cur.count, len(cur.slots))], ids)
+	for i, id := range slots {
+		if i < len(cur.slots) && cur.slots[i] == id && cur.revNat == revNat {
+			continue
+		}
+		p.putService(d.fe.key(uint16(i+1)), ServiceValue{BackendId: id, RevNatId: revNat})
+	}
+	master := ServiceValue{Count: uint16(len(slots)), Flags: d.flags, RevNatId: revNat, AffinityTimeout: d.affinity, SvcId: svc}
+	if !cur.hasMaster || cur.count != len(slots) || cur.flags != d.flags || cur.affinity != d.affinity || cur.revNat != revNat || cur.svcID != svc {
+		p.putService(d.fe.key(0), master)
+	}
+	change.puts[1] = len(p.servicePuts.keys)
+	change.dels[0] = len(p.serviceDels)
+	for i := len(slots); i < len(cur.slots); i++ {
+		p.deleteService(d.fe.key(uint16(i + 1)))
+	}
+	change.dels[1] = len(p.serviceDels)
+
+	for i, id := range cur.slots {
+		if i < cur.count && id != 0 {
+			a.unrefBackendID(id)
+		}
+	}
+	for _, b := range d.backends {
+		a.backends[b].refs++
+	}
+	if !cur.hasMaster || cur.revNat != revNat {
+		a.revNats[revNatKey{d.fe.Addr, d.fe.Port, d.fe.Proto}].refs++
+	}
+	for _, id := range cur.matchIDs {
+		if cur.svcID != svc || !slices.Contains(match, id) {
+			a.unrefMatch(MemberKey{BackendId: id, SvcId: cur.svcID})
+		}
+	}
+	if cur.svcID != svc {
+		a.svcRefs[svc]++
+		a.unrefSvc(cur.svcID)
+	}
+	next := &appliedFrontend{
+		owner: d.owner, hasMaster: true, revNat: revNat, flags: d.flags,
+		affinity: d.affinity, slots: slots, count: len(slots),
+		svcID: svc, matchIDs: slices.Clone(match),
+	}
+	a.frontends[d.fe] = next
+	if change.puts[0] != change.puts[1] || change.dels[0] != change.dels[1] {
+		change.next = next
+		p.changes = append(p.changes, change)
+	}
+	p.stats.Frontends++
+	return nil
+}
+
+// arrangeSlots orders ids so that a backend keeps the slot it had when that
+// slot still exists: fewer writes, and a client that raced with the update
+// gets the same backend either way.
+func arrangeSlots(old, ids []uint32) []uint32 {
+	out := make([]uint32, len(ids))
+	want := make(map[uint32]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	placed := map[uint32]bool{}
+	for i, id := range old {
+		if i < len(out) && want[id] && !placed[id] {
+			out[i] = id
+			placed[id] = true
+		}
+	}
+	j := 0
+	for _, id := range ids {
+		if placed[id] {
+			continue
+		}
+		for out[j] != 0 {
+			j++
+		}
+		out[j] = id
+		placed[id] = true
+	}
+	return out
+}
+
+// ensureBackend returns the id of b, planning its entry when it is new or
+// its flags changed.
+func (a *applied) ensureBackend(p *plan, b Backend, flags uint8) (uint32, error) {
+	ab := a.backends[b]
+	if ab != nil && ab.flags == flags {
+		return ab.id, nil
+	}
+	if ab == nil {
+		id, err := a.backendIDs.alloc()
+		if err != nil {
+			return 0, err
+		}
+		ab = &appliedBackend{id: id}
+		a.backends[b] = ab
+		a.byID[id] = b
+		a.gcBackends[b] = struct{}{}
+	}
+	p.putBackend(ab.id, b, flags)
+	ab.flags = flags
+	return ab.id, nil
+}
+
+// ensureRevNat returns the reverse-NAT id of fe's address, port and
+// protocol, planning its entry when it is new.
+func (a *applied) ensureRevNat(p *plan, fe Frontend) (uint32, error) {
+	k := revNatKey{fe.Addr, fe.Port, fe.Proto}
+	if rn := a.revNats[k]; rn != nil {
+		return rn.id, nil
+	}
+	id, err := a.revNatIDs.alloc()
+	if err != nil {
+		return 0, err
+	}
+	p.putRevNat(id, fe)
+	a.revNats[k] = &appliedRevNat{id: id}
+	a.gcRevNats[k] = struct{}{}
+	return id, nil
+}
+
+func (a *applied) refMatch(p *plan, k MemberKey) {
+	if a.matchRefs[k] == 0 {
+		p.putMember(k)
+	}
+	a.matchRefs[k]++
+}
+
+// deleteFrontend plans the removal of fe: the master entry first, so that
+// new lookups miss at once, then the slots.
+func (a *applied) deleteFrontend(p *plan, fe Frontend) {
+	cur := a.frontends[fe]
+	change := frontendChange{fe: fe, owner: cur.owner, prev: cur}
+	change.puts = [2]int{len(p.servicePuts.keys), len(p.servicePuts.keys)}
+	change.dels[0] = len(p.serviceDels)
+	if cur.hasMaster {
+		p.deleteService(fe.key(0))
+	}
+	for i := range cur.slots {
+		p.deleteService(fe.key(uint16(i + 1)))
+	}
+	change.dels[1] = len(p.serviceDels)
+	p.changes = append(p.changes, change)
+
+	for i, id := range cur.slots {
+		if i < cur.count && id != 0 {
+			a.unrefBackendID(id)
+		}
+	}
+	for _, id := range cur.matchIDs {
+		a.unrefMatch(MemberKey{BackendId: id, SvcId: cur.svcID})
+	}
+	a.unrefSvc(cur.svcID)
+	if cur.hasMaster && cur.revNat != 0 {
+		k := revNatKey{fe.Addr, fe.Port, fe.Proto}
+		if rn := a.revNats[k]; rn != nil && rn.id == cur.revNat {
+			rn.refs--
+			a.gcRevNats[k] = struct{}{}
+		}
+	}
+	delete(a.frontends, fe)
+	p.stats.Frontends++
+}
+
+// collectGarbage plans the deletion of the backends, reverse-NAT entries
+// and memberships that lost their last user, and frees their ids: they go
+// after every service entry that named them.
+func (a *applied) collectGarbage(p *plan) {
+	for b := range a.gcBackends {
+		if ab := a.backends[b]; ab != nil && ab.refs <= 0 {
+			p.deleteBackend(ab.id, b)
+			a.backendIDs.release(ab.id)
+			delete(a.byID, ab.id)
+			delete(a.backends, b)
+		}
+	}
+	for k := range a.gcRevNats {
+		if rn := a.revNats[k]; rn != nil && rn.refs <= 0 {
+			p.deleteRevNat(rn.id)
+			a.revNatIDs.release(rn.id)
+			delete(a.revNats, k)
+		}
+	}
+	for k := range a.gcMatch {
+		if a.matchRefs[k] <= 0 {
+			p.deleteMember(k)
+			delete(a.matchRefs, k)
+		}
+	}
+	for _, id := range a.orphanRevNats {
+		p.deleteRevNat(id)
+		a.revNatIDs.release(id)
+	}
+	a.orphanRevNats = nil
+	// Every candidate was handled: start afresh, because a Go map keeps
+	// the buckets of its largest size and a full sync fills these with
+	// every new backend.
+	a.gcBackends = map[Backend]struct{}{}
+	a.gcRevNats = map[revNatKey]struct{}{}
+	a.gcMatch = map[MemberKey]struct{}{}
+}
