@@ -23,6 +23,7 @@ func TestUnbatchedRetryLeavesOnlyWhatDoesNotFit(t *testing.T) {
 		s.eps, d.eps = webEps, dnsEps
 		st := buildState(s, d)
 		st.Node.Addrs = []netip.Addr{netip.MustParseAddr("192.168.77.11")}
+		st.Node.NodePorts = model.NodePortAddresses{All: true, Addrs: st.Node.Addrs}
 		st.Services[webName].Port.NodePort = 30080
 		return st
 	}

@@ -277,6 +277,7 @@ func TestPlanOfExternalFrontends(t *testing.T) {
 	withNodePort := func(policy model.TrafficPolicy, ranges ...string) model.Update {
 		st := buildState(web)
 		st.Node.Addrs = []netip.Addr{netip.MustParseAddr("192.168.77.11")}
+		st.Node.NodePorts = model.NodePortAddresses{All: true, Addrs: st.Node.Addrs}
 		svc := st.Services[name]
 		sp := *svc.Port
 		sp.NodePort = 30080

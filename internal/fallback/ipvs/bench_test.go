@@ -19,7 +19,7 @@ func BenchmarkRender(b *testing.B) {
 			if err := cfg.setDefaults(); err != nil {
 				b.Fatal(err)
 			}
-			r := renderer{cfg: &cfg, nodeIPs: cfg.NodeIPs}
+			r := renderer{cfg: &cfg, nodeIPs: cfg.NodeIPs, nodePortIPs: cfg.NodeIPs}
 			var servers, reals, entries int
 			b.ResetTimer()
 			for range b.N {

@@ -240,9 +240,9 @@ func (d *Dataplane) sync(ctx context.Context, up model.Update, full bool) error 
 	var touchedAddr []netip.Addr
 	var touchedEntry []setEntry
 	if full {
-		d.r.nodeIPs = d.cfg.NodeIPs
-		if len(d.r.nodeIPs) == 0 {
-			d.r.nodeIPs = up.State.Node.NodePorts.External()
+		d.r.nodeIPs, d.r.nodePortIPs = d.cfg.NodeIPs, d.cfg.NodeIPs
+		if len(d.cfg.NodeIPs) == 0 {
+			d.r.nodeIPs, d.r.nodePortIPs = up.State.Node.Addrs, up.State.Node.NodePorts.External()
 		}
 		d.services = map[model.ServicePortName]serviceConfig{}
 		d.wantVS = map[vsKey][]virtualServer{}

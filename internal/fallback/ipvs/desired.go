@@ -112,9 +112,11 @@ type serviceConfig struct {
 // endpoint conditions or topology.
 type renderer struct {
 	cfg *Config
-	// nodeIPs serve the NodePorts and decide whether a source range
-	// admits the node.
+	// nodeIPs are the node's addresses: they decide whether a source
+	// range admits the node (model.ServicePort.SourceRangesAdmitNode).
 	nodeIPs []netip.Addr
+	// nodePortIPs serve the NodePorts.
+	nodePortIPs []netip.Addr
 }
 
 func (r *renderer) service(svc *model.Service) serviceConfig {
@@ -172,7 +174,7 @@ func (r *renderer) service(svc *model.Service) serviceConfig {
 	}
 	if sp.NodePort != 0 {
 		// NodePorts are not subject to loadBalancerSourceRanges.
-		for _, ip := range r.nodeIPs {
+		for _, ip := range r.nodePortIPs {
 			add("NodePort", ip, sp.NodePort, external, externalEps, frontendSet)
 		}
 	}

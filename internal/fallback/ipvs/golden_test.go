@@ -67,7 +67,7 @@ func render(t *testing.T, cfg Config, state *model.State) map[model.ServicePortN
 	if err := cfg.setDefaults(); err != nil {
 		t.Fatal(err)
 	}
-	r := renderer{cfg: &cfg, nodeIPs: cfg.NodeIPs}
+	r := renderer{cfg: &cfg, nodeIPs: cfg.NodeIPs, nodePortIPs: cfg.NodeIPs}
 	out := map[model.ServicePortName]serviceConfig{}
 	for name, svc := range state.Services {
 		out[name] = r.service(svc)
