@@ -6,42 +6,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
-	"sync"
 	"syscall"
 	"time"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 )
-
-// spawnRequests carries process starts to a goroutine that holds one OS
-// thread for the life of the test binary. The children get PR_SET_PDEATHSIG,
-// which the kernel ties to the thread that forked them, not to the process:
-// forked from an ordinary goroutine, a child would be killed whenever the Go
-// runtime retired that thread (it does when a goroutine that locked its
-// thread, for example to enter a network namespace, exits without unlocking).
-var (
-	spawnRequests = make(chan spawnRequest)
-	spawnerOnce   sync.Once
-)
-
-type spawnRequest struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-func startOnSpawner(cmd *exec.Cmd) error {
-	spawnerOnce.Do(func() {
-		go func() {
-			runtime.LockOSThread()
-			for r := range spawnRequests {
-				r.done <- r.cmd.Start()
-			}
-		}()
-	})
-	done := make(chan error, 1)
-	spawnRequests <- spawnRequest{cmd: cmd, done: done}
-	return <-done
-}
 
 // process is one control-plane binary started by the harness.
 type process struct {
@@ -67,7 +37,9 @@ func startProcess(name, bin string, args []string, logPath string) (*process, er
 	cmd.Stdout = log
 	cmd.Stderr = log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := startOnSpawner(cmd); err != nil {
+	// From a thread kept until the child exits: the kernel ties
+	// Pdeathsig to the forking thread, and the runtime ends threads.
+	if err := netns.Start("", cmd); err != nil {
 		log.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
