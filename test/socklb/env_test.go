@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -19,15 +18,11 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 
-func TestMain(m *testing.M) {
-	sandbox.Main()
-	code := m.Run()
-	sandbox.RemoveAgentBinary()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { agent.Main(m) }
 
 const nodeName = "node-a"
 

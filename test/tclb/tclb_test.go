@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -22,14 +21,10 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 )
 
-func TestMain(m *testing.M) {
-	sandbox.Main()
-	code := m.Run()
-	sandbox.RemoveAgentBinary()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { agent.Main(m) }
 
 const (
 	tcpPort = 8080
