@@ -17,12 +17,16 @@ import (
 	"github.com/cilium/ebpf/link"
 	libipvs "github.com/moby/ipvs"
 	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
 
 func TestMain(m *testing.M) { agent.Main(m) }
@@ -85,32 +89,16 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-const manifests = `apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: default}
-spec:
-  type: NodePort
-  clusterIP: %s
-  ports: [{name: http, port: 80, protocol: TCP, targetPort: %d, nodePort: %d}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-1
-  namespace: default
-  labels: {kubernetes.io/service-name: web}
-addressType: IPv4
-ports: [{name: http, port: %d, protocol: TCP}]
-endpoints:
-%s`
-
+// writeManifests writes the agent's view of the cluster: web, a NodePort
+// Service served by both pods.
 func (e *env) writeManifests() {
-	var eps strings.Builder
+	var eps []discoveryv1.Endpoint
 	for _, p := range e.pods {
-		fmt.Fprintf(&eps, "  - {addresses: [%s], conditions: {ready: true}, nodeName: %s}\n", p.IP, nodeName)
+		eps = append(eps, builders.Endpoint(p.IP.String(), nodeName))
 	}
-	body := fmt.Sprintf(manifests, clusterIP, tcpPort, nodePort, tcpPort, eps.String())
-	if err := os.WriteFile(filepath.Join(e.manifests, "web.yaml"), []byte(body), 0o644); err != nil {
+	web := builders.Service("default", "web", builders.ClusterIP(clusterIP.String()),
+		builders.Ports(builders.Port("http", 80, v1.ProtocolTCP, intstr.FromInt32(tcpPort))), builders.NodePort(nodePort))
+	if err := builders.WriteManifest(e.manifests, "web.yaml", web, builders.SliceFor(web, eps...)); err != nil {
 		e.t.Fatal(err)
 	}
 }

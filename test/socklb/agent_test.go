@@ -1,9 +1,7 @@
 package socklb_test
 
 import (
-	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,9 +10,13 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
 
 // Where the agent's servers listen inside the node's namespace, when a
@@ -64,38 +66,24 @@ func (e *env) attachedPrograms(t *testing.T) int {
 	return len(res.Programs)
 }
 
-const webManifests = `apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: default}
-spec:
-  clusterIP: 10.96.0.80
-  ports: [{name: http, port: 80, protocol: TCP, targetPort: http}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-1
-  namespace: default
-  labels: {kubernetes.io/service-name: web}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-%s`
-
+// writeManifests writes web, a Service whose named target port the pods
+// serve on 8080, with the pods as its endpoints.
 func writeManifests(t *testing.T, dir string, pods ...*sandbox.Pod) {
 	t.Helper()
-	var eps strings.Builder
+	web := builders.Service("default", "web", builders.ClusterIP("10.96.0.80"),
+		builders.Ports(builders.Port("http", 80, v1.ProtocolTCP, intstr.FromString("http"))))
+	if err := builders.WriteManifest(dir, "web.yaml", web, builders.EndpointSlice("default", "web-1", "web", podEndpoints(pods))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// podEndpoints are ready endpoints for pods, all on the node.
+func podEndpoints(pods []*sandbox.Pod) []discoveryv1.Endpoint {
+	var eps []discoveryv1.Endpoint
 	for _, p := range pods {
-		fmt.Fprintf(&eps, "  - {addresses: [%s], conditions: {ready: true}, nodeName: %s}\n", p.IP, nodeName)
+		eps = append(eps, builders.Endpoint(p.IP.String(), nodeName))
 	}
-	// Written elsewhere and renamed, so the agent never reads half a file.
-	tmp := filepath.Join(dir, ".web.yaml.tmp")
-	if err := os.WriteFile(tmp, []byte(fmt.Sprintf(webManifests, eps.String())), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, "web.yaml")); err != nil {
-		t.Fatal(err)
-	}
+	return eps
 }
 
 func TestAgentRestartKeepsTrafficAndIDs(t *testing.T) {

@@ -2,60 +2,39 @@ package tclb_test
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
 
-// The agent's view of node-a: its Node object, with the address that makes
-// eth0 the device to attach to, and two NodePort Services.
-const agentManifests = `apiVersion: v1
-kind: Node
-metadata: {name: node-a}
-status:
-  addresses: [{type: InternalIP, address: %[1]s}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: remote, namespace: default}
-spec:
-  type: NodePort
-  clusterIP: 10.96.0.80
-  ports: [{name: http, port: 80, protocol: TCP, targetPort: http, nodePort: 30080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: remote-1, namespace: default, labels: {kubernetes.io/service-name: remote}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-  - {addresses: [%[2]s], conditions: {ready: true}, nodeName: node-b}
----
-apiVersion: v1
-kind: Service
-metadata: {name: local, namespace: default}
-spec:
-  type: NodePort
-  clusterIP: 10.96.0.81
-  externalTrafficPolicy: Local
-  ports: [{name: http, port: 80, protocol: TCP, targetPort: http, nodePort: 30081}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: local-1, namespace: default, labels: {kubernetes.io/service-name: local}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-  - {addresses: [%[3]s], conditions: {ready: true}, nodeName: node-a}
-`
+// writeAgentManifests writes the agent's view of node-a: its Node object,
+// with the address that makes eth0 the device to attach to, and two
+// NodePort Services, remote with pod-b on node-b and local
+// (externalTrafficPolicy Local) with pod-a.
+func (e *env) writeAgentManifests(t *testing.T, dir string) {
+	t.Helper()
+	node := builders.Node("node-a", builders.NodeAddresses(v1.NodeAddress{Type: v1.NodeInternalIP, Address: e.nodes[0].IP.String()}))
+	http := builders.Ports(builders.Port("http", 80, v1.ProtocolTCP, intstr.FromString("http")))
+	remote := builders.Service("default", "remote", builders.ClusterIP("10.96.0.80"), http, builders.NodePort(30080))
+	local := builders.Service("default", "local", builders.ClusterIP("10.96.0.81"), http, builders.NodePort(30081), builders.ExternalLocal(0))
+	err := builders.WriteManifest(dir, "node-a.yaml", node,
+		remote, builders.EndpointSlice("default", "remote-1", "remote", []discoveryv1.Endpoint{builders.Endpoint(e.pods["pod-b"].IP.String(), "node-b")}),
+		local, builders.EndpointSlice("default", "local-1", "local", []discoveryv1.Endpoint{builders.Endpoint(e.pods["pod-a"].IP.String(), "node-a")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+}
 
 // startAgent runs the agent in node-a's namespace, with its socket programs
 // on a cgroup of their own (the external client's probes must not pass
@@ -85,10 +64,7 @@ func TestAgent(t *testing.T) {
 			e := newTopology(t)
 			a := e.nodes[0]
 			dir := t.TempDir()
-			manifest := fmt.Sprintf(agentManifests, a.IP, e.pods["pod-b"].IP, e.pods["pod-a"].IP)
-			if err := os.WriteFile(filepath.Join(dir, "node-a.yaml"), []byte(manifest), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			e.writeAgentManifests(t, dir)
 			cg, err := e.sb.AddCgroup("agent")
 			if err != nil {
 				t.Fatal(err)

@@ -33,9 +33,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/interrupt"
-
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
+	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/interrupt"
 )
 
 // Users that every cluster has. AdminUser is in system:masters. The default
