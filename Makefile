@@ -46,9 +46,10 @@ lint: deps
 	$(GO) tool staticcheck ./...
 	$(CLANG_FORMAT) --dry-run -Werror bpf/*.c bpf/lib/*.h bpf/test/*.c
 
-# Fast, unprivileged tests of pure logic.
+# Fast, unprivileged tests of pure logic, and of the test infrastructure
+# (internal/testing), including that no production package imports it.
 unit:
-	$(GO) test ./internal/model/... ./internal/tracker/... ./internal/maps/... ./internal/k8swatch/... ./internal/metrics/... ./internal/healthcheck/... ./internal/proxier/... ./cmd/...
+	$(GO) test ./internal/model/... ./internal/tracker/... ./internal/maps/... ./internal/k8swatch/... ./internal/metrics/... ./internal/healthcheck/... ./internal/proxier/... ./internal/testing/... ./cmd/...
 
 # Every other Go test: the privileged packages run in the kernel matrix, the
 # end-to-end suite (test/e2e) in `make e2e`, one package at a time.
