@@ -9,6 +9,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
@@ -70,5 +71,16 @@ func TestNilOptionsAreSkipped(t *testing.T) {
 	svc := builders.Service("ns", "web", none, builders.ClusterIP("10.96.0.11"))
 	if svc.Spec.ClusterIP != "10.96.0.11" || svc.Spec.ClusterIPs[0] != "10.96.0.11" {
 		t.Errorf("cluster IPs %s %v", svc.Spec.ClusterIP, svc.Spec.ClusterIPs)
+	}
+}
+
+// TestOptionsShareNothing: an option given to several builders leaves each
+// object its own, so that later options change them apart.
+func TestOptionsShareNothing(t *testing.T) {
+	http := builders.Ports(builders.Port("http", 80, v1.ProtocolTCP, intstr.FromString("http")))
+	a := builders.Service("ns", "a", http, builders.NodePort(30080))
+	b := builders.Service("ns", "b", http, builders.NodePort(30081))
+	if a.Spec.Ports[0].NodePort != 30080 || b.Spec.Ports[0].NodePort != 30081 {
+		t.Errorf("node ports %d and %d, want 30080 and 30081", a.Spec.Ports[0].NodePort, b.Spec.Ports[0].NodePort)
 	}
 }

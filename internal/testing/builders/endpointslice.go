@@ -56,9 +56,9 @@ func SliceAnnotations(a map[string]string) SliceOption {
 	return func(es *discoveryv1.EndpointSlice) { es.Annotations = a }
 }
 
-// SlicePorts replaces the slice's ports.
+// SlicePorts replaces the slice's ports with a copy of ports.
 func SlicePorts(ports ...discoveryv1.EndpointPort) SliceOption {
-	return func(es *discoveryv1.EndpointSlice) { es.Ports = ports }
+	return func(es *discoveryv1.EndpointSlice) { es.Ports = append([]discoveryv1.EndpointPort(nil), ports...) }
 }
 
 // Endpoint returns a ready endpoint at ip on node ("" for none); then opts

@@ -39,5 +39,5 @@ func NodeZone(zone string) NodeOption {
 
 // NodeAddresses sets the node's status addresses.
 func NodeAddresses(addrs ...v1.NodeAddress) NodeOption {
-	return func(n *v1.Node) { n.Status.Addresses = addrs }
+	return func(n *v1.Node) { n.Status.Addresses = append([]v1.NodeAddress(nil), addrs...) }
 }

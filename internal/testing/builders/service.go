@@ -50,9 +50,10 @@ func ClusterIP(ip string) ServiceOption {
 	}
 }
 
-// Ports replaces the Service's ports.
+// Ports replaces the Service's ports with a copy of ports, so that one
+// option can serve several Services that later options change apart.
 func Ports(ports ...v1.ServicePort) ServiceOption {
-	return func(s *v1.Service) { s.Spec.Ports = ports }
+	return func(s *v1.Service) { s.Spec.Ports = append([]v1.ServicePort(nil), ports...) }
 }
 
 // AddPort adds a port to the Service's.
@@ -98,12 +99,12 @@ func InternalLocal() ServiceOption {
 
 // ExternalIPs sets spec.externalIPs.
 func ExternalIPs(ips ...string) ServiceOption {
-	return func(s *v1.Service) { s.Spec.ExternalIPs = ips }
+	return func(s *v1.Service) { s.Spec.ExternalIPs = append([]string(nil), ips...) }
 }
 
 // SourceRanges sets spec.loadBalancerSourceRanges.
 func SourceRanges(cidrs ...string) ServiceOption {
-	return func(s *v1.Service) { s.Spec.LoadBalancerSourceRanges = cidrs }
+	return func(s *v1.Service) { s.Spec.LoadBalancerSourceRanges = append([]string(nil), cidrs...) }
 }
 
 // Affinity sets sessionAffinity ClientIP with the timeout in seconds.
