@@ -72,20 +72,8 @@ const (
 
 // waitAnswer waits, bounded, until server answers on dst from c.
 func waitAnswer(ctx context.Context, c *sandbox.Client, dst netip.AddrPort, server string) error {
-	w, err := c.StartWait(ctx, dst, sandbox.WaitOptions{Server: server, Timeout: time.Second, Interval: 5 * time.Millisecond,
+	return c.AwaitServer(ctx, dst, sandbox.WaitOptions{Server: server, Timeout: time.Second, Interval: 5 * time.Millisecond,
 		MaxDuration: waitBound})
-	if err != nil {
-		return err
-	}
-	res, err := w.Result(ctx)
-	if err != nil {
-		return err
-	}
-	if !res.Answered {
-		return fmt.Errorf("%s did not answer on %s within %s: %d attempts, errors %v, other servers %v",
-			server, dst, waitBound, res.Attempts, res.Errors, res.Servers)
-	}
-	return nil
 }
 
 // waitFor polls cond, bounded.

@@ -366,18 +366,7 @@ func setProbe(ctx context.Context, cs kubernetes.Interface, pod *sandbox.Pod) er
 
 // waitServer waits until server answers on the probe Service.
 func waitServer(ctx context.Context, c *sandbox.Client, server string, bound time.Duration) error {
-	w, err := c.StartWait(ctx, probeVIP, sandbox.WaitOptions{Server: server, Timeout: time.Second, Interval: 10 * time.Millisecond, MaxDuration: bound})
-	if err != nil {
-		return err
-	}
-	res, err := w.Result(ctx)
-	if err != nil {
-		return err
-	}
-	if !res.Answered {
-		return fmt.Errorf("no answer from %s within %s: errors %v, others %v", server, bound, res.Errors, res.Servers)
-	}
-	return nil
+	return c.AwaitServer(ctx, probeVIP, sandbox.WaitOptions{Server: server, Timeout: time.Second, Interval: 10 * time.Millisecond, MaxDuration: bound})
 }
 
 func percentile(ds []time.Duration, p int) time.Duration {
