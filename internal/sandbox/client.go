@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -425,6 +426,22 @@ func (l *Loop) Stop() (LoopResult, error) {
 		}
 	}
 	return res, err
+}
+
+// StopUnbroken stops the loop (Stop) and fails t unless every connection
+// was answered; during says when, as in "across the restarts". It logs the
+// loop's summary and returns its result for the test's further checks.
+func (l *Loop) StopUnbroken(t testing.TB, during string) LoopResult {
+	t.Helper()
+	res, err := l.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("loop: %d connections over %v, %d failed, servers %v", res.Attempts, res.Duration, res.Failures, res.Servers)
+	if res.Failures != 0 {
+		t.Errorf("%d of %d connections failed %s: %v", res.Failures, res.Attempts, during, res.Errors)
+	}
+	return res
 }
 
 // Wait is a running wait probe started by StartWait.
