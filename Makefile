@@ -11,7 +11,7 @@ BPF_CFLAGS := -O2 -g -Wall -Werror -nostdinc -Ibpf/include
 
 # Packages whose tests need root and a BPF-capable kernel. They run in the
 # kernel matrix: Debian's 6.1 and 6.12 in QEMU, and this machine's kernel.
-PRIVILEGED_PKGS ?= ./internal/fallback/... ./internal/loader/... ./internal/pktest/... ./internal/sandbox/... ./internal/sockterm/... ./test/modes/... ./test/socklb/... ./test/tclb/... ./test/tcpkt/... ./test/vmtest/...
+PRIVILEGED_PKGS ?= ./internal/fallback/... ./internal/loader/... ./internal/netns/... ./internal/pktest/... ./internal/sandbox/... ./internal/sockterm/... ./test/modes/... ./test/socklb/... ./test/tclb/... ./test/tcpkt/... ./test/vmtest/...
 
 export EBPF_PROXY_CACHE ?= /var/cache/ebpf-proxy
 # Static binaries run unchanged in the VMs; one build cache for everything.
@@ -46,9 +46,10 @@ lint: deps
 	$(GO) tool staticcheck ./...
 	$(CLANG_FORMAT) --dry-run -Werror bpf/*.c bpf/lib/*.h bpf/test/*.c
 
-# Fast, unprivileged tests of pure logic.
+# Fast, unprivileged tests of pure logic, and of the test infrastructure
+# (internal/testing), including that no production package imports it.
 unit:
-	$(GO) test ./internal/model/... ./internal/tracker/... ./internal/maps/... ./internal/k8swatch/... ./internal/metrics/... ./internal/healthcheck/... ./internal/proxier/... ./cmd/...
+	$(GO) test ./internal/model/... ./internal/tracker/... ./internal/maps/... ./internal/k8swatch/... ./internal/metrics/... ./internal/healthcheck/... ./internal/proxier/... ./internal/testing/... ./cmd/...
 
 # Every other Go test: the privileged packages run in the kernel matrix, the
 # end-to-end suite (test/e2e) in `make e2e`, one package at a time.

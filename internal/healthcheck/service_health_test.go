@@ -20,14 +20,13 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/utils/ptr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/healthcheck"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 
@@ -44,29 +43,11 @@ func lbLocal(port int32) func(*v1.Service) {
 	}
 }
 
-func makeService(name string, tweaks ...func(*v1.Service)) *v1.Service {
-	svc := &v1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
-		Spec: v1.ServiceSpec{
-			Type:                  v1.ServiceTypeClusterIP,
-			ClusterIP:             "10.96.0.10",
-			ClusterIPs:            []string{"10.96.0.10"},
-			IPFamilies:            []v1.IPFamily{v1.IPv4Protocol},
-			SessionAffinity:       v1.ServiceAffinityNone,
-			ExternalTrafficPolicy: v1.ServiceExternalTrafficPolicyCluster,
-			Ports:                 []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}},
-		},
-	}
-	for _, t := range tweaks {
-		t(svc)
-	}
-	return svc
-}
-
 // withSecondPort adds port "https" 443 -> 8443.
 func withSecondPort(s *v1.Service) {
-	s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "https", Port: 443, Protocol: v1.ProtocolTCP,
-		TargetPort: intstr.FromInt32(8443), NodePort: 30443})
+	p := builders.Port("https", 443, v1.ProtocolTCP, intstr.FromInt32(8443))
+	p.NodePort = 30443
+	builders.AddPort(p)(s)
 }
 
 type epState int
@@ -84,35 +65,29 @@ type ep struct {
 	state epState
 }
 
+// states maps the table's endpoint states to the builders' options.
+var states = map[epState]builders.EndpointOption{
+	notReadyEp:           builders.NotReady,
+	servingTerminatingEp: builders.Terminating,
+	unsetEp:              func(e *discoveryv1.Endpoint) { e.Conditions = discoveryv1.EndpointConditions{} },
+}
+
+// makeSlice builds the EndpointSlice ns/name of Service svc with the named
+// TCP ports ("https" at 8443, any other at 8080) and the endpoints eps.
 func makeSlice(svc, name string, ports []string, eps ...ep) *discoveryv1.EndpointSlice {
-	es := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name,
-			Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-	}
+	var sp []discoveryv1.EndpointPort
 	for _, p := range ports {
 		num := int32(8080)
 		if p == "https" {
 			num = 8443
 		}
-		es.Ports = append(es.Ports, discoveryv1.EndpointPort{Name: ptr.To(p), Port: ptr.To(num), Protocol: ptr.To(v1.ProtocolTCP)})
+		sp = append(sp, builders.SlicePort(p, num, v1.ProtocolTCP))
 	}
+	var out []discoveryv1.Endpoint
 	for _, e := range eps {
-		d := discoveryv1.Endpoint{Addresses: []string{e.ip}}
-		if e.node != "" {
-			d.NodeName = ptr.To(e.node)
-		}
-		switch e.state {
-		case readyEp:
-			d.Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)}
-		case notReadyEp:
-			d.Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(false), Terminating: ptr.To(false)}
-		case servingTerminatingEp:
-			d.Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}
-		}
-		es.Endpoints = append(es.Endpoints, d)
+		out = append(out, builders.Endpoint(e.ip, e.node, states[e.state]))
 	}
-	return es
+	return builders.EndpointSlice("ns", name, svc, out, builders.SlicePorts(sp...))
 }
 
 // cluster feeds Kubernetes objects through the translator and the change
@@ -175,42 +150,42 @@ func TestLocalEndpointCount(t *testing.T) {
 	}{
 		{
 			name: "two ready endpoints here, one elsewhere: count 2",
-			objs: []any{makeService("web", lbLocal(32000)), makeSlice("web", "web-1", []string{"http"},
+			objs: []any{builders.Service("ns", "web", lbLocal(32000)), makeSlice("web", "web-1", []string{"http"},
 				ep{"10.244.1.1", thisNode, readyEp}, ep{"10.244.1.2", thisNode, readyEp}, ep{"10.244.2.1", "node-b", readyEp})},
 			want: map[model.ServiceName]healthcheck.ServiceHealthStatus{svcName("web"): {Port: 32000, LocalEndpoints: 2}},
 		},
 		{
 			name: "unset conditions count as ready",
-			objs: []any{makeService("web", lbLocal(32000)), makeSlice("web", "web-1", []string{"http"}, ep{"10.244.1.1", thisNode, unsetEp})},
+			objs: []any{builders.Service("ns", "web", lbLocal(32000)), makeSlice("web", "web-1", []string{"http"}, ep{"10.244.1.1", thisNode, unsetEp})},
 			want: map[model.ServiceName]healthcheck.ServiceHealthStatus{svcName("web"): {Port: 32000, LocalEndpoints: 1}},
 		},
 		{
 			name: "only a serving-terminating endpoint here: count 0, the node drains",
-			objs: []any{makeService("web", lbLocal(32000)), makeSlice("web", "web-1", []string{"http"},
+			objs: []any{builders.Service("ns", "web", lbLocal(32000)), makeSlice("web", "web-1", []string{"http"},
 				ep{"10.244.1.1", thisNode, servingTerminatingEp}, ep{"10.244.2.1", "node-b", readyEp})},
 			want: map[model.ServiceName]healthcheck.ServiceHealthStatus{svcName("web"): {Port: 32000, LocalEndpoints: 0}},
 		},
 		{
 			name: "not-ready endpoint and one without a node: count 0",
-			objs: []any{makeService("web", lbLocal(32000)), makeSlice("web", "web-1", []string{"http"},
+			objs: []any{builders.Service("ns", "web", lbLocal(32000)), makeSlice("web", "web-1", []string{"http"},
 				ep{"10.244.1.1", thisNode, notReadyEp}, ep{"10.244.1.9", "", readyEp})},
 			want: map[model.ServiceName]healthcheck.ServiceHealthStatus{svcName("web"): {Port: 32000, LocalEndpoints: 0}},
 		},
 		{
 			name: "no EndpointSlice at all: served with count 0",
-			objs: []any{makeService("web", lbLocal(32000))},
+			objs: []any{builders.Service("ns", "web", lbLocal(32000))},
 			want: map[model.ServiceName]healthcheck.ServiceHealthStatus{svcName("web"): {Port: 32000, LocalEndpoints: 0}},
 		},
 		{
 			name: "two ports: a pod behind both counts once, pods behind one port count too",
-			objs: []any{makeService("web", lbLocal(32000), withSecondPort),
+			objs: []any{builders.Service("ns", "web", lbLocal(32000), withSecondPort),
 				makeSlice("web", "web-1", []string{"http", "https"}, ep{"10.244.1.1", thisNode, readyEp}),
 				makeSlice("web", "web-2", []string{"https"}, ep{"10.244.1.2", thisNode, readyEp}, ep{"10.244.1.1", thisNode, readyEp})},
 			want: map[model.ServiceName]healthcheck.ServiceHealthStatus{svcName("web"): {Port: 32000, LocalEndpoints: 2}},
 		},
 		{
 			name: "externalTrafficPolicy=Cluster LoadBalancer: no health check",
-			objs: []any{makeService("web", lbLocal(32000), func(s *v1.Service) {
+			objs: []any{builders.Service("ns", "web", lbLocal(32000), func(s *v1.Service) {
 				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyCluster
 				s.Spec.HealthCheckNodePort = 0
 			}), makeSlice("web", "web-1", []string{"http"}, ep{"10.244.1.1", thisNode, readyEp})},
@@ -218,7 +193,7 @@ func TestLocalEndpointCount(t *testing.T) {
 		},
 		{
 			name: "NodePort with externalTrafficPolicy=Local: no health check",
-			objs: []any{makeService("web", lbLocal(32000), func(s *v1.Service) {
+			objs: []any{builders.Service("ns", "web", lbLocal(32000), func(s *v1.Service) {
 				s.Spec.Type = v1.ServiceTypeNodePort
 				s.Spec.HealthCheckNodePort = 0
 			}), makeSlice("web", "web-1", []string{"http"}, ep{"10.244.1.1", thisNode, readyEp})},
@@ -226,7 +201,7 @@ func TestLocalEndpointCount(t *testing.T) {
 		},
 		{
 			name: "two Services, each its own port and count",
-			objs: []any{makeService("web", lbLocal(32000)), makeService("api", lbLocal(32001)),
+			objs: []any{builders.Service("ns", "web", lbLocal(32000)), builders.Service("ns", "api", lbLocal(32001)),
 				makeSlice("web", "web-1", []string{"http"}, ep{"10.244.1.1", thisNode, readyEp}),
 				makeSlice("api", "api-1", []string{"http"}, ep{"10.244.2.1", "node-b", readyEp})},
 			want: map[model.ServiceName]healthcheck.ServiceHealthStatus{
@@ -260,17 +235,17 @@ func TestPartialSyncsTrackChanges(t *testing.T) {
 		objs []any
 		want map[model.ServiceName]healthcheck.ServiceHealthStatus
 	}{
-		{"ClusterIP Service: nothing", []any{makeService("web")}, map[model.ServiceName]healthcheck.ServiceHealthStatus{}},
-		{"becomes LoadBalancer Local", []any{makeService("web", lbLocal(32000))}, one(32000, 0)},
+		{"ClusterIP Service: nothing", []any{builders.Service("ns", "web")}, map[model.ServiceName]healthcheck.ServiceHealthStatus{}},
+		{"becomes LoadBalancer Local", []any{builders.Service("ns", "web", lbLocal(32000))}, one(32000, 0)},
 		{"a local ready endpoint", []any{makeSlice("web", "web-1", []string{"http"}, ep{"10.244.1.1", thisNode, readyEp})}, one(32000, 1)},
-		{"another Service changes: web untouched", []any{makeService("api")}, one(32000, 1)},
+		{"another Service changes: web untouched", []any{builders.Service("ns", "api")}, one(32000, 1)},
 		{"second local endpoint in a second slice", []any{makeSlice("web", "web-2", []string{"http"}, ep{"10.244.1.2", thisNode, readyEp})}, one(32000, 2)},
-		{"port changes", []any{makeService("web", lbLocal(32005))}, one(32005, 2)},
-		{"second port added", []any{makeService("web", lbLocal(32005), withSecondPort)}, one(32005, 2)},
-		{"policy Cluster", []any{makeService("web", lbLocal(0), func(s *v1.Service) {
+		{"port changes", []any{builders.Service("ns", "web", lbLocal(32005))}, one(32005, 2)},
+		{"second port added", []any{builders.Service("ns", "web", lbLocal(32005), withSecondPort)}, one(32005, 2)},
+		{"policy Cluster", []any{builders.Service("ns", "web", lbLocal(0), func(s *v1.Service) {
 			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyCluster
 		})}, map[model.ServiceName]healthcheck.ServiceHealthStatus{}},
-		{"back to Local", []any{makeService("web", lbLocal(32006))}, one(32006, 2)},
+		{"back to Local", []any{builders.Service("ns", "web", lbLocal(32006))}, one(32006, 2)},
 		{"Service deleted", []any{deleted("web")}, map[model.ServiceName]healthcheck.ServiceHealthStatus{}},
 	}
 	for _, st := range steps {
@@ -350,7 +325,7 @@ func TestHealthCheckOverHTTP(t *testing.T) {
 	proxier := &fakeProxier{}
 	s := newServer(t, healthcheck.ServiceHealthConfig{Proxier: proxier})
 	c := newCluster(t, loopbackOnly)
-	s.Sync(c.apply(makeService("web", lbLocal(web)), makeService("api", lbLocal(api)),
+	s.Sync(c.apply(builders.Service("ns", "web", lbLocal(web)), builders.Service("ns", "api", lbLocal(api)),
 		makeSlice("web", "web-1", []string{"http"}, ep{"10.244.1.1", thisNode, readyEp}, ep{"10.244.1.2", thisNode, readyEp},
 			ep{"10.244.2.1", "node-b", readyEp}),
 		makeSlice("api", "api-1", []string{"http"}, ep{"10.244.1.3", thisNode, servingTerminatingEp})))
@@ -392,7 +367,7 @@ func TestHealthCheckOverHTTP(t *testing.T) {
 	})
 	t.Run("port changed: old closed, new served", func(t *testing.T) {
 		moved := freePorts(t, 1)[0]
-		s.Sync(c.apply(makeService("web", lbLocal(moved))))
+		s.Sync(c.apply(builders.Service("ns", "web", lbLocal(moved))))
 		if r := get(web, "/"); !errors.Is(r.err, syscall.ECONNREFUSED) {
 			t.Errorf("GET on the old port: %+v, want connection refused", r)
 		}
@@ -429,7 +404,7 @@ func TestPortTakenBySomeoneElse(t *testing.T) {
 		},
 	})
 	c := newCluster(t, loopbackOnly)
-	s.Sync(c.apply(makeService("blocked", lbLocal(taken)), makeService("web", lbLocal(free)),
+	s.Sync(c.apply(builders.Service("ns", "blocked", lbLocal(taken)), builders.Service("ns", "web", lbLocal(free)),
 		makeSlice("web", "web-1", []string{"http"}, ep{"10.244.1.1", thisNode, readyEp}),
 		makeSlice("blocked", "blocked-1", []string{"http"}, ep{"10.244.1.2", thisNode, readyEp})))
 
@@ -459,7 +434,7 @@ func TestPortTakenBySomeoneElse(t *testing.T) {
 
 	// Every sync retries, even one that changes nothing for this Service;
 	// the error is logged once, not on every retry.
-	s.Sync(c.apply(makeService("other")))
+	s.Sync(c.apply(builders.Service("ns", "other")))
 	if got := testutil.ToFloat64(m.HealthCheckListenFailuresTotal); got != 2 {
 		t.Errorf("listen failures after a retry = %v, want 2", got)
 	}
@@ -468,7 +443,7 @@ func TestPortTakenBySomeoneElse(t *testing.T) {
 	}
 
 	squatter.Close()
-	s.Sync(c.apply(makeService("other2")))
+	s.Sync(c.apply(builders.Service("ns", "other2")))
 	if r := get(taken, "/"); r.err != nil || r.status != 200 || r.body != upstreamBody("blocked", 1, true) {
 		t.Errorf("after the port was freed: %+v, want 200 for blocked", r)
 	}
@@ -484,7 +459,7 @@ func TestListenAddressesFollowTheNode(t *testing.T) {
 	s := newServer(t, healthcheck.ServiceHealthConfig{})
 	c := newCluster(t, loopbackOnly)
 	c.tr.SetLocalAddrs([]netip.Addr{})
-	s.Sync(c.apply(makeService("web", lbLocal(port))))
+	s.Sync(c.apply(builders.Service("ns", "web", lbLocal(port))))
 	if r := get(port, "/"); !errors.Is(r.err, syscall.ECONNREFUSED) {
 		t.Fatalf("no address in --nodeport-addresses yet: GET = %+v, want connection refused", r)
 	}
@@ -493,7 +468,7 @@ func TestListenAddressesFollowTheNode(t *testing.T) {
 	if r := get(port, "/"); r.err != nil || r.status != 503 {
 		t.Errorf("after the node gains 127.0.0.1: GET = %+v, want 503", r)
 	}
-	s.Sync(c.apply(makeService("api")))
+	s.Sync(c.apply(builders.Service("ns", "api")))
 	if r := get(port, "/"); r.err != nil || r.status != 503 {
 		t.Errorf("after another Service changed: GET = %+v, want 503", r)
 	}

@@ -18,6 +18,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 
@@ -94,21 +95,21 @@ func hasService(name string) func(*model.State) bool {
 // Nodes.
 func clusterObjects() []runtime.Object {
 	return []runtime.Object{
-		makeService("ns", "web", nil),
-		makeEndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{endpoint("10.244.1.1", "node-a", nil)}, nil),
-		makeService("ns", "other", func(s *v1.Service) {
+		builders.Service("ns", "web"),
+		builders.EndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.1", "node-a")}),
+		builders.Service("ns", "other", func(s *v1.Service) {
 			s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.11", []string{"10.96.0.11"}
 			s.Labels = map[string]string{LabelServiceProxyName: "other-proxy"}
 		}),
-		makeEndpointSlice("ns", "other-1", "other", []discoveryv1.Endpoint{endpoint("10.244.1.2", "node-a", nil)},
+		builders.EndpointSlice("ns", "other-1", "other", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.2", "node-a")},
 			func(es *discoveryv1.EndpointSlice) { es.Labels[LabelServiceProxyName] = "other-proxy" }),
-		makeService("ns", "headless", func(s *v1.Service) {
+		builders.Service("ns", "headless", func(s *v1.Service) {
 			s.Spec.ClusterIP, s.Spec.ClusterIPs = v1.ClusterIPNone, []string{v1.ClusterIPNone}
 		}),
-		makeEndpointSlice("ns", "headless-1", "headless", []discoveryv1.Endpoint{endpoint("10.244.1.3", "node-a", nil)},
+		builders.EndpointSlice("ns", "headless-1", "headless", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.3", "node-a")},
 			func(es *discoveryv1.EndpointSlice) { es.Labels[LabelHeadless] = "" }),
-		makeNode("node-a", "zone-a", v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.77.10"}),
-		makeNode("node-b", "zone-b", v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.77.11"}),
+		builders.Node("node-a", builders.NodeZone("zone-a"), builders.NodeAddresses(v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.77.10"})),
+		builders.Node("node-b", builders.NodeZone("zone-b"), builders.NodeAddresses(v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.77.11"})),
 	}
 }
 
@@ -179,13 +180,13 @@ func TestWatch(t *testing.T) {
 		{
 			name: "a new Service and its slice appear",
 			do: func() error {
-				if _, err := client.CoreV1().Services("ns").Create(ctx, makeService("ns", "api", func(s *v1.Service) {
+				if _, err := client.CoreV1().Services("ns").Create(ctx, builders.Service("ns", "api", func(s *v1.Service) {
 					s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.12", []string{"10.96.0.12"}
 				}), metav1.CreateOptions{}); err != nil {
 					return err
 				}
-				_, err := client.DiscoveryV1().EndpointSlices("ns").Create(ctx, makeEndpointSlice("ns", "api-1", "api",
-					[]discoveryv1.Endpoint{endpoint("10.244.2.1", "node-b", nil)}, nil), metav1.CreateOptions{})
+				_, err := client.DiscoveryV1().EndpointSlices("ns").Create(ctx, builders.EndpointSlice("ns", "api-1", "api",
+					[]discoveryv1.Endpoint{builders.Endpoint("10.244.2.1", "node-b")}), metav1.CreateOptions{})
 				return err
 			},
 			until: func(st *model.State) bool {
@@ -212,7 +213,7 @@ func TestWatch(t *testing.T) {
 				}
 				// Events of one informer arrive in order: once this marker
 				// is seen, the update before it has been handled.
-				_, err = client.CoreV1().Services("ns").Create(ctx, makeService("ns", "marker", func(s *v1.Service) {
+				_, err = client.CoreV1().Services("ns").Create(ctx, builders.Service("ns", "marker", func(s *v1.Service) {
 					s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.13", []string{"10.96.0.13"}
 				}), metav1.CreateOptions{})
 				return err

@@ -6,6 +6,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 
@@ -18,11 +19,11 @@ func TestSliceInformerKeepsOnlyTheTranslation(t *testing.T) {
 	var r reports
 	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 	h := &handlers{tr: tr, nodeName: "node-a", tl: Translator{Invalid: r.fn}}
-	h.addNode(makeNode("node-a", "zone-a"))
-	h.addService(makeService("ns", "web", nil))
+	h.addNode(builders.Node("node-a", builders.NodeZone("zone-a")))
+	h.addService(builders.Service("ns", "web"))
 
 	version := func(rv string, badPort bool) *discoveryv1.EndpointSlice {
-		return makeEndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{endpoint("10.244.1.1", "node-a", nil)},
+		return builders.EndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.1", "node-a")},
 			func(es *discoveryv1.EndpointSlice) {
 				es.ResourceVersion = rv
 				if badPort {

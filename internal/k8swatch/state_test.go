@@ -9,6 +9,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 
@@ -16,7 +17,7 @@ import (
 // tracker and checks the State a dataplane would be given: endpoints
 // merged, deduplicated and selected for node-a in zone-a.
 func TestState(t *testing.T) {
-	nodeA := makeNode("node-a", "zone-a", v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.77.10"})
+	nodeA := builders.Node("node-a", builders.NodeZone("zone-a"), builders.NodeAddresses(v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.77.10"}))
 	tests := []struct {
 		name    string
 		objects []runtime.Object
@@ -26,9 +27,9 @@ func TestState(t *testing.T) {
 		{
 			name: "several EndpointSlices of one Service are merged",
 			objects: []runtime.Object{
-				makeService("ns", "web", nil),
-				makeEndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{endpoint("10.244.1.1", "node-a", nil)}, nil),
-				makeEndpointSlice("ns", "web-2", "web", []discoveryv1.Endpoint{endpoint("10.244.2.1", "node-b", nil)}, nil),
+				builders.Service("ns", "web"),
+				builders.EndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.1", "node-a")}),
+				builders.EndpointSlice("ns", "web-2", "web", []discoveryv1.Endpoint{builders.Endpoint("10.244.2.1", "node-b")}),
 			},
 			want: []string{
 				"ns/web:http/TCP 10.96.0.10:80 eps=[10.244.1.1:8080 @node-a 10.244.2.1:8080 @node-b] internal=FORWARD[10.244.1.1:8080 @node-a 10.244.2.1:8080 @node-b]",
@@ -37,9 +38,9 @@ func TestState(t *testing.T) {
 		{
 			name: "an endpoint in two slices is kept once, the non-terminating copy",
 			objects: []runtime.Object{
-				makeService("ns", "web", nil),
-				makeEndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{endpoint("10.244.1.1", "node-a", terminating)}, nil),
-				makeEndpointSlice("ns", "web-2", "web", []discoveryv1.Endpoint{endpoint("10.244.1.1", "node-a", nil)}, nil),
+				builders.Service("ns", "web"),
+				builders.EndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.1", "node-a", builders.Terminating)}),
+				builders.EndpointSlice("ns", "web-2", "web", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.1", "node-a")}),
 			},
 			want: []string{
 				"ns/web:http/TCP 10.96.0.10:80 eps=[10.244.1.1:8080 @node-a] internal=FORWARD[10.244.1.1:8080 @node-a]",
@@ -48,12 +49,12 @@ func TestState(t *testing.T) {
 		{
 			name: "named target ports are resolved through the slice's port names",
 			objects: []runtime.Object{
-				makeService("ns", "web", func(s *v1.Service) {
+				builders.Service("ns", "web", func(s *v1.Service) {
 					s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "metrics", Port: 9090, Protocol: v1.ProtocolTCP})
 				}),
-				makeEndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{endpoint("10.244.1.1", "node-a", nil)},
+				builders.EndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.1", "node-a")},
 					func(es *discoveryv1.EndpointSlice) {
-						es.Ports = []discoveryv1.EndpointPort{slicePort("metrics", 9100, v1.ProtocolTCP), slicePort("http", 8080, v1.ProtocolTCP)}
+						es.Ports = []discoveryv1.EndpointPort{builders.SlicePort("metrics", 9100, v1.ProtocolTCP), builders.SlicePort("http", 8080, v1.ProtocolTCP)}
 					}),
 			},
 			want: []string{
@@ -64,15 +65,15 @@ func TestState(t *testing.T) {
 		{
 			name: "TCP and UDP on the same port get their own endpoints",
 			objects: []runtime.Object{
-				makeService("kube-system", "dns", func(s *v1.Service) {
+				builders.Service("kube-system", "dns", func(s *v1.Service) {
 					s.Spec.Ports = []v1.ServicePort{
 						{Name: "dns", Port: 53, Protocol: v1.ProtocolUDP},
 						{Name: "dns-tcp", Port: 53, Protocol: v1.ProtocolTCP},
 					}
 				}),
-				makeEndpointSlice("kube-system", "dns-1", "dns", []discoveryv1.Endpoint{endpoint("10.244.1.53", "node-a", nil)},
+				builders.EndpointSlice("kube-system", "dns-1", "dns", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.53", "node-a")},
 					func(es *discoveryv1.EndpointSlice) {
-						es.Ports = []discoveryv1.EndpointPort{slicePort("dns", 5353, v1.ProtocolUDP), slicePort("dns-tcp", 5354, v1.ProtocolTCP)}
+						es.Ports = []discoveryv1.EndpointPort{builders.SlicePort("dns", 5353, v1.ProtocolUDP), builders.SlicePort("dns-tcp", 5354, v1.ProtocolTCP)}
 					}),
 			},
 			want: []string{
@@ -83,10 +84,10 @@ func TestState(t *testing.T) {
 		{
 			name: "a slice port of the right name but the other protocol does not match",
 			objects: []runtime.Object{
-				makeService("ns", "web", nil),
-				makeEndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{endpoint("10.244.1.1", "node-a", nil)},
+				builders.Service("ns", "web"),
+				builders.EndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.1", "node-a")},
 					func(es *discoveryv1.EndpointSlice) {
-						es.Ports = []discoveryv1.EndpointPort{slicePort("http", 8080, v1.ProtocolUDP)}
+						es.Ports = []discoveryv1.EndpointPort{builders.SlicePort("http", 8080, v1.ProtocolUDP)}
 					}),
 			},
 			want: []string{"ns/web:http/TCP 10.96.0.10:80 eps=[] internal=REJECT[]"},
@@ -94,21 +95,21 @@ func TestState(t *testing.T) {
 		{
 			name: "headless and ExternalName Services are not proxied, their slices change nothing",
 			objects: []runtime.Object{
-				makeService("ns", "headless", func(s *v1.Service) {
+				builders.Service("ns", "headless", func(s *v1.Service) {
 					s.Spec.ClusterIP, s.Spec.ClusterIPs = v1.ClusterIPNone, []string{v1.ClusterIPNone}
 				}),
-				makeEndpointSlice("ns", "headless-1", "headless", []discoveryv1.Endpoint{endpoint("10.244.1.1", "node-a", nil)}, nil),
-				makeService("ns", "ext", func(s *v1.Service) { s.Spec.Type, s.Spec.ExternalName = v1.ServiceTypeExternalName, "example.com" }),
+				builders.EndpointSlice("ns", "headless-1", "headless", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.1", "node-a")}),
+				builders.Service("ns", "ext", func(s *v1.Service) { s.Spec.Type, s.Spec.ExternalName = v1.ServiceTypeExternalName, "example.com" }),
 			},
 		},
 		{
 			name: "objects labelled for another proxy or as headless are ignored",
 			objects: []runtime.Object{
-				makeService("ns", "other", func(s *v1.Service) { s.Labels = map[string]string{LabelServiceProxyName: "other-proxy"} }),
-				makeEndpointSlice("ns", "other-1", "other", []discoveryv1.Endpoint{endpoint("10.244.1.1", "node-a", nil)},
+				builders.Service("ns", "other", func(s *v1.Service) { s.Labels = map[string]string{LabelServiceProxyName: "other-proxy"} }),
+				builders.EndpointSlice("ns", "other-1", "other", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.1", "node-a")},
 					func(es *discoveryv1.EndpointSlice) { es.Labels[LabelServiceProxyName] = "other-proxy" }),
-				makeService("ns", "web", nil),
-				makeEndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{endpoint("10.244.1.2", "node-a", nil)},
+				builders.Service("ns", "web"),
+				builders.EndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.2", "node-a")},
 					func(es *discoveryv1.EndpointSlice) { es.Labels[LabelHeadless] = "" }),
 			},
 			want: []string{"ns/web:http/TCP 10.96.0.10:80 eps=[] internal=REJECT[]"},
@@ -116,8 +117,8 @@ func TestState(t *testing.T) {
 		{
 			name: "a slice without the service-name label is reported and ignored",
 			objects: []runtime.Object{
-				makeService("ns", "web", nil),
-				makeEndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{endpoint("10.244.1.1", "node-a", nil)},
+				builders.Service("ns", "web"),
+				builders.EndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.1", "node-a")},
 					func(es *discoveryv1.EndpointSlice) { delete(es.Labels, discoveryv1.LabelServiceName) }),
 			},
 			want:    []string{"ns/web:http/TCP 10.96.0.10:80 eps=[] internal=REJECT[]"},
@@ -126,14 +127,14 @@ func TestState(t *testing.T) {
 		{
 			name: "only terminating endpoints: the serving ones are used",
 			objects: []runtime.Object{
-				makeService("ns", "web", nil),
-				makeEndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{
-					endpoint("10.244.1.1", "node-a", terminating),
-					endpoint("10.244.2.1", "node-b", func(ep *discoveryv1.Endpoint) {
-						terminating(ep)
+				builders.Service("ns", "web"),
+				builders.EndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{
+					builders.Endpoint("10.244.1.1", "node-a", builders.Terminating),
+					builders.Endpoint("10.244.2.1", "node-b", func(ep *discoveryv1.Endpoint) {
+						builders.Terminating(ep)
 						ep.Conditions.Serving = ptr.To(false)
 					}),
-				}, nil),
+				}),
 			},
 			want: []string{
 				"ns/web:http/TCP 10.96.0.10:80 eps=[10.244.1.1:8080 serving-terminating @node-a 10.244.2.1:8080 terminating @node-b] " +
@@ -143,39 +144,39 @@ func TestState(t *testing.T) {
 		{
 			name: "publishNotReadyAddresses is not consulted: a not-ready endpoint stays unused",
 			objects: []runtime.Object{
-				makeService("ns", "web", func(s *v1.Service) { s.Spec.PublishNotReadyAddresses = true }),
-				makeEndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{
-					endpoint("10.244.1.1", "node-a", func(ep *discoveryv1.Endpoint) {
+				builders.Service("ns", "web", func(s *v1.Service) { s.Spec.PublishNotReadyAddresses = true }),
+				builders.EndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{
+					builders.Endpoint("10.244.1.1", "node-a", func(ep *discoveryv1.Endpoint) {
 						ep.Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(false)}
 					}),
-				}, nil),
+				}),
 			},
 			want: []string{"ns/web:http/TCP 10.96.0.10:80 eps=[10.244.1.1:8080 not-ready @node-a] internal=REJECT[]"},
 		},
 		{
 			name: "internalTrafficPolicy Local with endpoints only on other nodes drops",
 			objects: []runtime.Object{
-				makeService("ns", "web", func(s *v1.Service) {
+				builders.Service("ns", "web", func(s *v1.Service) {
 					s.Spec.InternalTrafficPolicy = ptr.To(v1.ServiceInternalTrafficPolicyLocal)
 				}),
-				makeEndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{endpoint("10.244.2.1", "node-b", nil)}, nil),
+				builders.EndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{builders.Endpoint("10.244.2.1", "node-b")}),
 			},
 			want: []string{"ns/web:http/TCP 10.96.0.10:80 eps=[10.244.2.1:8080 @node-b] internal=DROP[]"},
 		},
 		{
 			name: "zone hints are followed for the Node's zone",
 			objects: []runtime.Object{
-				makeService("ns", "web", func(s *v1.Service) {
+				builders.Service("ns", "web", func(s *v1.Service) {
 					s.Spec.TrafficDistribution = ptr.To(v1.ServiceTrafficDistributionPreferClose)
 				}),
-				makeEndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{
-					endpoint("10.244.1.1", "node-a", func(ep *discoveryv1.Endpoint) {
+				builders.EndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{
+					builders.Endpoint("10.244.1.1", "node-a", func(ep *discoveryv1.Endpoint) {
 						ep.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}}
 					}),
-					endpoint("10.244.2.1", "node-b", func(ep *discoveryv1.Endpoint) {
+					builders.Endpoint("10.244.2.1", "node-b", func(ep *discoveryv1.Endpoint) {
 						ep.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-b"}}}
 					}),
-				}, nil),
+				}),
 			},
 			want: []string{"ns/web:http/TCP 10.96.0.10:80 eps=[10.244.1.1:8080 @node-a 10.244.2.1:8080 @node-b] internal=FORWARD[10.244.1.1:8080 @node-a]"},
 		},
@@ -207,9 +208,9 @@ func TestState(t *testing.T) {
 // changes that matter do, no-op updates do not, and tombstones are
 // understood.
 func TestHandlerUpdates(t *testing.T) {
-	web := makeService("ns", "web", nil)
+	web := builders.Service("ns", "web")
 	web.ResourceVersion = "1"
-	slice := makeEndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{endpoint("10.244.1.1", "node-a", nil)}, nil)
+	slice := builders.EndpointSlice("ns", "web-1", "web", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.1", "node-a")})
 	slice.ResourceVersion = "1"
 
 	type step struct {
@@ -251,7 +252,7 @@ func TestHandlerUpdates(t *testing.T) {
 			do: func(h *handlers) {
 				s2 := slice.DeepCopy()
 				s2.ResourceVersion = "3"
-				terminating(&s2.Endpoints[0])
+				builders.Terminating(&s2.Endpoints[0])
 				h.updateSlice(slice, s2)
 			},
 			changed: []model.ServicePortName{webHTTP},
@@ -261,7 +262,7 @@ func TestHandlerUpdates(t *testing.T) {
 			name: "a slice moved to another Service leaves the first one",
 			do: func(h *handlers) {
 				s2 := slice.DeepCopy()
-				terminating(&s2.Endpoints[0])
+				builders.Terminating(&s2.Endpoints[0])
 				s2.ResourceVersion = "3"
 				s3 := s2.DeepCopy()
 				s3.ResourceVersion = "4"

@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
 
 // bulkyMeta is metadata as a real cluster fills it in: managed fields and a
@@ -46,7 +48,7 @@ func TestStrip(t *testing.T) {
 	}{
 		{
 			name: "Service",
-			obj: makeService("ns", "web", func(s *v1.Service) {
+			obj: builders.Service("ns", "web", func(s *v1.Service) {
 				bulkyMeta(&s.ObjectMeta)
 				s.Annotations[AnnotationLBAlgorithm] = "maglev"
 				s.Spec.Type = v1.ServiceTypeLoadBalancer
@@ -81,7 +83,7 @@ func TestStrip(t *testing.T) {
 		{
 			name: "Node",
 			obj: func() runtime.Object {
-				n := makeNode("node-a", "zone-a", v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.77.10"})
+				n := builders.Node("node-a", builders.NodeZone("zone-a"), builders.NodeAddresses(v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.77.10"}))
 				bulkyMeta(&n.ObjectMeta)
 				n.Spec.PodCIDRs = []string{"10.244.1.0/24"}
 				n.Status.Images = []v1.ContainerImage{{Names: []string{strings.Repeat("i", 1000)}}}
@@ -136,7 +138,7 @@ func TestStrip(t *testing.T) {
 	}
 
 	t.Run("other objects and tombstones pass untouched", func(t *testing.T) {
-		svc := makeService("ns", "web", func(s *v1.Service) { bulkyMeta(&s.ObjectMeta) })
+		svc := builders.Service("ns", "web", func(s *v1.Service) { bulkyMeta(&s.ObjectMeta) })
 		pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}}
 		bulkyMeta(&pod.ObjectMeta)
 		for _, want := range []any{cacheTombstone("ns/web", svc), pod} {

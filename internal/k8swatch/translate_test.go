@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
 
 // wantPort is the translation of makeService's default port, changed by mod.
@@ -49,30 +50,30 @@ func TestServicePorts(t *testing.T) {
 	}{
 		{
 			name: "ClusterIP Service with one TCP port",
-			svc:  makeService("ns", "svc", nil),
+			svc:  builders.Service("ns", "svc"),
 			want: []*model.ServicePort{wantPort(nil)},
 		},
 		{
 			name: "headless Service (clusterIP None) is skipped",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.ClusterIP, s.Spec.ClusterIPs = v1.ClusterIPNone, []string{v1.ClusterIPNone}
 			}),
 		},
 		{
 			name: "Service without cluster IP is skipped",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.ClusterIP, s.Spec.ClusterIPs, s.Spec.IPFamilies = "", nil, nil
 			}),
 		},
 		{
 			name: "ExternalName Service is skipped even with a cluster IP",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.Type, s.Spec.ExternalName = v1.ServiceTypeExternalName, "example.com"
 			}),
 		},
 		{
 			name: "dual-stack IPv6-primary Service: the IPv4 cluster IP is taken from clusterIPs by ipFamilies",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.ClusterIP = "fd00:96::10"
 				s.Spec.ClusterIPs = []string{"fd00:96::10", "10.96.0.20"}
 				s.Spec.IPFamilies = []v1.IPFamily{v1.IPv6Protocol, v1.IPv4Protocol}
@@ -82,7 +83,7 @@ func TestServicePorts(t *testing.T) {
 		{
 			name:   "the family is a parameter: the IPv6 translator takes the IPv6 cluster IP",
 			family: v1.IPv6Protocol,
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00:96::10"}
 				s.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
 				s.Spec.ExternalIPs = []string{"198.19.0.1", "2001:db8::1"}
@@ -94,41 +95,41 @@ func TestServicePorts(t *testing.T) {
 		},
 		{
 			name: "IPv6-only Service is invisible to the IPv4 translator",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00:96::10", []string{"fd00:96::10"}
 				s.Spec.IPFamilies = []v1.IPFamily{v1.IPv6Protocol}
 			}),
 		},
 		{
 			name: "without ipFamilies (legacy object or manifest) spec.clusterIP is used",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.ClusterIPs, s.Spec.IPFamilies = nil, nil
 			}),
 			want: []*model.ServicePort{wantPort(nil)},
 		},
 		{
 			name: "without ipFamilies an IPv6 spec.clusterIP is not ours",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.ClusterIP, s.Spec.ClusterIPs, s.Spec.IPFamilies = "fd00:96::10", nil, nil
 			}),
 		},
 		{
 			name: "invalid cluster IP is reported and the Service skipped",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.ClusterIP, s.Spec.ClusterIPs, s.Spec.IPFamilies = "10.96.0.999", nil, nil
 			}),
 			reports: []string{`Service ns/svc: invalid cluster IP: "10.96.0.999"`},
 		},
 		{
 			name: "legacy cluster IP with leading zeros is read as decimal, as Kubernetes does",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.ClusterIP, s.Spec.ClusterIPs = "010.096.000.010", []string{"010.096.000.010"}
 			}),
 			want: []*model.ServicePort{wantPort(nil)},
 		},
 		{
 			name: "externalIPs are filtered to the family; invalid ones reported, empty ones ignored",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.ExternalIPs = []string{"198.19.0.1", "2001:db8::1", "not-an-ip", "", "198.19.0.2"}
 			}),
 			want:    []*model.ServicePort{wantPort(func(sp *model.ServicePort) { sp.ExternalIPs = addrs("198.19.0.1", "198.19.0.2") })},
@@ -136,7 +137,7 @@ func TestServicePorts(t *testing.T) {
 		},
 		{
 			name: "LoadBalancer ingress: VIP and unset ipMode kept, Proxy mode, hostnames and IPv6 ignored",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.Type = v1.ServiceTypeLoadBalancer
 				s.Spec.Ports[0].NodePort = 30080
 				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyCluster
@@ -155,7 +156,7 @@ func TestServicePorts(t *testing.T) {
 		},
 		{
 			name: "source ranges: whitespace trimmed, host bits masked, other family dropped, invalid reported",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.Type = v1.ServiceTypeLoadBalancer
 				s.Spec.LoadBalancerSourceRanges = []string{" 198.18.0.0/24 ", "10.1.2.3/8\t", "2001:db8::/32", "bogus"}
 			}),
@@ -166,7 +167,7 @@ func TestServicePorts(t *testing.T) {
 		},
 		{
 			name: "a zero-length source range allows everyone, like no ranges",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.Type = v1.ServiceTypeLoadBalancer
 				s.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/24", "0.0.0.0/0"}
 			}),
@@ -174,7 +175,7 @@ func TestServicePorts(t *testing.T) {
 		},
 		{
 			name: "LoadBalancer with externalTrafficPolicy Local has a health check node port",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.Type = v1.ServiceTypeLoadBalancer
 				s.Spec.Ports[0].NodePort = 30080
 				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
@@ -186,7 +187,7 @@ func TestServicePorts(t *testing.T) {
 		},
 		{
 			name: "LoadBalancer with externalTrafficPolicy Cluster has none",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.Type = v1.ServiceTypeLoadBalancer
 				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyCluster
 				s.Spec.HealthCheckNodePort = 32000
@@ -195,7 +196,7 @@ func TestServicePorts(t *testing.T) {
 		},
 		{
 			name: "NodePort with externalTrafficPolicy Local is external Local without health check port",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.Type = v1.ServiceTypeNodePort
 				s.Spec.Ports[0].NodePort = 30080
 				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
@@ -207,7 +208,7 @@ func TestServicePorts(t *testing.T) {
 		},
 		{
 			name: "LoadBalancer Local without a health check node port is reported",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.Type = v1.ServiceTypeLoadBalancer
 				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 			}),
@@ -216,14 +217,14 @@ func TestServicePorts(t *testing.T) {
 		},
 		{
 			name: "externalTrafficPolicy Local on a ClusterIP Service without external IPs means nothing",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 			}),
 			want: []*model.ServicePort{wantPort(nil)},
 		},
 		{
 			name: "externalTrafficPolicy Local applies to external IPs, also with the type left out (manifest)",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.Type = ""
 				s.Spec.ExternalIPs = []string{"198.19.0.1"}
 				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
@@ -234,26 +235,26 @@ func TestServicePorts(t *testing.T) {
 		},
 		{
 			name: "internalTrafficPolicy Local",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.InternalTrafficPolicy = ptr.To(v1.ServiceInternalTrafficPolicyLocal)
 			}),
 			want: []*model.ServicePort{wantPort(func(sp *model.ServicePort) { sp.InternalPolicy = model.PolicyLocal })},
 		},
 		{
 			name: "internalTrafficPolicy Cluster",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.InternalTrafficPolicy = ptr.To(v1.ServiceInternalTrafficPolicyCluster)
 			}),
 			want: []*model.ServicePort{wantPort(nil)},
 		},
 		{
 			name: "ClientIP affinity without a timeout gets the API default of 3 hours",
-			svc:  makeService("ns", "svc", func(s *v1.Service) { s.Spec.SessionAffinity = v1.ServiceAffinityClientIP }),
+			svc:  builders.Service("ns", "svc", func(s *v1.Service) { s.Spec.SessionAffinity = v1.ServiceAffinityClientIP }),
 			want: []*model.ServicePort{wantPort(func(sp *model.ServicePort) { sp.AffinityTimeout = 3 * time.Hour })},
 		},
 		{
 			name: "ClientIP affinity with a timeout",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
 				s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](600)}}
 			}),
@@ -261,7 +262,7 @@ func TestServicePorts(t *testing.T) {
 		},
 		{
 			name: "ClientIP affinity timeout above one day is clamped and reported",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
 				s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](100000)}}
 			}),
@@ -270,7 +271,7 @@ func TestServicePorts(t *testing.T) {
 		},
 		{
 			name: "ClientIP affinity timeout of zero is reported and defaulted",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
 				s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](0)}}
 			}),
@@ -279,38 +280,38 @@ func TestServicePorts(t *testing.T) {
 		},
 		{
 			name: "the lb-algorithm annotation chooses Maglev",
-			svc:  makeService("ns", "svc", func(s *v1.Service) { s.Annotations = map[string]string{AnnotationLBAlgorithm: "maglev"} }),
+			svc:  builders.Service("ns", "svc", func(s *v1.Service) { s.Annotations = map[string]string{AnnotationLBAlgorithm: "maglev"} }),
 			want: []*model.ServicePort{wantPort(func(sp *model.ServicePort) { sp.LBAlgorithm = model.LBMaglev })},
 		},
 		{
 			name: "the translator's default applies without the annotation",
 			lb:   model.LBMaglev,
-			svc:  makeService("ns", "svc", nil),
+			svc:  builders.Service("ns", "svc"),
 			want: []*model.ServicePort{wantPort(func(sp *model.ServicePort) { sp.LBAlgorithm = model.LBMaglev })},
 		},
 		{
 			name: "the annotation overrides the default",
 			lb:   model.LBMaglev,
-			svc:  makeService("ns", "svc", func(s *v1.Service) { s.Annotations = map[string]string{AnnotationLBAlgorithm: "random"} }),
+			svc:  builders.Service("ns", "svc", func(s *v1.Service) { s.Annotations = map[string]string{AnnotationLBAlgorithm: "random"} }),
 			want: []*model.ServicePort{wantPort(nil)},
 		},
 		{
 			name:    "an unknown algorithm is reported and the default used",
 			lb:      model.LBMaglev,
-			svc:     makeService("ns", "svc", func(s *v1.Service) { s.Annotations = map[string]string{AnnotationLBAlgorithm: "roundrobin"} }),
+			svc:     builders.Service("ns", "svc", func(s *v1.Service) { s.Annotations = map[string]string{AnnotationLBAlgorithm: "roundrobin"} }),
 			want:    []*model.ServicePort{wantPort(func(sp *model.ServicePort) { sp.LBAlgorithm = model.LBMaglev })},
 			reports: []string{`invalid annotation ebpf-proxy/lb-algorithm: unknown load-balancing algorithm "roundrobin"`},
 		},
 		{
 			name: "trafficDistribution is carried",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.TrafficDistribution = ptr.To(v1.ServiceTrafficDistributionPreferClose)
 			}),
 			want: []*model.ServicePort{wantPort(func(sp *model.ServicePort) { sp.TrafficDistribution = model.TrafficDistributionPreferClose })},
 		},
 		{
 			name: "TCP and UDP on the same port number are two ServicePorts",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.Ports = []v1.ServicePort{
 					{Name: "dns", Port: 53, Protocol: v1.ProtocolUDP},
 					{Name: "dns-tcp", Port: 53, Protocol: v1.ProtocolTCP},
@@ -323,14 +324,14 @@ func TestServicePorts(t *testing.T) {
 		},
 		{
 			name: "an unnamed port defaults to TCP when the protocol is left out",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.Ports = []v1.ServicePort{{Port: 80}}
 			}),
 			want: []*model.ServicePort{wantPort(func(sp *model.ServicePort) { sp.Name = spn("ns", "svc", "", model.TCP) })},
 		},
 		{
 			name: "a port listed twice: the last one wins, as in kube-proxy, and it is reported",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.Ports = []v1.ServicePort{{Name: "http", Port: 80}, {Name: "http", Port: 81}}
 			}),
 			want:    []*model.ServicePort{wantPort(func(sp *model.ServicePort) { sp.Port = 81 })},
@@ -338,7 +339,7 @@ func TestServicePorts(t *testing.T) {
 		},
 		{
 			name: "an unknown protocol leaves the port out, reported",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "x", Port: 99, Protocol: "ICMP"})
 			}),
 			want:    []*model.ServicePort{wantPort(nil)},
@@ -346,7 +347,7 @@ func TestServicePorts(t *testing.T) {
 		},
 		{
 			name: "a Service with only unusable ports is not proxied",
-			svc: makeService("ns", "svc", func(s *v1.Service) {
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.Ports = []v1.ServicePort{{Name: "x", Port: 70000}}
 			}),
 			reports: []string{`invalid port number: port "x": 70000 is not a valid port`},
@@ -376,9 +377,9 @@ func TestEndpointSlice(t *testing.T) {
 	}{
 		{
 			name: "unset conditions default to ready, serving, not terminating",
-			es: makeEndpointSlice("ns", "svc-abc", "svc", []discoveryv1.Endpoint{
+			es: builders.EndpointSlice("ns", "svc-abc", "svc", []discoveryv1.Endpoint{
 				{Addresses: []string{"10.244.1.1"}},
-			}, nil),
+			}),
 			want: &model.EndpointSlice{
 				Service: model.ServiceName{Namespace: "ns", Name: "svc"}, Name: "svc-abc",
 				Ports:     []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.TCP}},
@@ -387,19 +388,19 @@ func TestEndpointSlice(t *testing.T) {
 		},
 		{
 			name: "explicit conditions, node, zone and hints are kept",
-			es: makeEndpointSlice("ns", "svc-abc", "svc", []discoveryv1.Endpoint{
-				endpoint("10.244.1.1", "node-a", func(ep *discoveryv1.Endpoint) {
-					terminating(ep)
+			es: builders.EndpointSlice("ns", "svc-abc", "svc", []discoveryv1.Endpoint{
+				builders.Endpoint("10.244.1.1", "node-a", func(ep *discoveryv1.Endpoint) {
+					builders.Terminating(ep)
 					ep.Zone = ptr.To("zone-a")
 					ep.Hints = &discoveryv1.EndpointHints{
 						ForZones: []discoveryv1.ForZone{{Name: "zone-a"}, {Name: "zone-b"}},
 						ForNodes: []discoveryv1.ForNode{{Name: "node-a"}},
 					}
 				}),
-				endpoint("10.244.1.2", "node-b", func(ep *discoveryv1.Endpoint) {
+				builders.Endpoint("10.244.1.2", "node-b", func(ep *discoveryv1.Endpoint) {
 					ep.Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(false)}
 				}),
-			}, nil),
+			}),
 			want: &model.EndpointSlice{
 				Service: model.ServiceName{Namespace: "ns", Name: "svc"}, Name: "svc-abc",
 				Ports: []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.TCP}},
@@ -414,8 +415,8 @@ func TestEndpointSlice(t *testing.T) {
 		},
 		{
 			name: "endpoints in address order; with two ports the tracker gives each its port",
-			es: makeEndpointSlice("ns", "svc-abc", "svc", []discoveryv1.Endpoint{
-				endpoint("10.244.1.9", "", nil), endpoint("10.244.1.10", "", nil), endpoint("10.244.1.1", "", nil),
+			es: builders.EndpointSlice("ns", "svc-abc", "svc", []discoveryv1.Endpoint{
+				builders.Endpoint("10.244.1.9", ""), builders.Endpoint("10.244.1.10", ""), builders.Endpoint("10.244.1.1", ""),
 			}, func(es *discoveryv1.EndpointSlice) {
 				es.Ports = append(es.Ports, discoveryv1.EndpointPort{Name: ptr.To("dns"), Port: ptr.To[int32](53), Protocol: ptr.To(v1.ProtocolUDP)})
 			}),
@@ -431,24 +432,24 @@ func TestEndpointSlice(t *testing.T) {
 		},
 		{
 			name: "slice without the service-name label is reported and ignored",
-			es: makeEndpointSlice("ns", "orphan", "svc", []discoveryv1.Endpoint{endpoint("10.244.1.1", "", nil)},
+			es: builders.EndpointSlice("ns", "orphan", "svc", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.1", "")},
 				func(es *discoveryv1.EndpointSlice) { es.Labels = nil }),
 			reports: []string{"EndpointSlice ns/orphan: missing service name: no kubernetes.io/service-name label"},
 		},
 		{
 			name: "IPv6 slice is not for the IPv4 translator",
-			es: makeEndpointSlice("ns", "svc-v6", "svc", []discoveryv1.Endpoint{endpoint("fd00::1", "", nil)},
+			es: builders.EndpointSlice("ns", "svc-v6", "svc", []discoveryv1.Endpoint{builders.Endpoint("fd00::1", "")},
 				func(es *discoveryv1.EndpointSlice) { es.AddressType = discoveryv1.AddressTypeIPv6 }),
 		},
 		{
 			name: "FQDN slice is ignored",
-			es: makeEndpointSlice("ns", "svc-fqdn", "svc", []discoveryv1.Endpoint{{Addresses: []string{"example.com"}}},
+			es: builders.EndpointSlice("ns", "svc-fqdn", "svc", []discoveryv1.Endpoint{{Addresses: []string{"example.com"}}},
 				func(es *discoveryv1.EndpointSlice) { es.AddressType = discoveryv1.AddressTypeFQDN }),
 		},
 		{
 			name:   "the IPv6 translator takes IPv6 slices",
 			family: v1.IPv6Protocol,
-			es: makeEndpointSlice("ns", "svc-v6", "svc", []discoveryv1.Endpoint{endpoint("fd00::1", "", nil)},
+			es: builders.EndpointSlice("ns", "svc-v6", "svc", []discoveryv1.Endpoint{builders.Endpoint("fd00::1", "")},
 				func(es *discoveryv1.EndpointSlice) { es.AddressType = discoveryv1.AddressTypeIPv6 }),
 			want: &model.EndpointSlice{
 				Service: model.ServiceName{Namespace: "ns", Name: "svc"}, Name: "svc-v6",
@@ -458,19 +459,19 @@ func TestEndpointSlice(t *testing.T) {
 		},
 		{
 			name: "slice without addressType is reported (a manifest mistake)",
-			es: makeEndpointSlice("ns", "svc-abc", "svc", nil,
+			es: builders.EndpointSlice("ns", "svc-abc", "svc", nil,
 				func(es *discoveryv1.EndpointSlice) { es.AddressType = "" }),
 			reports: []string{"missing addressType: addressType is not set"},
 		},
 		{
 			name: "ports: nil name or nil/0 number ignored and reported, nil protocol is TCP",
-			es: makeEndpointSlice("ns", "svc-abc", "svc", nil, func(es *discoveryv1.EndpointSlice) {
+			es: builders.EndpointSlice("ns", "svc-abc", "svc", nil, func(es *discoveryv1.EndpointSlice) {
 				es.Ports = []discoveryv1.EndpointPort{
 					{Port: ptr.To[int32](1), Protocol: ptr.To(v1.ProtocolTCP)},
 					{Name: ptr.To("all"), Protocol: ptr.To(v1.ProtocolTCP)},
 					{Name: ptr.To("zero"), Port: ptr.To[int32](0)},
 					{Name: ptr.To("dns"), Port: ptr.To[int32](5353)},
-					slicePort("dns", 5353, v1.ProtocolUDP),
+					builders.SlicePort("dns", 5353, v1.ProtocolUDP),
 				}
 			}),
 			want: &model.EndpointSlice{
@@ -485,12 +486,12 @@ func TestEndpointSlice(t *testing.T) {
 		},
 		{
 			name: "endpoints: only the first address is used; missing, invalid and other-family addresses reported",
-			es: makeEndpointSlice("ns", "svc-abc", "svc", []discoveryv1.Endpoint{
+			es: builders.EndpointSlice("ns", "svc-abc", "svc", []discoveryv1.Endpoint{
 				{Addresses: []string{"10.244.1.1", "10.244.1.99"}},
 				{Addresses: nil},
 				{Addresses: []string{"10.244.1.300"}},
 				{Addresses: []string{"fd00::1"}},
-			}, nil),
+			}),
 			want: &model.EndpointSlice{
 				Service: model.ServiceName{Namespace: "ns", Name: "svc"}, Name: "svc-abc",
 				Ports:     []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.TCP}},
@@ -500,7 +501,7 @@ func TestEndpointSlice(t *testing.T) {
 		},
 		{
 			name: "trigger time annotation is parsed",
-			es: makeEndpointSlice("ns", "svc-abc", "svc", nil, func(es *discoveryv1.EndpointSlice) {
+			es: builders.EndpointSlice("ns", "svc-abc", "svc", nil, func(es *discoveryv1.EndpointSlice) {
 				es.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: triggerTime.Format(time.RFC3339Nano)}
 			}),
 			want: &model.EndpointSlice{
@@ -512,7 +513,7 @@ func TestEndpointSlice(t *testing.T) {
 		},
 		{
 			name: "an invalid trigger time is reported and left zero",
-			es: makeEndpointSlice("ns", "svc-abc", "svc", nil, func(es *discoveryv1.EndpointSlice) {
+			es: builders.EndpointSlice("ns", "svc-abc", "svc", nil, func(es *discoveryv1.EndpointSlice) {
 				es.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: "yesterday"}
 			}),
 			want: &model.EndpointSlice{
@@ -539,14 +540,12 @@ func TestEndpointSlice(t *testing.T) {
 func TestNode(t *testing.T) {
 	var r reports
 	tl := Translator{Invalid: r.fn}
-	n := makeNode("node-a", "zone-a",
-		v1.NodeAddress{Type: v1.NodeHostName, Address: "node-a"},
+	n := builders.Node("node-a", builders.NodeZone("zone-a"), builders.NodeAddresses(v1.NodeAddress{Type: v1.NodeHostName, Address: "node-a"},
 		v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.77.10"},
 		v1.NodeAddress{Type: v1.NodeInternalIP, Address: "fd00:77::10"},
 		v1.NodeAddress{Type: v1.NodeExternalIP, Address: "198.19.0.100"},
 		v1.NodeAddress{Type: v1.NodeExternalIP, Address: "192.168.77.10"},
-		v1.NodeAddress{Type: v1.NodeInternalIP, Address: "bogus"},
-	)
+		v1.NodeAddress{Type: v1.NodeInternalIP, Address: "bogus"}))
 	want := model.Node{Name: "node-a", Zone: "zone-a", Addrs: addrs("192.168.77.10", "198.19.0.100")}
 	if got := tl.Node(n); !reflect.DeepEqual(got, want) {
 		t.Errorf("Node: got %+v, want %+v", got, want)
@@ -557,10 +556,8 @@ func TestNode(t *testing.T) {
 // --bind-address makes an address the node's primary one, first among the
 // Node's own, which follow without it repeated.
 func TestNodeIPOverride(t *testing.T) {
-	n := makeNode("node-a", "",
-		v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.77.10"},
-		v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.88.10"},
-	)
+	n := builders.Node("node-a", builders.NodeZone(""), builders.NodeAddresses(v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.77.10"},
+		v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.88.10"}))
 	for _, tc := range []struct {
 		name     string
 		override netip.Addr

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
 
 // state builds a model.State from compact descriptions: each service port
@@ -28,25 +29,19 @@ type svcSpec struct {
 func buildState(specs ...svcSpec) *model.State {
 	st := &model.State{Node: model.Node{Name: "node-a"}, Services: map[model.ServicePortName]*model.Service{}}
 	for _, s := range specs {
-		sp := &model.ServicePort{
-			Name:            model.ServicePortName{ServiceName: model.ServiceName{Namespace: s.ns, Name: s.name}, Protocol: s.proto},
-			ClusterIP:       netip.MustParseAddr(s.clusterIP),
-			Port:            s.port,
-			AffinityTimeout: s.affinity,
-		}
+		sp := builders.ModelServicePort(s.ns, s.name, s.proto, netip.MustParseAddr(s.clusterIP), s.port)
+		sp.AffinityTimeout = s.affinity
 		if s.itpLocal {
 			sp.InternalPolicy = model.PolicyLocal
 		}
 		var eps []model.Endpoint
 		for _, e := range s.eps {
-			ap := netip.MustParseAddrPort(e)
-			eps = append(eps, model.Endpoint{Addr: ap.Addr(), Port: ap.Port(), Ready: true, Serving: true, NodeName: "node-b"})
+			eps = append(eps, builders.ModelEndpoint(netip.MustParseAddrPort(e), "node-b"))
 		}
 		for _, e := range s.terminate {
-			ap := netip.MustParseAddrPort(e)
-			eps = append(eps, model.Endpoint{Addr: ap.Addr(), Port: ap.Port(), Serving: true, Terminating: true, NodeName: "node-b"})
+			eps = append(eps, builders.ModelEndpoint(netip.MustParseAddrPort(e), "node-b", builders.ModelTerminating))
 		}
-		st.Services[sp.Name] = &model.Service{Port: sp, Endpoints: eps, Selection: model.Categorize(sp, eps, &st.Node, model.DefaultOptions)}
+		st.Services[sp.Name] = builders.ModelService(sp, eps, &st.Node)
 	}
 	return st
 }

@@ -9,86 +9,48 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 
 const thisNode = "node-a"
 
-func makeService(name string, tweak ...func(*v1.Service)) *v1.Service {
-	svc := &v1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
-		Spec: v1.ServiceSpec{
-			Type:       v1.ServiceTypeClusterIP,
-			ClusterIP:  "10.96.0.10",
-			ClusterIPs: []string{"10.96.0.10"},
-			Ports:      []v1.ServicePort{{Name: "p", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}},
-		},
-	}
-	for _, t := range tweak {
-		t(svc)
-	}
-	return svc
-}
-
 // epSpec is one endpoint: "10.244.1.1 node-a ready zone=z1 hints=z1,z2 nodehints=node-a".
 type epSpec string
 
+// makeSlice builds the EndpointSlice of Service ns/svc from endpoint specs.
 func makeSlice(svc string, eps ...epSpec) *discoveryv1.EndpointSlice {
-	es := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: svc + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr("p"), Port: ptr[int32](8080), Protocol: ptr(v1.ProtocolTCP)}},
-	}
+	var out []discoveryv1.Endpoint
 	for _, spec := range eps {
 		f := strings.Fields(string(spec))
-		ep := discoveryv1.Endpoint{Addresses: []string{f[0]}, NodeName: ptr(f[1])}
+		var opts []builders.EndpointOption
 		for _, attr := range f[2:] {
 			k, v, _ := strings.Cut(attr, "=")
 			switch k {
 			case "ready":
-				ep.Conditions = discoveryv1.EndpointConditions{Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false)}
 			case "terminating":
-				ep.Conditions = discoveryv1.EndpointConditions{Ready: ptr(false), Serving: ptr(true), Terminating: ptr(true)}
+				opts = append(opts, builders.Terminating)
 			case "terminating-not-serving":
-				ep.Conditions = discoveryv1.EndpointConditions{Ready: ptr(false), Serving: ptr(false), Terminating: ptr(true)}
+				opts = append(opts, builders.TerminatingNotServing)
 			case "not-ready":
-				ep.Conditions = discoveryv1.EndpointConditions{Ready: ptr(false), Serving: ptr(false), Terminating: ptr(false)}
+				opts = append(opts, builders.NotReady)
 			case "zone":
-				ep.Zone = ptr(v)
+				opts = append(opts, builders.Zone(v))
 			case "hints":
-				ep.Hints = addZoneHints(ep.Hints, strings.Split(v, ","))
+				opts = append(opts, builders.ZoneHints(strings.Split(v, ",")...))
 			case "nodehints":
-				if ep.Hints == nil {
-					ep.Hints = &discoveryv1.EndpointHints{}
-				}
-				for _, n := range strings.Split(v, ",") {
-					ep.Hints.ForNodes = append(ep.Hints.ForNodes, discoveryv1.ForNode{Name: n})
-				}
+				opts = append(opts, builders.NodeHints(strings.Split(v, ",")...))
 			default:
 				panic("unknown endpoint attribute " + attr)
 			}
 		}
-		es.Endpoints = append(es.Endpoints, ep)
+		out = append(out, builders.Endpoint(f[0], f[1], opts...))
 	}
-	return es
+	return builders.EndpointSlice("ns", svc+"-1", svc, out)
 }
-
-func addZoneHints(h *discoveryv1.EndpointHints, zones []string) *discoveryv1.EndpointHints {
-	if h == nil {
-		h = &discoveryv1.EndpointHints{}
-	}
-	for _, z := range zones {
-		h.ForZones = append(h.ForZones, discoveryv1.ForZone{Name: z})
-	}
-	return h
-}
-
-func ptr[T any](v T) *T { return &v }
 
 // selectFor runs the objects through the translator and the tracker, as
 // the agent does, and returns the one ServicePort's entry.
@@ -127,17 +89,14 @@ func verdict(a model.Action, eps []model.Endpoint) string {
 	return ips(eps)
 }
 
-func local(svc *v1.Service) {
-	svc.Spec.InternalTrafficPolicy = ptr(v1.ServiceInternalTrafficPolicyLocal)
-}
-func nodePort(svc *v1.Service) {
-	svc.Spec.Type = v1.ServiceTypeNodePort
-	svc.Spec.Ports[0].NodePort = 30080
-}
-func etpLocal(svc *v1.Service) {
-	nodePort(svc)
-	svc.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
-}
+var (
+	local    = builders.InternalLocal()
+	nodePort = builders.NodePort(30080)
+	etpLocal = func(svc *v1.Service) {
+		nodePort(svc)
+		builders.ExternalLocal(0)(svc)
+	}
+)
 
 func TestEndpointSelection(t *testing.T) {
 	for _, tc := range []struct {
@@ -240,10 +199,7 @@ func TestEndpointSelection(t *testing.T) {
 		internal: "10.0.0.1,10.0.0.2",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			svc := makeService("svc")
-			if tc.svc != nil {
-				tc.svc(svc)
-			}
+			svc := builders.Service("ns", "svc", tc.svc)
 			var es *discoveryv1.EndpointSlice
 			if len(tc.eps) > 0 {
 				es = makeSlice("svc", tc.eps...)
@@ -265,7 +221,7 @@ func TestEndpointSelection(t *testing.T) {
 }
 
 func TestLocalReadyCountsOnlyReadyLocalEndpoints(t *testing.T) {
-	svc := makeService("svc", etpLocal)
+	svc := builders.Service("ns", "svc", etpLocal)
 	s := selectFor(t, "", svc, makeSlice("svc",
 		"10.0.0.1 node-a ready", "10.0.0.2 node-a terminating", "10.0.0.3 node-b ready", "10.0.0.4 node-a ready"))
 	if s.Selection.LocalReady != 2 {

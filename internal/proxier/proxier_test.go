@@ -13,6 +13,7 @@ import (
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 
@@ -53,12 +54,11 @@ func (h *fakeHealth) QueuedUpdate(string) { h.mu.Lock(); h.queued++; h.mu.Unlock
 func (h *fakeHealth) Updated(string)      { h.mu.Lock(); h.updated++; h.mu.Unlock() }
 
 func service(name string, eps ...string) ([]*model.ServicePort, *model.EndpointSlice) {
-	sn := model.ServiceName{Namespace: "ns", Name: name}
-	sp := &model.ServicePort{Name: model.ServicePortName{ServiceName: sn, Protocol: model.TCP},
-		ClusterIP: netip.MustParseAddr("10.96.0.1"), Port: 80, InternalPolicy: model.PolicyLocal}
-	es := &model.EndpointSlice{Service: sn, Name: name + "-1", Ports: []model.EndpointPort{{Port: 8080, Protocol: model.TCP}}}
+	sp := builders.ModelServicePort("ns", name, model.TCP, netip.MustParseAddr("10.96.0.1"), 80,
+		func(sp *model.ServicePort) { sp.InternalPolicy = model.PolicyLocal })
+	es := &model.EndpointSlice{Service: sp.Name.ServiceName, Name: name + "-1", Ports: []model.EndpointPort{{Port: 8080, Protocol: model.TCP}}}
 	for _, e := range eps {
-		es.Endpoints = append(es.Endpoints, model.Endpoint{Addr: netip.MustParseAddr(e), Ready: true, Serving: true, NodeName: "node-b"})
+		es.Endpoints = append(es.Endpoints, builders.ModelEndpoint(netip.AddrPortFrom(netip.MustParseAddr(e), 0), "node-b"))
 	}
 	return []*model.ServicePort{sp}, es
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -384,24 +385,31 @@ type Loop struct {
 // if the test does not.
 func (c *Client) StartLoop(ctx context.Context, addr netip.AddrPort, opts LoopOptions) (*Loop, error) {
 	req := probeRequest{Kind: kindLoop, Addr: addr, Count: opts.MaxAttempts, Interval: opts.Interval, MaxDuration: opts.MaxDuration}
+	s, _, err := c.startRepeating(ctx, req, defaultInterval, opts.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &Loop{s: s}, nil
+}
+
+// startRepeating starts the session of a probe that repeats until a bound:
+// zero bounds in req get the defaults (interval, the given one), and a
+// timeout, if set, replaces the client's for each attempt.
+func (c *Client) startRepeating(ctx context.Context, req probeRequest, interval, timeout time.Duration) (*session, probeMessage, error) {
 	if req.Count == 0 {
 		req.Count = defaultMaxAttempts
 	}
 	if req.Interval == 0 {
-		req.Interval = defaultInterval
+		req.Interval = interval
 	}
 	if req.MaxDuration == 0 {
 		req.MaxDuration = defaultMaxDuration
 	}
 	cc := c
-	if opts.Timeout != 0 {
-		cc = c.WithTimeout(opts.Timeout)
+	if timeout != 0 {
+		cc = c.WithTimeout(timeout)
 	}
-	s, _, err := cc.startSession(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	return &Loop{s: s}, nil
+	return cc.startSession(ctx, req)
 }
 
 // PID returns the process ID of the loop's subprocess.
@@ -420,6 +428,22 @@ func (l *Loop) Stop() (LoopResult, error) {
 	return res, err
 }
 
+// StopUnbroken stops the loop (Stop) and fails t unless every connection
+// was answered; during says when, as in "across the restarts". It logs the
+// loop's summary and returns its result for the test's further checks.
+func (l *Loop) StopUnbroken(t testing.TB, during string) LoopResult {
+	t.Helper()
+	res, err := l.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("loop: %d connections over %v, %d failed, servers %v", res.Attempts, res.Duration, res.Failures, res.Servers)
+	if res.Failures != 0 {
+		t.Errorf("%d of %d connections failed %s: %v", res.Failures, res.Attempts, during, res.Errors)
+	}
+	return res
+}
+
 // Wait is a running wait probe started by StartWait.
 type Wait struct {
 	s *session
@@ -434,20 +458,7 @@ type Wait struct {
 func (c *Client) StartWait(ctx context.Context, addr netip.AddrPort, opts WaitOptions) (*Wait, error) {
 	req := probeRequest{Kind: kindWait, Addr: addr, Count: opts.MaxAttempts, Interval: opts.Interval,
 		MaxDuration: opts.MaxDuration, Server: opts.Server}
-	if req.Count == 0 {
-		req.Count = defaultMaxAttempts
-	}
-	if req.Interval == 0 {
-		req.Interval = defaultInterval
-	}
-	if req.MaxDuration == 0 {
-		req.MaxDuration = defaultMaxDuration
-	}
-	cc := c
-	if opts.Timeout != 0 {
-		cc = c.WithTimeout(opts.Timeout)
-	}
-	s, _, err := cc.startSession(ctx, req)
+	s, _, err := c.startRepeating(ctx, req, defaultInterval, opts.Timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -470,6 +481,25 @@ wait:
 		}
 	}
 	return w.Stop()
+}
+
+// AwaitServer runs a wait probe (StartWait) to its end and returns nil once
+// the server opts.Server answered on addr, else an error saying what
+// answered instead.
+func (c *Client) AwaitServer(ctx context.Context, addr netip.AddrPort, opts WaitOptions) error {
+	w, err := c.StartWait(ctx, addr, opts)
+	if err != nil {
+		return err
+	}
+	res, err := w.Result(ctx)
+	if err != nil {
+		return err
+	}
+	if !res.Answered {
+		return fmt.Errorf("%s did not answer on %s from %s within %s: %d attempts, errors %v, other servers %v",
+			opts.Server, addr, c.Name, res.Duration.Round(time.Millisecond), res.Attempts, res.Errors, res.Servers)
+	}
+	return nil
 }
 
 // Stop ends the probe after its current attempt and returns its result.

@@ -46,6 +46,22 @@ type Server struct {
 	closeErr  error
 }
 
+// AddServingPod adds a pod as AddPod does and starts a TCP server on tcpPort
+// and a UDP server on udpPort in it, the pods most tests need.
+func (s *Sandbox) AddServingPod(node *Node, name string, ip netip.Addr, tcpPort, udpPort uint16) (*Pod, error) {
+	p, err := s.AddPod(node, name, ip)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := p.StartTCPServer(tcpPort); err != nil {
+		return nil, err
+	}
+	if _, err := p.StartUDPServer(udpPort); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
 // StartTCPServer starts a TCP server on port (0 picks one) on all of the host's
 // addresses. On each connection it writes its line, then echoes every line the
 // client sends until the client closes, so that a held connection (see

@@ -131,20 +131,7 @@ func (c *Client) StartUDPStream(ctx context.Context, addrs []netip.AddrPort, opt
 	}
 	req := probeRequest{Kind: kindUDPStream, Addr: addrs[0], Addrs: addrs, Count: opts.MaxQueries,
 		Interval: opts.Interval, MaxDuration: opts.MaxDuration}
-	if req.Count == 0 {
-		req.Count = defaultMaxAttempts
-	}
-	if req.Interval == 0 {
-		req.Interval = defaultQueryInterval
-	}
-	if req.MaxDuration == 0 {
-		req.MaxDuration = defaultMaxDuration
-	}
-	cc := c
-	if opts.Timeout != 0 {
-		cc = c.WithTimeout(opts.Timeout)
-	}
-	s, ready, err := cc.startSession(ctx, req)
+	s, ready, err := c.startRepeating(ctx, req, defaultQueryInterval, opts.Timeout)
 	if err != nil {
 		return nil, err
 	}

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"runtime"
 
 	"github.com/vishvananda/netlink/nl"
-	"github.com/vishvananda/netns"
+	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 )
 
 // The sock_diag protocol for AF_INET sockets, from linux/inet_diag.h: a dump
@@ -82,54 +83,28 @@ type diagConn struct {
 }
 
 // openDiag opens a sock_diag socket inside the namespace ns.
-//
-// The socket is created on an OS thread switched into ns and back. The
-// thread stays locked; if it cannot be switched back, the goroutine ends
-// with it still locked and the runtime ends the thread, so that no other
-// goroutine ever runs in a pod's namespace by accident.
-func openDiag(ns netns.NsHandle) (*diagConn, error) {
-	type result struct {
-		s   *nl.NetlinkSocket
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			done <- result{err: fmt.Errorf("get current network namespace: %w", err)}
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			done <- result{err: fmt.Errorf("enter network namespace: %w", err)}
-			return
-		}
+func openDiag(ns vnetns.NsHandle) (*diagConn, error) {
+	var s *nl.NetlinkSocket
+	err := netns.DoHandle(ns, func() (err error) {
 		// With both namespaces closed, the library creates the socket in
 		// the thread's namespace and leaves the thread alone.
-		s, serr := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_SOCK_DIAG)
-		if err := netns.Set(orig); err != nil {
-			if s != nil {
-				s.Close()
-			}
-			done <- result{err: fmt.Errorf("leave network namespace: %w", err)}
-			return // thread stays locked: the runtime ends it
+		s, err = nl.GetNetlinkSocketAt(vnetns.None(), vnetns.None(), unix.NETLINK_SOCK_DIAG)
+		return err
+	})
+	if err != nil {
+		if s != nil {
+			s.Close()
 		}
-		runtime.UnlockOSThread()
-		done <- result{s: s, err: serr}
-	}()
-	r := <-done
-	if r.err != nil {
-		return nil, fmt.Errorf("open sock_diag socket: %w", r.err)
+		return nil, fmt.Errorf("open sock_diag socket: %w", err)
 	}
 	// Bounded waits: the kernel answers at once, but an agent must never
 	// hang on a namespace.
 	tv := unix.NsecToTimeval(diagTimeout.Nanoseconds())
-	if err := errors.Join(r.s.SetSendTimeout(&tv), r.s.SetReceiveTimeout(&tv)); err != nil {
-		r.s.Close()
+	if err := errors.Join(s.SetSendTimeout(&tv), s.SetReceiveTimeout(&tv)); err != nil {
+		s.Close()
 		return nil, fmt.Errorf("set sock_diag socket timeouts: %w", err)
 	}
-	return &diagConn{h: &nl.SocketHandle{Socket: r.s}}, nil
+	return &diagConn{h: &nl.SocketHandle{Socket: s}}, nil
 }
 
 func (c *diagConn) Close() { c.h.Close() }

@@ -7,43 +7,23 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 
 func ptr[T any](v T) *T { return &v }
 
-func makeService(name string, ports ...v1.ServicePort) *v1.Service {
-	return &v1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
-		Spec:       v1.ServiceSpec{ClusterIP: "10.96.0.10", Ports: ports},
-	}
-}
-
-func port(name string, p int32, proto v1.Protocol, target intstr.IntOrString) v1.ServicePort {
-	return v1.ServicePort{Name: name, Port: p, Protocol: proto, TargetPort: target}
-}
-
-func makeSlice(svc, name string, ports []discoveryv1.EndpointPort, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
-	return &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       ports,
-		Endpoints:   eps,
-	}
-}
-
-func esPort(name string, p int32, proto v1.Protocol) discoveryv1.EndpointPort {
-	return discoveryv1.EndpointPort{Name: ptr(name), Port: ptr(p), Protocol: ptr(proto)}
-}
-
+// endpoint is a ready endpoint on node-b, or a serving one of a terminating
+// pod.
 func endpoint(ip string, terminating bool) discoveryv1.Endpoint {
-	return discoveryv1.Endpoint{Addresses: []string{ip}, NodeName: ptr("node-b"),
-		Conditions: discoveryv1.EndpointConditions{Ready: ptr(!terminating), Serving: ptr(true), Terminating: ptr(terminating)}}
+	if terminating {
+		return builders.Endpoint(ip, "node-b", builders.Terminating)
+	}
+	return builders.Endpoint(ip, "node-b")
 }
 
 type harness struct {
@@ -94,22 +74,20 @@ func changed(up model.Update) string {
 
 func TestSlicesAreMergedPerServicePort(t *testing.T) {
 	h := newHarness(t)
-	h.service(makeService("web",
-		port("http", 80, v1.ProtocolTCP, intstr.FromString("web")),
-		port("dns", 53, v1.ProtocolTCP, intstr.FromInt32(5353)),
-		port("dns-udp", 53, v1.ProtocolUDP, intstr.FromInt32(5353))))
-	h.slice(makeSlice("web", "web-a",
-		[]discoveryv1.EndpointPort{esPort("http", 8080, v1.ProtocolTCP), esPort("dns", 5353, v1.ProtocolTCP), esPort("dns-udp", 5353, v1.ProtocolUDP)},
-		endpoint("10.0.0.1", false), endpoint("10.0.0.2", false)))
+	h.service(builders.Service("ns", "web", builders.Ports(
+		builders.Port("http", 80, v1.ProtocolTCP, intstr.FromString("web")),
+		builders.Port("dns", 53, v1.ProtocolTCP, intstr.FromInt32(5353)),
+		builders.Port("dns-udp", 53, v1.ProtocolUDP, intstr.FromInt32(5353)))))
+	h.slice(builders.EndpointSlice("ns", "web-a", "web",
+		[]discoveryv1.Endpoint{endpoint("10.0.0.1", false), endpoint("10.0.0.2", false)},
+		builders.SlicePorts(builders.SlicePort("http", 8080, v1.ProtocolTCP), builders.SlicePort("dns", 5353, v1.ProtocolTCP), builders.SlicePort("dns-udp", 5353, v1.ProtocolUDP))))
 	// A second slice: one more endpoint, one duplicate that is terminating
 	// there (the ready copy wins), and the named port resolved differently
 	// (pods of another version listen elsewhere).
-	h.slice(makeSlice("web", "web-b",
-		[]discoveryv1.EndpointPort{esPort("http", 9090, v1.ProtocolTCP)},
-		endpoint("10.0.0.3", false)))
-	h.slice(makeSlice("web", "web-c",
-		[]discoveryv1.EndpointPort{esPort("dns", 5353, v1.ProtocolTCP)},
-		endpoint("10.0.0.1", true), endpoint("10.0.0.4", false)))
+	h.slice(builders.EndpointSlice("ns", "web-b", "web", []discoveryv1.Endpoint{endpoint("10.0.0.3", false)},
+		builders.SlicePorts(builders.SlicePort("http", 9090, v1.ProtocolTCP))))
+	h.slice(builders.EndpointSlice("ns", "web-c", "web", []discoveryv1.Endpoint{endpoint("10.0.0.1", true), endpoint("10.0.0.4", false)},
+		builders.SlicePorts(builders.SlicePort("dns", 5353, v1.ProtocolTCP))))
 	up := h.tr.Apply()
 	want := strings.Join([]string{
 		"web:dns-udp/UDP: 10.0.0.1:5353,10.0.0.2:5353",
@@ -124,9 +102,9 @@ func TestSlicesAreMergedPerServicePort(t *testing.T) {
 func TestDuplicateEndpointPrefersTheNonTerminatingCopy(t *testing.T) {
 	for _, order := range [][2]string{{"a", "b"}, {"b", "a"}} {
 		h := newHarness(t)
-		h.service(makeService("web", port("", 80, v1.ProtocolTCP, intstr.FromInt32(8080))))
-		h.slice(makeSlice("web", "web-"+order[0], []discoveryv1.EndpointPort{esPort("", 8080, v1.ProtocolTCP)}, endpoint("10.0.0.1", true)))
-		h.slice(makeSlice("web", "web-"+order[1], []discoveryv1.EndpointPort{esPort("", 8080, v1.ProtocolTCP)}, endpoint("10.0.0.1", false)))
+		h.service(builders.Service("ns", "web", builders.Ports(builders.Port("", 80, v1.ProtocolTCP, intstr.FromInt32(8080)))))
+		h.slice(builders.EndpointSlice("ns", "web-"+order[0], "web", []discoveryv1.Endpoint{endpoint("10.0.0.1", true)}, builders.SlicePorts(builders.SlicePort("", 8080, v1.ProtocolTCP))))
+		h.slice(builders.EndpointSlice("ns", "web-"+order[1], "web", []discoveryv1.Endpoint{endpoint("10.0.0.1", false)}, builders.SlicePorts(builders.SlicePort("", 8080, v1.ProtocolTCP))))
 		if got := endpoints(h.tr.Apply().State); got != "web:/TCP: 10.0.0.1:8080" {
 			t.Errorf("slices %v: got %q, want the ready copy", order, got)
 		}
@@ -135,8 +113,8 @@ func TestDuplicateEndpointPrefersTheNonTerminatingCopy(t *testing.T) {
 
 func TestChangesAreTrackedPerService(t *testing.T) {
 	h := newHarness(t)
-	h.service(makeService("a", port("", 80, v1.ProtocolTCP, intstr.FromInt32(80))))
-	h.service(makeService("b", port("x", 80, v1.ProtocolTCP, intstr.FromInt32(80)), port("y", 81, v1.ProtocolTCP, intstr.FromInt32(81))))
+	h.service(builders.Service("ns", "a", builders.Ports(builders.Port("", 80, v1.ProtocolTCP, intstr.FromInt32(80)))))
+	h.service(builders.Service("ns", "b", builders.Ports(builders.Port("x", 80, v1.ProtocolTCP, intstr.FromInt32(80)), builders.Port("y", 81, v1.ProtocolTCP, intstr.FromInt32(81)))))
 	if got := changed(h.tr.Apply()); got != "ns/a:/TCP ns/b:x/TCP ns/b:y/TCP" {
 		t.Errorf("initial changes: %s", got)
 	}
@@ -144,12 +122,12 @@ func TestChangesAreTrackedPerService(t *testing.T) {
 		t.Errorf("nothing happened, yet changed: %s", got)
 	}
 	// An endpoint change of b touches only b's ports.
-	h.slice(makeSlice("b", "b-1", []discoveryv1.EndpointPort{esPort("x", 80, v1.ProtocolTCP)}, endpoint("10.0.0.1", false)))
+	h.slice(builders.EndpointSlice("ns", "b-1", "b", []discoveryv1.Endpoint{endpoint("10.0.0.1", false)}, builders.SlicePorts(builders.SlicePort("x", 80, v1.ProtocolTCP))))
 	if got := changed(h.tr.Apply()); got != "ns/b:x/TCP ns/b:y/TCP" {
 		t.Errorf("after a slice of b: %s", got)
 	}
 	// Removing a port deletes it from the State and names it as changed.
-	h.service(makeService("b", port("x", 80, v1.ProtocolTCP, intstr.FromInt32(80))))
+	h.service(builders.Service("ns", "b", builders.Ports(builders.Port("x", 80, v1.ProtocolTCP, intstr.FromInt32(80)))))
 	up := h.tr.Apply()
 	if got := changed(up); got != "ns/b:x/TCP ns/b:y/TCP" {
 		t.Errorf("after removing port y: %s", got)
@@ -164,9 +142,9 @@ func TestChangesAreTrackedPerService(t *testing.T) {
 		t.Errorf("state after deleting b:\n%s", got)
 	}
 	// A slice arriving before its Service is kept and used when it comes.
-	h.slice(makeSlice("c", "c-1", []discoveryv1.EndpointPort{esPort("", 80, v1.ProtocolTCP)}, endpoint("10.0.0.9", false)))
+	h.slice(builders.EndpointSlice("ns", "c-1", "c", []discoveryv1.Endpoint{endpoint("10.0.0.9", false)}, builders.SlicePorts(builders.SlicePort("", 80, v1.ProtocolTCP))))
 	h.tr.Apply()
-	h.service(makeService("c", port("", 80, v1.ProtocolTCP, intstr.FromInt32(80))))
+	h.service(builders.Service("ns", "c", builders.Ports(builders.Port("", 80, v1.ProtocolTCP, intstr.FromInt32(80)))))
 	if got := endpoints(h.tr.Apply().State); !strings.Contains(got, "c:/TCP: 10.0.0.9:80") {
 		t.Errorf("slice that came first was lost:\n%s", got)
 	}
@@ -174,8 +152,8 @@ func TestChangesAreTrackedPerService(t *testing.T) {
 
 func TestNodeZoneChangeReselectsEverything(t *testing.T) {
 	h := newHarness(t)
-	h.service(makeService("a", port("", 80, v1.ProtocolTCP, intstr.FromInt32(80))))
-	h.service(makeService("b", port("", 80, v1.ProtocolTCP, intstr.FromInt32(80))))
+	h.service(builders.Service("ns", "a", builders.Ports(builders.Port("", 80, v1.ProtocolTCP, intstr.FromInt32(80)))))
+	h.service(builders.Service("ns", "b", builders.Ports(builders.Port("", 80, v1.ProtocolTCP, intstr.FromInt32(80)))))
 	h.tr.Apply()
 	h.tr.UpdateNode(model.Node{Name: "node-a", Zone: "z1"})
 	up := h.tr.Apply()
@@ -202,12 +180,12 @@ func TestSyncedNeedsBothKinds(t *testing.T) {
 
 func TestDuplicateEndpointPrefersTheLocalCopyAmongEquals(t *testing.T) {
 	h := newHarness(t)
-	h.service(makeService("web", port("", 80, v1.ProtocolTCP, intstr.FromInt32(8080))))
+	h.service(builders.Service("ns", "web", builders.Ports(builders.Port("", 80, v1.ProtocolTCP, intstr.FromInt32(8080)))))
 	remote := endpoint("10.0.0.1", false)
 	local := endpoint("10.0.0.1", false)
 	local.NodeName = ptr("node-a")
-	h.slice(makeSlice("web", "web-a", []discoveryv1.EndpointPort{esPort("", 8080, v1.ProtocolTCP)}, remote))
-	h.slice(makeSlice("web", "web-b", []discoveryv1.EndpointPort{esPort("", 8080, v1.ProtocolTCP)}, local))
+	h.slice(builders.EndpointSlice("ns", "web-a", "web", []discoveryv1.Endpoint{remote}, builders.SlicePorts(builders.SlicePort("", 8080, v1.ProtocolTCP))))
+	h.slice(builders.EndpointSlice("ns", "web-b", "web", []discoveryv1.Endpoint{local}, builders.SlicePorts(builders.SlicePort("", 8080, v1.ProtocolTCP))))
 	st := h.tr.Apply().State
 	for _, s := range st.Services {
 		if len(s.Endpoints) != 1 || s.Endpoints[0].NodeName != "node-a" {

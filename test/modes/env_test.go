@@ -1,21 +1,15 @@
 package modes_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,19 +17,19 @@ import (
 	"github.com/cilium/ebpf/link"
 	libipvs "github.com/moby/ipvs"
 	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
 
-func TestMain(m *testing.M) {
-	sandbox.Main()
-	code := m.Run()
-	sandbox.RemoveAgentBinary()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { agent.Main(m) }
 
 // The node, its Service and the agent's metrics address inside the node's
 // namespace.
@@ -95,32 +89,16 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-const manifests = `apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: default}
-spec:
-  type: NodePort
-  clusterIP: %s
-  ports: [{name: http, port: 80, protocol: TCP, targetPort: %d, nodePort: %d}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-1
-  namespace: default
-  labels: {kubernetes.io/service-name: web}
-addressType: IPv4
-ports: [{name: http, port: %d, protocol: TCP}]
-endpoints:
-%s`
-
+// writeManifests writes the agent's view of the cluster: web, a NodePort
+// Service served by both pods.
 func (e *env) writeManifests() {
-	var eps strings.Builder
+	var eps []discoveryv1.Endpoint
 	for _, p := range e.pods {
-		fmt.Fprintf(&eps, "  - {addresses: [%s], conditions: {ready: true}, nodeName: %s}\n", p.IP, nodeName)
+		eps = append(eps, builders.Endpoint(p.IP.String(), nodeName))
 	}
-	body := fmt.Sprintf(manifests, clusterIP, tcpPort, nodePort, tcpPort, eps.String())
-	if err := os.WriteFile(filepath.Join(e.manifests, "web.yaml"), []byte(body), 0o644); err != nil {
+	web := builders.Service("default", "web", builders.ClusterIP(clusterIP.String()),
+		builders.Ports(builders.Port("http", 80, v1.ProtocolTCP, intstr.FromInt32(tcpPort))), builders.NodePort(nodePort))
+	if err := builders.WriteManifest(e.manifests, "web.yaml", web, builders.SliceFor(web, eps...)); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -129,41 +107,6 @@ func (e *env) ctx() context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	e.t.Cleanup(cancel)
 	return ctx
-}
-
-// agentBinary is the ebpf-proxy binary under test (sandbox.AgentBinary).
-func agentBinary(t *testing.T) string {
-	t.Helper()
-	bin, err := sandbox.AgentBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bin
-}
-
-// syncBuffer collects a process's output for a test to wait on.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-type agent struct {
-	cmd  *exec.Cmd
-	logs *syncBuffer
-	done chan error
-	node *sandbox.Node
 }
 
 // agentArgs are the flags every agent of these tests runs with: the
@@ -179,124 +122,47 @@ func (e *env) agentArgs(mode string) []string {
 // startAgent runs the agent in the node's namespace in mode, with the
 // extra environment variables env, and waits until it has synced and
 // removed what other modes left.
-func (e *env) startAgent(mode string, env ...string) *agent {
+func (e *env) startAgent(mode string, env ...string) *agent.Process {
 	e.t.Helper()
 	return e.startAgentArgs(mode, e.agentArgs(mode), env...)
 }
 
 // startAgentArgs is startAgent with the agent's whole command line.
-func (e *env) startAgentArgs(mode string, args []string, env ...string) *agent {
+func (e *env) startAgentArgs(mode string, args []string, env ...string) *agent.Process {
 	t := e.t
 	t.Helper()
 	a := e.launch(args, env...)
-	deadline := time.After(2 * time.Minute)
-	for !strings.Contains(a.logs.String(), "removed what other proxy modes left") {
-		select {
-		case err := <-a.done:
-			t.Fatalf("agent (%s) exited before its first sync: %v\n%s", mode, err, a.logs)
-		case <-deadline:
-			t.Fatalf("agent (%s) did not sync and clean up within 2 minutes:\n%s", mode, a.logs)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if strings.Contains(a.logs.String(), "removing what other proxy modes left") {
-			t.Fatalf("agent (%s) failed to remove what other modes left:\n%s", mode, a.logs)
-		}
+	if err := a.WaitLog(2*time.Minute, []string{"removed what other proxy modes left"}, "removing what other proxy modes left"); err != nil {
+		t.Fatalf("agent (%s) did not sync and clean up: %v\n%s", mode, err, a.Logs())
 	}
 	return a
 }
 
 // launch starts the agent binary with args in the node's namespace.
-func (e *env) launch(args []string, env ...string) *agent {
-	t := e.t
-	t.Helper()
-	a := &agent{logs: &syncBuffer{}, done: make(chan error, 1), node: e.node}
-	a.cmd = exec.Command(agentBinary(t), args...)
-	a.cmd.Env = append(os.Environ(), env...)
-	a.cmd.Stdout, a.cmd.Stderr = a.logs, a.logs
-	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := e.node.NS.Start(a.cmd); err != nil {
-		t.Fatal(err)
-	}
-	go func() { a.done <- a.cmd.Wait() }()
-	t.Cleanup(func() {
-		if a.cmd.ProcessState == nil {
-			_ = a.cmd.Process.Kill()
-			<-a.done
-		}
-		if t.Failed() {
-			t.Logf("agent %v log:\n%s", args, a.logs)
-		}
-	})
-	return a
-}
-
-// wait waits for the agent to exit by itself.
-func (a *agent) wait(t *testing.T) error {
-	t.Helper()
-	select {
-	case err := <-a.done:
-		return err
-	case <-time.After(time.Minute):
-		t.Fatalf("agent did not exit:\n%s", a.logs)
-		return nil
-	}
-}
-
-// stop ends the agent with SIGTERM; what it programmed stays.
-func (a *agent) stop(t *testing.T) {
-	t.Helper()
-	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.wait(t); err != nil {
-		t.Errorf("agent exit on SIGTERM: %v\n%s", err, a.logs)
-	}
+func (e *env) launch(args []string, env ...string) *agent.Process {
+	e.t.Helper()
+	return agent.Run(e.t, agent.Options{Args: args, Env: env, Netns: e.node.NS.Path()})
 }
 
 // get fetches path from the agent's metrics server inside the node's
 // namespace.
-func (a *agent) get(t *testing.T, path string) string {
+func get(t *testing.T, a *agent.Process, path string) string {
 	t.Helper()
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		Proxy: nil,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var conn net.Conn
-			err := a.node.NS.Do(func() (err error) {
-				conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-				return err
-			})
-			return conn, err
-		},
-		DisableKeepAlives: true,
-	}}
-	var last error
-	for range 50 { // the server starts with the agent
-		resp, err := c.Get("http://" + metricsAddr + path)
-		if err == nil {
-			body, rerr := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if rerr != nil {
-				t.Fatal(rerr)
-			}
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("GET %s: %s", path, resp.Status)
-			}
-			return string(body)
-		}
-		last = err
-		time.Sleep(100 * time.Millisecond)
+	code, body := a.MustGet(t, "http://"+metricsAddr+path)
+	if code != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, code, http.StatusText(code))
 	}
-	t.Fatalf("GET %s: %v", path, last)
-	return ""
+	return body
 }
 
 // cleanup runs `ebpf-proxy --cleanup` in the node's namespace.
 func (e *env) cleanup() {
 	t := e.t
 	t.Helper()
-	a := e.launch([]string{"--cleanup", "--bpffs-path", e.bpffs})
-	if err := a.wait(t); err != nil {
-		t.Fatalf("--cleanup: %v\n%s", err, a.logs)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := agent.Cleanup(ctx, e.node.NS.Path(), e.bpffs); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 )
 
 // bpfFailureEnv is the agent's test hook that makes the BPF dataplane fail
@@ -34,10 +35,10 @@ func TestAutoModeFallsBackWhenTheBPFDataplaneCannotRun(t *testing.T) {
 			}
 			a := e.startAgent("auto", bpfFailureEnv+"="+tc.failure)
 
-			if got := a.get(t, "/proxyMode"); got != wantMode {
+			if got := get(t, a, "/proxyMode"); got != wantMode {
 				t.Errorf("/proxyMode %q, want %q", got, wantMode)
 			}
-			metrics := a.get(t, "/metrics")
+			metrics := get(t, a, "/metrics")
 			if series := fmt.Sprintf(`ebpfproxy_proxy_mode{mode=%q,reason=%q} 1`, wantMode, wantReason); !strings.Contains(metrics, series) {
 				t.Errorf("/metrics lacks %s:\n%s", series, grep(metrics, "ebpfproxy_proxy_mode"))
 			}
@@ -49,7 +50,7 @@ func TestAutoModeFallsBackWhenTheBPFDataplaneCannotRun(t *testing.T) {
 					}
 				}
 			}
-			if line := grep(a.logs.String(), "proxy mode chosen"); !strings.Contains(line, fmt.Sprintf(`"mode":%q`, wantMode)) ||
+			if line := grep(a.Logs(), "proxy mode chosen"); !strings.Contains(line, fmt.Sprintf(`"mode":%q`, wantMode)) ||
 				!strings.Contains(line, fmt.Sprintf(`"reason":%q`, wantReason)) {
 				t.Errorf("log line of the choice %q, want mode %s and reason %s", line, wantMode, wantReason)
 			}
@@ -76,11 +77,11 @@ func TestExplicitEBPFModeFailsWhenTheBPFDataplaneCannotRun(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
 			a := e.launch(e.agentArgs("ebpf"), bpfFailureEnv+"="+tc.failure)
-			if err := a.wait(t); err == nil {
-				t.Fatalf("agent in ebpf mode ran although the BPF dataplane failed:\n%s", a.logs)
+			if err := a.ExitWithin(t, time.Minute); err == nil {
+				t.Fatalf("agent in ebpf mode ran although the BPF dataplane failed:\n%s", a.Logs())
 			}
-			if !strings.Contains(a.logs.String(), tc.want) {
-				t.Errorf("agent log does not say %q:\n%s", tc.want, a.logs)
+			if !strings.Contains(a.Logs(), tc.want) {
+				t.Errorf("agent log does not say %q:\n%s", tc.want, a.Logs())
 			}
 			e.expectOnly("")
 		})
@@ -110,7 +111,7 @@ func TestModeSwitchOnRestartLeavesNothingBehind(t *testing.T) {
 			for i, mode := range tc.modes {
 				a := e.startAgent(mode)
 				e.expectOnly(mode)
-				if got := a.get(t, "/proxyMode"); got != mode {
+				if got := get(t, a, "/proxyMode"); got != mode {
 					t.Errorf("/proxyMode %q, want %q", got, mode)
 				}
 				e.reaches(e.client, vip, 10)
@@ -121,16 +122,9 @@ func TestModeSwitchOnRestartLeavesNothingBehind(t *testing.T) {
 					}
 				}
 				// Between two agents the rules of the earlier one serve.
-				a.stop(t)
+				a.Terminate(t, time.Minute)
 			}
-			res, err := loop.Stop()
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("loop: %d connections over %v, %d failed, servers %v", res.Attempts, res.Duration, res.Failures, res.Servers)
-			if res.Failures != 0 {
-				t.Errorf("%d of %d connections failed across the mode switches: %v", res.Failures, res.Attempts, res.Errors)
-			}
+			res := loop.StopUnbroken(t, "across the mode switches")
 			if len(res.Servers) != 2 {
 				t.Errorf("connections reached %v, want both pods", res.Servers)
 			}
@@ -154,7 +148,7 @@ func TestCleanupRemovesWhatEveryModeCreated(t *testing.T) {
 			}
 			a := e.startAgent(tc.mode)
 			e.expectOnly(tc.mode)
-			a.stop(t)
+			a.Terminate(t, time.Minute)
 			// Stopped, the agent leaves its dataplane in place.
 			e.expectOnly(tc.mode)
 			e.cleanup()
@@ -200,11 +194,11 @@ func readSysctl(t *testing.T, name string) int {
 // kube-proxy's connection tracking defaults in its node's namespace (24h
 // established, 1h CLOSE_WAIT) after its first sync, and left the host's
 // namespace as it was.
-func (e *env) expectConntrackDefaults(a *agent, hostEstablished int) {
+func (e *env) expectConntrackDefaults(a *agent.Process, hostEstablished int) {
 	t := e.t
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(a.logs.String(), "nf_conntrack_tcp_timeout_close_wait") && time.Now().Before(deadline) {
+	for !strings.Contains(a.Logs(), "nf_conntrack_tcp_timeout_close_wait") && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	got := map[string]int{}
@@ -224,7 +218,7 @@ func (e *env) expectConntrackDefaults(a *agent, hostEstablished int) {
 		t.Fatal(err)
 	}
 	if got[conntrackEstablished] != 86400 || got[conntrackCloseWait] != 3600 {
-		t.Errorf("node namespace: %v, want kube-proxy's 86400 and 3600\n%s", got, grep(a.logs.String(), "conntrack"))
+		t.Errorf("node namespace: %v, want kube-proxy's 86400 and 3600\n%s", got, grep(a.Logs(), "conntrack"))
 	}
 	if h := readSysctl(t, conntrackEstablished); h != hostEstablished {
 		t.Errorf("the host's %s changed from %d to %d", conntrackEstablished, hostEstablished, h)

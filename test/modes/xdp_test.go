@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 )
@@ -46,11 +47,11 @@ func TestXDPRefusedByADeviceFallsBackToTC(t *testing.T) {
 	if got := e.xdpAttachMode(sandbox.BridgeName); got != 0 {
 		t.Errorf("%s: XDP attached in mode %d, want none", sandbox.BridgeName, got)
 	}
-	logs := a.logs.String()
+	logs := a.Logs()
 	if !strings.Contains(logs, "device refused the XDP program") || !strings.Contains(logs, sandbox.BridgeName) {
 		t.Errorf("no log line for the refusal:\n%s", grep(logs, "XDP"))
 	}
-	metrics := a.get(t, "/metrics")
+	metrics := get(t, a, "/metrics")
 	for _, series := range []string{
 		fmt.Sprintf(`ebpfproxy_xdp_attached{device=%q,mode="native"} 1`, sandbox.IfaceName),
 		fmt.Sprintf(`ebpfproxy_xdp_attached{device=%q,mode="native"} 0`, sandbox.BridgeName),
@@ -62,7 +63,7 @@ func TestXDPRefusedByADeviceFallsBackToTC(t *testing.T) {
 	}
 	e.reaches(e.external, netip.AddrPortFrom(e.node.IP, nodePort), 20)
 
-	a.stop(t)
+	a.Terminate(t, time.Minute)
 	e.cleanup()
 	if got := e.xdpAttachMode(sandbox.IfaceName); got != 0 {
 		t.Errorf("%s: XDP still attached (mode %d) after --cleanup", sandbox.IfaceName, got)

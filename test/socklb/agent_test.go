@@ -1,16 +1,8 @@
 package socklb_test
 
 import (
-	"bytes"
-	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,102 +10,44 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
 
-// agentBinary is the ebpf-proxy binary under test (sandbox.AgentBinary).
-func agentBinary(t *testing.T) string {
+// Where the agent's servers listen inside the node's namespace, when a
+// test asks for them.
+const (
+	healthzAddr = "127.0.0.1:10256"
+	metricsAddr = "127.0.0.1:10249"
+)
+
+// startAgent runs the real agent in the node's namespace against the
+// sandbox's cgroup and bpffs, reading Services from dir, and waits for its
+// first sync. Extra flags follow the defaults.
+func (e *env) startAgent(t *testing.T, dir string, extra ...string) *agent.Process {
 	t.Helper()
-	bin, err := sandbox.AgentBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bin
-}
-
-// syncBuffer collects a process's output for a test to wait on.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-type agent struct {
-	cmd  *exec.Cmd
-	logs *syncBuffer
-	done chan error
-}
-
-// startAgent runs the real agent against the sandbox's cgroup and bpffs,
-// reading Services from dir, and waits for its first sync. Extra flags
-// follow the defaults.
-func (e *env) startAgent(t *testing.T, dir string, extra ...string) *agent {
-	t.Helper()
-	a := &agent{logs: &syncBuffer{}, done: make(chan error, 1)}
 	args := append([]string{"--manifests", dir, "--cgroup-path", e.sb.Cgroup.Path(),
 		"--bpffs-path", e.bpffs, "--hostname-override", nodeName,
 		"--healthz-bind-address", "", "--metrics-bind-address", "", "-v", "2"}, extra...)
-	a.cmd = exec.Command(agentBinary(t), args...)
-	a.cmd.Stdout, a.cmd.Stderr = a.logs, a.logs
-	if err := a.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { a.done <- a.cmd.Wait() }()
-	t.Cleanup(func() {
-		if a.cmd.ProcessState == nil {
-			a.cmd.Process.Kill()
-			<-a.done
-		}
-		if t.Failed() {
-			t.Logf("agent log:\n%s", a.logs)
-		}
-	})
-	deadline := time.After(30 * time.Second)
-	for !strings.Contains(a.logs.String(), "first sync done") {
-		select {
-		case err := <-a.done:
-			t.Fatalf("agent exited before its first sync: %v\n%s", err, a.logs)
-		case <-deadline:
-			t.Fatalf("agent did not sync within 30s:\n%s", a.logs)
-		case <-time.After(20 * time.Millisecond):
-		}
+	a := agent.Run(t, agent.Options{Args: args, Netns: e.node.NS.Path()})
+	if err := a.WaitLog(30*time.Second, []string{"first sync done"}); err != nil {
+		t.Fatalf("agent did not sync: %v\n%s", err, a.Logs())
 	}
 	return a
 }
 
-func (a *agent) signal(t *testing.T, sig syscall.Signal) error {
-	t.Helper()
-	if err := a.cmd.Process.Signal(sig); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-a.done:
-		return err
-	case <-time.After(15 * time.Second):
-		t.Fatalf("agent did not exit on %v", sig)
-		return nil
-	}
-}
-
 func (e *env) dump(t *testing.T) string {
 	t.Helper()
-	out, err := exec.Command(agentBinary(t), "dump", "--bpffs-path", e.bpffs).CombinedOutput()
+	out, err := agent.Dump(e.bpffs)
 	if err != nil {
 		t.Fatalf("dump: %v\n%s", err, out)
 	}
-	return string(out)
+	return out
 }
 
 // attachedPrograms counts the programs attached to the sandbox's cgroup for
@@ -132,67 +66,24 @@ func (e *env) attachedPrograms(t *testing.T) int {
 	return len(res.Programs)
 }
 
-const webManifests = `apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: default}
-spec:
-  clusterIP: 10.96.0.80
-  ports: [{name: http, port: 80, protocol: TCP, targetPort: http}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-1
-  namespace: default
-  labels: {kubernetes.io/service-name: web}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-%s`
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	var err error
-	for range 50 { // the servers start with the agent; give them a moment
-		var resp *http.Response
-		if resp, err = http.Get(url); err == nil {
-			defer resp.Body.Close()
-			b, rerr := io.ReadAll(resp.Body)
-			if rerr != nil {
-				t.Fatal(rerr)
-			}
-			return resp.StatusCode, strings.TrimSpace(string(b))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("GET %s: %v", url, err)
-	return 0, ""
-}
-
+// writeManifests writes web, a Service whose named target port the pods
+// serve on 8080, with the pods as its endpoints.
 func writeManifests(t *testing.T, dir string, pods ...*sandbox.Pod) {
 	t.Helper()
-	var eps strings.Builder
+	web := builders.Service("default", "web", builders.ClusterIP("10.96.0.80"),
+		builders.Ports(builders.Port("http", 80, v1.ProtocolTCP, intstr.FromString("http"))))
+	if err := builders.WriteManifest(dir, "web.yaml", web, builders.EndpointSlice("default", "web-1", "web", podEndpoints(pods))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// podEndpoints are ready endpoints for pods, all on the node.
+func podEndpoints(pods []*sandbox.Pod) []discoveryv1.Endpoint {
+	var eps []discoveryv1.Endpoint
 	for _, p := range pods {
-		fmt.Fprintf(&eps, "  - {addresses: [%s], conditions: {ready: true}, nodeName: %s}\n", p.IP, nodeName)
+		eps = append(eps, builders.Endpoint(p.IP.String(), nodeName))
 	}
-	// Written elsewhere and renamed, so the agent never reads half a file.
-	tmp := filepath.Join(dir, ".web.yaml.tmp")
-	if err := os.WriteFile(tmp, []byte(fmt.Sprintf(webManifests, eps.String())), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, "web.yaml")); err != nil {
-		t.Fatal(err)
-	}
+	return eps
 }
 
 func TestAgentRestartKeepsTrafficAndIDs(t *testing.T) {
@@ -211,7 +102,7 @@ func TestAgentRestartKeepsTrafficAndIDs(t *testing.T) {
 	}
 
 	// SIGKILL: no chance to clean up. The pinned programs keep serving.
-	first.signal(t, syscall.SIGKILL)
+	first.SignalAndWait(t, syscall.SIGKILL, 15*time.Second)
 	time.Sleep(300 * time.Millisecond)
 
 	second := e.startAgent(t, dir)
@@ -224,26 +115,18 @@ func TestAgentRestartKeepsTrafficAndIDs(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 
 	// SIGTERM also leaves the programs in place.
-	if err := second.signal(t, syscall.SIGTERM); err != nil {
+	if err := second.SignalAndWait(t, syscall.SIGTERM, 15*time.Second); err != nil {
 		t.Errorf("agent exit on SIGTERM: %v", err)
 	}
 	time.Sleep(300 * time.Millisecond)
-	res, err := loop.Stop()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("loop: %d connections over %v, %d failed, servers %v", res.Attempts, res.Duration, res.Failures, res.Servers)
-	if res.Failures != 0 {
-		t.Errorf("%d of %d connections failed across the restarts: %v", res.Failures, res.Attempts, res.Errors)
-	}
+	res := loop.StopUnbroken(t, "across the restarts")
 	if len(res.Servers) != 2 {
 		t.Errorf("connections reached %v, want both pods", res.Servers)
 	}
 
 	// --cleanup detaches everything.
-	out, err := exec.Command(agentBinary(t), "--cleanup", "--bpffs-path", e.bpffs).CombinedOutput()
-	if err != nil {
-		t.Fatalf("--cleanup: %v\n%s", err, out)
+	if _, err := agent.Cleanup(e.ctx(), e.node.NS.Path(), e.bpffs); err != nil {
+		t.Fatal(err)
 	}
 	if n := e.attachedPrograms(t); n != 0 {
 		t.Errorf("%d programs still attached after --cleanup", n)
@@ -257,20 +140,19 @@ func TestAgentFollowsManifestChanges(t *testing.T) {
 	e := newSandbox(t, 2)
 	dir := t.TempDir()
 	writeManifests(t, dir, e.pods[0])
-	healthz, metricsAddr := freeAddr(t), freeAddr(t)
-	e.startAgent(t, dir, "--healthz-bind-address", healthz, "--metrics-bind-address", metricsAddr)
+	a := e.startAgent(t, dir, "--healthz-bind-address", healthzAddr, "--metrics-bind-address", metricsAddr)
 
 	t.Run("health and metrics servers answer as kube-proxy's", func(t *testing.T) {
 		for _, path := range []string{"/healthz", "/livez"} {
-			code, body := get(t, "http://"+healthz+path)
+			code, body := a.MustGet(t, "http://"+healthzAddr+path)
 			if code != 200 || !strings.Contains(body, `"healthy":true`) || !strings.Contains(body, `"lastUpdated"`) {
 				t.Errorf("%s: %d %s", path, code, body)
 			}
 		}
-		if code, body := get(t, "http://"+metricsAddr+"/proxyMode"); code != 200 || body != "ebpf" {
+		if code, body := a.MustGet(t, "http://"+metricsAddr+"/proxyMode"); code != 200 || strings.TrimSpace(body) != "ebpf" {
 			t.Errorf("/proxyMode: %d %q", code, body)
 		}
-		_, body := get(t, "http://"+metricsAddr+"/metrics")
+		_, body := a.MustGet(t, "http://"+metricsAddr+"/metrics")
 		for _, m := range []string{
 			"kubeproxy_sync_proxy_rules_duration_seconds_bucket",
 			"kubeproxy_sync_proxy_rules_last_timestamp_seconds",

@@ -4,14 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
@@ -19,15 +17,12 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 
-func TestMain(m *testing.M) {
-	sandbox.Main()
-	code := m.Run()
-	sandbox.RemoveAgentBinary()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { agent.Main(m) }
 
 const nodeName = "node-a"
 
@@ -72,14 +67,8 @@ func newSandbox(t testing.TB, pods int) *env {
 		t.Fatal(err)
 	}
 	for i := range pods {
-		p, err := sb.AddPod(e.node, fmt.Sprintf("pod-%d", i), netip.Addr{})
+		p, err := sb.AddServingPod(e.node, fmt.Sprintf("pod-%d", i), netip.Addr{}, tcpPort, udpPort)
 		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := p.StartTCPServer(tcpPort); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := p.StartUDPServer(udpPort); err != nil {
 			t.Fatal(err)
 		}
 		e.pods = append(e.pods, p)
@@ -172,22 +161,10 @@ func (e *env) ctx() context.Context {
 	return ctx
 }
 
-// makeService builds a ClusterIP Service of one port.
-func makeService(name, clusterIP string, port int32, proto v1.Protocol, target intstr.IntOrString, opts ...func(*v1.Service)) *v1.Service {
-	svc := &v1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
-		Spec: v1.ServiceSpec{
-			Type:       v1.ServiceTypeClusterIP,
-			ClusterIP:  clusterIP,
-			ClusterIPs: []string{clusterIP},
-			IPFamilies: []v1.IPFamily{v1.IPv4Protocol},
-			Ports:      []v1.ServicePort{{Name: "p", Port: port, Protocol: proto, TargetPort: target}},
-		},
-	}
-	for _, o := range opts {
-		o(svc)
-	}
-	return svc
+// makeService builds a ClusterIP Service in "default" of one port "p".
+func makeService(name, clusterIP string, port int32, proto v1.Protocol, target intstr.IntOrString, opts ...builders.ServiceOption) *v1.Service {
+	base := []builders.ServiceOption{builders.ClusterIP(clusterIP), builders.Ports(builders.Port("p", port, proto, target))}
+	return builders.Service("default", name, append(base, opts...)...)
 }
 
 type epState int
@@ -198,6 +175,9 @@ const (
 	notReady
 )
 
+// states maps endpoint states to the builders' options (ready is theirs).
+var states = map[epState]builders.EndpointOption{terminating: builders.Terminating, notReady: builders.NotReady}
+
 type ep struct {
 	ip    netip.Addr
 	state epState
@@ -205,25 +185,12 @@ type ep struct {
 
 // makeSlice builds the EndpointSlice of a Service with one port named "p".
 func makeSlice(svc, name string, port int32, proto v1.Protocol, eps ...ep) *discoveryv1.EndpointSlice {
-	es := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr("p"), Port: ptr(port), Protocol: ptr(proto)}},
-	}
+	var out []discoveryv1.Endpoint
 	for _, e := range eps {
-		c := discoveryv1.EndpointConditions{Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false)}
-		switch e.state {
-		case terminating:
-			c = discoveryv1.EndpointConditions{Ready: ptr(false), Serving: ptr(true), Terminating: ptr(true)}
-		case notReady:
-			c = discoveryv1.EndpointConditions{Ready: ptr(false), Serving: ptr(false), Terminating: ptr(false)}
-		}
-		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{e.ip.String()}, Conditions: c, NodeName: ptr(nodeName)})
+		out = append(out, builders.Endpoint(e.ip.String(), nodeName, states[e.state]))
 	}
-	return es
+	return builders.EndpointSlice("default", name, svc, out, builders.SlicePorts(builders.SlicePort("p", port, proto)))
 }
-
-func ptr[T any](v T) *T { return &v }
 
 func (e *env) podEPs(idx ...int) []ep {
 	var out []ep

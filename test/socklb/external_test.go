@@ -6,6 +6,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 )
@@ -59,7 +60,7 @@ func TestNodeLocalClientsReachExternalFrontends(t *testing.T) {
 	// One endpoint is "on another node": the sandbox pods all live on
 	// node-a, so the EndpointSlice says where they run.
 	remote := makeSlice("web", "web-1", tcpPort, v1.ProtocolTCP, e.podEPs(0, 1)...)
-	remote.Endpoints[1].NodeName = ptr("node-b")
+	remote.Endpoints[1].NodeName = ptr.To("node-b")
 	e.addExposedWeb(nil)
 	e.setSlice(remote)
 	e.sync()

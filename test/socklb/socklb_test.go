@@ -7,8 +7,10 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
 
 var (
@@ -149,9 +151,9 @@ func TestUDPFromTheNodeToARefusingServiceIsEPERM(t *testing.T) {
 	e.setService(makeService("dead", deadVIP.Addr().String(), int32(deadVIP.Port()), v1.ProtocolTCP, intstr.FromInt32(tcpPort)))
 	// internalTrafficPolicy=Local whose only endpoint is on another node.
 	e.setService(makeService("local-udp", dnsVIP.Addr().String(), int32(dnsVIP.Port()), v1.ProtocolUDP, intstr.FromInt32(udpPort),
-		func(s *v1.Service) { s.Spec.InternalTrafficPolicy = ptr(v1.ServiceInternalTrafficPolicyLocal) }))
+		builders.InternalLocal()))
 	es := makeSlice("local-udp", "local-udp-1", udpPort, v1.ProtocolUDP, e.podEPs(0)...)
-	es.Endpoints[0].NodeName = ptr("other-node")
+	es.Endpoints[0].NodeName = ptr.To("other-node")
 	e.setSlice(es)
 	e.sync()
 

@@ -2,46 +2,25 @@ package socklb_test
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
 
-const dnsManifest = `apiVersion: v1
-kind: Service
-metadata: {name: dns, namespace: default}
-spec:
-  clusterIP: 10.96.0.53
-  ports: [{name: dns, port: 53, protocol: UDP, targetPort: 5353}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: dns-1
-  namespace: default
-  labels: {kubernetes.io/service-name: dns}
-addressType: IPv4
-ports: [{name: dns, port: 5353, protocol: UDP}]
-endpoints:
-%s`
-
+// writeDNSManifest writes dns, a UDP Service with the pods as its
+// endpoints.
 func writeDNSManifest(t *testing.T, dir string, pods ...*sandbox.Pod) {
 	t.Helper()
-	var eps strings.Builder
-	for _, p := range pods {
-		fmt.Fprintf(&eps, "  - {addresses: [%s], conditions: {ready: true}, nodeName: %s}\n", p.IP, nodeName)
-	}
-	tmp := filepath.Join(dir, ".dns.yaml.tmp")
-	if err := os.WriteFile(tmp, []byte(fmt.Sprintf(dnsManifest, eps.String())), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, "dns.yaml")); err != nil {
+	dns := builders.Service("default", "dns", builders.ClusterIP("10.96.0.53"),
+		builders.Ports(builders.Port("dns", 53, v1.ProtocolUDP, intstr.FromInt32(5353))))
+	if err := builders.WriteManifest(dir, "dns.yaml", dns, builders.SliceFor(dns, podEndpoints(pods)...)); err != nil {
 		t.Fatal(err)
 	}
 }

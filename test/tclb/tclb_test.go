@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -22,14 +21,11 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
 
-func TestMain(m *testing.M) {
-	sandbox.Main()
-	code := m.Run()
-	sandbox.RemoveAgentBinary()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { agent.Main(m) }
 
 const (
 	tcpPort = 8080
@@ -82,14 +78,8 @@ func newTopology(t *testing.T) *env {
 			t.Fatal(err)
 		}
 		e.nodes = append(e.nodes, &node{Node: n})
-		pod, err := sb.AddPod(n, "pod-"+name[len(name)-1:], netip.Addr{})
+		pod, err := sb.AddServingPod(n, "pod-"+name[len(name)-1:], netip.Addr{}, tcpPort, udpPort)
 		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pod.StartTCPServer(tcpPort); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pod.StartUDPServer(udpPort); err != nil {
 			t.Fatal(err)
 		}
 		e.pods[pod.Name] = pod
@@ -182,19 +172,13 @@ func (e *env) sync(svcs ...service) {
 	for _, n := range e.nodes {
 		st := &model.State{Node: model.Node{Name: n.Name, Addrs: []netip.Addr{n.IP}}, Services: map[model.ServicePortName]*model.Service{}}
 		for _, s := range svcs {
-			sp := &model.ServicePort{
-				Name:            model.ServicePortName{ServiceName: model.ServiceName{Namespace: "default", Name: s.name}, Protocol: s.proto},
-				ClusterIP:       netip.MustParseAddr(s.clusterIP),
-				Port:            s.port,
-				NodePort:        s.nodePort,
-				ExternalIPs:     s.extIPs,
-				LoadBalancerIPs: s.lbIPs,
-
-				LoadBalancerSourceRanges: s.ranges,
-			}
-			if s.etpLocal {
-				sp.ExternalPolicy = model.PolicyLocal
-			}
+			sp := builders.ModelServicePort("default", s.name, s.proto, netip.MustParseAddr(s.clusterIP), s.port, func(sp *model.ServicePort) {
+				sp.NodePort = s.nodePort
+				sp.ExternalIPs, sp.LoadBalancerIPs, sp.LoadBalancerSourceRanges = s.extIPs, s.lbIPs, s.ranges
+				if s.etpLocal {
+					sp.ExternalPolicy = model.PolicyLocal
+				}
+			})
 			target := uint16(tcpPort)
 			if s.proto == model.UDP {
 				target = udpPort
@@ -205,13 +189,13 @@ func (e *env) sync(svcs ...service) {
 			var eps []model.Endpoint
 			for _, name := range s.endpoints {
 				pod := e.pods[name]
-				eps = append(eps, model.Endpoint{Addr: pod.IP, Port: target, Ready: true, Serving: true, NodeName: pod.Node.Name})
+				eps = append(eps, builders.ModelEndpoint(netip.AddrPortFrom(pod.IP, target), pod.Node.Name))
 			}
 			for _, name := range s.terminating {
 				pod := e.pods[name]
-				eps = append(eps, model.Endpoint{Addr: pod.IP, Port: target, Serving: true, Terminating: true, NodeName: pod.Node.Name})
+				eps = append(eps, builders.ModelEndpoint(netip.AddrPortFrom(pod.IP, target), pod.Node.Name, builders.ModelTerminating))
 			}
-			st.Services[sp.Name] = &model.Service{Port: sp, Endpoints: eps, Selection: model.Categorize(sp, eps, &st.Node, model.DefaultOptions)}
+			st.Services[sp.Name] = builders.ModelService(sp, eps, &st.Node)
 		}
 		// Every node address gets NodePorts, a loopback one for the node's
 		// own sockets, as with the agent's defaults.

@@ -17,6 +17,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
 
 // The fixture's node: node-a with its uplink n0 on the node network and p0
@@ -319,12 +320,8 @@ func state(svcs ...service) *model.State {
 		Services: map[model.ServicePortName]*model.Service{},
 	}
 	for _, s := range svcs {
-		sp := &model.ServicePort{
-			Name:      model.ServicePortName{ServiceName: model.ServiceName{Namespace: "default", Name: s.name}, Protocol: s.proto},
-			ClusterIP: netip.MustParseAddr(s.clusterIP),
-			Port:      s.port,
-			NodePort:  s.nodePort,
-		}
+		sp := builders.ModelServicePort("default", s.name, s.proto, netip.MustParseAddr(s.clusterIP), s.port)
+		sp.NodePort = s.nodePort
 		for _, a := range s.extIPs {
 			sp.ExternalIPs = append(sp.ExternalIPs, netip.MustParseAddr(a))
 		}
@@ -346,15 +343,13 @@ func state(svcs ...service) *model.State {
 		var eps []model.Endpoint
 		for _, e := range s.endpoints {
 			ap, node, _ := strings.Cut(e, "@")
-			a := netip.MustParseAddrPort(ap)
-			eps = append(eps, model.Endpoint{Addr: a.Addr(), Port: a.Port(), Ready: true, Serving: true, NodeName: node})
+			eps = append(eps, builders.ModelEndpoint(netip.MustParseAddrPort(ap), node))
 		}
 		for _, e := range s.terminating {
 			ap, node, _ := strings.Cut(e, "@")
-			a := netip.MustParseAddrPort(ap)
-			eps = append(eps, model.Endpoint{Addr: a.Addr(), Port: a.Port(), Serving: true, Terminating: true, NodeName: node})
+			eps = append(eps, builders.ModelEndpoint(netip.MustParseAddrPort(ap), node, builders.ModelTerminating))
 		}
-		st.Services[sp.Name] = &model.Service{Port: sp, Endpoints: eps, Selection: model.Categorize(sp, eps, &st.Node, model.DefaultOptions)}
+		st.Services[sp.Name] = builders.ModelService(sp, eps, &st.Node)
 	}
 	return st
 }

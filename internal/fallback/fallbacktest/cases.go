@@ -11,6 +11,7 @@ import (
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
 // Source expectations.
@@ -72,7 +73,7 @@ const ModeIPVS = "ipvs"
 // through each frontend, whether the connection is refused or dropped, and
 // whether the pod sees the client's address.
 func Cases() []Case {
-	nodeA, nodeB := NodeAIP, NodeBIP
+	nodeA, nodeB := example.NodeAIP, example.NodeBIP
 	all := []string{"a1", "a2", "b1"}
 	return []Case{
 		// ClusterIP, policy Cluster.
@@ -127,7 +128,7 @@ func Cases() []Case {
 // Rows run in parallel: each is a handful of subprocesses.
 func Run(t *testing.T, e *Env, cases []Case) {
 	t.Helper()
-	mode := e.Dataplanes[NodeA].Name()
+	mode := e.Dataplanes[example.NodeA].Name()
 	t.Run(mode, func(t *testing.T) {
 		for _, tc := range cases {
 			want := tc.Want

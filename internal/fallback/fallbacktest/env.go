@@ -1,3 +1,6 @@
+// Package fallbacktest holds the behaviour table of the fallback dataplanes
+// (Cases) and the sandbox it runs real traffic through (Env): the example
+// cluster of internal/testing/example on two nodes, one dataplane per node.
 package fallbacktest
 
 import (
@@ -13,6 +16,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/nodeaddrs"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
 // Factory creates the dataplane under test for a node of the sandbox. The
@@ -55,10 +59,10 @@ type Env struct {
 	Pods    map[string]*sandbox.Pod
 	Clients map[string]*sandbox.Client
 	// Sources and Dataplanes are keyed by node name.
-	Sources    map[string]*Source
+	Sources    map[string]*example.Source
 	Dataplanes map[string]dataplane.Dataplane
 	// Example is what the Sources were given.
-	Example []Pair
+	Example []example.Pair
 }
 
 // NewEnv builds the sandbox, starts the servers, creates a dataplane per
@@ -69,31 +73,25 @@ func NewEnv(t *testing.T, factory Factory) *Env {
 	e := &Env{
 		T: t, SB: sb,
 		Nodes: map[string]*sandbox.Node{}, Pods: map[string]*sandbox.Pod{}, Clients: map[string]*sandbox.Client{},
-		Sources: map[string]*Source{}, Dataplanes: map[string]dataplane.Dataplane{},
-		Example: Example(),
+		Sources: map[string]*example.Source{}, Dataplanes: map[string]dataplane.Dataplane{},
+		Example: example.Example(),
 	}
-	for _, name := range []string{NodeA, NodeB} {
+	for _, name := range []string{example.NodeA, example.NodeB} {
 		n, err := sb.AddNode(name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		e.Nodes[name] = n
 	}
-	if e.Nodes[NodeA].IP != NodeAIP || e.Nodes[NodeB].IP != NodeBIP {
-		t.Fatalf("sandbox gave the nodes %s and %s, the example cluster expects %s and %s", e.Nodes[NodeA].IP, e.Nodes[NodeB].IP, NodeAIP, NodeBIP)
+	if e.Nodes[example.NodeA].IP != example.NodeAIP || e.Nodes[example.NodeB].IP != example.NodeBIP {
+		t.Fatalf("sandbox gave the nodes %s and %s, the example cluster expects %s and %s", e.Nodes[example.NodeA].IP, e.Nodes[example.NodeB].IP, example.NodeAIP, example.NodeBIP)
 	}
 	for _, p := range []struct {
 		name, node string
 		ip         netip.Addr
-	}{{"a1", NodeA, PodA1}, {"a2", NodeA, PodA2}, {"b1", NodeB, PodB1}} {
-		pod, err := sb.AddPod(e.Nodes[p.node], p.name, p.ip)
+	}{{"a1", example.NodeA, example.PodA1}, {"a2", example.NodeA, example.PodA2}, {"b1", example.NodeB, example.PodB1}} {
+		pod, err := sb.AddServingPod(e.Nodes[p.node], p.name, p.ip, example.TCPTarget, example.UDPTarget)
 		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pod.StartTCPServer(TCPTarget); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pod.StartUDPServer(UDPTarget); err != nil {
 			t.Fatal(err)
 		}
 		e.Pods[p.name] = pod
@@ -105,18 +103,18 @@ func NewEnv(t *testing.T, factory Factory) *Env {
 		}
 		e.Clients[name] = c
 	}
-	c, err := sb.AddClient(e.Nodes[NodeA], ClientPodA, ClientPodAIP)
+	c, err := sb.AddClient(e.Nodes[example.NodeA], ClientPodA, ClientPodAIP)
 	add(ClientPodA, c, err)
-	c, err = sb.AddClient(e.Nodes[NodeB], ClientPodB, ClientPodBIP)
+	c, err = sb.AddClient(e.Nodes[example.NodeB], ClientPodB, ClientPodBIP)
 	add(ClientPodB, c, err)
 	c, err = sb.AddExternalClient(ClientExternal, ClientExtIP)
 	add(ClientExternal, c, err)
 	c, err = sb.AddExternalClient(ClientBlocked, ClientBlockedIP)
 	add(ClientBlocked, c, err)
-	e.Clients[ClientNodeA] = sb.ClientAt(e.Nodes[NodeA].Host)
+	e.Clients[ClientNodeA] = sb.ClientAt(e.Nodes[example.NodeA].Host)
 	e.Clients[ClientA1] = sb.ClientAt(e.Pods["a1"].Host)
 	// LoadBalancer and external IPs are announced to node-a.
-	if err := sb.RouteToNode(sandbox.LoadBalancerCIDR, e.Nodes[NodeA]); err != nil {
+	if err := sb.RouteToNode(sandbox.LoadBalancerCIDR, e.Nodes[example.NodeA]); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range e.Nodes {
@@ -124,8 +122,8 @@ func NewEnv(t *testing.T, factory Factory) *Env {
 			t.Fatal(err)
 		}
 	}
-	for _, name := range []string{NodeA, NodeB} {
-		e.Sources[name] = NewSource(t, Node(name)).Add(e.Example...)
+	for _, name := range []string{example.NodeA, example.NodeB} {
+		e.Sources[name] = example.NewSource(t, example.Node(name)).Add(e.Example...)
 		// The node's addresses, read as the agent's sync loop reads them,
 		// before a dataplane adds any of its own.
 		var local []netip.Addr
@@ -145,7 +143,7 @@ func NewEnv(t *testing.T, factory Factory) *Env {
 // Sync hands every node's dataplane the changes recorded in its Source.
 func (e *Env) Sync(full bool) {
 	e.T.Helper()
-	for _, name := range []string{NodeA, NodeB} {
+	for _, name := range []string{example.NodeA, example.NodeB} {
 		up := e.Sources[name].Update()
 		up.Full = up.Full || full
 		if err := e.Dataplanes[name].Sync(up); err != nil {
@@ -155,8 +153,8 @@ func (e *Env) Sync(full bool) {
 }
 
 // Each records the same change in the Source of every node.
-func (e *Env) Each(change func(*Source)) {
-	for _, name := range []string{NodeA, NodeB} {
+func (e *Env) Each(change func(*example.Source)) {
+	for _, name := range []string{example.NodeA, example.NodeB} {
 		change(e.Sources[name])
 	}
 }

@@ -9,10 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
 // backends are the iptables flavours a privileged test runs with. Both
@@ -125,10 +126,10 @@ func TestPartialSyncsLeaveWhatAFullSyncWrites(t *testing.T) {
 	for _, backend := range backends {
 		t.Run(backend, func(t *testing.T) {
 			requireBackend(t, backend)
-			ex := fallbacktest.Example()
-			src := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(ex...)
+			ex := example.Example()
+			src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
 			m := metrics.New(metrics.IPv4)
-			cfg := Config{Netns: newNetns(t, "ipt-partial"), Backend: backend, ClusterCIDR: fallbacktest.ClusterCIDR, Metrics: &m.FamilyMetrics}
+			cfg := Config{Netns: newNetns(t, "ipt-partial"), Backend: backend, ClusterCIDR: example.ClusterCIDR, Metrics: &m.FamilyMetrics}
 			d, err := New(ctxFor(t), cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -144,16 +145,16 @@ func TestPartialSyncsLeaveWhatAFullSyncWrites(t *testing.T) {
 				change func()
 			}{
 				{"an endpoint leaves", func() {
-					src.SetSlice(fallbacktest.MakeSlice(ex[0].Service, fallbacktest.EndpointsOn(fallbacktest.PodA1, fallbacktest.PodB1)))
+					src.SetSlice(builders.SliceFor(ex[0].Service, example.EndpointsOn(example.PodA1, example.PodB1)...))
 				}},
 				{"a Service without endpoints gets one", func() {
-					src.SetSlice(fallbacktest.MakeSlice(ex[6].Service, fallbacktest.EndpointsOn(fallbacktest.PodA2)))
+					src.SetSlice(builders.SliceFor(ex[6].Service, example.EndpointsOn(example.PodA2)...))
 				}},
 				{"a Service loses all endpoints", func() { src.DeleteSlice(ex[1].Slice) }},
 				{"a Service is deleted", func() { src.DeleteService(ex[4].Service) }},
 				{"a Service is added", func() {
-					src.Add(fallbacktest.Pair{Service: fallbacktest.MakeService("late", "10.96.0.99", fallbacktest.NodePort(30099)),
-						Slice: fallbacktest.MakeSlice(fallbacktest.MakeService("late", "10.96.0.99"), fallbacktest.EndpointsOn(fallbacktest.PodA1))})
+					src.Add(example.Pair{Service: example.Service("late", "10.96.0.99", builders.NodePort(30099)),
+						Slice: builders.SliceFor(example.Service("late", "10.96.0.99"), example.EndpointsOn(example.PodA1)...)})
 				}},
 			}
 			for _, step := range steps {
@@ -170,7 +171,7 @@ func TestPartialSyncsLeaveWhatAFullSyncWrites(t *testing.T) {
 
 			// The same final state written by a full sync in a fresh
 			// namespace.
-			fresh, err := New(ctxFor(t), Config{Netns: newNetns(t, "ipt-full"), Backend: backend, ClusterCIDR: fallbacktest.ClusterCIDR})
+			fresh, err := New(ctxFor(t), Config{Netns: newNetns(t, "ipt-full"), Backend: backend, ClusterCIDR: example.ClusterCIDR})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -204,9 +205,9 @@ func TestStartupReplacesWhatAnEarlierAgentLeft(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			requireBackend(t, backend)
 			ns := newNetns(t, "ipt-restart")
-			ex := fallbacktest.Example()
-			src := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(ex...)
-			cfg := Config{Netns: ns, Backend: backend, ClusterCIDR: fallbacktest.ClusterCIDR}
+			ex := example.Example()
+			src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
+			cfg := Config{Netns: ns, Backend: backend, ClusterCIDR: example.ClusterCIDR}
 			first, err := New(ctxFor(t), cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -235,7 +236,7 @@ func TestStartupReplacesWhatAnEarlierAgentLeft(t *testing.T) {
 			}
 			got := readOwned(t, second.runner).normalized(t)
 
-			fresh, err := New(ctxFor(t), Config{Netns: newNetns(t, "ipt-fresh"), Backend: backend, ClusterCIDR: fallbacktest.ClusterCIDR})
+			fresh, err := New(ctxFor(t), Config{Netns: newNetns(t, "ipt-fresh"), Backend: backend, ClusterCIDR: example.ClusterCIDR})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -260,7 +261,7 @@ func TestCleanupRemovesEverythingFromEveryBackend(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		src := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(fallbacktest.Example()...)
+		src := example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)
 		if err := d.Sync(src.Update()); err != nil {
 			t.Fatal(err)
 		}
@@ -291,9 +292,9 @@ func TestFullSyncRepairsFlushedBuiltinChains(t *testing.T) {
 	for _, backend := range backends {
 		t.Run(backend, func(t *testing.T) {
 			requireBackend(t, backend)
-			src := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(fallbacktest.Example()...)
+			src := example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)
 			m := metrics.New(metrics.IPv4)
-			d, err := New(ctxFor(t), Config{Netns: newNetns(t, "ipt-repair"), Backend: backend, ClusterCIDR: fallbacktest.ClusterCIDR, Metrics: &m.FamilyMetrics})
+			d, err := New(ctxFor(t), Config{Netns: newNetns(t, "ipt-repair"), Backend: backend, ClusterCIDR: example.ClusterCIDR, Metrics: &m.FamilyMetrics})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,6 +7,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
 // factory programs each sandbox node with the iptables dataplane, the
@@ -17,7 +18,7 @@ func factory(backend string) fallbacktest.Factory {
 		d, err := New(fallbacktest.Context(t), Config{
 			Netns:       node.NS.Path(),
 			Backend:     backend,
-			ClusterCIDR: fallbacktest.ClusterCIDR,
+			ClusterCIDR: example.ClusterCIDR,
 			Metrics:     &m.FamilyMetrics,
 		})
 		if err != nil {

@@ -6,9 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
 // BenchmarkSync measures syncs of 1,000 and 10,000 Services with 10
@@ -25,59 +26,41 @@ import (
 // minutes; nft at 10,000 Services runs only with EBPF_PROXY_BENCH_SLOW=1.
 func BenchmarkSync(b *testing.B) {
 	for _, backend := range backends {
-		for _, n := range []int{1000, 10000} {
-			for _, kind := range []string{"first", "full", "partial"} {
+		for _, n := range example.BenchScales {
+			for _, kind := range example.SyncKinds {
 				b.Run(fmt.Sprintf("%s/services=%d/%s", backend, n, kind), func(b *testing.B) {
 					requireBackend(b, backend)
 					if backend == xtables.BackendNFT && n > 1000 && os.Getenv("EBPF_PROXY_BENCH_SLOW") != "1" {
 						b.Skip("iptables-nft-restore takes tens of minutes for 10,000 Services; set EBPF_PROXY_BENCH_SLOW=1")
 					}
-					scale := fallbacktest.NewScale(n, 10)
+					scale := example.NewScale(n, 10)
 					m := metrics.New(metrics.IPv4)
-					newDataplane := func() *Dataplane {
-						// iptables-nft-restore needs more than the default
-						// timeout for 10,000 Services: it is quadratic.
-						d, err := New(ctxFor(b), Config{Netns: newNetns(b, "ipt-bench"), Backend: backend,
-							ClusterCIDR: fallbacktest.ClusterCIDR, Metrics: &m.FamilyMetrics, Timeout: 30 * time.Minute})
-						if err != nil {
-							b.Fatal(err)
-						}
-						return d
-					}
-					var d *Dataplane
-					if kind != "first" {
-						d = newDataplane()
-						if err := d.Sync(scale.Full()); err != nil {
-							b.Fatal(err)
-						}
-					}
 					var bytes int
-					b.ResetTimer()
-					for range b.N {
-						up := scale.Full()
-						switch kind {
-						case "first":
-							d = newDataplane()
-						case "partial":
-							up = scale.ChangeOneEndpoint()
-						}
-						if err := d.Sync(up); err != nil {
-							b.Fatal(err)
-						}
-						b.StopTimer()
+					example.BenchSync(b, scale, kind, example.SyncBenchmark[*Dataplane]{
+						New: func() *Dataplane {
+							// iptables-nft-restore needs more than the default
+							// timeout for 10,000 Services: it is quadratic.
+							d, err := New(ctxFor(b), Config{Netns: newNetns(b, "ipt-bench"), Backend: backend,
+								ClusterCIDR: example.ClusterCIDR, Metrics: &m.FamilyMetrics, Timeout: 30 * time.Minute})
+							if err != nil {
+								b.Fatal(err)
+							}
+							return d
+						},
+						TimeNew: true,
 						// Rendering again to count costs no kernel time.
-						switch kind {
-						case "first":
-							p := newPlanner(&d.cfg)
-							p.r.comments = d.plan.r.comments
-							pl, _ := p.full(up.State, freshHooks)
-							bytes = len(pl.tx.Bytes())
-						case "partial":
-							bytes = len(d.plan.partial(up).tx.Bytes())
-						}
-						b.StartTimer()
-					}
-					b.StopTimer()
+						After: func(d *Dataplane, up model.Update) {
+							switch kind {
+							case "first":
+								p := newPlanner(&d.cfg)
+								p.r.comments = d.plan.r.comments
+								pl, _ := p.full(up.State, freshHooks)
+								bytes = len(pl.tx.Bytes())
+							case "partial":
+								bytes = len(d.plan.partial(up).tx.Bytes())
+							}
+						},
+					})
 					b.ReportMetric(gaugeValue(b, m.IPTablesRulesTotal.WithLabelValues("nat")), "nat-rules")
 					b.ReportMetric(gaugeValue(b, m.IPTablesRulesLast.WithLabelValues("nat")), "nat-rules-written")
 					b.ReportMetric(float64(bytes), "restore-bytes")

@@ -5,7 +5,7 @@ import (
 	"os/exec"
 	"testing"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nsenter"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 )
 
 // An agent cleans up after the other modes at every start and on
@@ -24,7 +24,7 @@ func TestCleanupWhereNothingOfOursExistsCreatesNoTable(t *testing.T) {
 		cmd := exec.Command("iptables-" + backend + "-save")
 		var out bytes.Buffer
 		cmd.Stdout = &out
-		if err := nsenter.Start(ns, cmd); err != nil {
+		if err := netns.Start(ns, cmd); err != nil {
 			t.Fatal(err)
 		}
 		if err := cmd.Wait(); err != nil {

@@ -8,9 +8,9 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nsenter"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 )
 
 // Name is the proxy mode this dataplane implements.
@@ -183,9 +183,9 @@ func countEndpoints(s *model.State) int {
 // tcpBeLiberal reads nf_conntrack_tcp_be_liberal in the namespace. With it
 // set, conntrack marks no out-of-window packet INVALID and the INVALID drop
 // rule would only break asymmetric traffic (kubernetes#94861).
-func tcpBeLiberal(netns string) bool {
+func tcpBeLiberal(nsPath string) bool {
 	var liberal bool
-	_ = nsenter.Do(netns, func() error {
+	_ = netns.Do(nsPath, func() error {
 		b, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal")
 		liberal = err == nil && strings.TrimSpace(string(b)) != "0"
 		return nil

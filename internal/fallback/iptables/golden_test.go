@@ -8,9 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -64,17 +65,17 @@ func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 		nodePorts []string
 		// change, if set, alters the example after the full sync; the
 		// partial sync's input is checked against "<name>-partial".
-		change func(src *fallbacktest.Source, ex []fallbacktest.Pair)
+		change func(src *example.Source, ex []example.Pair)
 	}{
 		{
 			name: "node-a",
-			cfg:  Config{ClusterCIDR: fallbacktest.ClusterCIDR},
-			change: func(src *fallbacktest.Source, ex []fallbacktest.Pair) {
+			cfg:  Config{ClusterCIDR: example.ClusterCIDR},
+			change: func(src *example.Source, ex []example.Pair) {
 				web, empty, hairpin := ex[0], ex[6], ex[8]
 				// web loses a2; empty gets its first endpoint; hairpin
 				// goes away.
-				src.SetSlice(fallbacktest.MakeSlice(web.Service, fallbacktest.EndpointsOn(fallbacktest.PodA1, fallbacktest.PodB1)))
-				src.SetSlice(fallbacktest.MakeSlice(empty.Service, fallbacktest.EndpointsOn(fallbacktest.PodB1)))
+				src.SetSlice(builders.SliceFor(web.Service, example.EndpointsOn(example.PodA1, example.PodB1)...))
+				src.SetSlice(builders.SliceFor(empty.Service, example.EndpointsOn(example.PodB1)...))
 				src.DeleteService(hairpin.Service)
 				src.DeleteSlice(hairpin.Slice)
 			},
@@ -90,8 +91,8 @@ func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ex := fallbacktest.Example()
-			src := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(ex...)
+			ex := example.Example()
+			src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
 			up := src.Update()
 			cfg := tt.cfg
 			if err := cfg.setDefaults(); err != nil {
@@ -124,9 +125,9 @@ func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 // rules as the full one alone: the planner's memory of what it applied must
 // match what it wrote.
 func TestPartialSyncsKeepTheAppliedStateOfAFullSync(t *testing.T) {
-	ex := fallbacktest.Example()
-	src := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(ex...)
-	cfg := Config{ClusterCIDR: fallbacktest.ClusterCIDR}
+	ex := example.Example()
+	src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
+	cfg := Config{ClusterCIDR: example.ClusterCIDR}
 	if err := cfg.setDefaults(); err != nil {
 		t.Fatal(err)
 	}
@@ -137,9 +138,9 @@ func TestPartialSyncsKeepTheAppliedStateOfAFullSync(t *testing.T) {
 	}
 	p.commit(pl)
 
-	src.SetSlice(fallbacktest.MakeSlice(ex[0].Service, fallbacktest.EndpointsOn(fallbacktest.PodB1)))
+	src.SetSlice(builders.SliceFor(ex[0].Service, example.EndpointsOn(example.PodB1)...))
 	src.DeleteService(ex[4].Service)
-	src.SetSlice(fallbacktest.MakeSlice(ex[6].Service, fallbacktest.EndpointsOn(fallbacktest.PodA1)))
+	src.SetSlice(builders.SliceFor(ex[6].Service, example.EndpointsOn(example.PodA1)...))
 	up := src.Update()
 	p.commit(p.partial(up))
 
@@ -195,9 +196,9 @@ func keys(m map[string]bool) []string {
 // A full sync reconciles: unchanged Services are not written again, a
 // change the partial syncs missed is written as a partial sync would.
 func TestReconcileWritesOnlyWhatDiffers(t *testing.T) {
-	ex := fallbacktest.Example()
-	src := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(ex...)
-	cfg := Config{ClusterCIDR: fallbacktest.ClusterCIDR}
+	ex := example.Example()
+	src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
+	cfg := Config{ClusterCIDR: example.ClusterCIDR}
 	if err := cfg.setDefaults(); err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +213,7 @@ func TestReconcileWritesOnlyWhatDiffers(t *testing.T) {
 		t.Errorf("reconciling an unchanged state writes:\n%s", pl.tx.Bytes())
 	}
 
-	src.SetSlice(fallbacktest.MakeSlice(ex[0].Service, fallbacktest.EndpointsOn(fallbacktest.PodB1)))
+	src.SetSlice(builders.SliceFor(ex[0].Service, example.EndpointsOn(example.PodB1)...))
 	src.DeleteService(ex[8].Service)
 	up = src.Update()
 	want := p.partial(up).tx.Bytes()

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
 // --detect-local-mode=BridgeInterface and InterfaceNamePrefix: the kernel
@@ -26,10 +26,10 @@ func TestLocalTrafficDetectorsByInterface(t *testing.T) {
 		} {
 			t.Run(backend+"/"+tc.name, func(t *testing.T) {
 				requireBackend(t, backend)
-				ex := fallbacktest.Example()
-				src := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(ex...)
+				ex := example.Example()
+				src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
 				// The detector wins over a cluster CIDR given too.
-				cfg := Config{Netns: newNetns(t, "ipt-local"), Backend: backend, ClusterCIDR: fallbacktest.ClusterCIDR, LocalDetector: tc.d}
+				cfg := Config{Netns: newNetns(t, "ipt-local"), Backend: backend, ClusterCIDR: example.ClusterCIDR, LocalDetector: tc.d}
 				d, err := New(ctxFor(t), cfg)
 				if err != nil {
 					t.Fatal(err)
@@ -56,7 +56,7 @@ func TestLocalTrafficDetectorsByInterface(t *testing.T) {
 					if !strings.HasPrefix(line, "-A ") || !strings.Contains(line, "-i ") {
 						continue
 					}
-					if strings.Contains(line, fallbacktest.ClusterCIDR.String()) {
+					if strings.Contains(line, example.ClusterCIDR.String()) {
 						t.Errorf("rule matches the cluster CIDR besides the interface: %s", line)
 					}
 					switch {

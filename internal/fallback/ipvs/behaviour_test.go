@@ -16,6 +16,8 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
 // factory programs each sandbox node with the IPVS dataplane, everything
@@ -24,7 +26,7 @@ func factory(cfg Config) fallbacktest.Factory {
 	return func(t *testing.T, node *sandbox.Node) dataplane.Dataplane {
 		c := cfg
 		c.Netns = node.NS.Path()
-		c.ClusterCIDR = fallbacktest.ClusterCIDR
+		c.ClusterCIDR = example.ClusterCIDR
 		m := metrics.New(metrics.IPv4)
 		c.Metrics = &m.FamilyMetrics
 		d, err := New(fallbacktest.Context(t), c)
@@ -84,12 +86,12 @@ func TestRemovedEndpointsDrainBeforeTheyAreDeleted(t *testing.T) {
 	requireIPVS(t)
 	const grace = 3 * time.Second
 	e := fallbacktest.NewEnv(t, factory(Config{GracePeriod: grace, ReapInterval: 100 * time.Millisecond}))
-	h := handle(t, e.Nodes[fallbacktest.NodeA])
+	h := handle(t, e.Nodes[example.NodeA])
 	web := e.Example[0] // ClusterIP 10.96.0.10:80 on a1, a2, b1
 	key := vsKey{Addr: netip.MustParseAddr("10.96.0.10"), Proto: model.TCP, Port: 80}
-	a1 := netip.AddrPortFrom(fallbacktest.PodA1, fallbacktest.TCPTarget)
-	a2 := netip.AddrPortFrom(fallbacktest.PodA2, fallbacktest.TCPTarget)
-	b1 := netip.AddrPortFrom(fallbacktest.PodB1, fallbacktest.TCPTarget)
+	a1 := netip.AddrPortFrom(example.PodA1, example.TCPTarget)
+	a2 := netip.AddrPortFrom(example.PodA2, example.TCPTarget)
+	b1 := netip.AddrPortFrom(example.PodB1, example.TCPTarget)
 
 	// A connection held open from pod-a, to whichever endpoint IPVS picks.
 	ctx := fallbacktest.Context(t)
@@ -122,8 +124,8 @@ func TestRemovedEndpointsDrainBeforeTheyAreDeleted(t *testing.T) {
 			keep = append(keep, rs.Addr())
 		}
 	}
-	e.Each(func(s *fallbacktest.Source) {
-		s.SetSlice(fallbacktest.MakeSlice(web.Service, fallbacktest.EndpointsOn(keep...)))
+	e.Each(func(s *example.Source) {
+		s.SetSlice(builders.SliceFor(web.Service, example.EndpointsOn(keep...)...))
 	})
 	e.Sync(false)
 
@@ -169,38 +171,38 @@ func TestRemovedEndpointsDrainBeforeTheyAreDeleted(t *testing.T) {
 func TestReturningEndpointServesAgainAndRestartKeepsDraining(t *testing.T) {
 	requireIPVS(t)
 	e := fallbacktest.NewEnv(t, factory(Config{GracePeriod: time.Hour, ReapInterval: time.Hour}))
-	node := e.Nodes[fallbacktest.NodeA]
+	node := e.Nodes[example.NodeA]
 	h := handle(t, node)
 	web := e.Example[0]
 	key := vsKey{Addr: netip.MustParseAddr("10.96.0.10"), Proto: model.TCP, Port: 80}
-	a1 := netip.AddrPortFrom(fallbacktest.PodA1, fallbacktest.TCPTarget)
+	a1 := netip.AddrPortFrom(example.PodA1, example.TCPTarget)
 	// Keep a connection to every endpoint so that none can be reaped.
 	setEPs := func(pods ...netip.Addr) {
-		e.Each(func(s *fallbacktest.Source) {
-			s.SetSlice(fallbacktest.MakeSlice(web.Service, fallbacktest.EndpointsOn(pods...)))
+		e.Each(func(s *example.Source) {
+			s.SetSlice(builders.SliceFor(web.Service, example.EndpointsOn(pods...)...))
 		})
 		e.Sync(false)
 	}
-	setEPs(fallbacktest.PodA2, fallbacktest.PodB1)
+	setEPs(example.PodA2, example.PodB1)
 	if w := reals(t, h, key)[a1]; w != 0 {
 		t.Fatalf("removed endpoint has weight %d, want 0", w)
 	}
-	setEPs(fallbacktest.PodA1, fallbacktest.PodA2, fallbacktest.PodB1)
+	setEPs(example.PodA1, example.PodA2, example.PodB1)
 	if w := reals(t, h, key)[a1]; w != 1 {
 		t.Fatalf("returning endpoint has weight %d, want 1", w)
 	}
 
 	// a1 drains again, then the agent restarts: the new one must neither
 	// revive a1 nor forget to delete it.
-	setEPs(fallbacktest.PodA2, fallbacktest.PodB1)
-	e.Dataplanes[fallbacktest.NodeA].(*Dataplane).Close()
-	restarted, err := New(fallbacktest.Context(t), Config{Netns: node.NS.Path(), ClusterCIDR: fallbacktest.ClusterCIDR, GracePeriod: time.Hour, ReapInterval: 50 * time.Millisecond})
+	setEPs(example.PodA2, example.PodB1)
+	e.Dataplanes[example.NodeA].(*Dataplane).Close()
+	restarted, err := New(fallbacktest.Context(t), Config{Netns: node.NS.Path(), ClusterCIDR: example.ClusterCIDR, GracePeriod: time.Hour, ReapInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(restarted.Close)
-	up := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(e.Example...)
-	up.SetSlice(fallbacktest.MakeSlice(web.Service, fallbacktest.EndpointsOn(fallbacktest.PodA2, fallbacktest.PodB1)))
+	up := example.NewSource(t, example.Node(example.NodeA)).Add(e.Example...)
+	up.SetSlice(builders.SliceFor(web.Service, example.EndpointsOn(example.PodA2, example.PodB1)...))
 	if err := restarted.Sync(up.Update()); err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +243,7 @@ func TestSchedulerComesFromConfig(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.scheduler, func(t *testing.T) {
 			e := fallbacktest.NewEnv(t, factory(Config{Scheduler: tt.scheduler}))
-			h := handle(t, e.Nodes[fallbacktest.NodeA])
+			h := handle(t, e.Nodes[example.NodeA])
 			svc, err := h.GetService(ipvsService(vsKey{Addr: netip.MustParseAddr("10.96.0.10"), Proto: model.TCP, Port: 80}, "", 0))
 			if err != nil {
 				t.Fatal(err)
@@ -268,7 +270,7 @@ func TestSchedulerComesFromConfig(t *testing.T) {
 func TestCleanupRemovesOnlyOurs(t *testing.T) {
 	requireIPVS(t)
 	sb := sandbox.ForTest(t)
-	node, err := sb.AddNode(fallbacktest.NodeA)
+	node, err := sb.AddNode(example.NodeA)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +284,7 @@ func TestCleanupRemovesOnlyOurs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(fallbacktest.Example()...)
+	src := example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)
 	if err := d.Sync(src.Update()); err != nil {
 		t.Fatal(err)
 	}
@@ -347,12 +349,12 @@ func TestExcludedVirtualServersAreKept(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sb := sandbox.ForTest(t)
-			node, err := sb.AddNode(fallbacktest.NodeA)
+			node, err := sb.AddNode(example.NodeA)
 			if err != nil {
 				t.Fatal(err)
 			}
 			h := handle(t, node)
-			src := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(fallbacktest.Example()...)
+			src := example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)
 			first, err := New(fallbacktest.Context(t), Config{Netns: node.NS.Path()})
 			if err != nil {
 				t.Fatal(err)

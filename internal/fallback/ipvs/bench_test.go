@@ -7,6 +7,7 @@ import (
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
 // BenchmarkRender measures turning the model into IPVS configuration for
@@ -14,8 +15,8 @@ import (
 func BenchmarkRender(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			scale := fallbacktest.NewScale(n, 10)
-			cfg := Config{ClusterCIDR: fallbacktest.ClusterCIDR, NodeIPs: []netip.Addr{fallbacktest.NodeAIP}}
+			scale := example.NewScale(n, 10)
+			cfg := Config{ClusterCIDR: example.ClusterCIDR, NodeIPs: []netip.Addr{example.NodeAIP}}
 			if err := cfg.setDefaults(); err != nil {
 				b.Fatal(err)
 			}
@@ -45,52 +46,30 @@ func BenchmarkRender(b *testing.B) {
 // full sync with nothing changed, and a partial sync of one changed
 // endpoint. It needs IPVS, so it runs in the VM runner.
 func BenchmarkSync(b *testing.B) {
-	for _, n := range []int{1000, 10000} {
-		for _, kind := range []string{"first", "full", "partial"} {
+	for _, n := range example.BenchScales {
+		for _, kind := range example.SyncKinds {
 			b.Run(fmt.Sprintf("services=%d/%s", n, kind), func(b *testing.B) {
 				sandbox.RequireRoot(b)
 				if err := Available(""); err != nil {
 					b.Skipf("IPVS: %v", err)
 				}
-				scale := fallbacktest.NewScale(n, 10)
-				newDataplane := func() *Dataplane {
-					ns, err := sandbox.NewNetns("ipvs-bench")
-					if err != nil {
-						b.Fatal(err)
-					}
-					d, err := New(fallbacktest.Context(b), Config{Netns: ns.Path(), ClusterCIDR: fallbacktest.ClusterCIDR})
-					if err != nil {
-						b.Fatal(err)
-					}
-					b.Cleanup(func() {
-						d.Close()
-						ns.Close()
-					})
-					return d
-				}
-				var d *Dataplane
-				if kind != "first" {
-					d = newDataplane()
-					if err := d.Sync(scale.Full()); err != nil {
-						b.Fatal(err)
-					}
-				}
-				b.ResetTimer()
-				for range b.N {
-					up := scale.Full()
-					switch kind {
-					case "first":
-						b.StopTimer()
-						d = newDataplane()
-						b.StartTimer()
-					case "partial":
-						up = scale.ChangeOneEndpoint()
-					}
-					if err := d.Sync(up); err != nil {
-						b.Fatal(err)
-					}
-				}
-				b.StopTimer()
+				d := example.BenchSync(b, example.NewScale(n, 10), kind, example.SyncBenchmark[*Dataplane]{
+					New: func() *Dataplane {
+						ns, err := sandbox.NewNetns("ipvs-bench")
+						if err != nil {
+							b.Fatal(err)
+						}
+						d, err := New(fallbacktest.Context(b), Config{Netns: ns.Path(), ClusterCIDR: example.ClusterCIDR})
+						if err != nil {
+							b.Fatal(err)
+						}
+						b.Cleanup(func() {
+							d.Close()
+							ns.Close()
+						})
+						return d
+					},
+				})
 				b.ReportMetric(float64(len(d.haveVS)), "virtual-servers")
 			})
 		}

@@ -10,8 +10,8 @@ import (
 	libipvs "github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nsenter"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 )
 
 // Cleanup removes everything the IPVS dataplane creates in the namespace
@@ -132,7 +132,7 @@ func (k *kernel) deleteOwnedServices(netnsPath string, dummy netlink.Link, sets 
 
 func procNetIPVS(netnsPath string) (bool, error) {
 	var ok bool
-	err := nsenter.Do(netnsPath, func() error {
+	err := netns.Do(netnsPath, func() error {
 		_, err := os.Stat("/proc/net/ip_vs")
 		ok = err == nil
 		if err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -15,9 +15,9 @@ import (
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nsenter"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 )
 
 // appliedVS is a virtual server as the kernel holds it.
@@ -548,9 +548,9 @@ func (d *Dataplane) reap() error {
 }
 
 // tcpBeLiberal reads nf_conntrack_tcp_be_liberal in the namespace.
-func tcpBeLiberal(netns string) bool {
+func tcpBeLiberal(nsPath string) bool {
 	var liberal bool
-	_ = nsenter.Do(netns, func() error {
+	_ = netns.Do(nsPath, func() error {
 		b, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal")
 		liberal = err == nil && strings.TrimSpace(string(b)) != "0"
 		return nil

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -76,17 +76,17 @@ func render(t *testing.T, cfg Config, state *model.State) map[model.ServicePortN
 }
 
 func TestConfigurationMatchesGoldenFiles(t *testing.T) {
-	nodeA := []netip.Addr{fallbacktest.NodeAIP}
+	nodeA := []netip.Addr{example.NodeAIP}
 	tests := []struct {
 		name string
 		cfg  Config
 	}{
-		{"node-a", Config{ClusterCIDR: fallbacktest.ClusterCIDR, NodeIPs: nodeA}},
+		{"node-a", Config{ClusterCIDR: example.ClusterCIDR, NodeIPs: nodeA}},
 		{"node-a-sh-no-cluster-cidr", Config{Scheduler: "sh", NodeIPs: nodeA, MasqueradeBit: 12}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			src := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(fallbacktest.Example()...)
+			src := example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)
 			up := src.Update()
 			cfg := tt.cfg
 			checkGolden(t, tt.name+"-ipvs", dump(render(t, cfg, up.State)))

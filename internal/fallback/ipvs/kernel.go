@@ -13,11 +13,11 @@ import (
 	libipvs "github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
-	"github.com/vishvananda/netns"
+	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nsenter"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 )
 
 // ErrNoIPVS is returned by New and Available when the kernel has no IPVS
@@ -72,7 +72,7 @@ func openNetlink(netnsPath string) (*kernel, error) {
 		}
 		return &kernel{nl: nlh}, nil
 	}
-	ns, err := netns.GetFromPath(netnsPath)
+	ns, err := vnetns.GetFromPath(netnsPath)
 	if err != nil {
 		return nil, fmt.Errorf("open network namespace %s: %w", netnsPath, err)
 	}
@@ -306,7 +306,7 @@ var sysctls = map[string]string{
 }
 
 func setSysctls(netnsPath string) error {
-	return nsenter.Do(netnsPath, func() error {
+	return netns.Do(netnsPath, func() error {
 		for key, val := range sysctls {
 			path := "/proc/sys/" + key
 			cur, err := os.ReadFile(path)

@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
 // chainsOf lists our chains and the jumps to them in every table, with
@@ -41,19 +41,19 @@ func chainsOf(t *testing.T, ctx context.Context, netns string) []string {
 func TestSwitchingModesLeavesNothingOfTheOther(t *testing.T) {
 	requireIPVS(t)
 	sb := sandbox.ForTest(t)
-	node, err := sb.AddNode(fallbacktest.NodeA)
+	node, err := sb.AddNode(example.NodeA)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ns := node.NS.Path()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	src := fallbacktest.NewSource(t, fallbacktest.Node(fallbacktest.NodeA)).Add(fallbacktest.Example()...)
+	src := example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)
 	state := src.Update()
 	h := handle(t, node)
 
 	// IPVS first.
-	v, err := New(ctx, Config{Netns: ns, ClusterCIDR: fallbacktest.ClusterCIDR})
+	v, err := New(ctx, Config{Netns: ns, ClusterCIDR: example.ClusterCIDR})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestSwitchingModesLeavesNothingOfTheOther(t *testing.T) {
 
 	// Then iptables: its first sync replaces the chains, RemoveLeftovers
 	// the rest.
-	ipt, err := iptables.New(ctx, iptables.Config{Netns: ns, ClusterCIDR: fallbacktest.ClusterCIDR})
+	ipt, err := iptables.New(ctx, iptables.Config{Netns: ns, ClusterCIDR: example.ClusterCIDR})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestSwitchingModesLeavesNothingOfTheOther(t *testing.T) {
 
 	// And back to IPVS: its first sync removes the iptables mode's
 	// per-Service chains.
-	v, err = New(ctx, Config{Netns: ns, ClusterCIDR: fallbacktest.ClusterCIDR})
+	v, err = New(ctx, Config{Netns: ns, ClusterCIDR: example.ClusterCIDR})
 	if err != nil {
 		t.Fatal(err)
 	}

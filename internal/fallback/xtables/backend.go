@@ -2,7 +2,7 @@
 // picks a back end (legacy or nf_tables), feeds iptables-restore one
 // transaction per sync, keeps the jumps from the built-in chains to ours in
 // place, and removes every chain with our prefix on cleanup. Commands run in
-// the dataplane's network namespace (see nsenter).
+// the dataplane's network namespace (see internal/netns).
 //
 // It parses nothing but what it needs from iptables-save and iptables -S:
 // chain names and the jump rules that reference our chains.
@@ -16,7 +16,7 @@ import (
 	"os/exec"
 	"strings"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nsenter"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 )
 
 // Prefix starts the name of every chain the fallback dataplanes create, in
@@ -162,7 +162,7 @@ func (r *Runner) run(ctx context.Context, stdin []byte, tool string, args ...str
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
-	if err := nsenter.Start(r.Netns, cmd); err != nil {
+	if err := netns.Start(r.Netns, cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", tool, err)
 	}
 	if err := cmd.Wait(); err != nil {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
 )
 
@@ -44,14 +45,9 @@ func ensureNamespace(t *testing.T, cs kubernetes.Interface) {
 // createService creates Service name with a fixed ClusterIP, port 80 to
 // podPort.
 func createService(ctx context.Context, cs kubernetes.Interface, name string, ip netip.Addr) error {
-	_, err := cs.CoreV1().Services(namespace).Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: corev1.ServiceSpec{
-			ClusterIP: ip.String(),
-			Ports:     []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(podPort)}},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
+	svc := builders.Service(namespace, name, builders.ClusterIP(ip.String()),
+		builders.Ports(builders.Port("http", 80, corev1.ProtocolTCP, intstr.FromInt32(podPort))))
+	if _, err := cs.CoreV1().Services(namespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create service %s: %w", name, err)
 	}
 	return nil
@@ -60,27 +56,13 @@ func createService(ctx context.Context, cs kubernetes.Interface, name string, ip
 // slice renders the EndpointSlice of Service svc with pods as ready
 // endpoints on node-a; annotations as given.
 func slice(svc string, annotations map[string]string, pods ...*sandbox.Pod) *discoveryv1.EndpointSlice {
-	es := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:        svc + "-1",
-			Labels:      map[string]string{discoveryv1.LabelServiceName: svc},
-			Annotations: annotations,
-		},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{},
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Protocol: ptr(corev1.ProtocolTCP), Port: ptr[int32](podPort)}},
-	}
+	var eps []discoveryv1.Endpoint
 	for _, p := range pods {
-		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
-			Addresses:  []string{p.IP.String()},
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)},
-			NodeName:   ptr("node-a"),
-		})
+		eps = append(eps, builders.Endpoint(p.IP.String(), "node-a"))
 	}
-	return es
+	return builders.EndpointSlice(namespace, svc+"-1", svc, eps, builders.SliceAnnotations(annotations),
+		builders.SlicePorts(builders.SlicePort("http", podPort, corev1.ProtocolTCP)))
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // Bounds of the waits below; they are not speed assertions.
 const (
@@ -90,20 +72,8 @@ const (
 
 // waitAnswer waits, bounded, until server answers on dst from c.
 func waitAnswer(ctx context.Context, c *sandbox.Client, dst netip.AddrPort, server string) error {
-	w, err := c.StartWait(ctx, dst, sandbox.WaitOptions{Server: server, Timeout: time.Second, Interval: 5 * time.Millisecond,
+	return c.AwaitServer(ctx, dst, sandbox.WaitOptions{Server: server, Timeout: time.Second, Interval: 5 * time.Millisecond,
 		MaxDuration: waitBound})
-	if err != nil {
-		return err
-	}
-	res, err := w.Result(ctx)
-	if err != nil {
-		return err
-	}
-	if !res.Answered {
-		return fmt.Errorf("%s did not answer on %s within %s: %d attempts, errors %v, other servers %v",
-			server, dst, waitBound, res.Attempts, res.Errors, res.Servers)
-	}
-	return nil
 }
 
 // waitFor polls cond, bounded.

@@ -17,10 +17,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/cluster"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
 )
@@ -218,11 +218,7 @@ func load(ctx context.Context, cs kubernetes.Interface, cfg config) error {
 // createService creates Service name (port 80 to 8080; clusterIP as given,
 // or allocated when empty) and, if eps is not nil, its EndpointSlice.
 func createService(ctx context.Context, cs kubernetes.Interface, name, clusterIP string, eps []string) error {
-	if _, err := cs.CoreV1().Services(namespace).Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: corev1.ServiceSpec{ClusterIP: clusterIP,
-			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}}},
-	}, metav1.CreateOptions{}); err != nil {
+	if _, err := cs.CoreV1().Services(namespace).Create(ctx, builders.Service(namespace, name, builders.ClusterIP(clusterIP)), metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create service %s: %w", name, err)
 	}
 	if eps == nil {
@@ -234,19 +230,15 @@ func createService(ctx context.Context, cs kubernetes.Interface, name, clusterIP
 	return nil
 }
 
+// endpointSlice is the EndpointSlice of Service svc (port "http" 8080) with
+// ready endpoints at addrs on no node.
 func endpointSlice(svc string, addrs []string) *discoveryv1.EndpointSlice {
-	es := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: svc + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Protocol: ptr(corev1.ProtocolTCP), Port: ptr[int32](8080)}},
-	}
+	var eps []discoveryv1.Endpoint
 	for _, a := range addrs {
-		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{a}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}})
+		eps = append(eps, builders.Endpoint(a, ""))
 	}
-	return es
+	return builders.EndpointSlice(namespace, svc+"-1", svc, eps)
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // measure runs one proxy on a fresh node with every Service present.
 func measure(b *testing.B, c *cluster.Cluster, cs kubernetes.Interface, kind testbed.Kind, cfg config) result {
@@ -374,18 +366,7 @@ func setProbe(ctx context.Context, cs kubernetes.Interface, pod *sandbox.Pod) er
 
 // waitServer waits until server answers on the probe Service.
 func waitServer(ctx context.Context, c *sandbox.Client, server string, bound time.Duration) error {
-	w, err := c.StartWait(ctx, probeVIP, sandbox.WaitOptions{Server: server, Timeout: time.Second, Interval: 10 * time.Millisecond, MaxDuration: bound})
-	if err != nil {
-		return err
-	}
-	res, err := w.Result(ctx)
-	if err != nil {
-		return err
-	}
-	if !res.Answered {
-		return fmt.Errorf("no answer from %s within %s: errors %v, others %v", server, bound, res.Errors, res.Servers)
-	}
-	return nil
+	return c.AwaitServer(ctx, probeVIP, sandbox.WaitOptions{Server: server, Timeout: time.Second, Interval: 10 * time.Millisecond, MaxDuration: bound})
 }
 
 func percentile(ds []time.Duration, p int) time.Duration {

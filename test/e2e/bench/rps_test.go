@@ -20,12 +20,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/cluster"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
 )
@@ -203,27 +203,13 @@ func createRPSService(ctx context.Context, cs kubernetes.Interface) error {
 		metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create namespace %s: %w", rpsNamespace, err)
 	}
-	if _, err := cs.CoreV1().Services(rpsNamespace).Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: rpsService},
-		Spec: corev1.ServiceSpec{
-			Type:                  corev1.ServiceTypeNodePort,
-			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyCluster,
-			Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80,
-				TargetPort: intstr.FromInt32(rpsTargetPort), NodePort: rpsNodePort}},
-		},
-	}, metav1.CreateOptions{}); err != nil {
+	svc := builders.Service(rpsNamespace, rpsService, builders.ClusterIP(""),
+		builders.Ports(builders.Port("tcp", 80, corev1.ProtocolTCP, intstr.FromInt32(rpsTargetPort))), builders.NodePort(rpsNodePort),
+		func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster })
+	if _, err := cs.CoreV1().Services(rpsNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create service %s: %w", rpsService, err)
 	}
-	es := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: rpsService + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: rpsService}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr("tcp"), Protocol: ptr(corev1.ProtocolTCP), Port: ptr[int32](rpsTargetPort)}},
-		Endpoints: []discoveryv1.Endpoint{{
-			Addresses:  []string{rpsPodIP.String()},
-			NodeName:   ptr("node-b"),
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false)},
-		}},
-	}
+	es := builders.SliceFor(svc, builders.Endpoint(rpsPodIP.String(), "node-b"))
 	if _, err := cs.DiscoveryV1().EndpointSlices(rpsNamespace).Create(ctx, es, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create endpointslice of %s: %w", rpsService, err)
 	}

@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/interrupt"
 )
 
@@ -99,8 +100,8 @@ type Cluster struct {
 	cancel context.CancelFunc
 
 	mu         sync.Mutex
-	etcd       *process
-	apiserver  *process
+	etcd       *agent.Process
+	apiserver  *agent.Process
 	forwarders []*Forwarder
 	stopped    bool
 	stopErr    error
@@ -229,8 +230,8 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 			c.etcdURL = client
 			return nil
 		}
-		p.stop(stopGrace)
-		if !strings.Contains(p.logTail(50), "address already in use") {
+		_ = p.Stop(stopGrace)
+		if !strings.Contains(p.LogTail(50), "address already in use") {
 			break
 		}
 	}
@@ -315,8 +316,8 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		c.mu.Lock()
 		c.apiserver = nil
 		c.mu.Unlock()
-		p.stop(stopGrace)
-		return fmt.Errorf("start kube-apiserver: %w\nlast lines of its log:\n%s", err, p.logTail(30))
+		_ = p.Stop(stopGrace)
+		return fmt.Errorf("start kube-apiserver: %w\nlast lines of its log:\n%s", err, p.LogTail(30))
 	}
 
 	c.mu.Lock()
@@ -332,7 +333,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 // waitBootstrapped waits for what the API server creates right after it
 // reports ready: tests that create Services in "default", or count
 // Services, must not race with it.
-func (c *Cluster) waitBootstrapped(ctx context.Context, p *process) error {
+func (c *Cluster) waitBootstrapped(ctx context.Context, p *agent.Process) error {
 	cs := c.Clientset()
 	return c.waitReady(ctx, p, func(*http.Client) error {
 		if _, err := cs.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{}); err != nil {
@@ -345,7 +346,7 @@ func (c *Cluster) waitBootstrapped(ctx context.Context, p *process) error {
 
 // waitReady polls check until it succeeds, the process exits, the start
 // timeout passes, ctx is cancelled or the cluster is stopped.
-func (c *Cluster) waitReady(ctx context.Context, p *process, check func(*http.Client) error, hc *http.Client) error {
+func (c *Cluster) waitReady(ctx context.Context, p *agent.Process, check func(*http.Client) error, hc *http.Client) error {
 	ctx, cancel := context.WithTimeout(ctx, c.opts.StartTimeout)
 	defer cancel()
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -355,14 +356,14 @@ func (c *Cluster) waitReady(ctx context.Context, p *process, check func(*http.Cl
 		if err == nil {
 			return nil
 		}
-		if exitErr := p.exitError(); exitErr != nil {
-			return fmt.Errorf("%w\nlast lines of its log:\n%s", exitErr, p.logTail(30))
+		if exitErr := p.ExitError(); exitErr != nil {
+			return fmt.Errorf("%w\nlast lines of its log:\n%s", exitErr, p.LogTail(30))
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s not ready after %s: %w (last check: %v)", p.name, c.opts.StartTimeout, ctx.Err(), err)
+			return fmt.Errorf("%s not ready after %s: %w (last check: %v)", p.Name(), c.opts.StartTimeout, ctx.Err(), err)
 		case <-c.ctx.Done():
-			return fmt.Errorf("%s: cluster stopped while starting", p.name)
+			return fmt.Errorf("%s: cluster stopped while starting", p.Name())
 		case <-tick.C:
 		}
 	}
@@ -527,7 +528,7 @@ func (c *Cluster) EtcdPID() int {
 	if c.etcd == nil {
 		return 0
 	}
-	return c.etcd.pid()
+	return c.etcd.PID()
 }
 
 // APIServerPID is the process ID of kube-apiserver, or 0 while it is
@@ -538,7 +539,7 @@ func (c *Cluster) APIServerPID() int {
 	if c.apiserver == nil {
 		return 0
 	}
-	return c.apiserver.pid()
+	return c.apiserver.PID()
 }
 
 // StopAPIServer stops kube-apiserver (SIGTERM, then SIGKILL after 15 s) and
@@ -554,7 +555,7 @@ func (c *Cluster) StopAPIServer() {
 	}
 	c.mu.Unlock()
 	if p != nil {
-		p.stop(stopGrace)
+		_ = p.Stop(stopGrace)
 	}
 }
 
@@ -589,9 +590,9 @@ func (c *Cluster) Stop() error {
 	// SIGTERM first: the API server shuts down in about a second, and its
 	// log then ends with the shutdown rather than with a page of etcd
 	// errors from being cut off; SIGKILL only if it hangs.
-	for _, p := range []*process{c.apiserver, c.etcd} {
+	for _, p := range []*agent.Process{c.apiserver, c.etcd} {
 		if p != nil {
-			p.stop(stopGrace)
+			_ = p.Stop(stopGrace)
 		}
 	}
 	c.apiserver, c.etcd = nil, nil

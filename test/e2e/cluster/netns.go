@@ -5,14 +5,15 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"runtime"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
+	vnetns "github.com/vishvananda/netns"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 )
 
 // Forwarder makes the API server reachable at 127.0.0.1:<port> inside a test
@@ -67,7 +68,7 @@ func (c *Cluster) ForwardIntoNetNS(nsPath string) (*Forwarder, error) {
 }
 
 func setLoopbackUp(nsPath string) error {
-	ns, err := netns.GetFromPath(nsPath)
+	ns, err := vnetns.GetFromPath(nsPath)
 	if err != nil {
 		return fmt.Errorf("open network namespace %s: %w", nsPath, err)
 	}
@@ -87,54 +88,24 @@ func setLoopbackUp(nsPath string) error {
 	return nil
 }
 
-// listenInNetNS creates a TCP listener inside the namespace at nsPath. It
-// switches a locked OS thread into the namespace only for the socket() and
-// bind, and lets that thread die if it cannot switch back, so no goroutine
-// ever runs in the wrong namespace.
+// listenInNetNS creates a TCP listener inside the namespace at nsPath: only
+// the socket() and bind happen in it (netns.Do).
 func listenInNetNS(nsPath, addr string) (net.Listener, error) {
-	type result struct {
-		l   net.Listener
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		target, err := netns.GetFromPath(nsPath)
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("open network namespace %s: %w", nsPath, err)}
-			return
-		}
-		defer target.Close()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("open current network namespace: %w", err)}
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("enter network namespace %s: %w", nsPath, err)}
-			return
-		}
-		l, err := net.Listen("tcp", addr)
-		if restoreErr := netns.Set(orig); restoreErr != nil {
-			// Still locked: the runtime ends the thread with this goroutine.
-			if l != nil {
-				l.Close()
-			}
-			ch <- result{err: fmt.Errorf("return from network namespace %s: %w", nsPath, restoreErr)}
-			return
-		}
-		runtime.UnlockOSThread()
+	var l net.Listener
+	err := netns.Do(nsPath, func() (err error) {
+		l, err = net.Listen("tcp", addr)
 		if err != nil {
 			err = fmt.Errorf("listen on %s in network namespace %s: %w", addr, nsPath, err)
 		}
-		ch <- result{l: l, err: err}
-	}()
-	r := <-ch
-	return r.l, r.err
+		return err
+	})
+	if err != nil {
+		if l != nil {
+			l.Close()
+		}
+		return nil, err
+	}
+	return l, nil
 }
 
 // listen starts listening, unless the forwarder is closed or already

@@ -2,133 +2,17 @@ package cluster
 
 import (
 	"bytes"
-	"errors"
-	"fmt"
 	"os"
-	"os/exec"
-	"runtime"
 	"strconv"
-	"sync"
-	"syscall"
-	"time"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 )
-
-// spawnRequests carries process starts to a goroutine that holds one OS
-// thread for the life of the test binary. The children get PR_SET_PDEATHSIG,
-// which the kernel ties to the thread that forked them, not to the process:
-// forked from an ordinary goroutine, a child would be killed whenever the Go
-// runtime retired that thread (it does when a goroutine that locked its
-// thread, for example to enter a network namespace, exits without unlocking).
-var (
-	spawnRequests = make(chan spawnRequest)
-	spawnerOnce   sync.Once
-)
-
-type spawnRequest struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-func startOnSpawner(cmd *exec.Cmd) error {
-	spawnerOnce.Do(func() {
-		go func() {
-			runtime.LockOSThread()
-			for r := range spawnRequests {
-				r.done <- r.cmd.Start()
-			}
-		}()
-	})
-	done := make(chan error, 1)
-	spawnRequests <- spawnRequest{cmd: cmd, done: done}
-	return <-done
-}
-
-// process is one control-plane binary started by the harness.
-type process struct {
-	name    string
-	cmd     *exec.Cmd
-	logPath string
-	log     *os.File
-	exited  chan struct{} // closed once Wait has returned
-	waitErr error
-}
 
 // startProcess starts bin with args, output appended to logPath. The child is
 // in its own process group, so a Ctrl-C at the terminal reaches only the test
-// binary, whose interrupt handler stops the child in order; and it gets
-// SIGKILL if the test binary dies without stopping it (go test -timeout
-// panics, SIGKILL from CI).
-func startProcess(name, bin string, args []string, logPath string) (*process, error) {
-	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("open %s log: %w", name, err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout = log
-	cmd.Stderr = log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := startOnSpawner(cmd); err != nil {
-		log.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &process{name: name, cmd: cmd, logPath: logPath, log: log, exited: make(chan struct{})}
-	go func() {
-		p.waitErr = cmd.Wait()
-		log.Close()
-		close(p.exited)
-	}()
-	return p, nil
-}
-
-func (p *process) pid() int { return p.cmd.Process.Pid }
-
-// exitError reports how the process ended, or nil while it runs.
-func (p *process) exitError() error {
-	select {
-	case <-p.exited:
-		if p.waitErr == nil {
-			return fmt.Errorf("%s exited with status 0", p.name)
-		}
-		return fmt.Errorf("%s exited: %w", p.name, p.waitErr)
-	default:
-		return nil
-	}
-}
-
-// stop sends SIGTERM, so the API server shuts down the way it does on a real
-// node, and SIGKILL if the process has not exited within grace. It returns
-// once the process has been reaped.
-func (p *process) stop(grace time.Duration) {
-	select {
-	case <-p.exited:
-		return
-	default:
-	}
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		_ = p.cmd.Process.Kill()
-	}
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	select {
-	case <-p.exited:
-	case <-t.C:
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	}
-}
-
-// logTail returns the last n lines of the process's output, for error
-// messages: a control plane that does not come up says why only in its log.
-func (p *process) logTail(n int) string {
-	data, err := os.ReadFile(p.logPath)
-	if err != nil {
-		return fmt.Sprintf("(cannot read %s: %v)", p.logPath, err)
-	}
-	lines := bytes.Split(bytes.TrimRight(data, "\n"), []byte("\n"))
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return string(bytes.Join(lines, []byte("\n")))
+// binary, whose interrupt handler stops the child in order.
+func startProcess(name, bin string, args []string, logPath string) (*agent.Process, error) {
+	return agent.Start(agent.Options{Name: name, Bin: bin, Args: args, LogPath: logPath, Setpgid: true})
 }
 
 // ProcessRunning reports whether a process with this ID exists and has not

@@ -6,6 +6,8 @@ import (
 	"os"
 	"strconv"
 	"testing"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 )
 
 // StartT starts a cluster for a test and stops it in t.Cleanup (and on
@@ -28,9 +30,9 @@ func StartT(t testing.TB, opts Options) *Cluster {
 	t.Cleanup(func() {
 		if t.Failed() {
 			c.mu.Lock()
-			for _, p := range []*process{c.apiserver, c.etcd} {
+			for _, p := range []*agent.Process{c.apiserver, c.etcd} {
 				if p != nil {
-					t.Logf("last lines of the %s log:\n%s", p.name, p.logTail(40))
+					t.Logf("last lines of the %s log:\n%s", p.Name(), p.LogTail(40))
 				}
 			}
 			c.mu.Unlock()

@@ -11,9 +11,9 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
 )
 
@@ -358,21 +358,14 @@ func (w *world) barrier(ctx context.Context, wave int) error {
 	name := fmt.Sprintf("barrier-%d", wave)
 	ip := netip.AddrFrom4([4]byte{10, 96, byte(64 + w.index), byte(wave + 1)})
 	a1, node := w.tb.Pod("a1")
-	if _, err := w.cs.CoreV1().Services(w.ns).Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{scenarioLabel: "barrier"}},
-		Spec: corev1.ServiceSpec{ClusterIP: ip.String(),
-			Ports: []corev1.ServicePort{{Name: "http", Protocol: tcp, Port: 80, TargetPort: intstr.FromInt32(8080)}}},
-	}, metav1.CreateOptions{}); err != nil {
+	svc := builders.Service(w.ns, name, builders.ClusterIP(ip.String()),
+		func(s *corev1.Service) { s.Labels = map[string]string{scenarioLabel: "barrier"} })
+	if _, err := w.cs.CoreV1().Services(w.ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create barrier: %w", err)
 	}
-	if _, err := w.cs.DiscoveryV1().EndpointSlices(w.ns).Create(ctx, &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
-			scenarioLabel: "barrier", discoveryv1.LabelServiceName: name}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{a1.IP.String()}, NodeName: ptr(node.Spec.Name),
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}}},
-		Ports: []discoveryv1.EndpointPort{{Name: ptr("http"), Protocol: ptr(tcp), Port: ptr[int32](8080)}},
-	}, metav1.CreateOptions{}); err != nil {
+	es := builders.EndpointSlice(w.ns, name, name, []discoveryv1.Endpoint{builders.Endpoint(a1.IP.String(), node.Spec.Name)},
+		func(es *discoveryv1.EndpointSlice) { es.Labels[scenarioLabel] = "barrier" })
+	if _, err := w.cs.DiscoveryV1().EndpointSlices(w.ns).Create(ctx, es, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create barrier slice: %w", err)
 	}
 	dst := netip.AddrPortFrom(ip, 80)

@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,14 +12,12 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/interrupt"
 )
 
@@ -94,14 +90,9 @@ type Proxy struct {
 	// BPFFS is ebpf-proxy's pin directory (its --bpffs-path).
 	BPFFS string
 
-	cmd     *exec.Cmd
+	proc    *agent.Process
 	dir     string
-	logPath string
-	started time.Time
-	exited  chan struct{}
-	waitErr error
 	cleaned bool
-	http    *http.Client
 }
 
 // StartProxy starts a proxy on node n and, unless opts.NoWait, waits for its
@@ -148,24 +139,7 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{Kind: opts.Kind, Node: n, dir: dir, logPath: filepath.Join(dir, "proxy.log"), exited: make(chan struct{})}
-	p.http = &http.Client{
-		Timeout: 10 * time.Second,
-		Transport: &http.Transport{
-			Proxy: nil,
-			// The socket is made inside the node's namespace, where the
-			// proxy listens; the test process itself never moves.
-			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				var conn net.Conn
-				err := n.NS.Do(func() (err error) {
-					conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-					return err
-				})
-				return conn, err
-			},
-			DisableKeepAlives: true,
-		},
-	}
+	p := &Proxy{Kind: opts.Kind, Node: n, dir: dir}
 	var bin string
 	var args, env []string
 	switch opts.Kind {
@@ -193,9 +167,6 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 		// every other iptables user of the machine.
 		env = append(env, "PATH="+path, "XTABLES_LOCKFILE="+filepath.Join(dir, "xtables.lock"))
 	case EbpfProxy, EbpfProxyIPTables:
-		if bin, err = AgentBinary(); err != nil {
-			return nil, errors.Join(err, os.RemoveAll(dir))
-		}
 		p.BPFFS = filepath.Join(tb.Sandbox.BPFFS.Path(), n.Spec.Name)
 		v := opts.Verbosity
 		if v == 0 {
@@ -223,31 +194,21 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 	}
 	args = append(args, opts.Args...)
 
-	log, err := os.Create(p.logPath)
+	// Its own process group: a Ctrl-C at the terminal reaches only the test
+	// binary, whose interrupt handler stops the proxy.
+	proc, err := agent.Start(agent.Options{Name: string(opts.Kind) + " proxy", Bin: bin, Args: args, Env: env,
+		Netns: n.NS.Path(), LogPath: filepath.Join(dir, "proxy.log"), Setpgid: true})
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(dir))
 	}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = log, log
-	p.cmd.Env = append(os.Environ(), env...)
-	// Its own process group: a Ctrl-C at the terminal reaches only the test
-	// binary, whose interrupt handler stops the proxy. Killed by the kernel
-	// if the test binary dies without doing so.
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := n.NS.Start(p.cmd); err != nil {
-		log.Close()
-		return nil, errors.Join(fmt.Errorf("start %s: %w", bin, err), os.RemoveAll(dir))
-	}
-	p.started = time.Now()
+	p.proc = proc
 	tb.mu.Lock()
 	tb.proxies = append(tb.proxies, p)
 	tb.mu.Unlock()
 	unregister := interrupt.Register(func() { _ = p.Stop() })
 	go func() {
-		p.waitErr = p.cmd.Wait()
-		log.Close()
+		<-proc.Exited()
 		unregister()
-		close(p.exited)
 	}()
 	return p, nil
 }
@@ -317,96 +278,41 @@ func legacyIPTablesDir(dir string) (string, error) {
 }
 
 // PID is the proxy's process ID.
-func (p *Proxy) PID() int { return p.cmd.Process.Pid }
+func (p *Proxy) PID() int { return p.proc.PID() }
 
 // Started is when the proxy process was started.
-func (p *Proxy) Started() time.Time { return p.started }
+func (p *Proxy) Started() time.Time { return p.proc.Started() }
 
 // Running reports whether the proxy process has not exited.
-func (p *Proxy) Running() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (p *Proxy) Running() bool { return p.proc.Running() }
 
 // ExitError says how the proxy ended, or nil while it runs.
-func (p *Proxy) ExitError() error {
-	select {
-	case <-p.exited:
-		if p.waitErr == nil {
-			return fmt.Errorf("%s proxy exited with status 0", p.Kind)
-		}
-		return fmt.Errorf("%s proxy exited: %w", p.Kind, p.waitErr)
-	default:
-		return nil
-	}
-}
+func (p *Proxy) ExitError() error { return p.proc.ExitError() }
 
 // Log returns the proxy's output so far.
-func (p *Proxy) Log() string {
-	data, err := os.ReadFile(p.logPath)
-	if err != nil {
-		return fmt.Sprintf("(cannot read %s: %v)", p.logPath, err)
-	}
-	return string(data)
-}
+func (p *Proxy) Log() string { return p.proc.Logs() }
 
 // LogTail returns the last n lines of the proxy's output.
-func (p *Proxy) LogTail(n int) string {
-	lines := strings.Split(strings.TrimRight(p.Log(), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (p *Proxy) LogTail(n int) string { return p.proc.LogTail(n) }
 
 // Get fetches path from the proxy's metrics server inside its node's
 // namespace and returns the body of a 200 answer.
 func (p *Proxy) Get(ctx context.Context, path string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+path, nil)
+	code, body, err := p.proc.Get(ctx, "http://"+metricsAddr+path)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := p.http.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s: %s", path, resp.Status, bytes.TrimSpace(body))
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %d %s: %s", path, code, http.StatusText(code), bytes.TrimSpace(body))
 	}
 	return body, nil
 }
 
 // Metrics scrapes the proxy's /metrics inside its node's namespace.
 func (p *Proxy) Metrics(ctx context.Context) (map[string]*dto.MetricFamily, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := p.http.Do(req)
+	fams, err := p.proc.Metrics(ctx, "http://"+metricsAddr+"/metrics")
 	if err != nil {
 		return nil, fmt.Errorf("scrape %s proxy on %s: %w", p.Kind, p.Node.Spec.Name, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return nil, fmt.Errorf("scrape %s proxy on %s: %w", p.Kind, p.Node.Spec.Name, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("scrape %s proxy on %s: %s", p.Kind, p.Node.Spec.Name, resp.Status)
-	}
-	parser := expfmt.NewTextParser(model.LegacyValidation)
-	fams, err := parser.TextToMetricFamilies(bytes.NewReader(body))
-	if err != nil {
-		return nil, fmt.Errorf("parse metrics of %s proxy on %s: %w", p.Kind, p.Node.Spec.Name, err)
 	}
 	return fams, nil
 }
@@ -414,17 +320,8 @@ func (p *Proxy) Metrics(ctx context.Context) (map[string]*dto.MetricFamily, erro
 // Healthz fetches path (/healthz or /livez) from the proxy's health server
 // and returns the status code.
 func (p *Proxy) Healthz(ctx context.Context, path string) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+healthzAddr+path, nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := p.http.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-	return resp.StatusCode, nil
+	code, _, err := p.proc.Get(ctx, "http://"+healthzAddr+path)
+	return code, err
 }
 
 // Gauge returns the value of the gauge (or counter) name summed over its
@@ -547,15 +444,7 @@ func (p *Proxy) Dump() (string, error) {
 	if p.Kind != EbpfProxy {
 		return "", fmt.Errorf("dump: %s is not ebpf-proxy in BPF mode", p.Kind)
 	}
-	bin, err := AgentBinary()
-	if err != nil {
-		return "", err
-	}
-	out, err := exec.Command(bin, "dump", "--bpffs-path", p.BPFFS).Output()
-	if err != nil {
-		return "", fmt.Errorf("ebpf-proxy dump: %w", err)
-	}
-	return string(out), nil
+	return agent.Dump(p.BPFFS)
 }
 
 // Stop stops the proxy (SIGTERM, SIGKILL after 10 s) and removes what it
@@ -564,21 +453,11 @@ func (p *Proxy) Dump() (string, error) {
 // rules go with the node's namespace. Stop is idempotent.
 func (p *Proxy) Stop() error {
 	var errs []error
-	if p.Running() {
-		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-			errs = append(errs, err)
-		}
-		t := time.NewTimer(stopGrace)
-		select {
-		case <-p.exited:
-		case <-t.C:
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
-		t.Stop()
+	if err := p.proc.Stop(stopGrace); err != nil {
+		errs = append(errs, err)
 	}
 	if p.Kind.Agent() && p.BPFFS != "" && !p.cleaned {
-		if err := p.cleanup(); err != nil {
+		if _, err := agent.Cleanup(context.Background(), p.Node.NS.Path(), p.BPFFS); err != nil {
 			errs = append(errs, err)
 		} else {
 			p.cleaned = true
@@ -588,27 +467,6 @@ func (p *Proxy) Stop() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-// cleanup runs `ebpf-proxy --cleanup` inside the node's namespace, where
-// the agent's iptables rules are; from the test's own namespace it would
-// look for them on the host.
-func (p *Proxy) cleanup() error {
-	bin, err := AgentBinary()
-	if err != nil {
-		return err
-	}
-	var out bytes.Buffer
-	cmd := exec.Command(bin, "--cleanup", "--bpffs-path", p.BPFFS)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.Node.NS.Start(cmd); err != nil {
-		return fmt.Errorf("ebpf-proxy --cleanup: %w", err)
-	}
-	if err := cmd.Wait(); err != nil {
-		return fmt.Errorf("ebpf-proxy --cleanup: %w: %s", err, out.String())
-	}
-	return nil
 }
 
 // stopProxies stops every proxy the testbed started.

@@ -14,8 +14,10 @@ import (
 	"time"
 
 	libipvs "github.com/moby/ipvs"
-	"github.com/vishvananda/netns"
+	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 )
 
 // Addresses from the project's test address plan.
@@ -195,7 +197,7 @@ func unavailable(t *testing.T, reason string) {
 // The client's only route leads to the load balancer, and the servers' only
 // routes lead back to it.
 type lab struct {
-	client, lb netns.NsHandle
+	client, lb vnetns.NsHandle
 	ipvs       *libipvs.Handle
 
 	mu sync.Mutex
@@ -212,7 +214,7 @@ func newLab(t *testing.T) *lab {
 
 	lbh := handleIn(t, l.lb)
 	configure(t, lbh, "lo", vip+"/32")
-	err := inNetns(l.lb, func() error {
+	err := netns.DoHandle(l.lb, func() error {
 		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
 	})
 	if err != nil {
@@ -237,10 +239,10 @@ func newLab(t *testing.T) *lab {
 
 // serve starts a TCP server in ns that answers each connection with its
 // name and records the peer's address.
-func (l *lab) serve(t *testing.T, ns netns.NsHandle, name string) {
+func (l *lab) serve(t *testing.T, ns vnetns.NsHandle, name string) {
 	t.Helper()
 	var ln net.Listener
-	err := inNetns(ns, func() error {
+	err := netns.DoHandle(ns, func() error {
 		var err error
 		ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", serverPort))
 		return err
@@ -326,7 +328,7 @@ func (l *lab) addVirtualServer(t *testing.T, scheduler string) *libipvs.Service 
 // dial connects from the client namespace to the virtual server and runs fn
 // on the connection.
 func (l *lab) dial(fn func(net.Conn) error) error {
-	return inNetns(l.client, func() error {
+	return netns.DoHandle(l.client, func() error {
 		conn, err := net.DialTimeout("tcp4", fmt.Sprintf("%s:%d", vip, vipPort), 5*time.Second)
 		if err != nil {
 			return err

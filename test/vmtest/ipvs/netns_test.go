@@ -1,25 +1,19 @@
 package ipvs
 
 import (
-	"fmt"
 	"net"
-	"runtime"
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
+	vnetns "github.com/vishvananda/netns"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 )
 
 // newNetns creates a network namespace that lives until the test ends.
-func newNetns(t *testing.T) netns.NsHandle {
+func newNetns(t *testing.T) vnetns.NsHandle {
 	t.Helper()
-	var ns netns.NsHandle
-	err := inThread(func() error {
-		var err error
-		// Moves this thread, which inThread then discards.
-		ns, err = netns.New()
-		return err
-	})
+	ns, err := netns.New("")
 	if err != nil {
 		t.Fatalf("create network namespace: %v", err)
 	}
@@ -27,30 +21,8 @@ func newNetns(t *testing.T) netns.NsHandle {
 	return ns
 }
 
-// inNetns runs fn on a thread inside ns.
-func inNetns(ns netns.NsHandle, fn func() error) error {
-	return inThread(func() error {
-		if err := netns.Set(ns); err != nil {
-			return fmt.Errorf("enter network namespace: %w", err)
-		}
-		return fn()
-	})
-}
-
-// inThread runs fn on a locked OS thread that is thrown away afterwards, so
-// that a namespace switch inside fn can never leak into other goroutines.
-func inThread(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// No UnlockOSThread: the thread exits with the goroutine.
-		errc <- fn()
-	}()
-	return <-errc
-}
-
 // handleIn returns a netlink handle that configures ns.
-func handleIn(t *testing.T, ns netns.NsHandle) *netlink.Handle {
+func handleIn(t *testing.T, ns vnetns.NsHandle) *netlink.Handle {
 	t.Helper()
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
@@ -62,7 +34,7 @@ func handleIn(t *testing.T, ns netns.NsHandle) *netlink.Handle {
 
 // link connects two namespaces with a veth pair and gives each end an
 // address; nameA lives in a, nameB in b.
-func link(t *testing.T, a netns.NsHandle, nameA, addrA string, b netns.NsHandle, nameB, addrB string) {
+func link(t *testing.T, a vnetns.NsHandle, nameA, addrA string, b vnetns.NsHandle, nameB, addrB string) {
 	t.Helper()
 	ha, hb := handleIn(t, a), handleIn(t, b)
 	veth := &netlink.Veth{

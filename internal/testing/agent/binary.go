@@ -1,4 +1,4 @@
-package sandbox
+package agent
 
 import (
 	"fmt"
@@ -9,33 +9,33 @@ import (
 	"sync"
 )
 
-// AgentBinaryEnv names a prebuilt ebpf-proxy binary. The Makefile builds
+// BinaryEnv names a prebuilt ebpf-proxy binary. The Makefile builds
 // bin/ebpf-proxy once and sets it, also for the VM runner, whose guests
 // have no time to build one.
-const AgentBinaryEnv = "EBPF_PROXY_BIN"
+const BinaryEnv = "EBPF_PROXY_BIN"
 
-var agentBuild struct {
+var build struct {
 	once sync.Once
 	dir  string
 	bin  string
 	err  error
 }
 
-// AgentBinary returns the ebpf-proxy binary under test: $EBPF_PROXY_BIN, or
-// one built from this source tree once per test binary (RemoveAgentBinary
-// removes it).
-func AgentBinary() (string, error) {
-	if p := os.Getenv(AgentBinaryEnv); p != "" {
+// Binary returns the ebpf-proxy binary under test: $EBPF_PROXY_BIN, or one
+// built from this source tree once per test binary (RemoveBinary removes
+// it).
+func Binary() (string, error) {
+	if p := os.Getenv(BinaryEnv); p != "" {
 		abs, err := filepath.Abs(p)
 		if err != nil {
 			return "", err
 		}
 		if _, err := os.Stat(abs); err != nil {
-			return "", fmt.Errorf("%s=%s: %w", AgentBinaryEnv, p, err)
+			return "", fmt.Errorf("%s=%s: %w", BinaryEnv, p, err)
 		}
 		return abs, nil
 	}
-	b := &agentBuild
+	b := &build
 	b.once.Do(func() {
 		if b.dir, b.err = os.MkdirTemp("", "ebpf-proxy-bin-"); b.err != nil {
 			return
@@ -44,17 +44,17 @@ func AgentBinary() (string, error) {
 		cmd := exec.Command("go", "build", "-o", b.bin, "github.com/ebpf-proxy/ebpf-proxy/cmd/ebpf-proxy")
 		cmd.Dir = moduleDir()
 		if out, err := cmd.CombinedOutput(); err != nil {
-			b.err = fmt.Errorf("build ebpf-proxy (or set %s): %v\n%s", AgentBinaryEnv, err, out)
+			b.err = fmt.Errorf("build ebpf-proxy (or set %s): %v\n%s", BinaryEnv, err, out)
 		}
 	})
 	return b.bin, b.err
 }
 
-// RemoveAgentBinary removes the binary AgentBinary built, if it built one;
-// a TestMain calls it after m.Run.
-func RemoveAgentBinary() {
-	if agentBuild.dir != "" {
-		os.RemoveAll(agentBuild.dir)
+// RemoveBinary removes the binary Binary built, if it built one; a TestMain
+// calls it after m.Run.
+func RemoveBinary() {
+	if build.dir != "" {
+		os.RemoveAll(build.dir)
 	}
 }
 
@@ -65,5 +65,5 @@ func moduleDir() string {
 	if !ok {
 		return "."
 	}
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	return filepath.Join(filepath.Dir(file), "..", "..", "..")
 }

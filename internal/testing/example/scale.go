@@ -1,10 +1,11 @@
-package fallbacktest
+package example
 
 import (
 	"fmt"
 	"net/netip"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
 
 // Scale builds large states for benchmarks directly in the model (the
@@ -44,15 +45,12 @@ func (s *Scale) service(i, variant int) *model.Service {
 		if j == s.eps-1 {
 			k += variant * 1 << 20 // far beyond every other endpoint's address
 		}
-		eps[j] = model.Endpoint{
-			Addr: nthAddr(netip.MustParseAddr("10.128.0.0"), k), Port: 8080,
-			Ready: true, Serving: true, NodeName: fmt.Sprintf("node-%d", k%100),
-		}
+		eps[j] = builders.ModelEndpoint(netip.AddrPortFrom(nthAddr(netip.MustParseAddr("10.128.0.0"), k), 8080), fmt.Sprintf("node-%d", k%100))
 	}
 	if s.eps > 0 {
 		eps[0].NodeName = NodeA
 	}
-	return &model.Service{Port: sp, Endpoints: eps, Selection: model.Categorize(sp, eps, &s.State.Node, model.DefaultOptions)}
+	return builders.ModelService(sp, eps, &s.State.Node)
 }
 
 // Full returns a full update of the current state.
