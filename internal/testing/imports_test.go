@@ -14,12 +14,11 @@ import (
 const module = "github.com/ebpf-proxy/ebpf-proxy/"
 
 // testInfra are the packages that exist for tests: the harnesses and
-// builders under internal/testing, the sandbox, the fallbacks' behaviour
-// table, the packet test kit, and everything under test/.
+// builders and the behaviour table under internal/testing, the sandbox,
+// the packet test kit, and everything under test/.
 var testInfra = []string{
 	module + "internal/testing/",
 	module + "internal/sandbox",
-	module + "internal/fallback/fallbacktest",
 	module + "internal/pktest",
 	module + "test/",
 }
@@ -68,8 +67,9 @@ func TestTestInfraPrefixes(t *testing.T) {
 		module + "internal/sandboxes":             false,
 		module + "internal/testing/agent":         true,
 		module + "internal/pktest/sample":         true,
-		module + "internal/fallback/fallbacktest": true,
+		module + "internal/testing/behaviour":     true,
 		module + "internal/fallback/iptables":     false,
+		module + "internal/fallback/fallbacktest": false,
 		module + "test/e2e/testbed":               true,
 		module + "cmd/ebpf-proxy":                 false,
 		"github.com/other/test/thing":             false,

@@ -21,7 +21,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
@@ -81,7 +81,7 @@ func newEnv(t *testing.T) *env {
 	}
 	// Replies of a pod to a client on the same bridge must pass the node's
 	// conntrack for the fallbacks' DNAT to be undone.
-	if err := fallbacktest.RouteBridgeThroughNode(e.node); err != nil {
+	if err := behaviour.RouteBridgeThroughNode(e.node); err != nil {
 		t.Fatal(err)
 	}
 	e.bpffs = filepath.Join(sb.BPFFS.Path(), "ebpf-proxy")

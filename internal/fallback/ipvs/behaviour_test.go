@@ -10,7 +10,7 @@ import (
 	libipvs "github.com/moby/ipvs"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
@@ -22,14 +22,14 @@ import (
 
 // factory programs each sandbox node with the IPVS dataplane, everything
 // inside the node's namespace.
-func factory(cfg Config) fallbacktest.Factory {
-	return func(t *testing.T, node *sandbox.Node) dataplane.Dataplane {
+func factory(cfg Config) behaviour.Factory {
+	return func(t *testing.T, node *behaviour.Node) dataplane.Dataplane {
 		c := cfg
 		c.Netns = node.NS.Path()
 		c.ClusterCIDR = example.ClusterCIDR
 		m := metrics.New(metrics.IPv4)
 		c.Metrics = &m.FamilyMetrics
-		d, err := New(fallbacktest.Context(t), c)
+		d, err := New(behaviour.Context(t), c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -40,8 +40,8 @@ func factory(cfg Config) fallbacktest.Factory {
 
 func TestTrafficFollowsTheModelVerdicts(t *testing.T) {
 	requireIPVS(t)
-	e := fallbacktest.NewEnv(t, factory(Config{}))
-	fallbacktest.Run(t, e, fallbacktest.Cases())
+	e := behaviour.NewEnv(t, factory(Config{}))
+	behaviour.Run(t, e, behaviour.Cases())
 }
 
 // handle opens an IPVS handle in node's namespace for the test to look.
@@ -85,7 +85,7 @@ func eventually(t *testing.T, bound time.Duration, what string, cond func() bool
 func TestRemovedEndpointsDrainBeforeTheyAreDeleted(t *testing.T) {
 	requireIPVS(t)
 	const grace = 3 * time.Second
-	e := fallbacktest.NewEnv(t, factory(Config{GracePeriod: grace, ReapInterval: 100 * time.Millisecond}))
+	e := behaviour.NewEnv(t, factory(Config{GracePeriod: grace, ReapInterval: 100 * time.Millisecond}))
 	h := handle(t, e.Nodes[example.NodeA])
 	web := e.Example[0] // ClusterIP 10.96.0.10:80 on a1, a2, b1
 	key := vsKey{Addr: netip.MustParseAddr("10.96.0.10"), Proto: model.TCP, Port: 80}
@@ -94,8 +94,8 @@ func TestRemovedEndpointsDrainBeforeTheyAreDeleted(t *testing.T) {
 	b1 := netip.AddrPortFrom(example.PodB1, example.TCPTarget)
 
 	// A connection held open from pod-a, to whichever endpoint IPVS picks.
-	ctx := fallbacktest.Context(t)
-	held, err := e.Clients[fallbacktest.ClientPodA].Hold(ctx, netip.AddrPortFrom(key.Addr, key.Port))
+	ctx := behaviour.Context(t)
+	held, err := e.Clients[behaviour.ClientPodA].Hold(ctx, netip.AddrPortFrom(key.Addr, key.Port))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestRemovedEndpointsDrainBeforeTheyAreDeleted(t *testing.T) {
 	if err := held.Ping(); err != nil {
 		t.Errorf("held connection to the draining endpoint broke: %v", err)
 	}
-	rep, err := e.Clients[fallbacktest.ClientPodA].TCP(ctx, netip.AddrPortFrom(key.Addr, key.Port), 6)
+	rep, err := e.Clients[behaviour.ClientPodA].TCP(ctx, netip.AddrPortFrom(key.Addr, key.Port), 6)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestRemovedEndpointsDrainBeforeTheyAreDeleted(t *testing.T) {
 
 func TestReturningEndpointServesAgainAndRestartKeepsDraining(t *testing.T) {
 	requireIPVS(t)
-	e := fallbacktest.NewEnv(t, factory(Config{GracePeriod: time.Hour, ReapInterval: time.Hour}))
+	e := behaviour.NewEnv(t, factory(Config{GracePeriod: time.Hour, ReapInterval: time.Hour}))
 	node := e.Nodes[example.NodeA]
 	h := handle(t, node)
 	web := e.Example[0]
@@ -196,7 +196,7 @@ func TestReturningEndpointServesAgainAndRestartKeepsDraining(t *testing.T) {
 	// revive a1 nor forget to delete it.
 	setEPs(example.PodA2, example.PodB1)
 	e.Dataplanes[example.NodeA].(*Dataplane).Close()
-	restarted, err := New(fallbacktest.Context(t), Config{Netns: node.NS.Path(), ClusterCIDR: example.ClusterCIDR, GracePeriod: time.Hour, ReapInterval: 50 * time.Millisecond})
+	restarted, err := New(behaviour.Context(t), Config{Netns: node.NS.Path(), ClusterCIDR: example.ClusterCIDR, GracePeriod: time.Hour, ReapInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestSchedulerComesFromConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.scheduler, func(t *testing.T) {
-			e := fallbacktest.NewEnv(t, factory(Config{Scheduler: tt.scheduler}))
+			e := behaviour.NewEnv(t, factory(Config{Scheduler: tt.scheduler}))
 			h := handle(t, e.Nodes[example.NodeA])
 			svc, err := h.GetService(ipvsService(vsKey{Addr: netip.MustParseAddr("10.96.0.10"), Proto: model.TCP, Port: 80}, "", 0))
 			if err != nil {
@@ -251,7 +251,7 @@ func TestSchedulerComesFromConfig(t *testing.T) {
 			if svc.SchedName != tt.scheduler {
 				t.Errorf("virtual server uses scheduler %q, want %q", svc.SchedName, tt.scheduler)
 			}
-			rep, err := e.Clients[fallbacktest.ClientPodA].TCP(fallbacktest.Context(t), netip.MustParseAddrPort("10.96.0.10:80"), 8)
+			rep, err := e.Clients[behaviour.ClientPodA].TCP(behaviour.Context(t), netip.MustParseAddrPort("10.96.0.10:80"), 8)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -280,7 +280,7 @@ func TestCleanupRemovesOnlyOurs(t *testing.T) {
 	if err := h.NewService(foreign); err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(fallbacktest.Context(t), Config{Netns: node.NS.Path()})
+	d, err := New(behaviour.Context(t), Config{Netns: node.NS.Path()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +355,7 @@ func TestExcludedVirtualServersAreKept(t *testing.T) {
 			}
 			h := handle(t, node)
 			src := example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)
-			first, err := New(fallbacktest.Context(t), Config{Netns: node.NS.Path()})
+			first, err := New(behaviour.Context(t), Config{Netns: node.NS.Path()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -367,7 +367,7 @@ func TestExcludedVirtualServersAreKept(t *testing.T) {
 			if err := h.NewService(operators); err != nil {
 				t.Fatal(err)
 			}
-			second, err := New(fallbacktest.Context(t), Config{Netns: node.NS.Path(), ExcludeCIDRs: tc.exclude})
+			second, err := New(behaviour.Context(t), Config{Netns: node.NS.Path(), ExcludeCIDRs: tc.exclude})
 			if err != nil {
 				t.Fatal(err)
 			}

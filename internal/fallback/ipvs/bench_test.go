@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/fallbacktest"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
@@ -59,7 +59,7 @@ func BenchmarkSync(b *testing.B) {
 						if err != nil {
 							b.Fatal(err)
 						}
-						d, err := New(fallbacktest.Context(b), Config{Netns: ns.Path(), ClusterCIDR: example.ClusterCIDR})
+						d, err := New(behaviour.Context(b), Config{Netns: ns.Path(), ClusterCIDR: example.ClusterCIDR})
 						if err != nil {
 							b.Fatal(err)
 						}

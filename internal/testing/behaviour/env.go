@@ -1,7 +1,9 @@
-// Package fallbacktest holds the behaviour table of the fallback dataplanes
-// (Cases) and the sandbox it runs real traffic through (Env): the example
-// cluster of internal/testing/example on two nodes, one dataplane per node.
-package fallbacktest
+// Package behaviour holds the behaviour table every dataplane runs (Cases:
+// the BPF dataplane and the fallbacks alike) and the sandbox it runs real
+// traffic through (Env): the example cluster of internal/testing/example
+// on two nodes, one dataplane per node. A new dataplane, or a new IP
+// family, is checked by running the same table against it.
+package behaviour
 
 import (
 	"context"
@@ -20,9 +22,20 @@ import (
 )
 
 // Factory creates the dataplane under test for a node of the sandbox. The
-// dataplane must program node.NS and nothing else; the factory registers
-// its own cleanup with t.
-type Factory func(t *testing.T, node *sandbox.Node) dataplane.Dataplane
+// dataplane must program node.NS and node.Cgroup and nothing else; the
+// factory registers its own cleanup with t.
+type Factory func(t *testing.T, node *Node) dataplane.Dataplane
+
+// Node is a node of the example cluster, as a dataplane sees it.
+type Node struct {
+	*sandbox.Node
+	// Cgroup holds the sockets of the node's pods and of the node's own
+	// clients, as a node's root cgroup holds every process on it.
+	Cgroup *sandbox.Cgroup
+	// BPFFS is a directory of the sandbox's bpf filesystem for the node's
+	// pins.
+	BPFFS string
+}
 
 // Client names of the behaviour table.
 const (
@@ -76,12 +89,16 @@ func NewEnv(t *testing.T, factory Factory) *Env {
 		Sources: map[string]*example.Source{}, Dataplanes: map[string]dataplane.Dataplane{},
 		Example: example.Example(),
 	}
+	cgroups := map[string]*sandbox.Cgroup{}
 	for _, name := range []string{example.NodeA, example.NodeB} {
 		n, err := sb.AddNode(name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		e.Nodes[name] = n
+		if cgroups[name], err = sb.AddCgroup(name); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if e.Nodes[example.NodeA].IP != example.NodeAIP || e.Nodes[example.NodeB].IP != example.NodeBIP {
 		t.Fatalf("sandbox gave the nodes %s and %s, the example cluster expects %s and %s", e.Nodes[example.NodeA].IP, e.Nodes[example.NodeB].IP, example.NodeAIP, example.NodeBIP)
@@ -96,23 +113,27 @@ func NewEnv(t *testing.T, factory Factory) *Env {
 		}
 		e.Pods[p.name] = pod
 	}
-	add := func(name string, c *sandbox.Client, err error) {
+	// Clients on a node are born in its cgroup; external ones in none.
+	add := func(name string, c *sandbox.Client, err error, cg ...*sandbox.Cgroup) {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
 		}
+		for _, g := range cg {
+			c = c.InCgroup(g)
+		}
 		e.Clients[name] = c
 	}
 	c, err := sb.AddClient(e.Nodes[example.NodeA], ClientPodA, ClientPodAIP)
-	add(ClientPodA, c, err)
+	add(ClientPodA, c, err, cgroups[example.NodeA])
 	c, err = sb.AddClient(e.Nodes[example.NodeB], ClientPodB, ClientPodBIP)
-	add(ClientPodB, c, err)
+	add(ClientPodB, c, err, cgroups[example.NodeB])
 	c, err = sb.AddExternalClient(ClientExternal, ClientExtIP)
 	add(ClientExternal, c, err)
 	c, err = sb.AddExternalClient(ClientBlocked, ClientBlockedIP)
 	add(ClientBlocked, c, err)
-	e.Clients[ClientNodeA] = sb.ClientAt(e.Nodes[example.NodeA].Host)
-	e.Clients[ClientA1] = sb.ClientAt(e.Pods["a1"].Host)
+	e.Clients[ClientNodeA] = sb.ClientAt(e.Nodes[example.NodeA].Host).InCgroup(cgroups[example.NodeA])
+	e.Clients[ClientA1] = sb.ClientAt(e.Pods["a1"].Host).InCgroup(cgroups[example.NodeA])
 	// LoadBalancer and external IPs are announced to node-a.
 	if err := sb.RouteToNode(sandbox.LoadBalancerCIDR, e.Nodes[example.NodeA]); err != nil {
 		t.Fatal(err)
@@ -134,7 +155,7 @@ func NewEnv(t *testing.T, factory Factory) *Env {
 			t.Fatal(err)
 		}
 		e.Sources[name].SetLocalAddrs(local)
-		e.Dataplanes[name] = factory(t, e.Nodes[name])
+		e.Dataplanes[name] = factory(t, &Node{Node: e.Nodes[name], Cgroup: cgroups[name], BPFFS: filepath.Join(sb.BPFFS.Path(), name)})
 	}
 	e.Sync(true)
 	return e

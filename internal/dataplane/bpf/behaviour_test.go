@@ -1,0 +1,59 @@
+package bpf_test
+
+import (
+	"errors"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
+)
+
+// factory starts the BPF dataplane for a sandbox node as the agent starts
+// it on a real one: the socket programs on the node's cgroup, the TC
+// programs on its uplink and its pod bridge (so that traffic from outside
+// to a pod on the node is masqueraded, as kube-proxy does), everything
+// pinned under the node's own directory. Setting up inside the node's
+// namespace makes the netns cookie, the devices and the TC links the
+// node's.
+func factory(t *testing.T, node *behaviour.Node) dataplane.Dataplane {
+	var d *bpf.Dataplane
+	if err := node.NS.Do(func() (err error) {
+		d, err = bpf.New(bpf.Config{
+			CgroupPath:    node.Cgroup.Path(),
+			BPFFSPath:     node.BPFFS,
+			Sizes:         loader.DefaultMapSizes,
+			Devices:       []string{sandbox.IfaceName, sandbox.BridgeName},
+			XDP:           loader.XDPOff,
+			ConntrackSize: loader.DefaultConntrackSize,
+			SNATPorts:     bpf.DefaultSNATPortRange,
+			Metrics:       metrics.New(metrics.IPv4),
+			Logger:        zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+		})
+		return err
+	}); err != nil {
+		t.Fatalf("start the BPF dataplane on %s: %v", node.Name, err)
+	}
+	t.Cleanup(func() {
+		d.Close()
+		if err := node.NS.Do(func() error {
+			return errors.Join(loader.CleanupXDP(node.BPFFS), loader.Cleanup(node.BPFFS), loader.CleanupTC())
+		}); err != nil {
+			t.Errorf("clean up the BPF dataplane on %s: %v", node.Name, err)
+		}
+	})
+	return d
+}
+
+// TestTrafficFollowsTheModelVerdicts runs the behaviour table, the one the
+// fallback dataplanes run, with real traffic through the BPF dataplane.
+func TestTrafficFollowsTheModelVerdicts(t *testing.T) {
+	e := behaviour.NewEnv(t, factory)
+	behaviour.Run(t, e, behaviour.Cases())
+}
