@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
