@@ -2,7 +2,6 @@ package k8swatch
 
 import (
 	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -44,22 +43,6 @@ func checkReports(t *testing.T, got, want []string) {
 	if !ok {
 		t.Errorf("reports:\n  got  %q\n  want %q", got, want)
 	}
-}
-
-func addrs(ss ...string) []netip.Addr {
-	var out []netip.Addr
-	for _, s := range ss {
-		out = append(out, netip.MustParseAddr(s))
-	}
-	return out
-}
-
-func prefixes(ss ...string) []netip.Prefix {
-	var out []netip.Prefix
-	for _, s := range ss {
-		out = append(out, netip.MustParsePrefix(s))
-	}
-	return out
 }
 
 func spn(ns, name, port string, proto model.Protocol) model.ServicePortName {

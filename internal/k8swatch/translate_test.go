@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/addrs"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
 
@@ -19,7 +20,7 @@ import (
 func wantPort(mod func(*model.ServicePort)) *model.ServicePort {
 	sp := &model.ServicePort{
 		Name:      spn("ns", "svc", "http", model.TCP),
-		ClusterIP: addrs("10.96.0.10")[0],
+		ClusterIP: addrs.Parse("10.96.0.10")[0],
 		Port:      80,
 	}
 	if mod != nil {
@@ -78,7 +79,7 @@ func TestServicePorts(t *testing.T) {
 				s.Spec.ClusterIPs = []string{"fd00:96::10", "10.96.0.20"}
 				s.Spec.IPFamilies = []v1.IPFamily{v1.IPv6Protocol, v1.IPv4Protocol}
 			}),
-			want: []*model.ServicePort{wantPort(func(sp *model.ServicePort) { sp.ClusterIP = addrs("10.96.0.20")[0] })},
+			want: []*model.ServicePort{wantPort(func(sp *model.ServicePort) { sp.ClusterIP = addrs.Parse("10.96.0.20")[0] })},
 		},
 		{
 			name:   "the family is a parameter: the IPv6 translator takes the IPv6 cluster IP",
@@ -89,8 +90,8 @@ func TestServicePorts(t *testing.T) {
 				s.Spec.ExternalIPs = []string{"198.19.0.1", "2001:db8::1"}
 			}),
 			want: []*model.ServicePort{wantPort(func(sp *model.ServicePort) {
-				sp.ClusterIP = addrs("fd00:96::10")[0]
-				sp.ExternalIPs = addrs("2001:db8::1")
+				sp.ClusterIP = addrs.Parse("fd00:96::10")[0]
+				sp.ExternalIPs = addrs.Parse("2001:db8::1")
 			})},
 		},
 		{
@@ -132,7 +133,7 @@ func TestServicePorts(t *testing.T) {
 			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.ExternalIPs = []string{"198.19.0.1", "2001:db8::1", "not-an-ip", "", "198.19.0.2"}
 			}),
-			want:    []*model.ServicePort{wantPort(func(sp *model.ServicePort) { sp.ExternalIPs = addrs("198.19.0.1", "198.19.0.2") })},
+			want:    []*model.ServicePort{wantPort(func(sp *model.ServicePort) { sp.ExternalIPs = addrs.Parse("198.19.0.1", "198.19.0.2") })},
 			reports: []string{`invalid externalIP: "not-an-ip"`},
 		},
 		{
@@ -151,7 +152,7 @@ func TestServicePorts(t *testing.T) {
 			}),
 			want: []*model.ServicePort{wantPort(func(sp *model.ServicePort) {
 				sp.NodePort = 30080
-				sp.LoadBalancerIPs = addrs("198.19.0.10", "198.19.0.11")
+				sp.LoadBalancerIPs = addrs.Parse("198.19.0.10", "198.19.0.11")
 			})},
 		},
 		{
@@ -161,7 +162,7 @@ func TestServicePorts(t *testing.T) {
 				s.Spec.LoadBalancerSourceRanges = []string{" 198.18.0.0/24 ", "10.1.2.3/8\t", "2001:db8::/32", "bogus"}
 			}),
 			want: []*model.ServicePort{wantPort(func(sp *model.ServicePort) {
-				sp.LoadBalancerSourceRanges = prefixes("198.18.0.0/24", "10.0.0.0/8")
+				sp.LoadBalancerSourceRanges = addrs.Prefixes("198.18.0.0/24", "10.0.0.0/8")
 			})},
 			reports: []string{`invalid loadBalancerSourceRange: "bogus"`},
 		},
@@ -230,7 +231,7 @@ func TestServicePorts(t *testing.T) {
 				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 			}),
 			want: []*model.ServicePort{wantPort(func(sp *model.ServicePort) {
-				sp.ExternalIPs, sp.ExternalPolicy = addrs("198.19.0.1"), model.PolicyLocal
+				sp.ExternalIPs, sp.ExternalPolicy = addrs.Parse("198.19.0.1"), model.PolicyLocal
 			})},
 		},
 		{
@@ -383,7 +384,7 @@ func TestEndpointSlice(t *testing.T) {
 			want: &model.EndpointSlice{
 				Service: model.ServiceName{Namespace: "ns", Name: "svc"}, Name: "svc-abc",
 				Ports:     []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.TCP}},
-				Endpoints: []model.Endpoint{{Addr: addrs("10.244.1.1")[0], Port: 8080, Ready: true, Serving: true}},
+				Endpoints: []model.Endpoint{{Addr: addrs.Parse("10.244.1.1")[0], Port: 8080, Ready: true, Serving: true}},
 			},
 		},
 		{
@@ -406,10 +407,10 @@ func TestEndpointSlice(t *testing.T) {
 				Ports: []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.TCP}},
 				Endpoints: []model.Endpoint{
 					{
-						Addr: addrs("10.244.1.1")[0], Port: 8080, Serving: true, Terminating: true, NodeName: "node-a", Zone: "zone-a",
+						Addr: addrs.Parse("10.244.1.1")[0], Port: 8080, Serving: true, Terminating: true, NodeName: "node-a", Zone: "zone-a",
 						Hints: &model.Hints{Zones: []string{"zone-a", "zone-b"}, Nodes: []string{"node-a"}},
 					},
-					{Addr: addrs("10.244.1.2")[0], Port: 8080, NodeName: "node-b"},
+					{Addr: addrs.Parse("10.244.1.2")[0], Port: 8080, NodeName: "node-b"},
 				},
 			},
 		},
@@ -424,9 +425,9 @@ func TestEndpointSlice(t *testing.T) {
 				Service: model.ServiceName{Namespace: "ns", Name: "svc"}, Name: "svc-abc",
 				Ports: []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.TCP}, {Name: "dns", Port: 53, Protocol: model.UDP}},
 				Endpoints: []model.Endpoint{
-					{Addr: addrs("10.244.1.1")[0], Ready: true, Serving: true},
-					{Addr: addrs("10.244.1.9")[0], Ready: true, Serving: true},
-					{Addr: addrs("10.244.1.10")[0], Ready: true, Serving: true},
+					{Addr: addrs.Parse("10.244.1.1")[0], Ready: true, Serving: true},
+					{Addr: addrs.Parse("10.244.1.9")[0], Ready: true, Serving: true},
+					{Addr: addrs.Parse("10.244.1.10")[0], Ready: true, Serving: true},
 				},
 			},
 		},
@@ -454,7 +455,7 @@ func TestEndpointSlice(t *testing.T) {
 			want: &model.EndpointSlice{
 				Service: model.ServiceName{Namespace: "ns", Name: "svc"}, Name: "svc-v6",
 				Ports:     []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.TCP}},
-				Endpoints: []model.Endpoint{{Addr: addrs("fd00::1")[0], Port: 8080, Ready: true, Serving: true}},
+				Endpoints: []model.Endpoint{{Addr: addrs.Parse("fd00::1")[0], Port: 8080, Ready: true, Serving: true}},
 			},
 		},
 		{
@@ -495,7 +496,7 @@ func TestEndpointSlice(t *testing.T) {
 			want: &model.EndpointSlice{
 				Service: model.ServiceName{Namespace: "ns", Name: "svc"}, Name: "svc-abc",
 				Ports:     []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.TCP}},
-				Endpoints: []model.Endpoint{{Addr: addrs("10.244.1.1")[0], Port: 8080, Ready: true, Serving: true}},
+				Endpoints: []model.Endpoint{{Addr: addrs.Parse("10.244.1.1")[0], Port: 8080, Ready: true, Serving: true}},
 			},
 			reports: []string{"invalid endpoint: endpoint 1 has no address", `invalid endpoint: address "10.244.1.300" is not a valid IPv4 address`, `invalid endpoint: address "fd00::1" is not a valid IPv4 address`},
 		},
@@ -546,7 +547,7 @@ func TestNode(t *testing.T) {
 		v1.NodeAddress{Type: v1.NodeExternalIP, Address: "198.19.0.100"},
 		v1.NodeAddress{Type: v1.NodeExternalIP, Address: "192.168.77.10"},
 		v1.NodeAddress{Type: v1.NodeInternalIP, Address: "bogus"}))
-	want := model.Node{Name: "node-a", Zone: "zone-a", Addrs: addrs("192.168.77.10", "198.19.0.100")}
+	want := model.Node{Name: "node-a", Zone: "zone-a", Addrs: addrs.Parse("192.168.77.10", "198.19.0.100")}
 	if got := tl.Node(n); !reflect.DeepEqual(got, want) {
 		t.Errorf("Node: got %+v, want %+v", got, want)
 	}
@@ -563,10 +564,10 @@ func TestNodeIPOverride(t *testing.T) {
 		override netip.Addr
 		want     []netip.Addr
 	}{
-		{"none", netip.Addr{}, addrs("192.168.77.10", "192.168.88.10")},
-		{"another address", netip.MustParseAddr("10.0.0.5"), addrs("10.0.0.5", "192.168.77.10", "192.168.88.10")},
-		{"the second address", netip.MustParseAddr("192.168.88.10"), addrs("192.168.88.10", "192.168.77.10")},
-		{"other family: ignored", netip.MustParseAddr("fd00::5"), addrs("192.168.77.10", "192.168.88.10")},
+		{"none", netip.Addr{}, addrs.Parse("192.168.77.10", "192.168.88.10")},
+		{"another address", netip.MustParseAddr("10.0.0.5"), addrs.Parse("10.0.0.5", "192.168.77.10", "192.168.88.10")},
+		{"the second address", netip.MustParseAddr("192.168.88.10"), addrs.Parse("192.168.88.10", "192.168.77.10")},
+		{"other family: ignored", netip.MustParseAddr("fd00::5"), addrs.Parse("192.168.77.10", "192.168.88.10")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tl := Translator{NodeIP: tc.override}

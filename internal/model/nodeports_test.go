@@ -4,19 +4,13 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/addrs"
 )
 
-func addrList(s ...string) []netip.Addr {
-	out := make([]netip.Addr, len(s))
-	for i, a := range s {
-		out[i] = netip.MustParseAddr(a)
-	}
-	return out
-}
-
 func TestNodePortAddressesResolve(t *testing.T) {
-	local := addrList("127.0.0.1", "192.168.77.11", "10.0.0.5", "10.244.1.1")
-	node := Node{Name: "node-a", Addrs: addrList("192.168.77.11")}
+	local := addrs.Parse("127.0.0.1", "192.168.77.11", "10.0.0.5", "10.244.1.1")
+	node := Node{Name: "node-a", Addrs: addrs.Parse("192.168.77.11")}
 	tests := []struct {
 		name      string
 		flag      []string
@@ -49,11 +43,11 @@ func TestNodePortAddressesResolve(t *testing.T) {
 		{name: "a CIDR with no local address: nowhere", flag: []string{"172.16.0.0/12"}, want: nil, external: []string{}},
 		{name: "primary: the node's primary IP", flag: []string{"primary"}, localhost: true,
 			want: []string{"192.168.77.11"}, external: []string{"192.168.77.11"}},
-		{name: "primary not on an interface: nowhere", flag: []string{"primary"}, node: &Node{Addrs: addrList("192.168.77.50")},
+		{name: "primary not on an interface: nowhere", flag: []string{"primary"}, node: &Node{Addrs: addrs.Parse("192.168.77.50")},
 			want: nil, external: []string{}},
 		{name: "primary unknown: every address", flag: []string{"primary"}, node: &Node{},
 			want: []string{"10.0.0.5", "10.244.1.1", "127.0.0.1", "192.168.77.11"}, external: []string{"10.0.0.5", "10.244.1.1", "192.168.77.11"}, all: true},
-		{name: "primary loopback (kube-proxy's fallback): every address", flag: []string{"primary"}, node: &Node{Addrs: addrList("127.0.0.1")},
+		{name: "primary loopback (kube-proxy's fallback): every address", flag: []string{"primary"}, node: &Node{Addrs: addrs.Parse("127.0.0.1")},
 			want: []string{"10.0.0.5", "10.244.1.1", "127.0.0.1", "192.168.77.11"}, external: []string{"10.0.0.5", "10.244.1.1", "192.168.77.11"}, all: true},
 	}
 	for _, tc := range tests {
