@@ -85,8 +85,6 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 		}
 		go serve(ctx, "metrics", o.metricsBindAddress, mux, o.bindAddrHardFail, errc, log)
 	}
-	go dp.Run(ctx)
-
 	svcHealth, err := newServiceHealthServer(ctx, o, nodeName, health, m, log)
 	if err != nil {
 		return err

@@ -66,8 +66,6 @@ type Started struct {
 	Mode, Reason string
 	// removeLeftovers removes what the other modes left on the node.
 	removeLeftovers func(ctx context.Context) error
-	// run, if set, is work the dataplane does in the background.
-	run func(ctx context.Context)
 	// close releases handles; what is programmed stays and keeps serving.
 	close func()
 }
@@ -76,13 +74,6 @@ type Started struct {
 // once, after the first sync, so that the node is never without Services
 // between two modes (make before break).
 func (s *Started) RemoveLeftovers(ctx context.Context) error { return s.removeLeftovers(ctx) }
-
-// Run does the dataplane's background work until ctx ends.
-func (s *Started) Run(ctx context.Context) {
-	if s.run != nil {
-		s.run(ctx)
-	}
-}
 
 // Close releases handles; what is programmed stays and keeps serving until
 // the next agent adopts it.
@@ -100,7 +91,7 @@ func Start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
 		if err := bpf.Probe(); err != nil {
 			return nil, err
 		}
-		return startBPF(cfg, ReasonConfigured)
+		return startBPF(ctx, cfg, ReasonConfigured)
 	case IPTables:
 		return startIPTables(ctx, cfg, ReasonConfigured)
 	case IPVS:
@@ -116,7 +107,7 @@ func Start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
 		reason = ReasonBPFUnsupported
 		details = append(details, zap.NamedError("bpf", err))
 	} else {
-		s, err := startBPF(cfg, ReasonBPFSupported)
+		s, err := startBPF(ctx, cfg, ReasonBPFSupported)
 		if err == nil {
 			logChoice(log, s, details)
 			return s, nil
@@ -165,12 +156,12 @@ func logChoice(log *zap.Logger, s *Started, details []zap.Field) {
 	log.Warn("proxy mode chosen: the BPF dataplane cannot run on this node", fields...)
 }
 
-func startBPF(cfg Config, reason string) (*Started, error) {
-	d, err := bpf.New(cfg.BPF)
+func startBPF(ctx context.Context, cfg Config, reason string) (*Started, error) {
+	d, err := bpf.New(ctx, cfg.BPF)
 	if err != nil {
 		return nil, err
 	}
-	return &Started{Dataplane: d, Mode: EBPF, Reason: reason, close: d.Close, run: d.Run,
+	return &Started{Dataplane: d, Mode: EBPF, Reason: reason, close: d.Close,
 		removeLeftovers: func(ctx context.Context) error {
 			// Our iptables chains (every back end) first, then IPVS's
 			// virtual servers, ipsets and dummy interface.

@@ -1,6 +1,7 @@
 package bpf_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 
@@ -25,7 +26,7 @@ import (
 func factory(t *testing.T, node *behaviour.Node) dataplane.Dataplane {
 	var d *bpf.Dataplane
 	if err := node.NS.Do(func() (err error) {
-		d, err = bpf.New(bpf.Config{
+		d, err = bpf.New(context.Background(), bpf.Config{
 			CgroupPath:    node.Cgroup.Path(),
 			BPFFSPath:     node.BPFFS,
 			Sizes:         loader.DefaultMapSizes,

@@ -107,8 +107,9 @@ func Probe() error {
 
 // New loads and attaches the BPF programs, replacing those of an earlier
 // agent in place, and restores the maps' state from their pins. A failure
-// leaves an earlier agent's programs attached and serving.
-func New(cfg Config) (*Dataplane, error) {
+// leaves an earlier agent's programs attached and serving. Until ctx ends,
+// the dataplane ends the sockets of removed backends in the background.
+func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -174,6 +175,9 @@ func New(cfg Config) (*Dataplane, error) {
 		}, []string{"protocol"}),
 	}
 	reg.MustRegister(d.terminated)
+	if term != nil {
+		go d.run(ctx)
+	}
 	return d, nil
 }
 
@@ -240,11 +244,8 @@ func (d *Dataplane) Sync(up model.Update) error {
 	return nil
 }
 
-// Run ends the sockets of removed backends until ctx is done.
-func (d *Dataplane) Run(ctx context.Context) {
-	if d.term == nil {
-		return
-	}
+// run ends the sockets of removed backends until ctx is done.
+func (d *Dataplane) run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
