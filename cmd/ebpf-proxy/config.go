@@ -251,6 +251,8 @@ func loadFlagsAndConfig(o *options, fs *pflag.FlagSet, args []string) (notes []s
 	o.addFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	} else if fs.NArg() > 0 { // as kube-proxy: a stray word never starts the agent
+		return nil, fmt.Errorf("unexpected argument %q: ebpf-proxy takes flags only, or the subcommand dump", fs.Arg(0))
 	}
 	if o.configFile == "" {
 		return nil, nil

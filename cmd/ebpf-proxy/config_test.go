@@ -220,3 +220,16 @@ func TestSyncPeriodsFollowTheMode(t *testing.T) {
 		}
 	}
 }
+
+// A stray word is refused before anything is touched, as kube-proxy refuses
+// positional arguments: `ebpf-proxy version` must not start the agent.
+func TestStrayArgumentsAreRefused(t *testing.T) {
+	for _, args := range [][]string{{"version"}, {"trace", "10.96.0.10"}, {"--proxy-mode=ebpf", "agent"}} {
+		if _, _, err := load(t, args...); err == nil || !strings.Contains(err.Error(), "unexpected argument") {
+			t.Errorf("%q: %v, want a refusal naming the unexpected argument", args, err)
+		}
+	}
+	if _, _, err := load(t, "--proxy-mode=iptables"); err != nil {
+		t.Errorf("flags alone: %v", err)
+	}
+}
