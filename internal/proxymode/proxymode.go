@@ -29,9 +29,6 @@ const (
 	IPVS     = ipvs.Name
 )
 
-// Modes are the values --proxy-mode takes.
-var Modes = []string{Auto, EBPF, IPTables, IPVS}
-
 // Why a mode was chosen: the reason label of ebpfproxy_proxy_mode and the
 // "reason" key of the log line. A fixed set of words; the log line's
 // "detail" carries the errors behind them.

@@ -87,19 +87,19 @@ func ValidateAttach(tcAttach, xdp string) error {
 // verifier rejection would. Nothing but tests sets it.
 const testFailureEnv = "EBPF_PROXY_TEST_BPF_FAILURE"
 
-// ErrForcedFailure is the failure EBPF_PROXY_TEST_BPF_FAILURE asks for.
-var ErrForcedFailure = errors.New("forced by " + testFailureEnv)
+// errForced is the failure EBPF_PROXY_TEST_BPF_FAILURE asks for.
+var errForced = errors.New("forced by " + testFailureEnv)
 
-// ForcedFailure returns what EBPF_PROXY_TEST_BPF_FAILURE asks to fail:
+// forcedFailure returns what EBPF_PROXY_TEST_BPF_FAILURE asks to fail:
 // "probe", "load" or "".
-func ForcedFailure() string { return os.Getenv(testFailureEnv) }
+func forcedFailure() string { return os.Getenv(testFailureEnv) }
 
 // Probe checks, with real probe programs, that the kernel can run the
 // socket load balancer. cgroup v2 is checked where the programs attach
 // (New), since the agent mounts it when the node has none mounted.
 func Probe() error {
-	if ForcedFailure() == "probe" {
-		return fmt.Errorf("%w: %w", loader.ErrUnsupported, ErrForcedFailure)
+	if forcedFailure() == "probe" {
+		return fmt.Errorf("%w: %w", loader.ErrUnsupported, errForced)
 	}
 	_, err := loader.Probe()
 	return err
@@ -127,8 +127,8 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	} else if fs.Type != unix.CGROUP2_SUPER_MAGIC {
 		return nil, fmt.Errorf("%w: cgroup path %s is not on a cgroup v2 filesystem", loader.ErrUnsupported, cgroupPath)
 	}
-	if ForcedFailure() == "load" {
-		return nil, fmt.Errorf("load BPF programs: %w", ErrForcedFailure)
+	if forcedFailure() == "load" {
+		return nil, fmt.Errorf("load BPF programs: %w", errForced)
 	}
 	// The agent runs in the node's network namespace (hostNetwork).
 	nodeNetns, err := loader.NetnsCookie()
