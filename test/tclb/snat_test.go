@@ -1,8 +1,10 @@
 package tclb_test
 
 import (
+	"encoding/binary"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
@@ -69,6 +71,12 @@ func TestSNATPortReusedAfterClose(t *testing.T) {
 				if errno != "" || served != "pod-b" || seen != a.IP {
 					t.Errorf("connection %d from %s: served by %q, who saw %s, error %q; want pod-b seeing %s", i, c.IP, served, seen, errno, a.IP)
 				}
+				// The client's close() returns before the last
+				// segment of the close has crossed node-a; a
+				// SYN overtaking it finds the port still taken,
+				// as conntrack would (the port is free in
+				// TIME_WAIT and CLOSE only).
+				e.waitSNATPortClosed(a, e.snatMin)
 			}
 			if d := e.counter(a, bpfobj.TcLbMetricLB_M_TC_SNAT_REUSED) - reusedBefore; d < 2*turns-1 {
 				t.Errorf("node-a reused a closed flow's port %d times, want at least %d", d, 2*turns-1)
@@ -79,4 +87,50 @@ func TestSNATPortReusedAfterClose(t *testing.T) {
 			t.Logf("node-a handed %d late packets of closed connections to its stack", e.counter(a, bpfobj.TcLbMetricLB_M_TC_SNAT_LATE))
 		})
 	}
+}
+
+// ctClosed is CT_F_CLOSED of bpf/lib/structs.h: the flow is closed and its
+// source NAT port free.
+const ctClosed = 1 << 5
+
+// waitSNATPortClosed waits until every flow that node n tracks on its
+// source NAT port is closed (or gone), and fails the test after 10 s.
+func (e *env) waitSNATPortClosed(n *node, port uint16) {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		open := e.openFlowsOnPort(n, port)
+		if open == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s still tracks %d open flows on source NAT port %d after 10 s", n.Name, open, port)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// openFlowsOnPort counts node n's reply entries on source NAT port port
+// that are not closed.
+func (e *env) openFlowsOnPort(n *node, port uint16) int {
+	e.t.Helper()
+	var (
+		key   bpfobj.TcCt4Key
+		val   bpfobj.TcCt4Entry
+		count int
+	)
+	// The key holds the port in network order.
+	var be [2]byte
+	binary.BigEndian.PutUint16(be[:], port)
+	want := binary.NativeEndian.Uint16(be[:])
+	it := n.tc.Objects.Tc4CtV1.Iterate()
+	for it.Next(&key, &val) {
+		if key.Dir == 1 /* CT_DIR_REPLY */ && key.Dport == want && val.Flags&ctClosed == 0 {
+			count++
+		}
+	}
+	if err := it.Err(); err != nil {
+		e.t.Fatal(err)
+	}
+	return count
 }

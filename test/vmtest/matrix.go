@@ -442,19 +442,3 @@ func hostRelease() string {
 	}
 	return unix.ByteSliceToString(uts.Release[:])
 }
-
-// printFailures prints, for every failed cell, where its log is and the
-// log's last lines, so that a CI log shows the cause without the files.
-func printFailures(w *os.File, names []string, cols []*column) {
-	for _, c := range cols {
-		for i, x := range c.cells {
-			if x.passed() {
-				continue
-			}
-			fmt.Fprintf(w, "--- %s on %s: %s (log %s)\n", names[i], c.release, x.state, x.log)
-			if data, err := os.ReadFile(x.log); err == nil && len(data) > 0 {
-				fmt.Fprintln(w, vm.Tail(data, 40))
-			}
-		}
-	}
-}
