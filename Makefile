@@ -23,6 +23,7 @@ export EBPF_PROXY_REQUIRE_PRIVILEGED = 1
 
 include test/vmtest/vmtest.mk
 include test/e2e/e2e.mk
+include test/cluster/cluster.mk
 
 .PHONY: all build deps generate check-generated lint unit test test-go bench demo clean
 
@@ -52,9 +53,10 @@ unit:
 	$(GO) test ./internal/model/... ./internal/tracker/... ./internal/maps/... ./internal/k8swatch/... ./internal/metrics/... ./internal/healthcheck/... ./internal/proxier/... ./internal/testing/... ./cmd/...
 
 # Every other Go test: the privileged packages run in the kernel matrix, the
-# end-to-end suite (test/e2e) in `make e2e`, one package at a time.
+# end-to-end suite (test/e2e) in `make e2e`, one package at a time, the
+# cluster test (test/cluster) in a VM in `make cluster-test`.
 test-go: deps build
-	$(GO) test -count=1 $$($(GO) list ./... | grep -v -F -x -f <($(GO) list $(PRIVILEGED_PKGS) ./test/e2e/...))
+	$(GO) test -count=1 $$($(GO) list ./... | grep -v -F -x -f <($(GO) list $(PRIVILEGED_PKGS) ./test/e2e/... ./test/cluster))
 
 # Benchmarks, one run: BenchmarkSync of the BPF maps, iptables and IPVS (IPVS
 # only where ip_vs loads, i.e. not on this host: run that package in the VM

@@ -5,6 +5,11 @@
 #   $EBPF_PROXY_CACHE/etcd/<etcd version>/etcd
 #   $EBPF_PROXY_CACHE/k8s/<kubernetes version>/{kube-apiserver,kube-proxy,kubectl}
 #
+# With the argument "node" it also builds what a real node runs (the cluster
+# test in the VM, test/cluster), into
+#
+#   $EBPF_PROXY_CACHE/k8s-node/<kubernetes version>/{kubelet,kube-controller-manager,kube-scheduler}
+#
 # EBPF_PROXY_CACHE defaults to /var/cache/ebpf-proxy. A cold build takes about
 # eight minutes on two cores, so a directory that already holds a completed
 # build (its .complete marker, written last) is left alone: CI on the same
@@ -26,11 +31,17 @@ k8s_version=$(mod_version k8s.io/kubernetes)
 etcd_version=$(mod_version go.etcd.io/etcd/server/v3)
 k8s_dir=$cache/k8s/$k8s_version
 etcd_dir=$cache/etcd/$etcd_version
+node_dir=
+case ${1:-} in
+"") ;;
+node) node_dir=$cache/k8s-node/$k8s_version ;;
+*) echo "build-binaries.sh: unknown argument $1 (only \"node\")" >&2; exit 2 ;;
+esac
 
 complete() { [[ -f $1/.complete ]]; }
 
-if complete "$k8s_dir" && complete "$etcd_dir"; then
-	echo "build-binaries.sh: $etcd_dir and $k8s_dir are up to date"
+if complete "$k8s_dir" && complete "$etcd_dir" && { [[ -z $node_dir ]] || complete "$node_dir"; }; then
+	echo "build-binaries.sh: $etcd_dir and $k8s_dir${node_dir:+ and $node_dir} are up to date"
 	exit 0
 fi
 
@@ -82,9 +93,10 @@ if ! complete "$etcd_dir"; then
 	build "$etcd_dir" "$etcd_version" "-s -w" etcd go.etcd.io/etcd/server/v3
 fi
 
-if ! complete "$k8s_dir"; then
-	mkdir -p "$k8s_dir"
-	go mod download k8s.io/kubernetes
+# k8s_ldflags prints the flags that give the Kubernetes binaries their
+# version.
+k8s_ldflags() {
+	go mod download k8s.io/kubernetes >&2
 	info="$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/$k8s_version.info"
 	# The release time from the module proxy makes the build reproducible.
 	build_date=$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$info")
@@ -98,8 +110,21 @@ if ! complete "$k8s_dir"; then
 		ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
 		ldflags+=" -X $pkg.gitTreeState=archive -X $pkg.buildDate=$build_date"
 	done
-	build "$k8s_dir" "$k8s_version" "$ldflags" \
+	echo "$ldflags"
+}
+
+if ! complete "$k8s_dir"; then
+	mkdir -p "$k8s_dir"
+	build "$k8s_dir" "$k8s_version" "$(k8s_ldflags)" \
 		kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver \
 		kube-proxy k8s.io/kubernetes/cmd/kube-proxy \
 		kubectl k8s.io/kubernetes/cmd/kubectl
+fi
+
+if [[ -n $node_dir ]] && ! complete "$node_dir"; then
+	mkdir -p "$node_dir"
+	build "$node_dir" "$k8s_version" "$(k8s_ldflags)" \
+		kubelet k8s.io/kubernetes/cmd/kubelet \
+		kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager \
+		kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
 fi

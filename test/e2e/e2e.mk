@@ -23,6 +23,12 @@ EBPF_PROXY_CACHE ?= /var/cache/ebpf-proxy
 k8s-binaries:
 	EBPF_PROXY_CACHE=$(EBPF_PROXY_CACHE) $(E2E_DIR)/build-binaries.sh
 
+# Also the kubelet, kube-controller-manager and kube-scheduler that the
+# cluster test runs in a VM guest (test/cluster); once, several minutes.
+.PHONY: node-binaries
+node-binaries:
+	EBPF_PROXY_CACHE=$(EBPF_PROXY_CACHE) $(E2E_DIR)/build-binaries.sh node
+
 # The agent binary every end-to-end test runs (go build is incremental).
 .PHONY: e2e-agent
 e2e-agent:

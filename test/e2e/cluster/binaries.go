@@ -65,3 +65,37 @@ func FindBinaries() (Binaries, error) {
 	}
 	return b, nil
 }
+
+// NodeBinaries holds the absolute paths of what a real node runs besides the
+// control plane of Binaries: the kubelet, and the controller-manager and
+// scheduler that pods need (service-account CA ConfigMaps, DaemonSet and
+// Deployment controllers, EndpointSlices, binding).
+type NodeBinaries struct {
+	Kubelet               string
+	KubeControllerManager string
+	KubeScheduler         string
+}
+
+// NodeBuildCommand builds NodeBinaries into the cache.
+const NodeBuildCommand = "make node-binaries (runs test/e2e/build-binaries.sh node)"
+
+// FindNodeBinaries returns the cached node binaries of the pinned version,
+// or an error wrapping ErrBinariesMissing that names NodeBuildCommand.
+func FindNodeBinaries() (NodeBinaries, error) {
+	dir := filepath.Join(CacheDir(), "k8s-node", KubernetesVersion)
+	b := NodeBinaries{
+		Kubelet:               filepath.Join(dir, "kubelet"),
+		KubeControllerManager: filepath.Join(dir, "kube-controller-manager"),
+		KubeScheduler:         filepath.Join(dir, "kube-scheduler"),
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".complete")); err != nil {
+		return NodeBinaries{}, fmt.Errorf("%w: no completed build in %s: run %s", ErrBinariesMissing, dir, NodeBuildCommand)
+	}
+	for _, p := range []string{b.Kubelet, b.KubeControllerManager, b.KubeScheduler} {
+		fi, err := os.Stat(p)
+		if err != nil || fi.Mode()&0o111 == 0 {
+			return NodeBinaries{}, fmt.Errorf("%w: %s is missing or not executable: run %s", ErrBinariesMissing, p, NodeBuildCommand)
+		}
+	}
+	return b, nil
+}

@@ -64,8 +64,12 @@ type Options struct {
 	Binaries Binaries
 	// Users in addition to AdminUser and KubeProxyUser.
 	Users []User
-	// APIServerArgs are appended to the harness's kube-apiserver flags.
+	// APIServerArgs are appended to the harness's kube-apiserver flags
+	// (a flag given twice takes the later value).
 	APIServerArgs []string
+	// ServingIPs are extra addresses the API server's certificate is valid
+	// for, such as a node address that kubelets and pods dial.
+	ServingIPs []net.IP
 	// StartTimeout bounds each start of etcd and of the API server; 2
 	// minutes when zero (both start in seconds on an idle machine, but the
 	// machine is shared with builds).
@@ -138,7 +142,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		}
 	}()
 
-	if c.pki, err = writePKI(dir); err != nil {
+	if c.pki, err = writePKI(dir, opts.ServingIPs); err != nil {
 		return nil, err
 	}
 	if err := c.writeTokens(); err != nil {
@@ -425,6 +429,14 @@ func (c *Cluster) Port() int { return c.apiPort }
 // CACertPEM is the PEM certificate of the CA that signed the API server's
 // serving certificate.
 func (c *Cluster) CACertPEM() []byte { return slices.Clone(c.pki.caPEM) }
+
+// CAFile is the path of the cluster CA's certificate, for components such as
+// kube-controller-manager (--root-ca-file).
+func (c *Cluster) CAFile() string { return c.pki.caFile }
+
+// ServiceAccountKeyFile is the path of the service-account signing key, for
+// kube-controller-manager (--service-account-private-key-file).
+func (c *Cluster) ServiceAccountKeyFile() string { return c.pki.saPrivFile }
 
 // Binaries returns the binaries the cluster runs, including kube-proxy and
 // kubectl for the tests to run.

@@ -31,7 +31,10 @@ type pki struct {
 // certificates are deleted with the cluster.
 const certValidity = 7 * 24 * time.Hour
 
-func writePKI(dir string) (*pki, error) {
+// writePKI writes a CA, the API server's serving certificate (valid for
+// loopback, the kubernetes Service and extraIPs) and a service-account key
+// pair into dir.
+func writePKI(dir string, extraIPs []net.IP) (*pki, error) {
 	now := time.Now()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -69,7 +72,7 @@ func writePKI(dir string) (*pki, error) {
 		// 127.0.0.1 is the address clients use, in the root namespace and,
 		// through ForwardIntoNetNS, in test namespaces. 10.96.0.1 and the
 		// kubernetes.default names are what in-cluster clients would use.
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback, net.IPv4(10, 96, 0, 1)},
+		IPAddresses: append([]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback, net.IPv4(10, 96, 0, 1)}, extraIPs...),
 		DNSNames: []string{
 			"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
 			"kubernetes.default.svc.cluster.local",

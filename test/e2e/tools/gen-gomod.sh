@@ -46,6 +46,9 @@ staging=$(sed -n 's#^[[:space:]]*\(k8s\.io/[^[:space:]]*\) => \./staging/src/.*#
 	echo "	k8s.io/kubernetes/cmd/kube-apiserver"
 	echo "	k8s.io/kubernetes/cmd/kube-proxy"
 	echo "	k8s.io/kubernetes/cmd/kubectl"
+	echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
+	echo "	k8s.io/kubernetes/cmd/kube-scheduler"
+	echo "	k8s.io/kubernetes/cmd/kubelet"
 	echo ")"
 	echo
 	echo "replace ("

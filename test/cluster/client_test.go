@@ -1,0 +1,104 @@
+package cluster_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"os/exec"
+	"strconv"
+	"time"
+)
+
+// attempt is one connection or datagram of the test server's probe
+// command, run in the client pod.
+type attempt struct {
+	Server  string
+	Peer    string
+	Error   string
+	Elapsed time.Duration
+}
+
+// probe runs count attempts of proto from the client pod to addr.
+func (e *env) probe(proto string, count int, addr netip.AddrPort) ([]attempt, error) {
+	out, err := e.n.Kubectl(e.ctx, "", "exec", "client", "--", "/testserver", "probe",
+		"--proto", proto, "--count", strconv.Itoa(count), "--timeout", "2s", addr.String())
+	if err != nil {
+		return nil, err
+	}
+	var res []attempt
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		return nil, fmt.Errorf("probe output: %w: %s", err, out)
+	}
+	if len(res) != count {
+		return nil, fmt.Errorf("probe made %d attempts, want %d", len(res), count)
+	}
+	return res, nil
+}
+
+// loopResult sums up a connection loop.
+type loopResult struct {
+	Attempts int
+	Failures int
+	Errors   map[string]int
+	Servers  map[string]int
+}
+
+func (r loopResult) String() string {
+	return fmt.Sprintf("%d connections, %d failed %v, servers %v", r.Attempts, r.Failures, r.Errors, r.Servers)
+}
+
+// loop is a connection loop running in the client pod until stop.
+type loop struct {
+	e     *env
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   bytes.Buffer
+}
+
+// startLoop starts connecting from the client pod to addr every 20 ms, each
+// connection with a 1 s timeout, until stop.
+func (e *env) startLoop(addr netip.AddrPort) *loop {
+	e.t.Helper()
+	l := &loop{e: e}
+	l.cmd = e.n.KubectlCommand(e.ctx, "exec", "-i", "client", "--", "/testserver", "loop",
+		"--interval", "20ms", "--timeout", "1s", "--max-duration", "10m", addr.String())
+	l.cmd.Stdout = &l.out
+	l.cmd.Stderr = &l.out
+	var err error
+	if l.stdin, err = l.cmd.StdinPipe(); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := l.cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	// The loop is running once its first connection is made; a second is
+	// plenty under emulation.
+	time.Sleep(2 * time.Second)
+	return l
+}
+
+// stop ends the loop (its stdin closes) and returns its summary.
+func (l *loop) stop() loopResult {
+	l.e.t.Helper()
+	// Let the last step's effects meet a few more connections.
+	time.Sleep(2 * time.Second)
+	l.stdin.Close()
+	done := make(chan error, 1)
+	go func() { done <- l.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			l.e.t.Fatalf("connection loop: %v: %s", err, l.out.String())
+		}
+	case <-time.After(time.Minute):
+		_ = l.cmd.Process.Kill()
+		l.e.t.Fatalf("connection loop did not end within a minute of its stdin closing: %s", l.out.String())
+	}
+	var r loopResult
+	if err := json.Unmarshal(l.out.Bytes(), &r); err != nil {
+		l.e.t.Fatalf("connection loop output: %v: %s", err, l.out.String())
+	}
+	return r
+}

@@ -1,0 +1,24 @@
+# The cluster test: a real node (containerd, kubelet, controller-manager,
+# scheduler, etcd, kube-apiserver) in a Debian 6.12 guest of the VM runner,
+# where upstream kube-proxy is replaced by deploy/ under load, then upgraded
+# and restarted. Included by the top-level Makefile:
+#
+#	make cluster-test
+#
+# Nothing of the cluster runs on this machine: the kubelet writes global
+# sysctls, and the guest's are its own. The guest reads the binaries, the
+# image archives and the test binary through its read-only view of this
+# machine's root, and writes logs to $(CLUSTER_OUT)/logs.
+
+CLUSTER_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
+CLUSTER_OUT ?= $(abspath bin/cluster)
+# One vCPU: two under TCG panic now and then (../shared notes, vmtest.md).
+CLUSTER_VM_FLAGS ?= --kernel 6.12 --cpus 1 --memory 4096 --accel tcg --timeout 25m
+# What the node loads besides what modprobe pulls in on demand.
+CLUSTER_MODULES := veth,bridge,br_netfilter,overlay,sch_ingress,cls_bpf,nf_conntrack,nf_nat,nf_tables,nft_compat,nft_chain_nat,nft_ct,nft_masq,nft_nat,nft_reject_inet,ip_tables,iptable_filter,iptable_nat,iptable_mangle,xt_conntrack,xt_comment,xt_mark,xt_MASQUERADE,xt_addrtype,xt_multiport,xt_statistic,xt_nat,ipt_REJECT,ip_set,xt_set
+
+.PHONY: cluster-deps cluster-test
+
+# containerd, runc and the CNI plugins for the guest (never started here).
+cluster-deps:
+	sh $(CLUSTER_DIR)/deps.sh

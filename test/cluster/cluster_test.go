@@ -1,0 +1,455 @@
+package cluster_test
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"text/template"
+	"time"
+
+	"github.com/ebpf-proxy/ebpf-proxy/test/cluster/node"
+	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/cluster"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Environment of the test binary, set by `make cluster-test`.
+const (
+	// envImages is the directory of the image archives to import.
+	envImages = "EBPF_PROXY_CLUSTER_IMAGES"
+	// envLogs is a directory the host reads after the run.
+	envLogs = "EBPF_PROXY_CLUSTER_LOGS"
+	// envDeploy is the repository's deploy/ directory.
+	envDeploy = "EBPF_PROXY_CLUSTER_DEPLOY"
+	// envAgentImages are the agent's image references, first and upgrade,
+	// separated by a space.
+	envAgentImages = "EBPF_PROXY_CLUSTER_AGENT_IMAGES"
+	// envTestImage is the test server's image reference.
+	envTestImage = "EBPF_PROXY_CLUSTER_TEST_IMAGE"
+)
+
+var (
+	webIP    = netip.MustParseAddr("10.96.100.10")
+	emptyIP  = netip.MustParseAddr("10.96.100.11")
+	nodePort = 30080
+	webTCP   = netip.AddrPortFrom(webIP, 80)
+	webUDP   = netip.AddrPortFrom(webIP, 53)
+)
+
+//go:embed testdata
+var testdata embed.FS
+
+// env is one run of the cluster test.
+type env struct {
+	t      *testing.T
+	ctx    context.Context
+	n      *node.Node
+	checks int
+	passed int
+}
+
+func getenv(t *testing.T, key string) string {
+	t.Helper()
+	v := os.Getenv(key)
+	if v == "" {
+		t.Fatalf("%s is not set: run the cluster test with make cluster-test", key)
+	}
+	return v
+}
+
+// TestCluster replaces a running upstream kube-proxy with ebpf-proxy's
+// DaemonSet on a real node, as docs/INSTALL.md says, and counts the
+// connections that the migration, an upgrade and an agent restart lose.
+func TestCluster(t *testing.T) {
+	if os.Getenv(node.EnvGuest) != "1" {
+		t.Fatal("the cluster test runs a kubelet, which writes global sysctls: it runs only in a VM guest, through make cluster-test")
+	}
+	agentImages := strings.Fields(getenv(t, envAgentImages))
+	if len(agentImages) != 2 {
+		t.Fatalf("%s=%q: want two image references", envAgentImages, os.Getenv(envAgentImages))
+	}
+	testImage := getenv(t, envTestImage)
+	archives, err := filepath.Glob(filepath.Join(getenv(t, envImages), "*.tar"))
+	if err != nil || len(archives) == 0 {
+		t.Fatalf("no image archives in %s: %v", os.Getenv(envImages), err)
+	}
+	logDir := getenv(t, envLogs)
+	deployDir := getenv(t, envDeploy)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	start := time.Now()
+	n, err := node.Start(ctx, node.Config{Images: archives, LogDir: logDir, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Stop)
+	e := &env{t: t, ctx: ctx, n: n}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("component logs:\n%s", n.LogTails(25))
+			e.dumpPods()
+		}
+	})
+	phase := func(what string) { t.Logf("cluster: %5.1fs %s", time.Since(start).Seconds(), what) }
+	phase("node ready")
+
+	// Upstream kube-proxy as kubeadm installs it, then the workloads.
+	e.apply(e.render("kube-proxy.yaml", map[string]any{
+		"APIServer": "https://" + net.JoinHostPort(n.IP.String(), strconv.Itoa(n.Cluster.Port())),
+		"Image":     "registry.k8s.io/kube-proxy:" + cluster.KubernetesVersion,
+	}))
+	e.rollout("daemonset/kube-proxy", "kube-system")
+	e.apply(e.render("workloads.yaml", map[string]any{
+		"Image": testImage, "WebIP": webIP, "EmptyIP": emptyIP, "NodePort": nodePort,
+	}))
+	e.rollout("deployment/web", "default")
+	e.kubectl("", "wait", "--for=condition=Ready", "pod/client", "--timeout=180s")
+	phase("kube-proxy and workloads ready")
+	e.check("kube-proxy spreads the ClusterIP over the 3 pods", func() error { return e.spread(3) })
+
+	// The migration of docs/INSTALL.md, under load.
+	loop := e.startLoop(webTCP)
+	overlay := e.overlay(deployDir, agentImages[0])
+	e.kubectl("", "apply", "-k", overlay)
+	e.rollout("daemonset/ebpf-proxy", "kube-system")
+	e.kubectl("", "-n", "kube-system", "delete", "daemonset", "kube-proxy", "--wait=true")
+	e.waitGone("k8s-app=kube-proxy")
+	e.check("kube-proxy's rules are removed once it has stopped", e.waitNoKubeProxyRules)
+	migration := loop.stop()
+	phase(fmt.Sprintf("migrated: %s", migration))
+
+	// What a user checks once ebpf-proxy serves.
+	e.check("the ClusterIP spreads over the 3 pods", func() error { return e.spread(3) })
+	e.check("UDP through the ClusterIP", e.udp)
+	e.check("a Service without endpoints is refused", e.refused)
+	e.check("the NodePort answers on the node's own address", e.nodePortFromNode)
+	e.check("a scale-down is followed: the gone pod is never chosen", e.scaleDown)
+
+	// An upgrade to another image of the same binary, under load.
+	loop = e.startLoop(webTCP)
+	e.kubectl("", "-n", "kube-system", "set", "image", "daemonset/ebpf-proxy", "ebpf-proxy="+agentImages[1])
+	e.rollout("daemonset/ebpf-proxy", "kube-system")
+	upgrade := loop.stop()
+	phase(fmt.Sprintf("upgraded: %s", upgrade))
+
+	// The agent killed; the kubelet restarts its container.
+	loop = e.startLoop(webTCP)
+	e.killAgent()
+	restart := loop.stop()
+	phase(fmt.Sprintf("agent restarted: %s", restart))
+	e.check("the ClusterIP still spreads over the pods after the restart", func() error { return e.spread(2) })
+
+	for _, r := range []struct {
+		what string
+		res  loopResult
+	}{{"migration", migration}, {"upgrade", upgrade}, {"restart", restart}} {
+		if r.res.Failures != 0 || r.res.Attempts == 0 {
+			t.Errorf("%s: %s, want attempts and no failure", r.what, r.res)
+		}
+	}
+	ready := 1
+	if t.Failed() {
+		ready = 0
+	}
+	fmt.Printf("cluster: ready=%d checks=%d passed=%d migration_failed=%d upgrade_failed=%d restart_failed=%d\n",
+		ready, e.checks, e.passed, migration.Failures, upgrade.Failures, restart.Failures)
+}
+
+// check runs one check a user would make and counts it.
+func (e *env) check(what string, f func() error) {
+	e.t.Helper()
+	e.checks++
+	if err := f(); err != nil {
+		e.t.Errorf("%s: %v", what, err)
+		return
+	}
+	e.passed++
+	e.t.Logf("ok: %s", what)
+}
+
+func (e *env) kubectl(stdin string, args ...string) string {
+	e.t.Helper()
+	out, err := e.n.Kubectl(e.ctx, stdin, args...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+func (e *env) render(name string, data any) string {
+	e.t.Helper()
+	tmpl, err := template.ParseFS(testdata, "testdata/"+name)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := tmpl.Execute(&b, data); err != nil {
+		e.t.Fatal(err)
+	}
+	return b.String()
+}
+
+func (e *env) apply(manifest string) {
+	e.t.Helper()
+	e.kubectl(manifest, "apply", "-f", "-")
+}
+
+func (e *env) rollout(what, ns string) {
+	e.t.Helper()
+	e.kubectl("", "-n", ns, "rollout", "status", what, "--timeout=300s")
+}
+
+// overlay is a kustomization on top of a copy of deploy/ that sets the
+// agent's image, as a user's overlay or `kustomize edit set image` does.
+func (e *env) overlay(deployDir, image string) string {
+	e.t.Helper()
+	dir := e.t.TempDir()
+	base := filepath.Join(dir, "base")
+	if err := os.CopyFS(base, os.DirFS(deployDir)); err != nil {
+		e.t.Fatal(err)
+	}
+	name, tag, ok := strings.Cut(image, ":")
+	if !ok {
+		e.t.Fatalf("agent image %q has no tag", image)
+	}
+	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../base\nimages:\n  - name: ebpf-proxy\n    newName: %s\n    newTag: %s\n", name, tag)
+	over := filepath.Join(dir, "overlay")
+	if err := os.MkdirAll(over, 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(over, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+	return over
+}
+
+// waitGone waits until no pod of kube-system has the label selector.
+func (e *env) waitGone(selector string) {
+	e.t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		pods, err := e.n.Clientset().CoreV1().Pods("kube-system").List(e.ctx, metav1.ListOptions{LabelSelector: selector})
+		if err == nil && len(pods.Items) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("pods %s still there after 3 minutes (%v)", selector, err)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// waitNoKubeProxyRules waits until neither iptables back end of the node
+// holds kube-proxy's KUBE-SERVICES chain, while the kubelet's own chains
+// stay.
+func (e *env) waitNoKubeProxyRules() error {
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var left []string
+		for _, save := range []string{"iptables-nft-save", "iptables-legacy-save"} {
+			out, err := exec.CommandContext(e.ctx, save).Output()
+			if err != nil {
+				return fmt.Errorf("%s: %w", save, err)
+			}
+			if bytes.Contains(out, []byte(":KUBE-SERVICES")) {
+				left = append(left, save)
+			}
+		}
+		if len(left) == 0 {
+			out, _ := exec.CommandContext(e.ctx, "iptables-nft-save").Output()
+			if !bytes.Contains(out, []byte("KUBE-KUBELET-CANARY")) {
+				return fmt.Errorf("the kubelet's KUBE-KUBELET-CANARY chain went with kube-proxy's rules")
+			}
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kube-proxy's KUBE-SERVICES chain still in %v 3 minutes after it stopped", left)
+		}
+		time.Sleep(2 * time.Second)
+	}
+}
+
+// webPods returns the names of the web Deployment's running pods.
+func (e *env) webPods() map[string]bool {
+	e.t.Helper()
+	pods, err := e.n.Clientset().CoreV1().Pods("default").List(e.ctx, metav1.ListOptions{LabelSelector: "app=web"})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil && p.Status.Phase == "Running" {
+			names[p.Name] = true
+		}
+	}
+	return names
+}
+
+// spread checks that 60 connections from the client pod to the ClusterIP
+// all succeed and reach want distinct web pods, each a pod that exists.
+func (e *env) spread(want int) error {
+	res, err := e.probe("tcp", 60, webTCP)
+	if err != nil {
+		return err
+	}
+	pods := e.webPods()
+	seen := map[string]int{}
+	for _, r := range res {
+		if r.Error != "" {
+			return fmt.Errorf("a connection failed: %s (results %v)", r.Error, res)
+		}
+		if !pods[r.Server] {
+			return fmt.Errorf("served by %q, not a running web pod (%v)", r.Server, pods)
+		}
+		seen[r.Server]++
+	}
+	if len(seen) != want {
+		return fmt.Errorf("connections reached %v, want %d pods", seen, want)
+	}
+	return nil
+}
+
+func (e *env) udp() error {
+	res, err := e.probe("udp", 20, webUDP)
+	if err != nil {
+		return err
+	}
+	pods := e.webPods()
+	for _, r := range res {
+		if r.Error != "" || !pods[r.Server] {
+			return fmt.Errorf("datagram answered by %q, error %q", r.Server, r.Error)
+		}
+	}
+	return nil
+}
+
+// refused checks kube-proxy's REJECT: a connection to a Service without
+// endpoints fails at once with "connection refused", not a timeout.
+func (e *env) refused() error {
+	res, err := e.probe("tcp", 3, netip.AddrPortFrom(emptyIP, 80))
+	if err != nil {
+		return err
+	}
+	for _, r := range res {
+		if r.Error != "refused" {
+			return fmt.Errorf("connection to a Service without endpoints: error %q after %s, want refused", r.Error, r.Elapsed)
+		}
+	}
+	return nil
+}
+
+// nodePortFromNode dials the NodePort on the node's own address from the
+// node (this test runs in the guest's host namespace and cgroup).
+func (e *env) nodePortFromNode() error {
+	pods := e.webPods()
+	to := net.JoinHostPort(e.n.IP.String(), strconv.Itoa(nodePort))
+	for range 10 {
+		server, err := whoami(to)
+		if err != nil {
+			return err
+		}
+		if !pods[server] {
+			return fmt.Errorf("NodePort %s served by %q, not a web pod", to, server)
+		}
+	}
+	return nil
+}
+
+func whoami(to string) (string, error) {
+	c, err := net.DialTimeout("tcp4", to, 3*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	line, err := io.ReadAll(io.LimitReader(c, 256))
+	if err != nil && len(line) == 0 {
+		return "", fmt.Errorf("read from %s: %w", to, err)
+	}
+	f := strings.Fields(string(line))
+	if len(f) == 0 {
+		return "", fmt.Errorf("%s answered nothing", to)
+	}
+	return f[0], nil
+}
+
+// scaleDown scales web to 2 and checks that, once the gone pod has left
+// the EndpointSlice, no connection reaches it.
+func (e *env) scaleDown() error {
+	before := e.webPods()
+	e.kubectl("", "scale", "deployment/web", "--replicas=2")
+	e.rollout("deployment/web", "default")
+	deadline := time.Now().Add(2 * time.Minute)
+	for len(e.webPods()) != 2 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("web did not scale to 2 pods: %v", e.webPods())
+		}
+		time.Sleep(time.Second)
+	}
+	after := e.webPods()
+	var gone []string
+	for p := range before {
+		if !after[p] {
+			gone = append(gone, p)
+		}
+	}
+	res, err := e.probe("tcp", 60, webTCP)
+	if err != nil {
+		return err
+	}
+	for _, r := range res {
+		if r.Error != "" || !after[r.Server] {
+			return fmt.Errorf("after the scale-down (gone: %v) a connection got %q, error %q", gone, r.Server, r.Error)
+		}
+	}
+	return e.spread(2)
+}
+
+// killAgent kills the agent's container with SIGKILL, as an OOM kill
+// would, and waits for the kubelet to restart it and for it to be Ready.
+func (e *env) killAgent() {
+	e.t.Helper()
+	cs := e.n.Clientset()
+	pods, err := cs.CoreV1().Pods("kube-system").List(e.ctx, metav1.ListOptions{LabelSelector: "k8s-app=ebpf-proxy"})
+	if err != nil || len(pods.Items) != 1 || len(pods.Items[0].Status.ContainerStatuses) != 1 {
+		e.t.Fatalf("want one agent pod with one container: %v", err)
+	}
+	pod := pods.Items[0]
+	st := pod.Status.ContainerStatuses[0]
+	id := strings.TrimPrefix(st.ContainerID, "containerd://")
+	if _, err := e.n.Ctr(e.ctx, "tasks", "kill", "--signal", "SIGKILL", id); err != nil {
+		e.t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		p, err := cs.CoreV1().Pods("kube-system").Get(e.ctx, pod.Name, metav1.GetOptions{})
+		if err == nil && len(p.Status.ContainerStatuses) == 1 {
+			s := p.Status.ContainerStatuses[0]
+			if s.RestartCount > st.RestartCount && s.Ready {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("the agent's container was not restarted and Ready within 3 minutes (%v)", err)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func (e *env) dumpPods() {
+	out, err := e.n.Kubectl(e.ctx, "", "get", "pods", "-A", "-o", "wide")
+	e.t.Logf("pods:\n%s%v", out, err)
+	out, err = e.n.Kubectl(e.ctx, "", "get", "events", "-A", "--sort-by=.lastTimestamp")
+	e.t.Logf("events:\n%s%v", out, err)
+}

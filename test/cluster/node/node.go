@@ -1,0 +1,464 @@
+// Package node runs a real single-node Kubernetes cluster inside a VM guest
+// of the runner in test/vmtest: containerd and runc from Debian's packages,
+// the bridge CNI plugin, and etcd, kube-apiserver, kube-controller-manager,
+// kube-scheduler and a kubelet built from Go modules. The kubelet sets
+// global sysctls and owns cgroups and iptables rules, so Start refuses to
+// run anywhere but in a guest: the guest's kernel state is its own.
+//
+// The node has one address (Config.IP, on a veth pair inside the guest);
+// the API server listens there as a kubeadm control plane does, so that
+// pods and host-network agents reach it without a Service.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
+	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/cluster"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// EnvGuest is set by the VM runner in every guest command (test/vmtest).
+const EnvGuest = "EBPF_PROXY_VMTEST"
+
+// Defaults of Config.
+const (
+	DefaultName    = "node1"
+	DefaultPodCIDR = "10.244.0.0/24"
+	// ClusterCIDR holds every pod of the cluster, as --cluster-cidr.
+	ClusterCIDR = "10.244.0.0/16"
+	// bridgeName is the CNI bridge of the pods.
+	bridgeName = "cni0"
+	// uplink is the node's interface; its peer stays unused in the guest.
+	uplink = "node0"
+)
+
+// DefaultIP is the node's address when Config.IP is unset.
+var DefaultIP = netip.MustParsePrefix("192.168.50.10/24")
+
+// Config says what node to start.
+type Config struct {
+	// Name is the Node's name; DefaultName when empty.
+	Name string
+	// IP is the node's address and prefix; DefaultIP when unset.
+	IP netip.Prefix
+	// PodCIDR is the node's pod range (host-local IPAM on the bridge);
+	// DefaultPodCIDR when empty.
+	PodCIDR string
+	// Images are image archives (docker-archive or OCI) to import into
+	// containerd before the kubelet starts; the kubelet's pause image
+	// (registry.k8s.io/pause:3.10) must be among them.
+	Images []string
+	// LogDir receives every component's log; it should be a directory the
+	// host can read after the run. Required.
+	LogDir string
+	// Logf reports progress; optional.
+	Logf func(format string, args ...any)
+}
+
+// PauseImage is the sandbox image the kubelet and containerd use.
+const PauseImage = "registry.k8s.io/pause:3.10"
+
+// Node is a running cluster of one node.
+type Node struct {
+	// Name and IP are the Node's.
+	Name string
+	IP   netip.Addr
+	// Cluster is the control plane (etcd and kube-apiserver).
+	Cluster *cluster.Cluster
+
+	cfg     Config
+	bins    cluster.NodeBinaries
+	ctrSock string
+	procs   []*agent.Process
+	start   time.Time
+}
+
+// Start brings up the node: network, containerd with the images, the
+// control plane, kubelet, controller-manager and scheduler, and returns
+// once the Node is Ready and the default ServiceAccount exists. On error
+// everything started is stopped.
+func Start(ctx context.Context, cfg Config) (n *Node, err error) {
+	if os.Getenv(EnvGuest) != "1" {
+		return nil, fmt.Errorf("a kubelet writes global sysctls, cgroups and iptables rules: the node runs only in a VM guest of test/vmtest (%s=1), never on the host", EnvGuest)
+	}
+	if cfg.Name == "" {
+		cfg.Name = DefaultName
+	}
+	if !cfg.IP.IsValid() {
+		cfg.IP = DefaultIP
+	}
+	if cfg.PodCIDR == "" {
+		cfg.PodCIDR = DefaultPodCIDR
+	}
+	if cfg.LogDir == "" {
+		return nil, errors.New("node: Config.LogDir is required")
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	bins, err := cluster.FindNodeBinaries()
+	if err != nil {
+		return nil, err
+	}
+	n = &Node{Name: cfg.Name, IP: cfg.IP.Addr(), cfg: cfg, bins: bins, start: time.Now()}
+	defer func() {
+		if err != nil {
+			n.Stop()
+		}
+	}()
+	steps := []struct {
+		what string
+		run  func(context.Context) error
+	}{
+		{"network", n.setupNetwork},
+		{"containerd", n.startContainerd},
+		{"images", n.importImages},
+		{"control plane", n.startControlPlane},
+		{"kubelet", n.startKubelet},
+		{"controllers", n.startControllers},
+		{"node ready", n.waitReady},
+	}
+	for _, s := range steps {
+		if err := s.run(ctx); err != nil {
+			return nil, fmt.Errorf("node %s: %w", s.what, err)
+		}
+		n.logf("%s up", s.what)
+	}
+	return n, nil
+}
+
+func (n *Node) logf(format string, args ...any) {
+	n.cfg.Logf("node: %5.1fs "+format, append([]any{time.Since(n.start).Seconds()}, args...)...)
+}
+
+// run runs a command to completion and returns its combined output.
+func run(ctx context.Context, name string, args ...string) (string, error) {
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// setupNetwork gives the node its address on a veth pair (the guest has no
+// network card), turns on forwarding and bridge netfilter as a kubeadm
+// node's preflight requires, and routes everything else through the
+// uplink, so that Service addresses have a route as on a real node.
+func (n *Node) setupNetwork(ctx context.Context) error {
+	cmds := [][]string{
+		{"ip", "link", "add", uplink, "type", "veth", "peer", "name", uplink + "-peer"},
+		{"ip", "link", "set", uplink, "up"},
+		{"ip", "link", "set", uplink + "-peer", "up"},
+		{"ip", "link", "set", "lo", "up"},
+		{"ip", "addr", "add", n.cfg.IP.String(), "dev", uplink},
+		{"ip", "route", "add", "default", "dev", uplink},
+		{"modprobe", "br_netfilter"},
+		{"modprobe", "overlay"},
+	}
+	for _, c := range cmds {
+		if _, err := run(ctx, c[0], c[1:]...); err != nil {
+			return err
+		}
+	}
+	for key, val := range map[string]string{
+		"net/ipv4/ip_forward":                 "1",
+		"net/bridge/bridge-nf-call-iptables":  "1",
+		"net/bridge/bridge-nf-call-ip6tables": "1",
+	} {
+		if err := os.WriteFile(filepath.Join("/proc/sys", key), []byte(val), 0o644); err != nil {
+			return fmt.Errorf("sysctl %s: %w", key, err)
+		}
+	}
+	return nil
+}
+
+// containerdDir holds containerd's configuration, state and socket.
+const containerdDir = "/run/node-containerd"
+
+// containerdRoot is containerd's root. The guest's / is an overlay itself,
+// and overlayfs cannot stack an upper directory on it: a tmpfs of its own.
+const containerdRoot = "/var/lib/node-containerd"
+
+// cniConfDir holds the CNI configuration containerd reads.
+const cniConfDir = "/etc/cni/net.d"
+
+func (n *Node) startContainerd(ctx context.Context) error {
+	for _, d := range []string{containerdDir, containerdRoot, cniConfDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	if _, err := run(ctx, "mount", "-t", "tmpfs", "tmpfs", containerdRoot); err != nil {
+		return err
+	}
+	n.ctrSock = filepath.Join(containerdDir, "containerd.sock")
+	config := fmt.Sprintf(`version = 2
+root = %q
+state = %q
+[grpc]
+  address = %q
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %q
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  snapshotter = "overlayfs"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[plugins."io.containerd.grpc.v1.cri".cni]
+  bin_dir = "/usr/lib/cni"
+  conf_dir = %q
+`, containerdRoot, filepath.Join(containerdDir, "state"), n.ctrSock, PauseImage, cniConfDir)
+	confPath := filepath.Join(containerdDir, "config.toml")
+	if err := os.WriteFile(confPath, []byte(config), 0o644); err != nil {
+		return err
+	}
+	// The bridge plugin makes cni0 with the first address of the range,
+	// the pods' gateway; hairpin mode lets a pod reach itself through a
+	// Service, as kube-proxy's hairpin masquerade expects.
+	cni := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"node","plugins":[`+
+		`{"type":"bridge","bridge":%q,"isGateway":true,"ipMasq":false,"hairpinMode":true,`+
+		`"ipam":{"type":"host-local","ranges":[[{"subnet":%q}]],"routes":[{"dst":"0.0.0.0/0"}]}},`+
+		`{"type":"loopback"}]}`, bridgeName, n.cfg.PodCIDR)
+	if err := os.WriteFile(filepath.Join(cniConfDir, "10-bridge.conflist"), []byte(cni), 0o644); err != nil {
+		return err
+	}
+	p, err := n.startProcess("containerd", "containerd", "--config", confPath)
+	if err != nil {
+		return err
+	}
+	return waitFor(ctx, 30*time.Second, p, func() error {
+		_, err := os.Stat(n.ctrSock)
+		return err
+	})
+}
+
+// Ctr runs ctr against the node's containerd in the k8s.io namespace, the
+// one the kubelet's CRI uses.
+func (n *Node) Ctr(ctx context.Context, args ...string) (string, error) {
+	return run(ctx, "ctr", append([]string{"--address", n.ctrSock, "--namespace", "k8s.io"}, args...)...)
+}
+
+func (n *Node) importImages(ctx context.Context) error {
+	for _, img := range n.cfg.Images {
+		if _, err := n.Ctr(ctx, "images", "import", img); err != nil {
+			return err
+		}
+	}
+	out, err := n.Ctr(ctx, "images", "ls", "-q")
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(out, PauseImage) {
+		return fmt.Errorf("the images hold no %s for the kubelet's pod sandboxes; containerd has:\n%s", PauseImage, out)
+	}
+	n.logf("images: %s", strings.Join(strings.Fields(out), " "))
+	return nil
+}
+
+func (n *Node) startControlPlane(ctx context.Context) error {
+	ip := n.IP.String()
+	c, err := cluster.Start(ctx, cluster.Options{
+		ServingIPs: []net.IP{net.ParseIP(ip)},
+		// A kubeadm control plane: the API server on the node's address,
+		// the kubernetes Service's endpoint kept by the lease reconciler,
+		// privileged pods allowed for the proxies' DaemonSets.
+		APIServerArgs: []string{
+			"--bind-address=0.0.0.0",
+			"--advertise-address=" + ip,
+			"--endpoint-reconciler-type=lease",
+			"--allow-privileged=true",
+			"--kubelet-preferred-address-types=InternalIP",
+			// One client, one CPU: API Priority and Fairness only costs.
+			"--enable-priority-and-fairness=false",
+		},
+		StartTimeout: 4 * time.Minute,
+	})
+	if err != nil {
+		return err
+	}
+	n.Cluster = c
+	return nil
+}
+
+// kubeletDir is the kubelet's root directory.
+const kubeletDir = "/var/lib/kubelet"
+
+func (n *Node) startKubelet(ctx context.Context) error {
+	if err := os.MkdirAll(kubeletDir, 0o755); err != nil {
+		return err
+	}
+	// cgroupfs: the guest has no systemd. Eviction thresholds low: the
+	// guest's disk is a tmpfs and would look full to the defaults.
+	config := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: cgroupfs
+failSwapOn: false
+containerRuntimeEndpoint: unix://%s
+authentication:
+  anonymous: {enabled: true}
+  webhook: {enabled: false}
+authorization: {mode: AlwaysAllow}
+resolvConf: ""
+evictionHard:
+  memory.available: "50Mi"
+  nodefs.available: "1%%"
+  nodefs.inodesFree: "1%%"
+  imagefs.available: "1%%"
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+`, n.ctrSock)
+	confPath := filepath.Join(kubeletDir, "config.yaml")
+	if err := os.WriteFile(confPath, []byte(config), 0o644); err != nil {
+		return err
+	}
+	_, err := n.startProcess("kubelet", n.bins.Kubelet,
+		"--config", confPath,
+		"--kubeconfig", n.Cluster.AdminKubeconfig(),
+		"--hostname-override", n.Name,
+		"--node-ip", n.IP.String(),
+		"--v=1")
+	return err
+}
+
+func (n *Node) startControllers(ctx context.Context) error {
+	admin := n.Cluster.AdminKubeconfig()
+	if _, err := n.startProcess("kube-controller-manager", n.bins.KubeControllerManager,
+		"--kubeconfig", admin,
+		"--service-account-private-key-file", n.Cluster.ServiceAccountKeyFile(),
+		"--root-ca-file", n.Cluster.CAFile(),
+		// What the test's objects need, and no more: the guest is
+		// emulated on one CPU. The bridge CNI assigns pod addresses,
+		// so no node IPAM; the garbage collector deletes a deleted
+		// DaemonSet's pods.
+		"--controllers="+strings.Join([]string{
+			"daemonset-controller", "deployment-controller", "replicaset-controller",
+			"endpointslice-controller", "serviceaccount-controller",
+			"root-ca-certificate-publisher-controller", "garbage-collector-controller",
+		}, ","),
+		"--leader-elect=false",
+		// kubectl rollout and DaemonSet updates are quicker checks.
+		"--concurrent-daemonset-syncs=2"); err != nil {
+		return err
+	}
+	_, err := n.startProcess("kube-scheduler", n.bins.KubeScheduler, "--kubeconfig", admin, "--leader-elect=false")
+	return err
+}
+
+// waitReady waits for the Node to be Ready and for the default namespace's
+// ServiceAccount and root CA ConfigMap, without which no pod starts.
+func (n *Node) waitReady(ctx context.Context) error {
+	cs := n.Cluster.Clientset()
+	return waitFor(ctx, 4*time.Minute, nil, func() error {
+		node, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		ready := false
+		for _, c := range node.Status.Conditions {
+			if c.Type == "Ready" && c.Status == "True" {
+				ready = true
+			}
+		}
+		if !ready {
+			return fmt.Errorf("node %s is not Ready", n.Name)
+		}
+		for _, ns := range []string{"default", "kube-system"} {
+			if _, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err != nil {
+				return err
+			}
+			if _, err := cs.CoreV1().ConfigMaps(ns).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Clientset is an admin clientset.
+func (n *Node) Clientset() *kubernetes.Clientset { return n.Cluster.Clientset() }
+
+// Kubectl runs kubectl as the cluster's admin, stdin from stdin when not
+// empty, and returns its standard output.
+func (n *Node) Kubectl(ctx context.Context, stdin string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, n.Cluster.Binaries().Kubectl, append([]string{"--kubeconfig", n.Cluster.AdminKubeconfig()}, args...)...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return string(out), nil
+}
+
+// KubectlCommand returns an unstarted kubectl command as the admin.
+func (n *Node) KubectlCommand(ctx context.Context, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, n.Cluster.Binaries().Kubectl, append([]string{"--kubeconfig", n.Cluster.AdminKubeconfig()}, args...)...)
+}
+
+func (n *Node) startProcess(name, bin string, args ...string) (*agent.Process, error) {
+	p, err := agent.Start(agent.Options{Name: name, Bin: bin, Args: args, LogPath: filepath.Join(n.cfg.LogDir, name+".log"), Setpgid: true})
+	if err != nil {
+		return nil, err
+	}
+	n.procs = append(n.procs, p)
+	return p, nil
+}
+
+// LogTails returns the last lines of every component's log.
+func (n *Node) LogTails(lines int) string {
+	var b strings.Builder
+	for _, p := range n.procs {
+		fmt.Fprintf(&b, "--- %s (last %d lines)\n%s\n", p.Name(), lines, p.LogTail(lines))
+	}
+	return b.String()
+}
+
+// Stop stops the components in reverse order of their start and the
+// control plane. Pods' containers die with the guest.
+func (n *Node) Stop() {
+	for i := len(n.procs) - 1; i >= 0; i-- {
+		_ = n.procs[i].Stop(10 * time.Second)
+	}
+	n.procs = nil
+	if n.Cluster != nil {
+		_ = n.Cluster.Stop()
+	}
+}
+
+// waitFor polls check every 500 ms until it returns nil, p (if not nil)
+// exits, ctx ends or timeout passes, and returns check's last error then.
+func waitFor(ctx context.Context, timeout time.Duration, p *agent.Process, check func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return nil
+		}
+		if p != nil && !p.Running() {
+			return fmt.Errorf("%s exited: %v\n%s", p.Name(), p.ExitError(), p.LogTail(20))
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not ready after %s: %w", timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
