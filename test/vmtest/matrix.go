@@ -64,7 +64,7 @@ func matrixMain(ctx context.Context, args []string) int {
 	fs.StringVar(&mf.kernels, "kernels", "6.1 6.12", "kernels to run on, space-separated series or releases")
 	fs.BoolVar(&mf.host, "host", true, "also run on the host kernel")
 	fs.StringVar(&mf.out, "out", "", "directory for test binaries and logs (default: a new temporary directory, removed when everything passes)")
-	fs.DurationVar(&mf.jobTimeout, "job-timeout", 5*time.Minute, "deadline for one test binary")
+	fs.DurationVar(&mf.jobTimeout, "job-timeout", 8*time.Minute, "deadline for one test binary")
 	fs.StringVar(&mf.buildFlags, "build-flags", "", "extra flags for go test -c, space-separated")
 	if err := fs.Parse(args); err != nil {
 		return 2
