@@ -36,7 +36,8 @@ func (r Removed) Empty() bool {
 }
 
 // Present reports whether the namespace at netnsPath ("" for the caller's)
-// holds anything of kube-proxy's that Remove would remove. It only reads:
+// holds anything of kube-proxy's, including chains that Remove would keep
+// because another program's rules use them. It only reads:
 // iptables-save without -t and ip6tables-save in every back end, netlink
 // for the interface and the ipsets, and nft list tables.
 func Present(ctx context.Context, netnsPath string) (bool, error) {
