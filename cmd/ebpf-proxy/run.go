@@ -149,7 +149,7 @@ func (o *options) proxyModeConfig(m *metrics.Metrics) proxymode.Config {
 		}
 	}
 	return proxymode.Config{
-		Mode:                o.proxyMode,
+		Mode: o.proxyMode, Metrics: m,
 		FallbackUnsupported: localErr,
 		BPF: bpf.Config{
 			CgroupPath: o.cgroupPath, BPFFSPath: o.bpffsPath, Sizes: o.mapSizes, TerminateSockets: o.terminateSockets,

@@ -198,6 +198,15 @@ type Metrics struct {
 	// counts devices that refused the XDP program in the mode asked for;
 	// their traffic is handled by the TC programs alone.
 	XDPAttachFailuresTotal *prometheus.CounterVec
+	// KubeProxyLeftovers (ebpfproxy_kube_proxy_leftovers) is 1 while
+	// upstream kube-proxy's rules are known to be on the node (kube-proxy
+	// still runs, or removing them failed), 0 once they are removed.
+	KubeProxyLeftovers prometheus.Gauge
+	// KubeProxyLeftoversRemovedTotal
+	// (ebpfproxy_kube_proxy_leftovers_removed_total{kind}) counts the
+	// objects of kube-proxy's removed, by kind (chain, virtual_server,
+	// ipset, interface, nftables_table).
+	KubeProxyLeftoversRemovedTotal *prometheus.CounterVec
 
 	registry *prometheus.Registry
 
@@ -373,6 +382,17 @@ func New(ipFamily string) *Metrics {
 		Help:      "Services whose healthCheckNodePort is served (state=serving) or could not be bound (state=failed).",
 	}, []string{LabelState})
 
+	m.KubeProxyLeftovers = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ebpfProxyNamespace,
+		Name:      "kube_proxy_leftovers",
+		Help:      "1 while upstream kube-proxy's rules are known to be on the node (it still runs, or removing them failed), 0 once removed.",
+	})
+	m.KubeProxyLeftoversRemovedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ebpfProxyNamespace,
+		Name:      "kube_proxy_leftovers_removed_total",
+		Help:      "Objects upstream kube-proxy left on the node that were removed, by kind.",
+	}, []string{LabelKind})
+
 	m.registry.MustRegister(
 		// Same Go collector configuration as component-base's legacy
 		// registry, so the go_* series match kube-proxy's.
@@ -406,6 +426,8 @@ func New(ipFamily string) *Metrics {
 		m.HealthCheckNodePorts,
 		m.XDPAttached,
 		m.XDPAttachFailuresTotal,
+		m.KubeProxyLeftovers,
+		m.KubeProxyLeftoversRemovedTotal,
 	)
 
 	m.FamilyMetrics = *m.Family(ipFamily)

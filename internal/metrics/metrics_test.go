@@ -102,6 +102,8 @@ func TestMetricsExposedWithKubeProxyNamesTypesAndLabels(t *testing.T) {
 	m.MapEntries.WithLabelValues("backends_v1").Set(8)
 	m.InvalidObjectsTotal.WithLabelValues("Service", "invalid_cluster_ip").Inc()
 	m.SetProxyMode("ebpf", "configured")
+	m.KubeProxyLeftovers.Set(1)
+	m.KubeProxyLeftoversRemovedTotal.WithLabelValues("chain").Add(12)
 	m.IPTablesRestoreFailuresTotal.Add(9)
 	v6.IPTablesPartialRestoreFailuresTotal.Inc()
 	m.IPTablesRulesTotal.WithLabelValues("nat").Set(10)
@@ -137,6 +139,8 @@ func TestMetricsExposedWithKubeProxyNamesTypesAndLabels(t *testing.T) {
 		{"ebpfproxy_map_entries", dto.MetricType_GAUGE, map[string]string{"map": "backends_v1"}, 8, false},
 		{"ebpfproxy_invalid_objects_total", dto.MetricType_COUNTER, map[string]string{"kind": "Service", "reason": "invalid_cluster_ip"}, 1, false},
 		{"ebpfproxy_proxy_mode", dto.MetricType_GAUGE, map[string]string{"mode": "ebpf", "reason": "configured"}, 1, false},
+		{"ebpfproxy_kube_proxy_leftovers", dto.MetricType_GAUGE, map[string]string{}, 1, false},
+		{"ebpfproxy_kube_proxy_leftovers_removed_total", dto.MetricType_COUNTER, map[string]string{"kind": "chain"}, 12, false},
 		{"kubeproxy_sync_proxy_rules_iptables_restore_failures_total", dto.MetricType_COUNTER, map[string]string{"ip_family": "IPv4"}, 9, true},
 		{"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total", dto.MetricType_COUNTER, map[string]string{"ip_family": "IPv6"}, 1, true},
 		{"kubeproxy_sync_proxy_rules_iptables_total", dto.MetricType_GAUGE, map[string]string{"table": "nat", "ip_family": "IPv4"}, 10, true},

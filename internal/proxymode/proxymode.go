@@ -1,8 +1,9 @@
 // Package proxymode chooses and starts the dataplane --proxy-mode asks
 // for: the BPF dataplane, or a fallback where the kernel cannot run it
 // (the choice under "auto", and why, is logged and exported), and removes
-// what the other modes left on the node. It also implements --cleanup,
-// which removes what every mode ever created.
+// what the other modes, and upstream kube-proxy once it has stopped, left
+// on the node. It also implements --cleanup, which removes what every mode
+// ever created (not kube-proxy's: kube-proxy --cleanup does that).
 package proxymode
 
 import (
@@ -10,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -17,7 +19,9 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/kubeproxy"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/nodeaddrs"
 )
 
@@ -54,6 +58,12 @@ type Config struct {
 	BPF      bpf.Config
 	IPTables iptables.Config
 	IPVS     ipvs.Config
+	// Metrics receives ebpfproxy_kube_proxy_leftovers and
+	// ebpfproxy_kube_proxy_leftovers_removed_total; nil for none.
+	Metrics *metrics.Metrics
+	// KubeProxyInterval is how often RemoveLeftovers's watch looks again
+	// for a running kube-proxy; kubeproxy.DefaultInterval if zero.
+	KubeProxyInterval time.Duration
 }
 
 // Started is the chosen dataplane and what comes with it.
@@ -63,14 +73,24 @@ type Started struct {
 	Mode, Reason string
 	// removeLeftovers removes what the other modes left on the node.
 	removeLeftovers func(ctx context.Context) error
+	// kubeProxy configures the removal of kube-proxy's leftovers.
+	kubeProxy kubeproxy.Config
 	// close releases handles; what is programmed stays and keeps serving.
 	close func()
 }
 
-// RemoveLeftovers removes what the other modes left on the node. Call it
-// once, after the first sync, so that the node is never without Services
-// between two modes (make before break).
-func (s *Started) RemoveLeftovers(ctx context.Context) error { return s.removeLeftovers(ctx) }
+// RemoveLeftovers removes what the other modes left on the node, then
+// starts a goroutine that removes upstream kube-proxy's leftovers once no
+// kube-proxy process runs on the node, checking again periodically until
+// that is done or ctx ends (kubeproxy.Watch). Call it once, after the
+// first sync, so that the node is never without Services between two
+// modes or between kube-proxy and us (make before break). The error is
+// the other modes' only; the watch logs its own.
+func (s *Started) RemoveLeftovers(ctx context.Context) error {
+	err := s.removeLeftovers(ctx)
+	go kubeproxy.Watch(ctx, s.kubeProxy)
+	return err
+}
 
 // Close releases handles; what is programmed stays and keeps serving until
 // the next agent adopts it.
@@ -80,6 +100,19 @@ func (s *Started) Close() { s.close() }
 // then ipvs, then iptables, and a dataplane that fails to start makes way
 // for the next; a named mode that fails is an error.
 func Start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
+	s, err := start(ctx, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	s.kubeProxy = kubeproxy.Config{Interval: cfg.KubeProxyInterval, Logger: log.Named("kube-proxy-leftovers")}
+	if cfg.Metrics != nil {
+		s.kubeProxy.Present = cfg.Metrics.KubeProxyLeftovers
+		s.kubeProxy.Removed = cfg.Metrics.KubeProxyLeftoversRemovedTotal
+	}
+	return s, nil
+}
+
+func start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
 	cfg.BPF.Logger = log
 	cfg.IPTables.Logger = log.Named("iptables")
 	cfg.IPVS.Logger = log.Named("ipvs")

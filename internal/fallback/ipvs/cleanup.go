@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"slices"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 )
 
@@ -149,4 +151,180 @@ func procNetIPVS(netnsPath string) (bool, error) {
 // end.
 func (d *Dataplane) CleanupOtherBackends(ctx context.Context) error {
 	return xtables.CleanupAll(ctx, d.cfg.Netns, xtables.Prefix, d.runner.Backend.Name)
+}
+
+// Foreign names another IPVS proxy's objects, for removing what it left
+// on the node: kube-proxy's (internal/fallback/kubeproxy).
+type Foreign struct {
+	// Dummy is the interface that holds its Service addresses.
+	Dummy string
+	// Sets are the names of its ipsets.
+	Sets []string
+	// NodePortSets name, among Sets, those that list its NodePorts, with
+	// the protocol of each (the bitmap:port sets' entries carry none).
+	NodePortSets map[string]model.Protocol
+}
+
+// ForeignRemoved is what RemoveForeign removed.
+type ForeignRemoved struct {
+	// VirtualServers are "proto address:port" of each.
+	VirtualServers []string
+	Sets           []string
+	// Dummy is set if the interface was deleted.
+	Dummy bool
+}
+
+// Empty reports whether nothing was removed.
+func (r ForeignRemoved) Empty() bool {
+	return len(r.VirtualServers) == 0 && len(r.Sets) == 0 && !r.Dummy
+}
+
+// HoldsForeign reports whether the namespace at netnsPath ("" for the
+// caller's) holds f's dummy interface or one of its ipsets. It only reads.
+func HoldsForeign(netnsPath string, f Foreign) (bool, error) {
+	k, err := openNetlink(netnsPath)
+	if err != nil {
+		return false, err
+	}
+	defer k.close()
+	if l, err := k.link(f.Dummy); err != nil || l != nil {
+		return l != nil, err
+	}
+	sets, err := k.listSets()
+	if err != nil {
+		return false, nil // a kernel without ipset holds none
+	}
+	return slices.ContainsFunc(f.Sets, func(s string) bool { return sets[s] }), nil
+}
+
+// RemoveForeign removes what f names in the namespace at netnsPath ("" for
+// the caller's): the virtual servers on the addresses of f.Dummy (IPv4 and
+// IPv6) or on a port of f.NodePortSets, except those of ours (a frontend
+// in our sets: a Service our IPVS dataplane serves is the same kernel
+// object); then f.Sets, then f.Dummy. Call it after the rules that use the
+// sets are gone: a referenced ipset cannot be destroyed. It succeeds when
+// there is nothing to remove, also on a kernel without IPVS or ipset.
+func RemoveForeign(ctx context.Context, netnsPath string, f Foreign) (ForeignRemoved, error) {
+	var done ForeignRemoved
+	if err := ctx.Err(); err != nil {
+		return done, err
+	}
+	k, err := openNetlink(netnsPath)
+	if err != nil {
+		return done, err
+	}
+	defer k.close()
+	dummy, err := k.link(f.Dummy)
+	if err != nil {
+		return done, err
+	}
+	sets, err := k.listSets()
+	if err != nil {
+		sets = nil
+	}
+	var errs []error
+	ipvsPresent, err := procNetIPVS(netnsPath)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if ipvsPresent {
+		vs, err := k.deleteForeignServices(netnsPath, dummy, sets, f)
+		done.VirtualServers = vs
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, s := range f.Sets {
+		if !sets[s] {
+			continue
+		}
+		if err := k.nl.IpsetDestroy(s); err != nil {
+			errs = append(errs, fmt.Errorf("destroy ipset %s: %w", s, err))
+			continue
+		}
+		done.Sets = append(done.Sets, s)
+	}
+	if dummy != nil {
+		if err := k.nl.LinkDel(dummy); err != nil {
+			errs = append(errs, fmt.Errorf("delete %s: %w", f.Dummy, err))
+		} else {
+			done.Dummy = true
+		}
+	}
+	return done, errors.Join(errs...)
+}
+
+// deleteForeignServices deletes f's virtual servers and returns them.
+func (k *kernel) deleteForeignServices(netnsPath string, dummy netlink.Link, sets map[string]bool, f Foreign) ([]string, error) {
+	foreignAddrs := map[netip.Addr]bool{}
+	if dummy != nil {
+		addrs, err := k.nl.AddrList(dummy, netlink.FAMILY_ALL)
+		if err != nil {
+			return nil, fmt.Errorf("list addresses of %s: %w", f.Dummy, err)
+		}
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok {
+				foreignAddrs[ip.Unmap()] = true
+			}
+		}
+	}
+	type protoPort struct {
+		proto model.Protocol
+		port  uint16
+	}
+	nodePorts := map[protoPort]bool{}
+	for name, proto := range f.NodePortSets {
+		if !sets[name] {
+			continue
+		}
+		res, err := k.nl.IpsetList(name)
+		if err != nil {
+			return nil, fmt.Errorf("list ipset %s: %w", name, err)
+		}
+		for _, e := range res.Entries {
+			if e.Port != nil {
+				nodePorts[protoPort{proto, *e.Port}] = true
+			}
+		}
+	}
+	if len(foreignAddrs) == 0 && len(nodePorts) == 0 {
+		return nil, nil
+	}
+	ours := map[vsKey]bool{}
+	entries, err := k.setEntries(sets)
+	if err != nil {
+		return nil, err
+	}
+	for e := range entries {
+		if slices.Contains(frontendSets, e.Set) {
+			ours[vsKey{Addr: e.IP, Proto: e.Proto, Port: e.Port}] = true
+		}
+	}
+	h, err := libipvs.New(netnsPath)
+	if err != nil {
+		return nil, fmt.Errorf("IPVS handle: %w", err)
+	}
+	defer h.Close()
+	services, err := h.GetServices()
+	if err != nil {
+		return nil, fmt.Errorf("list virtual servers: %w", err)
+	}
+	var deleted []string
+	var errs []error
+	for _, s := range services {
+		a, ok := netip.AddrFromSlice(s.Address)
+		if !ok || s.FWMark != 0 {
+			continue
+		}
+		key := vsKey{Addr: a.Unmap(), Proto: model.Protocol(s.Protocol), Port: s.Port}
+		if ours[key] || !(foreignAddrs[key.Addr] || nodePorts[protoPort{key.Proto, key.Port}]) {
+			continue
+		}
+		if err := h.DelService(s); err != nil {
+			errs = append(errs, fmt.Errorf("delete virtual server %s: %w", key, err))
+			continue
+		}
+		deleted = append(deleted, key.String())
+	}
+	return deleted, errors.Join(errs...)
 }

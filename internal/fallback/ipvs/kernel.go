@@ -91,18 +91,24 @@ func (k *kernel) close() {
 	k.nl.Close()
 }
 
-// dummy returns the dummy interface, creating it when create is set.
-func (k *kernel) dummy(create bool) (netlink.Link, error) {
-	l, err := k.nl.LinkByName(DummyName)
+// link returns the interface named name, nil if there is none.
+func (k *kernel) link(name string) (netlink.Link, error) {
+	l, err := k.nl.LinkByName(name)
 	if err == nil {
 		return l, nil
 	}
 	var notFound netlink.LinkNotFoundError
 	if !errors.As(err, &notFound) {
-		return nil, fmt.Errorf("find %s: %w", DummyName, err)
+		return nil, fmt.Errorf("find %s: %w", name, err)
 	}
-	if !create {
-		return nil, nil
+	return nil, nil
+}
+
+// dummy returns the dummy interface, creating it when create is set.
+func (k *kernel) dummy(create bool) (netlink.Link, error) {
+	l, err := k.link(DummyName)
+	if err != nil || l != nil || !create {
+		return l, err
 	}
 	// Left down, as kube-ipvs0: its addresses are local all the same,
 	// and no route points at it.

@@ -45,10 +45,19 @@ type Backend struct {
 	Name string
 	// Iptables, Save and Restore are the commands, looked up in PATH.
 	Iptables, Save, Restore string
+	// IPv6 is set for the ip6tables tools. The fallback dataplanes use
+	// the IPv4 ones only; removing kube-proxy's rules needs both.
+	IPv6 bool
 }
 
-// String returns the back end's name.
-func (b Backend) String() string { return b.Name }
+// String returns the back end's name, followed by "ip6tables" for the
+// IPv6 tools.
+func (b Backend) String() string {
+	if b.IPv6 {
+		return b.Name + " ip6tables"
+	}
+	return b.Name
+}
 
 // candidates lists the tool sets of a back end, most specific first: the
 // suffixed names Debian and most distributions install, then the plain names
@@ -60,6 +69,14 @@ func candidates(name string) []Backend {
 	}
 }
 
+// candidates6 is candidates for the ip6tables tools.
+func candidates6(name string) []Backend {
+	return []Backend{
+		{Name: name, Iptables: "ip6tables-" + name, Save: "ip6tables-" + name + "-save", Restore: "ip6tables-" + name + "-restore", IPv6: true},
+		{Name: name, Iptables: "ip6tables", Save: "ip6tables-save", Restore: "ip6tables-restore", IPv6: true},
+	}
+}
+
 // installed reports whether b's tools are all in PATH and, for the plain
 // names, whether they are of b's flavour.
 func installed(ctx context.Context, b Backend) bool {
@@ -68,7 +85,7 @@ func installed(ctx context.Context, b Backend) bool {
 			return false
 		}
 	}
-	if b.Iptables != "iptables" {
+	if b.Iptables != "iptables" && b.Iptables != "ip6tables" {
 		return true
 	}
 	out, err := exec.CommandContext(ctx, b.Iptables, "--version").Output()

@@ -179,24 +179,59 @@ func RemoveOwned(tx *Transaction, table string, own Owned) {
 // and iptables-save -t, instantiate the legacy tables they name). A back end
 // whose save fails is reported in the error and left out.
 func Holding(ctx context.Context, netnsPath, prefix string) ([]Backend, error) {
+	return holding(ctx, netnsPath, []func(string) []Backend{candidates}, func(dump string) bool {
+		return strings.Contains(dump, prefix)
+	})
+}
+
+// HoldingClaimed is Holding for the chains that claims names, with the
+// iptables and the ip6tables tools of every back end.
+func HoldingClaimed(ctx context.Context, netnsPath string, claims Claims) ([]Backend, error) {
+	return holding(ctx, netnsPath, []func(string) []Backend{candidates, candidates6}, func(dump string) bool {
+		return len(claimedChains(dump, claims)) > 0
+	})
+}
+
+func holding(ctx context.Context, netnsPath string, families []func(string) []Backend, match func(dump string) bool) ([]Backend, error) {
 	var out []Backend
 	var errs []error
-	for _, name := range []string{BackendLegacy, BackendNFT} {
-		for _, b := range candidates(name) {
-			if !installed(ctx, b) {
-				continue
+	for _, family := range families {
+		for _, name := range []string{BackendLegacy, BackendNFT} {
+			for _, b := range family(name) {
+				if !installed(ctx, b) {
+					continue
+				}
+				r := &Runner{Backend: b, Netns: netnsPath}
+				dump, err := r.run(ctx, nil, b.Save)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", b, err))
+				} else if match(string(dump)) {
+					out = append(out, b)
+				}
+				break
 			}
-			r := &Runner{Backend: b, Netns: netnsPath}
-			dump, err := r.run(ctx, nil, b.Save)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", name, err))
-			} else if strings.Contains(string(dump), prefix) {
-				out = append(out, b)
-			}
-			break
 		}
 	}
 	return out, errors.Join(errs...)
+}
+
+// claimedChains lists the chains of a whole iptables-save dump that claims
+// names, as "table chain".
+func claimedChains(dump string, claims Claims) []string {
+	var out []string
+	table := ""
+	for _, line := range strings.Split(dump, "\n") {
+		switch {
+		case strings.HasPrefix(line, "*"):
+			table = line[1:]
+		case strings.HasPrefix(line, ":"):
+			name, _, _ := strings.Cut(line[1:], " ")
+			if claims(table, name) {
+				out = append(out, table+" "+name)
+			}
+		}
+	}
+	return out
 }
 
 // CleanupAll runs Cleanup with every back end that Holding finds, except
@@ -213,4 +248,113 @@ func CleanupAll(ctx context.Context, netnsPath, prefix, except string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Claims says whether a chain of a table belongs to the software whose
+// rules are being removed (ReadClaimed, RemoveClaimed): another program's,
+// named by an explicit list rather than by our prefix.
+type Claims func(table, chain string) bool
+
+// Claimed is what ReadClaimed finds in one table.
+type Claimed struct {
+	// Owned holds the claimed chains to remove and the jumps to them from
+	// the built-in chains.
+	Owned
+	// Kept are claimed chains left in place because a chain that is
+	// neither built in nor claimed jumps to them, directly or through
+	// other claimed chains: removing them would break someone else's
+	// rules, and removing the jump would change what those rules do.
+	Kept []string
+}
+
+// ReadClaimed reads one table with iptables-save and returns the chains
+// that claims names, except those someone else's chains still use (see
+// Claimed.Kept), and the rules of the built-in chains that jump to them.
+func ReadClaimed(ctx context.Context, r *Runner, table string, claims Claims) (Claimed, error) {
+	out, err := r.Save(ctx, table)
+	if err != nil {
+		return Claimed{}, fmt.Errorf("read %s table: %w", table, err)
+	}
+	builtin := map[string]bool{}
+	claimed := map[string]bool{}
+	type rule struct{ chain, spec, target string }
+	var rules []rule
+	for _, line := range strings.Split(string(out), "\n") {
+		switch {
+		case strings.HasPrefix(line, ":"):
+			// ":NAME POLICY [packets:bytes]"; user chains have policy "-".
+			f := strings.Fields(line[1:])
+			if len(f) > 1 && f[1] != "-" {
+				builtin[f[0]] = true
+			} else if len(f) > 0 && claims(table, f[0]) {
+				claimed[f[0]] = true
+			}
+		case strings.HasPrefix(line, "-A "):
+			chain, spec, _ := strings.Cut(line[3:], " ")
+			rules = append(rules, rule{chain, spec, Target(spec)})
+		}
+	}
+	// Keep what a foreign chain reaches through claimed chains.
+	kept := map[string]bool{}
+	var queue []string
+	for _, r := range rules {
+		if claimed[r.target] && !claimed[r.chain] && !builtin[r.chain] && !kept[r.target] {
+			kept[r.target] = true
+			queue = append(queue, r.target)
+		}
+	}
+	for len(queue) > 0 {
+		c := queue[0]
+		queue = queue[1:]
+		for _, r := range rules {
+			if r.chain == c && claimed[r.target] && !kept[r.target] {
+				kept[r.target] = true
+				queue = append(queue, r.target)
+			}
+		}
+	}
+	got := Claimed{Owned: Owned{Chains: map[string]bool{}}}
+	for c := range claimed {
+		if kept[c] {
+			got.Kept = append(got.Kept, c)
+		} else {
+			got.Chains[c] = true
+		}
+	}
+	slices.Sort(got.Kept)
+	for _, r := range rules {
+		if builtin[r.chain] && got.Chains[r.target] {
+			got.Jumps = append(got.Jumps, Hook{Table: table, Chain: r.chain, Spec: r.spec})
+		}
+	}
+	return got, nil
+}
+
+// RemoveClaimed removes from Tables, in one transaction, the chains that
+// claims names and the jumps to them from the built-in chains, except the
+// chains that someone else's rules still use. It returns the chains
+// removed and those kept, each as "table chain".
+func RemoveClaimed(ctx context.Context, r *Runner, claims Claims) (removed, kept []string, err error) {
+	var tx Transaction
+	for _, table := range Tables {
+		c, err := ReadClaimed(ctx, r, table, claims)
+		if err != nil {
+			return nil, nil, err
+		}
+		RemoveOwned(&tx, table, c.Owned)
+		for name := range c.Chains {
+			removed = append(removed, table+" "+name)
+		}
+		for _, name := range c.Kept {
+			kept = append(kept, table+" "+name)
+		}
+	}
+	slices.Sort(removed)
+	if tx.Empty() {
+		return nil, kept, nil
+	}
+	if err := r.Restore(ctx, tx.Bytes()); err != nil {
+		return nil, kept, fmt.Errorf("remove chains (%s): %w", r.Backend, err)
+	}
+	return removed, kept, nil
 }
