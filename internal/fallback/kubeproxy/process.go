@@ -60,12 +60,21 @@ func Running(procPath string) ([]int, error) {
 	return pids, nil
 }
 
+// initialPIDNamespace is how /proc/<pid>/ns/pid reads in the kernel's
+// initial PID namespace, the one a node's init runs in (PROC_PID_INIT_INO,
+// fixed since Linux 3.8).
+const initialPIDNamespace = "pid:[4026531836]"
+
 // seesNode returns ErrCannotTell unless the agent shares the node's PID
-// namespace: it must not be PID 1 (the entry point of a container of its
-// own), and PID 1 must not be in the agent's own cgroup (a container's
-// init, such as tini) nor in a pod's (the pause process of a pod sharing
-// its process namespace).
+// namespace. In the kernel's initial one it does. Elsewhere (a node that
+// is itself a container, as in kind) it must not be PID 1 (the entry point
+// of a container of its own), and PID 1 must not be in the agent's own
+// cgroup (a container's init, such as tini) nor in a pod's (the pause
+// process of a pod sharing its process namespace).
 func seesNode(procPath string) error {
+	if ns, err := os.Readlink(filepath.Join(procPath, "self", "ns", "pid")); err == nil && ns == initialPIDNamespace {
+		return nil
+	}
 	if os.Getpid() == 1 {
 		return fmt.Errorf("%w: the agent is PID 1, in a PID namespace of its own (run the DaemonSet with hostPID: true)", ErrCannotTell)
 	}
