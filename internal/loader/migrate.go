@@ -113,9 +113,18 @@ type migratePlan struct {
 // whether the map's contents are rebuilt when lost. It returns an error
 // wrapping ErrPinnedMapMismatch when the pinned map can be neither adopted
 // nor migrated.
-func planMap(name string, want mapShape, pins map[string]mapShape, reg []Migration, rebuilt bool) (migratePlan, error) {
+//
+// innerStale says that the pinned map is a map of maps whose inner maps
+// have another shape than the new layout's (a new --maglev-table-size):
+// they cannot be copied, and the map starts empty for the agent to fill
+// again.
+func planMap(name string, want mapShape, pins map[string]mapShape, reg []Migration, rebuilt, innerStale bool) (migratePlan, error) {
 	p := migratePlan{name: name, new: want}
 	old, pinned := pins[name]
+	if pinned && innerStale {
+		p.action, p.from, p.old = recreate, name, old
+		return p, nil
+	}
 	if pinned {
 		for _, m := range reg {
 			if m.To == name && m.From != name {
@@ -257,11 +266,27 @@ func migratePins(spec *ebpf.CollectionSpec, dir string) (*pinMigration, error) {
 				}
 			}
 		}
-		p, err := planMap(name, shapeOfSpec(spec.Maps[name]), pins, reg, rebuiltMaps[name])
+		innerStale := false
+		if m := open[name]; m != nil && spec.Maps[name].InnerMap != nil {
+			var err error
+			if innerStale, err = innerMapStale(m, spec.Maps[name].InnerMap); err != nil {
+				return nil, err
+			}
+		}
+		p, err := planMap(name, shapeOfSpec(spec.Maps[name]), pins, reg, rebuiltMaps[name], innerStale)
 		if err != nil {
 			return nil, fmt.Errorf("pinned under %s (run with --cleanup to start afresh, which loses every id): %w", dir, err)
 		}
 		plans = append(plans, p)
+	}
+	// A map that describes another one starts empty with it.
+	for i, p := range plans {
+		if j := slices.IndexFunc(plans, func(q migratePlan) bool { return q.name == rebuiltWith[p.name] }); j < 0 || plans[j].action != recreate {
+			continue
+		}
+		if old, ok := pins[p.name]; ok && p.action != recreate {
+			plans[i] = migratePlan{name: p.name, action: recreate, from: p.name, old: old, new: p.new, stale: p.stale}
+		}
 	}
 	for _, p := range plans {
 		pm.remove = append(pm.remove, p.stale...)
@@ -325,6 +350,35 @@ func (pm *pinMigration) migrate(spec *ebpf.CollectionSpec, p migratePlan, old *e
 	}
 	pm.reports = append(pm.reports, rep)
 	return nil
+}
+
+// innerMapStale says whether the map of maps outer, pinned by an earlier
+// agent, refuses inner maps made from spec: the kernel fixed the shape of
+// its inner maps when it was created. It tries one under key 0, which no
+// ServicePort id takes, and removes it again.
+func innerMapStale(outer *ebpf.Map, spec *ebpf.MapSpec) (bool, error) {
+	if outer.KeySize() != 4 {
+		return false, nil
+	}
+	probe, err := ebpf.NewMap(spec)
+	if err != nil {
+		return false, fmt.Errorf("create an inner map to check %s: %w", outer, err)
+	}
+	defer probe.Close()
+	err = outer.Update(uint32(0), probe, ebpf.UpdateNoExist)
+	switch {
+	case err == nil:
+		if err := outer.Delete(uint32(0)); err != nil {
+			return false, fmt.Errorf("remove the probe entry of %s: %w", outer, err)
+		}
+		return false, nil
+	case errors.Is(err, unix.EINVAL):
+		return true, nil
+	default:
+		// Full, or key 0 taken: nothing learnt; the load goes on as
+		// before.
+		return false, nil
+	}
 }
 
 // copyEntries copies every entry of from into to, through conv if it is

@@ -23,6 +23,8 @@ func TestPlanMap(t *testing.T) {
 		want    mapShape
 		pins    map[string]mapShape
 		rebuilt bool
+		// innerStale: the pin's inner maps have another shape.
+		innerStale bool
 		// action and from are the plan; err a part of the error, if one.
 		action migrateAction
 		from   string
@@ -58,6 +60,9 @@ func TestPlanMap(t *testing.T) {
 			want: hash(4, 16, 100), pins: map[string]mapShape{"backends_v1": hash(4, 8, 10)}, action: convert, from: "backends_v1"},
 		{name: "an older name of sizes the migration does not read: refused",
 			want: hash(4, 16, 100), pins: map[string]mapShape{"backends_v1": hash(4, 12, 10)}, err: "backends_v1 is Hash, key 4 B, value 12 B"},
+		{name: "a map of maps whose inner maps have another size: recreated",
+			want: mapShape{ebpf.HashOfMaps, 4, 4, 100, 0}, pins: map[string]mapShape{"m_v1": {ebpf.HashOfMaps, 4, 4, 100, 0}},
+			innerStale: true, action: recreate, from: "m_v1"},
 		{name: "both names pinned (an upgrade stopped half way): the new adopted, the old removed",
 			want: hash(4, 16, 100), pins: map[string]mapShape{"backends_v1": hash(4, 8, 10), "backends_v2": hash(4, 16, 100)},
 			stale: []string{"backends_v1"}},
@@ -70,7 +75,7 @@ func TestPlanMap(t *testing.T) {
 			if _, ok := tc.pins["backends_v1"]; ok {
 				name = "backends_v2"
 			}
-			p, err := planMap(name, tc.want, tc.pins, reg, tc.rebuilt)
+			p, err := planMap(name, tc.want, tc.pins, reg, tc.rebuilt, tc.innerStale)
 			if tc.err != "" {
 				if !errors.Is(err, ErrPinnedMapMismatch) || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("got %v, want ErrPinnedMapMismatch saying %q", err, tc.err)

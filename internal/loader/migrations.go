@@ -81,3 +81,11 @@ var rebuiltMaps = map[string]bool{
 	bpfobj.TcMapTc4SnatAddrsV1:     true,
 	bpfobj.XdpMapXdp4DevsV1:        true,
 }
+
+// rebuiltWith names, for a map that describes another, that other: when
+// the second starts empty, so does the first. The Maglev fingerprints say
+// which tables need no rewriting; without them, the agent rewrites every
+// table at its first sync.
+var rebuiltWith = map[string]string{
+	bpfobj.TcMapLb4MaglevFpV1: bpfobj.TcMapLb4MaglevV1,
+}

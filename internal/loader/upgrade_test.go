@@ -305,6 +305,56 @@ func TestAnOlderLayout(t *testing.T) {
 	})
 }
 
+func TestANewMaglevTableSizeStartsTheTablesAfresh(t *testing.T) {
+	f := newFixture(t)
+	first, err := f.load(t, loader.DefaultMapSizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table, err := ebpf.NewMap(first.Maglev.Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer table.Close()
+	if err := first.Maglev.Tables.Put(uint32(7), table); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Maglev.Fingerprints.Put(uint32(7), uint64(42)); err != nil {
+		t.Fatal(err)
+	}
+	first.Close()
+
+	sizes := loader.DefaultMapSizes
+	sizes.MaglevTable = 4093
+	second, got, err := f.loadReporting(t, sizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	for _, name := range []string{bpfobj.TcMapLb4MaglevV1, bpfobj.TcMapLb4MaglevFpV1} {
+		if got[name].Result != loader.MigrationRecreated {
+			t.Errorf("%s reported as %+v, want recreated", name, got[name])
+		}
+	}
+	var fp uint64
+	if err := second.Maglev.Fingerprints.Lookup(uint32(7), &fp); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Errorf("fingerprint of a table of the old size still there (%d, %v): the agent would not rewrite it", fp, err)
+	}
+	bigger, err := ebpf.NewMap(second.Maglev.Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bigger.Close()
+	if err := second.Maglev.Tables.Put(uint32(7), bigger); err != nil {
+		t.Errorf("a table of the new size does not go in: %v", err)
+	}
+	for _, name := range []string{bpfobj.TcMapLb4MaglevV1, bpfobj.TcMapLb4MaglevFpV1} {
+		if f.pinnedID(t, name) != mapID(t, map[string]*ebpf.Map{bpfobj.TcMapLb4MaglevV1: second.Maglev.Tables, bpfobj.TcMapLb4MaglevFpV1: second.Maglev.Fingerprints}[name]) {
+			t.Errorf("pinned %s is not the map in use", name)
+		}
+	}
+}
+
 func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
 	if len(a) != len(b) {
 		return false
