@@ -25,7 +25,8 @@ const (
 )
 
 // MapSizes are the capacities of the maps, patched into the spec. A pinned
-// map of another size is not adopted: see ErrPinnedMapMismatch.
+// map of another size is migrated into a map of the new size (see
+// MapMigration).
 type MapSizes struct {
 	Services   uint32
 	Backends   uint32
@@ -55,10 +56,14 @@ type Config struct {
 	// EPERM as kube-proxy's OUTPUT-path REJECT and DROP do. 0 treats the
 	// node like a pod.
 	NodeNetnsCookie uint64
+	// Migrated, if set, is told about every pinned map of another size or
+	// layout that was migrated, or kept because its entries did not fit.
+	Migrated func(MapMigration)
 }
 
 // ErrPinnedMapMismatch is returned (wrapped) when a pinned map exists with a
-// layout or size other than the one being loaded. The running programs and
+// layout other than the one being loaded and no migration converts it (see
+// Migration), or a migration fails. The running programs and the pinned
 // maps are left untouched.
 var ErrPinnedMapMismatch = errors.New("pinned map does not match the new program's map")
 
@@ -146,18 +151,30 @@ func Load(cfg Config) (*Loaded, error) {
 	// the node's devices are known; the maps writer needs them from the
 	// start, so they are made (or adopted) here and pinned for the TC
 	// programs to adopt.
-	if l.Maglev, err = loadMaglevMaps(cfg.BPFFSPath, sizes); err != nil {
+	if l.Maglev, err = loadMaglevMaps(cfg.BPFFSPath, sizes, cfg.Migrated); err != nil {
 		return nil, err
 	}
-	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "a program", "BPF objects"); err != nil {
+	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "a program", "BPF objects", cfg.Migrated); err != nil {
 		l.Maglev.Close()
 		return nil, err
 	}
+	l.Sizes = loadedSizes(&l.Objects.SockMaps, sizes)
 	if err := l.attach(cfg); err != nil {
 		l.Close()
 		return nil, err
 	}
 	return l, nil
+}
+
+// loadedSizes are the sizes of the maps as loaded: those asked for, except
+// where a pinned map whose entries did not fit was kept at its old size.
+func loadedSizes(m *bpfobj.SockMaps, asked MapSizes) MapSizes {
+	asked.Services = m.Lb4ServicesV1.MaxEntries()
+	asked.Backends = m.Lb4BackendsV1.MaxEntries()
+	asked.RevNat = m.Lb4RevnatV1.MaxEntries()
+	asked.SockRevNat = m.Sock4RevnatV1.MaxEntries()
+	asked.Affinity = m.Lb4AffinityV1.MaxEntries()
+	return asked
 }
 
 func boolToU8(b bool) uint8 {
@@ -327,11 +344,28 @@ func unpinLinks(bpffs, prefix string, keep map[string]bool, names ...string) err
 // loadPinned loads spec into objs with its maps pinned (and adopted) under
 // bpffs, naming in its errors the program (a verifier rejection) and the
 // objects being loaded.
-func loadPinned(spec *ebpf.CollectionSpec, objs any, opts *ebpf.CollectionOptions, bpffs, program, objects string) error {
-	err := spec.LoadAndAssign(objs, opts)
+//
+// Pinned maps of another size or an older layout are migrated first (see
+// migratePins): the programs load with the new maps, which then replace
+// the old pins; migrated reports each. If anything fails before that, the
+// old pins are left as they were.
+func loadPinned(spec *ebpf.CollectionSpec, objs interface{ Close() error }, opts *ebpf.CollectionOptions, bpffs, program, objects string, migrated func(MapMigration)) error {
+	mig, err := migratePins(spec, mapsDir(bpffs))
+	if err != nil {
+		return err
+	}
+	o := *opts
+	o.MapReplacements = mig.replacements
+	err = spec.LoadAndAssign(objs, &o)
 	if err == nil {
+		if err := mig.commit(); err != nil {
+			objs.Close()
+			return fmt.Errorf("migrate pinned maps under %s: %w", mapsDir(bpffs), err)
+		}
+		mig.report(migrated)
 		return nil
 	}
+	mig.abort()
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		return fmt.Errorf("%w under %s (run with --cleanup to start afresh): %w", ErrPinnedMapMismatch, mapsDir(bpffs), err)
 	}

@@ -109,32 +109,6 @@ func TestReloadAdoptsMapsAndReplacesProgramsInPlace(t *testing.T) {
 	}
 }
 
-func TestIncompatiblePinnedMapLeavesTheRunningProgramsAlone(t *testing.T) {
-	f := newFixture(t)
-	first, err := f.load(t, loader.MapSizes{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	first.Close()
-	before := f.attached(t)
-
-	sizes := loader.DefaultMapSizes
-	sizes.Backends = 1024
-	_, err = f.load(t, sizes)
-	if !errors.Is(err, loader.ErrPinnedMapMismatch) {
-		t.Fatalf("got %v, want ErrPinnedMapMismatch", err)
-	}
-	if !strings.Contains(err.Error(), "--cleanup") {
-		t.Errorf("error %q does not say how to recover", err)
-	}
-	after := f.attached(t)
-	for at, ids := range before {
-		if len(after[at]) != 1 || after[at][0] != ids[0] {
-			t.Errorf("%v: attached %v after a failed load, want the old %v", at, after[at], ids)
-		}
-	}
-}
-
 func TestCleanupDetachesAndUnpins(t *testing.T) {
 	f := newFixture(t)
 	l, err := f.load(t, loader.MapSizes{})

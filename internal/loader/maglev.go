@@ -52,8 +52,9 @@ func patchMaglev(spec *ebpf.CollectionSpec, sizes MapSizes) error {
 	return nil
 }
 
-// loadMaglevMaps makes or adopts the pinned Maglev maps under bpffs.
-func loadMaglevMaps(bpffs string, sizes MapSizes) (MaglevMaps, error) {
+// loadMaglevMaps makes or adopts the pinned Maglev maps under bpffs,
+// migrating pins of another size or layout as loadPinned does.
+func loadMaglevMaps(bpffs string, sizes MapSizes, migrated func(MapMigration)) (MaglevMaps, error) {
 	spec, err := bpfobj.LoadTc()
 	if err != nil {
 		return MaglevMaps{}, fmt.Errorf("load embedded TC object: %w", err)
@@ -61,16 +62,34 @@ func loadMaglevMaps(bpffs string, sizes MapSizes) (MaglevMaps, error) {
 	if err := patchMaglev(spec, sizes); err != nil {
 		return MaglevMaps{}, err
 	}
+	tables, fps := spec.Maps[bpfobj.TcMapLb4MaglevV1], spec.Maps[bpfobj.TcMapLb4MaglevFpV1]
+	sub := &ebpf.CollectionSpec{Maps: map[string]*ebpf.MapSpec{bpfobj.TcMapLb4MaglevV1: tables, bpfobj.TcMapLb4MaglevFpV1: fps}}
+	mig, err := migratePins(sub, mapsDir(bpffs))
+	if err != nil {
+		return MaglevMaps{}, err
+	}
 	opts := ebpf.MapOptions{PinPath: mapsDir(bpffs)}
+	open := func(name string) (*ebpf.Map, error) {
+		if m := mig.replacements[name]; m != nil {
+			return m.Clone()
+		}
+		return ebpf.NewMapWithOptions(sub.Maps[name], opts)
+	}
 	var out MaglevMaps
-	tables := spec.Maps[bpfobj.TcMapLb4MaglevV1]
-	if out.Tables, err = ebpf.NewMapWithOptions(tables, opts); err != nil {
+	if out.Tables, err = open(bpfobj.TcMapLb4MaglevV1); err != nil {
+		mig.abort()
 		return MaglevMaps{}, maglevMapErr(bpffs, err)
 	}
-	if out.Fingerprints, err = ebpf.NewMapWithOptions(spec.Maps[bpfobj.TcMapLb4MaglevFpV1], opts); err != nil {
+	if out.Fingerprints, err = open(bpfobj.TcMapLb4MaglevFpV1); err != nil {
+		mig.abort()
 		out.Close()
 		return MaglevMaps{}, maglevMapErr(bpffs, err)
 	}
+	if err := mig.commit(); err != nil {
+		out.Close()
+		return MaglevMaps{}, fmt.Errorf("migrate pinned maps under %s: %w", mapsDir(bpffs), err)
+	}
+	mig.report(migrated)
 	out.Table = tables.InnerMap.Copy()
 	return out, nil
 }

@@ -59,8 +59,8 @@ type TCConfig struct {
 	// BPFFSPath is the same directory the socket programs pin under: the
 	// TC programs share their maps.
 	BPFFSPath string
-	// Sizes must be the sizes the socket programs were loaded with, or the
-	// shared pinned maps are not adopted (ErrPinnedMapMismatch).
+	// Sizes must be the sizes the socket programs were loaded with (Config.Sizes),
+	// or the shared pinned maps are migrated again.
 	Sizes         MapSizes
 	ConntrackSize uint32
 	Devices       []TCDevice
@@ -69,6 +69,8 @@ type TCConfig struct {
 	// SNATPortMin and SNATPortMax are the source NAT port range; zero
 	// means the defaults.
 	SNATPortMin, SNATPortMax uint16
+	// Migrated is as Config.Migrated.
+	Migrated func(MapMigration)
 }
 
 // TCLoaded are the TC programs in the kernel and what holds them attached.
@@ -109,7 +111,7 @@ func LoadTC(cfg TCConfig) (*TCLoaded, error) {
 	}
 	l := &TCLoaded{}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: mapsDir(cfg.BPFFSPath)}}
-	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "a TC program", "TC objects"); err != nil {
+	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "a TC program", "TC objects", cfg.Migrated); err != nil {
 		return nil, err
 	}
 	if err := l.attach(cfg); err != nil {

@@ -38,6 +38,8 @@ type XDPConfig struct {
 	Devices                  []string
 	// Mode is XDPNative or XDPGeneric.
 	Mode string
+	// Migrated is as Config.Migrated.
+	Migrated func(MapMigration)
 }
 
 // XDPLoaded is the XDP program in the kernel and where it is attached.
@@ -103,7 +105,7 @@ func LoadXDP(cfg XDPConfig) (*XDPLoaded, error) {
 	}
 	l := &XDPLoaded{Mode: cfg.Mode, Failed: map[string]error{}}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: mapsDir(cfg.BPFFSPath)}}
-	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "the XDP program", "XDP objects"); err != nil {
+	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "the XDP program", "XDP objects", cfg.Migrated); err != nil {
 		return nil, err
 	}
 	wanted := map[string]bool{}

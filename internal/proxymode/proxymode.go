@@ -98,7 +98,9 @@ func (s *Started) Close() { s.close() }
 
 // Start starts the dataplane cfg.Mode asks for. Under auto it tries ebpf,
 // then ipvs, then iptables, and a dataplane that fails to start makes way
-// for the next; a named mode that fails is an error.
+// for the next, except ebpf failing with loader.ErrPinnedMapMismatch (pinned
+// maps of a layout it cannot migrate), which is an error as in every mode;
+// a named mode that fails is an error.
 func Start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
 	s, err := start(ctx, cfg, log)
 	if err != nil {
@@ -141,6 +143,16 @@ func start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
 		if err == nil {
 			logChoice(log, s, details)
 			return s, nil
+		}
+		if errors.Is(err, loader.ErrPinnedMapMismatch) {
+			// An earlier agent's maps that this one can neither adopt
+			// nor migrate: an upgrade problem to fix, not a kernel
+			// that cannot run BPF. Falling back would move the node to
+			// another dataplane and, after its first sync, remove the
+			// pinned maps and every id in them. Refuse, as kube-proxy
+			// refuses a broken configuration; the old programs keep
+			// serving meanwhile.
+			return nil, fmt.Errorf("--proxy-mode=auto does not fall back to IPVS or iptables over pinned maps it cannot migrate: %w", err)
 		}
 		reason = ReasonBPFLoadFailed
 		details = append(details, zap.NamedError("bpf", err))

@@ -135,7 +135,9 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	if err != nil {
 		return nil, err
 	}
-	l, err := loader.Load(loader.Config{BPFFSPath: cfg.BPFFSPath, CgroupPath: cgroupPath, Sizes: cfg.Sizes, NodeNetnsCookie: nodeNetns})
+	mig := newMigrations(log)
+	l, err := loader.Load(loader.Config{BPFFSPath: cfg.BPFFSPath, CgroupPath: cgroupPath, Sizes: cfg.Sizes, NodeNetnsCookie: nodeNetns,
+		Migrated: mig.report})
 	if err != nil {
 		return nil, fmt.Errorf("load BPF programs: %w", err)
 	}
@@ -156,7 +158,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	if !l.Features.SetRetval {
 		log.Warn("kernel lacks bpf_set_retval in cgroup programs: connections to Services without endpoints fail with EPERM instead of ECONNREFUSED")
 	}
-	tc, err := newTCAttacher(cfg, log)
+	tc, err := newTCAttacher(cfg, log, mig.report)
 	if err != nil {
 		l.Close()
 		return nil, err
@@ -166,7 +168,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		zap.Int("restoredFrontends", fe), zap.Int("restoredBackends", be))
 
 	reg := cfg.Metrics.Registry()
-	reg.MustRegister(newCollector(l))
+	reg.MustRegister(newCollector(l), mig.total)
 	d := &Dataplane{Writer: w, term: term, log: log, loaded: l, tc: tc, wake: make(chan struct{}, 1),
 		ranges: &sourceRangeCheck{set: l.SetSourceRangeCheck, on: l.SourceRangeCheck, log: log},
 		terminated: prometheus.NewCounterVec(prometheus.CounterOpts{

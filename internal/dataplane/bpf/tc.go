@@ -55,7 +55,7 @@ type tcAttacher struct {
 	warned bool
 }
 
-func newTCAttacher(c Config, log *zap.Logger) (*tcAttacher, error) {
+func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)) (*tcAttacher, error) {
 	local, err := localAddrs()
 	if err != nil {
 		return nil, err
@@ -66,7 +66,7 @@ func newTCAttacher(c Config, log *zap.Logger) (*tcAttacher, error) {
 	a := &tcAttacher{
 		cfg: loader.TCConfig{
 			BPFFSPath: c.BPFFSPath, Sizes: c.Sizes, ConntrackSize: c.ConntrackSize, Attach: c.TCAttach,
-			SNATPortMin: c.SNATPorts.Min, SNATPortMax: c.SNATPorts.Max,
+			SNATPortMin: c.SNATPorts.Min, SNATPortMax: c.SNATPorts.Max, Migrated: migrated,
 		},
 		devices: c.Devices,
 		log:     log,
@@ -148,7 +148,7 @@ func (a *tcAttacher) attachXDP(tc loader.TCConfig, names []string) error {
 	l, err := loader.LoadXDP(loader.XDPConfig{
 		BPFFSPath: tc.BPFFSPath, Sizes: tc.Sizes, ConntrackSize: tc.ConntrackSize,
 		SNATPortMin: tc.SNATPortMin, SNATPortMax: tc.SNATPortMax,
-		Devices: names, Mode: a.xdpMode,
+		Devices: names, Mode: a.xdpMode, Migrated: tc.Migrated,
 	})
 	if err != nil {
 		a.log.Error("XDP fast path not loaded: the TC programs handle all traffic", zap.String("mode", a.xdpMode), zap.Error(err))
