@@ -28,7 +28,10 @@ KUBE_PROXY_IMAGE ?= registry.k8s.io/kube-proxy:$(K8S_VERSION)
 # Image creation time and the mtime of the files added: the commit's, so
 # that the same commit gives the same images.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
-IMAGE_REVISION := $(shell git rev-parse HEAD 2>/dev/null)
+IMAGE_REVISION = $(shell git rev-parse HEAD 2>/dev/null)
+
+CLUSTER_IMAGE_FILES = ebpf-proxy-$(IMAGE_TAG).tar ebpf-proxy-$(IMAGE_TAG_NEXT).tar \
+	kube-proxy-$(K8S_VERSION).tar testserver-$(TESTSERVER_TAG).tar pause.tar
 
 IMAGE_BUILD := $(IMAGES_DIR)/.build
 MKIMAGE := $(IMAGE_BUILD)/mkimage
@@ -94,4 +97,8 @@ cluster-images: image k8s-binaries
 		$(KUBE_PROXY_IMAGE) kube-proxy-$(K8S_VERSION).tar \
 		ebpf-proxy-testserver:$(TESTSERVER_TAG) testserver-$(TESTSERVER_TAG).tar \
 		$(PAUSE_IMAGE) pause.tar > $(IMAGES_DIR)/images.json
+	@# Archives of earlier tags go, so that the directory holds one set.
+	@for f in $(IMAGES_DIR)/*.tar; do \
+		case " $(CLUSTER_IMAGE_FILES) " in *" $${f##*/} "*) ;; *) echo "removing $$f (an earlier tag)"; rm -f "$$f" "$$f.key" ;; esac; \
+	done
 	@ls -l $(IMAGES_DIR)/*.tar
