@@ -23,6 +23,9 @@ export EBPF_PROXY_REQUIRE_PRIVILEGED = 1
 
 include test/vmtest/vmtest.mk
 include test/e2e/e2e.mk
+# Image archives made without Docker or a registry: `make image` (the agent),
+# `make cluster-images` (all the cluster test imports).
+include hack/images.mk
 include test/cluster/cluster.mk
 
 .PHONY: all build deps generate check-generated lint unit test test-go bench demo clean
@@ -48,9 +51,10 @@ lint: deps
 	$(CLANG_FORMAT) --dry-run -Werror bpf/*.c bpf/lib/*.h bpf/test/*.c
 
 # Fast, unprivileged tests of pure logic, and of the test infrastructure
-# (internal/testing), including that no production package imports it.
+# (internal/testing), including that no production package imports it, the
+# image builder (hack/mkimage) and the cluster test's server (test/cluster/testserver).
 unit:
-	$(GO) test ./internal/model/... ./internal/tracker/... ./internal/maps/... ./internal/k8swatch/... ./internal/metrics/... ./internal/healthcheck/... ./internal/proxier/... ./internal/testing/... ./cmd/...
+	$(GO) test ./internal/model/... ./internal/tracker/... ./internal/maps/... ./internal/k8swatch/... ./internal/metrics/... ./internal/healthcheck/... ./internal/proxier/... ./internal/testing/... ./cmd/... ./hack/mkimage/... ./test/cluster/testserver/...
 
 # Every other Go test: the privileged packages run in the kernel matrix, the
 # end-to-end suite (test/e2e) in `make e2e`, one package at a time, the
