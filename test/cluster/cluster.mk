@@ -22,3 +22,18 @@ CLUSTER_MODULES := veth,bridge,br_netfilter,overlay,sch_ingress,cls_bpf,nf_connt
 # containerd, runc and the CNI plugins for the guest (never started here).
 cluster-deps:
 	sh $(CLUSTER_DIR)/deps.sh
+
+# The test binary runs in the guest as root; the guest reads the archives of
+# `make cluster-images` and the binaries of `make k8s-binaries node-binaries`
+# through its view of this machine. Its last line is the summary:
+#   cluster: ready=1 checks=N passed=N migration_failed=F upgrade_failed=U restart_failed=R
+cluster-test: cluster-deps vmtest-deps k8s-binaries node-binaries cluster-images
+	rm -rf $(CLUSTER_OUT) && mkdir -p $(CLUSTER_OUT)/logs
+	$(GO) test -c -o $(CLUSTER_OUT)/cluster.test ./$(CLUSTER_DIR)
+	EBPF_PROXY_CLUSTER_IMAGES=$(abspath $(IMAGES_DIR)) \
+	EBPF_PROXY_CLUSTER_LOGS=$(CLUSTER_OUT)/logs \
+	EBPF_PROXY_CLUSTER_DEPLOY=$(abspath deploy) \
+	EBPF_PROXY_CLUSTER_AGENT_IMAGES="ebpf-proxy:$(IMAGE_TAG) ebpf-proxy:$(IMAGE_TAG_NEXT)" \
+	EBPF_PROXY_CLUSTER_TEST_IMAGE=ebpf-proxy-testserver:$(TESTSERVER_TAG) \
+	$(GO) run ./test/vmtest $(CLUSTER_VM_FLAGS) --modules "$(CLUSTER_MODULES)" --rw $(CLUSTER_OUT) -- \
+		$(CLUSTER_OUT)/cluster.test -test.v -test.timeout 24m

@@ -298,6 +298,14 @@ func (n *Node) startKubelet(ctx context.Context) error {
 	if err := os.MkdirAll(kubeletDir, 0o755); err != nil {
 		return err
 	}
+	// Containers' logs where the host reads them, as they are written.
+	pods := filepath.Join(n.cfg.LogDir, "pods")
+	if err := os.MkdirAll(pods, 0o755); err != nil {
+		return err
+	}
+	if err := os.Symlink(pods, "/var/log/pods"); err != nil {
+		return fmt.Errorf("containers' logs: %w", err)
+	}
 	// cgroupfs: the guest has no systemd. Eviction thresholds low: the
 	// guest's disk is a tmpfs and would look full to the defaults.
 	config := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
