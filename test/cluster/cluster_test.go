@@ -205,9 +205,26 @@ func (e *env) apply(manifest string) {
 	e.kubectl(manifest, "apply", "-f", "-")
 }
 
+// rollout waits, as `kubectl rollout status` does, for a DaemonSet or
+// Deployment's pods to be updated and available, and logs where it stands
+// every 20 s.
 func (e *env) rollout(what, ns string) {
 	e.t.Helper()
-	e.kubectl("", "-n", ns, "rollout", "status", what, "--timeout=300s")
+	start := time.Now()
+	for {
+		ctx, cancel := context.WithTimeout(e.ctx, 20*time.Second)
+		out, err := e.n.Kubectl(ctx, "", "-n", ns, "rollout", "status", what, "--timeout=20s")
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Since(start) > 5*time.Minute {
+			e.t.Fatalf("%s not rolled out after 5 minutes: %v\n%s", what, err, out)
+		}
+		status, _ := e.n.Kubectl(e.ctx, "", "-n", ns, "get", what, "-o", "jsonpath={.status}")
+		pods, _ := e.n.Kubectl(e.ctx, "", "-n", ns, "get", "pods", "-o", "wide")
+		e.t.Logf("%s rolling out for %.0fs: %s\n%s", what, time.Since(start).Seconds(), status, pods)
+	}
 }
 
 // overlay is a kustomization on top of a copy of deploy/ that sets the

@@ -278,6 +278,11 @@ func (n *Node) startControlPlane(ctx context.Context) error {
 			"--advertise-address=" + ip,
 			"--endpoint-reconciler-type=lease",
 			"--allow-privileged=true",
+			// The default of 1.33, which the e2e harness turns off for
+			// speed at 10,000 Services: without it the bootstrap RBAC
+			// policy does not let kube-proxy read the ServiceCIDRs it
+			// waits for.
+			"--feature-gates=MultiCIDRServiceAllocator=true",
 			"--kubelet-preferred-address-types=InternalIP",
 			// One client, one CPU: API Priority and Fairness only costs.
 			"--enable-priority-and-fairness=false",
@@ -354,6 +359,8 @@ func (n *Node) startControllers(ctx context.Context) error {
 			"daemonset-controller", "deployment-controller", "replicaset-controller",
 			"endpointslice-controller", "serviceaccount-controller",
 			"root-ca-certificate-publisher-controller", "garbage-collector-controller",
+			// It lifts the not-ready taint the kubelet registers with.
+			"node-lifecycle-controller",
 		}, ","),
 		"--leader-elect=false",
 		// kubectl rollout and DaemonSet updates are quicker checks.
@@ -381,6 +388,9 @@ func (n *Node) waitReady(ctx context.Context) error {
 		}
 		if !ready {
 			return fmt.Errorf("node %s is not Ready", n.Name)
+		}
+		if len(node.Spec.Taints) > 0 {
+			return fmt.Errorf("node %s still has taints %v", n.Name, node.Spec.Taints)
 		}
 		for _, ns := range []string{"default", "kube-system"} {
 			if _, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err != nil {
