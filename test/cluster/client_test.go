@@ -14,10 +14,10 @@ import (
 // attempt is one connection or datagram of the test server's probe
 // command, run in the client pod.
 type attempt struct {
-	Server  string
-	Peer    string
-	Error   string
-	Elapsed time.Duration
+	Server    string
+	Peer      string
+	Error     string
+	ElapsedMS float64 `json:"elapsed_ms"`
 }
 
 // probe runs count attempts of proto from the client pod to addr.
@@ -27,10 +27,11 @@ func (e *env) probe(proto string, count int, addr netip.AddrPort) ([]attempt, er
 	if err != nil {
 		return nil, err
 	}
-	var res []attempt
-	if err := json.Unmarshal([]byte(out), &res); err != nil {
+	var rep struct{ Attempts []attempt }
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		return nil, fmt.Errorf("probe output: %w: %s", err, out)
 	}
+	res := rep.Attempts
 	if len(res) != count {
 		return nil, fmt.Errorf("probe made %d attempts, want %d", len(res), count)
 	}

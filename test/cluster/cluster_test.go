@@ -360,7 +360,7 @@ func (e *env) refused() error {
 	}
 	for _, r := range res {
 		if r.Error != "refused" {
-			return fmt.Errorf("connection to a Service without endpoints: error %q after %s, want refused", r.Error, r.Elapsed)
+			return fmt.Errorf("connection to a Service without endpoints: error %q after %.0f ms, want refused", r.Error, r.ElapsedMS)
 		}
 	}
 	return nil

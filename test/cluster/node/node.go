@@ -166,6 +166,10 @@ func (n *Node) setupNetwork(ctx context.Context) error {
 		{"ip", "route", "add", "default", "dev", uplink},
 		{"modprobe", "br_netfilter"},
 		{"modprobe", "overlay"},
+		// Shared mounts, as systemd makes them on a real node: a pod's
+		// Bidirectional mount (the agent's /sys/fs/bpf) needs them.
+		{"mount", "--make-rshared", "/"},
+		{"mount", "--make-shared", "/sys/fs/bpf"},
 	}
 	for _, c := range cmds {
 		if _, err := run(ctx, c[0], c[1:]...); err != nil {
