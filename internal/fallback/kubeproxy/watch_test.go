@@ -74,7 +74,16 @@ func TestWatchWaitsForKubeProxyToExit(t *testing.T) {
 		close(done)
 	}()
 
-	time.Sleep(500 * time.Millisecond) // ten checks
+	// The first check reads both iptables back ends, which takes a
+	// while in an emulated guest; then a few more checks pass.
+	deadline := time.Now().Add(30 * time.Second)
+	for testutil.ToFloat64(present) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("leftovers gauge = %v 30 s into kube-proxy's run, want 1", testutil.ToFloat64(present))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // ten more checks
 	if got := tableState(t, v4); !slices.Equal(got, before) {
 		t.Fatalf("rules changed while kube-proxy runs:\n%s", strings.Join(got, "\n"))
 	}
