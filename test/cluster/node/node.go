@@ -22,15 +22,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/cluster"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
-
-// EnvGuest is set by the VM runner in every guest command (test/vmtest).
-const EnvGuest = "EBPF_PROXY_VMTEST"
 
 // Defaults of Config.
 const (
@@ -90,8 +88,8 @@ type Node struct {
 // once the Node is Ready and the default ServiceAccount exists. On error
 // everything started is stopped.
 func Start(ctx context.Context, cfg Config) (n *Node, err error) {
-	if os.Getenv(EnvGuest) != "1" {
-		return nil, fmt.Errorf("a kubelet writes global sysctls, cgroups and iptables rules: the node runs only in a VM guest of test/vmtest (%s=1), never on the host", EnvGuest)
+	if !sandbox.InVMGuest() {
+		return nil, errors.New("a kubelet writes global sysctls, cgroups and iptables rules: the node runs only in a VM guest of test/vmtest (make cluster-test), never on the host")
 	}
 	if cfg.Name == "" {
 		cfg.Name = DefaultName
