@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"testing"
 
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
@@ -137,4 +138,21 @@ func (n *Netns) Close() error {
 		n.closeErr = errors.Join(errs...)
 	})
 	return n.closeErr
+}
+
+// TestNetns is NewNetns for a test: it requires root (RequireRoot), fails tb
+// if the namespace cannot be made and removes it when tb ends.
+func TestNetns(tb testing.TB, name string) *Netns {
+	tb.Helper()
+	RequireRoot(tb)
+	ns, err := NewNetns(name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := ns.Close(); err != nil {
+			tb.Errorf("remove netns %s: %v", ns.Name(), err)
+		}
+	})
+	return ns
 }

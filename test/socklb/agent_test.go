@@ -35,7 +35,7 @@ func (e *env) startAgent(t *testing.T, dir string, extra ...string) *agent.Proce
 		"--bpffs-path", e.bpffs, "--hostname-override", nodeName,
 		"--healthz-bind-address", "", "--metrics-bind-address", "", "-v", "2"}, extra...)
 	a := agent.Run(t, agent.Options{Args: args, Netns: e.node.NS.Path()})
-	if err := a.WaitLog(30*time.Second, []string{"first sync done"}); err != nil {
+	if err := a.WaitLog(2*time.Minute, []string{"first sync done"}); err != nil {
 		t.Fatalf("agent did not sync: %v\n%s", err, a.Logs())
 	}
 	return a

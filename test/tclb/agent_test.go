@@ -45,7 +45,7 @@ func (e *env) startAgent(t *testing.T, dir, bpffs string, cg *sandbox.Cgroup, ex
 	args := append([]string{"--manifests", dir, "--cgroup-path", cg.Path(), "--bpffs-path", bpffs,
 		"--hostname-override", "node-a", "--healthz-bind-address", "", "--metrics-bind-address", "", "-v", "2"}, extra...)
 	a := agent.Run(t, agent.Options{Args: args, Netns: e.nodes[0].NS.Path()})
-	if err := a.WaitLog(30*time.Second, []string{"first sync done", "TC programs attached"}); err != nil {
+	if err := a.WaitLog(2*time.Minute, []string{"first sync done", "TC programs attached"}); err != nil {
 		t.Fatalf("agent did not attach and sync: %v\n%s", err, a.Logs())
 	}
 	return a

@@ -1,13 +1,11 @@
 package iptables
 
 import (
-	"context"
 	"fmt"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
@@ -19,29 +17,6 @@ import (
 // backends are the iptables flavours a privileged test runs with. Both
 // must work wherever privileged tests are required.
 var backends = []string{xtables.BackendLegacy, xtables.BackendNFT}
-
-// newNetns returns the path of a fresh network namespace that the test
-// removes at the end.
-func newNetns(t testing.TB, name string) string {
-	t.Helper()
-	sandbox.RequireRoot(t)
-	ns, err := sandbox.NewNetns(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := ns.Close(); err != nil {
-			t.Errorf("remove netns: %v", err)
-		}
-	})
-	return ns.Path()
-}
-
-func ctxFor(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 // requireBackend fails the test where privileged tests are required and
 // the back end's tools are missing, and skips it elsewhere.
@@ -63,7 +38,7 @@ func readOwned(t testing.TB, r *xtables.Runner) owned {
 	t.Helper()
 	out := owned{}
 	for _, table := range xtables.Tables {
-		dump, err := r.Save(ctxFor(t), table)
+		dump, err := r.Save(t.Context(), table)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,8 +104,8 @@ func TestPartialSyncsLeaveWhatAFullSyncWrites(t *testing.T) {
 			ex := example.Example()
 			src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
 			m := metrics.New(metrics.IPv4)
-			cfg := Config{Netns: newNetns(t, "ipt-partial"), Backend: backend, ClusterCIDR: example.ClusterCIDR, Metrics: &m.FamilyMetrics}
-			d, err := New(ctxFor(t), cfg)
+			cfg := Config{Netns: sandbox.TestNetns(t, "ipt-partial").Path(), Backend: backend, ClusterCIDR: example.ClusterCIDR, Metrics: &m.FamilyMetrics}
+			d, err := New(t.Context(), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -171,7 +146,7 @@ func TestPartialSyncsLeaveWhatAFullSyncWrites(t *testing.T) {
 
 			// The same final state written by a full sync in a fresh
 			// namespace.
-			fresh, err := New(ctxFor(t), Config{Netns: newNetns(t, "ipt-full"), Backend: backend, ClusterCIDR: example.ClusterCIDR})
+			fresh, err := New(t.Context(), Config{Netns: sandbox.TestNetns(t, "ipt-full").Path(), Backend: backend, ClusterCIDR: example.ClusterCIDR})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -204,11 +179,11 @@ func TestStartupReplacesWhatAnEarlierAgentLeft(t *testing.T) {
 	for _, backend := range backends {
 		t.Run(backend, func(t *testing.T) {
 			requireBackend(t, backend)
-			ns := newNetns(t, "ipt-restart")
+			ns := sandbox.TestNetns(t, "ipt-restart").Path()
 			ex := example.Example()
 			src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
 			cfg := Config{Netns: ns, Backend: backend, ClusterCIDR: example.ClusterCIDR}
-			first, err := New(ctxFor(t), cfg)
+			first, err := New(t.Context(), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -219,7 +194,7 @@ func TestStartupReplacesWhatAnEarlierAgentLeft(t *testing.T) {
 			src.DeleteService(ex[0].Service)
 			src.DeleteService(ex[4].Service)
 			src.DeleteService(ex[7].Service)
-			second, err := New(ctxFor(t), cfg)
+			second, err := New(t.Context(), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -228,7 +203,7 @@ func TestStartupReplacesWhatAnEarlierAgentLeft(t *testing.T) {
 			}
 			// A second full sync must find nothing to fix in the hooks.
 			var tx xtables.Transaction
-			if err := xtables.EnsureHooks(ctxFor(t), second.runner, Prefix, hooks(), &tx); err != nil {
+			if err := xtables.EnsureHooks(t.Context(), second.runner, Prefix, hooks(), &tx); err != nil {
 				t.Fatal(err)
 			}
 			if !tx.Empty() {
@@ -236,7 +211,7 @@ func TestStartupReplacesWhatAnEarlierAgentLeft(t *testing.T) {
 			}
 			got := readOwned(t, second.runner).normalized(t)
 
-			fresh, err := New(ctxFor(t), Config{Netns: newNetns(t, "ipt-fresh"), Backend: backend, ClusterCIDR: example.ClusterCIDR})
+			fresh, err := New(t.Context(), Config{Netns: sandbox.TestNetns(t, "ipt-fresh").Path(), Backend: backend, ClusterCIDR: example.ClusterCIDR})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -253,11 +228,11 @@ func TestStartupReplacesWhatAnEarlierAgentLeft(t *testing.T) {
 }
 
 func TestCleanupRemovesEverythingFromEveryBackend(t *testing.T) {
-	ns := newNetns(t, "ipt-cleanup")
+	ns := sandbox.TestNetns(t, "ipt-cleanup").Path()
 	var runners []*xtables.Runner
 	for _, backend := range backends {
 		requireBackend(t, backend)
-		d, err := New(ctxFor(t), Config{Netns: ns, Backend: backend})
+		d, err := New(t.Context(), Config{Netns: ns, Backend: backend})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -271,10 +246,10 @@ func TestCleanupRemovesEverythingFromEveryBackend(t *testing.T) {
 		runners = append(runners, d.runner)
 	}
 	// Someone else's chain jumping to ours must not keep ours alive.
-	if err := runners[0].Restore(ctxFor(t), []byte("*nat\n:OTHER - [0:0]\n-A OTHER -j "+chainServices+"\nCOMMIT\n")); err != nil {
+	if err := runners[0].Restore(t.Context(), []byte("*nat\n:OTHER - [0:0]\n-A OTHER -j "+chainServices+"\nCOMMIT\n")); err != nil {
 		t.Fatal(err)
 	}
-	if err := Cleanup(ctxFor(t), ns); err != nil {
+	if err := Cleanup(t.Context(), ns); err != nil {
 		t.Fatalf("cleanup: %v", err)
 	}
 	for _, r := range runners {
@@ -283,7 +258,7 @@ func TestCleanupRemovesEverythingFromEveryBackend(t *testing.T) {
 		}
 	}
 	// A second cleanup finds nothing and succeeds.
-	if err := Cleanup(ctxFor(t), ns); err != nil {
+	if err := Cleanup(t.Context(), ns); err != nil {
 		t.Errorf("second cleanup: %v", err)
 	}
 }
@@ -294,7 +269,7 @@ func TestFullSyncRepairsFlushedBuiltinChains(t *testing.T) {
 			requireBackend(t, backend)
 			src := example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)
 			m := metrics.New(metrics.IPv4)
-			d, err := New(ctxFor(t), Config{Netns: newNetns(t, "ipt-repair"), Backend: backend, ClusterCIDR: example.ClusterCIDR, Metrics: &m.FamilyMetrics})
+			d, err := New(t.Context(), Config{Netns: sandbox.TestNetns(t, "ipt-repair").Path(), Backend: backend, ClusterCIDR: example.ClusterCIDR, Metrics: &m.FamilyMetrics})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -314,7 +289,7 @@ func TestFullSyncRepairsFlushedBuiltinChains(t *testing.T) {
 			}
 
 			// Someone flushes the whole nat table: our chains and jumps go.
-			flush := exec.CommandContext(ctxFor(t), "ip", "netns", "exec", strings.TrimPrefix(d.cfg.Netns, "/run/netns/"), d.runner.Backend.Iptables, "-t", "nat", "-F")
+			flush := exec.CommandContext(t.Context(), "ip", "netns", "exec", strings.TrimPrefix(d.cfg.Netns, "/run/netns/"), d.runner.Backend.Iptables, "-t", "nat", "-F")
 			if out, err := flush.CombinedOutput(); err != nil {
 				t.Fatalf("flush nat: %v: %s", err, out)
 			}

@@ -9,6 +9,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
@@ -40,7 +41,7 @@ func BenchmarkSync(b *testing.B) {
 						New: func() *Dataplane {
 							// iptables-nft-restore needs more than the default
 							// timeout for 10,000 Services: it is quadratic.
-							d, err := New(ctxFor(b), Config{Netns: newNetns(b, "ipt-bench"), Backend: backend,
+							d, err := New(b.Context(), Config{Netns: sandbox.TestNetns(b, "ipt-bench").Path(), Backend: backend,
 								ClusterCIDR: example.ClusterCIDR, Metrics: &m.FamilyMetrics, Timeout: 30 * time.Minute})
 							if err != nil {
 								b.Fatal(err)

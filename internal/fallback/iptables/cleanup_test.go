@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 )
 
 // An agent cleans up after the other modes at every start and on
@@ -13,11 +14,11 @@ import (
 // nothing, not even create an empty table (iptables -L and iptables-save -t
 // instantiate the legacy tables they name).
 func TestCleanupWhereNothingOfOursExistsCreatesNoTable(t *testing.T) {
-	ns := newNetns(t, "ipt-clean-ro")
+	ns := sandbox.TestNetns(t, "ipt-clean-ro").Path()
 	for _, backend := range backends {
 		requireBackend(t, backend)
 	}
-	if err := Cleanup(ctxFor(t), ns); err != nil {
+	if err := Cleanup(t.Context(), ns); err != nil {
 		t.Fatalf("cleanup: %v", err)
 	}
 	for _, backend := range backends {

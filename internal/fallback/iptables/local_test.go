@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
@@ -29,8 +30,8 @@ func TestLocalTrafficDetectorsByInterface(t *testing.T) {
 				ex := example.Example()
 				src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
 				// The detector wins over a cluster CIDR given too.
-				cfg := Config{Netns: newNetns(t, "ipt-local"), Backend: backend, ClusterCIDR: example.ClusterCIDR, LocalDetector: tc.d}
-				d, err := New(ctxFor(t), cfg)
+				cfg := Config{Netns: sandbox.TestNetns(t, "ipt-local").Path(), Backend: backend, ClusterCIDR: example.ClusterCIDR, LocalDetector: tc.d}
+				d, err := New(t.Context(), cfg)
 				if err != nil {
 					t.Fatal(err)
 				}

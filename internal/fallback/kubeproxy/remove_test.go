@@ -1,39 +1,16 @@
 package kubeproxy
 
 import (
-	"context"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 )
-
-func newNetns(t testing.TB, name string) string {
-	t.Helper()
-	sandbox.RequireRoot(t)
-	ns, err := sandbox.NewNetns(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := ns.Close(); err != nil {
-			t.Errorf("remove netns: %v", err)
-		}
-	})
-	return ns.Path()
-}
-
-func ctxFor(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 // runner returns the tools of one back end and family in ns; it fails the
 // test where privileged tests are required and they are missing.
@@ -61,7 +38,7 @@ func load(t testing.TB, r *xtables.Runner, file string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Restore(ctxFor(t), rules); err != nil {
+	if err := r.Restore(t.Context(), rules); err != nil {
 		t.Fatalf("load %s with %s: %v", file, r.Backend, err)
 	}
 }
@@ -73,7 +50,7 @@ func tableState(t testing.TB, r *xtables.Runner) []string {
 	t.Helper()
 	var out []string
 	for _, table := range xtables.Tables {
-		dump, err := r.Save(ctxFor(t), table)
+		dump, err := r.Save(t.Context(), table)
 		if err != nil {
 			t.Fatalf("%s save %s: %v", r.Backend, table, err)
 		}
@@ -146,7 +123,7 @@ func nft(t testing.TB, ns string, args ...string) string {
 		}
 		t.Skipf("nft is missing: %v", err)
 	}
-	out, err := runNFT(ctxFor(t), ns, args...)
+	out, err := runNFT(t.Context(), ns, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +139,7 @@ func nft(t testing.TB, ns string, args ...string) string {
 func TestRemoveTakesKubeProxysRulesAndLeavesTheRest(t *testing.T) {
 	for _, backend := range []string{xtables.BackendLegacy, xtables.BackendNFT} {
 		t.Run(backend, func(t *testing.T) {
-			ns := newNetns(t, "kp-rm-"+backend)
+			ns := sandbox.TestNetns(t, "kp-rm-"+backend).Path()
 			v4, v6 := runner(t, ns, backend, false), runner(t, ns, backend, true)
 			load(t, v4, "testdata/node-ipv4.rules")
 			load(t, v6, "testdata/node-ipv6.rules")
@@ -171,10 +148,10 @@ func TestRemoveTakesKubeProxysRulesAndLeavesTheRest(t *testing.T) {
 			nft(t, ns, "add", "table", "inet", "user")
 			before4, before6 := tableState(t, v4), tableState(t, v6)
 
-			if present, err := Present(ctxFor(t), ns); err != nil || !present {
+			if present, err := Present(t.Context(), ns); err != nil || !present {
 				t.Fatalf("Present before removal = %v, %v; want true", present, err)
 			}
-			done, err := Remove(ctxFor(t), ns)
+			done, err := Remove(t.Context(), ns)
 			if err != nil {
 				t.Fatalf("Remove: %v", err)
 			}
@@ -200,7 +177,7 @@ func TestRemoveTakesKubeProxysRulesAndLeavesTheRest(t *testing.T) {
 				t.Errorf("nftables tables after removal:\n%s\nwant kube-proxy's gone and inet user kept", tables)
 			}
 
-			again, err := Remove(ctxFor(t), ns)
+			again, err := Remove(t.Context(), ns)
 			if err != nil || !again.Empty() {
 				t.Errorf("a second Remove = %+v, %v; want nothing removed", again, err)
 			}
@@ -211,12 +188,12 @@ func TestRemoveTakesKubeProxysRulesAndLeavesTheRest(t *testing.T) {
 // On a node that never ran kube-proxy, Remove changes nothing, not even
 // by creating an empty table.
 func TestRemoveWhereKubeProxyNeverRanCreatesNothing(t *testing.T) {
-	ns := newNetns(t, "kp-rm-none")
-	done, err := Remove(ctxFor(t), ns)
+	ns := sandbox.TestNetns(t, "kp-rm-none").Path()
+	done, err := Remove(t.Context(), ns)
 	if err != nil || !done.Empty() {
 		t.Fatalf("Remove = %+v, %v; want nothing removed", done, err)
 	}
-	if present, err := Present(ctxFor(t), ns); err != nil || present {
+	if present, err := Present(t.Context(), ns); err != nil || present {
 		t.Errorf("Present = %v, %v; want false", present, err)
 	}
 	for _, tool := range []string{"iptables-legacy-save", "iptables-nft-save", "ip6tables-legacy-save", "ip6tables-nft-save"} {

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 )
 
 // startFakeKubeProxy runs a copy of sleep named kube-proxy and returns its
@@ -49,7 +50,7 @@ func startFakeKubeProxy(t *testing.T) *exec.Cmd {
 // and it may still be serving); once it has exited, the next check removes
 // them, and the metrics say so.
 func TestWatchWaitsForKubeProxyToExit(t *testing.T) {
-	ns := newNetns(t, "kp-watch")
+	ns := sandbox.TestNetns(t, "kp-watch").Path()
 	v4 := runner(t, ns, xtables.BackendLegacy, false)
 	load(t, v4, "testdata/node-ipv4.rules")
 	before := tableState(t, v4)
@@ -66,7 +67,7 @@ func TestWatchWaitsForKubeProxyToExit(t *testing.T) {
 	}
 	present := prometheus.NewGauge(prometheus.GaugeOpts{Name: "present"})
 	removed := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "removed"}, []string{"kind"})
-	ctx, cancel := context.WithCancel(ctxFor(t))
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	done := make(chan struct{})
 	go func() {
@@ -118,11 +119,11 @@ func TestWatchWaitsForKubeProxyToExit(t *testing.T) {
 
 // Where the agent cannot see the node's processes it removes nothing.
 func TestWatchRemovesNothingWhenItCannotTell(t *testing.T) {
-	ns := newNetns(t, "kp-watch-blind")
+	ns := sandbox.TestNetns(t, "kp-watch-blind").Path()
 	v4 := runner(t, ns, xtables.BackendLegacy, false)
 	load(t, v4, "testdata/node-ipv4.rules")
 	before := tableState(t, v4)
-	ctx, cancel := context.WithTimeout(ctxFor(t), 300*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	Watch(ctx, Config{Netns: ns, Interval: 50 * time.Millisecond, Running: func() ([]int, error) {
 		return Running(filepath.Join(t.TempDir(), "no-proc"))
