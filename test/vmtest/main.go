@@ -88,7 +88,7 @@ func (f *vmFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.cache, "cache", kernel.DefaultDir(), "kernel cache directory (default from $EBPF_PROXY_CACHE)")
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Minute, "deadline for one VM, boot included")
 	fs.IntVar(&f.cpus, "cpus", 1, "guest CPUs (one: see vm.Config.CPUs)")
-	fs.IntVar(&f.memory, "memory", 512, "guest memory in MiB")
+	fs.IntVar(&f.memory, "memory", 1536, "guest memory in MiB (see vm.Config.MemoryMB)")
 	fs.StringVar(&f.accel, "accel", "auto", "auto (KVM if a probe boot works, else TCG), tcg or kvm")
 	fs.StringVar(&f.modules, "modules", strings.Join(vm.DefaultModules, ","), "comma-separated modules to load in the guest (\"\" for none)")
 	fs.BoolVar(&f.verbose, "v", false, "copy the guest's serial console to stderr")
