@@ -167,6 +167,22 @@ func (o owned) diff(other owned) string {
 	return b.String()
 }
 
+// freshFullSync writes src's current state with a full sync in a fresh
+// namespace and returns what the kernel holds of ours there.
+func freshFullSync(t *testing.T, fam exampleFamily, backend string, src *example.Source) owned {
+	t.Helper()
+	fresh, err := New(t.Context(), fam.config(sandbox.TestNetns(t, "ipt-fresh").Path(), backend))
+	if err != nil {
+		t.Fatal(err)
+	}
+	final := src.Update()
+	final.Full = true
+	if err := fresh.Sync(final); err != nil {
+		t.Fatal(err)
+	}
+	return readOwned(t, fresh.runner).normalized(t)
+}
+
 func TestPartialSyncsLeaveWhatAFullSyncWrites(t *testing.T) {
 	forEachFamilyAndBackend(t, func(t *testing.T, fam exampleFamily, backend string) {
 		ex, src := fam.newSource(t)
@@ -212,18 +228,7 @@ func TestPartialSyncsLeaveWhatAFullSyncWrites(t *testing.T) {
 		}
 		got := readOwned(t, d.runner).normalized(t)
 
-		// The same final state written by a full sync in a fresh
-		// namespace.
-		fresh, err := New(t.Context(), fam.config(sandbox.TestNetns(t, "ipt-full").Path(), backend))
-		if err != nil {
-			t.Fatal(err)
-		}
-		final := src.Update()
-		final.Full = true
-		if err := fresh.Sync(final); err != nil {
-			t.Fatal(err)
-		}
-		want := readOwned(t, fresh.runner).normalized(t)
+		want := freshFullSync(t, fam, backend, src)
 		if d := got.diff(want); d != "" {
 			t.Errorf("after partial syncs the kernel differs from a full sync:\n%s", d)
 		}
@@ -275,16 +280,7 @@ func TestStartupReplacesWhatAnEarlierAgentLeft(t *testing.T) {
 		}
 		got := readOwned(t, second.runner).normalized(t)
 
-		fresh, err := New(t.Context(), fam.config(sandbox.TestNetns(t, "ipt-fresh").Path(), backend))
-		if err != nil {
-			t.Fatal(err)
-		}
-		final := src.Update()
-		final.Full = true
-		if err := fresh.Sync(final); err != nil {
-			t.Fatal(err)
-		}
-		if d := got.diff(readOwned(t, fresh.runner).normalized(t)); d != "" {
+		if d := got.diff(freshFullSync(t, fam, backend, src)); d != "" {
 			t.Errorf("after a restart the kernel differs from a fresh full sync:\n%s", d)
 		}
 	})
