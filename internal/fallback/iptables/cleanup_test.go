@@ -16,23 +16,24 @@ import (
 func TestCleanupWhereNothingOfOursExistsCreatesNoTable(t *testing.T) {
 	ns := sandbox.TestNetns(t, "ipt-clean-ro").Path()
 	for _, backend := range backends {
-		requireBackend(t, backend)
+		requireTools(t, "iptables", backend)
+		requireTools(t, "ip6tables", backend)
 	}
 	if err := Cleanup(t.Context(), ns); err != nil {
 		t.Fatalf("cleanup: %v", err)
 	}
-	for _, backend := range backends {
-		cmd := exec.Command("iptables-" + backend + "-save")
+	for _, tool := range []string{"iptables-legacy-save", "iptables-nft-save", "ip6tables-legacy-save", "ip6tables-nft-save"} {
+		cmd := exec.Command(tool)
 		var out bytes.Buffer
 		cmd.Stdout = &out
 		if err := netns.Start(ns, cmd); err != nil {
 			t.Fatal(err)
 		}
 		if err := cmd.Wait(); err != nil {
-			t.Fatalf("iptables-%s-save: %v", backend, err)
+			t.Fatalf("%s: %v", tool, err)
 		}
 		if bytes.Contains(out.Bytes(), []byte("\n*")) || bytes.HasPrefix(out.Bytes(), []byte("*")) {
-			t.Errorf("%s: cleanup created tables in a namespace that had none:\n%s", backend, out.String())
+			t.Errorf("%s: cleanup created tables in a namespace that had none:\n%s", tool, out.String())
 		}
 	}
 }

@@ -21,6 +21,11 @@
 //	        EBPFPROXY-FIREWALL      DROP LoadBalancer traffic from outside the ranges
 //	        EBPFPROXY-FORWARD       accept marked and established forwarded traffic
 //
+// The dataplane serves one IP family, as each of upstream's per-family
+// proxiers does: Config.IPv6 selects the ip6tables tools of the back end and
+// the IPv6 rules (see family); a dual-stack node runs one dataplane per
+// family, each fed the model State of its family.
+//
 // A full sync rewrites every chain and deletes our chains that are no longer
 // wanted; a partial sync rewrites only the chains of the changed Services
 // and edits their rules in the shared chains with -D and -I, so that its
@@ -60,11 +65,16 @@ type Config struct {
 	// Netns is the path of the network namespace to program; "" is the
 	// agent's own. Tests program a sandbox node's namespace.
 	Netns string
+	// IPv6 makes this the IPv6 dataplane: it writes with the ip6tables
+	// tools of the back end, and the State it syncs holds IPv6 addresses
+	// only. False is IPv4.
+	IPv6 bool
 	// Backend is xtables.BackendAuto (legacy where its tools and kernel
 	// tables exist, else nf_tables), xtables.BackendLegacy or
 	// xtables.BackendNFT.
 	Backend string
-	// ClusterCIDR holds every pod address (kube-proxy's --cluster-cidr with
+	// ClusterCIDR holds every pod address of the family (kube-proxy's
+	// --cluster-cidr with
 	// --detect-local-mode=ClusterCIDR). When set, ClusterIP traffic from
 	// outside it is masqueraded and pod traffic to the external frontends of
 	// an externalTrafficPolicy=Local Service is short-circuited to all
@@ -82,7 +92,8 @@ type Config struct {
 	MasqueradeBit int
 	// NodeIPs are the node's addresses; a LoadBalancer source range that
 	// holds one also admits traffic from the LoadBalancer IP itself, as
-	// upstream does. Empty uses the addresses of the model's Node.
+	// upstream does. Addresses of the other family are ignored. Empty
+	// uses the addresses of the model's Node.
 	NodeIPs []netip.Addr
 	// Timeout bounds each iptables run; 0 means DefaultTimeout.
 	Timeout time.Duration
@@ -100,13 +111,13 @@ func (c *Config) setDefaults() error {
 	if c.MasqueradeBit < 0 || c.MasqueradeBit > 31 {
 		return fmt.Errorf("masquerade bit %d: want 0..31", c.MasqueradeBit)
 	}
-	if c.ClusterCIDR.IsValid() && !c.ClusterCIDR.Addr().Is4() {
-		return fmt.Errorf("cluster CIDR %s: the iptables dataplane is IPv4 only", c.ClusterCIDR)
+	if c.ClusterCIDR.IsValid() && c.ClusterCIDR.Addr().Is6() != c.IPv6 {
+		return fmt.Errorf("cluster CIDR %s: not of the dataplane's family %s", c.ClusterCIDR, c.family().name)
 	}
 	if !c.LocalDetector.IsSet() {
 		c.LocalDetector.CIDR = c.ClusterCIDR
 	}
-	if err := c.LocalDetector.Validate(); err != nil {
+	if err := c.LocalDetector.Validate(c.IPv6); err != nil {
 		return err
 	}
 	switch c.Backend {
@@ -125,3 +136,49 @@ func (c *Config) setDefaults() error {
 
 // masqMark is the mark value and mask of the masquerade bit, "0x4000".
 func (c *Config) masqMark() string { return fmt.Sprintf("%#x", uint32(1)<<c.MasqueradeBit) }
+
+// family holds what the rules of the two IP families differ in, besides
+// the addresses themselves. Upstream's iptables mode makes the same
+// distinctions in its proxier for each family.
+type family struct {
+	name string
+	// loopback never serves NodePorts. Upstream serves IPv4 NodePorts on
+	// 127.0.0.0/8 only with route_localnet, which we never set
+	// (CVE-2020-8558); IPv6 has no such sysctl, and upstream never serves
+	// NodePorts on ::1.
+	loopback netip.Prefix
+	// hostMask is the -m recent mask that keeps one client address for
+	// ClientIP affinity, as iptables-save prints the default.
+	hostMask string
+	// reject is the REJECT target's options. IPv4 relies on the default
+	// (icmp-port-unreachable), which the IPv4 golden files show;
+	// ip6tables' default is icmp6-port-unreachable, written out here
+	// as ip6tables-save prints it (an IPv4 ICMP type is an error there).
+	reject []string
+}
+
+var (
+	familyIPv4 = family{
+		name:     "IPv4",
+		loopback: netip.MustParsePrefix("127.0.0.0/8"),
+		hostMask: "255.255.255.255",
+	}
+	familyIPv6 = family{
+		name:     "IPv6",
+		loopback: netip.MustParsePrefix("::1/128"),
+		hostMask: "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+		reject:   []string{"--reject-with", "icmp6-port-unreachable"},
+	}
+)
+
+// family returns the rules' differences for the configured family.
+func (c *Config) family() *family {
+	if c.IPv6 {
+		return &familyIPv6
+	}
+	return &familyIPv4
+}
+
+// inFamily reports whether a is of the configured family; an IPv4-mapped
+// IPv6 address is IPv4.
+func (c *Config) inFamily(a netip.Addr) bool { return a.Unmap().Is6() == c.IPv6 }

@@ -36,7 +36,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, fmt.Errorf("iptables dataplane: %w", err)
 	}
-	backend, err := xtables.Detect(ctx, cfg.Netns, cfg.Backend)
+	backend, err := xtables.DetectFamily(ctx, cfg.Netns, cfg.Backend, cfg.IPv6)
 	if err != nil {
 		return nil, fmt.Errorf("iptables dataplane: %w", err)
 	}
@@ -50,7 +50,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	if err := d.read(ctx); err != nil {
 		return nil, fmt.Errorf("iptables dataplane: %w", err)
 	}
-	cfg.Logger.Info("iptables dataplane ready", zap.String("backend", backend.Name),
+	cfg.Logger.Info("iptables dataplane ready", zap.String("ipFamily", cfg.family().name), zap.String("backend", backend.Name),
 		zap.String("restore", backend.Restore), zap.Int("existingChains", len(d.plan.kernel["nat"])+len(d.plan.kernel["filter"])))
 	return d, nil
 }
@@ -127,8 +127,13 @@ func (d *Dataplane) Sync(up model.Update) error {
 		rewrite = true
 		d.plan.r.nodePorts = *np
 	}
-	d.plan.r.nodeIPs = d.cfg.NodeIPs
-	if len(d.plan.r.nodeIPs) == 0 {
+	d.plan.r.nodeIPs = nil
+	for _, a := range d.cfg.NodeIPs {
+		if d.cfg.inFamily(a) {
+			d.plan.r.nodeIPs = append(d.plan.r.nodeIPs, a)
+		}
+	}
+	if len(d.cfg.NodeIPs) == 0 {
 		d.plan.r.nodeIPs = up.State.Node.Addrs
 	}
 	d.plan.r.comments = countEndpoints(up.State) <= largeClusterEndpoints
@@ -195,17 +200,20 @@ func tcpBeLiberal(nsPath string) bool {
 
 // Cleanup removes every chain named with Prefix, and every jump to one,
 // from the filter, nat and mangle tables of the namespace at netns ("" for the
-// caller's), with every iptables back end that is installed and holds any.
-// It removes what the iptables and the IPVS dataplanes create, so that a
-// start in any mode and --cleanup leave nothing of another mode. Where
-// nothing of ours exists it only reads (see xtables.Holding).
+// caller's), with every iptables and ip6tables back end that is installed
+// and holds any. It removes what the iptables dataplanes of both IP
+// families and the IPVS dataplane create, so that a start in any mode and
+// --cleanup leave nothing of another mode. Where nothing of ours exists it
+// only reads (see xtables.Holding).
 func Cleanup(ctx context.Context, netns string) error {
-	return xtables.CleanupAll(ctx, netns, Prefix, "")
+	return xtables.CleanupAll(ctx, netns, Prefix, nil)
 }
 
-// CleanupOtherBackends is Cleanup for every back end but the one d uses:
-// an agent that starts in iptables mode calls it after its first sync, which
-// has replaced whatever an earlier agent left in d's own back end.
+// CleanupOtherBackends is Cleanup for every back end of d's IP family but
+// the one d uses: an agent that starts in iptables mode calls it after its
+// first sync, which has replaced whatever an earlier agent left in d's own
+// back end. The other family's tools are left alone: on a dual-stack node
+// they are the other family's dataplane's.
 func (d *Dataplane) CleanupOtherBackends(ctx context.Context) error {
-	return xtables.CleanupAll(ctx, d.cfg.Netns, Prefix, d.runner.Backend.Name)
+	return xtables.CleanupAll(ctx, d.cfg.Netns, Prefix, xtables.OtherBackends(d.runner.Backend))
 }

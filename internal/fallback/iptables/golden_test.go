@@ -60,7 +60,9 @@ func lineDiff(want, got string) string {
 func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 	tests := []struct {
 		name string
-		cfg  Config
+		// cfg.IPv6 renders the IPv6 example (example.Example6 on
+		// example.Node6) instead of the IPv4 one.
+		cfg Config
 		// nodePorts is --nodeport-addresses; unset is every address.
 		nodePorts []string
 		// change, if set, alters the example after the full sync; the
@@ -88,11 +90,38 @@ func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 			},
 			nodePorts: []string{"192.168.77.0/24", "127.0.0.1/32"},
 		},
+		{
+			name: "node-a-ipv6",
+			cfg:  Config{IPv6: true, ClusterCIDR: example.ClusterCIDR6},
+			change: func(src *example.Source, ex []example.Pair) {
+				web, empty, hairpin := ex[0], ex[6], ex[8]
+				src.SetSlice(example.SliceFor(web.Service, example.EndpointsOn(example.PodA1v6, example.PodB1v6)...))
+				src.SetSlice(example.SliceFor(empty.Service, example.EndpointsOn(example.PodB1v6)...))
+				src.DeleteService(hairpin.Service)
+				src.DeleteSlice(hairpin.Slice)
+			},
+		},
+		{
+			// ::1 in --nodeport-addresses serves no NodePorts, as
+			// upstream's IPv6 proxier; IPv4 prefixes are ignored.
+			name: "node-a-ipv6-masquerade-all",
+			cfg: Config{
+				IPv6:          true,
+				MasqueradeAll: true,
+				MasqueradeBit: 12,
+			},
+			nodePorts: []string{"fd00:192:168:77::/64", "::1/128", "192.168.77.0/24"},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ex := example.Example()
-			src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
+			src := example.NewSource(t, example.Node(example.NodeA))
+			if tt.cfg.IPv6 {
+				ex = example.Example6()
+				src = example.NewSource6(t, example.Node6(example.NodeA))
+			}
+			src.Add(ex...)
 			up := src.Update()
 			cfg := tt.cfg
 			if err := cfg.setDefaults(); err != nil {
@@ -100,7 +129,8 @@ func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 			}
 			p := newPlanner(&cfg)
 			p.r.nodeIPs = up.State.Node.Addrs
-			spec, err := model.ParseNodePortSpec(tt.nodePorts, false, true)
+			// Upstream serves localhost NodePorts for IPv4 only.
+			spec, err := model.ParseNodePortSpec(tt.nodePorts, cfg.IPv6, !cfg.IPv6)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -225,5 +255,27 @@ func TestReconcileWritesOnlyWhatDiffers(t *testing.T) {
 	p.commit(got)
 	if pl := p.reconcile(up.State); !pl.tx.Empty() {
 		t.Errorf("reconciling again writes:\n%s", pl.tx.Bytes())
+	}
+}
+
+// Each dataplane serves one family: a cluster CIDR or local traffic CIDR
+// of the other one is a configuration error, not rules that never match.
+func TestConfigRefusesACIDROfTheOtherFamily(t *testing.T) {
+	for name, cfg := range map[string]Config{
+		"IPv6 cluster CIDR for IPv4":       {ClusterCIDR: example.ClusterCIDR6},
+		"IPv4 cluster CIDR for IPv6":       {IPv6: true, ClusterCIDR: example.ClusterCIDR},
+		"IPv4 local traffic CIDR for IPv6": {IPv6: true, LocalDetector: xtables.LocalDetector{CIDR: example.ClusterCIDR}},
+	} {
+		if err := cfg.setDefaults(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	for name, cfg := range map[string]Config{
+		"IPv4": {ClusterCIDR: example.ClusterCIDR},
+		"IPv6": {IPv6: true, ClusterCIDR: example.ClusterCIDR6},
+	} {
+		if err := cfg.setDefaults(); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 }

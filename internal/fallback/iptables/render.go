@@ -192,8 +192,8 @@ func (r *renderer) service(svc *model.Service) serviceRules {
 		out.shared[natServices] = append(out.shared[natServices], rule().
 			dst(host(sp.ClusterIP), false).proto(proto).comment(name+" cluster IP").dport(proto, sp.Port).jump(internalChain))
 	} else {
-		out.shared[filterServices] = append(out.shared[filterServices], rule().
-			dst(host(sp.ClusterIP), false).proto(proto).comment(name+" "+verdictComment(internal)).dport(proto, sp.Port).jump(internal.String()))
+		out.shared[filterServices] = append(out.shared[filterServices], r.verdict(rule().
+			dst(host(sp.ClusterIP), false).proto(proto).comment(name+" "+verdictComment(internal)).dport(proto, sp.Port), internal))
 	}
 	for _, ip := range sp.ExternalIPs {
 		if hasEndpoints {
@@ -201,8 +201,8 @@ func (r *renderer) service(svc *model.Service) serviceRules {
 				dst(host(ip), false).proto(proto).comment(name+" external IP").dport(proto, sp.Port).jump(extChain))
 		}
 		if external != model.Forward {
-			out.shared[filterExternal] = append(out.shared[filterExternal], rule().
-				dst(host(ip), false).proto(proto).comment(name+" "+verdictComment(external)).dport(proto, sp.Port).jump(external.String()))
+			out.shared[filterExternal] = append(out.shared[filterExternal], r.verdict(rule().
+				dst(host(ip), false).proto(proto).comment(name+" "+verdictComment(external)).dport(proto, sp.Port), external))
 		}
 	}
 	for _, ip := range sp.LoadBalancerIPs {
@@ -217,8 +217,8 @@ func (r *renderer) service(svc *model.Service) serviceRules {
 				dst(host(ip), false).proto(proto).comment(name+" traffic not accepted by "+fwChain).dport(proto, sp.Port).jump("DROP"))
 		}
 		if external != model.Forward {
-			out.shared[filterExternal] = append(out.shared[filterExternal], rule().
-				dst(host(ip), false).proto(proto).comment(name+" "+verdictComment(external)).dport(proto, sp.Port).jump(external.String()))
+			out.shared[filterExternal] = append(out.shared[filterExternal], r.verdict(rule().
+				dst(host(ip), false).proto(proto).comment(name+" "+verdictComment(external)).dport(proto, sp.Port), external))
 		}
 	}
 	if sp.NodePort != 0 {
@@ -230,9 +230,17 @@ func (r *renderer) service(svc *model.Service) serviceRules {
 		}
 		if external != model.Forward {
 			// Not on loopback addresses, which never reach the
-			// NodePorts (see staticRules).
-			out.shared[filterExternal] = append(out.shared[filterExternal], rule().
-				proto(proto).dst("127.0.0.0/8", true).comment(name+" "+verdictComment(external)).match("-m", "addrtype", "--dst-type", "LOCAL").dport(proto, sp.NodePort).jump(external.String()))
+			// NodePorts (see staticRules). The IPv4 rule keeps the
+			// order it was first written in; the IPv6 one has
+			// ip6tables-save's.
+			b := rule()
+			if loopback := r.cfg.family().loopback.String(); r.cfg.IPv6 {
+				b.dst(loopback, true).proto(proto)
+			} else {
+				b.proto(proto).dst(loopback, true)
+			}
+			out.shared[filterExternal] = append(out.shared[filterExternal], r.verdict(b.
+				comment(name+" "+verdictComment(external)).match("-m", "addrtype", "--dst-type", "LOCAL").dport(proto, sp.NodePort), external))
 		}
 	}
 	if sp.HealthCheckNodePort != 0 {
@@ -280,6 +288,15 @@ func policyChain(p model.TrafficPolicy, cluster, local string) string {
 	return cluster
 }
 
+// verdict ends b with the target of a verdict other than Forward: REJECT
+// with the family's ICMP type, or DROP.
+func (r *renderer) verdict(b *ruleBuilder, a model.Action) string {
+	if a == model.Reject {
+		return b.jump(a.String(), r.cfg.family().reject...)
+	}
+	return b.jump(a.String())
+}
+
 func verdictComment(a model.Action) string {
 	if a == model.Drop {
 		return "has no local endpoints"
@@ -322,7 +339,7 @@ func (r *renderer) balance(sp *model.ServicePort, eps []model.Endpoint, name str
 		for i := range eps {
 			c := sep(&eps[i])
 			rules = append(rules, rule().comment(r.comment(name+" -> "+eps[i].String())).
-				match("-m", "recent", "--rcheck", "--seconds", secs, "--reap", "--name", c, "--mask", "255.255.255.255", "--rsource").jump(c))
+				match("-m", "recent", "--rcheck", "--seconds", secs, "--reap", "--name", c, "--mask", r.cfg.family().hostMask, "--rsource").jump(c))
 		}
 	}
 	for i := range eps {
@@ -397,7 +414,7 @@ func (r *renderer) endpointRules(sp *model.ServicePort, ep *model.Endpoint, prot
 	c := r.comment(name)
 	dnat := rule().proto(proto).comment(c)
 	if sp.AffinityTimeout > 0 {
-		dnat.match("-m", "recent", "--set", "--name", sep, "--mask", "255.255.255.255", "--rsource")
+		dnat.match("-m", "recent", "--set", "--name", sep, "--mask", r.cfg.family().hostMask, "--rsource")
 	}
 	dnat.match("-m", proto)
 	return []string{
@@ -432,15 +449,16 @@ func (r *renderer) staticRules(forwardDropInvalid bool) []staticRule {
 	// Last in nat EBPFPROXY-SERVICES: partial syncs insert Service rules at
 	// the top so that this stays last.
 	const npComment = "ebpf-proxy service nodeports; NOTE: this must be the last rule in this chain"
-	if r.nodePorts.All {
-		rules = append(rules, staticRule{"nat", chainServices, rule().dst("127.0.0.0/8", true).comment(npComment).
-			match("-m", "addrtype", "--dst-type", "LOCAL").jump(chainNodePorts)})
-	}
 	// Localhost NodePorts would need route_localnet, which exposes the
 	// node's 127.0.0.1 services to its network (CVE-2020-8558): loopback
 	// destinations never reach the NodePorts, as in kube-proxy's nftables
-	// mode, even when the prefixes hold them.
-	loopback := netip.MustParsePrefix("127.0.0.0/8")
+	// mode, even when the prefixes hold them. IPv6 has no route_localnet,
+	// and upstream never serves NodePorts on ::1 either.
+	loopback := r.cfg.family().loopback
+	if r.nodePorts.All {
+		rules = append(rules, staticRule{"nat", chainServices, rule().dst(loopback.String(), true).comment(npComment).
+			match("-m", "addrtype", "--dst-type", "LOCAL").jump(chainNodePorts)})
+	}
 	if slices.ContainsFunc(r.nodePorts.Prefixes, loopback.Overlaps) {
 		rules = append(rules, staticRule{"nat", chainServices, rule().dst(loopback.String(), false).
 			comment("ebpf-proxy: no NodePorts on loopback addresses").jump("RETURN")})

@@ -18,13 +18,14 @@ import (
 
 // Cleanup removes everything the IPVS dataplane creates in the namespace
 // at netnsPath ("" for the caller's): our iptables chains (with every
-// iptables back end, which also removes the iptables dataplane's), then
+// iptables and ip6tables back end, which also removes the iptables
+// dataplane's of both IP families), then
 // what RemoveLeftovers removes. It is --cleanup's part for this mode and
 // succeeds when there is nothing to remove, also on a kernel without IPVS.
 func Cleanup(ctx context.Context, netnsPath string) error {
 	var errs []error
 	// Rules first: an ipset that a rule references cannot be destroyed.
-	if err := xtables.CleanupAll(ctx, netnsPath, xtables.Prefix, ""); err != nil {
+	if err := xtables.CleanupAll(ctx, netnsPath, xtables.Prefix, nil); err != nil {
 		errs = append(errs, err)
 	}
 	if err := RemoveLeftovers(ctx, netnsPath); err != nil {
@@ -145,12 +146,12 @@ func procNetIPVS(netnsPath string) (bool, error) {
 	return ok, err
 }
 
-// CleanupOtherBackends removes our iptables chains from every back end but
-// the one d uses: an agent that starts in IPVS mode calls it after its first
+// CleanupOtherBackends removes our iptables chains from every IPv4 back end
+// but the one d uses: an agent that starts in IPVS mode calls it after its first
 // sync, which has replaced whatever an earlier agent left in d's own back
 // end.
 func (d *Dataplane) CleanupOtherBackends(ctx context.Context) error {
-	return xtables.CleanupAll(ctx, d.cfg.Netns, xtables.Prefix, d.runner.Backend.Name)
+	return xtables.CleanupAll(ctx, d.cfg.Netns, xtables.Prefix, xtables.OtherBackends(d.runner.Backend))
 }
 
 // Foreign names another IPVS proxy's objects, for removing what it left

@@ -139,7 +139,7 @@ func (c *Config) setDefaults() error {
 	if !c.LocalDetector.IsSet() {
 		c.LocalDetector.CIDR = c.ClusterCIDR
 	}
-	if err := c.LocalDetector.Validate(); err != nil {
+	if err := c.LocalDetector.Validate(false); err != nil {
 		return err
 	}
 	for _, a := range c.NodeIPs {

@@ -45,8 +45,8 @@ type Backend struct {
 	Name string
 	// Iptables, Save and Restore are the commands, looked up in PATH.
 	Iptables, Save, Restore string
-	// IPv6 is set for the ip6tables tools. The fallback dataplanes use
-	// the IPv4 ones only; removing kube-proxy's rules needs both.
+	// IPv6 is set for the ip6tables tools, which the IPv6 iptables
+	// dataplane uses and removing kube-proxy's rules needs.
 	IPv6 bool
 }
 
@@ -99,13 +99,20 @@ func installed(ctx context.Context, b Backend) bool {
 	return bytes.Contains(out, []byte(flavour))
 }
 
-// Detect chooses the back end for the namespace at netnsPath ("" for the
-// caller's). want is BackendAuto, BackendLegacy or BackendNFT. Auto prefers
+// Detect chooses the IPv4 back end for the namespace at netnsPath ("" for
+// the caller's). want is BackendAuto, BackendLegacy or BackendNFT. Auto prefers
 // legacy: iptables-nft-restore is quadratic in user space at tens of
 // thousands of rules, iptables-legacy-restore is not. A back end counts only
 // if its tools are installed and can list the nat table in the namespace
 // (a kernel without the legacy tables fails there).
 func Detect(ctx context.Context, netnsPath, want string) (Backend, error) {
+	return DetectFamily(ctx, netnsPath, want, false)
+}
+
+// DetectFamily is Detect for one IP family: with ipv6 it chooses among the
+// ip6tables tools, which need the kernel's IPv6 tables (ip6table_nat for
+// the legacy back end).
+func DetectFamily(ctx context.Context, netnsPath, want string, ipv6 bool) (Backend, error) {
 	var names []string
 	switch want {
 	case BackendAuto:
@@ -117,7 +124,7 @@ func Detect(ctx context.Context, netnsPath, want string) (Backend, error) {
 	}
 	var errs []error
 	for _, name := range names {
-		b, err := usable(ctx, netnsPath, name)
+		b, err := usable(ctx, netnsPath, name, ipv6)
 		if err == nil {
 			return b, nil
 		}
@@ -126,20 +133,24 @@ func Detect(ctx context.Context, netnsPath, want string) (Backend, error) {
 	return Backend{}, fmt.Errorf("%w: %w", ErrNoBackend, errors.Join(errs...))
 }
 
-// Usable returns every back end whose tools are installed and work in the
-// namespace, for cleanup, which must remove what any of them holds.
+// Usable returns every IPv4 back end whose tools are installed and work in
+// the namespace.
 func Usable(ctx context.Context, netnsPath string) []Backend {
 	var out []Backend
 	for _, name := range []string{BackendLegacy, BackendNFT} {
-		if b, err := usable(ctx, netnsPath, name); err == nil {
+		if b, err := usable(ctx, netnsPath, name, false); err == nil {
 			out = append(out, b)
 		}
 	}
 	return out
 }
 
-func usable(ctx context.Context, netnsPath, name string) (Backend, error) {
-	for _, b := range candidates(name) {
+func usable(ctx context.Context, netnsPath, name string, ipv6 bool) (Backend, error) {
+	tools := candidates(name)
+	if ipv6 {
+		tools = candidates6(name)
+	}
+	for _, b := range tools {
 		if !installed(ctx, b) {
 			continue
 		}
@@ -148,6 +159,9 @@ func usable(ctx context.Context, netnsPath, name string) (Backend, error) {
 			return Backend{}, fmt.Errorf("%s: %w", name, err)
 		}
 		return b, nil
+	}
+	if ipv6 {
+		return Backend{}, fmt.Errorf("%s: ip6tables tools not installed", name)
 	}
 	return Backend{}, fmt.Errorf("%s: tools not installed", name)
 }

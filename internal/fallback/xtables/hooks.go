@@ -171,15 +171,16 @@ func RemoveOwned(tx *Transaction, table string, own Owned) {
 	}
 }
 
-// Holding returns the installed back ends whose tables in the namespace at
-// netnsPath ("" for the caller's) hold something named with prefix: a chain
-// or a rule that mentions one. It runs only iptables-save without -t, which
-// dumps the tables that exist and creates none, so that a cleanup in a
-// namespace that never had our rules changes nothing there (iptables -L,
-// and iptables-save -t, instantiate the legacy tables they name). A back end
-// whose save fails is reported in the error and left out.
+// Holding returns the installed back ends, iptables and ip6tables tools
+// alike, whose tables in the namespace at netnsPath ("" for the caller's)
+// hold something named with prefix: a chain or a rule that mentions one. It
+// runs only iptables-save (ip6tables-save) without -t, which dumps the
+// tables that exist and creates none, so that a cleanup in a namespace that
+// never had our rules changes nothing there (iptables -L, and iptables-save
+// -t, instantiate the legacy tables they name). A back end whose save fails
+// is reported in the error and left out.
 func Holding(ctx context.Context, netnsPath, prefix string) ([]Backend, error) {
-	return holding(ctx, netnsPath, []func(string) []Backend{candidates}, func(dump string) bool {
+	return holding(ctx, netnsPath, []func(string) []Backend{candidates, candidates6}, func(dump string) bool {
 		return strings.Contains(dump, prefix)
 	})
 }
@@ -234,13 +235,14 @@ func claimedChains(dump string, claims Claims) []string {
 	return out
 }
 
-// CleanupAll runs Cleanup with every back end that Holding finds, except
-// the one named except (the back end a running dataplane owns; "" for none).
-func CleanupAll(ctx context.Context, netnsPath, prefix, except string) error {
+// CleanupAll runs Cleanup with every back end, of either IP family, that
+// Holding finds, except those skip reports (nil skips none): a running
+// dataplane skips its own back end, whose chains its syncs replace.
+func CleanupAll(ctx context.Context, netnsPath, prefix string, skip func(Backend) bool) error {
 	backends, err := Holding(ctx, netnsPath, prefix)
 	errs := []error{err}
 	for _, b := range backends {
-		if b.Name == except {
+		if skip != nil && skip(b) {
 			continue
 		}
 		if err := Cleanup(ctx, &Runner{Backend: b, Netns: netnsPath}, prefix); err != nil {
@@ -248,6 +250,13 @@ func CleanupAll(ctx context.Context, netnsPath, prefix, except string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// OtherBackends returns the skip function of CleanupAll for a dataplane that
+// runs with b: it skips b itself and every back end of the other IP family,
+// whose chains belong to the other family's dataplane.
+func OtherBackends(b Backend) func(Backend) bool {
+	return func(o Backend) bool { return o.IPv6 != b.IPv6 || o.Name == b.Name }
 }
 
 // Claims says whether a chain of a table belongs to the software whose

@@ -25,13 +25,19 @@ func (d LocalDetector) IsSet() bool {
 	return d.CIDR.IsValid() || d.Bridge != "" || d.InterfacePrefix != ""
 }
 
-// Validate checks that at most one way is given and that it is usable.
-func (d LocalDetector) Validate() error {
+// Validate checks that at most one way is given and that it is usable by
+// the dataplane of one IP family (ipv6 false: IPv4): a CIDR must be of that
+// family, as each of upstream's per-family proxiers has its own detector.
+func (d LocalDetector) Validate(ipv6 bool) error {
 	n := 0
 	if d.CIDR.IsValid() {
 		n++
-		if !d.CIDR.Addr().Is4() {
-			return fmt.Errorf("local traffic CIDR %s: IPv4 only", d.CIDR)
+		if d.CIDR.Addr().Is6() != ipv6 {
+			want := "IPv4"
+			if ipv6 {
+				want = "IPv6"
+			}
+			return fmt.Errorf("local traffic CIDR %s: not %s", d.CIDR, want)
 		}
 	}
 	for _, name := range []string{d.Bridge, d.InterfacePrefix} {

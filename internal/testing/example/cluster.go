@@ -57,12 +57,13 @@ func Node(name string) model.Node {
 	return model.Node{Name: name, Addrs: []netip.Addr{ip}}
 }
 
-// EndpointsOn returns ready endpoints for the given pods, each on its node.
+// EndpointsOn returns ready endpoints for the given pods, of either family
+// (all of one), each on its node.
 func EndpointsOn(pods ...netip.Addr) []discoveryv1.Endpoint {
 	var out []discoveryv1.Endpoint
 	for _, p := range pods {
 		node := NodeA
-		if p.As4()[2] == 2 {
+		if podSubnet(p) == 2 {
 			node = NodeB
 		}
 		out = append(out, builders.Endpoint(p.String(), node))
@@ -109,7 +110,7 @@ type Pair struct {
 func pair(svc *v1.Service, eps []discoveryv1.Endpoint) Pair {
 	p := Pair{Service: svc}
 	if eps != nil {
-		p.Slice = builders.SliceFor(svc, eps...)
+		p.Slice = SliceFor(svc, eps...)
 	}
 	return p
 }
