@@ -133,7 +133,7 @@ func (d *Dataplane) Sync(up model.Update) error {
 			d.plan.r.nodeIPs = append(d.plan.r.nodeIPs, a)
 		}
 	}
-	if len(d.cfg.NodeIPs) == 0 {
+	if len(d.plan.r.nodeIPs) == 0 {
 		d.plan.r.nodeIPs = up.State.Node.Addrs
 	}
 	d.plan.r.comments = countEndpoints(up.State) <= largeClusterEndpoints
