@@ -269,6 +269,9 @@ func TestIPv6ClusterIPHasNoRoute(t *testing.T) {
 	if !sandbox.ServiceCIDR6.Contains(clusterIP) {
 		t.Fatalf("ClusterIP %s is not in %s", clusterIP, sandbox.ServiceCIDR6)
 	}
+	// The router's ICMPv6 error comes back within the connect() call, while
+	// the kernel holds the socket (TcpExt LockDroppedIcmps); IPv6 TCP then
+	// reports it only at the first SYN retransmission, a second later.
 	rep, err := d.client.TCP(t.Context(), ap(clusterIP, 80), 1)
 	if err != nil {
 		t.Fatal(err)
