@@ -101,15 +101,19 @@ func (s *Sandbox) register(name string) error {
 	return nil
 }
 
-// newHost creates the namespace of a host and tracks it for Close; it must
-// be called with s.mu held, after register.
+// newHost creates the namespace of a host, with ip and IPv6Of(ip) as its
+// addresses, and tracks it for Close; it must be called with s.mu held, after
+// register.
 func (s *Sandbox) newHost(name string, ip netip.Addr) (*Host, error) {
 	ns, err := newNetns(s.ID + "-" + name)
 	if err != nil {
 		return nil, err
 	}
-	h := &Host{Name: name, NS: ns, IP: ip}
+	h := &Host{Name: name, NS: ns, IP: ip, IP6: IPv6Of(ip)}
 	s.hosts = append(s.hosts, h)
+	if err := ns.Do(setUpIPv6); err != nil {
+		return nil, fmt.Errorf("in %s: %w", name, err)
+	}
 	return h, nil
 }
 
@@ -148,7 +152,7 @@ func (s *Sandbox) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "sandbox %s, cgroup %s, bpffs %s\n", s.ID, s.Cgroup.Path(), s.BPFFS.Path())
 	for _, h := range s.hosts {
-		fmt.Fprintf(&b, "  %-12s %-15s netns %s\n", h.Name, h.IP, h.NS.Name())
+		fmt.Fprintf(&b, "  %-12s %-15s %-24s netns %s\n", h.Name, h.IP, h.IP6, h.NS.Name())
 	}
 	return b.String()
 }

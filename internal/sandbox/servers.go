@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,8 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 	"unicode"
+
+	"golang.org/x/sys/unix"
 )
 
 // serverHold bounds how long the HTTP server waits for a request's headers.
@@ -29,12 +33,17 @@ const (
 
 // Server is a server running in-process inside a host's namespace. Every
 // kind answers with one line, "<host name> <client ip:port>\n", naming the
-// host that served and the client address it saw.
+// host that served and the client address it saw. A server listens on every
+// address of the host, IPv4 and IPv6, on one socket; it names an IPv4 client
+// by its plain IPv4 address (never ::ffff:a.b.c.d), an IPv6 client by its
+// IPv6 address.
 type Server struct {
 	// Proto is "tcp", "udp" or "http".
 	Proto string
 	// Addr is the host's IP and the port the server listens on.
 	Addr netip.AddrPort
+	// Addr6 is the host's IPv6 address and the same port.
+	Addr6 netip.AddrPort
 
 	stop func() error
 	wg   sync.WaitGroup
@@ -104,7 +113,7 @@ func (h *Host) StartTCPServerNamed(port uint16, name string) (*Server, error) {
 func (srv *Server) whoami(name string, conn net.Conn) {
 	defer srv.untrack(conn)
 	defer conn.Close()
-	if _, err := fmt.Fprintf(conn, "%s %s\n", name, conn.RemoteAddr()); err != nil {
+	if _, err := fmt.Fprintf(conn, "%s %s\n", name, clientName(conn.RemoteAddr().String())); err != nil {
 		return
 	}
 	end := time.Now().Add(echoLifetime)
@@ -147,7 +156,10 @@ func (srv *Server) untrack(conn net.Conn) {
 }
 
 // StartUDPServer starts a UDP server on port (0 picks one) on all of the host's
-// addresses, answering every datagram with its line sent back to the sender.
+// addresses, answering every datagram with its line sent back to the sender,
+// from the address the datagram was sent to: a client of a host with several
+// addresses, such as a node, gets its answer from the address it asked, as
+// a connected socket needs.
 func (h *Host) StartUDPServer(port uint16) (*Server, error) {
 	return h.StartUDPServerNamed(port, h.Name)
 }
@@ -160,7 +172,7 @@ func (h *Host) StartUDPServerNamed(port uint16, name string) (*Server, error) {
 	}
 	var pc net.PacketConn
 	err := h.NS.Do(func() (err error) {
-		pc, err = net.ListenPacket("udp", ":"+strconv.Itoa(int(port)))
+		pc, err = dualStack.ListenPacket(context.Background(), "udp6", listenAddr(port))
 		return err
 	})
 	if err != nil {
@@ -170,8 +182,9 @@ func (h *Host) StartUDPServerNamed(port uint16, name string) (*Server, error) {
 	srv := h.newServer("udp", conn.LocalAddr(), conn.Close)
 	srv.wg.Go(func() {
 		buf := make([]byte, 2048)
+		oob := make([]byte, 128)
 		for {
-			_, from, err := conn.ReadFromUDP(buf)
+			_, oobn, _, from, err := conn.ReadMsgUDPAddrPort(buf, oob)
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
@@ -181,10 +194,37 @@ func (h *Host) StartUDPServerNamed(port uint16, name string) (*Server, error) {
 				time.Sleep(10 * time.Millisecond)
 				continue
 			}
-			_, _ = conn.WriteToUDP([]byte(name+" "+from.String()+"\n"), from)
+			line := []byte(name + " " + clientName(from.String()) + "\n")
+			if reply := replyFrom(oob[:oobn]); reply != nil {
+				if _, _, err := conn.WriteMsgUDPAddrPort(line, reply, from); err == nil {
+					continue
+				}
+			}
+			_, _ = conn.WriteToUDPAddrPort(line, from)
 		}
 	})
 	return h.addServer(srv)
+}
+
+// replyFrom returns the control message that sends a reply from the address
+// a datagram was sent to, read from the datagram's IPV6_PKTINFO (an IPv4
+// datagram's shows as ::ffff:a.b.c.d, which the kernel accepts back for an
+// IPv4 reply), or nil if there is none.
+func replyFrom(oob []byte) []byte {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	for _, m := range msgs {
+		if m.Header.Level != unix.IPPROTO_IPV6 || m.Header.Type != unix.IPV6_PKTINFO || len(m.Data) < unix.SizeofInet6Pktinfo {
+			continue
+		}
+		// The interface is left to routing, as for any other reply.
+		var info unix.Inet6Pktinfo
+		copy(info.Addr[:], m.Data[:len(info.Addr)])
+		return unix.PktInfo6(&info)
+	}
+	return nil
 }
 
 // checkServerName keeps a server's line parseable: the probe splits it at
@@ -206,7 +246,7 @@ func (h *Host) StartHTTPServer(port uint16) (*Server, error) {
 	hs := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-			fmt.Fprintf(w, "%s %s\n", h.Name, r.RemoteAddr)
+			fmt.Fprintf(w, "%s %s\n", h.Name, clientName(r.RemoteAddr))
 		}),
 		ReadHeaderTimeout: serverHold,
 	}
@@ -215,12 +255,46 @@ func (h *Host) StartHTTPServer(port uint16) (*Server, error) {
 	return h.addServer(srv)
 }
 
+// dualStack makes IPv6 sockets that take IPv4 too (IPV6_V6ONLY off), so that
+// one server socket answers on all of a host's addresses of both families,
+// whatever the process found out about IPv6 when it started. Its UDP
+// sockets report each datagram's destination address (IPV6_RECVPKTINFO; see
+// replyFrom).
+var dualStack = net.ListenConfig{
+	Control: func(network, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0)
+			if serr == nil && strings.HasPrefix(network, "udp") {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1)
+			}
+		})
+		return errors.Join(err, serr)
+	},
+}
+
+// listenAddr is the wildcard IPv6 address with port.
+func listenAddr(port uint16) string {
+	return net.JoinHostPort("::", strconv.Itoa(int(port)))
+}
+
+// clientName writes a client's "ip:port" as a server reports it: an IPv4
+// client that reached an IPv6 socket by its IPv4-mapped address gets its
+// plain IPv4 address. Anything unparseable is reported as it is.
+func clientName(remote string) string {
+	ap, err := netip.ParseAddrPort(remote)
+	if err != nil {
+		return remote
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()
+}
+
 // listen creates a listening socket inside the host's namespace; the socket
 // stays in that namespace whichever thread later accepts on it.
 func (h *Host) listen(network string, port uint16) (net.Listener, error) {
 	var ln net.Listener
 	err := h.NS.Do(func() (err error) {
-		ln, err = net.Listen(network, ":"+strconv.Itoa(int(port)))
+		ln, err = dualStack.Listen(context.Background(), network+"6", listenAddr(port))
 		return err
 	})
 	if err != nil {
@@ -237,7 +311,8 @@ func (h *Host) newServer(proto string, addr net.Addr, stop func() error) *Server
 	case *net.UDPAddr:
 		port = a.Port
 	}
-	return &Server{Proto: proto, Addr: netip.AddrPortFrom(h.IP, uint16(port)), stop: stop}
+	return &Server{Proto: proto, Addr: netip.AddrPortFrom(h.IP, uint16(port)),
+		Addr6: netip.AddrPortFrom(h.IP6, uint16(port)), stop: stop}
 }
 
 // addServer ties srv to the host so that closing the host stops it.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // The address plan of the project's tests. All of these exist only inside
@@ -47,12 +48,14 @@ const (
 )
 
 var (
-	routerLANAddr      = netip.MustParseAddr("192.168.77.1")
-	routerExternalAddr = netip.MustParseAddr("198.18.0.1")
+	routerLANAddr       = netip.MustParseAddr("192.168.77.1")
+	routerExternalAddr  = netip.MustParseAddr("198.18.0.1")
+	routerLANAddr6      = IPv6Of(routerLANAddr)
+	routerExternalAddr6 = IPv6Of(routerExternalAddr)
 )
 
-// Host is one network namespace of a sandbox with its main address: a node,
-// a pod, a client or the router.
+// Host is one network namespace of a sandbox with its main addresses, one of
+// each IP family: a node, a pod, a client or the router.
 type Host struct {
 	// Name is the host's name in the sandbox; servers report it.
 	Name string
@@ -61,6 +64,9 @@ type Host struct {
 	// IP is the host's main IPv4 address: a pod's or client's IP, a node's
 	// address on the node network.
 	IP netip.Addr
+	// IP6 is the host's main IPv6 address, IPv6Of(IP), on the same
+	// interface.
+	IP6 netip.Addr
 
 	mu      sync.Mutex
 	closed  bool
@@ -76,8 +82,14 @@ type Node struct {
 	Index int
 	// PodCIDR is the node's pod subnet, 10.244.<Index>.0/24.
 	PodCIDR netip.Prefix
+	// PodCIDR6 is the node's IPv6 pod subnet, fd00:10:244:<Index in
+	// hex>::/64, the twin of PodCIDR.
+	PodCIDR6 netip.Prefix
 	// Gateway is the node's address on its bridge, its pods' default route.
 	Gateway netip.Addr
+	// Gateway6 is the node's IPv6 address on its bridge (IPv6Of(Gateway),
+	// ::1 of PodCIDR6), its pods' IPv6 default route.
+	Gateway6 netip.Addr
 
 	used map[netip.Addr]bool
 }
@@ -105,18 +117,23 @@ func (s *Sandbox) addRouter() error {
 	}
 	s.Router = h
 	nl := h.NS.Netlink()
-	if err := addBridge(nl, routerLAN, netip.PrefixFrom(routerLANAddr, NodeCIDR.Bits())); err != nil {
+	if err := addBridge(nl, routerLAN, netip.PrefixFrom(routerLANAddr, NodeCIDR.Bits()),
+		netip.PrefixFrom(routerLANAddr6, NodeCIDR6.Bits())); err != nil {
 		return err
 	}
-	if err := addBridge(nl, routerExternal, netip.PrefixFrom(routerExternalAddr, ExternalCIDR.Bits())); err != nil {
+	if err := addBridge(nl, routerExternal, netip.PrefixFrom(routerExternalAddr, ExternalCIDR.Bits()),
+		netip.PrefixFrom(routerExternalAddr6, ExternalCIDR6.Bits())); err != nil {
 		return err
 	}
 	return h.NS.Do(enableForwarding)
 }
 
 // AddNode adds a node. Node i (counting from 1) gets pod subnet 10.244.i.0/24
-// with gateway 10.244.i.1 and node address 192.168.77.(10+i). Nodes reach
-// each other's pods directly; their default route leads to the router.
+// with gateway 10.244.i.1 and node address 192.168.77.(10+i), and their IPv6
+// twins (see IPv6Of): pod subnet fd00:10:244:i::/64 with gateway
+// fd00:10:244:i::1 and node address fd00:192:168:77::(10+i), i in hex. Nodes
+// reach each other's pods directly in both families; their default routes
+// lead to the router.
 func (s *Sandbox) AddNode(name string) (*Node, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -133,6 +150,8 @@ func (s *Sandbox) AddNode(name string) (*Node, error) {
 		Gateway: netip.AddrFrom4([4]byte{10, 244, byte(idx), 1}),
 		used:    map[netip.Addr]bool{},
 	}
+	n.PodCIDR6 = netip.PrefixFrom(IPv6Of(n.PodCIDR.Addr()), 64)
+	n.Gateway6 = IPv6Of(n.Gateway)
 	h, err := s.newHost(name, netip.AddrFrom4([4]byte{192, 168, 77, byte(10 + idx)}))
 	if err != nil {
 		return nil, fmt.Errorf("add node %s: %w", name, err)
@@ -147,24 +166,28 @@ func (s *Sandbox) AddNode(name string) (*Node, error) {
 
 func (s *Sandbox) setUpNode(n *Node) error {
 	nl := n.NS.Netlink()
-	if err := addBridge(nl, BridgeName, netip.PrefixFrom(n.Gateway, n.PodCIDR.Bits())); err != nil {
+	if err := addBridge(nl, BridgeName, netip.PrefixFrom(n.Gateway, n.PodCIDR.Bits()),
+		netip.PrefixFrom(n.Gateway6, n.PodCIDR6.Bits())); err != nil {
 		return err
 	}
 	if err := s.attach(s.Router, routerLAN, fmt.Sprintf("node%d", n.Index), n.Host,
-		netip.PrefixFrom(n.IP, NodeCIDR.Bits()), routerLANAddr); err != nil {
+		ifaceAddr{netip.PrefixFrom(n.IP, NodeCIDR.Bits()), routerLANAddr},
+		ifaceAddr{netip.PrefixFrom(n.IP6, NodeCIDR6.Bits()), routerLANAddr6}); err != nil {
 		return err
 	}
 	if err := n.NS.Do(enableForwarding); err != nil {
 		return err
 	}
-	if err := addRoute(s.Router.NS.Netlink(), n.PodCIDR, n.IP); err != nil {
+	// Each node's pod subnets are reached through that node: from the
+	// router and from every other node.
+	if err := routePodsVia(s.Router.NS.Netlink(), n); err != nil {
 		return err
 	}
 	for _, other := range s.nodes {
-		if err := addRoute(nl, other.PodCIDR, other.IP); err != nil {
+		if err := routePodsVia(nl, other); err != nil {
 			return err
 		}
-		if err := addRoute(other.NS.Netlink(), n.PodCIDR, n.IP); err != nil {
+		if err := routePodsVia(other.NS.Netlink(), n); err != nil {
 			return err
 		}
 	}
@@ -172,7 +195,8 @@ func (s *Sandbox) setUpNode(n *Node) error {
 }
 
 // AddPod adds a pod named name on node with address ip, which must lie in
-// the node's PodCIDR; the zero Addr picks the next free one from .10 on.
+// the node's PodCIDR; the zero Addr picks the next free one from .10 on. The
+// pod's IPv6 address is IPv6Of(ip), in the node's PodCIDR6.
 func (s *Sandbox) AddPod(node *Node, name string, ip netip.Addr) (*Pod, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -218,15 +242,18 @@ func (s *Sandbox) addToNode(node *Node, name string, ip netip.Addr) (*Host, stri
 	node.used[ip] = true
 	s.veths++
 	veth := fmt.Sprintf("veth%d", s.veths)
-	if err := s.attach(node.Host, BridgeName, veth, h, netip.PrefixFrom(ip, node.PodCIDR.Bits()), node.Gateway); err != nil {
+	if err := s.attach(node.Host, BridgeName, veth, h,
+		ifaceAddr{netip.PrefixFrom(ip, node.PodCIDR.Bits()), node.Gateway},
+		ifaceAddr{netip.PrefixFrom(h.IP6, node.PodCIDR6.Bits()), node.Gateway6}); err != nil {
 		return nil, "", err
 	}
 	return h, veth, nil
 }
 
 // AddExternalClient adds a client outside the cluster on the external
-// network 198.18.0.0/24, routed to the nodes through the router. The zero
-// Addr picks the next free address from .10 on.
+// network 198.18.0.0/24 and fd00:198:18::/64, routed to the nodes through
+// the router. The zero Addr picks the next free IPv4 address from .10 on;
+// the IPv6 address is IPv6Of of the IPv4 one.
 func (s *Sandbox) AddExternalClient(name string, ip netip.Addr) (*Client, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -249,29 +276,44 @@ func (s *Sandbox) AddExternalClient(name string, ip netip.Addr) (*Client, error)
 	}
 	s.external = append(s.external, h)
 	if err := s.attach(s.Router, routerExternal, fmt.Sprintf("ext%d", len(s.external)), h,
-		netip.PrefixFrom(ip, ExternalCIDR.Bits()), routerExternalAddr); err != nil {
+		ifaceAddr{netip.PrefixFrom(ip, ExternalCIDR.Bits()), routerExternalAddr},
+		ifaceAddr{netip.PrefixFrom(h.IP6, ExternalCIDR6.Bits()), routerExternalAddr6}); err != nil {
 		return nil, fmt.Errorf("add external client %s: %w", name, err)
 	}
 	return s.clientAt(h), nil
 }
 
 // RouteToNode makes the router send traffic for dst to node, the way a
-// LoadBalancer or a BGP speaker announces LoadBalancer and external IPs.
+// LoadBalancer or a BGP speaker announces LoadBalancer and external IPs. An
+// IPv6 prefix is routed to the node's IPv6 address, an IPv4 one to its IPv4
+// address.
 func (s *Sandbox) RouteToNode(dst netip.Prefix, node *Node) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return errors.New("sandbox is closed")
 	}
-	if err := addRoute(s.Router.NS.Netlink(), dst, node.IP); err != nil {
+	via := node.IP
+	if dst.Addr().Is6() {
+		via = node.IP6
+	}
+	if err := addRoute(s.Router.NS.Netlink(), dst, via); err != nil {
 		return fmt.Errorf("route %s to node %s: %w", dst, node.Name, err)
 	}
 	return nil
 }
 
+// ifaceAddr is an address of a host's interface with the gateway of its
+// family's default route.
+type ifaceAddr struct {
+	addr netip.Prefix
+	gw   netip.Addr
+}
+
 // attach connects host to bridge in parent with a veth pair (parentVeth in
-// the parent, IfaceName in host), gives host addr and a default route via gw.
-func (s *Sandbox) attach(parent *Host, bridge, parentVeth string, host *Host, addr netip.Prefix, gw netip.Addr) error {
+// the parent, IfaceName in host), gives host the addresses and, for each, a
+// default route via its gateway.
+func (s *Sandbox) attach(parent *Host, bridge, parentVeth string, host *Host, addrs ...ifaceAddr) error {
 	pnl := parent.NS.Netlink()
 	br, err := pnl.LinkByName(bridge)
 	if err != nil {
@@ -293,15 +335,19 @@ func (s *Sandbox) attach(parent *Host, bridge, parentVeth string, host *Host, ad
 	if err != nil {
 		return fmt.Errorf("find %s in %s: %w", IfaceName, host.Name, err)
 	}
-	if err := hnl.AddrAdd(link, &netlink.Addr{IPNet: ipNet(addr)}); err != nil {
-		return fmt.Errorf("add address %s in %s: %w", addr, host.Name, err)
+	for _, a := range addrs {
+		if err := hnl.AddrAdd(link, linkAddr(a.addr)); err != nil {
+			return fmt.Errorf("add address %s in %s: %w", a.addr, host.Name, err)
+		}
 	}
 	if err := hnl.LinkSetUp(link); err != nil {
 		return fmt.Errorf("set %s up in %s: %w", IfaceName, host.Name, err)
 	}
-	def := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw.AsSlice()}
-	if err := hnl.RouteAdd(def); err != nil {
-		return fmt.Errorf("add default route via %s in %s: %w", gw, host.Name, err)
+	for _, a := range addrs {
+		def := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: a.gw.AsSlice()}
+		if err := hnl.RouteAdd(def); err != nil {
+			return fmt.Errorf("add default route via %s in %s: %w", a.gw, host.Name, err)
+		}
 	}
 	if err := waitActive(pnl, parentVeth, bridge); err != nil {
 		return fmt.Errorf("in %s: %w", parent.Name, err)
@@ -356,18 +402,33 @@ func linkActive(nl *netlink.Handle, name string) (bool, error) {
 	return true, nil
 }
 
-func addBridge(nl *netlink.Handle, name string, addr netip.Prefix) error {
-	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}
+// addBridge creates a bridge holding addrs. Its multicast snooping is off:
+// the bridge floods IPv6 neighbour solicitations to every port rather than
+// waiting to learn who listens for them.
+func addBridge(nl *netlink.Handle, name string, addrs ...netip.Prefix) error {
+	snooping := false
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}, MulticastSnooping: &snooping}
 	if err := nl.LinkAdd(br); err != nil {
 		return fmt.Errorf("add bridge %s: %w", name, err)
 	}
-	if err := nl.AddrAdd(br, &netlink.Addr{IPNet: ipNet(addr)}); err != nil {
-		return fmt.Errorf("add address %s to %s: %w", addr, name, err)
+	for _, addr := range addrs {
+		if err := nl.AddrAdd(br, linkAddr(addr)); err != nil {
+			return fmt.Errorf("add address %s to %s: %w", addr, name, err)
+		}
 	}
 	if err := nl.LinkSetUp(br); err != nil {
 		return fmt.Errorf("set %s up: %w", name, err)
 	}
 	return nil
+}
+
+// routePodsVia routes both of n's pod subnets, IPv4 and IPv6, through n's
+// node addresses.
+func routePodsVia(nl *netlink.Handle, n *Node) error {
+	if err := addRoute(nl, n.PodCIDR, n.IP); err != nil {
+		return err
+	}
+	return addRoute(nl, n.PodCIDR6, n.IP6)
 }
 
 func addRoute(nl *netlink.Handle, dst netip.Prefix, gw netip.Addr) error {
@@ -378,14 +439,28 @@ func addRoute(nl *netlink.Handle, dst netip.Prefix, gw netip.Addr) error {
 	return nil
 }
 
-// enableForwarding turns on IPv4 forwarding in the calling thread's network
-// namespace; it must run inside Netns.Do. /proc/sys/net resolves to the
-// namespace of the thread that opens it, so the host's setting is untouched.
+// enableForwarding turns on IPv4 and IPv6 forwarding in the calling
+// thread's network namespace; it must run inside Netns.Do. /proc/sys/net
+// resolves to the namespace of the thread that opens it, so the host's
+// settings are untouched.
 func enableForwarding() error {
-	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644); err != nil {
-		return fmt.Errorf("enable forwarding: %w", err)
+	for _, f := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
+		if err := os.WriteFile(f, []byte("1\n"), 0o644); err != nil {
+			return fmt.Errorf("enable forwarding: %w", err)
+		}
 	}
 	return nil
+}
+
+// linkAddr is addr as an interface address. An IPv6 one skips duplicate
+// address detection (see ipv6Settings), should the namespace's default not
+// have reached the interface.
+func linkAddr(addr netip.Prefix) *netlink.Addr {
+	a := &netlink.Addr{IPNet: ipNet(addr)}
+	if addr.Addr().Is6() {
+		a.Flags = unix.IFA_F_NODAD
+	}
+	return a
 }
 
 func ipNet(p netip.Prefix) *net.IPNet {
