@@ -13,11 +13,12 @@
 //   - client probes that run as subprocesses born inside the child cgroup and
 //     a client namespace, so that cgroup BPF hooks act on their sockets.
 //
-// A host's IPv6 address follows from its IPv4 one by IPv6Of, which puts the
-// IPv4 host part into the IPv6 twin of its network: pod 10.244.1.10 is
-// fd00:10:244:1::a, node 192.168.77.11 is fd00:192:168:77::b, external
-// client 198.18.0.10 is fd00:198:18::a, LoadBalancer IP 198.19.0.10 is
-// fd00:198:19::a and ClusterIP 10.96.0.10 is fd00:10:96::a. Tests written
+// A host's IPv6 address follows from its IPv4 one by IPv6Of, which writes
+// the IPv4 host part's decimal digits into the IPv6 twin of its network:
+// pod 10.244.1.10 is fd00:10:244:1::10, node 192.168.77.11 is
+// fd00:192:168:77::11, external client 198.18.0.10 is fd00:198:18::10,
+// LoadBalancer IP 198.19.0.10 is fd00:198:19::10 and ClusterIP 10.96.0.10
+// is fd00:10:96::10. Tests written
 // with IPv4 literals name the IPv6 peer with it. The servers listen on both
 // families on one socket and report the client address they saw, an IPv4
 // client by its plain IPv4 address; the probes pick the socket family from

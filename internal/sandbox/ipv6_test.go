@@ -21,21 +21,23 @@ func TestIPv6OfFollowsTheAddressPlan(t *testing.T) {
 	tests := []struct {
 		v4, want string // want "" for the zero Addr
 	}{
-		{"10.244.1.10", "fd00:10:244:1::a"},
-		{"10.244.2.100", "fd00:10:244:2::64"},
+		{"10.244.1.10", "fd00:10:244:1::10"},
+		{"10.244.2.100", "fd00:10:244:2::100"},
 		{"10.244.1.1", "fd00:10:244:1::1"},
-		{"10.244.200.255", "fd00:10:244:c8::ff"},
+		{"10.244.200.255", "fd00:10:244:c8::255"},
 		{"192.168.77.1", "fd00:192:168:77::1"},
-		{"192.168.77.11", "fd00:192:168:77::b"},
-		{"198.18.0.10", "fd00:198:18::a"},
-		{"198.19.0.10", "fd00:198:19::a"},
-		{"10.96.0.10", "fd00:10:96::a"},
-		{"10.96.1.2", "fd00:10:96::102"},
-		{"::ffff:10.244.1.10", "fd00:10:244:1::a"},
+		{"192.168.77.11", "fd00:192:168:77::11"},
+		{"198.18.0.10", "fd00:198:18::10"},
+		{"198.19.0.10", "fd00:198:19::10"},
+		{"10.96.0.10", "fd00:10:96::10"},
+		{"10.96.9.255", "fd00:10:96::9255"},
+		{"10.96.1.2", "fd00:10:96::1002"},
+		{"::ffff:10.244.1.10", "fd00:10:244:1::10"},
 		{"8.8.8.8", ""},
 		{"127.0.0.1", ""},
 		{"10.245.0.1", ""},
-		{"fd00:10:244:1::a", ""},
+		{"10.96.10.1", ""}, // a ClusterIP without a twin
+		{"fd00:10:244:1::10", ""},
 	}
 	for _, tt := range tests {
 		got := sandbox.IPv6Of(netip.MustParseAddr(tt.v4))
@@ -50,7 +52,7 @@ func TestIPv6OfFollowsTheAddressPlan(t *testing.T) {
 		}
 	}
 	// Every IPv4 network's addresses land in its twin, each on its own
-	// address.
+	// address (ClusterIPs up to 10.96.9.255).
 	for _, tw := range []struct{ v4, v6 netip.Prefix }{
 		{sandbox.PodCIDR, sandbox.PodCIDR6},
 		{sandbox.ServiceCIDR, sandbox.ServiceCIDR6},
@@ -61,6 +63,13 @@ func TestIPv6OfFollowsTheAddressPlan(t *testing.T) {
 		seen := map[netip.Addr]netip.Addr{}
 		for a := tw.v4.Masked().Addr(); tw.v4.Contains(a); a = a.Next() {
 			got := sandbox.IPv6Of(a)
+			if tw.v4 == sandbox.ServiceCIDR && a.As4()[2] >= 10 {
+				// ClusterIPs 10.96.10.0 and up have no twin.
+				if got.IsValid() {
+					t.Fatalf("IPv6Of(%s) = %s, want the zero Addr", a, got)
+				}
+				continue
+			}
 			if !tw.v6.Contains(got) {
 				t.Fatalf("IPv6Of(%s) = %s, not in %s", a, got, tw.v6)
 			}
@@ -126,12 +135,12 @@ func TestEveryHostHasItsIPv6Address(t *testing.T) {
 	}
 	want := map[*sandbox.Host]string{
 		d.sb.Router:   "fd00:192:168:77::1",
-		d.node1.Host:  "fd00:192:168:77::b",
-		d.node2.Host:  "fd00:192:168:77::c",
-		d.podA.Host:   "fd00:10:244:1::a",
-		d.podC.Host:   "fd00:10:244:2::a",
-		d.client.Host: "fd00:10:244:1::64",
-		d.ext.Host:    "fd00:198:18::a",
+		d.node1.Host:  "fd00:192:168:77::11",
+		d.node2.Host:  "fd00:192:168:77::12",
+		d.podA.Host:   "fd00:10:244:1::10",
+		d.podC.Host:   "fd00:10:244:2::10",
+		d.client.Host: "fd00:10:244:1::100",
+		d.ext.Host:    "fd00:198:18::10",
 	}
 	for h, w := range want {
 		if h.IP6 != mustAddr(w) || h.IP6 != sandbox.IPv6Of(h.IP) {
@@ -177,12 +186,12 @@ func TestIPv6RoutesLeadThroughTheNodes(t *testing.T) {
 		want []route
 	}{
 		{d.sb.Router, []route{
-			{"fd00:10:244:1::/64", "fd00:192:168:77::b"},
-			{"fd00:10:244:2::/64", "fd00:192:168:77::c"},
-			{d.lb6.String() + "/128", "fd00:192:168:77::c"},
+			{"fd00:10:244:1::/64", "fd00:192:168:77::11"},
+			{"fd00:10:244:2::/64", "fd00:192:168:77::12"},
+			{d.lb6.String() + "/128", "fd00:192:168:77::12"},
 		}},
-		{d.node1.Host, []route{{"", "fd00:192:168:77::1"}, {"fd00:10:244:2::/64", "fd00:192:168:77::c"}}},
-		{d.node2.Host, []route{{"", "fd00:192:168:77::1"}, {"fd00:10:244:1::/64", "fd00:192:168:77::b"}}},
+		{d.node1.Host, []route{{"", "fd00:192:168:77::1"}, {"fd00:10:244:2::/64", "fd00:192:168:77::12"}}},
+		{d.node2.Host, []route{{"", "fd00:192:168:77::1"}, {"fd00:10:244:1::/64", "fd00:192:168:77::11"}}},
 		{d.podA.Host, []route{{"", "fd00:10:244:1::1"}}},
 		{d.ext.Host, []route{{"", "fd00:198:18::1"}}},
 	}
