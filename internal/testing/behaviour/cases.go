@@ -153,12 +153,20 @@ func Run(t *testing.T, e *Env, cases []Case) {
 	})
 }
 
-// Check runs one row.
+// Check runs one row; in an IPv6 Env against the IPv6 twin of its
+// destination, expecting the client's IPv6 address where it is kept.
 func (e *Env) Check(t *testing.T, tc Case, want Want) {
 	t.Helper()
 	client := e.Clients[tc.From]
 	if client == nil {
 		t.Fatalf("no client %q", tc.From)
+	}
+	to := tc.To
+	if e.IPv6 {
+		if to = netip.AddrPortFrom(sandbox.IPv6Of(to.Addr()), to.Port()); !to.Addr().IsValid() {
+			t.Fatalf("%s has no IPv6 twin in the address plan", tc.To.Addr())
+		}
+		tc.To = to
 	}
 	ctx := Context(t)
 	attempts := 2
@@ -192,7 +200,11 @@ func (e *Env) Check(t *testing.T, tc Case, want Want) {
 			answers = append(answers, answer{server: r.Server, seen: r.ClientSeen, err: r.Err})
 		}
 	}
-	checkAnswers(t, client.Host, tc, want, answers)
+	clientIP := client.IP
+	if e.IPv6 {
+		clientIP = client.IP6
+	}
+	checkAnswers(t, clientIP, tc, want, answers)
 }
 
 type answer struct {
@@ -201,7 +213,7 @@ type answer struct {
 	err    string
 }
 
-func checkAnswers(t *testing.T, client *sandbox.Host, tc Case, want Want, answers []answer) {
+func checkAnswers(t *testing.T, clientIP netip.Addr, tc Case, want Want, answers []answer) {
 	t.Helper()
 	switch want.Verdict {
 	case model.Reject, model.Drop:
@@ -225,12 +237,12 @@ func checkAnswers(t *testing.T, client *sandbox.Host, tc Case, want Want, answer
 		seen[a.server]++
 		switch want.Source {
 		case Preserved:
-			if a.seen.Addr() != client.IP {
-				t.Errorf("%s -> %s: %s saw client address %s, want the client's own %s", tc.From, tc.To, a.server, a.seen.Addr(), client.IP)
+			if a.seen.Addr() != clientIP {
+				t.Errorf("%s -> %s: %s saw client address %s, want the client's own %s", tc.From, tc.To, a.server, a.seen.Addr(), clientIP)
 			}
 		case Masqueraded:
-			if a.seen.Addr() == client.IP {
-				t.Errorf("%s -> %s: %s saw the client's own address %s, want it masqueraded", tc.From, tc.To, a.server, client.IP)
+			if a.seen.Addr() == clientIP {
+				t.Errorf("%s -> %s: %s saw the client's own address %s, want it masqueraded", tc.From, tc.To, a.server, clientIP)
 			}
 		}
 	}

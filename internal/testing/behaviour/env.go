@@ -9,11 +9,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/nodeaddrs"
@@ -66,7 +69,11 @@ var (
 // a2 and b1 serving, clients, and one dataplane per node fed by its own
 // Source, as one agent per node would be.
 type Env struct {
-	T       *testing.T
+	T *testing.T
+	// IPv6: the dataplanes serve the IPv6 twin of the example cluster
+	// (example.Example6), and the rows of the table are run against the
+	// IPv6 twins of their addresses (sandbox.IPv6Of).
+	IPv6    bool
 	SB      *sandbox.Sandbox
 	Nodes   map[string]*sandbox.Node
 	Pods    map[string]*sandbox.Pod
@@ -82,12 +89,27 @@ type Env struct {
 // node with factory and syncs the example cluster to both.
 func NewEnv(t *testing.T, factory Factory) *Env {
 	t.Helper()
+	return newEnv(t, factory, false)
+}
+
+// NewEnv6 is NewEnv for IPv6 dataplanes: the same sandbox, whose hosts are
+// dual-stack, with the example cluster's IPv6 twin synced to both nodes.
+func NewEnv6(t *testing.T, factory Factory) *Env {
+	t.Helper()
+	return newEnv(t, factory, true)
+}
+
+func newEnv(t *testing.T, factory Factory, ipv6 bool) *Env {
+	t.Helper()
 	sb := sandbox.ForTest(t)
 	e := &Env{
 		T: t, SB: sb,
 		Nodes: map[string]*sandbox.Node{}, Pods: map[string]*sandbox.Pod{}, Clients: map[string]*sandbox.Client{},
 		Sources: map[string]*example.Source{}, Dataplanes: map[string]dataplane.Dataplane{},
-		Example: example.Example(),
+		Example: example.Example(), IPv6: ipv6,
+	}
+	if ipv6 {
+		e.Example = example.Example6()
 	}
 	cgroups := map[string]*sandbox.Cgroup{}
 	for _, name := range []string{example.NodeA, example.NodeB} {
@@ -135,16 +157,34 @@ func NewEnv(t *testing.T, factory Factory) *Env {
 	e.Clients[ClientNodeA] = sb.ClientAt(e.Nodes[example.NodeA].Host).InCgroup(cgroups[example.NodeA])
 	e.Clients[ClientA1] = sb.ClientAt(e.Pods["a1"].Host).InCgroup(cgroups[example.NodeA])
 	// LoadBalancer and external IPs are announced to node-a.
-	if err := sb.RouteToNode(sandbox.LoadBalancerCIDR, e.Nodes[example.NodeA]); err != nil {
-		t.Fatal(err)
+	for _, lb := range []netip.Prefix{sandbox.LoadBalancerCIDR, sandbox.LoadBalancerCIDR6} {
+		if err := sb.RouteToNode(lb, e.Nodes[example.NodeA]); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, n := range e.Nodes {
 		if err := RouteBridgeThroughNode(n); err != nil {
 			t.Fatal(err)
 		}
 	}
+	bridged := []struct {
+		host *sandbox.Host
+		node string
+	}{
+		{e.Pods["a1"].Host, example.NodeA}, {e.Pods["a2"].Host, example.NodeA}, {e.Pods["b1"].Host, example.NodeB},
+		{e.Clients[ClientPodA].Host, example.NodeA}, {e.Clients[ClientPodB].Host, example.NodeB},
+	}
+	for _, b := range bridged {
+		if err := RouteIPv6ThroughNode(b.host, e.Nodes[b.node]); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, name := range []string{example.NodeA, example.NodeB} {
-		e.Sources[name] = example.NewSource(t, example.Node(name)).Add(e.Example...)
+		if ipv6 {
+			e.Sources[name] = example.NewSource6(t, example.Node6(name)).Add(e.Example...)
+		} else {
+			e.Sources[name] = example.NewSource(t, example.Node(name)).Add(e.Example...)
+		}
 		// The node's addresses, read as the agent's sync loop reads them,
 		// before a dataplane adds any of its own.
 		var local []netip.Addr
@@ -243,6 +283,43 @@ func RouteBridgeThroughNode(node *sandbox.Node) error {
 		}
 		return nil
 	})
+}
+
+// RouteIPv6ThroughNode is RouteBridgeThroughNode's IPv6 half, done in
+// host, a pod or client on node's bridge: IPv6 has no proxy ARP, and
+// neighbour discovery between isolated bridge ports fails, so the host's
+// pod subnet is routed through the node's bridge address instead of being
+// on-link, and the node's ICMPv6 redirects (which Linux sends when it
+// forwards a packet back out of the interface it came in on) are ignored.
+func RouteIPv6ThroughNode(host *sandbox.Host, node *sandbox.Node) error {
+	nl := host.NS.Netlink()
+	eth, err := nl.LinkByName(sandbox.IfaceName)
+	if err != nil {
+		return fmt.Errorf("%s: find %s: %w", host.Name, sandbox.IfaceName, err)
+	}
+	onLink := &netlink.Route{LinkIndex: eth.Attrs().Index, Dst: prefixNet(node.PodCIDR6)}
+	if err := nl.RouteDel(onLink); err != nil {
+		return fmt.Errorf("%s: remove the on-link route to %s: %w", host.Name, node.PodCIDR6, err)
+	}
+	gw := netip.PrefixFrom(node.Gateway6, 128)
+	if err := nl.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Dst: prefixNet(gw), Scope: netlink.SCOPE_LINK}); err != nil {
+		return fmt.Errorf("%s: route to the gateway %s: %w", host.Name, node.Gateway6, err)
+	}
+	if err := nl.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Dst: prefixNet(node.PodCIDR6), Gw: node.Gateway6.AsSlice()}); err != nil {
+		return fmt.Errorf("%s: route %s through %s: %w", host.Name, node.PodCIDR6, node.Gateway6, err)
+	}
+	return host.NS.Do(func() error {
+		for _, key := range []string{"all/accept_redirects", sandbox.IfaceName + "/accept_redirects"} {
+			if err := os.WriteFile(filepath.Join("/proc/sys/net/ipv6/conf", key), []byte("0"), 0o644); err != nil {
+				return fmt.Errorf("%s: set net.ipv6.conf.%s: %w", host.Name, key, err)
+			}
+		}
+		return nil
+	})
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
 // Context returns a context bounded for one test.

@@ -71,13 +71,14 @@ func SliceFor(svc *v1.Service, eps ...discoveryv1.Endpoint) *discoveryv1.Endpoin
 // Example6 is Example for IPv6: the same Services, in the same order, with
 // ClusterIPs in fd00:10:96::/112, External and LoadBalancer IPs in
 // fd00:198:19::/64, the source range of "ranged" in the external clients'
-// fd00:198:18::/64 and the pods of Node6's pod subnets.
+// fd00:198:18::/64 (fd00:198:18::/120, which holds ::10 and not ::200, as
+// 198.18.0.0/25 holds .10 and not .200) and the pods of Node6's pod subnets.
 func Example6() []Pair {
 	return []Pair{
 		pair(Service6("web", "fd00:10:96::10", builders.NodePort(30010), builders.ExternalIPs("fd00:198:19::10")), EndpointsOn(PodA1v6, PodA2v6, PodB1v6)),
 		pair(Service6("web-local", "fd00:10:96::11", builders.LoadBalancer(30011, "fd00:198:19::11"), builders.ExternalLocal(30111)), EndpointsOn(PodA1v6, PodB1v6)),
 		pair(Service6("remote-local", "fd00:10:96::12", builders.LoadBalancer(30012, "fd00:198:19::12"), builders.ExternalLocal(30112)), EndpointsOn(PodB1v6)),
-		pair(Service6("ranged", "fd00:10:96::13", builders.LoadBalancer(30013, "fd00:198:19::13"), builders.SourceRanges("fd00:198:18::/65")), EndpointsOn(PodA2v6)),
+		pair(Service6("ranged", "fd00:10:96::13", builders.LoadBalancer(30013, "fd00:198:19::13"), builders.SourceRanges("fd00:198:18::/120")), EndpointsOn(PodA2v6)),
 		pair(Service6("sticky", "fd00:10:96::14", builders.Affinity(300)), EndpointsOn(PodA1v6, PodA2v6, PodB1v6)),
 		pair(Service6("internal-local", "fd00:10:96::15", builders.InternalLocal()), EndpointsOn(PodB1v6)),
 		pair(Service6("empty", "fd00:10:96::16", builders.NodePort(30016), builders.ExternalIPs("fd00:198:19::16")), nil),
