@@ -71,7 +71,10 @@ test-go: deps build
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./internal/maps/... ./internal/fallback/iptables/... ./internal/fallback/ipvs/... ./test/socklb/...
 
-test: lint check-generated test-go vmtest e2e
+# Every test. The last, cluster-test, is a real node in a 6.12 guest
+# (kubelet, containerd, the control plane): upstream kube-proxy replaced by
+# deploy/ under load, upgraded and restarted; about 9 minutes.
+test: lint check-generated test-go vmtest e2e cluster-test
 
 demo: deps build
 	$(GO) run ./test/demo
