@@ -76,6 +76,12 @@ type Manifests struct {
 	services map[model.ServiceName][]*model.ServicePort
 	slices   map[objectID]*model.EndpointSlice
 	node     *model.Node
+	// The file each object was taken from at the last push: an object
+	// defined again in another file keeps the definition it had, so that
+	// a stray file never moves a running Service.
+	svcOwner   map[model.ServiceName]string
+	sliceOwner map[objectID]string
+	nodeOwner  string
 	// Problems already reported, so that a poll every second does not
 	// repeat them while nothing changes.
 	dirErr     string
@@ -348,6 +354,16 @@ func (m *Manifests) decode(f *manifestFile, path, where string, raw []byte) bool
 	return true
 }
 
+// owner is the file an object defined in defs (sorted) is taken from: prev,
+// the file it came from before, while it still defines the object, else
+// the first.
+func owner(prev string, defs []string) string {
+	if slices.Contains(defs, prev) {
+		return prev
+	}
+	return defs[0]
+}
+
 func defaultNamespace(ns *string) {
 	if *ns == "" {
 		*ns = v1.NamespaceDefault
@@ -403,8 +419,11 @@ func (m *Manifests) addSlice(f *manifestFile, path string, es *discoveryv1.Endpo
 	return true
 }
 
-// push merges the files, in name order, and records in the tracker what
-// differs from what it was given before.
+// push merges the files and records in the tracker what differs from what
+// it was given before. An object defined in more than one file is taken
+// from the file it came from at the last push while that file still
+// defines it, else from the first such file by name; each other definition
+// is reported once, naming both files.
 func (m *Manifests) push() {
 	paths := make([]string, 0, len(m.files))
 	for p := range m.files {
@@ -412,46 +431,63 @@ func (m *Manifests) push() {
 	}
 	slices.Sort(paths)
 
-	services := map[model.ServiceName][]*model.ServicePort{}
-	svcFrom := map[model.ServiceName]string{}
-	sls := map[objectID]*model.EndpointSlice{}
-	sliceFrom := map[objectID]string{}
-	var node *model.Node
-	var nodeFrom string
 	dups := map[string]bool{}
-	duplicate := func(kind, ns, name, first, again string) {
+	duplicate := func(kind, ns, name, used, again string) {
 		key := kind + " " + ns + "/" + name + " " + again
 		dups[key] = true
 		if !m.duplicates[key] {
-			m.report(kind, ns, name, "duplicate object: defined in %s and again in %s; the copy in %s is used", first, again, first)
+			m.report(kind, ns, name, "duplicate object: defined in %s and again in %s; the copy in %s is used", used, again, used)
 		}
 	}
+	svcDefs := map[model.ServiceName][]string{}
+	sliceDefs := map[objectID][]string{}
+	var nodeDefs []string
 	for _, p := range paths {
 		f := m.files[p]
-		for k, v := range f.services {
-			if first, ok := svcFrom[k]; ok {
-				duplicate(KindService, k.Namespace, k.Name, first, p)
-				continue
-			}
-			svcFrom[k] = p
-			services[k] = v
+		for k := range f.services {
+			svcDefs[k] = append(svcDefs[k], p)
 		}
-		for k, v := range f.slices {
-			if first, ok := sliceFrom[k]; ok {
-				duplicate(KindEndpointSlice, k.Namespace, k.Name, first, p)
-				continue
-			}
-			sliceFrom[k] = p
-			sls[k] = v
+		for k := range f.slices {
+			sliceDefs[k] = append(sliceDefs[k], p)
 		}
 		if f.node != nil {
-			if node != nil {
-				duplicate(KindNode, "", f.node.Name, nodeFrom, p)
-				continue
-			}
-			node, nodeFrom = f.node, p
+			nodeDefs = append(nodeDefs, p)
 		}
 	}
+	services := map[model.ServiceName][]*model.ServicePort{}
+	svcOwner := map[model.ServiceName]string{}
+	for k, defs := range svcDefs {
+		use := owner(m.svcOwner[k], defs)
+		for _, p := range defs {
+			if p != use {
+				duplicate(KindService, k.Namespace, k.Name, use, p)
+			}
+		}
+		services[k], svcOwner[k] = m.files[use].services[k], use
+	}
+	sls := map[objectID]*model.EndpointSlice{}
+	sliceOwner := map[objectID]string{}
+	for k, defs := range sliceDefs {
+		use := owner(m.sliceOwner[k], defs)
+		for _, p := range defs {
+			if p != use {
+				duplicate(KindEndpointSlice, k.Namespace, k.Name, use, p)
+			}
+		}
+		sls[k], sliceOwner[k] = m.files[use].slices[k], use
+	}
+	var node *model.Node
+	nodeOwner := ""
+	if len(nodeDefs) > 0 {
+		nodeOwner = owner(m.nodeOwner, nodeDefs)
+		node = m.files[nodeOwner].node
+		for _, p := range nodeDefs {
+			if p != nodeOwner {
+				duplicate(KindNode, "", m.files[p].node.Name, nodeOwner, p)
+			}
+		}
+	}
+	m.svcOwner, m.sliceOwner, m.nodeOwner = svcOwner, sliceOwner, nodeOwner
 	m.duplicates = dups
 
 	for name, ports := range services {

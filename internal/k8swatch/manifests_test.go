@@ -228,7 +228,7 @@ spec:
 			reports: []string{"EndpointSlice default/web-1: missing service name: no kubernetes.io/service-name label"},
 		},
 		{
-			name: "the same Service in two files: the first file by name wins, reported",
+			name: "the same Service in two files at the first read: the first file by name is used, reported",
 			files: map[string]string{
 				"a.yaml": svcYAML("", "web", "10.96.0.10"),
 				"b.yaml": svcYAML("", "web", "10.96.0.99"),
@@ -329,6 +329,20 @@ func TestManifestChanges(t *testing.T) {
 			want:    []string{dbLine, line("default/web:http/TCP", "10.96.0.10:80", "10.244.1.2:8080 @node-a")},
 			changed: []string{"default/web:http/TCP"},
 			zone:    "zone-a",
+		},
+		{
+			name: "a stray file that sorts first defines web again: web keeps its definition, both files are named",
+			do:   func() { writeFiles(t, dir, map[string]string{"0-stray.yaml": svcYAML("", "web", "10.96.0.99")}) },
+			want: []string{dbLine, line("default/web:http/TCP", "10.96.0.10:80", "10.244.1.2:8080 @node-a")},
+			zone: "zone-a",
+			reports: []string{"Service default/web: duplicate object: defined in %DIR%/web.yaml and again in %DIR%/0-stray.yaml; " +
+				"the copy in %DIR%/web.yaml is used"},
+		},
+		{
+			name: "the stray file removed: nothing changes",
+			do:   func() { writeFiles(t, dir, map[string]string{"0-stray.yaml": ""}) },
+			want: []string{dbLine, line("default/web:http/TCP", "10.96.0.10:80", "10.244.1.2:8080 @node-a")},
+			zone: "zone-a",
 		},
 		{
 			name: "a broken document is reported, the rest of the file loads, nothing it held is removed",
