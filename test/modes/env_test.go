@@ -167,10 +167,15 @@ func (e *env) cleanup() {
 }
 
 // reaches connects n times from c to addr and fails the test unless every
-// connection was answered, by both pods between them.
+// connection was answered, by both pods between them. With random selection
+// all n land on one pod with probability 2^(1-n): n of 20 or more keeps that
+// below one in 500,000 (10 made it one in 512, and CI saw it).
 func (e *env) reaches(c *sandbox.Client, addr netip.AddrPort, n int) {
 	t := e.t
 	t.Helper()
+	if n < 20 {
+		t.Fatalf("reaches: %d connections cannot tell two pods from one reliably; use 20 or more", n)
+	}
 	rep, err := c.TCP(e.ctx(), addr, n)
 	if err != nil {
 		t.Fatal(err)

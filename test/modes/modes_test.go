@@ -114,7 +114,7 @@ func TestModeSwitchOnRestartLeavesNothingBehind(t *testing.T) {
 				if got := get(t, a, "/proxyMode"); got != mode {
 					t.Errorf("/proxyMode %q, want %q", got, mode)
 				}
-				e.reaches(e.client, vip, 10)
+				e.reaches(e.client, vip, 24)
 				if i == 0 {
 					var err error
 					if loop, err = e.client.StartLoop(e.ctx(), vip, sandbox.LoopOptions{Interval: 20 * time.Millisecond, MaxDuration: 5 * time.Minute}); err != nil {
