@@ -81,10 +81,10 @@ func (e *env) startLoop(addr netip.AddrPort) *loop {
 	l.cmd.Stderr = &l.out
 	var err error
 	if l.stdin, err = l.cmd.StdinPipe(); err != nil {
-		e.t.Fatal(err)
+		e.fatalf("%v", err)
 	}
 	if err := l.cmd.Start(); err != nil {
-		e.t.Fatal(err)
+		e.fatalf("%v", err)
 	}
 	// The loop is running once its first connection is made; a second is
 	// plenty under emulation.
@@ -103,15 +103,15 @@ func (l *loop) stop() loopResult {
 	select {
 	case err := <-done:
 		if err != nil {
-			l.e.t.Fatalf("connection loop: %v: %s", err, l.out.String())
+			l.e.fatalf("connection loop: %v: %s", err, l.out.String())
 		}
 	case <-time.After(time.Minute):
 		_ = l.cmd.Process.Kill()
-		l.e.t.Fatalf("connection loop did not end within a minute of its stdin closing: %s", l.out.String())
+		l.e.fatalf("connection loop did not end within a minute of its stdin closing: %s", l.out.String())
 	}
 	var r loopResult
 	if err := json.Unmarshal(l.out.Bytes(), &r); err != nil {
-		l.e.t.Fatalf("connection loop output: %v: %s", err, l.out.String())
+		l.e.fatalf("connection loop output: %v: %s", err, l.out.String())
 	}
 	return r
 }

@@ -57,6 +57,43 @@ type env struct {
 	n      *node.Node
 	checks int
 	passed int
+	// failures are the test's errors in order, repeated at the end of a
+	// failed run's output, below the component logs, where CI shows it.
+	failures []string
+	// phases are the steps reached, with their time since the start.
+	phases []string
+	// loops are the connection loops' results by step.
+	migration, upgrade, restart loopResult
+}
+
+// errorf records a failure and goes on.
+func (e *env) errorf(format string, args ...any) {
+	e.t.Helper()
+	e.failures = append(e.failures, fmt.Sprintf(format, args...))
+	e.t.Errorf(format, args...)
+}
+
+// fatalf records a failure and ends the test.
+func (e *env) fatalf(format string, args ...any) {
+	e.t.Helper()
+	e.failures = append(e.failures, fmt.Sprintf(format, args...))
+	e.t.Fatalf(format, args...)
+}
+
+// summary prints the line make cluster-test's callers read:
+//
+//	cluster: ready=R checks=N passed=P migration_failed=F upgrade_failed=U restart_failed=S
+//
+// and, for a failed run, the steps reached and every failure, last.
+func (e *env) summary() {
+	ready := 1
+	if e.t.Failed() {
+		ready = 0
+		e.t.Logf("steps reached:\n  %s", strings.Join(e.phases, "\n  "))
+		e.t.Logf("failures (%d):\n  %s", len(e.failures), strings.Join(e.failures, "\n  "))
+	}
+	fmt.Printf("cluster: ready=%d checks=%d passed=%d migration_failed=%d upgrade_failed=%d restart_failed=%d\n",
+		ready, e.checks, e.passed, e.migration.Failures, e.upgrade.Failures, e.restart.Failures)
 }
 
 func getenv(t *testing.T, key string) string {
@@ -98,8 +135,13 @@ func TestCluster(t *testing.T) {
 			t.Logf("component logs:\n%s", n.LogTails(25))
 			e.dumpPods()
 		}
+		e.summary()
 	})
-	phase := func(what string) { t.Logf("cluster: %5.1fs %s", time.Since(start).Seconds(), what) }
+	phase := func(what string) {
+		p := fmt.Sprintf("%5.1fs %s", time.Since(start).Seconds(), what)
+		e.phases = append(e.phases, p)
+		t.Logf("cluster: %s", p)
+	}
 	phase("node ready")
 
 	// Upstream kube-proxy as kubeadm installs it, then the workloads.
@@ -129,8 +171,8 @@ func TestCluster(t *testing.T) {
 	e.kubectl("", "-n", "kube-system", "delete", "daemonset", "kube-proxy", "--wait=true")
 	e.waitGone("k8s-app=kube-proxy")
 	e.check("kube-proxy's rules are removed once it has stopped", e.waitNoKubeProxyRules)
-	migration := loop.stop()
-	phase(fmt.Sprintf("migrated: %s", migration))
+	e.migration = loop.stop()
+	phase(fmt.Sprintf("migrated: %s", e.migration))
 
 	// What a user checks once ebpf-proxy serves.
 	e.check("the ClusterIP spreads over the 3 pods", func() error { return e.spread(3) })
@@ -143,30 +185,24 @@ func TestCluster(t *testing.T) {
 	loop = e.startLoop(webTCP)
 	e.kubectl("", "-n", "kube-system", "set", "image", "daemonset/ebpf-proxy", "ebpf-proxy="+agentImages[1])
 	e.rollout("daemonset/ebpf-proxy", "kube-system")
-	upgrade := loop.stop()
-	phase(fmt.Sprintf("upgraded: %s", upgrade))
+	e.upgrade = loop.stop()
+	phase(fmt.Sprintf("upgraded: %s", e.upgrade))
 
 	// The agent killed; the kubelet restarts its container.
 	loop = e.startLoop(webTCP)
 	e.killAgent()
-	restart := loop.stop()
-	phase(fmt.Sprintf("agent restarted: %s", restart))
+	e.restart = loop.stop()
+	phase(fmt.Sprintf("agent restarted: %s", e.restart))
 	e.check("the ClusterIP still spreads over the pods after the restart", func() error { return e.spread(2) })
 
 	for _, r := range []struct {
 		what string
 		res  loopResult
-	}{{"migration", migration}, {"upgrade", upgrade}, {"restart", restart}} {
+	}{{"migration", e.migration}, {"upgrade", e.upgrade}, {"restart", e.restart}} {
 		if r.res.Failures != 0 || r.res.Attempts == 0 {
-			t.Errorf("%s: %s, want attempts and no failure", r.what, r.res)
+			e.errorf("%s: %s, want attempts and no failure", r.what, r.res)
 		}
 	}
-	ready := 1
-	if t.Failed() {
-		ready = 0
-	}
-	fmt.Printf("cluster: ready=%d checks=%d passed=%d migration_failed=%d upgrade_failed=%d restart_failed=%d\n",
-		ready, e.checks, e.passed, migration.Failures, upgrade.Failures, restart.Failures)
 }
 
 // eventually retries f every 2 s until it succeeds or timeout passes, and
@@ -187,7 +223,7 @@ func (e *env) check(what string, f func() error) {
 	e.t.Helper()
 	e.checks++
 	if err := f(); err != nil {
-		e.t.Errorf("%s: %v", what, err)
+		e.errorf("%s: %v", what, err)
 		return
 	}
 	e.passed++
@@ -198,7 +234,7 @@ func (e *env) kubectl(stdin string, args ...string) string {
 	e.t.Helper()
 	out, err := e.n.Kubectl(e.ctx, stdin, args...)
 	if err != nil {
-		e.t.Fatal(err)
+		e.fatalf("%v", err)
 	}
 	return out
 }
@@ -207,11 +243,11 @@ func (e *env) render(name string, data any) string {
 	e.t.Helper()
 	tmpl, err := template.ParseFS(testdata, "testdata/"+name)
 	if err != nil {
-		e.t.Fatal(err)
+		e.fatalf("%v", err)
 	}
 	var b bytes.Buffer
 	if err := tmpl.Execute(&b, data); err != nil {
-		e.t.Fatal(err)
+		e.fatalf("%v", err)
 	}
 	return b.String()
 }
@@ -235,7 +271,7 @@ func (e *env) rollout(what, ns string) {
 			return
 		}
 		if time.Since(start) > 5*time.Minute {
-			e.t.Fatalf("%s not rolled out after 5 minutes: %v\n%s", what, err, out)
+			e.fatalf("%s not rolled out after 5 minutes: %v\n%s", what, err, out)
 		}
 		status, _ := e.n.Kubectl(e.ctx, "", "-n", ns, "get", what, "-o", "jsonpath={.status}")
 		pods, _ := e.n.Kubectl(e.ctx, "", "-n", ns, "get", "pods", "-o", "wide")
@@ -250,19 +286,19 @@ func (e *env) overlay(deployDir, image string) string {
 	dir := e.t.TempDir()
 	base := filepath.Join(dir, "base")
 	if err := os.CopyFS(base, os.DirFS(deployDir)); err != nil {
-		e.t.Fatal(err)
+		e.fatalf("%v", err)
 	}
 	name, tag, ok := strings.Cut(image, ":")
 	if !ok {
-		e.t.Fatalf("agent image %q has no tag", image)
+		e.fatalf("agent image %q has no tag", image)
 	}
 	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../base\nimages:\n  - name: ebpf-proxy\n    newName: %s\n    newTag: %s\n", name, tag)
 	over := filepath.Join(dir, "overlay")
 	if err := os.MkdirAll(over, 0o755); err != nil {
-		e.t.Fatal(err)
+		e.fatalf("%v", err)
 	}
 	if err := os.WriteFile(filepath.Join(over, "kustomization.yaml"), []byte(k), 0o644); err != nil {
-		e.t.Fatal(err)
+		e.fatalf("%v", err)
 	}
 	return over
 }
@@ -278,7 +314,7 @@ func (e *env) waitGone(selector string) {
 		return err
 	})
 	if err != nil {
-		e.t.Fatalf("pods %s still there after 3 minutes: %v", selector, err)
+		e.fatalf("pods %s still there after 3 minutes: %v", selector, err)
 	}
 }
 
@@ -314,7 +350,7 @@ func (e *env) webPods() map[string]bool {
 	e.t.Helper()
 	pods, err := e.n.Clientset().CoreV1().Pods("default").List(e.ctx, metav1.ListOptions{LabelSelector: "app=web"})
 	if err != nil {
-		e.t.Fatal(err)
+		e.fatalf("%v", err)
 	}
 	names := map[string]bool{}
 	for _, p := range pods.Items {
@@ -453,13 +489,13 @@ func (e *env) killAgent() {
 	cs := e.n.Clientset()
 	pods, err := cs.CoreV1().Pods("kube-system").List(e.ctx, metav1.ListOptions{LabelSelector: "k8s-app=ebpf-proxy"})
 	if err != nil || len(pods.Items) != 1 || len(pods.Items[0].Status.ContainerStatuses) != 1 {
-		e.t.Fatalf("want one agent pod with one container: %v", err)
+		e.fatalf("want one agent pod with one container: %v", err)
 	}
 	pod := pods.Items[0]
 	st := pod.Status.ContainerStatuses[0]
 	id := strings.TrimPrefix(st.ContainerID, "containerd://")
 	if _, err := e.n.Ctr(e.ctx, "tasks", "kill", "--signal", "SIGKILL", id); err != nil {
-		e.t.Fatal(err)
+		e.fatalf("%v", err)
 	}
 	err = eventually(3*time.Minute, func() error {
 		p, err := cs.CoreV1().Pods("kube-system").Get(e.ctx, pod.Name, metav1.GetOptions{})
@@ -472,13 +508,17 @@ func (e *env) killAgent() {
 		return nil
 	})
 	if err != nil {
-		e.t.Fatalf("the agent's container was not restarted and Ready within 3 minutes: %v", err)
+		e.fatalf("the agent's container was not restarted and Ready within 3 minutes: %v", err)
 	}
 }
 
+// dumpPods logs the pods and events of a failed run. The test's context is
+// over by then (a failure ends it), so it has its own.
 func (e *env) dumpPods() {
-	out, err := e.n.Kubectl(e.ctx, "", "get", "pods", "-A", "-o", "wide")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := e.n.Kubectl(ctx, "", "get", "pods", "-A", "-o", "wide")
 	e.t.Logf("pods:\n%s%v", out, err)
-	out, err = e.n.Kubectl(e.ctx, "", "get", "events", "-A", "--sort-by=.lastTimestamp")
+	out, err = e.n.Kubectl(ctx, "", "get", "events", "-A", "--sort-by=.lastTimestamp")
 	e.t.Logf("events:\n%s%v", out, err)
 }
