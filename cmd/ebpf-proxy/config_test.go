@@ -52,7 +52,7 @@ func TestKubeadmConfigFileRunsUnchanged(t *testing.T) {
 	}{
 		{"kubeconfig", o.kubeconfig, "/var/lib/kube-proxy/kubeconfig.conf"},
 		{"hostname (the flag wins)", o.hostnameOverride, "node-7"},
-		{"cluster CIDR", o.clusterPrefix.String(), "10.244.0.0/16"},
+		{"cluster CIDR", o.clusterPrefixes["IPv4"].String(), "10.244.0.0/16"},
 		{"proxy mode (empty: auto)", o.proxyMode, proxymode.Auto},
 		{"strict ARP", o.ipvsStrictARP, true},
 		{"healthz address", o.healthzBindAddress, "0.0.0.0:10256"},

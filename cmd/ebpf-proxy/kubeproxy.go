@@ -183,7 +183,7 @@ func (o *options) validateKubeProxyFlags() error {
 		if err != nil {
 			return fmt.Errorf("--bind-address=%q is not an IP address: %w", o.bindAddress, err)
 		}
-		if a.Is4() && !a.IsUnspecified() && !a.IsLoopback() {
+		if a = a.Unmap(); !a.IsUnspecified() && !a.IsLoopback() {
 			o.nodeIP = a
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maglev"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
 )
@@ -73,10 +74,10 @@ type options struct {
 	ipvsTCPTimeout    time.Duration
 	ipvsTCPFinTimeout time.Duration
 	ipvsUDPTimeout    time.Duration
-	// Parsed by validate: --cluster-cidr's IPv4 prefix, and
-	// --nodeport-addresses with --iptables-localhost-nodeports.
-	clusterPrefix netip.Prefix
-	nodePorts     model.NodePortSpec
+	// Parsed by validate, by IP family ("IPv4", "IPv6"): --cluster-cidr,
+	// and --nodeport-addresses with --iptables-localhost-nodeports.
+	clusterPrefixes map[string]netip.Prefix
+	nodePorts       map[string]model.NodePortSpec
 
 	manifests        string
 	terminateSockets bool
@@ -143,7 +144,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.minSyncPeriod, "min-sync-period", o.minSyncPeriod, "Least time between two syncs; changes arriving sooner are batched. 0 applies each change at once.")
 	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "The CIDRs of the node addresses that accept NodePort traffic and serve health check node ports (comma-separated, e.g. '192.168.77.0/24'); empty means every local address. 'primary' means the node's primary IP.")
 	fs.BoolVar(&o.terminateSockets, "terminate-removed-backend-sockets", o.terminateSockets, "End the TCP and connected UDP sockets that the socket load balancer sent to a backend once that backend is removed, in every network namespace of the node (needs hostPID), so that clients reconnect to live backends instead of hanging.")
-	fs.StringVar(&o.clusterCIDR, "cluster-cidr", o.clusterCIDR, "The CIDR range of the pods in the cluster (comma-separated for dual-stack; the IPv4 one is used). In iptables and ipvs mode, ClusterIP traffic from outside it is masqueraded.")
+	fs.StringVar(&o.clusterCIDR, "cluster-cidr", o.clusterCIDR, "The CIDR range of the pods in the cluster (comma-separated for dual-stack: one per IP family). In iptables and ipvs mode, ClusterIP traffic from outside it is masqueraded.")
 	fs.BoolVar(&o.masqueradeAll, "masquerade-all", o.masqueradeAll, "In iptables and ipvs mode, SNAT all traffic sent through Service cluster IPs.")
 	fs.Int32Var(&o.masqueradeBit, "iptables-masquerade-bit", o.masqueradeBit, "In iptables and ipvs mode, the bit of the fwmark space that marks packets to SNAT. Must be within [0, 31].")
 	fs.StringVar(&o.ipvsScheduler, "ipvs-scheduler", o.ipvsScheduler, "The IPVS scheduler in ipvs mode: rr (default), lc, dh, sh, sed or nq.")
@@ -189,11 +190,14 @@ func (o *options) validate() error {
 		}
 	}
 	var err error
-	if o.clusterPrefix, err = parseClusterCIDR(o.clusterCIDR); err != nil {
+	if o.clusterPrefixes, err = parseClusterCIDR(o.clusterCIDR); err != nil {
 		return err
 	}
-	if o.nodePorts, err = model.ParseNodePortSpec(o.nodePortAddresses, false, o.localhostNodePorts); err != nil {
-		return err
+	o.nodePorts = map[string]model.NodePortSpec{}
+	for _, f := range []string{metrics.IPv4, metrics.IPv6} {
+		if o.nodePorts[f], err = model.ParseNodePortSpec(o.nodePortAddresses, f == metrics.IPv6, o.localhostNodePorts); err != nil {
+			return err
+		}
 	}
 	if o.configSyncPeriod <= 0 {
 		return fmt.Errorf("--config-sync-period must be greater than 0")
@@ -219,28 +223,25 @@ func (o *options) validate() error {
 	return o.validateKubeProxyFlags()
 }
 
-// parseClusterCIDR returns the IPv4 prefix of --cluster-cidr, which may
-// list one prefix per family as kube-proxy's does; the zero Prefix when
-// there is none.
-func parseClusterCIDR(v string) (netip.Prefix, error) {
-	var v4 netip.Prefix
+// parseClusterCIDR returns the prefixes of --cluster-cidr by IP family: it
+// lists one per family, as kube-proxy's does.
+func parseClusterCIDR(v string) (map[string]netip.Prefix, error) {
+	out := map[string]netip.Prefix{}
 	for _, s := range strings.Split(v, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue
 		}
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
-			return netip.Prefix{}, fmt.Errorf("--cluster-cidr: %q is not a CIDR: %w", s, err)
+			return nil, fmt.Errorf("--cluster-cidr: %q is not a CIDR: %w", s, err)
 		}
-		if !p.Addr().Is4() {
-			continue // the agent proxies IPv4 only
+		f := familyOf(p.Addr())
+		if _, dup := out[f]; dup {
+			return nil, fmt.Errorf("--cluster-cidr=%s: more than one %s CIDR", v, f)
 		}
-		if v4.IsValid() {
-			return netip.Prefix{}, fmt.Errorf("--cluster-cidr=%s: more than one IPv4 CIDR", v)
-		}
-		v4 = p.Masked()
+		out[f] = p.Masked()
 	}
-	return v4, nil
+	return out, nil
 }
 
 func zapISOTime(t time.Time, enc zapcore.PrimitiveArrayEncoder) {

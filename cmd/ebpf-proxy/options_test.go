@@ -64,11 +64,14 @@ func TestFallbackFlagsKeepKubeProxyNames(t *testing.T) {
 	if err := o.validate(); err != nil {
 		t.Fatal(err)
 	}
-	if o.clusterPrefix != netip.MustParsePrefix("10.244.0.0/16") {
-		t.Errorf("cluster CIDR %s, want the IPv4 one of the list", o.clusterPrefix)
+	if o.clusterPrefixes["IPv4"] != netip.MustParsePrefix("10.244.0.0/16") || o.clusterPrefixes["IPv6"] != netip.MustParsePrefix("fd00::/48") {
+		t.Errorf("cluster CIDRs %v, want one of each family from the list", o.clusterPrefixes)
 	}
-	if got, want := o.nodePorts.String(), "192.168.77.0/24,10.0.0.1/32"; got != want {
-		t.Errorf("node port addresses %v, want %v", got, want)
+	if got, want := o.nodePorts["IPv4"].String(), "192.168.77.0/24,10.0.0.1/32"; got != want {
+		t.Errorf("IPv4 node port addresses %v, want %v", got, want)
+	}
+	if got, want := o.nodePorts["IPv6"].String(), "fd00:1::/64"; got != want {
+		t.Errorf("IPv6 node port addresses %v, want %v", got, want)
 	}
 	if !o.masqueradeAll || o.masqueradeBit != 15 || o.ipvsScheduler != "sh" || o.ipvsTCPTimeout != 15*time.Minute ||
 		o.ipvsTCPFinTimeout != 30*time.Second || o.ipvsUDPTimeout != 5*time.Second {

@@ -8,8 +8,10 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 
 	"go.uber.org/zap"
+	v1 "k8s.io/api/core/v1"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
@@ -25,8 +27,6 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sysctl"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
-
-const ipFamily = "IPv4"
 
 func run(ctx context.Context, o *options, log *zap.Logger) error {
 	if o.cleanup {
@@ -48,8 +48,13 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 	}
 	log.Info("starting", zap.String("proxyMode", o.proxyMode))
 
-	m := metrics.New(ipFamily)
-	dp, err := proxymode.Start(ctx, o.proxyModeConfig(m), log)
+	client, host, err := o.client()
+	if err != nil {
+		return err
+	}
+	fams := o.families(ctx, client, nodeName, log)
+	m := metrics.New(fams[0])
+	dp, err := proxymode.Start(ctx, o.proxyModeConfig(m, fams), log)
 	if err != nil {
 		return err
 	}
@@ -69,8 +74,13 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 
 	topology := model.DefaultOptions
 	topology.PreferSameNode = o.gates.enabled(gatePreferSameTrafficDistribution, topology.PreferSameNode)
-	tr := tracker.New(nodeName, topology, o.nodePorts)
-	if err := startSource(ctx, o, nodeName, tr, m, health, log); err != nil {
+	// One tracker and sync loop per IP family, as kube-proxy runs one
+	// proxier per family; one source feeds them all.
+	targets := make([]k8swatch.Target, len(dp.Families))
+	for i, f := range dp.Families {
+		targets[i] = k8swatch.Target{Family: v1.IPFamily(f.IPFamily), Tracker: tracker.New(nodeName, topology, o.nodePorts[f.IPFamily])}
+	}
+	if err := startSource(ctx, o, client, host, nodeName, targets, m, health, log); err != nil {
 		return err
 	}
 
@@ -90,20 +100,33 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 		return err
 	}
 	defer svcHealth.Close()
-	p := proxier.New(proxier.Config{MinSyncPeriod: minSyncPeriod, SyncPeriod: syncPeriod, IPFamily: ipFamily,
-		ServiceHealth: svcHealth, LocalAddrs: proxymode.LocalAddrs}, tr, dp, m, health, log)
+	var wg sync.WaitGroup
+	firstSyncs := make([]<-chan struct{}, len(dp.Families))
+	for i, f := range dp.Families {
+		cfg := proxier.Config{MinSyncPeriod: minSyncPeriod, SyncPeriod: syncPeriod, IPFamily: f.IPFamily, LocalAddrs: proxymode.LocalAddrs}
+		if i == 0 {
+			// The health check node ports answer for the primary
+			// family's endpoints.
+			cfg.ServiceHealth = svcHealth
+		}
+		p := proxier.New(cfg, targets[i].Tracker, f.Dataplane, m, health, log)
+		firstSyncs[i] = p.FirstSync()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.Run(ctx)
+		}()
+	}
 	done := make(chan struct{})
 	go func() {
-		p.Run(ctx)
+		wg.Wait()
 		close(done)
 	}()
-	go removeLeftovers(ctx, p, dp, log)
+	go removeLeftovers(ctx, firstSyncs, dp, log)
 	go func() {
-		// After the first sync: the fallbacks' rules have loaded
+		// After the first syncs: the fallbacks' rules have loaded
 		// nf_conntrack by then, whose parameters exist only once it is.
-		select {
-		case <-ctx.Done():
-		case <-p.FirstSync():
+		if allClosed(ctx, firstSyncs) {
 			conntrack.Setup(conntrack.Node, o.conntrack, dp.Mode != proxymode.EBPF, log) //nolint:errcheck // logged; the node keeps its own values
 		}
 	}()
@@ -124,13 +147,23 @@ func serve(ctx context.Context, name, addr string, h http.Handler, hardFail bool
 	}
 }
 
+// allClosed waits until every channel is closed (true) or ctx ends (false).
+func allClosed(ctx context.Context, chans []<-chan struct{}) bool {
+	for _, c := range chans {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-c:
+		}
+	}
+	return true
+}
+
 // removeLeftovers removes what other proxy modes left on the node once the
-// first sync has programmed every Service in this one.
-func removeLeftovers(ctx context.Context, p *proxier.Proxier, dp *proxymode.Started, log *zap.Logger) {
-	select {
-	case <-ctx.Done():
+// first sync of every family has programmed every Service in this one.
+func removeLeftovers(ctx context.Context, firstSyncs []<-chan struct{}, dp *proxymode.Started, log *zap.Logger) {
+	if !allClosed(ctx, firstSyncs) {
 		return
-	case <-p.FirstSync():
 	}
 	if err := dp.RemoveLeftovers(ctx); err != nil {
 		log.Error("removing what other proxy modes left", zap.String("mode", dp.Mode), zap.Error(err))
@@ -139,8 +172,9 @@ func removeLeftovers(ctx context.Context, p *proxier.Proxier, dp *proxymode.Star
 	log.Info("removed what other proxy modes left", zap.String("mode", dp.Mode))
 }
 
-// proxyModeConfig is what the dataplanes take from the flags.
-func (o *options) proxyModeConfig(m *metrics.Metrics) proxymode.Config {
+// proxyModeConfig is what the dataplanes take from the flags, for the IP
+// families fams (primary first).
+func (o *options) proxyModeConfig(m *metrics.Metrics, fams []string) proxymode.Config {
 	local, localErr := o.localDetector()
 	var exclude []netip.Prefix
 	for _, c := range o.ipvsExcludeCIDRs {
@@ -149,7 +183,7 @@ func (o *options) proxyModeConfig(m *metrics.Metrics) proxymode.Config {
 		}
 	}
 	return proxymode.Config{
-		Mode: o.proxyMode, Metrics: m,
+		Mode: o.proxyMode, Metrics: m, Families: fams,
 		FallbackUnsupported: localErr,
 		BPF: bpf.Config{
 			CgroupPath: o.cgroupPath, BPFFSPath: o.bpffsPath, Sizes: o.mapSizes, TerminateSockets: o.terminateSockets,
@@ -157,14 +191,18 @@ func (o *options) proxyModeConfig(m *metrics.Metrics) proxymode.Config {
 			SNATPorts: o.snatPorts, SNATPortRangeForce: o.snatPortRangeForce, Metrics: m,
 		},
 		IPTables: iptables.Config{
-			ClusterCIDR: o.clusterPrefix, LocalDetector: local, MasqueradeAll: o.masqueradeAll,
-			MasqueradeBit: int(o.masqueradeBit), Metrics: &m.FamilyMetrics,
+			ClusterCIDR: o.clusterPrefixes[metrics.IPv4], LocalDetector: local, MasqueradeAll: o.masqueradeAll,
+			MasqueradeBit: int(o.masqueradeBit), Metrics: m.Family(metrics.IPv4),
+		},
+		IPTables6: iptables.Config{
+			ClusterCIDR: o.clusterPrefixes[metrics.IPv6], LocalDetector: local, MasqueradeAll: o.masqueradeAll,
+			MasqueradeBit: int(o.masqueradeBit), Metrics: m.Family(metrics.IPv6),
 		},
 		IPVS: ipvs.Config{
-			Scheduler: o.ipvsScheduler, ClusterCIDR: o.clusterPrefix, LocalDetector: local, ExcludeCIDRs: exclude,
+			Scheduler: o.ipvsScheduler, ClusterCIDR: o.clusterPrefixes[metrics.IPv4], LocalDetector: local, ExcludeCIDRs: exclude,
 			MasqueradeAll: o.masqueradeAll, MasqueradeBit: int(o.masqueradeBit),
 			TCPTimeout: o.ipvsTCPTimeout, TCPFinTimeout: o.ipvsTCPFinTimeout, UDPTimeout: o.ipvsUDPTimeout,
-			Metrics: &m.FamilyMetrics,
+			Metrics: m.Family(metrics.IPv4),
 		},
 	}
 }

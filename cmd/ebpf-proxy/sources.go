@@ -11,12 +11,34 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/healthcheck"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 
-// startSource starts the source of Services and EndpointSlices: the
-// manifests directory when --manifests is set, else the API server.
-func startSource(ctx context.Context, o *options, nodeName string, tr *tracker.Tracker, m *metrics.Metrics, health *healthcheck.ProxyHealthServer, log *zap.Logger) error {
+// client returns the API server client and its address, nil with
+// --manifests.
+func (o *options) client() (kubernetes.Interface, string, error) {
+	if o.manifests != "" {
+		return nil, "", nil
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags(o.master, o.kubeconfig)
+	if err != nil {
+		return nil, "", fmt.Errorf("API server client configuration: %w", err)
+	}
+	cfg.ContentType = o.kubeAPIContentType
+	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	cfg.QPS = o.kubeAPIQPS
+	cfg.Burst = int(o.kubeAPIBurst)
+	cfg.UserAgent = "ebpf-proxy"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("API server client: %w", err)
+	}
+	return client, cfg.Host, nil
+}
+
+// startSource starts the source of Services and EndpointSlices for the
+// trackers of targets: the manifests directory when --manifests is set,
+// else the API server through client.
+func startSource(ctx context.Context, o *options, client kubernetes.Interface, host, nodeName string, targets []k8swatch.Target, m *metrics.Metrics, health *healthcheck.ProxyHealthServer, log *zap.Logger) error {
 	invalid := func(kind, namespace, name, reason string) {
 		m.InvalidObjectsTotal.WithLabelValues(kind, k8swatch.InvalidReason(reason)).Inc()
 		log.Warn("ignoring invalid input", zap.String("kind", kind), zap.String("namespace", namespace),
@@ -25,7 +47,10 @@ func startSource(ctx context.Context, o *options, nodeName string, tr *tracker.T
 	if o.manifests != "" {
 		// Standalone: there is no Node object to be ineligible.
 		health.SetNode(&healthcheck.NodeStatus{})
-		src := k8swatch.NewManifests(o.manifests, nodeName, tr, k8swatch.ManifestOptions{Invalid: invalid, LBAlgorithm: o.lb})
+		src, err := k8swatch.NewManifests(o.manifests, nodeName, targets, k8swatch.ManifestOptions{Invalid: invalid, LBAlgorithm: o.lb})
+		if err != nil {
+			return err
+		}
 		if err := src.Reload(); err != nil {
 			return fmt.Errorf("read manifests: %w", err)
 		}
@@ -38,21 +63,8 @@ func startSource(ctx context.Context, o *options, nodeName string, tr *tracker.T
 		return nil
 	}
 
-	cfg, err := clientcmd.BuildConfigFromFlags(o.master, o.kubeconfig)
-	if err != nil {
-		return fmt.Errorf("API server client configuration: %w", err)
-	}
-	cfg.ContentType = o.kubeAPIContentType
-	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
-	cfg.QPS = o.kubeAPIQPS
-	cfg.Burst = int(o.kubeAPIBurst)
-	cfg.UserAgent = "ebpf-proxy"
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("API server client: %w", err)
-	}
 	go func() {
-		err := k8swatch.Watch(ctx, client, nodeName, tr, k8swatch.WatchOptions{
+		err := k8swatch.Watch(ctx, client, nodeName, targets, k8swatch.WatchOptions{
 			LBAlgorithm:  o.lb,
 			ResyncPeriod: o.configSyncPeriod,
 			NodeIP:       o.nodeIP,
@@ -69,6 +81,6 @@ func startSource(ctx context.Context, o *options, nodeName string, tr *tracker.T
 			log.Error("API server source stopped", zap.Error(err))
 		}
 	}()
-	log.Info("watching the API server", zap.String("host", cfg.Host))
+	log.Info("watching the API server", zap.String("host", host))
 	return nil
 }

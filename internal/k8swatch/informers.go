@@ -9,7 +9,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -27,8 +26,6 @@ const DefaultResyncPeriod = 15 * time.Minute
 
 // WatchOptions configure Watch.
 type WatchOptions struct {
-	// Family is the proxy's IP family; empty means IPv4.
-	Family v1.IPFamily
 	// LBAlgorithm is the algorithm of Services that do not choose one
 	// (--lb-algorithm).
 	LBAlgorithm model.LBAlgorithm
@@ -63,30 +60,34 @@ func ProxiedSelector() labels.Selector {
 	return labels.NewSelector().Add(*noProxyName, *noHeadless)
 }
 
-// Watch feeds tr from the API server until ctx is done: the Services and
-// EndpointSlices meant for kube-proxy (ProxiedSelector, and Services with a
-// cluster IP other than "None") and the Node named nodeName. Services and
-// EndpointSlices are marked synced in tr once their initial lists have been
-// delivered.
+// Watch feeds the trackers of targets, one per IP family, from the API
+// server until ctx is done: the Services and EndpointSlices meant for
+// kube-proxy (ProxiedSelector, and Services with a cluster IP other than
+// "None") and the Node named nodeName, each translated for each family
+// (one watch serves them all). Services and EndpointSlices are marked
+// synced in every tracker once their initial lists have been delivered.
 //
 // Watch does not need the API server at start: the informers retry until it
 // answers, and they resume (relisting if needed) after it restarts. It
 // returns nil when ctx is done, after the informers have stopped, and an
 // error only for a setup mistake.
-func Watch(ctx context.Context, client kubernetes.Interface, nodeName string, tr *tracker.Tracker, opts WatchOptions) error {
+func Watch(ctx context.Context, client kubernetes.Interface, nodeName string, targets []Target, opts WatchOptions) error {
 	if nodeName == "" {
 		return errors.New("k8swatch: node name is empty")
+	}
+	lanes, err := newLanes(targets, Translator{LBAlgorithm: opts.LBAlgorithm, NodeIP: opts.NodeIP})
+	if err != nil {
+		return err
 	}
 	resync := opts.ResyncPeriod
 	if resync <= 0 {
 		resync = DefaultResyncPeriod
 	}
 	h := &handlers{
-		tr:         tr,
+		lanes:      lanes,
+		invalid:    opts.Invalid,
 		nodeStatus: opts.NodeStatus,
 		nodeName:   nodeName,
-		tl:         Translator{Family: opts.Family, Invalid: opts.Invalid, LBAlgorithm: opts.LBAlgorithm, NodeIP: opts.NodeIP},
-		quiet:      Translator{Family: opts.Family, LBAlgorithm: opts.LBAlgorithm, NodeIP: opts.NodeIP},
 	}
 	proxied := ProxiedSelector().String()
 
@@ -144,8 +145,10 @@ func Watch(ctx context.Context, client kubernetes.Interface, nodeName string, tr
 	// The registration's checker, unlike the informer's HasSynced, is done
 	// only once every object of the initial list has reached the handler,
 	// so the tracker never sees "synced" before the objects themselves.
-	go markSynced(ctx, svcReg, tr.SetServicesSynced)
-	go markSynced(ctx, sliceReg, tr.SetEndpointSlicesSynced)
+	for _, l := range lanes {
+		go markSynced(ctx, svcReg, l.tr.SetServicesSynced)
+		go markSynced(ctx, sliceReg, l.tr.SetEndpointSlicesSynced)
+	}
 
 	<-ctx.Done()
 	return nil
@@ -165,13 +168,13 @@ func markSynced(ctx context.Context, reg cache.ResourceEventHandlerRegistration,
 // translates both the old and the new object, the old one with reports off
 // so that a problem is reported once per object version; EndpointSlices
 // arrive translated (sliceTransform) and their problems are reported when
-// a new version reaches the handler.
+// a new version reaches the handler. Every object is translated for each
+// family's lane and a change goes to the tracker of the lane it changes.
 type handlers struct {
-	tr         *tracker.Tracker
+	lanes      []lane
+	invalid    InvalidFunc
 	nodeStatus func(known, deleting bool, taintKeys []string)
 	nodeName   string
-	tl         Translator
-	quiet      Translator
 }
 
 // unchanged reports whether an update is a resync or relist of the same
@@ -190,13 +193,14 @@ func tombstone(obj any) any {
 	return obj
 }
 
-func (h *handlers) servicePorts(tl *Translator, svc *v1.Service) []*model.ServicePort {
+// servicePorts translates svc for every lane, reporting to invalid.
+func (h *handlers) servicePorts(invalid InvalidFunc, svc *v1.Service) [][]*model.ServicePort {
 	// The API server filters by label already; this guards against a
 	// server or fake that does not, and an update that adds the label.
 	if !Proxied(svc.Labels) {
-		return nil
+		return make([][]*model.ServicePort, len(h.lanes))
 	}
-	return tl.ServicePorts(svc)
+	return translate(h.lanes, invalid, func(tl *Translator) []*model.ServicePort { return tl.ServicePorts(svc) })
 }
 
 func (h *handlers) addService(obj any) {
@@ -204,8 +208,10 @@ func (h *handlers) addService(obj any) {
 	if !ok {
 		return
 	}
-	if ports := h.servicePorts(&h.tl, svc); ports != nil {
-		h.tr.UpdateService(ServiceName(svc), ports)
+	for i, ports := range h.servicePorts(h.invalid, svc) {
+		if ports != nil {
+			h.lanes[i].tr.UpdateService(ServiceName(svc), ports)
+		}
 	}
 }
 
@@ -215,16 +221,16 @@ func (h *handlers) updateService(oldObj, newObj any) {
 	if !ok1 || !ok2 || unchanged(oldSvc, newSvc) {
 		return
 	}
-	oldPorts := h.servicePorts(&h.quiet, oldSvc)
-	newPorts := h.servicePorts(&h.tl, newSvc)
-	if reflect.DeepEqual(oldPorts, newPorts) {
-		return
+	oldPorts := h.servicePorts(nil, oldSvc)
+	for i, newPorts := range h.servicePorts(h.invalid, newSvc) {
+		switch {
+		case reflect.DeepEqual(oldPorts[i], newPorts):
+		case newPorts == nil:
+			h.lanes[i].tr.DeleteService(ServiceName(newSvc))
+		default:
+			h.lanes[i].tr.UpdateService(ServiceName(newSvc), newPorts)
+		}
 	}
-	if newPorts == nil {
-		h.tr.DeleteService(ServiceName(newSvc))
-		return
-	}
-	h.tr.UpdateService(ServiceName(newSvc), newPorts)
 }
 
 // deleteService does not look at the deleted object's labels or spec: the
@@ -232,15 +238,10 @@ func (h *handlers) updateService(oldObj, newObj any) {
 // and what the object says then is not what the tracker was given.
 func (h *handlers) deleteService(obj any) {
 	if svc, ok := tombstone(obj).(*v1.Service); ok {
-		h.tr.DeleteService(ServiceName(svc))
+		for _, l := range h.lanes {
+			l.tr.DeleteService(ServiceName(svc))
+		}
 	}
-}
-
-func (h *handlers) slice(tl *Translator, es *discoveryv1.EndpointSlice) *model.EndpointSlice {
-	if !Proxied(es.Labels) {
-		return nil
-	}
-	return tl.EndpointSlice(es)
 }
 
 func (h *handlers) addSlice(obj any) {
@@ -249,8 +250,10 @@ func (h *handlers) addSlice(obj any) {
 		return
 	}
 	h.report(c)
-	if c.slice != nil {
-		h.tr.UpdateEndpointSlice(c.slice)
+	for i, s := range c.slices {
+		if s != nil {
+			h.lanes[i].tr.UpdateEndpointSlice(s)
+		}
 	}
 }
 
@@ -261,13 +264,17 @@ func (h *handlers) updateSlice(oldObj, newObj any) {
 		return
 	}
 	h.report(newC)
-	applySlice(h.tr, oldC.slice, newC.slice)
+	for i := range h.lanes {
+		applySlice(h.lanes[i].tr, oldC.slices[i], newC.slices[i])
+	}
 }
 
 // deleteSlice, like deleteService, only needs the slice's name and Service.
 func (h *handlers) deleteSlice(obj any) {
 	if c, ok := h.cached(obj); ok && c.serviceOK {
-		h.tr.DeleteEndpointSlice(c.service, c.Name)
+		for _, l := range h.lanes {
+			l.tr.DeleteEndpointSlice(c.service, c.Name)
+		}
 	}
 }
 
@@ -302,7 +309,9 @@ func (h *handlers) addNode(obj any) {
 	if !ok || n.Name != h.nodeName {
 		return
 	}
-	h.tr.UpdateNode(h.tl.Node(n))
+	for _, l := range h.lanes {
+		l.tr.UpdateNode(l.tl.Node(n))
+	}
 	if h.nodeStatus != nil {
 		var taints []string
 		for _, t := range n.Spec.Taints {
@@ -328,7 +337,9 @@ func (h *handlers) deleteNode(obj any) {
 	if !ok || n.Name != h.nodeName {
 		return
 	}
-	h.tr.UpdateNode(model.Node{Name: h.nodeName})
+	for _, l := range h.lanes {
+		l.tr.UpdateNode(model.Node{Name: h.nodeName})
+	}
 	if h.nodeStatus != nil {
 		h.nodeStatus(false, false, nil)
 	}

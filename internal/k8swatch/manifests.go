@@ -34,8 +34,6 @@ const DefaultPollInterval = time.Second
 
 // ManifestOptions configure a Manifests source.
 type ManifestOptions struct {
-	// Family is the proxy's IP family; empty means IPv4.
-	Family v1.IPFamily
 	// LBAlgorithm is the algorithm of Services that do not choose one
 	// (--lb-algorithm).
 	LBAlgorithm model.LBAlgorithm
@@ -51,8 +49,8 @@ type ManifestOptions struct {
 // Services, discovery.k8s.io/v1 EndpointSlices and optionally the proxy's
 // own Node from the *.yaml, *.yml and *.json files of one directory
 // (several documents per file, and v1 Lists, allowed; hidden files and
-// subdirectories ignored) and feeds the tracker with what changed since
-// the previous read.
+// subdirectories ignored) and feeds the tracker of each IP family with
+// what changed for it since the previous read.
 //
 // Objects get the treatment the informers give them: the same label
 // filtering, the same translation, and a missing namespace is "default".
@@ -64,18 +62,16 @@ type ManifestOptions struct {
 type Manifests struct {
 	dir      string
 	nodeName string
-	tr       *tracker.Tracker
-	tl       Translator
+	lanes    []lane
+	invalid  InvalidFunc
 	interval time.Duration
 	decoder  runtime.Decoder
 
 	mu     sync.Mutex
 	files  map[string]*manifestFile
 	synced bool
-	// What the tracker was last given.
-	services map[model.ServiceName][]*model.ServicePort
-	slices   map[objectID]*model.EndpointSlice
-	node     *model.Node
+	// What each lane's tracker was last given.
+	given []given
 	// The file each object was taken from at the last push: an object
 	// defined again in another file keeps the definition it had, so that
 	// a stray file never moves a running Service.
@@ -88,51 +84,68 @@ type Manifests struct {
 	duplicates map[string]bool
 }
 
-// objectID is a namespaced object name.
-type objectID struct {
-	Namespace, Name string
-}
-
-// manifestFile is what one file provided at its last read. Nil values are
-// objects that were read but are not proxied (headless, filtered by label,
-// of the other family): they still override an earlier version.
-type manifestFile struct {
-	hash     [sha256.Size]byte
-	readErr  string
+// given is what one lane's tracker was last given.
+type given struct {
 	services map[model.ServiceName][]*model.ServicePort
 	slices   map[objectID]*model.EndpointSlice
 	node     *model.Node
 }
 
+// objectID is a namespaced object name.
+type objectID struct {
+	Namespace, Name string
+}
+
+// manifestFile is what one file provided at its last read: each object
+// translated for every lane, in lane order. Nil values are objects that
+// were read but are not proxied (headless, filtered by label): they still
+// override an earlier version; so do nil translations (of the other
+// family) in a lane.
+type manifestFile struct {
+	hash     [sha256.Size]byte
+	readErr  string
+	services map[model.ServiceName][][]*model.ServicePort
+	slices   map[objectID][]*model.EndpointSlice
+	node     []model.Node
+}
+
 func newManifestFile() *manifestFile {
 	return &manifestFile{
-		services: map[model.ServiceName][]*model.ServicePort{},
-		slices:   map[objectID]*model.EndpointSlice{},
+		services: map[model.ServiceName][][]*model.ServicePort{},
+		slices:   map[objectID][]*model.EndpointSlice{},
 	}
 }
 
 // NewManifests returns a source that reads dir for the node named nodeName
-// and records what it finds in tr. Nothing is read before Reload or Run.
-func NewManifests(dir, nodeName string, tr *tracker.Tracker, opts ManifestOptions) *Manifests {
+// and records what it finds in the tracker of each target, one per IP
+// family. Nothing is read before Reload or Run.
+func NewManifests(dir, nodeName string, targets []Target, opts ManifestOptions) (*Manifests, error) {
+	lanes, err := newLanes(targets, Translator{LBAlgorithm: opts.LBAlgorithm})
+	if err != nil {
+		return nil, err
+	}
 	interval := opts.PollInterval
 	if interval <= 0 {
 		interval = DefaultPollInterval
 	}
+	g := make([]given, len(lanes))
+	for i := range g {
+		g[i] = given{services: map[model.ServiceName][]*model.ServicePort{}, slices: map[objectID]*model.EndpointSlice{}}
+	}
 	return &Manifests{
 		dir:      dir,
 		nodeName: nodeName,
-		tr:       tr,
-		tl:       Translator{Family: opts.Family, Invalid: opts.Invalid, LBAlgorithm: opts.LBAlgorithm},
+		lanes:    lanes,
+		invalid:  opts.Invalid,
 		interval: interval,
 		// Strict, so that a misspelt field (clusterIp) is reported; the
 		// object is still used, as kubectl would warn and go on.
 		decoder: json.NewSerializerWithOptions(json.DefaultMetaFactory, scheme.Scheme, scheme.Scheme,
 			json.SerializerOptions{Strict: true}),
 		files:      map[string]*manifestFile{},
-		services:   map[model.ServiceName][]*model.ServicePort{},
-		slices:     map[objectID]*model.EndpointSlice{},
+		given:      g,
 		duplicates: map[string]bool{},
-	}
+	}, nil
 }
 
 // Run reads the directory, marks Services and EndpointSlices synced in the
@@ -206,8 +219,10 @@ func (m *Manifests) Reload() error {
 	}
 	if !m.synced {
 		m.synced = true
-		m.tr.SetServicesSynced()
-		m.tr.SetEndpointSlicesSynced()
+		for _, l := range m.lanes {
+			l.tr.SetServicesSynced()
+			l.tr.SetEndpointSlicesSynced()
+		}
 	}
 	return nil
 }
@@ -221,7 +236,8 @@ func isManifestName(name string) bool {
 }
 
 func (m *Manifests) report(kind, namespace, name, format string, args ...any) {
-	m.tl.report(kind, namespace, name, format, args...)
+	tl := Translator{Invalid: m.invalid}
+	tl.report(kind, namespace, name, format, args...)
 }
 
 // readFile reads one file if its content changed and reports whether what
@@ -335,8 +351,7 @@ func (m *Manifests) decode(f *manifestFile, path, where string, raw []byte) bool
 		return m.addSlice(f, path, o)
 	case *v1.Node:
 		if o.Name == m.nodeName {
-			n := m.tl.Node(o)
-			f.node = &n
+			f.node = translate(m.lanes, nil, func(tl *Translator) model.Node { return tl.Node(o) })
 		}
 		return true
 	}
@@ -388,7 +403,7 @@ func (m *Manifests) addService(f *manifestFile, path string, svc *v1.Service) bo
 		// In a cluster the API server allocates one; here nothing does.
 		m.report(KindService, svc.Namespace, svc.Name, "missing cluster IP: spec.clusterIP is not set in %s and nothing allocates one here; not proxied", path)
 	}
-	f.services[name] = m.tl.ServicePorts(svc)
+	f.services[name] = translate(m.lanes, m.invalid, func(tl *Translator) []*model.ServicePort { return tl.ServicePorts(svc) })
 	return true
 }
 
@@ -406,12 +421,16 @@ func (m *Manifests) addSlice(f *manifestFile, path string, es *discoveryv1.Endpo
 		f.slices[id] = nil
 		return true
 	}
-	s := m.tl.EndpointSlice(es)
-	if s == nil {
-		// Another family is fine; a slice that cannot be used at all is a
-		// broken object (reported by the translation).
-		_, named := EndpointSliceService(es)
-		if es.AddressType == "" || (es.AddressType == m.tl.addressType() && !named) {
+	s := translate(m.lanes, m.invalid, func(tl *Translator) *model.EndpointSlice { return tl.EndpointSlice(es) })
+	// Another family is fine; a slice that cannot be used at all is a
+	// broken object (reported by the translation), which leaves the file's
+	// earlier version of it in place.
+	_, named := EndpointSliceService(es)
+	if es.AddressType == "" {
+		return false
+	}
+	for i, l := range m.lanes {
+		if s[i] == nil && es.AddressType == l.tl.addressType() && !named {
 			return false
 		}
 	}
@@ -454,7 +473,7 @@ func (m *Manifests) push() {
 			nodeDefs = append(nodeDefs, p)
 		}
 	}
-	services := map[model.ServiceName][]*model.ServicePort{}
+	services := map[model.ServiceName][][]*model.ServicePort{}
 	svcOwner := map[model.ServiceName]string{}
 	for k, defs := range svcDefs {
 		use := owner(m.svcOwner[k], defs)
@@ -465,7 +484,7 @@ func (m *Manifests) push() {
 		}
 		services[k], svcOwner[k] = m.files[use].services[k], use
 	}
-	sls := map[objectID]*model.EndpointSlice{}
+	sls := map[objectID][]*model.EndpointSlice{}
 	sliceOwner := map[objectID]string{}
 	for k, defs := range sliceDefs {
 		use := owner(m.sliceOwner[k], defs)
@@ -476,54 +495,67 @@ func (m *Manifests) push() {
 		}
 		sls[k], sliceOwner[k] = m.files[use].slices[k], use
 	}
-	var node *model.Node
+	var node []model.Node
 	nodeOwner := ""
 	if len(nodeDefs) > 0 {
 		nodeOwner = owner(m.nodeOwner, nodeDefs)
 		node = m.files[nodeOwner].node
 		for _, p := range nodeDefs {
 			if p != nodeOwner {
-				duplicate(KindNode, "", m.files[p].node.Name, nodeOwner, p)
+				duplicate(KindNode, "", m.nodeName, nodeOwner, p)
 			}
 		}
 	}
 	m.svcOwner, m.sliceOwner, m.nodeOwner = svcOwner, sliceOwner, nodeOwner
 	m.duplicates = dups
 
-	for name, ports := range services {
-		if ports == nil {
+	for i, l := range m.lanes {
+		m.pushLane(l.tr, &m.given[i], i, services, sls, node)
+	}
+}
+
+// pushLane records in tr what lane i's view of the merged files (services,
+// slices, node) changes from what it was given before (g).
+func (m *Manifests) pushLane(tr *tracker.Tracker, g *given, i int, services map[model.ServiceName][][]*model.ServicePort,
+	sls map[objectID][]*model.EndpointSlice, nodes []model.Node) {
+	for name, all := range services {
+		if all == nil || all[i] == nil {
 			continue
 		}
-		if !reflect.DeepEqual(m.services[name], ports) {
-			m.tr.UpdateService(name, ports)
-			m.services[name] = ports
+		if ports := all[i]; !reflect.DeepEqual(g.services[name], ports) {
+			tr.UpdateService(name, ports)
+			g.services[name] = ports
 		}
 	}
-	for name := range m.services {
-		if services[name] == nil {
-			m.tr.DeleteService(name)
-			delete(m.services, name)
+	for name := range g.services {
+		if all := services[name]; all == nil || all[i] == nil {
+			tr.DeleteService(name)
+			delete(g.services, name)
 		}
 	}
-	for id, s := range sls {
-		if s == nil {
+	for id, all := range sls {
+		if all == nil || all[i] == nil {
 			continue
 		}
-		applySlice(m.tr, m.slices[id], s)
-		m.slices[id] = s
+		applySlice(tr, g.slices[id], all[i])
+		g.slices[id] = all[i]
 	}
-	for id, s := range m.slices {
-		if sls[id] == nil {
-			applySlice(m.tr, s, nil)
-			delete(m.slices, id)
+	for id, s := range g.slices {
+		if all := sls[id]; all == nil || all[i] == nil {
+			applySlice(tr, s, nil)
+			delete(g.slices, id)
 		}
+	}
+	var node *model.Node
+	if nodes != nil {
+		node = &nodes[i]
 	}
 	switch {
-	case node != nil && (m.node == nil || !reflect.DeepEqual(*m.node, *node)):
-		m.tr.UpdateNode(*node)
-		m.node = node
-	case node == nil && m.node != nil:
-		m.tr.UpdateNode(model.Node{Name: m.nodeName})
-		m.node = nil
+	case node != nil && (g.node == nil || !reflect.DeepEqual(*g.node, *node)):
+		tr.UpdateNode(*node)
+		g.node = node
+	case node == nil && g.node != nil:
+		tr.UpdateNode(model.Node{Name: m.nodeName})
+		g.node = nil
 	}
 }

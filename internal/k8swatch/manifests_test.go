@@ -243,7 +243,7 @@ spec:
 			writeFiles(t, dir, tc.files)
 			tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 			var r reports
-			m := NewManifests(dir, "node-a", tr, ManifestOptions{Invalid: r.fn})
+			m := mustManifests(t, dir, tr, ManifestOptions{Invalid: r.fn})
 			if err := m.Reload(); err != nil {
 				t.Fatal(err)
 			}
@@ -273,7 +273,7 @@ func TestManifestChanges(t *testing.T) {
 	dir := t.TempDir()
 	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 	var r reports
-	m := NewManifests(dir, "node-a", tr, ManifestOptions{Invalid: r.fn})
+	m := mustManifests(t, dir, tr, ManifestOptions{Invalid: r.fn})
 
 	web := svcYAML("", "web", "10.96.0.10")
 	webSlice := sliceYAML("", "web-1", "web", "10.244.1.1", "node-a")
@@ -453,7 +453,7 @@ func TestManifestChanges(t *testing.T) {
 func TestManifestRun(t *testing.T) {
 	t.Run("missing directory", func(t *testing.T) {
 		tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
-		m := NewManifests(filepath.Join(t.TempDir(), "nope"), "node-a", tr, ManifestOptions{})
+		m := mustManifests(t, filepath.Join(t.TempDir(), "nope"), tr, ManifestOptions{})
 		if err := m.Run(t.Context()); err == nil {
 			t.Fatal("Run on a missing directory succeeded")
 		}
@@ -465,7 +465,7 @@ func TestManifestRun(t *testing.T) {
 		dir := t.TempDir()
 		tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 		var r reports
-		m := NewManifests(dir, "node-a", tr, ManifestOptions{PollInterval: 10 * time.Millisecond, Invalid: r.fn})
+		m := mustManifests(t, dir, tr, ManifestOptions{PollInterval: 10 * time.Millisecond, Invalid: r.fn})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- m.Run(ctx) }()
@@ -480,4 +480,14 @@ func TestManifestRun(t *testing.T) {
 		waitFor(t, tr, "the Service", hasService("default/web:http/TCP"))
 		checkReports(t, r.take(), nil)
 	})
+}
+
+// mustManifests is NewManifests for the IPv4 tracker tr.
+func mustManifests(t testing.TB, dir string, tr *tracker.Tracker, opts ManifestOptions) *Manifests {
+	t.Helper()
+	m, err := NewManifests(dir, "node-a", []Target{{Tracker: tr}}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

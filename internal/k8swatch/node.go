@@ -1,9 +1,16 @@
 package k8swatch
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 )
 
 // NodeName is the name of the node the agent runs on: --hostname-override,
@@ -29,4 +36,44 @@ func InvalidReason(reason string) string {
 		}
 	}
 	return reason
+}
+
+// NodeFamilies returns the IP families of a Node's addresses, the primary
+// first, as kube-proxy reads them: InternalIPs before ExternalIPs, the
+// family of the first one primary. Addresses that do not parse are left
+// out (the watch reports them).
+func NodeFamilies(n *v1.Node) []v1.IPFamily {
+	var out []v1.IPFamily
+	for _, typ := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
+		for _, na := range n.Status.Addresses {
+			if na.Type != typ {
+				continue
+			}
+			a, ok := parseIP(na.Address)
+			if !ok {
+				continue
+			}
+			f := v1.IPv4Protocol
+			if a.Is6() {
+				f = v1.IPv6Protocol
+			}
+			if !slices.Contains(out, f) {
+				out = append(out, f)
+			}
+		}
+	}
+	return out
+}
+
+// GetNode reads the Node named name once, for the IP families the node
+// serves before the watch starts. Not found is (nil, nil).
+func GetNode(ctx context.Context, client kubernetes.Interface, name string) (*v1.Node, error) {
+	n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("k8swatch: reading Node %s: %w", name, err)
+	}
+	return n, nil
 }

@@ -23,9 +23,10 @@ type cachedSlice struct {
 	// no such label.
 	service   model.ServiceName
 	serviceOK bool
-	// slice is the translation, nil when the slice is not the proxy's
-	// (another proxy's, or invalid). Never modified once made.
-	slice *model.EndpointSlice
+	// slices are the translations for each family's lane: nil for a slice
+	// that is not the lane's (another family's or proxy's, or invalid).
+	// Never modified once made.
+	slices []*model.EndpointSlice
 	// problems are what the translation found, reported by the add and
 	// update handlers: once per version of the slice, not again when a
 	// relist transforms the same version anew.
@@ -53,21 +54,23 @@ func (h *handlers) cacheSlice(es *discoveryv1.EndpointSlice) *cachedSlice {
 		Name: es.Name, Namespace: es.Namespace, UID: es.UID, ResourceVersion: es.ResourceVersion,
 	}}
 	c.service, c.serviceOK = EndpointSliceService(es)
-	tl := h.tl
-	tl.Invalid = func(kind, namespace, name, reason string) {
-		c.problems = append(c.problems, problem{kind, namespace, name, reason})
+	if !Proxied(es.Labels) {
+		c.slices = make([]*model.EndpointSlice, len(h.lanes))
+		return c
 	}
-	c.slice = h.slice(&tl, es)
+	c.slices = translate(h.lanes, func(kind, namespace, name, reason string) {
+		c.problems = append(c.problems, problem{kind, namespace, name, reason})
+	}, func(tl *Translator) *model.EndpointSlice { return tl.EndpointSlice(es) })
 	return c
 }
 
 // report passes on the problems found in c's translation.
 func (h *handlers) report(c *cachedSlice) {
-	if h.tl.Invalid == nil {
+	if h.invalid == nil {
 		return
 	}
 	for _, p := range c.problems {
-		h.tl.Invalid(p.kind, p.namespace, p.name, p.reason)
+		h.invalid(p.kind, p.namespace, p.name, p.reason)
 	}
 }
 

@@ -18,7 +18,7 @@ import (
 func TestSliceInformerKeepsOnlyTheTranslation(t *testing.T) {
 	var r reports
 	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
-	h := &handlers{tr: tr, nodeName: "node-a", tl: Translator{Invalid: r.fn}}
+	h := &handlers{lanes: []lane{{tr: tr}}, nodeName: "node-a", invalid: r.fn}
 	h.addNode(builders.Node("node-a", builders.NodeZone("zone-a")))
 	h.addService(builders.Service("ns", "web"))
 
@@ -48,7 +48,7 @@ func TestSliceInformerKeepsOnlyTheTranslation(t *testing.T) {
 	}
 
 	v1 := transform(version("1", true))
-	if v1.Name != "web-1" || v1.Namespace != "ns" || v1.ResourceVersion != "1" || !v1.serviceOK || v1.service.Name != "web" || v1.slice == nil {
+	if v1.Name != "web-1" || v1.Namespace != "ns" || v1.ResourceVersion != "1" || !v1.serviceOK || v1.service.Name != "web" || v1.slices[0] == nil {
 		t.Fatalf("cached %+v", v1)
 	}
 	checkReports(t, r.take(), nil) // not yet: the handler reports

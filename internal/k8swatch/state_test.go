@@ -185,7 +185,7 @@ func TestState(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var r reports
 			tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
-			h := &handlers{tr: tr, nodeName: "node-a", tl: Translator{Invalid: r.fn}}
+			h := &handlers{lanes: []lane{{tr: tr}}, nodeName: "node-a", invalid: r.fn}
 			h.addNode(nodeA)
 			for _, o := range tc.objects {
 				switch o := o.(type) {
@@ -306,7 +306,7 @@ func TestHandlerUpdates(t *testing.T) {
 		},
 	}
 	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
-	h := &handlers{tr: tr, nodeName: "node-a"}
+	h := &handlers{lanes: []lane{{tr: tr}}, nodeName: "node-a"}
 	for _, s := range steps {
 		s.do(h)
 		up := tr.Apply()

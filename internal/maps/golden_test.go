@@ -20,9 +20,12 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 // node-a, and compares the sorted dump of the maps with the golden file.
 func TestGoldenDump(t *testing.T) {
 	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
-	src := k8swatch.NewManifests("testdata", "node-a", tr, k8swatch.ManifestOptions{
+	src, err := k8swatch.NewManifests("testdata", "node-a", []k8swatch.Target{{Tracker: tr}}, k8swatch.ManifestOptions{
 		Invalid: func(kind, ns, name, reason string) { t.Errorf("invalid %s %s/%s: %s", kind, ns, name, reason) },
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := src.Reload(); err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,8 @@ type NodePortSpec struct {
 	// localhost is --iptables-localhost-nodeports: the node's own sockets
 	// reach NodePorts on 127.0.0.1 where the addresses hold it.
 	localhost bool
+	// ipv6 is the family: Resolve keeps local addresses of it alone.
+	ipv6 bool
 }
 
 // ParseNodePortSpec validates the --nodeport-addresses values as kube-proxy
@@ -34,7 +36,7 @@ type NodePortSpec struct {
 // false: IPv4). localhost is --iptables-localhost-nodeports. The error names
 // the first bad value.
 func ParseNodePortSpec(values []string, ipv6, localhost bool) (NodePortSpec, error) {
-	s := NodePortSpec{localhost: localhost}
+	s := NodePortSpec{localhost: localhost && !ipv6, ipv6: ipv6}
 	for i, v := range values {
 		v = strings.TrimSpace(v)
 		if v == NodePortPrimary {
@@ -53,7 +55,7 @@ func ParseNodePortSpec(values []string, ipv6, localhost bool) (NodePortSpec, err
 		}
 		if p.Bits() == 0 {
 			// A zero CIDR anywhere means every address.
-			return NodePortSpec{localhost: localhost}, nil
+			return NodePortSpec{localhost: s.localhost, ipv6: ipv6}, nil
 		}
 		s.prefixes = append(s.prefixes, p.Masked())
 	}
@@ -111,7 +113,7 @@ func (s NodePortSpec) Resolve(node *Node, local []netip.Addr) NodePortAddresses 
 	out.All = len(out.Prefixes) == 0
 	for _, a := range local {
 		a = a.Unmap()
-		if slices.Contains(out.Addrs, a) {
+		if a.Is6() != s.ipv6 || slices.Contains(out.Addrs, a) {
 			continue
 		}
 		if out.All || slices.ContainsFunc(out.Prefixes, func(p netip.Prefix) bool { return p.Contains(a) }) {

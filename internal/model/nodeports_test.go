@@ -9,11 +9,12 @@ import (
 )
 
 func TestNodePortAddressesResolve(t *testing.T) {
-	local := addrs.Parse("127.0.0.1", "192.168.77.11", "10.0.0.5", "10.244.1.1")
+	local := addrs.Parse("127.0.0.1", "192.168.77.11", "10.0.0.5", "10.244.1.1", "::1", "fd00:192:168:77::11", "fd00:10:244:1::1")
 	node := Node{Name: "node-a", Addrs: addrs.Parse("192.168.77.11")}
 	tests := []struct {
 		name      string
 		flag      []string
+		ipv6      bool
 		localhost bool
 		node      *Node
 		// want are the addresses, all whether every one accepts
@@ -49,10 +50,18 @@ func TestNodePortAddressesResolve(t *testing.T) {
 			want: []string{"10.0.0.5", "10.244.1.1", "127.0.0.1", "192.168.77.11"}, external: []string{"10.0.0.5", "10.244.1.1", "192.168.77.11"}, all: true},
 		{name: "primary loopback (kube-proxy's fallback): every address", flag: []string{"primary"}, node: &Node{Addrs: addrs.Parse("127.0.0.1")},
 			want: []string{"10.0.0.5", "10.244.1.1", "127.0.0.1", "192.168.77.11"}, external: []string{"10.0.0.5", "10.244.1.1", "192.168.77.11"}, all: true},
+		{name: "IPv6 unset: every local IPv6 address, and no localhost NodePorts on ::1", ipv6: true, localhost: true,
+			want: []string{"::1", "fd00:10:244:1::1", "fd00:192:168:77::11"}, external: []string{"fd00:10:244:1::1", "fd00:192:168:77::11"}, all: true},
+		{name: "IPv6: the list's IPv6 CIDRs", ipv6: true, flag: []string{"192.168.77.0/24", "fd00:192:168:77::/64"},
+			want: []string{"fd00:192:168:77::11"}, external: []string{"fd00:192:168:77::11"}},
+		{name: "IPv6: only IPv4 CIDRs: every IPv6 address", ipv6: true, flag: []string{"192.168.77.0/24"},
+			want: []string{"::1", "fd00:10:244:1::1", "fd00:192:168:77::11"}, external: []string{"fd00:10:244:1::1", "fd00:192:168:77::11"}, all: true},
+		{name: "IPv6 primary", ipv6: true, flag: []string{"primary"}, node: &Node{Addrs: addrs.Parse("fd00:192:168:77::11")},
+			want: []string{"fd00:192:168:77::11"}, external: []string{"fd00:192:168:77::11"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			spec, err := ParseNodePortSpec(tc.flag, false, tc.localhost)
+			spec, err := ParseNodePortSpec(tc.flag, tc.ipv6, tc.localhost)
 			if err != nil {
 				t.Fatal(err)
 			}

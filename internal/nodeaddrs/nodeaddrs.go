@@ -11,7 +11,8 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// Local returns the IPv4 addresses of every interface of the calling
+// Local returns the IPv4 and IPv6 addresses (IPv6 link-local ones left
+// out: they need a zone, and no Service is reached on them) of every interface of the calling
 // thread's network namespace (the node's, for the agent), loopback ones
 // included, except those of the interfaces named in skip: the IPVS
 // dataplane's dummy interface holds Service addresses, which are no node
@@ -26,12 +27,12 @@ func Local(skip ...string) ([]netip.Addr, error) {
 		if slices.Contains(skip, l.Attrs().Name) {
 			continue
 		}
-		addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
 		if err != nil {
 			return nil, fmt.Errorf("addresses of %s: %w", l.Attrs().Name, err)
 		}
 		for _, a := range addrs {
-			if ip, ok := netip.AddrFromSlice(a.IP); ok && !slices.Contains(out, ip.Unmap()) {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.Unmap().IsLinkLocalUnicast() && !slices.Contains(out, ip.Unmap()) {
 				out = append(out, ip.Unmap())
 			}
 		}

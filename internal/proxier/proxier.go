@@ -39,7 +39,9 @@ type Config struct {
 	// SyncPeriod is the interval of the periodic full sync and the longest
 	// backoff after a failure.
 	SyncPeriod time.Duration
-	// IPFamily is the metric label and health key, "IPv4".
+	// IPFamily is the metric label and health key, "IPv4" or "IPv6": a
+	// dual-stack node runs one loop per family, as kube-proxy runs one
+	// proxier per family. Empty means IPv4.
 	IPFamily string
 	// ServiceHealth, if set, gets every update after the dataplane applied
 	// it, whatever the dataplane: as in kube-proxy, the health check node
@@ -58,6 +60,8 @@ type Proxier struct {
 	tr      *tracker.Tracker
 	dp      dataplane.Dataplane
 	metrics *metrics.Metrics
+	// fam are the metrics bound to the loop's IP family.
+	fam     *metrics.FamilyMetrics
 	health  Health
 	log     *zap.Logger
 	now     func() time.Time
@@ -80,7 +84,7 @@ func New(cfg Config, tr *tracker.Tracker, dp dataplane.Dataplane, m *metrics.Met
 		cfg.SyncPeriod = 30 * time.Second
 	}
 	return &Proxier{
-		cfg: cfg, tr: tr, dp: dp, metrics: m, health: h, log: log,
+		cfg: cfg, tr: tr, dp: dp, metrics: m, fam: m.Family(cfg.IPFamily), health: h, log: log.With(zap.String("ipFamily", cfg.IPFamily)),
 		now: time.Now, started: time.Now(),
 		noLocalInternal: map[model.ServicePortName]bool{},
 		noLocalExternal: map[model.ServicePortName]bool{},
@@ -104,7 +108,7 @@ func (p *Proxier) Run(ctx context.Context) {
 	}
 	p.log.Info("sources synced, starting sync loop", zap.String("mode", p.dp.Name()))
 	p.health.Updated(p.cfg.IPFamily)
-	p.metrics.SyncProxyRulesLastQueuedTimestamp.SetToCurrentTime()
+	p.fam.SyncProxyRulesLastQueuedTimestamp.SetToCurrentTime()
 
 	needFull := true
 	backoff := time.Duration(0)
@@ -152,7 +156,7 @@ func resetTimer(t *time.Timer, d time.Duration) {
 
 func (p *Proxier) queued() {
 	p.health.QueuedUpdate(p.cfg.IPFamily)
-	p.metrics.SyncProxyRulesLastQueuedTimestamp.SetToCurrentTime()
+	p.fam.SyncProxyRulesLastQueuedTimestamp.SetToCurrentTime()
 	svcs, eps := p.tr.Pending()
 	p.metrics.ServiceChangesPending.Set(float64(svcs))
 	p.metrics.EndpointChangesPending.Set(float64(eps))
@@ -186,11 +190,11 @@ func (p *Proxier) syncOnce(full bool) bool {
 
 	err := p.dp.Sync(up)
 	elapsed := p.now().Sub(start)
-	p.metrics.SyncProxyRulesDuration.Observe(elapsed.Seconds())
+	p.fam.SyncProxyRulesDuration.Observe(elapsed.Seconds())
 	if up.Full {
-		p.metrics.SyncFullProxyRulesDuration.Observe(elapsed.Seconds())
+		p.fam.SyncFullProxyRulesDuration.Observe(elapsed.Seconds())
 	} else {
-		p.metrics.SyncPartialProxyRulesDuration.Observe(elapsed.Seconds())
+		p.fam.SyncPartialProxyRulesDuration.Observe(elapsed.Seconds())
 	}
 	p.updateNoLocal(up)
 	if err != nil {
@@ -199,7 +203,7 @@ func (p *Proxier) syncOnce(full bool) bool {
 			zap.Bool("full", up.Full), zap.Int("changed", len(up.Changed)), zap.Error(err))
 		return false
 	}
-	p.metrics.SyncProxyRulesLastTimestamp.SetToCurrentTime()
+	p.fam.SyncProxyRulesLastTimestamp.SetToCurrentTime()
 	p.health.Updated(p.cfg.IPFamily)
 	if p.cfg.ServiceHealth != nil {
 		p.cfg.ServiceHealth.Sync(up)
@@ -208,7 +212,7 @@ func (p *Proxier) syncOnce(full bool) bool {
 	for _, t := range up.TriggerTimes {
 		// Changes older than the agent are the initial state, not latency.
 		if t.After(p.started) {
-			p.metrics.NetworkProgrammingDuration.Observe(now.Sub(t).Seconds())
+			p.fam.NetworkProgrammingDuration.Observe(now.Sub(t).Seconds())
 		}
 	}
 	p.log.Debug("synced", zap.String("mode", p.dp.Name()), zap.Bool("full", up.Full),
@@ -248,6 +252,6 @@ func (p *Proxier) updateNoLocal(up model.Update) {
 			visit(spn)
 		}
 	}
-	p.metrics.NoLocalEndpointsInternal.Set(float64(len(p.noLocalInternal)))
-	p.metrics.NoLocalEndpointsExternal.Set(float64(len(p.noLocalExternal)))
+	p.fam.NoLocalEndpointsInternal.Set(float64(len(p.noLocalInternal)))
+	p.fam.NoLocalEndpointsExternal.Set(float64(len(p.noLocalExternal)))
 }

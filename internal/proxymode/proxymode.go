@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -20,6 +21,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/kubeproxy"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/nodeaddrs"
@@ -41,6 +43,7 @@ const (
 	ReasonBPFSupported   = "bpf-supported"   // auto: the probes passed and the programs loaded
 	ReasonBPFUnsupported = "bpf-unsupported" // auto: the kernel lacks a BPF feature the programs need
 	ReasonBPFLoadFailed  = "bpf-load-failed" // auto: the probes passed but loading or attaching failed
+	ReasonBPFFamily      = "bpf-ip-family"   // auto: the node's primary IP family is one the BPF dataplane does not serve
 	// Appended to the above when auto falls through to iptables.
 	ReasonIPVSUnavailable = ",ipvs-unavailable" // the ip_vs module does not load
 	ReasonIPVSFailed      = ",ipvs-failed"      // IPVS is there but the dataplane could not start
@@ -53,11 +56,20 @@ type Config struct {
 	// FallbackUnsupported, if set, is why the flags rule out the fallback
 	// dataplanes (a --detect-local-mode they lack): they fail with it.
 	FallbackUnsupported error
+	// Families are the IP families the node serves, primary first
+	// (metrics.IPv4, metrics.IPv6); empty means IPv4 alone. A mode serves
+	// the primary family or fails (under auto, makes way for the next); a
+	// secondary family it cannot serve is left out with one log line, as
+	// kube-proxy runs single-stack where iptables lacks a family.
+	Families []string
 	// BPF, IPTables and IPVS configure the dataplanes. Their loggers and
 	// metrics are set by Start.
 	BPF      bpf.Config
 	IPTables iptables.Config
 	IPVS     ipvs.Config
+	// IPTables6 configures the IPv6 iptables dataplane (its IPv6 is set
+	// by Start).
+	IPTables6 iptables.Config
 	// Metrics receives ebpfproxy_kube_proxy_leftovers and
 	// ebpfproxy_kube_proxy_leftovers_removed_total; nil for none.
 	Metrics *metrics.Metrics
@@ -66,9 +78,20 @@ type Config struct {
 	KubeProxyInterval time.Duration
 }
 
+// Family is the dataplane of one IP family.
+type Family struct {
+	// IPFamily is metrics.IPv4 or metrics.IPv6.
+	IPFamily string
+	dataplane.Dataplane
+}
+
 // Started is the chosen dataplane and what comes with it.
 type Started struct {
-	dataplane.Dataplane
+	// Families are the dataplanes of the IP families served, primary
+	// first: each gets its own sync loop.
+	Families []Family
+	// Skipped are the secondary families the mode cannot serve, with why.
+	Skipped map[string]error
 	// Mode is the proxy mode, Reason why it was chosen.
 	Mode, Reason string
 	// removeLeftovers removes what the other modes left on the node.
@@ -102,9 +125,23 @@ func (s *Started) Close() { s.close() }
 // maps of a layout it cannot migrate), which is an error as in every mode;
 // a named mode that fails is an error.
 func Start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
+	if len(cfg.Families) == 0 {
+		cfg.Families = []string{metrics.IPv4}
+	}
+	for i, f := range cfg.Families {
+		if !metrics.ValidIPFamily(f) || slices.Contains(cfg.Families[:i], f) {
+			return nil, fmt.Errorf("IP families %v: want IPv4, IPv6 or both, once each", cfg.Families)
+		}
+	}
 	s, err := start(ctx, cfg, log)
 	if err != nil {
 		return nil, err
+	}
+	for _, f := range cfg.Families[1:] {
+		if why := s.Skipped[f]; why != nil {
+			log.Warn("not serving an IP family of the node: its Services' addresses of that family are not translated",
+				zap.String("ipFamily", f), zap.String("mode", s.Mode), zap.Error(why))
+		}
 	}
 	s.kubeProxy = kubeproxy.Config{Interval: cfg.KubeProxyInterval, Logger: log.Named("kube-proxy-leftovers")}
 	if cfg.Metrics != nil {
@@ -135,7 +172,10 @@ func start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
 
 	var reason string
 	var details []zap.Field
-	if err := bpf.Probe(); err != nil {
+	if err := ipv4Primary(cfg, EBPF); err != nil {
+		reason = ReasonBPFFamily
+		details = append(details, zap.NamedError("bpf", err))
+	} else if err := bpf.Probe(); err != nil {
 		reason = ReasonBPFUnsupported
 		details = append(details, zap.NamedError("bpf", err))
 	} else {
@@ -198,12 +238,40 @@ func logChoice(log *zap.Logger, s *Started, details []zap.Field) {
 	log.Warn("proxy mode chosen: the BPF dataplane cannot run on this node", fields...)
 }
 
+// errNoIPv6 is why the BPF and IPVS dataplanes leave IPv6 out.
+func errNoIPv6(mode string) error {
+	return fmt.Errorf("the %s dataplane serves IPv4 only", mode)
+}
+
+// ipv4Primary fails when a mode that serves IPv4 alone cannot serve the
+// node's primary family.
+func ipv4Primary(cfg Config, mode string) error {
+	if cfg.Families[0] != metrics.IPv4 {
+		return fmt.Errorf("the node's primary IP family is %s: %w", cfg.Families[0], errNoIPv6(mode))
+	}
+	return nil
+}
+
+// ipv4Only returns the families of d, a dataplane that serves IPv4 alone,
+// and the node's other family as skipped.
+func ipv4Only(cfg Config, mode string, d dataplane.Dataplane) ([]Family, map[string]error) {
+	skipped := map[string]error{}
+	for _, f := range cfg.Families[1:] {
+		skipped[f] = errNoIPv6(mode)
+	}
+	return []Family{{IPFamily: metrics.IPv4, Dataplane: d}}, skipped
+}
+
 func startBPF(ctx context.Context, cfg Config, reason string) (*Started, error) {
+	if err := ipv4Primary(cfg, EBPF); err != nil {
+		return nil, err
+	}
 	d, err := bpf.New(ctx, cfg.BPF)
 	if err != nil {
 		return nil, err
 	}
-	return &Started{Dataplane: d, Mode: EBPF, Reason: reason, close: d.Close,
+	fams, skipped := ipv4Only(cfg, EBPF, d)
+	return &Started{Families: fams, Skipped: skipped, Mode: EBPF, Reason: reason, close: d.Close,
 		removeLeftovers: func(ctx context.Context) error {
 			// Our iptables chains (every back end) first, then IPVS's
 			// virtual servers, ipsets and dummy interface.
@@ -216,17 +284,39 @@ func startIPTables(ctx context.Context, cfg Config, reason string) (*Started, er
 	if cfg.FallbackUnsupported != nil {
 		return nil, cfg.FallbackUnsupported
 	}
-	d, err := iptables.New(ctx, cfg.IPTables)
-	if err != nil {
-		return nil, err
+	s := &Started{Skipped: map[string]error{}, Mode: IPTables, Reason: reason, close: func() {}}
+	var ds []*iptables.Dataplane
+	for i, f := range cfg.Families {
+		c := cfg.IPTables
+		if f == metrics.IPv6 {
+			c = cfg.IPTables6
+			c.IPv6 = true
+			c.Logger = cfg.IPTables.Logger
+		}
+		d, err := iptables.New(ctx, c)
+		switch {
+		case err != nil && i == 0:
+			return nil, err
+		case err != nil:
+			s.Skipped[f] = err
+			continue
+		}
+		ds = append(ds, d)
+		s.Families = append(s.Families, Family{IPFamily: f, Dataplane: d})
 	}
 	bpffs := cfg.BPF.BPFFSPath
-	return &Started{Dataplane: d, Mode: IPTables, Reason: reason, close: func() {},
-		removeLeftovers: func(ctx context.Context) error {
-			// The first sync replaced the IPVS mode's chains in our back
-			// end; its ipsets are free to go now.
-			return errors.Join(d.CleanupOtherBackends(ctx), ipvs.RemoveLeftovers(ctx, ""), cleanupBPF(bpffs))
-		}}, nil
+	var used []xtables.Backend
+	for _, d := range ds {
+		used = append(used, d.Tools())
+	}
+	s.removeLeftovers = func(ctx context.Context) error {
+		// The first syncs replaced the IPVS mode's chains in the back
+		// ends in use, whose ipsets are free to go now; the others
+		// (another back end's, or a family not served) go whole.
+		return errors.Join(xtables.CleanupAll(ctx, "", xtables.Prefix, xtables.InUse(used...)),
+			ipvs.RemoveLeftovers(ctx, ""), cleanupBPF(bpffs))
+	}
+	return s, nil
 }
 
 // startIPVS prepares the IPVS dataplane in the agent's namespace.
@@ -234,16 +324,21 @@ func startIPVS(ctx context.Context, cfg Config, reason string) (*Started, error)
 	if cfg.FallbackUnsupported != nil {
 		return nil, cfg.FallbackUnsupported
 	}
+	if err := ipv4Primary(cfg, IPVS); err != nil {
+		return nil, err
+	}
 	d, err := ipvs.New(ctx, cfg.IPVS)
 	if err != nil {
 		return nil, err
 	}
+	fams, skipped := ipv4Only(cfg, IPVS, d)
 	bpffs := cfg.BPF.BPFFSPath
-	return &Started{Dataplane: d, Mode: IPVS, Reason: reason, close: d.Close,
+	return &Started{Families: fams, Skipped: skipped, Mode: IPVS, Reason: reason, close: d.Close,
 		removeLeftovers: func(ctx context.Context) error {
 			// The first sync replaced the iptables mode's chains in our
-			// back end.
-			return errors.Join(d.CleanupOtherBackends(ctx), cleanupBPF(bpffs))
+			// back end; the other back ends, and the IPv6 tools, hold
+			// nothing this mode uses.
+			return errors.Join(xtables.CleanupAll(ctx, "", xtables.Prefix, xtables.InUse(d.Tools())), cleanupBPF(bpffs))
 		}}, nil
 }
 

@@ -273,10 +273,10 @@ func (e *env) state() modeState {
 				t.Fatal(err)
 			}
 			for c := range own.Chains {
-				s.iptables = append(s.iptables, ownedRule{b.Name, table, c, "chain " + c})
+				s.iptables = append(s.iptables, ownedRule{b.String(), table, c, "chain " + c})
 			}
 			for _, j := range own.Jumps {
-				s.iptables = append(s.iptables, ownedRule{b.Name, table, xtables.Target(j.Spec), j.Chain + " -> " + xtables.Target(j.Spec)})
+				s.iptables = append(s.iptables, ownedRule{b.String(), table, xtables.Target(j.Spec), j.Chain + " -> " + xtables.Target(j.Spec)})
 			}
 		}
 	}

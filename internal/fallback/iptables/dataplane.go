@@ -209,6 +209,9 @@ func Cleanup(ctx context.Context, netns string) error {
 	return xtables.CleanupAll(ctx, netns, Prefix, nil)
 }
 
+// Tools returns the iptables tools (back end and IP family) d writes with.
+func (d *Dataplane) Tools() xtables.Backend { return d.runner.Backend }
+
 // CleanupOtherBackends is Cleanup for every back end of d's IP family but
 // the one d uses: an agent that starts in iptables mode calls it after its
 // first sync, which has replaced whatever an earlier agent left in d's own

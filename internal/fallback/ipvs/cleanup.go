@@ -146,13 +146,8 @@ func procNetIPVS(netnsPath string) (bool, error) {
 	return ok, err
 }
 
-// CleanupOtherBackends removes our iptables chains from every IPv4 back end
-// but the one d uses: an agent that starts in IPVS mode calls it after its first
-// sync, which has replaced whatever an earlier agent left in d's own back
-// end.
-func (d *Dataplane) CleanupOtherBackends(ctx context.Context) error {
-	return xtables.CleanupAll(ctx, d.cfg.Netns, xtables.Prefix, xtables.OtherBackends(d.runner.Backend))
-}
+// Tools returns the iptables tools (back end and IP family) d writes with.
+func (d *Dataplane) Tools() xtables.Backend { return d.runner.Backend }
 
 // Foreign names another IPVS proxy's objects, for removing what it left
 // on the node: kube-proxy's (internal/fallback/kubeproxy).

@@ -24,10 +24,10 @@ func chainsOf(t *testing.T, ctx context.Context, netns string) []string {
 				t.Fatal(err)
 			}
 			for c := range own.Chains {
-				out = append(out, b.Name+" "+table+" "+c)
+				out = append(out, b.String()+" "+table+" "+c)
 			}
 			for _, j := range own.Jumps {
-				out = append(out, b.Name+" "+table+" "+j.Chain+" -> "+xtables.Target(j.Spec))
+				out = append(out, b.String()+" "+table+" "+j.Chain+" -> "+xtables.Target(j.Spec))
 			}
 		}
 	}

@@ -133,13 +133,15 @@ func DetectFamily(ctx context.Context, netnsPath, want string, ipv6 bool) (Backe
 	return Backend{}, fmt.Errorf("%w: %w", ErrNoBackend, errors.Join(errs...))
 }
 
-// Usable returns every IPv4 back end whose tools are installed and work in
-// the namespace.
+// Usable returns every back end whose tools are installed and work in the
+// namespace: the iptables tools first, then the ip6tables tools.
 func Usable(ctx context.Context, netnsPath string) []Backend {
 	var out []Backend
-	for _, name := range []string{BackendLegacy, BackendNFT} {
-		if b, err := usable(ctx, netnsPath, name, false); err == nil {
-			out = append(out, b)
+	for _, ipv6 := range []bool{false, true} {
+		for _, name := range []string{BackendLegacy, BackendNFT} {
+			if b, err := usable(ctx, netnsPath, name, ipv6); err == nil {
+				out = append(out, b)
+			}
 		}
 	}
 	return out

@@ -252,6 +252,16 @@ func CleanupAll(ctx context.Context, netnsPath, prefix string, skip func(Backend
 	return errors.Join(errs...)
 }
 
+// InUse returns the skip function of CleanupAll that keeps the chains of
+// the back ends used (by name and IP family) and removes those of every
+// other: after the first syncs of a node's dataplanes, whatever another
+// mode, back end or IP family left.
+func InUse(used ...Backend) func(Backend) bool {
+	return func(o Backend) bool {
+		return slices.ContainsFunc(used, func(u Backend) bool { return u.Name == o.Name && u.IPv6 == o.IPv6 })
+	}
+}
+
 // OtherBackends returns the skip function of CleanupAll for a dataplane that
 // runs with b: it skips b itself and every back end of the other IP family,
 // whose chains belong to the other family's dataplane.

@@ -35,9 +35,12 @@ func TestObjectsTranslateAsBuilt(t *testing.T) {
 	}
 	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 	var invalid []string
-	m := k8swatch.NewManifests(dir, "node-a", tr, k8swatch.ManifestOptions{Invalid: func(kind, ns, name, reason string) {
+	m, err := k8swatch.NewManifests(dir, "node-a", []k8swatch.Target{{Tracker: tr}}, k8swatch.ManifestOptions{Invalid: func(kind, ns, name, reason string) {
 		invalid = append(invalid, fmt.Sprintf("%s %s/%s: %s", kind, ns, name, reason))
 	}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := m.Reload(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,104 @@
+package modes_test
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
+)
+
+// The IPv6 Service without endpoints of the dual-stack manifests.
+var emptyIP6 = netip.MustParseAddr("fd00:10:96::81")
+
+// writeDualStackManifests makes web dual-stack (its IPv6 ClusterIP is the
+// IPv4 one's twin, and an IPv6 EndpointSlice lists both pods) and adds an
+// IPv6-only Service without endpoints.
+func (e *env) writeDualStackManifests() {
+	var eps4, eps6 []discoveryv1.Endpoint
+	for _, p := range e.pods {
+		eps4 = append(eps4, builders.Endpoint(p.IP.String(), nodeName))
+		eps6 = append(eps6, builders.Endpoint(p.IP6.String(), nodeName))
+	}
+	port := builders.Ports(builders.Port("http", 80, v1.ProtocolTCP, intstr.FromInt32(tcpPort)))
+	web := builders.Service("default", "web", port, builders.NodePort(nodePort), func(s *v1.Service) {
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = clusterIP.String(), []string{clusterIP.String(), sandbox.IPv6Of(clusterIP).String()}
+		s.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
+		p := v1.IPFamilyPolicyRequireDualStack
+		s.Spec.IPFamilyPolicy = &p
+	})
+	web6 := builders.SliceFor(web, eps6...)
+	web6.Name, web6.AddressType = "web-ipv6", discoveryv1.AddressTypeIPv6
+	empty := builders.Service("default", "empty6", port, func(s *v1.Service) {
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = emptyIP6.String(), []string{emptyIP6.String()}
+		s.Spec.IPFamilies = []v1.IPFamily{v1.IPv6Protocol}
+	})
+	if err := builders.WriteManifest(e.manifests, "web.yaml", web, builders.SliceFor(web, eps4...), web6, empty); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// TestDualStack runs the agent on a dual-stack node (the sandbox's hosts
+// have an address of each family, and no Node object says otherwise). In
+// iptables mode a dual-stack Service answers on both families, through its
+// ClusterIPs and its NodePort, an IPv6 Service without endpoints refuses,
+// and each family's sync loop reports under its ip_family. In ebpf mode,
+// which serves IPv4 alone so far, IPv4 keeps working, the log says once
+// that IPv6 is not served, and nothing is left of the iptables mode's IPv6
+// rules.
+func TestDualStack(t *testing.T) {
+	e := newEnv(t)
+	for _, h := range []*sandbox.Host{e.pods[0].Host, e.pods[1].Host, e.client.Host} {
+		if err := behaviour.RouteIPv6ThroughNode(h, e.node); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.writeDualStackManifests()
+	vip4 := netip.AddrPortFrom(clusterIP, 80)
+	vip6 := netip.AddrPortFrom(sandbox.IPv6Of(clusterIP), 80)
+
+	a := e.startAgent("iptables")
+	e.expectOnly("iptables")
+	e.reaches(e.client, vip4, 24)
+	e.reaches(e.client, vip6, 24)
+	e.reaches(e.external, netip.AddrPortFrom(e.node.IP6, nodePort), 24)
+	rep, err := e.client.TCP(e.ctx(), netip.AddrPortFrom(emptyIP6, 80), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.Err != "ECONNREFUSED" {
+			t.Errorf("IPv6 Service without endpoints: %+v, want ECONNREFUSED", r)
+		}
+	}
+	metrics := get(t, a, "/metrics")
+	for _, f := range []string{"IPv4", "IPv6"} {
+		series := `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="` + f + `"}`
+		if !strings.Contains(metrics, series) || strings.Contains(metrics, series+" 0\n") {
+			t.Errorf("no sync of the %s loop in the metrics (%s)", f, series)
+		}
+	}
+	own := e.state().iptables
+	var v6 bool
+	for _, r := range own {
+		v6 = v6 || strings.Contains(r.backend, "ip6tables")
+	}
+	if !v6 {
+		t.Errorf("iptables mode wrote no ip6tables chain: %v", own)
+	}
+	a.Terminate(t, time.Minute)
+
+	a = e.startAgent("ebpf")
+	e.expectOnly("ebpf")
+	e.reaches(e.client, vip4, 24)
+	if n := strings.Count(a.Logs(), "not serving an IP family of the node"); n != 1 {
+		t.Errorf("the ebpf mode said %d times that it does not serve IPv6, want once:\n%s", n, a.Logs())
+	}
+}
