@@ -95,20 +95,24 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 		}
 		go serve(ctx, "metrics", o.metricsBindAddress, mux, o.bindAddrHardFail, errc, log)
 	}
-	svcHealth, err := newServiceHealthServer(ctx, o, nodeName, health, m, log)
+	served := make([]string, len(dp.Families))
+	for i, f := range dp.Families {
+		served[i] = f.IPFamily
+	}
+	svcHealth, err := newServiceHealthServers(ctx, o, nodeName, served, health, m, log)
 	if err != nil {
 		return err
 	}
-	defer svcHealth.Close()
+	defer func() {
+		for _, s := range svcHealth {
+			s.Close()
+		}
+	}()
 	var wg sync.WaitGroup
 	firstSyncs := make([]<-chan struct{}, len(dp.Families))
 	for i, f := range dp.Families {
-		cfg := proxier.Config{MinSyncPeriod: minSyncPeriod, SyncPeriod: syncPeriod, IPFamily: f.IPFamily, LocalAddrs: proxymode.LocalAddrs}
-		if i == 0 {
-			// The health check node ports answer for the primary
-			// family's endpoints.
-			cfg.ServiceHealth = svcHealth
-		}
+		cfg := proxier.Config{MinSyncPeriod: minSyncPeriod, SyncPeriod: syncPeriod, IPFamily: f.IPFamily,
+			ServiceHealth: svcHealth[i], LocalAddrs: proxymode.LocalAddrs}
 		p := proxier.New(cfg, targets[i].Tracker, f.Dataplane, m, health, log)
 		firstSyncs[i] = p.FirstSync()
 		wg.Add(1)

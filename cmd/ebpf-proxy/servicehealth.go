@@ -39,21 +39,33 @@ func healthCheckEvents(ctx context.Context, o *options) (healthcheck.ListenFailu
 	return healthcheck.ListenFailureEvents(ctx, client, eventsComponent), nil
 }
 
-// newServiceHealthServer builds the health check node port server of every
-// proxy mode: the sync loop feeds it whatever the dataplane, and it listens
-// where --nodeport-addresses says (the State's NodePort addresses), as
-// kube-proxy's does.
-func newServiceHealthServer(ctx context.Context, o *options, nodeName string, health healthcheck.HealthReporter, m *metrics.Metrics, log *zap.Logger) (*healthcheck.ServiceHealthServer, error) {
+// newServiceHealthServers builds the health check node port servers of
+// every proxy mode, one per IP family in fams (kube-proxy runs one per
+// family proxier): the family's sync loop feeds it whatever the dataplane,
+// and it listens where --nodeport-addresses says (the State's NodePort
+// addresses of that family), as kube-proxy's does.
+func newServiceHealthServers(ctx context.Context, o *options, nodeName string, fams []string, health healthcheck.HealthReporter, m *metrics.Metrics, log *zap.Logger) ([]*healthcheck.ServiceHealthServer, error) {
 	events, err := healthCheckEvents(ctx, o)
 	if err != nil {
 		return nil, err
 	}
-	log = log.Named("servicehealth")
-	return healthcheck.NewServiceHealthServer(healthcheck.ServiceHealthConfig{
-		NodeName:        nodeName,
-		Proxier:         health,
-		Metrics:         m,
-		Logger:          log,
-		OnListenFailure: events,
-	})
+	var out []*healthcheck.ServiceHealthServer
+	for _, f := range fams {
+		s, err := healthcheck.NewServiceHealthServer(healthcheck.ServiceHealthConfig{
+			NodeName:        nodeName,
+			Proxier:         health,
+			Metrics:         m,
+			Logger:          log.Named("servicehealth").With(zap.String("ipFamily", f)),
+			OnListenFailure: events,
+			IPv6:            f == metrics.IPv6,
+		})
+		if err != nil {
+			for _, s := range out {
+				s.Close()
+			}
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }

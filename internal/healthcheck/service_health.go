@@ -48,6 +48,11 @@ type ServiceHealthConfig struct {
 	Logger *zap.Logger
 	// OnListenFailure, if set, is called for every failed listen.
 	OnListenFailure ListenFailureRecorder
+	// IPv6 makes this the IPv6 family's server: a dual-stack node runs one
+	// per family, as kube-proxy does, each fed by its family's sync loop
+	// (whose endpoints it counts) and listening on that family's
+	// addresses only. False is IPv4.
+	IPv6 bool
 }
 
 // ServiceHealthServer serves kube-proxy's health check node ports: for every
@@ -245,11 +250,14 @@ func (s *ServiceHealthServer) open(name model.ServiceName, port uint16, count in
 	inst := &hcInstance{name: name, port: port}
 	inst.endpoints.Store(int64(count))
 	var lc net.ListenConfig
+	network := "tcp4"
+	if s.cfg.IPv6 {
+		// IPV6_V6ONLY: the IPv4 family's server has IPv4.
+		network = "tcp6"
+	}
 	for _, ip := range s.listenAddrs {
-		// "0.0.0.0" listens on every address of both families, as
-		// kube-proxy's does.
 		addr := net.JoinHostPort(ip.String(), strconv.Itoa(int(port)))
-		ln, err := lc.Listen(context.Background(), "tcp", addr)
+		ln, err := lc.Listen(context.Background(), network, addr)
 		if err != nil {
 			for _, srv := range inst.servers {
 				_ = srv.Close()
@@ -329,6 +337,9 @@ func (s *ServiceHealthServer) resolveListenAddrs(np *model.NodePortAddresses) {
 	addrs := np.Addrs
 	if np.All {
 		addrs = []netip.Addr{netip.IPv4Unspecified()}
+		if s.cfg.IPv6 {
+			addrs = []netip.Addr{netip.IPv6Unspecified()}
+		}
 	}
 	first := !s.resolved
 	s.resolved = true
@@ -356,8 +367,12 @@ func (s *ServiceHealthServer) recordGauges() {
 	s.mu.RLock()
 	serving := len(s.serving)
 	s.mu.RUnlock()
-	s.cfg.Metrics.HealthCheckNodePorts.WithLabelValues("serving").Set(float64(serving))
-	s.cfg.Metrics.HealthCheckNodePorts.WithLabelValues("failed").Set(float64(len(s.failed)))
+	family := metrics.IPv4
+	if s.cfg.IPv6 {
+		family = metrics.IPv6
+	}
+	s.cfg.Metrics.HealthCheckNodePorts.WithLabelValues("serving", family).Set(float64(serving))
+	s.cfg.Metrics.HealthCheckNodePorts.WithLabelValues("failed", family).Set(float64(len(s.failed)))
 }
 
 // Close stops serving every health check node port; later Syncs do

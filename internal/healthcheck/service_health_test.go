@@ -414,10 +414,10 @@ func TestPortTakenBySomeoneElse(t *testing.T) {
 	if got := testutil.ToFloat64(m.HealthCheckListenFailuresTotal); got != 1 {
 		t.Errorf("listen failures = %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(m.HealthCheckNodePorts.WithLabelValues("failed")); got != 1 {
+	if got := testutil.ToFloat64(m.HealthCheckNodePorts.WithLabelValues("failed", "IPv4")); got != 1 {
 		t.Errorf("failed gauge = %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(m.HealthCheckNodePorts.WithLabelValues("serving")); got != 1 {
+	if got := testutil.ToFloat64(m.HealthCheckNodePorts.WithLabelValues("serving", "IPv4")); got != 1 {
 		t.Errorf("serving gauge = %v, want 1", got)
 	}
 	errs := logs.FilterLevelExact(zapcore.ErrorLevel).All()
@@ -447,7 +447,7 @@ func TestPortTakenBySomeoneElse(t *testing.T) {
 	if r := get(taken, "/"); r.err != nil || r.status != 200 || r.body != upstreamBody("blocked", 1, true) {
 		t.Errorf("after the port was freed: %+v, want 200 for blocked", r)
 	}
-	if got := testutil.ToFloat64(m.HealthCheckNodePorts.WithLabelValues("failed")); got != 0 {
+	if got := testutil.ToFloat64(m.HealthCheckNodePorts.WithLabelValues("failed", "IPv4")); got != 0 {
 		t.Errorf("failed gauge = %v, want 0", got)
 	}
 }

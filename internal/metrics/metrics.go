@@ -187,9 +187,10 @@ type Metrics struct {
 	// counts failed attempts to listen on a Service's healthCheckNodePort;
 	// a failed port is retried on every sync until it succeeds.
 	HealthCheckListenFailuresTotal prometheus.Counter
-	// HealthCheckNodePorts (ebpfproxy_health_check_node_ports{state}) is the
-	// number of Services whose health check node port is being served
-	// (state "serving") or could not be bound (state "failed").
+	// HealthCheckNodePorts (ebpfproxy_health_check_node_ports{state,ip_family})
+	// is the number of Services whose health check node port is being
+	// served (state "serving") or could not be bound (state "failed") on
+	// the addresses of an IP family.
 	HealthCheckNodePorts *prometheus.GaugeVec
 	// XDPAttached (ebpfproxy_xdp_attached{device,mode}) is 1 for each
 	// device the XDP fast path runs on, in its mode (native or generic).
@@ -379,8 +380,8 @@ func New(ipFamily string) *Metrics {
 	m.HealthCheckNodePorts = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: ebpfProxyNamespace,
 		Name:      "health_check_node_ports",
-		Help:      "Services whose healthCheckNodePort is served (state=serving) or could not be bound (state=failed).",
-	}, []string{LabelState})
+		Help:      "Services whose healthCheckNodePort is served (state=serving) or could not be bound (state=failed), by IP family.",
+	}, []string{LabelState, LabelIPFamily})
 
 	m.KubeProxyLeftovers = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: ebpfProxyNamespace,

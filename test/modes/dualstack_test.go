@@ -15,12 +15,27 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
 
-// The IPv6 Service without endpoints of the dual-stack manifests.
+// The IPv6 Service without endpoints of the dual-stack manifests, and the
+// health check node port of its LoadBalancer Service.
 var emptyIP6 = netip.MustParseAddr("fd00:10:96::81")
+
+const healthCheckNodePort = 32000
+
+// dualStack makes a Service RequireDualStack with v4's IPv6 twin.
+func dualStack(v4 netip.Addr) builders.ServiceOption {
+	return func(s *v1.Service) {
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = v4.String(), []string{v4.String(), sandbox.IPv6Of(v4).String()}
+		s.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
+		p := v1.IPFamilyPolicyRequireDualStack
+		s.Spec.IPFamilyPolicy = &p
+	}
+}
 
 // writeDualStackManifests makes web dual-stack (its IPv6 ClusterIP is the
 // IPv4 one's twin, and an IPv6 EndpointSlice lists both pods) and adds an
-// IPv6-only Service without endpoints.
+// IPv6-only Service without endpoints and a dual-stack LoadBalancer with
+// externalTrafficPolicy Local whose IPv4 slice lists both pods and its
+// IPv6 slice one.
 func (e *env) writeDualStackManifests() {
 	var eps4, eps6 []discoveryv1.Endpoint
 	for _, p := range e.pods {
@@ -28,19 +43,19 @@ func (e *env) writeDualStackManifests() {
 		eps6 = append(eps6, builders.Endpoint(p.IP6.String(), nodeName))
 	}
 	port := builders.Ports(builders.Port("http", 80, v1.ProtocolTCP, intstr.FromInt32(tcpPort)))
-	web := builders.Service("default", "web", port, builders.NodePort(nodePort), func(s *v1.Service) {
-		s.Spec.ClusterIP, s.Spec.ClusterIPs = clusterIP.String(), []string{clusterIP.String(), sandbox.IPv6Of(clusterIP).String()}
-		s.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
-		p := v1.IPFamilyPolicyRequireDualStack
-		s.Spec.IPFamilyPolicy = &p
-	})
+	web := builders.Service("default", "web", port, builders.NodePort(nodePort), dualStack(clusterIP))
 	web6 := builders.SliceFor(web, eps6...)
 	web6.Name, web6.AddressType = "web-ipv6", discoveryv1.AddressTypeIPv6
+	lb := builders.Service("default", "lb", port, dualStack(netip.MustParseAddr("10.96.0.82")),
+		builders.LoadBalancer(30082, "198.19.0.82"), builders.ExternalLocal(healthCheckNodePort))
+	lb6 := builders.SliceFor(lb, eps6[0])
+	lb6.Name, lb6.AddressType = "lb-ipv6", discoveryv1.AddressTypeIPv6
 	empty := builders.Service("default", "empty6", port, func(s *v1.Service) {
 		s.Spec.ClusterIP, s.Spec.ClusterIPs = emptyIP6.String(), []string{emptyIP6.String()}
 		s.Spec.IPFamilies = []v1.IPFamily{v1.IPv6Protocol}
 	})
-	if err := builders.WriteManifest(e.manifests, "web.yaml", web, builders.SliceFor(web, eps4...), web6, empty); err != nil {
+	if err := builders.WriteManifest(e.manifests, "web.yaml", web, builders.SliceFor(web, eps4...), web6, empty,
+		lb, builders.SliceFor(lb, eps4...), lb6); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -49,7 +64,9 @@ func (e *env) writeDualStackManifests() {
 // have an address of each family, and no Node object says otherwise). In
 // iptables mode a dual-stack Service answers on both families, through its
 // ClusterIPs and its NodePort, an IPv6 Service without endpoints refuses,
-// and each family's sync loop reports under its ip_family. In ebpf mode,
+// a health check node port answers on each family with that family's
+// local endpoints, and each family's sync loop reports under its
+// ip_family. In ebpf mode,
 // which serves IPv4 alone so far, IPv4 keeps working, the log says once
 // that IPv6 is not served, and nothing is left of the iptables mode's IPv6
 // rules.
@@ -76,6 +93,22 @@ func TestDualStack(t *testing.T) {
 	for _, r := range rep.Results {
 		if r.Err != "ECONNREFUSED" {
 			t.Errorf("IPv6 Service without endpoints: %+v, want ECONNREFUSED", r)
+		}
+	}
+	// Each family's health check node port counts its family's local
+	// endpoints.
+	for _, hc := range []struct {
+		addr   netip.Addr
+		weight string
+	}{{e.node.IP, "2"}, {e.node.IP6, "1"}} {
+		rep, err := e.external.HTTP(e.ctx(), netip.AddrPortFrom(hc.addr, healthCheckNodePort), "/", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The body is the health check's JSON, not the test servers' reply
+		// (r.Err says so): the status and the weight header tell.
+		if r := rep.Results[0]; r.Status != 200 || r.Weight != hc.weight {
+			t.Errorf("health check node port on %s: %+v, want 200 with %s local endpoints", hc.addr, r, hc.weight)
 		}
 	}
 	metrics := get(t, a, "/metrics")
