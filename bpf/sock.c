@@ -57,81 +57,212 @@ static __always_inline int sock_refuse(int err)
 	return SYS_REJECT;
 }
 
-/* sock4_range_dst_set points dst at svc_id and addr:port. The same
- * destination again (a UDP socket's next datagram) keeps the source address
- * admitted already, as a conntrack entry keeps kube-proxy's verdict for a
- * flow. */
-static __always_inline void sock4_range_dst_set(struct sock4_range_dst *dst, __u32 svc_id,
-						__be32 addr, __be16 port, __u8 flags)
+/* The source range tags of both families: v6 picks a struct
+ * sock6_range_tag (a socket's IPv6 destinations) over a struct
+ * sock4_range_tag (its IPv4 ones, also IPv4-mapped ones of an AF_INET6
+ * socket, whose packets are IPv4). A dst is a struct sock6_range_dst or a
+ * struct sock4_range_dst. */
+
+static __always_inline void *range_tags_map(bool v6)
 {
-	if (dst->svc_id == svc_id && dst->backend == addr && dst->port == port &&
-	    dst->flags == flags)
-		return;
-	dst->svc_id = svc_id;
-	dst->backend = addr;
-	dst->port = port;
-	dst->flags = flags;
-	dst->allowed_saddr = 0;
+	return v6 ? (void *)&sock6_range_tags_v1 : (void *)&sock4_range_tags_v1;
 }
 
-/* sock4_range_msg_slot returns the msg slot of tag for addr:port: the one
- * that holds it, else (when create) a free one or the one to reuse, else
- * NULL. */
-static __always_inline struct sock4_range_dst *
-sock4_range_msg_slot(struct sock4_range_tag *tag, __be32 addr, __be16 port, bool create)
+static __always_inline void *range_tag_conn(void *tag, bool v6)
 {
-	struct sock4_range_dst *free = NULL;
+	if (v6)
+		return &((struct sock6_range_tag *)tag)->conn;
+	return &((struct sock4_range_tag *)tag)->conn;
+}
+
+static __always_inline void *range_tag_msg(void *tag, bool v6, __u32 i)
+{
+	if (v6)
+		return &((struct sock6_range_tag *)tag)->msg[i];
+	return &((struct sock4_range_tag *)tag)->msg[i];
+}
+
+static __always_inline __u8 *range_tag_flags(void *tag, bool v6)
+{
+	if (v6)
+		return &((struct sock6_range_tag *)tag)->flags;
+	return &((struct sock4_range_tag *)tag)->flags;
+}
+
+static __always_inline __u8 *range_tag_next(void *tag, bool v6)
+{
+	if (v6)
+		return &((struct sock6_range_tag *)tag)->next;
+	return &((struct sock4_range_tag *)tag)->next;
+}
+
+static __always_inline __u32 range_dst_svc(const void *dst, bool v6)
+{
+	if (v6)
+		return ((const struct sock6_range_dst *)dst)->svc_id;
+	return ((const struct sock4_range_dst *)dst)->svc_id;
+}
+
+static __always_inline __u8 range_dst_flags(const void *dst, bool v6)
+{
+	if (v6)
+		return ((const struct sock6_range_dst *)dst)->flags;
+	return ((const struct sock4_range_dst *)dst)->flags;
+}
+
+/* range_dst_is says whether dst is the destination ip:port. */
+static __always_inline bool range_dst_is(const void *dst, bool v6, const union sock_ip *ip,
+					 __be16 port)
+{
+	union sock_ip backend;
+
+	if (v6) {
+		const struct sock6_range_dst *d = dst;
+
+		__builtin_memcpy(backend.v6, d->backend, sizeof(backend.v6));
+		return d->port == port && sock_ip_eq(&backend, ip, true);
+	}
+	backend.v4 = ((const struct sock4_range_dst *)dst)->backend;
+	return ((const struct sock4_range_dst *)dst)->port == port &&
+	       sock_ip_eq(&backend, ip, false);
+}
+
+/* range_dst_admitted says whether saddr is the source address a packet to
+ * dst was last admitted from. */
+static __always_inline bool range_dst_admitted(const void *dst, bool v6, const union sock_ip *saddr)
+{
+	union sock_ip allowed;
+
+	if (v6)
+		__builtin_memcpy(allowed.v6, ((const struct sock6_range_dst *)dst)->allowed_saddr,
+				 sizeof(allowed.v6));
+	else
+		allowed.v4 = ((const struct sock4_range_dst *)dst)->allowed_saddr;
+	return sock_ip_eq(&allowed, saddr, v6);
+}
+
+static __always_inline void range_dst_admit(void *dst, bool v6, const union sock_ip *saddr)
+{
+	if (v6)
+		__builtin_memcpy(((struct sock6_range_dst *)dst)->allowed_saddr, saddr->v6,
+				 sizeof(saddr->v6));
+	else
+		((struct sock4_range_dst *)dst)->allowed_saddr = saddr->v4;
+}
+
+/* range_dst_set points dst at svc_id and ip:port (svc_id 0: unchecked).
+ * The same destination again (a UDP socket's next datagram) keeps the
+ * source address admitted already, as a conntrack entry keeps kube-proxy's
+ * verdict for a flow. */
+static __always_inline void range_dst_set(void *dst, bool v6, __u32 svc_id, const union sock_ip *ip,
+					  __be16 port, __u8 flags)
+{
+	if (range_dst_svc(dst, v6) == svc_id && range_dst_is(dst, v6, ip, port) &&
+	    range_dst_flags(dst, v6) == flags)
+		return;
+	if (v6) {
+		struct sock6_range_dst *d = dst;
+
+		__builtin_memset(d, 0, sizeof(*d));
+		d->svc_id = svc_id;
+		__builtin_memcpy(d->backend, ip->v6, sizeof(d->backend));
+		d->port = port;
+		d->flags = flags;
+	} else {
+		struct sock4_range_dst *d = dst;
+
+		d->svc_id = svc_id;
+		d->backend = ip->v4;
+		d->port = port;
+		d->flags = flags;
+		d->allowed_saddr = 0;
+	}
+}
+
+/* range_msg_slot returns the msg slot of tag for ip:port: the one that
+ * holds it, else (when create) a free one or the one to reuse, else
+ * NULL. */
+static __always_inline void *range_msg_slot(void *tag, bool v6, const union sock_ip *ip,
+					    __be16 port, bool create)
+{
+	void *free = NULL;
+	__u8 *next;
 	__u32 i;
 
 	for (i = 0; i < SOCK4_RANGE_MSG_SLOTS; i++) {
-		struct sock4_range_dst *d = &tag->msg[i];
+		void *d = range_tag_msg(tag, v6, i);
 
-		if (d->backend == addr && d->port == port)
+		if (range_dst_is(d, v6, ip, port))
 			return d;
-		if (!free && !d->svc_id)
+		if (!free && !range_dst_svc(d, v6))
 			free = d;
 	}
 	if (!create)
 		return NULL;
 	if (free)
 		return free;
-	i = tag->next++ & (SOCK4_RANGE_MSG_SLOTS - 1);
-	return &tag->msg[i];
+	next = range_tag_next(tag, v6);
+	i = (*next)++ & (SOCK4_RANGE_MSG_SLOTS - 1);
+	return range_tag_msg(tag, v6, i);
 }
 
-/* sock4_range_tag_set tells the egress program that the socket of ctx now
- * sends to addr:port (a backend) through a LoadBalancer IP of the
+/* sock_src_unset says whether the node's socket of ctx leaves its source
+ * address to the kernel: neither bound nor chosen for this datagram (an
+ * address the application chose, by bind() or IP_PKTINFO, is the source in
+ * kube-proxy too). */
+static __always_inline bool sock_src_unset(struct bpf_sock_addr *ctx, struct bpf_sock *sk,
+					   bool sendmsg, bool ctx6, bool v6)
+{
+	union sock_ip src = {};
+
+	if (v6) {
+		if (sendmsg) {
+			src.v6[0] = ctx->msg_src_ip6[0];
+			src.v6[1] = ctx->msg_src_ip6[1];
+			src.v6[2] = ctx->msg_src_ip6[2];
+			src.v6[3] = ctx->msg_src_ip6[3];
+		}
+		if (sock_ip_zero(&src, true)) {
+			src.v6[0] = sk->src_ip6[0];
+			src.v6[1] = sk->src_ip6[1];
+			src.v6[2] = sk->src_ip6[2];
+			src.v6[3] = sk->src_ip6[3];
+		}
+		return sock_ip_zero(&src, true);
+	}
+	if (sendmsg)
+		src.v4 = ctx6 ? ctx->msg_src_ip6[3] : ctx->msg_src_ip4;
+	if (!src.v4)
+		src.v4 = sk->src_ip4;
+	return !src.v4;
+}
+
+/* sock_range_tag_set tells the egress program that the socket of ctx now
+ * sends to ip:port (a backend) through a LoadBalancer IP of the
  * ServicePort svc_id, whose source ranges it must check; svc_id 0 says
- * that packets to addr:port are not checked. connect() sets the socket's
+ * that packets to ip:port are not checked. connect() sets the socket's
  * connected destination, sendmsg() (unconnected UDP) that of the datagram
  * being sent. Returns false when a needed tag could not be made.
  *
  * A socket never sent through such a LoadBalancer IP has no storage: for it
  * this is one lookup that finds nothing, and nothing is created. */
-static __always_inline bool sock4_range_tag_set(struct bpf_sock_addr *ctx, bool sendmsg, bool ctx6,
-						__u32 svc_id, __be32 addr, __be16 port)
+static __always_inline bool sock_range_tag_set(struct bpf_sock_addr *ctx, bool sendmsg, bool ctx6,
+					       bool v6, __u32 svc_id, const union sock_ip *ip,
+					       __be16 port)
 {
 	struct bpf_sock *sk = ctx->sk;
-	struct sock4_range_tag *tag;
-	struct sock4_range_dst *dst;
 	bool node = false;
 	__u8 flags = 0;
-	__be32 src = 0;
+	void *tag, *dst;
 
 	if (!sk)
 		return !svc_id;
 	if (svc_id && node_netns_cookie && bpf_get_netns_cookie(ctx) == node_netns_cookie) {
 		node = true;
-		/* An address the application chose (bind(), or IP_PKTINFO
-		 * for one datagram) is the source in kube-proxy too. */
-		if (sendmsg)
-			src = ctx6 ? ctx->msg_src_ip6[3] : ctx->msg_src_ip4;
-		if (!src)
-			src = sk->src_ip4;
-		if (!src)
+		if (sock_src_unset(ctx, sk, sendmsg, ctx6, v6))
 			flags = RANGE_DST_F_AS_NODE;
 	}
-	tag = bpf_sk_storage_get(&sock4_range_tags_v1, sk, 0,
+	tag = bpf_sk_storage_get(range_tags_map(v6), sk, 0,
 				 svc_id ? BPF_SK_STORAGE_GET_F_CREATE : 0);
 	if (!tag) {
 		if (!svc_id)
@@ -140,42 +271,23 @@ static __always_inline bool sock4_range_tag_set(struct bpf_sock_addr *ctx, bool 
 		return false;
 	}
 	if (node)
-		tag->flags |= RANGE_TAG_F_NODE;
+		*range_tag_flags(tag, v6) |= RANGE_TAG_F_NODE;
 	if (!sendmsg) {
-		sock4_range_dst_set(&tag->conn, svc_id, addr, port, flags);
+		range_dst_set(range_tag_conn(tag, v6), v6, svc_id, ip, port, flags);
 		return true;
 	}
-	dst = sock4_range_msg_slot(tag, addr, port, svc_id != 0);
+	dst = range_msg_slot(tag, v6, ip, port, svc_id != 0);
 	if (!dst)
 		return true;
 	if (svc_id) {
-		sock4_range_dst_set(dst, svc_id, addr, port, flags);
+		range_dst_set(dst, v6, svc_id, ip, port, flags);
 	} else {
 		/* The same backend by a way without ranges: unchecked. */
-		dst->svc_id = 0;
-		dst->backend = 0;
-		dst->port = 0;
+		union sock_ip none = {};
+
+		range_dst_set(dst, v6, 0, &none, 0, 0);
 	}
 	return true;
-}
-
-/* An address the socket programs handle: IPv4 in v4, or IPv6. */
-union sock_ip {
-	__be32 v4;
-	__be32 v6[4];
-};
-
-/* sock_range_tag_set is sock4_range_tag_set for an address of either
- * family (see sock_xlate_fwd). IPv6 sockets are not tagged yet: one sent
- * through an IPv6 LoadBalancer IP with source ranges is refused rather
- * than let through unchecked. */
-static __always_inline bool sock_range_tag_set(struct bpf_sock_addr *ctx, bool sendmsg, bool ctx6,
-					       bool v6, __u32 svc_id, const union sock_ip *ip,
-					       __be16 port)
-{
-	if (v6)
-		return !svc_id;
-	return sock4_range_tag_set(ctx, sendmsg, ctx6, svc_id, ip->v4, port);
 }
 
 /* The socket programs handle both families with one translation: v6 says
@@ -188,14 +300,6 @@ union sock_lb_key {
 	struct lb4_key k4;
 	struct lb6_key k6;
 };
-
-static __always_inline bool sock_ip_eq(const union sock_ip *a, const union sock_ip *b, bool v6)
-{
-	if (!v6)
-		return a->v4 == b->v4;
-	return a->v6[0] == b->v6[0] && a->v6[1] == b->v6[1] && a->v6[2] == b->v6[2] &&
-	       a->v6[3] == b->v6[3];
-}
 
 /* ctx_v4mapped says whether the address of an AF_INET6 hook is an IPv4-mapped
  * one. */
@@ -611,9 +715,103 @@ int cg_getpeername6(struct bpf_sock_addr *ctx)
 #define SKB_PASS    1
 #define SKB_DROP_CN 2
 
-/* cg_egress4 drops a packet that a socket tagged by sock4_range_tag_set
+/* The fixed IPv6 header (RFC 8200). */
+struct range_ip6hdr {
+	__be32 vtc_flow;
+	__be16 payload_len;
+	__u8 nexthdr;
+	__u8 hop_limit;
+	__be32 saddr[4];
+	__be32 daddr[4];
+};
+
+/* A packet as the source range check reads it. */
+struct range_pkt {
+	union sock_ip saddr;
+	union sock_ip daddr;
+	__be16 dport;
+	__u8 proto;
+};
+
+/* range_pkt_read reads the addresses and destination port of a TCP or UDP
+ * packet of family v6; false for anything else. The egress hook runs
+ * before fragmentation: an IPv4 packet with an offset is not one of ours,
+ * and neither is an IPv6 packet whose next header is not TCP or UDP
+ * (sockets' own packets carry no extension headers here). */
+static __always_inline bool range_pkt_read(struct __sk_buff *skb, bool v6, struct range_pkt *p)
+{
+	__be16 ports[2];
+	__u32 l4;
+
+	__builtin_memset(p, 0, sizeof(*p));
+	if (v6) {
+		struct range_ip6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, 0, &ip6, sizeof(ip6)))
+			return false;
+		p->proto = ip6.nexthdr;
+		__builtin_memcpy(p->saddr.v6, ip6.saddr, sizeof(p->saddr.v6));
+		__builtin_memcpy(p->daddr.v6, ip6.daddr, sizeof(p->daddr.v6));
+		l4 = sizeof(ip6);
+	} else {
+		struct iphdr ip;
+
+		if (bpf_skb_load_bytes(skb, 0, &ip, sizeof(ip)))
+			return false;
+		if (ip.frag_off & bpf_htons(0x1fff))
+			return false;
+		p->proto = ip.protocol;
+		p->saddr.v4 = ip.saddr;
+		p->daddr.v4 = ip.daddr;
+		l4 = ip.ihl * 4;
+	}
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return false;
+	if (bpf_skb_load_bytes(skb, l4, ports, sizeof(ports)))
+		return false;
+	p->dport = ports[1];
+	return true;
+}
+
+/* range_check is the verdict on a packet of family v6 that the full
+ * socket sk sends (see cg_egress4). */
+static __always_inline int range_check(struct __sk_buff *skb, struct bpf_sock *sk, bool v6)
+{
+	struct range_pkt p;
+	void *tag, *dst;
+	__u32 svc_id;
+
+	tag = bpf_sk_storage_get(range_tags_map(v6), sk, 0, 0);
+	if (!tag)
+		return SKB_PASS;
+	if (!range_pkt_read(skb, v6, &p))
+		return SKB_PASS;
+	dst = range_msg_slot(tag, v6, &p.daddr, p.dport, false);
+	if (!dst) {
+		dst = range_tag_conn(tag, v6);
+		if (!range_dst_is(dst, v6, &p.daddr, p.dport))
+			return SKB_PASS;
+	}
+	svc_id = range_dst_svc(dst, v6);
+	if (!svc_id || range_dst_admitted(dst, v6, &p.saddr))
+		return SKB_PASS;
+	if ((range_dst_flags(dst, v6) & RANGE_DST_F_AS_NODE)
+		    ? range_node_allowed(v6, svc_id)
+		    : range_allowed(v6, svc_id, &p.saddr)) {
+		range_dst_admit(dst, v6, &p.saddr);
+		return SKB_PASS;
+	}
+	lb_count(LB_M_SOCK_SOURCE_RANGE);
+	if (p.proto == IPPROTO_UDP && !(*range_tag_flags(tag, v6) & RANGE_TAG_F_NODE))
+		return SKB_DROP_CN;
+	return SKB_DROP;
+}
+
+/* cg_egress4 drops a packet that a socket tagged by sock_range_tag_set
  * sends to its backend from a source address outside the ServicePort's
- * loadBalancerSourceRanges, as kube-proxy's firewall chain does.
+ * loadBalancerSourceRanges, as kube-proxy's firewall chain does. It checks
+ * IPv6 packets too, against the IPv6 tags and ranges; its name, which its
+ * pinned link carries, is from when it checked IPv4 only.
  *
  * What the sender sees is kube-proxy's: a TCP connect() retransmits its SYN
  * until it times out; a pod's UDP datagram is lost without an error (kube-
@@ -625,11 +823,7 @@ int cg_getpeername6(struct bpf_sock_addr *ctx)
 SEC("cgroup_skb/egress")
 int cg_egress4(struct __sk_buff *skb)
 {
-	struct sock4_range_tag *tag;
-	struct sock4_range_dst *dst;
 	struct bpf_sock *sk;
-	struct iphdr ip;
-	__be16 ports[2];
 
 	sk = skb->sk;
 	if (!sk)
@@ -637,38 +831,11 @@ int cg_egress4(struct __sk_buff *skb)
 	sk = bpf_sk_fullsock(sk);
 	if (!sk)
 		return SKB_PASS;
-	tag = bpf_sk_storage_get(&sock4_range_tags_v1, sk, 0, 0);
-	if (!tag)
-		return SKB_PASS;
-	if (skb->protocol != bpf_htons(ETH_P_IP))
-		return SKB_PASS;
-	if (bpf_skb_load_bytes(skb, 0, &ip, sizeof(ip)))
-		return SKB_PASS;
-	if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
-		return SKB_PASS;
-	/* The egress hook runs before fragmentation: a packet with an
-	 * offset is not one of ours. */
-	if (ip.frag_off & bpf_htons(0x1fff))
-		return SKB_PASS;
-	if (bpf_skb_load_bytes(skb, ip.ihl * 4, ports, sizeof(ports)))
-		return SKB_PASS;
-	dst = sock4_range_msg_slot(tag, ip.daddr, ports[1], false);
-	if (!dst) {
-		if (tag->conn.backend != ip.daddr || tag->conn.port != ports[1])
-			return SKB_PASS;
-		dst = &tag->conn;
-	}
-	if (!dst->svc_id || dst->allowed_saddr == ip.saddr)
-		return SKB_PASS;
-	if ((dst->flags & RANGE_DST_F_AS_NODE) ? range_node_allowed(dst->svc_id)
-					       : range_allowed(dst->svc_id, ip.saddr)) {
-		dst->allowed_saddr = ip.saddr;
-		return SKB_PASS;
-	}
-	lb_count(LB_M_SOCK_SOURCE_RANGE);
-	if (ip.protocol == IPPROTO_UDP && !(tag->flags & RANGE_TAG_F_NODE))
-		return SKB_DROP_CN;
-	return SKB_DROP;
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		return range_check(skb, sk, false);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return range_check(skb, sk, true);
+	return SKB_PASS;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -214,6 +214,31 @@ type SockSock4UdpKey struct {
 	Pad     [2]uint8
 }
 
+type SockSock6RangeTag struct {
+	_    structs.HostLayout
+	Conn struct {
+		_            structs.HostLayout
+		SvcId        uint32
+		Backend      [4]uint32
+		Port         uint16
+		Flags        uint8
+		Pad          uint8
+		AllowedSaddr [4]uint32
+	}
+	Msg [4]struct {
+		_            structs.HostLayout
+		SvcId        uint32
+		Backend      [4]uint32
+		Port         uint16
+		Flags        uint8
+		Pad          uint8
+		AllowedSaddr [4]uint32
+	}
+	Flags uint8
+	Next  uint8
+	Pad   [2]uint8
+}
+
 type SockSock6Revnat struct {
 	_        structs.HostLayout
 	Address  [4]uint32
@@ -258,6 +283,7 @@ const (
 	SockMapSock4RangeTagsV1  = "sock4_range_tags_v1"
 	SockMapSock4RevnatV1     = "sock4_revnat_v1"
 	SockMapSock4UdpFwdV1     = "sock4_udp_fwd_v1"
+	SockMapSock6RangeTagsV1  = "sock6_range_tags_v1"
 	SockMapSock6RevnatV1     = "sock6_revnat_v1"
 	SockMapSock6UdpFwdV1     = "sock6_udp_fwd_v1"
 	SockProgCgConnect4       = "cg_connect4"
@@ -346,6 +372,7 @@ type SockMapSpecs struct {
 	Sock4RangeTagsV1  *ebpf.MapSpec `ebpf:"sock4_range_tags_v1"`
 	Sock4RevnatV1     *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
 	Sock4UdpFwdV1     *ebpf.MapSpec `ebpf:"sock4_udp_fwd_v1"`
+	Sock6RangeTagsV1  *ebpf.MapSpec `ebpf:"sock6_range_tags_v1"`
 	Sock6RevnatV1     *ebpf.MapSpec `ebpf:"sock6_revnat_v1"`
 	Sock6UdpFwdV1     *ebpf.MapSpec `ebpf:"sock6_udp_fwd_v1"`
 }
@@ -394,6 +421,7 @@ type SockMaps struct {
 	Sock4RangeTagsV1  *ebpf.Map `ebpf:"sock4_range_tags_v1"`
 	Sock4RevnatV1     *ebpf.Map `ebpf:"sock4_revnat_v1"`
 	Sock4UdpFwdV1     *ebpf.Map `ebpf:"sock4_udp_fwd_v1"`
+	Sock6RangeTagsV1  *ebpf.Map `ebpf:"sock6_range_tags_v1"`
 	Sock6RevnatV1     *ebpf.Map `ebpf:"sock6_revnat_v1"`
 	Sock6UdpFwdV1     *ebpf.Map `ebpf:"sock6_udp_fwd_v1"`
 }
@@ -416,6 +444,7 @@ func (m *SockMaps) Close() error {
 		m.Sock4RangeTagsV1,
 		m.Sock4RevnatV1,
 		m.Sock4UdpFwdV1,
+		m.Sock6RangeTagsV1,
 		m.Sock6RevnatV1,
 		m.Sock6UdpFwdV1,
 	)

@@ -76,6 +76,7 @@ var rebuiltMaps = map[string]bool{
 	bpfobj.SockMapSock4UdpFwdV1:    true,
 	bpfobj.SockMapLb4AffinityV1:    true,
 	bpfobj.SockMapSock4RangeTagsV1: true,
+	bpfobj.SockMapSock6RangeTagsV1: true,
 	bpfobj.SockMapSock6RevnatV1:    true,
 	bpfobj.SockMapSock6UdpFwdV1:    true,
 	bpfobj.SockMapLb6AffinityV1:    true,

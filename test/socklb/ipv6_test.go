@@ -1,8 +1,10 @@
 package socklb_test
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -63,12 +65,26 @@ func (e *env6) setSlice6(es *discoveryv1.EndpointSlice) {
 	e.tr.UpdateEndpointSlice(e.tl.EndpointSlice(es))
 }
 
+// sync6 programs everything recorded so far in the IPv6 maps, attaching
+// the source range check around it as the agent does (env.sync's
+// detaching looks at the IPv4 Writer only: the tests that use both
+// families set no IPv6 ranges).
 func (e *env6) sync6() {
 	e.t.Helper()
 	up := e.tr.Apply()
 	up.Full = up.Full || !e.synced
+	if maps.WantsSourceRangeCheck(up) {
+		if err := e.loaded.SetSourceRangeCheck(true); err != nil {
+			e.t.Fatal(err)
+		}
+	}
 	if err := e.w.Sync(up); err != nil {
 		e.t.Fatalf("sync IPv6: %v", err)
+	}
+	if !e.w.HasSourceRanges() && !e.env.w.HasSourceRanges() {
+		if err := e.loaded.SetSourceRangeCheck(false); err != nil {
+			e.t.Fatal(err)
+		}
 	}
 	e.synced = true
 }
@@ -358,5 +374,105 @@ func TestIPv4MappedAddressesOnIPv6SocketsReachIPv4Services(t *testing.T) {
 				t.Errorf("connect to %s without endpoints: %+v, want ECONNREFUSED", dead, r)
 			}
 		}
+	})
+}
+
+// TestIPv6SourceRangesForPodsAndTheNode is TestSourceRangesForPodsAndTheNode
+// over IPv6: pods and the node reaching an IPv6 LoadBalancer IP are held to
+// its IPv6 loadBalancerSourceRanges by the egress check of their sockets'
+// IPv6 packets.
+func TestIPv6SourceRangesForPodsAndTheNode(t *testing.T) {
+	e := newEnv6(t, 1)
+	e.tr.UpdateNode(model.Node{Name: nodeName, Addrs: []netip.Addr{e.node.IP6}})
+	e.tr.SetLocalAddrs([]netip.Addr{e.node.IP6})
+	inside, err := e.sb.AddClient(e.node, "inside", netip.MustParseAddr("10.244.1.200"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	outside, err := e.sb.AddClient(e.node, "outside", netip.MustParseAddr("10.244.1.220"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wait = time.Second
+	inside, outside = inside.WithTimeout(wait), outside.WithTimeout(wait)
+	node := e.sb.ClientAt(e.node.Host).WithTimeout(wait)
+
+	lb := netip.MustParseAddrPort("[fd00:198:19::5]:80")
+	udpLB := netip.MustParseAddrPort("[fd00:198:19::9]:53")
+	open := netip.MustParseAddrPort("[fd00:198:19::10]:80")
+	podRange := "fd00:10:244:1::200/124" // holds inside (::200), not outside (::220)
+	program := func(ranges ...string) {
+		t.Helper()
+		// An IPv4 range is not the IPv6 LoadBalancer IP's.
+		ranges = append(ranges, "0.0.0.0/0")
+		e.addWeb6([]func(*v1.Service){loadBalancer(lb.Addr()), withRanges(ranges...)}, e.pod6EPs(0)...)
+		e.setService6(makeService("dns-lb6", "fd00:10:96::54", 53, v1.ProtocolUDP, intstr.FromString("p"),
+			loadBalancer(udpLB.Addr()), withRanges(ranges...)))
+		e.setSlice6(makeSlice("dns-lb6", "dns-lb6-1", udpPort, v1.ProtocolUDP, e.pod6EPs(0)...))
+		e.setService6(makeService("open6", "fd00:10:96::81", 80, v1.ProtocolTCP, intstr.FromString("p"), loadBalancer(open.Addr())))
+		e.setSlice6(makeSlice("open6", "open6-1", tcpPort, v1.ProtocolTCP, e.pod6EPs(0)...))
+		e.sync6()
+	}
+	type probe struct {
+		name   string
+		client *sandbox.Client
+		kind   probeKind
+		addr   netip.AddrPort
+		want   string
+	}
+	run := func(t *testing.T, probes []probe) {
+		for _, p := range probes {
+			t.Run(fmt.Sprintf("%s %s from %s to %s", p.name, p.kind, p.client.Name, p.addr), func(t *testing.T) {
+				if got := e.outcome(t, p.client, p.kind, p.addr); got != p.want {
+					t.Errorf("got %s, want %s", got, p.want)
+				}
+			})
+		}
+	}
+
+	t.Run("ranges hold one pod, not the node", func(t *testing.T) {
+		program(podRange)
+		if !e.loaded.SourceRangeCheck() {
+			t.Fatal("egress check not attached while a Service has IPv6 source ranges")
+		}
+		before := e.counters()["sock_dropped_source_range"]
+		run(t, []probe{
+			{"pod inside the ranges reaches the LoadBalancer IP", inside, probeTCP, lb, reached},
+			{"pod inside the ranges reaches the LoadBalancer IP", inside, probeUDP, udpLB, reached},
+			{"pod inside the ranges reaches the LoadBalancer IP", inside, probeUDPConnected, udpLB, reached},
+			{"pod outside the ranges is dropped", outside, probeTCP, lb, timedOut},
+			{"pod outside the ranges loses its datagram without an error", outside, probeUDP, udpLB, timedOut},
+			{"pod outside the ranges loses its datagram without an error", outside, probeUDPConnected, udpLB, timedOut},
+			{"the ClusterIP is not restricted", outside, probeTCP, web6VIP, reached},
+			{"a Service without ranges is not restricted", outside, probeTCP, open, reached},
+			{"the node outside the ranges is dropped", node, probeTCP, lb, timedOut},
+			{"the node's datagram is refused in its OUTPUT path", node, probeUDP, udpLB, eperm},
+		})
+		if after := e.counters()["sock_dropped_source_range"]; after <= before {
+			t.Errorf("sock_dropped_source_range stayed at %d", after)
+		}
+	})
+
+	t.Run("ranges hold the node too", func(t *testing.T) {
+		program(podRange, "fd00:192:168:77::/64")
+		run(t, []probe{
+			{"the node inside the ranges reaches the LoadBalancer IP", node, probeTCP, lb, reached},
+			{"the node inside the ranges reaches the LoadBalancer IP", node, probeUDP, udpLB, reached},
+			{"pod outside the ranges is still dropped", outside, probeTCP, lb, timedOut},
+		})
+	})
+
+	t.Run("ranges removed", func(t *testing.T) {
+		e.addWeb6([]func(*v1.Service){loadBalancer(lb.Addr())}, e.pod6EPs(0)...)
+		e.setService6(makeService("dns-lb6", "fd00:10:96::54", 53, v1.ProtocolUDP, intstr.FromString("p"), loadBalancer(udpLB.Addr())))
+		e.sync6()
+		if e.loaded.SourceRangeCheck() {
+			t.Error("egress check still attached without any source ranges")
+		}
+		run(t, []probe{
+			{"every pod reaches the LoadBalancer IP", outside, probeTCP, lb, reached},
+			{"every pod reaches the LoadBalancer IP", outside, probeUDP, udpLB, reached},
+			{"the node reaches the LoadBalancer IP", node, probeTCP, lb, reached},
+		})
 	})
 }

@@ -77,14 +77,9 @@ func TestIPv6TrafficFromTheNodeFollowsTheModelVerdicts(t *testing.T) {
 		if c.From == behaviour.ClientExternal || c.From == behaviour.ClientBlocked {
 			continue
 		}
-		// Sockets sent through an IPv6 LoadBalancer IP with source
-		// ranges are not checked against them yet: refused instead.
-		if c.Name == "pod outside the source ranges is dropped at the LB IP" {
-			continue
-		}
 		cases = append(cases, c)
 	}
-	if len(cases) < 15 {
+	if len(cases) < 17 {
 		t.Fatalf("only %d rows left of the table", len(cases))
 	}
 	e := behaviour.NewEnv6(t, factory6)

@@ -304,13 +304,14 @@ func netipAddrPort(b maps.Backend) netip.AddrPort { return netip.AddrPortFrom(b.
 // d.Close closes it; it has no Close of its own. Every call returns the
 // same dataplane.
 //
+// NodePorts are served on the IPv6 addresses of up.State.Node.NodePorts,
+// which the caller's tracker must be given (nodeaddrs.Local lists IPv4
+// addresses only).
+//
 // What it does not do yet: the TC and XDP programs serve IPv4 only, so
 // IPv6 NodePorts, external and LoadBalancer IPs are reached from the
-// node's and its pods' sockets only; sockets connected to a removed IPv6
-// backend are not ended (the terminator speaks IPv4 sock_diag); and an
-// IPv6 LoadBalancer IP with loadBalancerSourceRanges refuses the node's
-// and its pods' connections (their sockets are not checked against the
-// ranges yet).
+// node's and its pods' sockets only; and sockets connected to a removed
+// IPv6 backend are not ended (the terminator speaks IPv4 sock_diag).
 func (d *Dataplane) IPv6() dataplane.Dataplane { return ipv6Dataplane{d} }
 
 // ipv6Dataplane is what IPv6 returns.
