@@ -3,6 +3,7 @@ package socklb_test
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -475,4 +476,78 @@ func TestIPv6SourceRangesForPodsAndTheNode(t *testing.T) {
 			{"the node reaches the LoadBalancer IP", node, probeTCP, lb, reached},
 		})
 	})
+}
+
+// TestIPv6NewConnectionsFollowEndpointChanges is
+// TestNewConnectionsFollowEndpointChanges over IPv6: new connections go to
+// the endpoints a change leaves (ready ones first, serving-terminating ones
+// when none is ready, never not-ready ones), while a connection opened
+// before keeps working.
+func TestIPv6NewConnectionsFollowEndpointChanges(t *testing.T) {
+	e := newEnv6(t, 3)
+	e.addWeb6(nil, e.pod6EPs(0, 1)...)
+	hold := e.hold(web6VIP)
+	ip := func(i int) netip.Addr { return e.pods[i].IP6 }
+
+	steps := []struct {
+		name string
+		eps  []ep
+		want []string
+	}{
+		{"endpoint added", e.pod6EPs(0, 1, 2), e.podNames(0, 1, 2)},
+		{"endpoint removed", e.pod6EPs(1, 2), e.podNames(1, 2)},
+		{"one turns terminating: ready ones only", []ep{{ip(1), terminating}, {ip(2), ready}}, e.podNames(2)},
+		{"not-ready endpoints are never used", []ep{{ip(0), notReady}, {ip(1), terminating}, {ip(2), ready}}, e.podNames(2)},
+		{"all terminating: serving-terminating fallback", []ep{{ip(1), terminating}, {ip(2), terminating}}, e.podNames(1, 2)},
+	}
+	for _, step := range steps {
+		t.Run(step.name, func(t *testing.T) {
+			e.setSlice6(makeSlice("web6", "web6-1", tcpPort, v1.ProtocolTCP, step.eps...))
+			e.sync6()
+			got := e.tcpServers(e.client, web6VIP, e.client.IP6, 60)
+			var names []string
+			for n := range got {
+				names = append(names, n)
+			}
+			slices.Sort(names)
+			if !slices.Equal(names, step.want) {
+				t.Errorf("60 new connections reached %v, want exactly %v", names, step.want)
+			}
+			hold.check(t)
+		})
+	}
+}
+
+// Datagrams from one unconnected socket stay on one backend over IPv6 and
+// through an IPv4-mapped ClusterIP, as over IPv4.
+func TestIPv6UDPFlowStaysOnOneBackend(t *testing.T) {
+	e := newEnv6(t, 3)
+	e.setService6(makeService("dns6", dns6VIP.Addr().String(), int32(dns6VIP.Port()), v1.ProtocolUDP, intstr.FromInt32(udpPort)))
+	e.setSlice6(makeSlice("dns6", "dns6-1", udpPort, v1.ProtocolUDP, e.pod6EPs(0, 1, 2)...))
+	e.sync6()
+	e.setService(makeService("dns", dnsVIP.Addr().String(), int32(dnsVIP.Port()), v1.ProtocolUDP, intstr.FromInt32(udpPort)))
+	e.setSlice(makeSlice("dns", "dns-1", udpPort, v1.ProtocolUDP, e.podEPs(0, 1, 2)...))
+	e.sync()
+	for _, vip := range []netip.AddrPort{dns6VIP, mapped(dnsVIP)} {
+		t.Run(vip.String(), func(t *testing.T) {
+			before := e.counters()["udp_sticky"]
+			rep, err := e.client.UDPOneSocket(e.ctx(), vip, 30)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]int{}
+			for _, r := range rep.Results {
+				if r.Err != "" || r.From != vip {
+					t.Fatalf("datagram: %+v, want a reply from %s", r, vip)
+				}
+				got[r.Server]++
+			}
+			if _, ok := only(got); !ok {
+				t.Errorf("one socket's datagrams were spread over %v", got)
+			}
+			if c := e.counters()["udp_sticky"] - before; c < 29 {
+				t.Errorf("udp_sticky counted %d, want the 29 datagrams after the first", c)
+			}
+		})
+	}
 }
