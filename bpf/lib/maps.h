@@ -100,6 +100,75 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb4_source_ranges_v1 SEC(".maps");
 
+/* The IPv6 maps of the socket programs (struct lb6_key and the others in
+ * structs.h), sized by the IPv4 maps' limits unless the loader patches
+ * them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb6_key);
+	__type(value, struct lb4_service);
+	__uint(max_entries, LB4_SERVICES_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb6_services_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct lb6_backend);
+	__uint(max_entries, LB4_BACKENDS_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb6_backends_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct lb6_reverse_nat);
+	__uint(max_entries, LB4_REVNAT_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb6_revnat_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct sock6_revnat_key);
+	__type(value, struct sock6_revnat);
+	__uint(max_entries, SOCK4_REVNAT_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sock6_revnat_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb6_affinity_key);
+	__type(value, struct lb4_affinity);
+	__uint(max_entries, LB4_AFFINITY_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb6_affinity_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb4_member_key);
+	__type(value, __u8);
+	__uint(max_entries, LB4_MEMBERS_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb6_members_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct sock6_udp_key);
+	__type(value, struct sock4_udp);
+	__uint(max_entries, SOCK4_REVNAT_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sock6_udp_fwd_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lb6_src_range_key);
+	__type(value, __u8);
+	__uint(max_entries, LB4_SOURCE_RANGES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb6_source_ranges_v1 SEC(".maps");
+
 #define LB_METRICS_SLOTS 128
 _Static_assert(LB_M_MAX <= LB_METRICS_SLOTS, "lb_metrics_v1 has no room for every counter");
 

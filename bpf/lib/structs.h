@@ -209,6 +209,107 @@ struct sock4_revnat {
 	__u32 rev_nat_id;
 };
 
+/* IPv6. The socket programs serve IPv6 destinations from maps of their own,
+ * whose layouts follow the IPv4 ones with a 16-byte address (four __be32
+ * words in network order). Backend, reverse NAT and ServicePort ids are
+ * those of the IPv6 maps: the agent numbers each family apart. The service
+ * value (struct lb4_service), the membership key, the affinity value and
+ * the UDP forward value name no address and are shared with IPv4. An
+ * IPv4-mapped destination (::ffff:a.b.c.d) of an AF_INET6 socket is IPv4:
+ * it goes through the IPv4 maps. */
+
+/* Key of lb6_services, as struct lb4_key. */
+struct lb6_key {
+	__be32 address[4];
+	__be16 dport;
+	__u16 slot;
+	__u8 proto;
+	__u8 scope;
+	__u8 pad[2];
+};
+
+/* Value of lb6_backends, keyed by a __u32 backend id, as struct
+ * lb4_backend. */
+struct lb6_backend {
+	__be32 address[4];
+	__be16 port;
+	__u8 proto;
+	__u8 flags;
+};
+
+/* Value of lb6_revnat, keyed by a __u32 rev-nat id, as struct
+ * lb4_reverse_nat. */
+struct lb6_reverse_nat {
+	__be32 address[4];
+	__be16 port;
+	__u8 pad[2];
+};
+
+/* Key of lb6_affinity, as struct lb4_affinity_key: client is a netns
+ * cookie in its first word (AFFINITY_CLIENT_NETNS, the socket programs), or
+ * room for an IPv6 address in network order (AFFINITY_CLIENT_ADDR). */
+struct lb6_affinity_key {
+	__u64 client[2];
+	__u32 svc_id;
+	__u8 client_kind;
+	__u8 pad[3];
+};
+
+/* Key of lb6_source_ranges, an LPM trie, as struct lb4_src_range_key:
+ * prefixlen counts svc_id's 32 bits and the CIDR's; a lookup gives 160 and
+ * the client's address. svc_id | SRC_RANGE_NODE with address 0 is the
+ * node's entry. */
+struct lb6_src_range_key {
+	__u32 prefixlen;
+	__u32 svc_id;
+	__be32 address[4];
+};
+
+/* Key of sock6_udp_fwd (value struct sock4_udp), as struct sock4_udp_key. */
+struct sock6_udp_key {
+	__u64 cookie;
+	__be32 address[4];
+	__be16 port;
+	__u8 pad[6];
+};
+
+/* Key and value of sock6_revnat, as struct sock4_revnat_key and struct
+ * sock4_revnat. */
+struct sock6_revnat_key {
+	__u64 cookie;
+	__be32 address[4];
+	__be16 port;
+	__u8 pad[6];
+};
+
+struct sock6_revnat {
+	__be32 address[4];
+	__be16 port;
+	__u8 pad[2];
+	__u32 rev_nat_id;
+};
+
+/* One destination of a socket's IPv6 packets that the egress program
+ * checks against a ServicePort's source ranges, as struct sock4_range_dst. */
+struct sock6_range_dst {
+	__u32 svc_id;
+	__be32 backend[4];
+	__be16 port;
+	__u8 flags;
+	__u8 pad;
+	__be32 allowed_saddr[4];
+};
+
+/* Value of sock6_range_tags, a socket storage, as struct sock4_range_tag:
+ * what the egress program must check of a socket's IPv6 packets. */
+struct sock6_range_tag {
+	struct sock6_range_dst conn;
+	struct sock6_range_dst msg[SOCK4_RANGE_MSG_SLOTS];
+	__u8 flags;
+	__u8 next;
+	__u8 pad[2];
+};
+
 /* Direction of a tc4_ct entry's key. */
 enum {
 	CT_DIR_ORIG = 0,  /* the flow as the client sends it, to the frontend */

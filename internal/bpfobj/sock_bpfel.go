@@ -76,6 +76,46 @@ type SockLb4SrcRangeKey struct {
 	Address   uint32
 }
 
+type SockLb6AffinityKey struct {
+	_          structs.HostLayout
+	Client     [2]uint64
+	SvcId      uint32
+	ClientKind uint8
+	Pad        [3]uint8
+}
+
+type SockLb6Backend struct {
+	_       structs.HostLayout
+	Address [4]uint32
+	Port    uint16
+	Proto   uint8
+	Flags   uint8
+}
+
+type SockLb6Key struct {
+	_       structs.HostLayout
+	Address [4]uint32
+	Dport   uint16
+	Slot    uint16
+	Proto   uint8
+	Scope   uint8
+	Pad     [2]uint8
+}
+
+type SockLb6ReverseNat struct {
+	_       structs.HostLayout
+	Address [4]uint32
+	Port    uint16
+	Pad     [2]uint8
+}
+
+type SockLb6SrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Address   [4]uint32
+}
+
 type SockLbMetric uint32
 
 const (
@@ -174,6 +214,55 @@ type SockSock4UdpKey struct {
 	Pad     [2]uint8
 }
 
+type SockSock6RangeTag struct {
+	_    structs.HostLayout
+	Conn struct {
+		_            structs.HostLayout
+		SvcId        uint32
+		Backend      [4]uint32
+		Port         uint16
+		Flags        uint8
+		Pad          uint8
+		AllowedSaddr [4]uint32
+	}
+	Msg [4]struct {
+		_            structs.HostLayout
+		SvcId        uint32
+		Backend      [4]uint32
+		Port         uint16
+		Flags        uint8
+		Pad          uint8
+		AllowedSaddr [4]uint32
+	}
+	Flags uint8
+	Next  uint8
+	Pad   [2]uint8
+}
+
+type SockSock6Revnat struct {
+	_        structs.HostLayout
+	Address  [4]uint32
+	Port     uint16
+	Pad      [2]uint8
+	RevNatId uint32
+}
+
+type SockSock6RevnatKey struct {
+	_       structs.HostLayout
+	Cookie  uint64
+	Address [4]uint32
+	Port    uint16
+	Pad     [6]uint8
+}
+
+type SockSock6UdpKey struct {
+	_       structs.HostLayout
+	Cookie  uint64
+	Address [4]uint32
+	Port    uint16
+	Pad     [6]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -184,15 +273,28 @@ const (
 	SockMapLb4RevnatV1       = "lb4_revnat_v1"
 	SockMapLb4ServicesV1     = "lb4_services_v1"
 	SockMapLb4SourceRangesV1 = "lb4_source_ranges_v1"
+	SockMapLb6AffinityV1     = "lb6_affinity_v1"
+	SockMapLb6BackendsV1     = "lb6_backends_v1"
+	SockMapLb6MembersV1      = "lb6_members_v1"
+	SockMapLb6RevnatV1       = "lb6_revnat_v1"
+	SockMapLb6ServicesV1     = "lb6_services_v1"
+	SockMapLb6SourceRangesV1 = "lb6_source_ranges_v1"
 	SockMapLbMetricsV1       = "lb_metrics_v1"
 	SockMapSock4RangeTagsV1  = "sock4_range_tags_v1"
 	SockMapSock4RevnatV1     = "sock4_revnat_v1"
 	SockMapSock4UdpFwdV1     = "sock4_udp_fwd_v1"
+	SockMapSock6RangeTagsV1  = "sock6_range_tags_v1"
+	SockMapSock6RevnatV1     = "sock6_revnat_v1"
+	SockMapSock6UdpFwdV1     = "sock6_udp_fwd_v1"
 	SockProgCgConnect4       = "cg_connect4"
+	SockProgCgConnect6       = "cg_connect6"
 	SockProgCgEgress4        = "cg_egress4"
 	SockProgCgGetpeername4   = "cg_getpeername4"
+	SockProgCgGetpeername6   = "cg_getpeername6"
 	SockProgCgRecvmsg4       = "cg_recvmsg4"
+	SockProgCgRecvmsg6       = "cg_recvmsg6"
 	SockProgCgSendmsg4       = "cg_sendmsg4"
+	SockProgCgSendmsg6       = "cg_sendmsg6"
 	SockVarHaveSetRetval     = "have_set_retval"
 	SockVarNodeNetnsCookie   = "node_netns_cookie"
 )
@@ -240,10 +342,14 @@ type SockSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type SockProgramSpecs struct {
 	CgConnect4     *ebpf.ProgramSpec `ebpf:"cg_connect4"`
+	CgConnect6     *ebpf.ProgramSpec `ebpf:"cg_connect6"`
 	CgEgress4      *ebpf.ProgramSpec `ebpf:"cg_egress4"`
 	CgGetpeername4 *ebpf.ProgramSpec `ebpf:"cg_getpeername4"`
+	CgGetpeername6 *ebpf.ProgramSpec `ebpf:"cg_getpeername6"`
 	CgRecvmsg4     *ebpf.ProgramSpec `ebpf:"cg_recvmsg4"`
+	CgRecvmsg6     *ebpf.ProgramSpec `ebpf:"cg_recvmsg6"`
 	CgSendmsg4     *ebpf.ProgramSpec `ebpf:"cg_sendmsg4"`
+	CgSendmsg6     *ebpf.ProgramSpec `ebpf:"cg_sendmsg6"`
 }
 
 // SockMapSpecs contains maps before they are loaded into the kernel.
@@ -256,10 +362,19 @@ type SockMapSpecs struct {
 	Lb4RevnatV1       *ebpf.MapSpec `ebpf:"lb4_revnat_v1"`
 	Lb4ServicesV1     *ebpf.MapSpec `ebpf:"lb4_services_v1"`
 	Lb4SourceRangesV1 *ebpf.MapSpec `ebpf:"lb4_source_ranges_v1"`
+	Lb6AffinityV1     *ebpf.MapSpec `ebpf:"lb6_affinity_v1"`
+	Lb6BackendsV1     *ebpf.MapSpec `ebpf:"lb6_backends_v1"`
+	Lb6MembersV1      *ebpf.MapSpec `ebpf:"lb6_members_v1"`
+	Lb6RevnatV1       *ebpf.MapSpec `ebpf:"lb6_revnat_v1"`
+	Lb6ServicesV1     *ebpf.MapSpec `ebpf:"lb6_services_v1"`
+	Lb6SourceRangesV1 *ebpf.MapSpec `ebpf:"lb6_source_ranges_v1"`
 	LbMetricsV1       *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
 	Sock4RangeTagsV1  *ebpf.MapSpec `ebpf:"sock4_range_tags_v1"`
 	Sock4RevnatV1     *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
 	Sock4UdpFwdV1     *ebpf.MapSpec `ebpf:"sock4_udp_fwd_v1"`
+	Sock6RangeTagsV1  *ebpf.MapSpec `ebpf:"sock6_range_tags_v1"`
+	Sock6RevnatV1     *ebpf.MapSpec `ebpf:"sock6_revnat_v1"`
+	Sock6UdpFwdV1     *ebpf.MapSpec `ebpf:"sock6_udp_fwd_v1"`
 }
 
 // SockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -296,10 +411,19 @@ type SockMaps struct {
 	Lb4RevnatV1       *ebpf.Map `ebpf:"lb4_revnat_v1"`
 	Lb4ServicesV1     *ebpf.Map `ebpf:"lb4_services_v1"`
 	Lb4SourceRangesV1 *ebpf.Map `ebpf:"lb4_source_ranges_v1"`
+	Lb6AffinityV1     *ebpf.Map `ebpf:"lb6_affinity_v1"`
+	Lb6BackendsV1     *ebpf.Map `ebpf:"lb6_backends_v1"`
+	Lb6MembersV1      *ebpf.Map `ebpf:"lb6_members_v1"`
+	Lb6RevnatV1       *ebpf.Map `ebpf:"lb6_revnat_v1"`
+	Lb6ServicesV1     *ebpf.Map `ebpf:"lb6_services_v1"`
+	Lb6SourceRangesV1 *ebpf.Map `ebpf:"lb6_source_ranges_v1"`
 	LbMetricsV1       *ebpf.Map `ebpf:"lb_metrics_v1"`
 	Sock4RangeTagsV1  *ebpf.Map `ebpf:"sock4_range_tags_v1"`
 	Sock4RevnatV1     *ebpf.Map `ebpf:"sock4_revnat_v1"`
 	Sock4UdpFwdV1     *ebpf.Map `ebpf:"sock4_udp_fwd_v1"`
+	Sock6RangeTagsV1  *ebpf.Map `ebpf:"sock6_range_tags_v1"`
+	Sock6RevnatV1     *ebpf.Map `ebpf:"sock6_revnat_v1"`
+	Sock6UdpFwdV1     *ebpf.Map `ebpf:"sock6_udp_fwd_v1"`
 }
 
 func (m *SockMaps) Close() error {
@@ -310,10 +434,19 @@ func (m *SockMaps) Close() error {
 		m.Lb4RevnatV1,
 		m.Lb4ServicesV1,
 		m.Lb4SourceRangesV1,
+		m.Lb6AffinityV1,
+		m.Lb6BackendsV1,
+		m.Lb6MembersV1,
+		m.Lb6RevnatV1,
+		m.Lb6ServicesV1,
+		m.Lb6SourceRangesV1,
 		m.LbMetricsV1,
 		m.Sock4RangeTagsV1,
 		m.Sock4RevnatV1,
 		m.Sock4UdpFwdV1,
+		m.Sock6RangeTagsV1,
+		m.Sock6RevnatV1,
+		m.Sock6UdpFwdV1,
 	)
 }
 
@@ -330,19 +463,27 @@ type SockVariables struct {
 // It can be passed to LoadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SockPrograms struct {
 	CgConnect4     *ebpf.Program `ebpf:"cg_connect4"`
+	CgConnect6     *ebpf.Program `ebpf:"cg_connect6"`
 	CgEgress4      *ebpf.Program `ebpf:"cg_egress4"`
 	CgGetpeername4 *ebpf.Program `ebpf:"cg_getpeername4"`
+	CgGetpeername6 *ebpf.Program `ebpf:"cg_getpeername6"`
 	CgRecvmsg4     *ebpf.Program `ebpf:"cg_recvmsg4"`
+	CgRecvmsg6     *ebpf.Program `ebpf:"cg_recvmsg6"`
 	CgSendmsg4     *ebpf.Program `ebpf:"cg_sendmsg4"`
+	CgSendmsg6     *ebpf.Program `ebpf:"cg_sendmsg6"`
 }
 
 func (p *SockPrograms) Close() error {
 	return _SockClose(
 		p.CgConnect4,
+		p.CgConnect6,
 		p.CgEgress4,
 		p.CgGetpeername4,
+		p.CgGetpeername6,
 		p.CgRecvmsg4,
+		p.CgRecvmsg6,
 		p.CgSendmsg4,
+		p.CgSendmsg6,
 	)
 }
 

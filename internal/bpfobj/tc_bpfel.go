@@ -100,6 +100,46 @@ type TcLb4SrcRangeKey struct {
 	Address   uint32
 }
 
+type TcLb6AffinityKey struct {
+	_          structs.HostLayout
+	Client     [2]uint64
+	SvcId      uint32
+	ClientKind uint8
+	Pad        [3]uint8
+}
+
+type TcLb6Backend struct {
+	_       structs.HostLayout
+	Address [4]uint32
+	Port    uint16
+	Proto   uint8
+	Flags   uint8
+}
+
+type TcLb6Key struct {
+	_       structs.HostLayout
+	Address [4]uint32
+	Dport   uint16
+	Slot    uint16
+	Proto   uint8
+	Scope   uint8
+	Pad     [2]uint8
+}
+
+type TcLb6ReverseNat struct {
+	_       structs.HostLayout
+	Address [4]uint32
+	Port    uint16
+	Pad     [2]uint8
+}
+
+type TcLb6SrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Address   [4]uint32
+}
+
 type TcLbMetric uint32
 
 const (
@@ -173,6 +213,30 @@ type TcSock4UdpKey struct {
 	Pad     [2]uint8
 }
 
+type TcSock6Revnat struct {
+	_        structs.HostLayout
+	Address  [4]uint32
+	Port     uint16
+	Pad      [2]uint8
+	RevNatId uint32
+}
+
+type TcSock6RevnatKey struct {
+	_       structs.HostLayout
+	Cookie  uint64
+	Address [4]uint32
+	Port    uint16
+	Pad     [6]uint8
+}
+
+type TcSock6UdpKey struct {
+	_       structs.HostLayout
+	Cookie  uint64
+	Address [4]uint32
+	Port    uint16
+	Pad     [6]uint8
+}
+
 type TcTc4SnatAddr struct {
 	_       structs.HostLayout
 	Address uint32
@@ -190,9 +254,17 @@ const (
 	TcMapLb4RevnatV1       = "lb4_revnat_v1"
 	TcMapLb4ServicesV1     = "lb4_services_v1"
 	TcMapLb4SourceRangesV1 = "lb4_source_ranges_v1"
+	TcMapLb6AffinityV1     = "lb6_affinity_v1"
+	TcMapLb6BackendsV1     = "lb6_backends_v1"
+	TcMapLb6MembersV1      = "lb6_members_v1"
+	TcMapLb6RevnatV1       = "lb6_revnat_v1"
+	TcMapLb6ServicesV1     = "lb6_services_v1"
+	TcMapLb6SourceRangesV1 = "lb6_source_ranges_v1"
 	TcMapLbMetricsV1       = "lb_metrics_v1"
 	TcMapSock4RevnatV1     = "sock4_revnat_v1"
 	TcMapSock4UdpFwdV1     = "sock4_udp_fwd_v1"
+	TcMapSock6RevnatV1     = "sock6_revnat_v1"
+	TcMapSock6UdpFwdV1     = "sock6_udp_fwd_v1"
 	TcMapTc4CtV1           = "tc4_ct_v1"
 	TcMapTc4SnatAddrsV1    = "tc4_snat_addrs_v1"
 	TcProgTcEgress         = "tc_egress"
@@ -260,9 +332,17 @@ type TcMapSpecs struct {
 	Lb4RevnatV1       *ebpf.MapSpec `ebpf:"lb4_revnat_v1"`
 	Lb4ServicesV1     *ebpf.MapSpec `ebpf:"lb4_services_v1"`
 	Lb4SourceRangesV1 *ebpf.MapSpec `ebpf:"lb4_source_ranges_v1"`
+	Lb6AffinityV1     *ebpf.MapSpec `ebpf:"lb6_affinity_v1"`
+	Lb6BackendsV1     *ebpf.MapSpec `ebpf:"lb6_backends_v1"`
+	Lb6MembersV1      *ebpf.MapSpec `ebpf:"lb6_members_v1"`
+	Lb6RevnatV1       *ebpf.MapSpec `ebpf:"lb6_revnat_v1"`
+	Lb6ServicesV1     *ebpf.MapSpec `ebpf:"lb6_services_v1"`
+	Lb6SourceRangesV1 *ebpf.MapSpec `ebpf:"lb6_source_ranges_v1"`
 	LbMetricsV1       *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
 	Sock4RevnatV1     *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
 	Sock4UdpFwdV1     *ebpf.MapSpec `ebpf:"sock4_udp_fwd_v1"`
+	Sock6RevnatV1     *ebpf.MapSpec `ebpf:"sock6_revnat_v1"`
+	Sock6UdpFwdV1     *ebpf.MapSpec `ebpf:"sock6_udp_fwd_v1"`
 	Tc4CtV1           *ebpf.MapSpec `ebpf:"tc4_ct_v1"`
 	Tc4SnatAddrsV1    *ebpf.MapSpec `ebpf:"tc4_snat_addrs_v1"`
 }
@@ -304,9 +384,17 @@ type TcMaps struct {
 	Lb4RevnatV1       *ebpf.Map `ebpf:"lb4_revnat_v1"`
 	Lb4ServicesV1     *ebpf.Map `ebpf:"lb4_services_v1"`
 	Lb4SourceRangesV1 *ebpf.Map `ebpf:"lb4_source_ranges_v1"`
+	Lb6AffinityV1     *ebpf.Map `ebpf:"lb6_affinity_v1"`
+	Lb6BackendsV1     *ebpf.Map `ebpf:"lb6_backends_v1"`
+	Lb6MembersV1      *ebpf.Map `ebpf:"lb6_members_v1"`
+	Lb6RevnatV1       *ebpf.Map `ebpf:"lb6_revnat_v1"`
+	Lb6ServicesV1     *ebpf.Map `ebpf:"lb6_services_v1"`
+	Lb6SourceRangesV1 *ebpf.Map `ebpf:"lb6_source_ranges_v1"`
 	LbMetricsV1       *ebpf.Map `ebpf:"lb_metrics_v1"`
 	Sock4RevnatV1     *ebpf.Map `ebpf:"sock4_revnat_v1"`
 	Sock4UdpFwdV1     *ebpf.Map `ebpf:"sock4_udp_fwd_v1"`
+	Sock6RevnatV1     *ebpf.Map `ebpf:"sock6_revnat_v1"`
+	Sock6UdpFwdV1     *ebpf.Map `ebpf:"sock6_udp_fwd_v1"`
 	Tc4CtV1           *ebpf.Map `ebpf:"tc4_ct_v1"`
 	Tc4SnatAddrsV1    *ebpf.Map `ebpf:"tc4_snat_addrs_v1"`
 }
@@ -321,9 +409,17 @@ func (m *TcMaps) Close() error {
 		m.Lb4RevnatV1,
 		m.Lb4ServicesV1,
 		m.Lb4SourceRangesV1,
+		m.Lb6AffinityV1,
+		m.Lb6BackendsV1,
+		m.Lb6MembersV1,
+		m.Lb6RevnatV1,
+		m.Lb6ServicesV1,
+		m.Lb6SourceRangesV1,
 		m.LbMetricsV1,
 		m.Sock4RevnatV1,
 		m.Sock4UdpFwdV1,
+		m.Sock6RevnatV1,
+		m.Sock6UdpFwdV1,
 		m.Tc4CtV1,
 		m.Tc4SnatAddrsV1,
 	)

@@ -100,6 +100,46 @@ type XdpLb4SrcRangeKey struct {
 	Address   uint32
 }
 
+type XdpLb6AffinityKey struct {
+	_          structs.HostLayout
+	Client     [2]uint64
+	SvcId      uint32
+	ClientKind uint8
+	Pad        [3]uint8
+}
+
+type XdpLb6Backend struct {
+	_       structs.HostLayout
+	Address [4]uint32
+	Port    uint16
+	Proto   uint8
+	Flags   uint8
+}
+
+type XdpLb6Key struct {
+	_       structs.HostLayout
+	Address [4]uint32
+	Dport   uint16
+	Slot    uint16
+	Proto   uint8
+	Scope   uint8
+	Pad     [2]uint8
+}
+
+type XdpLb6ReverseNat struct {
+	_       structs.HostLayout
+	Address [4]uint32
+	Port    uint16
+	Pad     [2]uint8
+}
+
+type XdpLb6SrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Address   [4]uint32
+}
+
 type XdpLbMetric uint32
 
 const (
@@ -173,6 +213,30 @@ type XdpSock4UdpKey struct {
 	Pad     [2]uint8
 }
 
+type XdpSock6Revnat struct {
+	_        structs.HostLayout
+	Address  [4]uint32
+	Port     uint16
+	Pad      [2]uint8
+	RevNatId uint32
+}
+
+type XdpSock6RevnatKey struct {
+	_       structs.HostLayout
+	Cookie  uint64
+	Address [4]uint32
+	Port    uint16
+	Pad     [6]uint8
+}
+
+type XdpSock6UdpKey struct {
+	_       structs.HostLayout
+	Cookie  uint64
+	Address [4]uint32
+	Port    uint16
+	Pad     [6]uint8
+}
+
 type XdpTc4SnatAddr struct {
 	_       structs.HostLayout
 	Address uint32
@@ -190,9 +254,17 @@ const (
 	XdpMapLb4RevnatV1       = "lb4_revnat_v1"
 	XdpMapLb4ServicesV1     = "lb4_services_v1"
 	XdpMapLb4SourceRangesV1 = "lb4_source_ranges_v1"
+	XdpMapLb6AffinityV1     = "lb6_affinity_v1"
+	XdpMapLb6BackendsV1     = "lb6_backends_v1"
+	XdpMapLb6MembersV1      = "lb6_members_v1"
+	XdpMapLb6RevnatV1       = "lb6_revnat_v1"
+	XdpMapLb6ServicesV1     = "lb6_services_v1"
+	XdpMapLb6SourceRangesV1 = "lb6_source_ranges_v1"
 	XdpMapLbMetricsV1       = "lb_metrics_v1"
 	XdpMapSock4RevnatV1     = "sock4_revnat_v1"
 	XdpMapSock4UdpFwdV1     = "sock4_udp_fwd_v1"
+	XdpMapSock6RevnatV1     = "sock6_revnat_v1"
+	XdpMapSock6UdpFwdV1     = "sock6_udp_fwd_v1"
 	XdpMapTc4CtV1           = "tc4_ct_v1"
 	XdpMapTc4SnatAddrsV1    = "tc4_snat_addrs_v1"
 	XdpMapXdp4DevsV1        = "xdp4_devs_v1"
@@ -261,9 +333,17 @@ type XdpMapSpecs struct {
 	Lb4RevnatV1       *ebpf.MapSpec `ebpf:"lb4_revnat_v1"`
 	Lb4ServicesV1     *ebpf.MapSpec `ebpf:"lb4_services_v1"`
 	Lb4SourceRangesV1 *ebpf.MapSpec `ebpf:"lb4_source_ranges_v1"`
+	Lb6AffinityV1     *ebpf.MapSpec `ebpf:"lb6_affinity_v1"`
+	Lb6BackendsV1     *ebpf.MapSpec `ebpf:"lb6_backends_v1"`
+	Lb6MembersV1      *ebpf.MapSpec `ebpf:"lb6_members_v1"`
+	Lb6RevnatV1       *ebpf.MapSpec `ebpf:"lb6_revnat_v1"`
+	Lb6ServicesV1     *ebpf.MapSpec `ebpf:"lb6_services_v1"`
+	Lb6SourceRangesV1 *ebpf.MapSpec `ebpf:"lb6_source_ranges_v1"`
 	LbMetricsV1       *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
 	Sock4RevnatV1     *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
 	Sock4UdpFwdV1     *ebpf.MapSpec `ebpf:"sock4_udp_fwd_v1"`
+	Sock6RevnatV1     *ebpf.MapSpec `ebpf:"sock6_revnat_v1"`
+	Sock6UdpFwdV1     *ebpf.MapSpec `ebpf:"sock6_udp_fwd_v1"`
 	Tc4CtV1           *ebpf.MapSpec `ebpf:"tc4_ct_v1"`
 	Tc4SnatAddrsV1    *ebpf.MapSpec `ebpf:"tc4_snat_addrs_v1"`
 	Xdp4DevsV1        *ebpf.MapSpec `ebpf:"xdp4_devs_v1"`
@@ -306,9 +386,17 @@ type XdpMaps struct {
 	Lb4RevnatV1       *ebpf.Map `ebpf:"lb4_revnat_v1"`
 	Lb4ServicesV1     *ebpf.Map `ebpf:"lb4_services_v1"`
 	Lb4SourceRangesV1 *ebpf.Map `ebpf:"lb4_source_ranges_v1"`
+	Lb6AffinityV1     *ebpf.Map `ebpf:"lb6_affinity_v1"`
+	Lb6BackendsV1     *ebpf.Map `ebpf:"lb6_backends_v1"`
+	Lb6MembersV1      *ebpf.Map `ebpf:"lb6_members_v1"`
+	Lb6RevnatV1       *ebpf.Map `ebpf:"lb6_revnat_v1"`
+	Lb6ServicesV1     *ebpf.Map `ebpf:"lb6_services_v1"`
+	Lb6SourceRangesV1 *ebpf.Map `ebpf:"lb6_source_ranges_v1"`
 	LbMetricsV1       *ebpf.Map `ebpf:"lb_metrics_v1"`
 	Sock4RevnatV1     *ebpf.Map `ebpf:"sock4_revnat_v1"`
 	Sock4UdpFwdV1     *ebpf.Map `ebpf:"sock4_udp_fwd_v1"`
+	Sock6RevnatV1     *ebpf.Map `ebpf:"sock6_revnat_v1"`
+	Sock6UdpFwdV1     *ebpf.Map `ebpf:"sock6_udp_fwd_v1"`
 	Tc4CtV1           *ebpf.Map `ebpf:"tc4_ct_v1"`
 	Tc4SnatAddrsV1    *ebpf.Map `ebpf:"tc4_snat_addrs_v1"`
 	Xdp4DevsV1        *ebpf.Map `ebpf:"xdp4_devs_v1"`
@@ -324,9 +412,17 @@ func (m *XdpMaps) Close() error {
 		m.Lb4RevnatV1,
 		m.Lb4ServicesV1,
 		m.Lb4SourceRangesV1,
+		m.Lb6AffinityV1,
+		m.Lb6BackendsV1,
+		m.Lb6MembersV1,
+		m.Lb6RevnatV1,
+		m.Lb6ServicesV1,
+		m.Lb6SourceRangesV1,
 		m.LbMetricsV1,
 		m.Sock4RevnatV1,
 		m.Sock4UdpFwdV1,
+		m.Sock6RevnatV1,
+		m.Sock6UdpFwdV1,
 		m.Tc4CtV1,
 		m.Tc4SnatAddrsV1,
 		m.Xdp4DevsV1,

@@ -94,6 +94,11 @@ var cgroupProgs = []cgroupProg{
 	{bpfobj.SockProgCgSendmsg4, ebpf.AttachCGroupUDP4Sendmsg, func(p *bpfobj.SockPrograms) *ebpf.Program { return p.CgSendmsg4 }},
 	{bpfobj.SockProgCgRecvmsg4, ebpf.AttachCGroupUDP4Recvmsg, func(p *bpfobj.SockPrograms) *ebpf.Program { return p.CgRecvmsg4 }},
 	{bpfobj.SockProgCgGetpeername4, ebpf.AttachCgroupInet4GetPeername, func(p *bpfobj.SockPrograms) *ebpf.Program { return p.CgGetpeername4 }},
+	// IPv6, and IPv4-mapped destinations of AF_INET6 sockets.
+	{bpfobj.SockProgCgConnect6, ebpf.AttachCGroupInet6Connect, func(p *bpfobj.SockPrograms) *ebpf.Program { return p.CgConnect6 }},
+	{bpfobj.SockProgCgSendmsg6, ebpf.AttachCGroupUDP6Sendmsg, func(p *bpfobj.SockPrograms) *ebpf.Program { return p.CgSendmsg6 }},
+	{bpfobj.SockProgCgRecvmsg6, ebpf.AttachCGroupUDP6Recvmsg, func(p *bpfobj.SockPrograms) *ebpf.Program { return p.CgRecvmsg6 }},
+	{bpfobj.SockProgCgGetpeername6, ebpf.AttachCgroupInet6GetPeername, func(p *bpfobj.SockPrograms) *ebpf.Program { return p.CgGetpeername6 }},
 }
 
 func mapsDir(bpffs string) string  { return filepath.Join(bpffs, "maps") }
@@ -125,17 +130,7 @@ func Load(cfg Config) (*Loaded, error) {
 	if sizes == (MapSizes{}) {
 		sizes = DefaultMapSizes
 	}
-	for name, n := range map[string]uint32{
-		bpfobj.SockMapLb4ServicesV1: sizes.Services,
-		bpfobj.SockMapLb4BackendsV1: sizes.Backends,
-		bpfobj.SockMapLb4RevnatV1:   sizes.RevNat,
-		bpfobj.SockMapSock4RevnatV1: sizes.SockRevNat,
-		bpfobj.SockMapSock4UdpFwdV1: sizes.SockRevNat,
-		bpfobj.SockMapLb4AffinityV1: sizes.Affinity,
-		// Every (backend, ServicePort) pair fits, as every backend slot
-		// does in the services map.
-		bpfobj.SockMapLb4MembersV1: sizes.Services,
-	} {
+	for name, n := range sharedMapSizes(sizes) {
 		spec.Maps[name].MaxEntries = n
 	}
 	if err := spec.Variables[bpfobj.SockVarHaveSetRetval].Set(boolToU8(feat.SetRetval)); err != nil {
@@ -164,6 +159,31 @@ func Load(cfg Config) (*Loaded, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// sharedMapSizes are the sizes of the maps every object (sock.c, tc.c,
+// xdp.c) defines, by name: each loader patches them alike, so that none
+// finds a pinned map of another size. The IPv6 maps take the IPv4 ones'
+// sizes.
+func sharedMapSizes(sizes MapSizes) map[string]uint32 {
+	return map[string]uint32{
+		bpfobj.SockMapLb4ServicesV1: sizes.Services,
+		bpfobj.SockMapLb4BackendsV1: sizes.Backends,
+		bpfobj.SockMapLb4RevnatV1:   sizes.RevNat,
+		bpfobj.SockMapSock4RevnatV1: sizes.SockRevNat,
+		bpfobj.SockMapSock4UdpFwdV1: sizes.SockRevNat,
+		bpfobj.SockMapLb4AffinityV1: sizes.Affinity,
+		// Every (backend, ServicePort) pair fits, as every backend slot
+		// does in the services map.
+		bpfobj.SockMapLb4MembersV1:  sizes.Services,
+		bpfobj.SockMapLb6ServicesV1: sizes.Services,
+		bpfobj.SockMapLb6BackendsV1: sizes.Backends,
+		bpfobj.SockMapLb6RevnatV1:   sizes.RevNat,
+		bpfobj.SockMapSock6RevnatV1: sizes.SockRevNat,
+		bpfobj.SockMapSock6UdpFwdV1: sizes.SockRevNat,
+		bpfobj.SockMapLb6AffinityV1: sizes.Affinity,
+		bpfobj.SockMapLb6MembersV1:  sizes.Services,
+	}
 }
 
 // loadedSizes are the sizes of the maps as loaded: those asked for, except

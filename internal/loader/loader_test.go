@@ -54,11 +54,14 @@ func (f fixture) attached(t *testing.T) map[ebpf.AttachType][]ebpf.ProgramID {
 	}
 	defer unix.Close(fd)
 	out := map[ebpf.AttachType][]ebpf.ProgramID{}
-	for _, at := range []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupUDP4Sendmsg, ebpf.AttachCGroupUDP4Recvmsg, ebpf.AttachCgroupInet4GetPeername} {
+	for _, at := range []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupUDP4Sendmsg, ebpf.AttachCGroupUDP4Recvmsg, ebpf.AttachCgroupInet4GetPeername,
+		ebpf.AttachCGroupInet6Connect, ebpf.AttachCGroupUDP6Sendmsg, ebpf.AttachCGroupUDP6Recvmsg, ebpf.AttachCgroupInet6GetPeername} {
 		res, err := link.QueryPrograms(link.QueryOptions{Target: fd, Attach: at})
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Every hook has an entry, also one without programs.
+		out[at] = []ebpf.ProgramID{}
 		for _, p := range res.Programs {
 			out[at] = append(out[at], p.ID)
 		}
@@ -83,6 +86,7 @@ func TestReloadAdoptsMapsAndReplacesProgramsInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	servicesID := mapID(t, first.Objects.Lb4ServicesV1)
+	services6ID := mapID(t, first.Objects.Lb6ServicesV1)
 	before := f.attached(t)
 	first.Close()
 	for at, ids := range before {
@@ -98,6 +102,9 @@ func TestReloadAdoptsMapsAndReplacesProgramsInPlace(t *testing.T) {
 	defer second.Close()
 	if id := mapID(t, second.Objects.Lb4ServicesV1); id != servicesID {
 		t.Errorf("services map id %d after reload, want the pinned map %d", id, servicesID)
+	}
+	if id := mapID(t, second.Objects.Lb6ServicesV1); id != services6ID {
+		t.Errorf("IPv6 services map id %d after reload, want the pinned map %d", id, services6ID)
 	}
 	after := f.attached(t)
 	for at, ids := range after {

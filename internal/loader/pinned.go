@@ -40,5 +40,26 @@ func OpenPinnedSockMaps(bpffsPath string) (*bpfobj.SockMaps, error) {
 	if m, err := open(bpfobj.SockMapLb4SourceRangesV1); err == nil {
 		sm.Lb4SourceRangesV1 = m
 	}
+	// Those of an agent older than IPv6 lack the IPv6 maps: all of them or
+	// none are opened (maps.KernelMaps6 gives nil maps then).
+	v6 := []struct {
+		name string
+		dst  **ebpf.Map
+	}{
+		{bpfobj.SockMapLb6ServicesV1, &sm.Lb6ServicesV1},
+		{bpfobj.SockMapLb6BackendsV1, &sm.Lb6BackendsV1},
+		{bpfobj.SockMapLb6RevnatV1, &sm.Lb6RevnatV1},
+		{bpfobj.SockMapLb6MembersV1, &sm.Lb6MembersV1},
+		{bpfobj.SockMapLb6SourceRangesV1, &sm.Lb6SourceRangesV1},
+	}
+	for i, p := range v6 {
+		if *p.dst, err = open(p.name); err != nil {
+			for _, q := range v6[:i] {
+				(*q.dst).Close()
+				*q.dst = nil
+			}
+			break
+		}
+	}
 	return &sm, nil
 }

@@ -131,18 +131,10 @@ func patchNodePort(spec *ebpf.CollectionSpec, sizes MapSizes, ct uint32, pmin, p
 	if ct == 0 {
 		ct = DefaultConntrackSize
 	}
-	for name, n := range map[string]uint32{
-		bpfobj.TcMapLb4ServicesV1: sizes.Services,
-		bpfobj.TcMapLb4BackendsV1: sizes.Backends,
-		bpfobj.TcMapLb4RevnatV1:   sizes.RevNat,
-		bpfobj.TcMapSock4RevnatV1: sizes.SockRevNat,
-		bpfobj.TcMapSock4UdpFwdV1: sizes.SockRevNat,
-		bpfobj.TcMapLb4AffinityV1: sizes.Affinity,
-		bpfobj.TcMapLb4MembersV1:  sizes.Services,
-		bpfobj.TcMapTc4CtV1:       ct,
-	} {
+	for name, n := range sharedMapSizes(sizes) {
 		spec.Maps[name].MaxEntries = n
 	}
+	spec.Maps[bpfobj.TcMapTc4CtV1].MaxEntries = ct
 	if err := patchMaglev(spec, sizes); err != nil {
 		return err
 	}

@@ -35,7 +35,7 @@ type applied struct {
 	ranges map[model.ServicePortName]*appliedRanges
 	// orphanRanges are trie entries found in the kernel and not claimed
 	// since; the next full sync deletes those no ServicePort wants.
-	orphanRanges map[SourceRangeKey]struct{}
+	orphanRanges map[rangeKey]struct{}
 	// held are the backends each ServicePort keeps for the endpoints its
 	// EndpointSlices list (see hold).
 	held map[model.ServicePortName][]Backend
@@ -44,6 +44,8 @@ type applied struct {
 
 	backendIDs, revNatIDs, svcIDs *idAllocator
 
+	// fam is the family of the maps' addresses.
+	fam family
 	// rangesOn and maglevSize say which optional maps exist: the source
 	// ranges trie, and the Maglev tables with their size (0: none).
 	rangesOn   bool
@@ -89,13 +91,13 @@ type appliedRevNat struct {
 // appliedRanges are the trie entries written for one ServicePort.
 type appliedRanges struct {
 	svcID uint32
-	keys  map[SourceRangeKey]bool
+	keys  map[rangeKey]bool
 }
 
-// newApplied returns the empty state of maps with the given capacities;
-// rangesOn and maglevSize say which optional maps exist.
-func newApplied(lim Limits, rangesOn bool, maglevSize int) applied {
-	a := applied{rangesOn: rangesOn, maglevSize: maglevSize}
+// newApplied returns the empty state of maps of family fam with the given
+// capacities; rangesOn and maglevSize say which optional maps exist.
+func newApplied(fam family, lim Limits, rangesOn bool, maglevSize int) applied {
+	a := applied{fam: fam, rangesOn: rangesOn, maglevSize: maglevSize}
 	a.backendIDs = newIDAllocator(lim.Backends)
 	a.revNatIDs = newIDAllocator(lim.RevNat)
 	// A ServicePort has at least one frontend, so there are no more
@@ -121,7 +123,7 @@ func (a *applied) reset() {
 	a.matchRefs = map[MemberKey]int{}
 	a.gcMatch = map[MemberKey]struct{}{}
 	a.ranges = map[model.ServicePortName]*appliedRanges{}
-	a.orphanRanges = map[SourceRangeKey]struct{}{}
+	a.orphanRanges = map[rangeKey]struct{}{}
 	a.held = map[model.ServicePortName][]Backend{}
 	a.maglev = map[uint32]uint64{}
 	a.backendIDs = newIDAllocator(a.backendIDs.max)

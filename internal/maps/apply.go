@@ -17,12 +17,12 @@ var errNeedsUnwritten = errors.New("left as it was: an entry it needs could not 
 // writes entry by entry and goes on after a failure, leaving as they were
 // only the frontends that need what could not be written: one Service that
 // does not fit fails alone.
-func apply(m Maps, p *plan, batched bool) error {
+func apply(m familyMaps, p *plan, batched bool) error {
 	// The LPM trie takes no batches: single writes, before the
 	// frontends that use them.
 	var errs []error
 	for _, k := range p.rangePuts {
-		if err := m.SourceRanges.Put(k, 1); err != nil {
+		if err := m.ranges.Put(k, 1); err != nil {
 			errs = append(errs, fmt.Errorf("source range %s: %w", describeRangeKey(k), err))
 		}
 	}
@@ -34,28 +34,28 @@ func apply(m Maps, p *plan, batched bool) error {
 		errs = append(errs, applyUnbatched(m, p)...)
 	}
 	for _, k := range p.rangeDels {
-		if err := m.SourceRanges.Delete(k); err != nil {
+		if err := m.ranges.Delete(k); err != nil {
 			errs = append(errs, fmt.Errorf("delete source range %s: %w", describeRangeKey(k), err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func applyBatched(m Maps, p *plan) error {
+func applyBatched(m familyMaps, p *plan) error {
 	for _, step := range [...]struct {
 		what string
 		do   func() error
 	}{
-		{"backends", func() error { return putBatches(m.Backends, &p.backendPuts) }},
-		{"reverse NAT", func() error { return putBatches(m.RevNat, &p.revNatPuts) }},
-		{"members", func() error { return putBatches(m.Members, &p.memberPuts) }},
-		{"maglev tables", func() error { return setMaglevTables(m.Maglev, p.maglevSets) }},
-		{"services", func() error { return putBatches(m.Services, &p.servicePuts) }},
-		{"services", func() error { return deleteBatches(m.Services, p.serviceDels) }},
-		{"maglev tables", func() error { return deleteMaglevTables(m.Maglev, p.maglevDels) }},
-		{"members", func() error { return deleteBatches(m.Members, p.memberDels) }},
-		{"backends", func() error { return deleteBatches(m.Backends, p.backendDels) }},
-		{"reverse NAT", func() error { return deleteBatches(m.RevNat, p.revNatDels) }},
+		{"backends", func() error { return putBatches(m.backends, &p.backendPuts) }},
+		{"reverse NAT", func() error { return putBatches(m.revNat, &p.revNatPuts) }},
+		{"members", func() error { return putBatches(m.members, &p.memberPuts) }},
+		{"maglev tables", func() error { return setMaglevTables(m.maglev, p.maglevSets) }},
+		{"services", func() error { return putBatches(m.services, &p.servicePuts) }},
+		{"services", func() error { return deleteBatches(m.services, p.serviceDels) }},
+		{"maglev tables", func() error { return deleteMaglevTables(m.maglev, p.maglevDels) }},
+		{"members", func() error { return deleteBatches(m.members, p.memberDels) }},
+		{"backends", func() error { return deleteBatches(m.backends, p.backendDels) }},
+		{"reverse NAT", func() error { return deleteBatches(m.revNat, p.revNatDels) }},
 	} {
 		if err := step.do(); err != nil {
 			return fmt.Errorf("%s: %w", step.what, err)
@@ -121,25 +121,24 @@ func (f *failures) keep(prev *appliedFrontend) {
 
 // applyUnbatched writes p entry by entry, in the same order as a batched
 // apply, and returns what failed.
-func applyUnbatched(m Maps, p *plan) []error {
+func applyUnbatched(m familyMaps, p *plan) []error {
 	var errs []error
 	var f failures
 	for i, id := range p.backendPuts.keys {
 		v := p.backendPuts.values[i]
-		if err := m.Backends.Put(id, v); err != nil {
-			b := Backend{Addr: addrFromBE32(v.Address), Port: portFromBE16(v.Port), Proto: model.Protocol(v.Proto)}
-			errs = append(errs, fmt.Errorf("backend %s: %w", b, err))
+		if err := m.backends.Put(id, v); err != nil {
+			errs = append(errs, fmt.Errorf("backend %s: %w", v.b, err))
 			mark(&f.backends, id)
 		}
 	}
 	for i, id := range p.revNatPuts.keys {
-		if err := m.RevNat.Put(id, p.revNatPuts.values[i]); err != nil {
+		if err := m.revNat.Put(id, p.revNatPuts.values[i]); err != nil {
 			errs = append(errs, fmt.Errorf("reverse NAT %d: %w", id, err))
 			mark(&f.revNats, id)
 		}
 	}
 	for i, k := range p.memberPuts.keys {
-		if err := m.Members.Put(k, p.memberPuts.values[i]); err != nil {
+		if err := m.members.Put(k, p.memberPuts.values[i]); err != nil {
 			errs = append(errs, fmt.Errorf("membership %+v: %w", k, err))
 			mark(&f.members, k)
 		}
@@ -149,7 +148,7 @@ func applyUnbatched(m Maps, p *plan) []error {
 			mark(&f.owners, t.owner)
 			continue
 		}
-		if err := setMaglevTable(m.Maglev, t); err != nil {
+		if err := setMaglevTable(m.maglev, t); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", t.owner, err))
 			mark(&f.owners, t.owner)
 		}
@@ -166,7 +165,7 @@ func applyUnbatched(m Maps, p *plan) []error {
 			err = errNeedsUnwritten
 		}
 		for j := c.puts[0]; j < c.puts[1] && err == nil; j++ {
-			err = m.Services.Put(p.servicePuts.keys[j], p.servicePuts.values[j])
+			err = m.services.Put(p.servicePuts.keys[j], p.servicePuts.values[j])
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: frontend %s: %w", c.owner, c.fe, err))
@@ -180,7 +179,7 @@ func applyUnbatched(m Maps, p *plan) []error {
 			continue
 		}
 		for j := c.dels[0]; j < c.dels[1]; j++ {
-			if err := m.Services.Delete(p.serviceDels[j]); err != nil {
+			if err := m.services.Delete(p.serviceDels[j]); err != nil {
 				errs = append(errs, fmt.Errorf("delete frontend %s: %w", c.fe, err))
 				f.keep(c.prev)
 				break
@@ -198,7 +197,7 @@ func applyUnbatched(m Maps, p *plan) []error {
 	}
 
 	for _, id := range p.maglevDels {
-		if err := m.Maglev.Delete(id); err != nil {
+		if err := m.maglev.Delete(id); err != nil {
 			errs = append(errs, fmt.Errorf("maglev table of service %d: %w", id, err))
 		}
 	}
@@ -206,7 +205,7 @@ func applyUnbatched(m Maps, p *plan) []error {
 		if f.keepMembers[k] {
 			continue
 		}
-		if err := m.Members.Delete(k); err != nil {
+		if err := m.members.Delete(k); err != nil {
 			errs = append(errs, fmt.Errorf("delete membership %+v: %w", k, err))
 		}
 	}
@@ -214,7 +213,7 @@ func applyUnbatched(m Maps, p *plan) []error {
 		if f.keepBackends[id] {
 			continue
 		}
-		if err := m.Backends.Delete(id); err != nil {
+		if err := m.backends.Delete(id); err != nil {
 			errs = append(errs, fmt.Errorf("delete backend %s: %w", p.removed[i], err))
 		}
 	}
@@ -222,7 +221,7 @@ func applyUnbatched(m Maps, p *plan) []error {
 		if f.keepRevNats[id] {
 			continue
 		}
-		if err := m.RevNat.Delete(id); err != nil {
+		if err := m.revNat.Delete(id); err != nil {
 			errs = append(errs, fmt.Errorf("delete reverse NAT %d: %w", id, err))
 		}
 	}

@@ -5,35 +5,43 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-
-	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
 
 // Dump renders the maps as sorted lines, one entry per line, with ids
 // resolved to addresses: the canonical form used by golden tests and by
 // `ebpf-proxy dump` when debugging a node.
-func Dump(m Maps) ([]string, error) {
+func Dump(m Maps) ([]string, error) { return dumpFamily(m.coded()) }
+
+// Dump6 is Dump for the IPv6 maps. Maps6 of nil maps (pinned by an agent
+// older than IPv6) dump as nothing.
+func Dump6(m Maps6) ([]string, error) {
+	if m.Services == nil {
+		return nil, nil
+	}
+	return dumpFamily(m.coded())
+}
+
+func dumpFamily(m familyMaps) ([]string, error) {
 	backends := map[uint32]string{}
 	var lines []string
-	err := m.Backends.Iterate(func(id uint32, v BackendValue) bool {
-		b := Backend{Addr: addrFromBE32(v.Address), Port: portFromBE16(v.Port), Proto: model.Protocol(v.Proto)}
-		backends[id] = b.String()
-		lines = append(lines, fmt.Sprintf("backend %d %s%s", id, b, backendFlagString(v.Flags)))
+	err := m.backends.Iterate(func(id uint32, v backendEntry) bool {
+		backends[id] = v.b.String()
+		lines = append(lines, fmt.Sprintf("backend %d %s%s", id, v.b, backendFlagString(v.flags)))
 		return true
 	})
 	if err != nil {
 		return nil, err
 	}
-	err = m.RevNat.Iterate(func(id uint32, v RevNatValue) bool {
-		lines = append(lines, fmt.Sprintf("revnat %d %s", id, netip.AddrPortFrom(addrFromBE32(v.Address), portFromBE16(v.Port))))
+	err = m.revNat.Iterate(func(id uint32, v netip.AddrPort) bool {
+		lines = append(lines, fmt.Sprintf("revnat %d %s", id, v))
 		return true
 	})
 	if err != nil {
 		return nil, err
 	}
-	err = m.Services.Iterate(func(k ServiceKey, v ServiceValue) bool {
-		fe := Frontend{Addr: addrFromBE32(k.Address), Port: portFromBE16(k.Dport), Proto: model.Protocol(k.Proto), Scope: k.Scope}
-		if k.Slot == 0 {
+	err = m.services.Iterate(func(k serviceKey, v ServiceValue) bool {
+		fe := k.fe
+		if k.slot == 0 {
 			line := fmt.Sprintf("service %s count=%d revnat=%d svc=%d flags=%s", fe, v.Count, v.RevNatId, v.SvcId, serviceFlagString(v.Flags))
 			if v.AffinityTimeout != 0 {
 				line += fmt.Sprintf(" affinity=%ds", v.AffinityTimeout)
@@ -45,21 +53,21 @@ func Dump(m Maps) ([]string, error) {
 		if !ok {
 			be = "<missing>"
 		}
-		lines = append(lines, fmt.Sprintf("service %s slot=%d backend=%d %s", fe, k.Slot, v.BackendId, be))
+		lines = append(lines, fmt.Sprintf("service %s slot=%d backend=%d %s", fe, k.slot, v.BackendId, be))
 		return true
 	})
 	if err != nil {
 		return nil, err
 	}
-	err = m.Members.Iterate(func(k MemberKey, _ uint8) bool {
+	err = m.members.Iterate(func(k MemberKey, _ uint8) bool {
 		lines = append(lines, fmt.Sprintf("member svc=%d backend=%d %s", k.SvcId, k.BackendId, backends[k.BackendId]))
 		return true
 	})
 	if err != nil {
 		return nil, err
 	}
-	if m.SourceRanges != nil {
-		err = m.SourceRanges.Iterate(func(k SourceRangeKey, _ uint8) bool {
+	if m.ranges != nil {
+		err = m.ranges.Iterate(func(k rangeKey, _ uint8) bool {
 			lines = append(lines, "source-range "+describeRangeKey(k))
 			return true
 		})

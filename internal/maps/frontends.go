@@ -26,9 +26,7 @@ func (f Frontend) String() string {
 	return s
 }
 
-func (f Frontend) key(slot uint16) ServiceKey {
-	return ServiceKey{Address: be32(f.Addr), Dport: be16(f.Port), Slot: slot, Proto: uint8(f.Proto), Scope: f.Scope}
-}
+func (f Frontend) key(slot uint16) serviceKey { return serviceKey{f, slot} }
 
 func (f Frontend) compare(o Frontend) int {
 	if c := f.Addr.Compare(o.Addr); c != 0 {
@@ -67,7 +65,8 @@ type desiredFrontend struct {
 	bflags   []uint8
 }
 
-// frontendsOf renders the frontends of one ServicePort on node (its
+// frontendsOf renders the frontends of family fam of one ServicePort on
+// node (its
 // NodePorts field says where NodePorts are served; its name says which
 // endpoints are local). Endpoint selection is the model's: this only maps
 // verdicts onto entries.
@@ -80,14 +79,14 @@ type desiredFrontend struct {
 // the internal one. A LoadBalancer IP with source ranges carries them in
 // both: the socket programs tag the socket, and an egress program checks
 // its packets' source address, known only then.
-func frontendsOf(svc *model.Service, node *model.Node) []desiredFrontend {
+func frontendsOf(svc *model.Service, node *model.Node, fam family) []desiredFrontend {
 	sp := svc.Port
 	var out []desiredFrontend
 	add := func(addr netip.Addr, port uint16, kind uint16, scope uint8, action model.Action, eps []model.Endpoint) {
-		if !addr.Is4() || port == 0 {
+		if !fam.holds(addr) || port == 0 {
 			return
 		}
-		out = append(out, render(sp, node.Name, Frontend{Addr: addr, Port: port, Proto: sp.Name.Protocol, Scope: scope}, kind, action, eps))
+		out = append(out, render(sp, node.Name, Frontend{Addr: addr, Port: port, Proto: sp.Name.Protocol, Scope: scope}, kind, action, eps, fam))
 	}
 	a, eps := svc.Internal()
 	add(sp.ClusterIP, sp.Port, FlagClusterIP, ScopeExternal, a, eps)
@@ -124,7 +123,7 @@ func frontendsOf(svc *model.Service, node *model.Node) []desiredFrontend {
 		external(addr, sp.Port, FlagExternalIP)
 	}
 	lbKind := FlagLoadBalancer
-	if len(sourceRanges(sp)) > 0 {
+	if len(sourceRanges(sp, fam)) > 0 {
 		lbKind |= FlagSourceRanges
 	}
 	for _, addr := range sp.LoadBalancerIPs {
@@ -138,7 +137,7 @@ func sameEndpoint(a, b model.Endpoint) bool { return a.AddrPort() == b.AddrPort(
 // render is one entry: the frontend, its kind and scope flags, and the
 // verdict with its backends. Endpoints on nodeName are marked local: the TC
 // program sends external traffic to the others with source NAT.
-func render(sp *model.ServicePort, nodeName string, fe Frontend, flags uint16, action model.Action, eps []model.Endpoint) desiredFrontend {
+func render(sp *model.ServicePort, nodeName string, fe Frontend, flags uint16, action model.Action, eps []model.Endpoint, fam family) desiredFrontend {
 	d := desiredFrontend{fe: fe, owner: sp.Name, flags: flags, affinity: uint32(sp.AffinityTimeout.Seconds())}
 	switch action {
 	case model.Reject:
@@ -147,7 +146,7 @@ func render(sp *model.ServicePort, nodeName string, fe Frontend, flags uint16, a
 		d.flags |= FlagDrop
 	default:
 		for _, ep := range eps {
-			if !ep.Addr.Is4() {
+			if !fam.holds(ep.Addr) {
 				continue
 			}
 			d.backends = append(d.backends, Backend{Addr: ep.Addr, Port: ep.Port, Proto: sp.Name.Protocol})

@@ -19,7 +19,7 @@ func (a *applied) hold(p *plan, owner model.ServicePortName, svc *model.Service,
 	if svc != nil {
 		want = make([]Backend, 0, len(svc.Endpoints))
 		for _, ep := range svc.Endpoints {
-			if !ep.Addr.Is4() {
+			if !a.fam.holds(ep.Addr) {
 				continue
 			}
 			b := Backend{Addr: ep.Addr, Port: ep.Port, Proto: owner.Protocol}

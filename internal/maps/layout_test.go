@@ -29,6 +29,14 @@ func TestLayoutsMatchTheObject(t *testing.T) {
 		{"lb4_reverse_nat", maps.RevNatValue{}},
 		{"sock4_revnat_key", bpfobj.SockSock4RevnatKey{}},
 		{"sock4_revnat", bpfobj.SockSock4Revnat{}},
+		{"lb6_key", maps.Service6Key{}},
+		{"lb6_backend", maps.Backend6Value{}},
+		{"lb6_reverse_nat", maps.RevNat6Value{}},
+		{"lb6_src_range_key", maps.SourceRange6Key{}},
+		{"lb6_affinity_key", bpfobj.SockLb6AffinityKey{}},
+		{"sock6_revnat_key", bpfobj.SockSock6RevnatKey{}},
+		{"sock6_revnat", bpfobj.SockSock6Revnat{}},
+		{"sock6_udp_key", bpfobj.SockSock6UdpKey{}},
 	} {
 		t.Run(tc.cName, func(t *testing.T) {
 			var st *btf.Struct

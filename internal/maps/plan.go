@@ -2,6 +2,7 @@ package maps
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
@@ -15,18 +16,18 @@ import (
 // then the deletions (a removed frontend's master entry before its slots),
 // and last the deletion of what no service entry points at any more.
 type plan struct {
-	rangePuts   []SourceRangeKey
-	backendPuts entries[uint32, BackendValue]
-	revNatPuts  entries[uint32, RevNatValue]
+	rangePuts   []rangeKey
+	backendPuts entries[uint32, backendEntry]
+	revNatPuts  entries[uint32, netip.AddrPort]
 	memberPuts  entries[MemberKey, uint8]
 	maglevSets  []maglevTable
-	servicePuts entries[ServiceKey, ServiceValue]
-	serviceDels []ServiceKey
+	servicePuts entries[serviceKey, ServiceValue]
+	serviceDels []serviceKey
 	maglevDels  []uint32
 	memberDels  []MemberKey
 	backendDels []uint32
 	revNatDels  []uint32
-	rangeDels   []SourceRangeKey
+	rangeDels   []rangeKey
 
 	// changes say which service entries belong to which frontend, for an
 	// apply that writes frontend by frontend.
@@ -94,12 +95,12 @@ func (p *plan) reset() {
 
 func (p *plan) putBackend(id uint32, b Backend, flags uint8) {
 	p.stats.Writes++
-	p.backendPuts.add(id, BackendValue{Address: be32(b.Addr), Port: be16(b.Port), Proto: uint8(b.Proto), Flags: flags})
+	p.backendPuts.add(id, backendEntry{b, flags})
 }
 
 func (p *plan) putRevNat(id uint32, fe Frontend) {
 	p.stats.Writes++
-	p.revNatPuts.add(id, RevNatValue{Address: be32(fe.Addr), Port: be16(fe.Port)})
+	p.revNatPuts.add(id, netip.AddrPortFrom(fe.Addr, fe.Port))
 }
 
 func (p *plan) putMember(k MemberKey) {
@@ -107,12 +108,12 @@ func (p *plan) putMember(k MemberKey) {
 	p.memberPuts.add(k, 1)
 }
 
-func (p *plan) putService(k ServiceKey, v ServiceValue) {
+func (p *plan) putService(k serviceKey, v ServiceValue) {
 	p.stats.Writes++
 	p.servicePuts.add(k, v)
 }
 
-func (p *plan) deleteService(k ServiceKey) {
+func (p *plan) deleteService(k serviceKey) {
 	p.stats.Writes++
 	p.serviceDels = append(p.serviceDels, k)
 }
@@ -133,12 +134,12 @@ func (p *plan) deleteRevNat(id uint32) {
 	p.revNatDels = append(p.revNatDels, id)
 }
 
-func (p *plan) putRange(k SourceRangeKey) {
+func (p *plan) putRange(k rangeKey) {
 	p.stats.Writes++
 	p.rangePuts = append(p.rangePuts, k)
 }
 
-func (p *plan) deleteRange(k SourceRangeKey) {
+func (p *plan) deleteRange(k rangeKey) {
 	p.stats.Writes++
 	p.rangeDels = append(p.rangeDels, k)
 }
@@ -165,7 +166,7 @@ func (a *applied) planSync(p *plan, up model.Update, full bool) {
 			a.hold(p, owner, nil, "")
 			continue
 		}
-		ds := frontendsOf(svc, &up.State.Node)
+		ds := frontendsOf(svc, &up.State.Node, a.fam)
 		sortFrontends(ds)
 		for _, d := range ds {
 			if desired[d.fe] {

@@ -29,14 +29,13 @@ func planLines(p *plan) []string {
 	ls = nil
 	for i, id := range p.backendPuts.keys {
 		v := p.backendPuts.values[i]
-		b := Backend{Addr: addrFromBE32(v.Address), Port: portFromBE16(v.Port), Proto: model.Protocol(v.Proto)}
-		ls = append(ls, fmt.Sprintf("put backend %d %s%s", id, b, backendFlagString(v.Flags)))
+		ls = append(ls, fmt.Sprintf("put backend %d %s%s", id, v.b, backendFlagString(v.flags)))
 	}
 	add(false, ls)
 	ls = nil
 	for i, id := range p.revNatPuts.keys {
 		v := p.revNatPuts.values[i]
-		ls = append(ls, fmt.Sprintf("put revnat %d %s", id, netip.AddrPortFrom(addrFromBE32(v.Address), portFromBE16(v.Port))))
+		ls = append(ls, fmt.Sprintf("put revnat %d %s", id, v))
 	}
 	add(false, ls)
 	ls = nil
@@ -89,13 +88,13 @@ func planLines(p *plan) []string {
 
 // describeServiceEntry is a service entry as the dump shows it; a
 // deletion has only its key.
-func describeServiceEntry(k ServiceKey, v ServiceValue) string {
-	fe := Frontend{Addr: addrFromBE32(k.Address), Port: portFromBE16(k.Dport), Proto: model.Protocol(k.Proto), Scope: k.Scope}
+func describeServiceEntry(k serviceKey, v ServiceValue) string {
+	fe := k.fe
 	switch {
-	case k.Slot != 0 && v == ServiceValue{}:
-		return fmt.Sprintf("service %s slot=%d", fe, k.Slot)
-	case k.Slot != 0:
-		return fmt.Sprintf("service %s slot=%d backend=%d", fe, k.Slot, v.BackendId)
+	case k.slot != 0 && v == ServiceValue{}:
+		return fmt.Sprintf("service %s slot=%d", fe, k.slot)
+	case k.slot != 0:
+		return fmt.Sprintf("service %s slot=%d backend=%d", fe, k.slot, v.BackendId)
 	case v == ServiceValue{}:
 		return fmt.Sprintf("service %s master", fe)
 	}
@@ -138,7 +137,7 @@ func runPlanSteps(t *testing.T, a *applied, steps []planStep) {
 }
 
 func newTestApplied() *applied {
-	a := newApplied(Limits{Backends: 1000, RevNat: 1000}, true, FakeMaglevSize)
+	a := newApplied(ipv4, Limits{Backends: 1000, RevNat: 1000}, true, FakeMaglevSize)
 	return &a
 }
 

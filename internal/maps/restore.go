@@ -3,18 +3,17 @@ package maps
 import (
 	"fmt"
 	"maps"
-
-	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"net/netip"
 )
 
 // restore rebuilds the applied state from what the kernel maps hold, so
 // that ids survive a restart of the agent and a sync after an error starts
 // from the truth.
-func (a *applied) restore(m Maps) error {
+func (a *applied) restore(m familyMaps) error {
 	a.reset()
-	err := m.Backends.Iterate(func(id uint32, v BackendValue) bool {
-		b := Backend{Addr: addrFromBE32(v.Address), Port: portFromBE16(v.Port), Proto: model.Protocol(v.Proto)}
-		a.backends[b] = &appliedBackend{id: id, flags: v.Flags}
+	err := m.backends.Iterate(func(id uint32, v backendEntry) bool {
+		b := v.b
+		a.backends[b] = &appliedBackend{id: id, flags: v.flags}
 		a.backendIDs.reserve(id)
 		a.byID[id] = b
 		a.gcBackends[b] = struct{}{}
@@ -24,7 +23,7 @@ func (a *applied) restore(m Maps) error {
 		return fmt.Errorf("restore backends: %w", err)
 	}
 	revNatIDs := map[uint32]bool{}
-	err = m.RevNat.Iterate(func(id uint32, _ RevNatValue) bool {
+	err = m.revNat.Iterate(func(id uint32, _ netip.AddrPort) bool {
 		revNatIDs[id] = false
 		a.revNatIDs.reserve(id)
 		return true
@@ -38,15 +37,15 @@ func (a *applied) restore(m Maps) error {
 		id   uint32
 	}
 	var slotEntries []slotEntry
-	err = m.Services.Iterate(func(k ServiceKey, v ServiceValue) bool {
-		fe := Frontend{Addr: addrFromBE32(k.Address), Port: portFromBE16(k.Dport), Proto: model.Protocol(k.Proto), Scope: k.Scope}
+	err = m.services.Iterate(func(k serviceKey, v ServiceValue) bool {
+		fe := k.fe
 		af := a.frontends[fe]
 		if af == nil {
 			af = &appliedFrontend{}
 			a.frontends[fe] = af
 		}
-		if k.Slot != 0 {
-			slotEntries = append(slotEntries, slotEntry{fe, int(k.Slot), v.BackendId})
+		if k.slot != 0 {
+			slotEntries = append(slotEntries, slotEntry{fe, int(k.slot), v.BackendId})
 			return true
 		}
 		af.hasMaster = true
@@ -61,7 +60,7 @@ func (a *applied) restore(m Maps) error {
 		return fmt.Errorf("restore services: %w", err)
 	}
 	inKernel := map[MemberKey]bool{}
-	err = m.Members.Iterate(func(k MemberKey, _ uint8) bool {
+	err = m.members.Iterate(func(k MemberKey, _ uint8) bool {
 		inKernel[k] = true
 		a.matchRefs[k] = 0
 		a.gcMatch[k] = struct{}{}
@@ -70,17 +69,17 @@ func (a *applied) restore(m Maps) error {
 	if err != nil {
 		return fmt.Errorf("restore members: %w", err)
 	}
-	if m.Maglev != nil {
-		fps, err := m.Maglev.Fingerprints()
+	if m.maglev != nil {
+		fps, err := m.maglev.Fingerprints()
 		if err != nil {
 			return fmt.Errorf("restore maglev tables: %w", err)
 		}
 		maps.Copy(a.maglev, fps)
 	}
-	if m.SourceRanges != nil {
+	if m.ranges != nil {
 		// Claimed again by the ServicePorts that want them; the first
 		// full sync deletes the rest.
-		err := m.SourceRanges.Iterate(func(k SourceRangeKey, _ uint8) bool {
+		err := m.ranges.Iterate(func(k rangeKey, _ uint8) bool {
 			a.orphanRanges[k] = struct{}{}
 			return true
 		})

@@ -22,3 +22,16 @@ func SockTranslated(m *ebpf.Map) func(cookie uint64, backend netip.AddrPort) boo
 		return m.Lookup(&k, &v) == nil
 	}
 }
+
+// SockTranslated6 is SockTranslated for IPv6 backends, from the entries the
+// socket programs keep in sock6_revnat_v1.
+func SockTranslated6(m *ebpf.Map) func(cookie uint64, backend netip.AddrPort) bool {
+	return func(cookie uint64, backend netip.AddrPort) bool {
+		if !ipv6.holds(backend.Addr()) {
+			return false
+		}
+		k := bpfobj.SockSock6RevnatKey{Cookie: cookie, Address: be128(backend.Addr()), Port: be16(backend.Port())}
+		var v bpfobj.SockSock6Revnat
+		return m.Lookup(&k, &v) == nil
+	}
+}

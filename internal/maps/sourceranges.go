@@ -15,17 +15,17 @@ import (
 const NodeSourceRange = 1 << 31
 
 // sourceRanges are the loadBalancerSourceRanges a ServicePort's LoadBalancer
-// IPs admit: its IPv4 ones, and none when it has no LoadBalancer IP (the
-// ranges restrict LoadBalancer IPs only). An empty result means no
-// restriction, as kube-proxy applies ranges only when some remain after
-// filtering by family.
-func sourceRanges(sp *model.ServicePort) []netip.Prefix {
-	if len(sp.LoadBalancerIPs) == 0 {
+// IPs of family fam admit: its ranges of that family, and none when it has
+// no LoadBalancer IP of the family (the ranges restrict LoadBalancer IPs
+// only). An empty result means no restriction, as kube-proxy applies ranges
+// only when some remain after filtering by family.
+func sourceRanges(sp *model.ServicePort, fam family) []netip.Prefix {
+	if !slices.ContainsFunc(sp.LoadBalancerIPs, fam.holds) {
 		return nil
 	}
 	var out []netip.Prefix
 	for _, p := range sp.LoadBalancerSourceRanges {
-		if p.Addr().Is4() {
+		if fam.holds(p.Addr()) {
 			out = append(out, p.Masked())
 		}
 	}
@@ -39,14 +39,14 @@ func sourceRanges(sp *model.ServicePort) []netip.Prefix {
 // other sockets with a node address as their source, that of the route to
 // the LoadBalancer IP, where the socket hooks connect them straight to an
 // endpoint by another route (see RANGE_DST_F_AS_NODE).
-func admittedKeys(sp *model.ServicePort, node *model.Node, svcID uint32) map[SourceRangeKey]bool {
-	ranges := sourceRanges(sp)
+func admittedKeys(sp *model.ServicePort, node *model.Node, svcID uint32, fam family) map[rangeKey]bool {
+	ranges := sourceRanges(sp, fam)
 	if len(ranges) == 0 {
 		return nil
 	}
-	keys := map[SourceRangeKey]bool{}
+	keys := map[rangeKey]bool{}
 	for _, p := range ranges {
-		keys[rangeKey(svcID, p)] = true
+		keys[rangeKey{svcID, p}] = true
 	}
 	if node == nil {
 		return keys
@@ -56,20 +56,22 @@ func admittedKeys(sp *model.ServicePort, node *model.Node, svcID uint32) map[Sou
 		return keys
 	}
 	for _, ip := range sources {
-		if ip.Is4() {
-			keys[rangeKey(svcID, netip.PrefixFrom(ip, 32))] = true
+		if fam.holds(ip) {
+			keys[rangeKey{svcID, netip.PrefixFrom(ip, fam.bits())}] = true
 		}
 	}
-	keys[SourceRangeKey{Prefixlen: 64, SvcId: svcID | NodeSourceRange}] = true
+	keys[rangeKey{svcID: svcID | NodeSourceRange}] = true
 	return keys
 }
 
 // WantsSourceRangeCheck says whether up leaves some ServicePort with source
-// ranges among those it changes (all of them when up is full): the egress
-// program that holds the node's own sockets to the ranges must be attached
-// before such an update is written.
+// ranges (of either family) among those it changes (all of them when up is
+// full): the egress program that holds the node's own sockets to the ranges
+// must be attached before such an update is written.
 func WantsSourceRangeCheck(up model.Update) bool {
-	has := func(svc *model.Service) bool { return svc != nil && len(sourceRanges(svc.Port)) > 0 }
+	has := func(svc *model.Service) bool {
+		return svc != nil && (len(sourceRanges(svc.Port, ipv4)) > 0 || len(sourceRanges(svc.Port, ipv6)) > 0)
+	}
 	if up.Full {
 		for _, svc := range up.State.Services {
 			if has(svc) {
@@ -90,10 +92,6 @@ func WantsSourceRangeCheck(up model.Update) bool {
 // ServicePort: while they do, the egress program must stay attached.
 func (w *Writer) HasSourceRanges() bool { return len(w.ranges) > 0 }
 
-func rangeKey(svcID uint32, p netip.Prefix) SourceRangeKey {
-	return SourceRangeKey{Prefixlen: 32 + uint32(p.Bits()), SvcId: svcID, Address: be32(p.Addr())}
-}
-
 // planRanges plans the source ranges of owner (svc nil: deleted). They
 // are written before the frontends that use them and deleted after them,
 // so that a LoadBalancer IP with SVC_F_SOURCE_RANGES never finds its
@@ -103,11 +101,11 @@ func (a *applied) planRanges(p *plan, owner model.ServicePortName, svc *model.Se
 		return
 	}
 	cur := a.ranges[owner]
-	var want map[SourceRangeKey]bool
+	var want map[rangeKey]bool
 	if id := a.ownerSvc[owner]; svc != nil && id != 0 {
-		want = admittedKeys(svc.Port, node, id)
+		want = admittedKeys(svc.Port, node, id, a.fam)
 	}
-	var stale, fresh []SourceRangeKey
+	var stale, fresh []rangeKey
 	if cur != nil {
 		for k := range cur.keys {
 			if !want[k] {
@@ -143,13 +141,13 @@ func (a *applied) planOrphanRanges(p *plan) {
 	if len(a.orphanRanges) == 0 {
 		return
 	}
-	wanted := map[SourceRangeKey]bool{}
+	wanted := map[rangeKey]bool{}
 	for _, r := range a.ranges {
 		for k := range r.keys {
 			wanted[k] = true
 		}
 	}
-	var stale []SourceRangeKey
+	var stale []rangeKey
 	for k := range a.orphanRanges {
 		if !wanted[k] {
 			stale = append(stale, k)
@@ -162,18 +160,18 @@ func (a *applied) planOrphanRanges(p *plan) {
 	clear(a.orphanRanges)
 }
 
-func compareRangeKeys(a, b SourceRangeKey) int {
+func compareRangeKeys(a, b rangeKey) int {
 	return cmp.Or(
-		cmp.Compare(a.SvcId, b.SvcId),
-		addrFromBE32(a.Address).Compare(addrFromBE32(b.Address)),
-		cmp.Compare(a.Prefixlen, b.Prefixlen),
+		cmp.Compare(a.svcID, b.svcID),
+		a.prefix.Addr().Compare(b.prefix.Addr()),
+		cmp.Compare(a.prefix.Bits(), b.prefix.Bits()),
 	)
 }
 
 // describeRangeKey is a trie entry as the dump shows it.
-func describeRangeKey(k SourceRangeKey) string {
-	if k.SvcId&NodeSourceRange != 0 {
-		return fmt.Sprintf("svc=%d node", k.SvcId&^NodeSourceRange)
+func describeRangeKey(k rangeKey) string {
+	if k.svcID&NodeSourceRange != 0 {
+		return fmt.Sprintf("svc=%d node", k.svcID&^NodeSourceRange)
 	}
-	return fmt.Sprintf("svc=%d %s", k.SvcId, netip.PrefixFrom(addrFromBE32(k.Address), int(k.Prefixlen)-32))
+	return fmt.Sprintf("svc=%d %s", k.svcID, k.prefix)
 }

@@ -27,7 +27,7 @@ type SyncStats struct {
 type Writer struct {
 	// applied is what the maps hold, kept in memory between syncs.
 	applied
-	m Maps
+	m familyMaps
 
 	// plan is the last sync's plan; its memory is reused.
 	plan        plan
@@ -43,15 +43,28 @@ type Limits struct {
 	RevNat   uint32
 }
 
-// NewWriter returns a Writer for m, with its applied state restored from
-// whatever the maps already hold (pinned maps of an earlier agent), so that
-// backend and reverse-NAT ids survive a restart.
+// NewWriter returns a Writer for the IPv4 maps m, with its applied state
+// restored from whatever the maps already hold (pinned maps of an earlier
+// agent), so that backend and reverse-NAT ids survive a restart. It
+// programs the IPv4 addresses of the states it syncs and ignores others.
 func NewWriter(m Maps, lim Limits) (*Writer, error) {
+	return newFamilyWriter(m.coded(), ipv4, lim)
+}
+
+// NewWriter6 is NewWriter for the IPv6 maps m: the Writer programs the
+// IPv6 addresses of the states it syncs (an IPv6 model.State) and ignores
+// others. Its ids are the IPv6 maps' own, restored from them as NewWriter
+// restores the IPv4 ones.
+func NewWriter6(m Maps6, lim Limits) (*Writer, error) {
+	return newFamilyWriter(m.coded(), ipv6, lim)
+}
+
+func newFamilyWriter(m familyMaps, fam family, lim Limits) (*Writer, error) {
 	maglevSize := 0
-	if m.Maglev != nil {
-		maglevSize = m.Maglev.Size()
+	if m.maglev != nil {
+		maglevSize = m.maglev.Size()
 	}
-	w := &Writer{applied: newApplied(lim, m.SourceRanges != nil, maglevSize), m: m}
+	w := &Writer{applied: newApplied(fam, lim, m.ranges != nil, maglevSize), m: m}
 	if err := w.restore(m); err != nil {
 		return nil, err
 	}

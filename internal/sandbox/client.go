@@ -62,7 +62,10 @@ func (c *Client) Cgroup() *Cgroup {
 	return c.sb.Cgroup
 }
 
-// TCP connects n times to addr, reading the server's line each time.
+// TCP connects n times to addr, reading the server's line each time. An
+// IPv4-mapped addr (::ffff:a.b.c.d) is reached from an AF_INET6 socket, as
+// a dual-stack client reaches an IPv4 host; so is one by UDP and
+// UDPConnected.
 func (c *Client) TCP(ctx context.Context, addr netip.AddrPort, n int) (Report[TCPResult], error) {
 	var rep Report[TCPResult]
 	err := c.run(ctx, probeRequest{Kind: kindTCP, Addr: addr, Count: n}, &rep)

@@ -256,7 +256,13 @@ func tcpConnect(addr netip.AddrPort, timeout time.Duration) (TCPResult, net.Conn
 	var r TCPResult
 	d := net.Dialer{Timeout: timeout}
 	start := time.Now()
-	conn, err := d.Dial(network("tcp", addr), addr.String())
+	var conn net.Conn
+	var err error
+	if addr.Addr().Is4In6() {
+		conn, err = mappedSocket(unix.SOCK_STREAM, addr, true, timeout)
+	} else {
+		conn, err = d.Dial(network("tcp", addr), addr.String())
+	}
 	r.Elapsed = time.Since(start)
 	if err != nil {
 		r.Err = errName(err)
@@ -301,9 +307,15 @@ func udpAttempt(addr netip.AddrPort, connected bool, timeout time.Duration) UDPR
 		conn *net.UDPConn
 		err  error
 	)
-	if connected {
+	switch {
+	case addr.Addr().Is4In6():
+		var c net.Conn
+		if c, err = mappedSocket(unix.SOCK_DGRAM, addr, connected, timeout); err == nil {
+			conn = c.(*net.UDPConn)
+		}
+	case connected:
 		conn, err = net.DialUDP(network("udp", addr), nil, net.UDPAddrFromAddrPort(addr))
-	} else {
+	default:
 		conn, err = net.ListenUDP(network("udp", addr), nil)
 	}
 	if err != nil {

@@ -5,11 +5,14 @@ import (
 	"net"
 	"net/netip"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // UDPOneSocket sends n datagrams to addr from a single unconnected socket
 // with sendto(), receiving each reply with recvfrom(): one UDP flow, as a
-// statsd or syslog client makes.
+// statsd or syslog client makes. An IPv4-mapped addr is reached from an
+// AF_INET6 socket.
 func (c *Client) UDPOneSocket(ctx context.Context, addr netip.AddrPort, n int) (Report[UDPResult], error) {
 	var rep Report[UDPResult]
 	err := c.run(ctx, probeRequest{Kind: kindUDP, Addr: addr, Count: n, OneSocket: true}, &rep)
@@ -18,7 +21,16 @@ func (c *Client) UDPOneSocket(ctx context.Context, addr netip.AddrPort, n int) (
 
 func udpOneSocket(addr netip.AddrPort, n int, timeout time.Duration) []UDPResult {
 	out := make([]UDPResult, n)
-	conn, err := net.ListenUDP(network("udp", addr), nil)
+	var conn *net.UDPConn
+	var err error
+	if addr.Addr().Is4In6() {
+		var c net.Conn
+		if c, err = mappedSocket(unix.SOCK_DGRAM, addr, false, timeout); err == nil {
+			conn = c.(*net.UDPConn)
+		}
+	} else {
+		conn, err = net.ListenUDP(network("udp", addr), nil)
+	}
 	if err != nil {
 		for i := range out {
 			out[i].Err = errName(err)

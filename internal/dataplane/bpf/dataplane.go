@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
@@ -143,10 +144,16 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	}
 	km := maps.KernelMaps(&l.Objects.SockMaps)
 	km.Maglev = maps.KernelMaglev(l.Maglev.Tables, l.Maglev.Fingerprints, l.Maglev.Table)
-	w, err := maps.NewWriter(km, maps.Limits{Backends: l.Sizes.Backends, RevNat: l.Sizes.RevNat})
+	lim := maps.Limits{Backends: l.Sizes.Backends, RevNat: l.Sizes.RevNat}
+	w, err := maps.NewWriter(km, lim)
 	if err != nil {
 		l.Close()
 		return nil, fmt.Errorf("restore state from pinned maps: %w", err)
+	}
+	w6, err := maps.NewWriter6(maps.KernelMaps6(&l.Objects.SockMaps), lim)
+	if err != nil {
+		l.Close()
+		return nil, fmt.Errorf("restore IPv6 state from pinned maps: %w", err)
 	}
 	var term *sockterm.Terminator
 	if cfg.TerminateSockets {
@@ -164,12 +171,14 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		return nil, err
 	}
 	fe, be := w.Counts()
+	fe6, be6 := w6.Counts()
 	log.Info("BPF programs attached", zap.String("cgroupPath", cgroupPath), zap.String("bpffsPath", cfg.BPFFSPath),
-		zap.Int("restoredFrontends", fe), zap.Int("restoredBackends", be))
+		zap.Int("restoredFrontends", fe), zap.Int("restoredBackends", be),
+		zap.Int("restoredIPv6Frontends", fe6), zap.Int("restoredIPv6Backends", be6))
 
 	reg := cfg.Metrics.Registry()
 	reg.MustRegister(newCollector(l), mig.total)
-	d := &Dataplane{Writer: w, term: term, log: log, loaded: l, tc: tc, wake: make(chan struct{}, 1),
+	d := &Dataplane{Writer: w, w6: w6, term: term, log: log, loaded: l, tc: tc, wake: make(chan struct{}, 1),
 		ranges: &sourceRangeCheck{set: l.SetSourceRangeCheck, on: l.SourceRangeCheck, log: log},
 		terminated: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ebpfproxy_sockets_terminated_total",
@@ -190,6 +199,11 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 // application reconnects to a live backend.
 type Dataplane struct {
 	*maps.Writer
+	// w6 writes the IPv6 maps, for the dataplane IPv6 returns.
+	w6 *maps.Writer
+	// syncMu serialises the syncs of both families, which share the
+	// source range check.
+	syncMu sync.Mutex
 	term   *sockterm.Terminator
 	log    *zap.Logger
 	loaded *loader.Loaded
@@ -214,6 +228,8 @@ func (d *Dataplane) Name() string { return Name }
 // them again, and outside the sync loop, which must not wait for a scan of
 // every network namespace.
 func (d *Dataplane) Sync(up model.Update) error {
+	d.syncMu.Lock()
+	defer d.syncMu.Unlock()
 	if err := d.tc.prepare(&up.State.Node); err != nil {
 		return err
 	}
@@ -223,7 +239,7 @@ func (d *Dataplane) Sync(up model.Update) error {
 	if err := d.Writer.Sync(up); err != nil {
 		return err
 	}
-	d.ranges.after(d.Writer)
+	d.ranges.after(d.Writer, d.w6)
 	if d.term == nil {
 		return nil
 	}
@@ -272,6 +288,54 @@ func (d *Dataplane) run(ctx context.Context) {
 }
 
 func netipAddrPort(b maps.Backend) netip.AddrPort { return netip.AddrPortFrom(b.Addr, b.Port) }
+
+// IPv6 returns the dataplane of the IPv6 Services, which programs the
+// IPv6 maps of the programs d loaded: the socket programs translate IPv6
+// destinations (AF_INET6 sockets) through them, as they translate IPv4
+// ones through the maps d's own Sync writes.
+//
+// Its contract is dataplane.Dataplane's, for the IPv6 model: every
+// model.Update it syncs holds an IPv6 State (IPv6 ClusterIPs, external and
+// LoadBalancer IPs, endpoints and source ranges; addresses of another
+// family in it are ignored), and the first Sync after New is a full one.
+// Its ids (backends, reverse NAT, ServicePorts) are restored at New from
+// the pinned IPv6 maps, apart from the IPv4 ones. It may be synced from its
+// own goroutine: its Syncs and d's are serialised. It shares d's lifetime:
+// d.Close closes it; it has no Close of its own. Every call returns the
+// same dataplane.
+//
+// NodePorts are served on the IPv6 addresses of up.State.Node.NodePorts,
+// which the caller's tracker must be given (nodeaddrs.Local lists IPv4
+// addresses only).
+//
+// What it does not do yet: the TC and XDP programs serve IPv4 only, so
+// IPv6 NodePorts, external and LoadBalancer IPs are reached from the
+// node's and its pods' sockets only; and sockets connected to a removed
+// IPv6 backend are not ended (the terminator speaks IPv4 sock_diag).
+func (d *Dataplane) IPv6() dataplane.Dataplane { return ipv6Dataplane{d} }
+
+// ipv6Dataplane is what IPv6 returns.
+type ipv6Dataplane struct{ d *Dataplane }
+
+// Name implements dataplane.Dataplane.
+func (p ipv6Dataplane) Name() string { return Name }
+
+// Sync implements dataplane.Dataplane: it writes up, an IPv6 model, to
+// the IPv6 maps, with the source range check attached around it as for
+// IPv4.
+func (p ipv6Dataplane) Sync(up model.Update) error {
+	d := p.d
+	d.syncMu.Lock()
+	defer d.syncMu.Unlock()
+	if err := d.ranges.before(up); err != nil {
+		return err
+	}
+	if err := d.w6.Sync(up); err != nil {
+		return err
+	}
+	d.ranges.after(d.Writer, d.w6)
+	return nil
+}
 
 // Close releases the dataplane's handles. The programs stay attached and
 // the maps pinned: they keep serving until the next agent adopts them.

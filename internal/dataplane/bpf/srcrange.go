@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"fmt"
+	"slices"
 
 	"go.uber.org/zap"
 
@@ -34,9 +35,10 @@ func (c *sourceRangeCheck) before(up model.Update) error {
 	return nil
 }
 
-// after detaches the check once a sync left no source ranges in the maps.
-func (c *sourceRangeCheck) after(w *maps.Writer) {
-	if c == nil || !c.on() || w.HasSourceRanges() {
+// after detaches the check once a sync left no source ranges in the maps
+// of any of the writers (one per family).
+func (c *sourceRangeCheck) after(ws ...*maps.Writer) {
+	if c == nil || !c.on() || slices.ContainsFunc(ws, (*maps.Writer).HasSourceRanges) {
 		return
 	}
 	if err := c.set(false); err != nil {
