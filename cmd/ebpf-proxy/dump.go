@@ -29,6 +29,16 @@ func runDump(args []string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	// The IPv6 maps number their ids apart from the IPv4 ones: a header
+	// keeps "backend 1" of one family from reading as the other's.
+	lines6, err := maps.Dump6(maps.KernelMaps6(sm))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if len(lines6) > 0 {
+		lines = append(append(lines, "# IPv6"), lines6...)
+	}
 	for _, l := range lines {
 		fmt.Println(l)
 	}

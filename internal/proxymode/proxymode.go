@@ -43,7 +43,7 @@ const (
 	ReasonBPFSupported   = "bpf-supported"   // auto: the probes passed and the programs loaded
 	ReasonBPFUnsupported = "bpf-unsupported" // auto: the kernel lacks a BPF feature the programs need
 	ReasonBPFLoadFailed  = "bpf-load-failed" // auto: the probes passed but loading or attaching failed
-	ReasonBPFFamily      = "bpf-ip-family"   // auto: the node's primary IP family is one the BPF dataplane does not serve
+	ReasonBPFFamily      = "bpf-ip-family"   // auto: the node's primary IP family is one the BPF dataplane does not serve whole
 	// Appended to the above when auto falls through to iptables.
 	ReasonIPVSUnavailable = ",ipvs-unavailable" // the ip_vs module does not load
 	ReasonIPVSFailed      = ",ipvs-failed"      // IPVS is there but the dataplane could not start
@@ -160,7 +160,7 @@ func start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
 		if err := bpf.Probe(); err != nil {
 			return nil, err
 		}
-		return startBPF(ctx, cfg, ReasonConfigured)
+		return startBPF(ctx, cfg, log, ReasonConfigured)
 	case IPTables:
 		return startIPTables(ctx, cfg, ReasonConfigured)
 	case IPVS:
@@ -172,14 +172,16 @@ func start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
 
 	var reason string
 	var details []zap.Field
-	if err := ipv4Primary(cfg, EBPF); err != nil {
+	if cfg.Families[0] == metrics.IPv6 {
+		// An IPv6-primary node's traffic from outside would go
+		// untranslated (errNoIPv6External): a fallback serves it.
 		reason = ReasonBPFFamily
-		details = append(details, zap.NamedError("bpf", err))
+		details = append(details, zap.NamedError("bpf", errNoIPv6External))
 	} else if err := bpf.Probe(); err != nil {
 		reason = ReasonBPFUnsupported
 		details = append(details, zap.NamedError("bpf", err))
 	} else {
-		s, err := startBPF(ctx, cfg, ReasonBPFSupported)
+		s, err := startBPF(ctx, cfg, log, ReasonBPFSupported)
 		if err == nil {
 			logChoice(log, s, details)
 			return s, nil
@@ -262,16 +264,25 @@ func ipv4Only(cfg Config, mode string, d dataplane.Dataplane) ([]Family, map[str
 	return []Family{{IPFamily: metrics.IPv4, Dataplane: d}}, skipped
 }
 
-func startBPF(ctx context.Context, cfg Config, reason string) (*Started, error) {
-	if err := ipv4Primary(cfg, EBPF); err != nil {
-		return nil, err
-	}
+// errNoIPv6External is what the BPF dataplane does not do for IPv6 yet.
+var errNoIPv6External = errors.New("the TC and XDP programs translate IPv4 only: IPv6 traffic from outside the node " +
+	"to NodePorts, ExternalIPs and LoadBalancer IPs is not translated; the node's and its pods' sockets reach every IPv6 frontend")
+
+func startBPF(ctx context.Context, cfg Config, log *zap.Logger, reason string) (*Started, error) {
 	d, err := bpf.New(ctx, cfg.BPF)
 	if err != nil {
 		return nil, err
 	}
-	fams, skipped := ipv4Only(cfg, EBPF, d)
-	return &Started{Families: fams, Skipped: skipped, Mode: EBPF, Reason: reason, close: d.Close,
+	var fams []Family
+	for _, f := range cfg.Families {
+		if f == metrics.IPv6 {
+			log.Warn("serving IPv6 in part", zap.String("ipFamily", f), zap.Error(errNoIPv6External))
+			fams = append(fams, Family{IPFamily: f, Dataplane: d.IPv6()})
+			continue
+		}
+		fams = append(fams, Family{IPFamily: f, Dataplane: d})
+	}
+	return &Started{Families: fams, Mode: EBPF, Reason: reason, close: d.Close,
 		removeLeftovers: func(ctx context.Context) error {
 			// Our iptables chains (every back end) first, then IPVS's
 			// virtual servers, ipsets and dummy interface.

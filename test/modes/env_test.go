@@ -242,7 +242,8 @@ func (e *env) state() modeState {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	for _, at := range []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupUDP4Sendmsg, ebpf.AttachCGroupUDP4Recvmsg, ebpf.AttachCgroupInet4GetPeername} {
+	for _, at := range []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupUDP4Sendmsg, ebpf.AttachCGroupUDP4Recvmsg, ebpf.AttachCgroupInet4GetPeername,
+		ebpf.AttachCGroupInet6Connect, ebpf.AttachCGroupUDP6Sendmsg, ebpf.AttachCGroupUDP6Recvmsg, ebpf.AttachCgroupInet6GetPeername} {
 		res, err := link.QueryPrograms(link.QueryOptions{Target: fd, Attach: at})
 		if err != nil {
 			t.Fatal(err)

@@ -304,9 +304,8 @@ func netipAddrPort(b maps.Backend) netip.AddrPort { return netip.AddrPortFrom(b.
 // d.Close closes it; it has no Close of its own. Every call returns the
 // same dataplane.
 //
-// NodePorts are served on the IPv6 addresses of up.State.Node.NodePorts,
-// which the caller's tracker must be given (nodeaddrs.Local lists IPv4
-// addresses only).
+// NodePorts are served on the IPv6 addresses of up.State.Node.NodePorts
+// (nodeaddrs.Local lists both families for the trackers).
 //
 // What it does not do yet: the TC and XDP programs serve IPv4 only, so
 // IPv6 NodePorts, external and LoadBalancer IPs are reached from the
