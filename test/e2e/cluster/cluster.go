@@ -45,9 +45,13 @@ const (
 	KubeProxyUser = "system:kube-proxy"
 )
 
-// ServiceCIDR is the API server's --service-cluster-ip-range, the ClusterIP
-// range of the project's test address plan.
-const ServiceCIDR = "10.96.0.0/16"
+// ServiceCIDR and ServiceCIDR6 are the API server's
+// --service-cluster-ip-range (dual-stack, IPv4 primary), the ClusterIP
+// ranges of the project's test address plan.
+const (
+	ServiceCIDR  = "10.96.0.0/16"
+	ServiceCIDR6 = "fd00:10:96::/112"
+)
 
 // User is an extra identity for Options.Users. It gets a static bearer token
 // and a kubeconfig file; grant it rights with RBAC objects through the admin
@@ -272,7 +276,7 @@ func (c *Cluster) apiServerArgs() []string {
 		"--service-account-key-file=" + c.pki.saPubFile,
 		"--service-account-signing-key-file=" + c.pki.saPrivFile,
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--service-cluster-ip-range=" + ServiceCIDR + "," + ServiceCIDR6,
 		"--authorization-mode=RBAC",
 		// No loopback endpoint for default/kubernetes: it would be an
 		// endpoint the proxies under test program but no test expects.

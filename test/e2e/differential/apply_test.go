@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
 )
@@ -43,8 +44,9 @@ func newWorld(kind testbed.Kind, index int, tb *testbed.Testbed, ns string) *wor
 		clusterIPs: map[string]netip.Addr{}, nodePorts: map[string]int32{}, vips: map[string]netip.Addr{}}
 }
 
-// Address plan inside the API server's 10.96.0.0/16 and the default NodePort
-// range, one block per proxy kind.
+// Address plan inside the API server's 10.96.0.0/16 (and, for IPv6
+// scenarios, fd00:10:96::/112 with the same last 16 bits) and the default
+// NodePort range, one block per proxy kind.
 const (
 	clusterIPBlocks = 4 // /24 blocks of ClusterIPs per kind
 	nodePortBase    = 30000
@@ -68,9 +70,21 @@ func (w *world) clusterIP(sc int, svc string) (netip.Addr, error) {
 	if n >= clusterIPBlocks*250 {
 		return netip.Addr{}, fmt.Errorf("out of ClusterIPs for %s", w.kind)
 	}
-	ip := netip.AddrFrom4([4]byte{10, 96, byte(16 + w.index*clusterIPBlocks + n/250), byte(n%250 + 1)})
+	block, host := byte(16+w.index*clusterIPBlocks+n/250), byte(n%250+1)
+	ip := netip.AddrFrom4([4]byte{10, 96, block, host})
+	if scenarios[sc].IPv6 {
+		ip = ipv6Service(block, host)
+	}
 	w.clusterIPs[key] = ip
 	return ip, nil
+}
+
+// ipv6Service is the address of fd00:10:96::/112 (the API server's IPv6
+// Service range) whose last two bytes are hi and lo.
+func ipv6Service(hi, lo byte) netip.Addr {
+	a := sandbox.ServiceCIDR6.Addr().As16()
+	a[14], a[15] = hi, lo
+	return netip.AddrFrom16(a)
 }
 
 // nodePort returns the NodePort of a Service port number of scenario sc;
@@ -91,8 +105,8 @@ func (w *world) nodePort(sc int, svc string, port int32) (int32, error) {
 	return p, nil
 }
 
-// addVIPs gives each VIP of scenario sc an address in 198.19.0.0/24 and
-// routes it to its node.
+// addVIPs gives each VIP of scenario sc an address in 198.19.0.0/24 (in
+// IPv6 scenarios its twin in fd00:198:19::/64) and routes it to its node.
 func (w *world) addVIPs(sc int, vips map[string]string) error {
 	names := make([]string, 0, len(vips))
 	for name := range vips {
@@ -107,6 +121,9 @@ func (w *world) addVIPs(sc int, vips map[string]string) error {
 		w.mu.Lock()
 		n := len(w.vips)
 		ip := netip.AddrFrom4([4]byte{198, 19, 0, byte(10 + n)})
+		if scenarios[sc].IPv6 {
+			ip = sandbox.IPv6Of(ip)
+		}
 		w.vips[prefix(sc)+name] = ip
 		w.mu.Unlock()
 		if n >= 200 {
@@ -129,13 +146,22 @@ func (w *world) vip(sc int, name string) (netip.Addr, error) {
 	return ip, nil
 }
 
-// clientIP resolves a client name used in loadBalancerSourceRanges.
-func (w *world) clientIP(name string) (netip.Addr, error) {
+// clientIP resolves a client name used in loadBalancerSourceRanges of
+// scenario sc to its address of the scenario's family.
+func (w *world) clientIP(sc int, name string) (netip.Addr, error) {
 	c, err := w.client(name)
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	return c.IP, nil
+	return w.addr(sc, c.Host), nil
+}
+
+// addr is h's address of scenario sc's family.
+func (w *world) addr(sc int, h *sandbox.Host) netip.Addr {
+	if scenarios[sc].IPv6 {
+		return h.IP6
+	}
+	return h.IP
 }
 
 // service renders s as scenario sc's Service, with the load balancer
@@ -168,6 +194,10 @@ func (w *world) service(sc int, s Svc) (*corev1.Service, []corev1.LoadBalancerIn
 			return nil, nil, err
 		}
 		svc.Spec.ClusterIP = ip.String()
+		if scenarios[sc].IPv6 {
+			single := corev1.IPFamilyPolicySingleStack
+			svc.Spec.IPFamilies, svc.Spec.IPFamilyPolicy = []corev1.IPFamily{corev1.IPv6Protocol}, &single
+		}
 	}
 	if typ != corev1.ServiceTypeExternalName {
 		for _, p := range s.Ports {
@@ -199,14 +229,17 @@ func (w *world) service(sc int, s Svc) (*corev1.Service, []corev1.LoadBalancerIn
 	}
 	for _, r := range s.SourceRanges {
 		if p, err := netip.ParsePrefix(r); err == nil {
+			if p.Addr().Is4() && scenarios[sc].IPv6 {
+				return nil, nil, fmt.Errorf("source range %s in an IPv6 scenario: name a client instead", p)
+			}
 			svc.Spec.LoadBalancerSourceRanges = append(svc.Spec.LoadBalancerSourceRanges, p.String())
 			continue
 		}
-		ip, err := w.clientIP(r)
+		ip, err := w.clientIP(sc, r)
 		if err != nil {
 			return nil, nil, err
 		}
-		svc.Spec.LoadBalancerSourceRanges = append(svc.Spec.LoadBalancerSourceRanges, netip.PrefixFrom(ip, 32).String())
+		svc.Spec.LoadBalancerSourceRanges = append(svc.Spec.LoadBalancerSourceRanges, netip.PrefixFrom(ip, ip.BitLen()).String())
 	}
 	var ingress []corev1.LoadBalancerIngress
 	for _, in := range s.LBIngress {
@@ -240,6 +273,9 @@ func (w *world) slice(sc int, sl Slice) (*discoveryv1.EndpointSlice, error) {
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   []discoveryv1.Endpoint{},
 	}
+	if scenarios[sc].IPv6 {
+		es.AddressType = discoveryv1.AddressTypeIPv6
+	}
 	for _, p := range sl.Ports {
 		es.Ports = append(es.Ports, discoveryv1.EndpointPort{Name: ptr(p.Name), Protocol: ptr(p.Proto), Port: ptr(p.Port)})
 	}
@@ -249,7 +285,7 @@ func (w *world) slice(sc int, sl Slice) (*discoveryv1.EndpointSlice, error) {
 			return nil, fmt.Errorf("endpoint %s: no such pod", ep.Pod)
 		}
 		e := discoveryv1.Endpoint{
-			Addresses:  []string{pod.IP.String()},
+			Addresses:  []string{w.addr(sc, pod.Host).String()},
 			Conditions: discoveryv1.EndpointConditions{Ready: ep.Ready, Serving: ep.Serving, Terminating: ep.Terminating},
 			NodeName:   ptr(node.Spec.Name),
 		}
@@ -353,25 +389,47 @@ func (w *world) apply(ctx context.Context, sc int, step Step) error {
 // waits until each node's proxy serves it. Services and EndpointSlices each
 // come to a proxy on one ordered watch, and both proxies fold every change
 // received into their next sync, so once the barrier's Service and slice
-// are programmed, so is everything written before them.
-func (w *world) barrier(ctx context.Context, wave int) error {
-	name := fmt.Sprintf("barrier-%d", wave)
-	ip := netip.AddrFrom4([4]byte{10, 96, byte(64 + w.index), byte(wave + 1)})
+// are programmed, so is everything written before them. A proxy syncs each
+// IP family on its own (kube-proxy's per-family proxiers), so with IPv6
+// scenarios in the wave there is an IPv6 barrier too.
+func (w *world) barrier(ctx context.Context, wave int, ipv6 bool) error {
+	families := []bool{false}
+	if ipv6 {
+		families = append(families, true)
+	}
 	a1, node := w.tb.Pod("a1")
-	svc := builders.Service(w.ns, name, builders.ClusterIP(ip.String()),
-		func(s *corev1.Service) { s.Labels = map[string]string{scenarioLabel: "barrier"} })
-	if _, err := w.cs.CoreV1().Services(w.ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create barrier: %w", err)
+	var dsts []netip.AddrPort
+	for _, v6 := range families {
+		name := fmt.Sprintf("barrier-%d", wave)
+		block, host := byte(64+w.index), byte(wave+1)
+		ip, ep := netip.AddrFrom4([4]byte{10, 96, block, host}), a1.IP
+		family := builders.ServiceOption(nil)
+		slice := func(es *discoveryv1.EndpointSlice) { es.Labels[scenarioLabel] = "barrier" }
+		if v6 {
+			name += "-ipv6"
+			ip, ep = ipv6Service(block, host), a1.IP6
+			family = func(s *corev1.Service) { s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol} }
+			slice = func(es *discoveryv1.EndpointSlice) {
+				es.Labels[scenarioLabel] = "barrier"
+				es.AddressType = discoveryv1.AddressTypeIPv6
+			}
+		}
+		svc := builders.Service(w.ns, name, builders.ClusterIP(ip.String()), family,
+			func(s *corev1.Service) { s.Labels = map[string]string{scenarioLabel: "barrier"} })
+		if _, err := w.cs.CoreV1().Services(w.ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create barrier: %w", err)
+		}
+		es := builders.EndpointSlice(w.ns, name, name, []discoveryv1.Endpoint{builders.Endpoint(ep.String(), node.Spec.Name)}, slice)
+		if _, err := w.cs.DiscoveryV1().EndpointSlices(w.ns).Create(ctx, es, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create barrier slice: %w", err)
+		}
+		dsts = append(dsts, netip.AddrPortFrom(ip, 80))
 	}
-	es := builders.EndpointSlice(w.ns, name, name, []discoveryv1.Endpoint{builders.Endpoint(a1.IP.String(), node.Spec.Name)},
-		func(es *discoveryv1.EndpointSlice) { es.Labels[scenarioLabel] = "barrier" })
-	if _, err := w.cs.DiscoveryV1().EndpointSlices(w.ns).Create(ctx, es, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create barrier slice: %w", err)
-	}
-	dst := netip.AddrPortFrom(ip, 80)
-	for _, n := range w.tb.Nodes {
-		if err := waitReachable(ctx, n.Self, dst); err != nil {
-			return fmt.Errorf("barrier %d on %s: %w", wave, n.Spec.Name, err)
+	for _, dst := range dsts {
+		for _, n := range w.tb.Nodes {
+			if err := waitReachable(ctx, n.Self, dst); err != nil {
+				return fmt.Errorf("barrier %d on %s: %w", wave, n.Spec.Name, err)
+			}
 		}
 	}
 	return nil

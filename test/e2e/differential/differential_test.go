@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -327,7 +328,8 @@ func runKind(t *testing.T, c *cluster.Cluster, kind testbed.Kind, index int) ver
 		if t.Failed() {
 			return nil
 		}
-		if err := w.barrier(ctx, wave); err != nil {
+		ipv6 := slices.ContainsFunc(inWave, func(si int) bool { return scenarios[si].IPv6 })
+		if err := w.barrier(ctx, wave, ipv6); err != nil {
 			t.Fatalf("%s run, wave %d: %v", kind, wave+1, err)
 		}
 		// Every probe of the wave is a new connection under the wave's

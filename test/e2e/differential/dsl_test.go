@@ -31,6 +31,11 @@ const (
 	FeatureExternalTraffic Feature = "external-traffic"
 	// FeatureSourceRanges is loadBalancerSourceRanges.
 	FeatureSourceRanges Feature = "loadbalancersourceranges"
+	// FeatureIPv6 is IPv6 (every IPv6 twin needs it) and
+	// FeatureIPv6External IPv6 traffic from the network (the twins of
+	// scenarios that need FeatureExternalTraffic).
+	FeatureIPv6         Feature = "ipv6"
+	FeatureIPv6External Feature = "ipv6-external-traffic"
 )
 
 // ebpfProxyFeatures are the features ebpf-proxy implements today: its
@@ -72,6 +77,10 @@ type Scenario struct {
 	VIPs map[string]string
 	// Steps run in order.
 	Steps []Step
+	// IPv6 makes every address of the scenario an IPv6 one: its Services
+	// are IPv6 single-stack, its EndpointSlices of type IPv6, its clients
+	// and destinations their IPv6 addresses. withIPv6Twins sets it.
+	IPv6 bool
 }
 
 // Step is the whole desired state of the scenario's objects (what is not
@@ -215,6 +224,39 @@ func (d Dest) String() string {
 		return fmt.Sprintf("NodePort of %s:%d on 127.0.0.1", d.Service, d.Port)
 	}
 	return "?"
+}
+
+// withIPv6Twins returns scs followed by the IPv6 twin of every scenario
+// that applies in IPv6: the same steps and probes with IPv6 addresses,
+// named "<name> [IPv6]". NodePorts on 127.0.0.1 have no IPv6 twin:
+// kube-proxy never serves NodePorts on ::1.
+func withIPv6Twins(scs []Scenario) []Scenario {
+	out := slices.Clone(scs)
+	for _, sc := range scs {
+		if !appliesInIPv6(sc) {
+			continue
+		}
+		tw := sc
+		tw.Name = sc.Name + " [IPv6]"
+		tw.IPv6 = true
+		tw.Needs = append(slices.Clone(sc.Needs), FeatureIPv6)
+		if slices.Contains(sc.Needs, FeatureExternalTraffic) {
+			tw.Needs = append(tw.Needs, FeatureIPv6External)
+		}
+		out = append(out, tw)
+	}
+	return out
+}
+
+func appliesInIPv6(sc Scenario) bool {
+	for _, st := range sc.Steps {
+		for _, p := range st.Probes {
+			if p.To.Kind == LocalhostNodePort {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // Probe is traffic from one client to one destination.

@@ -33,6 +33,9 @@ var fallbacks = []fallback{
 		FeatureAffinity:        true,
 		FeatureExternalTraffic: true,
 		FeatureSourceRanges:    true,
+		// ip6tables, rendered from the same model.
+		FeatureIPv6:         true,
+		FeatureIPv6External: true,
 	}},
 }
 

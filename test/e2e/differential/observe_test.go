@@ -71,7 +71,7 @@ func (w *world) dest(ctx context.Context, sc int, d Dest) (netip.AddrPort, error
 			return netip.AddrPort{}, fmt.Errorf("no node %s", d.Node)
 		}
 		p, err := w.nodePort(sc, d.Service, d.Port)
-		return netip.AddrPortFrom(n.IP, uint16(p)), err
+		return netip.AddrPortFrom(w.addr(sc, n.Host), uint16(p)), err
 	case LocalhostNodePort:
 		p, err := w.nodePort(sc, d.Service, d.Port)
 		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(p)), err
@@ -83,7 +83,7 @@ func (w *world) dest(ctx context.Context, sc int, d Dest) (netip.AddrPort, error
 		if p == nil {
 			return netip.AddrPort{}, fmt.Errorf("no pod %s", d.Name)
 		}
-		return netip.AddrPortFrom(p.IP, uint16(d.Port)), nil
+		return netip.AddrPortFrom(w.addr(sc, p.Host), uint16(d.Port)), nil
 	case HealthCheck:
 		n := w.tb.Node(d.Node)
 		if n == nil {
@@ -96,7 +96,7 @@ func (w *world) dest(ctx context.Context, sc int, d Dest) (netip.AddrPort, error
 		if svc.Spec.HealthCheckNodePort == 0 {
 			return netip.AddrPort{}, fmt.Errorf("service %s has no healthCheckNodePort", svc.Name)
 		}
-		return netip.AddrPortFrom(n.IP, uint16(svc.Spec.HealthCheckNodePort)), nil
+		return netip.AddrPortFrom(w.addr(sc, n.Host), uint16(svc.Spec.HealthCheckNodePort)), nil
 	}
 	return netip.AddrPort{}, fmt.Errorf("unknown destination kind %d", d.Kind)
 }
@@ -137,7 +137,7 @@ func newTally() *tally {
 
 func (t *tally) answered(w *world, c *sandbox.Client, server string, seen netip.Addr) {
 	who := w.tb.AddressName(seen)
-	if seen == c.IP {
+	if seen == c.IP || seen == c.IP6 {
 		who = "client"
 	}
 	t.reached[server+" sees "+who]++

@@ -18,9 +18,10 @@ var (
 	podUDPPorts = []uint16{8080, 9090}
 )
 
-// scenarios is the table. Each step states the whole world of the
-// scenario; the verdicts come from traffic only.
-var scenarios = []Scenario{
+// scenarios is the table, followed by the IPv6 twins of its scenarios.
+// Each step states the whole world of the scenario; the verdicts come from
+// traffic only.
+var scenarios = withIPv6Twins([]Scenario{
 	// ---- ClusterIP: endpoint selection ----
 	{
 		Name: "clusterip: ready endpoints on both nodes; replaced, renumbered, removed",
@@ -676,4 +677,4 @@ var scenarios = []Scenario{
 			Probes:   ps(probe(tcp, "pod:a1", cip("web", 80)), probe(tcp, "pod:a2", cip("web", 80))),
 		}},
 	},
-}
+})

@@ -180,14 +180,14 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 			"--metrics-bind-address=" + metricsAddr,
 			"--healthz-bind-address=" + healthzAddr,
 			// As upstream's configuration below.
-			"--nodeport-addresses=" + n.IP.String() + "/32," + localhostPrefix,
+			"--nodeport-addresses=" + n.IP.String() + "/32," + n.IP6.String() + "/128," + localhostPrefix,
 			"-v=" + strconv.Itoa(v),
 		}
 		if opts.Kind == EbpfProxy {
 			// Never a silent fallback: the BPF mode or an error.
 			args = append(args, "--proxy-mode=ebpf")
 		} else {
-			args = append(args, "--proxy-mode=iptables", "--cluster-cidr="+PodCIDR)
+			args = append(args, "--proxy-mode=iptables", "--cluster-cidr="+ClusterCIDRs)
 		}
 	default:
 		return nil, errors.Join(fmt.Errorf("unknown proxy kind %q", opts.Kind), os.RemoveAll(dir))
@@ -231,7 +231,7 @@ hostnameOverride: %q
 mode: %q
 clusterCIDR: %q
 detectLocalMode: ClusterCIDR
-nodePortAddresses: [%q, %q]
+nodePortAddresses: [%q, %q, %q]
 metricsBindAddress: %q
 healthzBindAddress: %q
 oomScoreAdj: 0
@@ -243,7 +243,7 @@ iptables:
 nftables:
   minSyncPeriod: 1s
   syncPeriod: 30s
-`, kubeconfig, n.Spec.Name, string(opts.Kind), PodCIDR, n.IP.String()+"/32", localhostPrefix, metricsAddr, healthzAddr)
+`, kubeconfig, n.Spec.Name, string(opts.Kind), ClusterCIDRs, n.IP.String()+"/32", n.IP6.String()+"/128", localhostPrefix, metricsAddr, healthzAddr)
 	if len(opts.FeatureGates) > 0 {
 		b.WriteString("featureGates:\n")
 		names := make([]string, 0, len(opts.FeatureGates))

@@ -33,9 +33,13 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/interrupt"
 )
 
-// PodCIDR is the cluster CIDR every pod address is in; upstream kube-proxy
-// gets it as clusterCIDR, so that it tells pod traffic from other traffic.
+// PodCIDR is the cluster CIDR every pod's IPv4 address is in; upstream
+// kube-proxy gets it, with the IPv6 one, as clusterCIDR (ClusterCIDRs), so
+// that it tells pod traffic from other traffic.
 const PodCIDR = "10.244.0.0/16"
+
+// ClusterCIDRs are both families' cluster CIDRs, for --cluster-cidr.
+var ClusterCIDRs = PodCIDR + "," + sandbox.PodCIDR6.String()
 
 // NodeSpec describes one node of a Testbed.
 type NodeSpec struct {
@@ -138,7 +142,7 @@ func New(t testing.TB, c *cluster.Cluster, opts Options) *Testbed {
 
 func (tb *Testbed) build(t testing.TB, opts Options) error {
 	sb := tb.Sandbox
-	tb.names[sb.Router.IP] = "router"
+	tb.name(sb.Router, "router")
 	if err := setSysctls(sb.Router.NS, routerSysctls); err != nil {
 		return err
 	}
@@ -157,7 +161,7 @@ func (tb *Testbed) build(t testing.TB, opts Options) error {
 		if err != nil {
 			return err
 		}
-		tb.names[ext.IP] = name
+		tb.name(ext.Host, name)
 		tb.External = append(tb.External, ext)
 	}
 	return tb.ensureNodeObjects(context.Background())
@@ -170,6 +174,7 @@ func (tb *Testbed) build(t testing.TB, opts Options) error {
 var routerSysctls = map[string]string{
 	"net/ipv4/icmp_ratelimit": "0",
 	"net/ipv4/icmp_ratemask":  "0",
+	"net/ipv6/icmp/ratelimit": "0",
 }
 
 // ServiceCIDR is the cluster's Service range (cluster.ServiceCIDR).
@@ -189,19 +194,22 @@ func refuseServiceCIDR(sb *sandbox.Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("router: %w", err)
 	}
-	// A route, so that the packet reaches the forward hook at all; the
+	// Routes, so that the packet reaches the forward hook at all; the
 	// rule refuses it before any neighbour lookup.
-	if err := nl.RouteAdd(&netlink.Route{LinkIndex: lan.Attrs().Index, Dst: &net.IPNet{
-		IP: ServiceCIDR.Addr().AsSlice(), Mask: net.CIDRMask(ServiceCIDR.Bits(), 32)}}); err != nil {
-		return fmt.Errorf("router: route %s: %w", ServiceCIDR, err)
+	for _, p := range []netip.Prefix{ServiceCIDR, sandbox.ServiceCIDR6} {
+		if err := nl.RouteAdd(&netlink.Route{LinkIndex: lan.Attrs().Index, Dst: &net.IPNet{
+			IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}); err != nil {
+			return fmt.Errorf("router: route %s: %w", p, err)
+		}
 	}
-	rules := fmt.Sprintf(`table ip sandbox {
+	rules := fmt.Sprintf(`table inet sandbox {
 	chain forward {
 		type filter hook forward priority 0; policy accept;
 		ip daddr %s reject with icmp type admin-prohibited
+		ip6 daddr %s reject with icmpv6 type admin-prohibited
 	}
 }
-`, ServiceCIDR)
+`, ServiceCIDR, sandbox.ServiceCIDR6)
 	cmd := exec.Command("ip", "netns", "exec", sb.Router.NS.Name(), "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -224,6 +232,8 @@ var nodeSysctls = map[string]string{
 	// per-namespace setting since Linux 5.3; the root namespace is
 	// untouched.
 	"net/bridge/bridge-nf-call-iptables": "1",
+	// The same for bridged IPv6 frames and ip6tables.
+	"net/bridge/bridge-nf-call-ip6tables": "1",
 	// The node routes same-subnet pod traffic (DNATed to a pod on the same
 	// bridge) back out of the bridge it came from, and would then tell the
 	// client pod with an ICMP redirect to send to the endpoint directly,
@@ -236,6 +246,16 @@ var nodeSysctls = map[string]string{
 	// DROP. An empty mask exempts every ICMP type from both limits.
 	"net/ipv4/icmp_ratelimit": "0",
 	"net/ipv4/icmp_ratemask":  "0",
+	// ICMPv6 errors (REJECT's port unreachable) likewise.
+	"net/ipv6/icmp/ratelimit": "0",
+}
+
+// podSysctls are set in each pod's and client's namespace. IPv6 has no
+// switch for the node's redirects (the IPv4 send_redirects above): the
+// pods ignore them instead, for the reason given there.
+var podSysctls = map[string]string{
+	"net/ipv6/conf/all/accept_redirects":  "0",
+	"net/ipv6/conf/eth0/accept_redirects": "0",
 }
 
 // setSysctls writes sysctls inside ns. /proc/sys/net resolves to the
@@ -268,8 +288,9 @@ func (tb *Testbed) addNode(t testing.TB, spec NodeSpec, opts Options) (*Node, er
 		return nil, err
 	}
 	n := &Node{Node: sn, Spec: spec, tb: tb}
-	tb.names[sn.IP] = spec.Name
+	tb.name(sn.Host, spec.Name)
 	tb.names[sn.Gateway] = spec.Name + "/br0"
+	tb.names[sn.Gateway6] = spec.Name + "/br0"
 	if err := setSysctls(sn.NS, nodeSysctls); err != nil {
 		return nil, err
 	}
@@ -281,7 +302,10 @@ func (tb *Testbed) addNode(t testing.TB, spec NodeSpec, opts Options) (*Node, er
 		if err != nil {
 			return nil, err
 		}
-		tb.names[pod.IP] = name
+		tb.name(pod.Host, name)
+		if err := setSysctls(pod.NS, podSysctls); err != nil {
+			return nil, err
+		}
 		for _, port := range opts.TCPPorts {
 			if _, err := pod.StartTCPServerNamed(port, fmt.Sprintf("%s:%d", name, port)); err != nil {
 				return nil, err
@@ -298,7 +322,10 @@ func (tb *Testbed) addNode(t testing.TB, spec NodeSpec, opts Options) (*Node, er
 	if err != nil {
 		return nil, err
 	}
-	tb.names[client.IP] = client.Name
+	tb.name(client.Host, client.Name)
+	if err := setSysctls(client.NS, podSysctls); err != nil {
+		return nil, err
+	}
 	n.Client = client.InCgroup(n.Cgroup)
 	if err := setHairpin(sn); err != nil {
 		return nil, err
@@ -363,9 +390,9 @@ func (tb *Testbed) ensureNodeObjects(ctx context.Context) error {
 		existing, err := nodes.Get(ctx, n.Spec.Name, metav1.GetOptions{})
 		switch {
 		case err == nil:
-			if !hasInternalIP(existing, n.IP) {
-				return fmt.Errorf("node object %s exists with addresses %v, want InternalIP %s: a proxy would exit on the change",
-					n.Spec.Name, existing.Status.Addresses, n.IP)
+			if !hasInternalIP(existing, n.IP) || !hasInternalIP(existing, n.IP6) {
+				return fmt.Errorf("node object %s exists with addresses %v, want InternalIPs %s and %s: a proxy would exit on the change",
+					n.Spec.Name, existing.Status.Addresses, n.IP, n.IP6)
 			}
 			continue
 		case !apierrors.IsNotFound(err):
@@ -377,9 +404,9 @@ func (tb *Testbed) ensureNodeObjects(ctx context.Context) error {
 		}
 		if _, err := tb.Cluster.CreateNode(ctx, cluster.Node{
 			Name:        n.Spec.Name,
-			InternalIPs: []string{n.IP.String()},
+			InternalIPs: []string{n.IP.String(), n.IP6.String()},
 			Labels:      labels,
-			PodCIDRs:    []string{n.PodCIDR.String()},
+			PodCIDRs:    []string{n.PodCIDR.String(), n.PodCIDR6.String()},
 		}); err != nil {
 			return err
 		}
@@ -389,6 +416,12 @@ func (tb *Testbed) ensureNodeObjects(ctx context.Context) error {
 
 func hasInternalIP(n *corev1.Node, ip netip.Addr) bool {
 	return slices.Contains(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: ip.String()})
+}
+
+// name names both addresses of h.
+func (tb *Testbed) name(h *sandbox.Host, name string) {
+	tb.names[h.IP] = name
+	tb.names[h.IP6] = name
 }
 
 // Node returns the node named name, or nil.
