@@ -1,7 +1,8 @@
 // Command demo runs ebpf-proxy in a sandbox on this machine: a node network
 // namespace with three pods serving HTTP and UDP, a client pod, and the
 // agent reading Services from examples/demo. It shows requests to a
-// ClusterIP spreading over the pods, a UDP round trip answered from the
+// ClusterIP spreading over the pods, on both ClusterIPs of a dual-stack
+// Service, a UDP round trip answered from the
 // ClusterIP, a Service without endpoints refusing at once, and an endpoint
 // change, then removes everything it created. The BPF programs attach only
 // to a cgroup the demo creates.
@@ -30,6 +31,7 @@ import (
 
 var (
 	webVIP  = netip.MustParseAddrPort("10.96.0.80:80")
+	webVIP6 = netip.MustParseAddrPort("[fd00:10:96::80]:80")
 	echoVIP = netip.MustParseAddrPort("10.96.0.53:53")
 	deadVIP = netip.MustParseAddrPort("10.96.0.99:80")
 )
@@ -145,7 +147,10 @@ func run(bin, manifests string) (err error) {
 	}
 	fmt.Print(indent(string(out)))
 
-	if err := spread(ctx, client, "30 HTTP requests from the client pod to web at "+webVIP.String()); err != nil {
+	if err := spread(ctx, client, webVIP, "30 HTTP requests from the client pod to web at "+webVIP.String()); err != nil {
+		return err
+	}
+	if err := spread(ctx, client, webVIP6, "web is dual-stack: 30 HTTP requests to its IPv6 ClusterIP "+webVIP6.String()); err != nil {
 		return err
 	}
 
@@ -186,7 +191,7 @@ func run(bin, manifests string) (err error) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if err := spread(ctx, client, "30 more HTTP requests to "+webVIP.String()); err != nil {
+	if err := spread(ctx, client, webVIP, "30 more HTTP requests to "+webVIP.String()); err != nil {
 		return err
 	}
 
@@ -212,9 +217,9 @@ func run(bin, manifests string) (err error) {
 	return nil
 }
 
-func spread(ctx context.Context, client *sandbox.Client, what string) error {
+func spread(ctx context.Context, client *sandbox.Client, vip netip.AddrPort, what string) error {
 	step("%s", what)
-	rep, err := client.HTTP(ctx, webVIP, "/", 30)
+	rep, err := client.HTTP(ctx, vip, "/", 30)
 	if err != nil {
 		return err
 	}
