@@ -17,13 +17,14 @@ import (
 // nodeLookupTimeout bounds the one read of the own Node at start.
 const nodeLookupTimeout = 10 * time.Second
 
-// families returns the IP families the node serves, primary first: those
-// of its Node's addresses, else (no API server, or no Node registered) of
-// its interfaces' addresses, with the family of --bind-address first when
-// it names an address, as kube-proxy picks its primary family. Each gets
-// its own dataplane and sync loop; a family the node has no address of is
-// not served.
-func (o *options) families(ctx context.Context, client kubernetes.Interface, nodeName string, log *zap.Logger) []string {
+// families returns the IP families to serve, primary first, and those the
+// node has addresses of. As kube-proxy, the agent serves both families
+// whenever the dataplane can, whatever the node's addresses, and picks the
+// primary one as kube-proxy does: the family of --bind-address when it
+// names an address, else of the Node's first address, else (no API
+// server, or no Node registered) of the interfaces' addresses, else IPv4.
+// Each family gets its own dataplane and sync loop.
+func (o *options) families(ctx context.Context, client kubernetes.Interface, nodeName string, log *zap.Logger) (serve, node []string) {
 	var found []v1.IPFamily
 	from := "Node"
 	if client != nil {
@@ -47,9 +48,12 @@ func (o *options) families(ctx context.Context, client kubernetes.Interface, nod
 		}
 		found = addrFamilies(addrs)
 	}
-	fams := orderFamilies(o.nodeIP, found)
-	log.Info("IP families of the node", zap.Strings("ipFamilies", fams), zap.String("from", from))
-	return fams
+	serve = orderFamilies(o.nodeIP, found)
+	for _, f := range found {
+		node = append(node, string(f))
+	}
+	log.Info("IP families", zap.String("primary", serve[0]), zap.Strings("nodeAddresses", node), zap.String("from", from))
+	return serve, node
 }
 
 // addrFamilies returns the families of the addresses that are neither
@@ -72,22 +76,20 @@ func addrFamilies(addrs []netip.Addr) []v1.IPFamily {
 	return out
 }
 
-// orderFamilies puts the family of bind (when valid) first, then found;
-// with neither, IPv4.
+// orderFamilies returns both families, the primary first: the family of
+// bind when valid, else the first found, else IPv4.
 func orderFamilies(bind netip.Addr, found []v1.IPFamily) []string {
-	var out []string
-	if bind.IsValid() {
-		out = append(out, familyOf(bind))
+	primary := metrics.IPv4
+	switch {
+	case bind.IsValid():
+		primary = familyOf(bind)
+	case len(found) > 0:
+		primary = string(found[0])
 	}
-	for _, f := range found {
-		if s := string(f); len(out) == 0 || out[0] != s {
-			out = append(out, s)
-		}
+	if primary == metrics.IPv6 {
+		return []string{metrics.IPv6, metrics.IPv4}
 	}
-	if len(out) == 0 {
-		out = []string{metrics.IPv4}
-	}
-	return out
+	return []string{metrics.IPv4, metrics.IPv6}
 }
 
 func familyOf(a netip.Addr) string {

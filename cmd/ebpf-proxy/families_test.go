@@ -18,12 +18,12 @@ func TestOrderFamilies(t *testing.T) {
 		found []v1.IPFamily
 		want  []string
 	}{
-		{name: "nothing known: IPv4", want: []string{"IPv4"}},
-		{name: "IPv4 node", found: []v1.IPFamily{v4}, want: []string{"IPv4"}},
-		{name: "IPv6-only node", found: []v1.IPFamily{v6}, want: []string{"IPv6"}},
+		{name: "nothing known: IPv4 primary", want: []string{"IPv4", "IPv6"}},
+		{name: "IPv4 node: both served, as kube-proxy", found: []v1.IPFamily{v4}, want: []string{"IPv4", "IPv6"}},
+		{name: "IPv6-only node", found: []v1.IPFamily{v6}, want: []string{"IPv6", "IPv4"}},
 		{name: "dual-stack, IPv6 primary", found: []v1.IPFamily{v6, v4}, want: []string{"IPv6", "IPv4"}},
 		{name: "--bind-address makes its family primary", bind: "192.168.77.10", found: []v1.IPFamily{v6, v4}, want: []string{"IPv4", "IPv6"}},
-		{name: "--bind-address's family is served without a node address of it", bind: "fd00::1", found: []v1.IPFamily{v4}, want: []string{"IPv6", "IPv4"}},
+		{name: "--bind-address's family is primary without a node address of it", bind: "fd00::1", found: []v1.IPFamily{v4}, want: []string{"IPv6", "IPv4"}},
 	} {
 		var bind netip.Addr
 		if tc.bind != "" {

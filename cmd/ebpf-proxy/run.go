@@ -52,9 +52,11 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	fams := o.families(ctx, client, nodeName, log)
+	fams, nodeFams := o.families(ctx, client, nodeName, log)
 	m := metrics.New(fams[0])
-	dp, err := proxymode.Start(ctx, o.proxyModeConfig(m, fams), log)
+	cfg := o.proxyModeConfig(m, fams)
+	cfg.NodeFamilies = nodeFams
+	dp, err := proxymode.Start(ctx, cfg, log)
 	if err != nil {
 		return err
 	}

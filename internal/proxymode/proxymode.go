@@ -56,12 +56,16 @@ type Config struct {
 	// FallbackUnsupported, if set, is why the flags rule out the fallback
 	// dataplanes (a --detect-local-mode they lack): they fail with it.
 	FallbackUnsupported error
-	// Families are the IP families the node serves, primary first
-	// (metrics.IPv4, metrics.IPv6); empty means IPv4 alone. A mode serves
-	// the primary family or fails (under auto, makes way for the next); a
-	// secondary family it cannot serve is left out with one log line, as
-	// kube-proxy runs single-stack where iptables lacks a family.
+	// Families are the IP families to serve, primary first (metrics.IPv4,
+	// metrics.IPv6); empty means IPv4 alone. A mode serves the primary
+	// family or fails (under auto, makes way for the next); a secondary
+	// family it cannot serve is left out with one log line, as kube-proxy
+	// runs single-stack where iptables lacks a family.
 	Families []string
+	// NodeFamilies are the families the node has addresses of: what a
+	// mode leaves out of another family is logged as information, not as
+	// a warning.
+	NodeFamilies []string
 	// BPF, IPTables and IPVS configure the dataplanes. Their loggers and
 	// metrics are set by Start.
 	BPF      bpf.Config
@@ -139,7 +143,7 @@ func Start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
 	}
 	for _, f := range cfg.Families[1:] {
 		if why := s.Skipped[f]; why != nil {
-			log.Warn("not serving an IP family of the node: its Services' addresses of that family are not translated",
+			cfg.logFor(log, f)("not serving an IP family: its Services' addresses of that family are not translated",
 				zap.String("ipFamily", f), zap.String("mode", s.Mode), zap.Error(why))
 		}
 	}
@@ -240,7 +244,16 @@ func logChoice(log *zap.Logger, s *Started, details []zap.Field) {
 	log.Warn("proxy mode chosen: the BPF dataplane cannot run on this node", fields...)
 }
 
-// errNoIPv6 is why the BPF and IPVS dataplanes leave IPv6 out.
+// logFor returns the level to say what a mode leaves out of family at: a
+// warning where the node has addresses of the family, else information.
+func (c Config) logFor(log *zap.Logger, family string) func(string, ...zap.Field) {
+	if slices.Contains(c.NodeFamilies, family) {
+		return log.Warn
+	}
+	return log.Info
+}
+
+// errNoIPv6 is why the IPVS dataplane leaves IPv6 out.
 func errNoIPv6(mode string) error {
 	return fmt.Errorf("the %s dataplane serves IPv4 only", mode)
 }
@@ -276,7 +289,7 @@ func startBPF(ctx context.Context, cfg Config, log *zap.Logger, reason string) (
 	var fams []Family
 	for _, f := range cfg.Families {
 		if f == metrics.IPv6 {
-			log.Warn("serving IPv6 in part", zap.String("ipFamily", f), zap.Error(errNoIPv6External))
+			cfg.logFor(log, f)("serving IPv6 in part", zap.String("ipFamily", f), zap.Error(errNoIPv6External))
 			fams = append(fams, Family{IPFamily: f, Dataplane: d.IPv6()})
 			continue
 		}

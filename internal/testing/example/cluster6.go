@@ -46,7 +46,12 @@ func Node6(name string) model.Node {
 // NewSource6 is NewSource for the IPv6 proxy: its translator keeps the IPv6
 // addresses of Services and the IPv6 EndpointSlices.
 func NewSource6(tb testing.TB, node model.Node) *Source {
-	s := NewSource(tb, node)
+	// --nodeport-addresses unset, for IPv6: every IPv6 address of the node.
+	spec, err := model.ParseNodePortSpec(nil, true, false)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s := newSource(tb, node, spec)
 	s.tl.Family = v1.IPv6Protocol
 	return s
 }

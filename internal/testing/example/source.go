@@ -22,7 +22,12 @@ type Source struct {
 
 // NewSource returns a Source for node with both initial lists delivered.
 func NewSource(tb testing.TB, node model.Node) *Source {
-	s := &Source{tb: tb, tr: tracker.New(node.Name, model.DefaultOptions, model.NodePortSpec{})}
+	return newSource(tb, node, model.NodePortSpec{})
+}
+
+// newSource is NewSource with --nodeport-addresses parsed as spec.
+func newSource(tb testing.TB, node model.Node, spec model.NodePortSpec) *Source {
+	s := &Source{tb: tb, tr: tracker.New(node.Name, model.DefaultOptions, spec)}
 	s.tl.Invalid = func(kind, ns, name, reason string) { tb.Errorf("invalid %s %s/%s: %s", kind, ns, name, reason) }
 	s.tr.UpdateNode(node)
 	s.tr.SetServicesSynced()

@@ -58,11 +58,21 @@ func prefix(sc int) string { return tag(sc) + "-" }
 // tag is the value of scenarioLabel on scenario sc's objects.
 func tag(sc int) string { return fmt.Sprintf("s%02d", sc) }
 
-// clusterIP returns the ClusterIP of a Service of scenario sc.
+// clusterIP returns the ClusterIP of a Service of scenario sc, of the
+// scenario's family.
 func (w *world) clusterIP(sc int, svc string) (netip.Addr, error) {
+	return w.clusterIPOf(sc, svc, scenarios[sc].IPv6)
+}
+
+// clusterIPOf returns the ClusterIP of a Service of scenario sc in the
+// family ipv6 says.
+func (w *world) clusterIPOf(sc int, svc string, ipv6 bool) (netip.Addr, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	key := prefix(sc) + svc
+	if ipv6 {
+		key += "/IPv6"
+	}
 	if ip, ok := w.clusterIPs[key]; ok {
 		return ip, nil
 	}
@@ -72,7 +82,7 @@ func (w *world) clusterIP(sc int, svc string) (netip.Addr, error) {
 	}
 	block, host := byte(16+w.index*clusterIPBlocks+n/250), byte(n%250+1)
 	ip := netip.AddrFrom4([4]byte{10, 96, block, host})
-	if scenarios[sc].IPv6 {
+	if ipv6 {
 		ip = ipv6Service(block, host)
 	}
 	w.clusterIPs[key] = ip
@@ -157,8 +167,11 @@ func (w *world) clientIP(sc int, name string) (netip.Addr, error) {
 }
 
 // addr is h's address of scenario sc's family.
-func (w *world) addr(sc int, h *sandbox.Host) netip.Addr {
-	if scenarios[sc].IPv6 {
+func (w *world) addr(sc int, h *sandbox.Host) netip.Addr { return addrOf(h, scenarios[sc].IPv6) }
+
+// addrOf is h's IPv6 address with ipv6, else its IPv4 one.
+func addrOf(h *sandbox.Host, ipv6 bool) netip.Addr {
+	if ipv6 {
 		return h.IP6
 	}
 	return h.IP
@@ -194,9 +207,19 @@ func (w *world) service(sc int, s Svc) (*corev1.Service, []corev1.LoadBalancerIn
 			return nil, nil, err
 		}
 		svc.Spec.ClusterIP = ip.String()
-		if scenarios[sc].IPv6 {
+		switch {
+		case scenarios[sc].IPv6:
 			single := corev1.IPFamilyPolicySingleStack
 			svc.Spec.IPFamilies, svc.Spec.IPFamilyPolicy = []corev1.IPFamily{corev1.IPv6Protocol}, &single
+		case s.DualStack:
+			ip6, err := w.clusterIPOf(sc, s.Name, true)
+			if err != nil {
+				return nil, nil, err
+			}
+			dual := corev1.IPFamilyPolicyRequireDualStack
+			svc.Spec.ClusterIPs = []string{ip.String(), ip6.String()}
+			svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+			svc.Spec.IPFamilyPolicy = &dual
 		}
 	}
 	if typ != corev1.ServiceTypeExternalName {
@@ -273,7 +296,8 @@ func (w *world) slice(sc int, sl Slice) (*discoveryv1.EndpointSlice, error) {
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   []discoveryv1.Endpoint{},
 	}
-	if scenarios[sc].IPv6 {
+	ipv6 := scenarios[sc].IPv6 || sl.IPv6
+	if ipv6 {
 		es.AddressType = discoveryv1.AddressTypeIPv6
 	}
 	for _, p := range sl.Ports {
@@ -285,7 +309,7 @@ func (w *world) slice(sc int, sl Slice) (*discoveryv1.EndpointSlice, error) {
 			return nil, fmt.Errorf("endpoint %s: no such pod", ep.Pod)
 		}
 		e := discoveryv1.Endpoint{
-			Addresses:  []string{w.addr(sc, pod.Host).String()},
+			Addresses:  []string{addrOf(pod.Host, ipv6).String()},
 			Conditions: discoveryv1.EndpointConditions{Ready: ep.Ready, Serving: ep.Serving, Terminating: ep.Terminating},
 			NodeName:   ptr(node.Spec.Name),
 		}

@@ -328,7 +328,7 @@ func runKind(t *testing.T, c *cluster.Cluster, kind testbed.Kind, index int) ver
 		if t.Failed() {
 			return nil
 		}
-		ipv6 := slices.ContainsFunc(inWave, func(si int) bool { return scenarios[si].IPv6 })
+		ipv6 := slices.ContainsFunc(inWave, func(si int) bool { return scenarios[si].usesIPv6() })
 		if err := w.barrier(ctx, wave, ipv6); err != nil {
 			t.Fatalf("%s run, wave %d: %v", kind, wave+1, err)
 		}

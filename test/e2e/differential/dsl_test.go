@@ -124,6 +124,9 @@ type Svc struct {
 	// SourceRanges are loadBalancerSourceRanges: client names (their /32)
 	// or CIDRs.
 	SourceRanges []string
+	// DualStack makes the Service RequireDualStack: a ClusterIP of each
+	// family, each served by the EndpointSlices of its family.
+	DualStack bool
 }
 
 // Ingress is a status.loadBalancer.ingress entry.
@@ -151,6 +154,9 @@ type Slice struct {
 	Name string
 	// Service names the Svc the slice belongs to.
 	Service string
+	// IPv6 makes it an IPv6 slice in an IPv4 scenario (of a DualStack
+	// Service).
+	IPv6 bool
 	// Labels are added to the slice's.
 	Labels map[string]string
 	Ports  []SlicePort
@@ -206,10 +212,18 @@ type Dest struct {
 	Node string
 	// VIP or pod name.
 	Name string
+	// IPv6 is the destination's IPv6 address in an IPv4 scenario (the
+	// IPv6 ClusterIP of a DualStack Service, say).
+	IPv6 bool
 }
 
 // String describes the destination for reports.
 func (d Dest) String() string {
+	if d.IPv6 {
+		v4 := d
+		v4.IPv6 = false
+		return v4.String() + " over IPv6"
+	}
 	switch d.Kind {
 	case ClusterIP:
 		return fmt.Sprintf("ClusterIP of %s:%d", d.Service, d.Port)
@@ -249,8 +263,20 @@ func withIPv6Twins(scs []Scenario) []Scenario {
 	return out
 }
 
+// usesIPv6 reports whether the scenario has IPv6 Services.
+func (sc Scenario) usesIPv6() bool {
+	return sc.IPv6 || slices.ContainsFunc(sc.Steps, func(st Step) bool {
+		return slices.ContainsFunc(st.Services, func(s Svc) bool { return s.DualStack })
+	})
+}
+
 func appliesInIPv6(sc Scenario) bool {
 	for _, st := range sc.Steps {
+		for _, s := range st.Services {
+			if s.DualStack {
+				return false // already both families
+			}
+		}
 		for _, p := range st.Probes {
 			if p.To.Kind == LocalhostNodePort {
 				return false
@@ -397,6 +423,9 @@ func pairs(kv []string) map[string]string {
 func (s Slice) labeled(kv ...string) Slice { s.Labels = pairs(kv); return s }
 
 func cip(svc string, p int32) Dest { return Dest{Kind: ClusterIP, Service: svc, Port: p} }
+
+// over6 is d's IPv6 address.
+func over6(d Dest) Dest { d.IPv6 = true; return d }
 func np(svc string, p int32, node string) Dest {
 	return Dest{Kind: NodePort, Service: svc, Port: p, Node: node}
 }

@@ -61,9 +61,10 @@ func (w *world) client(name string) (*sandbox.Client, error) {
 
 // dest resolves a probe's destination to an address.
 func (w *world) dest(ctx context.Context, sc int, d Dest) (netip.AddrPort, error) {
+	ipv6 := scenarios[sc].IPv6 || d.IPv6
 	switch d.Kind {
 	case ClusterIP:
-		ip, err := w.clusterIP(sc, d.Service)
+		ip, err := w.clusterIPOf(sc, d.Service, ipv6)
 		return netip.AddrPortFrom(ip, uint16(d.Port)), err
 	case NodePort:
 		n := w.tb.Node(d.Node)
@@ -71,7 +72,7 @@ func (w *world) dest(ctx context.Context, sc int, d Dest) (netip.AddrPort, error
 			return netip.AddrPort{}, fmt.Errorf("no node %s", d.Node)
 		}
 		p, err := w.nodePort(sc, d.Service, d.Port)
-		return netip.AddrPortFrom(w.addr(sc, n.Host), uint16(p)), err
+		return netip.AddrPortFrom(addrOf(n.Host, ipv6), uint16(p)), err
 	case LocalhostNodePort:
 		p, err := w.nodePort(sc, d.Service, d.Port)
 		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(p)), err
@@ -83,7 +84,7 @@ func (w *world) dest(ctx context.Context, sc int, d Dest) (netip.AddrPort, error
 		if p == nil {
 			return netip.AddrPort{}, fmt.Errorf("no pod %s", d.Name)
 		}
-		return netip.AddrPortFrom(w.addr(sc, p.Host), uint16(d.Port)), nil
+		return netip.AddrPortFrom(addrOf(p.Host, ipv6), uint16(d.Port)), nil
 	case HealthCheck:
 		n := w.tb.Node(d.Node)
 		if n == nil {
@@ -96,7 +97,7 @@ func (w *world) dest(ctx context.Context, sc int, d Dest) (netip.AddrPort, error
 		if svc.Spec.HealthCheckNodePort == 0 {
 			return netip.AddrPort{}, fmt.Errorf("service %s has no healthCheckNodePort", svc.Name)
 		}
-		return netip.AddrPortFrom(w.addr(sc, n.Host), uint16(svc.Spec.HealthCheckNodePort)), nil
+		return netip.AddrPortFrom(addrOf(n.Host, ipv6), uint16(svc.Spec.HealthCheckNodePort)), nil
 	}
 	return netip.AddrPort{}, fmt.Errorf("unknown destination kind %d", d.Kind)
 }

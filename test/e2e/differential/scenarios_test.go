@@ -677,4 +677,29 @@ var scenarios = withIPv6Twins([]Scenario{
 			Probes:   ps(probe(tcp, "pod:a1", cip("web", 80)), probe(tcp, "pod:a2", cip("web", 80))),
 		}},
 	},
+	// ---- Dual-stack ----
+	{
+		// One Service, both families: each ClusterIP is served by the
+		// EndpointSlices of its family alone (kube-proxy's per-family
+		// proxiers).
+		Name:  "dual-stack: one Service, each family served by its own EndpointSlices",
+		Needs: []Feature{FeatureIPv6},
+		Steps: func() []Step {
+			svc := []Svc{web(func(s *Svc) { s.DualStack = true })}
+			v6 := func(eps ...Ep) Slice {
+				sl := webSlice(eps...)
+				sl.Name, sl.IPv6 = "web-ipv6", true
+				return sl
+			}
+			probes := ps(inCluster(tcp, cip("web", 80)), inCluster(tcp, over6(cip("web", 80))))
+			return []Step{
+				{Name: "a1 and b1 in both families", Services: svc,
+					Slices: []Slice{webSlice(ready("a1"), ready("b1")), v6(ready("a1"), ready("b1"))}, Probes: probes},
+				{Name: "the IPv6 slice loses its endpoints", Services: svc,
+					Slices: []Slice{webSlice(ready("a1"), ready("b1")), v6()}, Probes: probes},
+				{Name: "the IPv4 slice goes; the IPv6 one lists a2", Services: svc,
+					Slices: []Slice{v6(ready("a2"))}, Probes: probes},
+			}
+		}(),
+	},
 })
