@@ -2,12 +2,15 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ebpf-proxy/ebpf-proxy/test/vmtest/vm"
 )
 
 func TestWritableDirs(t *testing.T) {
@@ -106,12 +109,13 @@ func TestPrintMatrix(t *testing.T) {
 			notes: []string{"modules unavailable: ip_vs_mh"}},
 		{release: "6.18.44", about: "host", cells: []cell{{state: stateSkip, elapsed: 10 * time.Millisecond}, {state: stateOK, elapsed: time.Second}}},
 	}
+	cols[0].retried = true
 	var b bytes.Buffer
 	printMatrix(&b, pkgs, cols)
 	out := b.String()
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	wantTail := []string{
-		"vmtest: kernel=6.1.0-56-amd64 passed=2 failed=0",
+		"vmtest: kernel=6.1.0-56-amd64 passed=2 failed=0 retried=1",
 		"vmtest: kernel=6.12.117+deb12-amd64 passed=0 failed=2",
 		"vmtest: kernel=6.18.44 passed=2 failed=0",
 	}
@@ -125,5 +129,43 @@ func TestPrintMatrix(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("matrix lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// A guest panic is told from other VM failures, also when it happens at
+// boot, for the matrix to retry it once.
+func TestGuestPanicked(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{&vm.PanicError{Message: "Kernel panic - not syncing: Fatal exception in interrupt"}, true},
+		{fmt.Errorf("run: %w", &vm.PanicError{Message: "Kernel panic - not syncing: Oops: int3"}), true},
+		{&vm.BootError{Stage: "boot", Reason: "guest agent stopped", Console: "Oops: int3\nKernel panic - not syncing: Fatal exception"}, true},
+		{&vm.BootError{Stage: "boot", Reason: "initramfs: no /init"}, false},
+		{&vm.TimeoutError{Timeout: time.Minute, Stage: "jobs"}, false},
+	} {
+		if got := guestPanicked(tc.err); got != tc.want {
+			t.Errorf("guestPanicked(%v) = %t, want %t", tc.err, got, tc.want)
+		}
+	}
+}
+
+// The retry's results replace those of the jobs it ran, and only those.
+func TestMergeRetry(t *testing.T) {
+	first := &vm.Result{Jobs: []vm.JobResult{{Ran: true, ExitCode: 0}, {Ran: false}, {Ran: false}},
+		Wall: time.Minute, Problems: []string{"Oops: int3"}}
+	retry := &vm.Result{Jobs: []vm.JobResult{{Ran: true, ExitCode: 1}, {Ran: true, ExitCode: 0}}, Wall: 30 * time.Second}
+	got := mergeRetry(first, []int{1, 2}, retry)
+	want := []vm.JobResult{{Ran: true, ExitCode: 0}, {Ran: true, ExitCode: 1}, {Ran: true, ExitCode: 0}}
+	if !slices.Equal(got.Jobs, want) || got.Wall != 90*time.Second || len(got.Problems) != 1 {
+		t.Errorf("merged %+v, want jobs %+v, wall 1m30s and the first run's problem", got, want)
+	}
+	if first.Jobs[1].Ran {
+		t.Error("mergeRetry changed the first run's results")
+	}
+	if got := mergeRetry(first, []int{1, 2}, nil); !slices.Equal(got.Jobs, first.Jobs) {
+		t.Errorf("a retry that never ran changed the results: %+v", got.Jobs)
 	}
 }

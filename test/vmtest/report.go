@@ -89,6 +89,8 @@ type column struct {
 	// notes are printed under the table: missing modules, kernel
 	// warnings, the VM's wall time.
 	notes []string
+	// retried: the guest panicked and the jobs it cut short ran again.
+	retried bool
 }
 
 func (c *column) counts() (passed, failed int) {
@@ -129,6 +131,10 @@ func printMatrix(w io.Writer, pkgs []string, cols []*column) {
 	}
 	for _, c := range cols {
 		passed, failed := c.counts()
-		fmt.Fprintf(w, "vmtest: kernel=%s passed=%d failed=%d\n", c.release, passed, failed)
+		retried := ""
+		if c.retried {
+			retried = " retried=1"
+		}
+		fmt.Fprintf(w, "vmtest: kernel=%s passed=%d failed=%d%s\n", c.release, passed, failed, retried)
 	}
 }
