@@ -53,6 +53,10 @@ type tcAttacher struct {
 	// attached to.
 	local  map[netip.Addr]string
 	warned bool
+	// names are the devices attached to, snat6 the IPv6 source NAT
+	// addresses last written for them.
+	names []string
+	snat6 map[string]netip.Addr
 }
 
 func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)) (*tcAttacher, error) {
@@ -91,6 +95,36 @@ func (a *tcAttacher) prepare(node *model.Node) error {
 	return a.attach(node.Addrs)
 }
 
+// prepare6 is called before every IPv6 sync: once the TC programs are
+// attached, it gives each device the IPv6 source NAT address the IPv6
+// State's node addresses say (one on the device, else its first global
+// IPv6 address), writing only what changed.
+func (a *tcAttacher) prepare6(node *model.Node) error {
+	if a.loaded == nil {
+		return nil
+	}
+	var devs []loader.TCDevice
+	changed := false
+	for _, name := range a.names {
+		ip, err := snatAddress6(name, node.Addrs)
+		if err != nil {
+			return err
+		}
+		changed = changed || a.snat6[name] != ip
+		devs = append(devs, loader.TCDevice{Name: name, SNAT6: ip})
+	}
+	if !changed {
+		return nil
+	}
+	if err := a.loaded.SetIPv6SNAT(devs); err != nil {
+		return err
+	}
+	for _, d := range devs {
+		a.snat6[d.Name] = d.SNAT6
+	}
+	return nil
+}
+
 // attach resolves the devices (--devices, else those carrying nodeAddrs)
 // and their source NAT addresses, and loads the TC programs onto them. With
 // no device it attaches nothing and says so once.
@@ -120,7 +154,13 @@ func (a *tcAttacher) attach(nodeAddrs []netip.Addr) error {
 		if err != nil {
 			return err
 		}
-		devs = append(devs, loader.TCDevice{Name: name, SNAT: snat})
+		// The IPv6 State's node addresses come with the IPv6 sync
+		// (prepare6), which refines this choice.
+		snat6, err := snatAddress6(name, nil)
+		if err != nil {
+			return err
+		}
+		devs = append(devs, loader.TCDevice{Name: name, SNAT: snat, SNAT6: snat6})
 	}
 	cfg := a.cfg
 	cfg.Devices = devs
@@ -129,6 +169,11 @@ func (a *tcAttacher) attach(nodeAddrs []netip.Addr) error {
 		return fmt.Errorf("attach the TC programs: %w", err)
 	}
 	a.loaded = l
+	a.names = names
+	a.snat6 = map[string]netip.Addr{}
+	for _, d := range devs {
+		a.snat6[d.Name] = d.SNAT6
+	}
 	a.log.Info("TC programs attached", zap.Strings("devices", names), zap.String("mode", l.Mode))
 	return a.attachXDP(cfg, names)
 }
@@ -209,6 +254,35 @@ func snatAddress(dev string, nodeAddrs []netip.Addr) (netip.Addr, error) {
 	}
 	if !first.IsValid() {
 		return netip.Addr{}, fmt.Errorf("device %s has no IPv4 address to source-NAT to", dev)
+	}
+	return first, nil
+}
+
+// snatAddress6 is the IPv6 address source NAT gives traffic leaving dev: a
+// node address on it if it has one, else its first global IPv6 address, or
+// the zero Addr when it has none (its IPv6 traffic to remote backends is
+// then dropped and counted).
+func snatAddress6(dev string, nodeAddrs []netip.Addr) (netip.Addr, error) {
+	lk, err := netlink.LinkByName(dev)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("--devices: %s: %w", dev, err)
+	}
+	addrs, err := netlink.AddrList(lk, netlink.FAMILY_V6)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("IPv6 addresses of %s: %w", dev, err)
+	}
+	var first netip.Addr
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || !ip.Is6() || ip.Is4In6() || ip.IsLoopback() || ip.IsLinkLocalUnicast() {
+			continue
+		}
+		if slices.Contains(nodeAddrs, ip) {
+			return ip, nil
+		}
+		if !first.IsValid() {
+			first = ip
+		}
 	}
 	return first, nil
 }
