@@ -210,9 +210,9 @@ func (l *TCLoaded) attach(cfg TCConfig) error {
 	if err := pruneSNATAddrs(l.Objects.Tc4SnatAddrsV1, snatKeep); err != nil {
 		return err
 	}
-	var snat6 []TCDevice
+	snat6 := map[int]netip.Addr{}
 	for _, d := range devs {
-		snat6 = append(snat6, d.TCDevice)
+		snat6[d.link.Attrs().Index] = d.SNAT6
 	}
 	if err := l.SetIPv6SNAT(snat6); err != nil {
 		return err
@@ -375,28 +375,23 @@ func pruneSNATAddrs(m *ebpf.Map, keep []uint32) error {
 }
 
 // SetIPv6SNAT sets the IPv6 source NAT addresses of the devices the
-// programs are attached to (TCDevice.SNAT6, by name; SNAT is ignored):
-// devices is every attached device, and one without an IPv6 address, or
-// not in devices, has none afterwards. The agent calls it when the IPv6
-// State names the node's IPv6 addresses, which may come after LoadTC.
-func (l *TCLoaded) SetIPv6SNAT(devices []TCDevice) error {
+// programs are attached to, by ifindex: addrs names every attached device,
+// and one whose address is the zero Addr, or that addrs leaves out, has
+// none afterwards. The agent calls it when the IPv6 State names the node's
+// IPv6 addresses, which may come after LoadTC.
+func (l *TCLoaded) SetIPv6SNAT(addrs map[int]netip.Addr) error {
 	var keep []uint32
-	for _, d := range devices {
-		if !d.SNAT6.IsValid() {
+	for idx, a := range addrs {
+		if !a.IsValid() {
 			continue
 		}
-		if !d.SNAT6.Is6() || d.SNAT6.Is4In6() {
-			return fmt.Errorf("device %s: IPv6 source NAT address %s is not IPv6", d.Name, d.SNAT6)
+		if !a.Is6() || a.Is4In6() {
+			return fmt.Errorf("ifindex %d: IPv6 source NAT address %s is not IPv6", idx, a)
 		}
-		lk, err := netlink.LinkByName(d.Name)
-		if err != nil {
-			return fmt.Errorf("%w: %s: %w", ErrNoSuchDevice, d.Name, err)
+		if err := l.Objects.Tc6SnatAddrsV1.Put(uint32(idx), bpfobj.TcTc6SnatAddr{Address: be32Addr6(a)}); err != nil {
+			return fmt.Errorf("IPv6 source NAT address of ifindex %d: %w", idx, err)
 		}
-		idx := uint32(lk.Attrs().Index)
-		if err := l.Objects.Tc6SnatAddrsV1.Put(idx, bpfobj.TcTc6SnatAddr{Address: be32Addr6(d.SNAT6)}); err != nil {
-			return fmt.Errorf("IPv6 source NAT address of %s: %w", d.Name, err)
-		}
-		keep = append(keep, idx)
+		keep = append(keep, uint32(idx))
 	}
 	return pruneKeys[bpfobj.TcTc6SnatAddr](l.Objects.Tc6SnatAddrsV1, keep, "IPv6 source NAT address")
 }

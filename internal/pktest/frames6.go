@@ -64,7 +64,10 @@ func (b Builder6) WithSeq(seq, ack uint32) Builder6 { b.seq, b.ack = seq, ack; r
 func (b Builder6) WithWindow(w uint16) Builder6 { b.window = w; return b }
 
 // WithMACs sets the Ethernet source and destination.
-func (b Builder6) WithMACs(src, dst net.HardwareAddr) Builder6 { b.srcMAC, b.dstMAC = src, dst; return b }
+func (b Builder6) WithMACs(src, dst net.HardwareAddr) Builder6 {
+	b.srcMAC, b.dstMAC = src, dst
+	return b
+}
 
 // WithL4Checksum sets the L4 checksum field to c rather than the computed
 // one (a UDP checksum of 0 says "none", which IPv6 forbids).

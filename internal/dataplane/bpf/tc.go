@@ -54,9 +54,12 @@ type tcAttacher struct {
 	local  map[netip.Addr]string
 	warned bool
 	// names are the devices attached to, snat6 the IPv6 source NAT
-	// addresses last written for them.
+	// addresses last written for them. nl is a netlink handle in the
+	// namespace the attacher was made in, where the devices are: IPv6
+	// syncs may run on any thread.
 	names []string
 	snat6 map[string]netip.Addr
+	nl    *netlink.Handle
 }
 
 func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)) (*tcAttacher, error) {
@@ -67,7 +70,12 @@ func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)
 	if err := checkSNATPortRange(c.SNATPorts, c.SNATPortRangeForce, ephemeralPortsFile, reservedPortsFile, log); err != nil {
 		return nil, err
 	}
+	nl, err := netlink.NewHandle()
+	if err != nil {
+		return nil, fmt.Errorf("netlink: %w", err)
+	}
 	a := &tcAttacher{
+		nl: nl,
 		cfg: loader.TCConfig{
 			BPFFSPath: c.BPFFSPath, Sizes: c.Sizes, ConntrackSize: c.ConntrackSize, Attach: c.TCAttach,
 			SNATPortMin: c.SNATPorts.Min, SNATPortMax: c.SNATPorts.Max, Migrated: migrated,
@@ -80,6 +88,7 @@ func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)
 	}
 	if len(a.devices) > 0 {
 		if err := a.attach(nil); err != nil {
+			nl.Close()
 			return nil, err
 		}
 	}
@@ -103,25 +112,29 @@ func (a *tcAttacher) prepare6(node *model.Node) error {
 	if a.loaded == nil {
 		return nil
 	}
-	var devs []loader.TCDevice
+	addrs := map[int]netip.Addr{}
+	next := map[string]netip.Addr{}
 	changed := false
 	for _, name := range a.names {
-		ip, err := snatAddress6(name, node.Addrs)
+		lk, err := a.nl.LinkByName(name)
+		if err != nil {
+			return fmt.Errorf("device %s: %w", name, err)
+		}
+		ip, err := snatAddress6(a.nl, name, node.Addrs)
 		if err != nil {
 			return err
 		}
 		changed = changed || a.snat6[name] != ip
-		devs = append(devs, loader.TCDevice{Name: name, SNAT6: ip})
+		addrs[lk.Attrs().Index] = ip
+		next[name] = ip
 	}
 	if !changed {
 		return nil
 	}
-	if err := a.loaded.SetIPv6SNAT(devs); err != nil {
+	if err := a.loaded.SetIPv6SNAT(addrs); err != nil {
 		return err
 	}
-	for _, d := range devs {
-		a.snat6[d.Name] = d.SNAT6
-	}
+	a.snat6 = next
 	return nil
 }
 
@@ -156,7 +169,7 @@ func (a *tcAttacher) attach(nodeAddrs []netip.Addr) error {
 		}
 		// The IPv6 State's node addresses come with the IPv6 sync
 		// (prepare6), which refines this choice.
-		snat6, err := snatAddress6(name, nil)
+		snat6, err := snatAddress6(a.nl, name, nil)
 		if err != nil {
 			return err
 		}
@@ -262,12 +275,12 @@ func snatAddress(dev string, nodeAddrs []netip.Addr) (netip.Addr, error) {
 // node address on it if it has one, else its first global IPv6 address, or
 // the zero Addr when it has none (its IPv6 traffic to remote backends is
 // then dropped and counted).
-func snatAddress6(dev string, nodeAddrs []netip.Addr) (netip.Addr, error) {
-	lk, err := netlink.LinkByName(dev)
+func snatAddress6(nl *netlink.Handle, dev string, nodeAddrs []netip.Addr) (netip.Addr, error) {
+	lk, err := nl.LinkByName(dev)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("--devices: %s: %w", dev, err)
 	}
-	addrs, err := netlink.AddrList(lk, netlink.FAMILY_V6)
+	addrs, err := nl.AddrList(lk, netlink.FAMILY_V6)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("IPv6 addresses of %s: %w", dev, err)
 	}
@@ -288,6 +301,7 @@ func snatAddress6(dev string, nodeAddrs []netip.Addr) (netip.Addr, error) {
 }
 
 func (a *tcAttacher) close() {
+	a.nl.Close()
 	if a.xdp != nil {
 		a.xdp.Close()
 	}
