@@ -199,7 +199,8 @@ static __always_inline void ct_refresh(struct ct4_entry *e, const struct pkt4 *p
 
 static __always_inline bool ct_expired_v(const void *e, bool v6, __u32 now)
 {
-	__u32 exp = v6 ? ((const struct ct6_entry *)e)->expires : ((const struct ct4_entry *)e)->expires;
+	__u32 exp = v6 ? ((const struct ct6_entry *)e)->expires
+		       : ((const struct ct4_entry *)e)->expires;
 
 	return (__s32)(now - exp) > 0;
 }

@@ -68,7 +68,7 @@ static __always_inline int pkt6_forward(struct __sk_buff *skb, const struct pkt6
 		.ifindex = skb->ifindex,
 	};
 	/* The next header and the hop limit, one 16-bit word. */
-	__u8 word[2] = {p->proto, p->hop_limit - 1};
+	__u8 word[2] = { p->proto, p->hop_limit - 1 };
 	long ret;
 
 	if (p->hop_limit <= 1) {

@@ -199,7 +199,8 @@ static __always_inline int pkt4_tcp_rst(struct __sk_buff *skb, const struct pkt4
  * limit 64, the segment's traffic class without ECN and no flow label. */
 static __always_inline int pkt6_tcp_rst(struct __sk_buff *skb, const struct pkt6 *p)
 {
-	__u32 check_off = ETH_HLEN + sizeof(struct pkt_ipv6hdr) + pkt_offsetof(struct pkt_tcphdr, check);
+	__u32 check_off =
+		ETH_HLEN + sizeof(struct pkt_ipv6hdr) + pkt_offsetof(struct pkt_tcphdr, check);
 	__u64 frame_len = ETH_HLEN + sizeof(struct pkt_ipv6hdr) + sizeof(struct pkt_tcphdr);
 	struct {
 		struct pkt_ipv6hdr ip;
