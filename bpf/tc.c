@@ -206,6 +206,156 @@ static __always_inline int tc_reset(struct __sk_buff *skb, const struct pkt4 *p,
 	return ret;
 }
 
+/* IPv6: the same paths for IPv6 packets (nodeport.h's np6_* decisions,
+ * the pkt6_* rewrites). Packets with extension headers (fragments among
+ * them) and ICMPv6 (neighbour discovery, errors) pass untouched. */
+
+/* tc6_send is tc_send for IPv6. */
+static __always_inline int tc6_send(struct __sk_buff *skb, const struct pkt6 *p, bool fib)
+{
+	bool no_route = false;
+	int ret;
+
+	if (!fib)
+		return TC_ACT_OK;
+	ret = pkt6_forward(skb, p, &no_route);
+	if (no_route)
+		lb_count(LB_M_TC_NO_ROUTE);
+	return ret;
+}
+
+/* tc6_xlate is the rewrite of an IPv6 packet by its flow's entry e: the
+ * destination (src false: a client's packet) or the source (a reply) from
+ * e's nat_d* or nat_s*, and with source NAT the other side too. */
+static __always_inline int tc6_xlate(struct __sk_buff *skb, struct pkt6 *p,
+				     const struct ct6_entry *e, bool reply)
+{
+	bool snat = e->flags & CT_F_SNAT;
+
+	/* e is a map value or on the stack: it stays valid across the
+	 * helpers that change the packet. */
+	if (!reply) {
+		if (pkt6_rewrite(skb, p, false, e->nat_daddr, e->nat_dport))
+			return TC_ACT_SHOT;
+		if (snat && pkt6_rewrite(skb, p, true, e->nat_saddr, e->nat_sport))
+			return TC_ACT_SHOT;
+	} else {
+		if (pkt6_rewrite(skb, p, true, e->nat_saddr, e->nat_sport))
+			return TC_ACT_SHOT;
+		if (snat && pkt6_rewrite(skb, p, false, e->nat_daddr, e->nat_dport))
+			return TC_ACT_SHOT;
+		lb_count(LB_M_TC_REPLY);
+	}
+	return tc6_send(skb, p, snat);
+}
+
+/* tc6_new_flow is tc_new_flow for IPv6. */
+static __always_inline int tc6_new_flow(struct __sk_buff *skb, struct pkt6 *p, __u32 now)
+{
+	struct ct6_entry orig = {};
+	struct np6_choice c = {};
+	int ret;
+
+	switch (np6_decide(p, &c)) {
+	case NP_NOT_OURS:
+		return TC_ACT_UNSPEC;
+	case NP_DROP:
+		lb_count(LB_M_DROP);
+		return TC_ACT_SHOT;
+	case NP_REJECT:
+		lb_count(LB_M_REJECT);
+		ret = pkt6_icmp_port_unreach(skb, p);
+		if (ret == TC_ACT_SHOT)
+			lb_count(LB_M_TC_ICMP_FAIL);
+		return ret;
+	case NP_SRC_RANGE:
+		lb_count(LB_M_TC_SOURCE_RANGE);
+		return TC_ACT_SHOT;
+	case NP_FORWARD:
+		break;
+	default:
+		return TC_ACT_SHOT;
+	}
+	if (np6_record(skb, skb->ifindex, p, &c, now, &orig))
+		return TC_ACT_SHOT;
+	lb_count(orig.flags & CT_F_SNAT ? LB_M_TC_NEW_SNAT : LB_M_TC_NEW_LOCAL);
+	return tc6_xlate(skb, p, &orig, false);
+}
+
+/* tc6_reset is tc_reset for IPv6. */
+static __always_inline int tc6_reset(struct __sk_buff *skb, const struct pkt6 *p,
+				     const struct ct6_entry *e)
+{
+	struct ct6_key okey, rkey;
+	struct ct6_entry *r;
+	int ret;
+
+	ct6_orig_key(&okey, p);
+	ct6_reply_key(&rkey, e, p);
+	bpf_map_delete_elem(&tc6_ct_v1, &okey);
+	r = bpf_map_lookup_elem(&tc6_ct_v1, &rkey);
+	if (r && pkt6_addr_eq(r->nat_saddr, p->daddr) && r->nat_sport == p->dport &&
+	    (!(r->flags & CT_F_SNAT) ||
+	     (pkt6_addr_eq(r->nat_daddr, p->saddr) && r->nat_dport == p->sport)))
+		bpf_map_delete_elem(&tc6_ct_v1, &rkey);
+	if (p->tcp_flags & TCP_FLAG_RST)
+		return TC_ACT_SHOT;
+	ret = pkt6_tcp_rst(skb, p);
+	lb_count(ret == TC_ACT_SHOT ? LB_M_TC_RESET_FAIL : LB_M_TC_RESET);
+	return ret;
+}
+
+/* tc6_ingress is tc_ingress for an IPv6 packet. */
+static __always_inline int tc6_ingress(struct __sk_buff *skb)
+{
+	struct pkt6 p = {};
+	struct ct6_entry *e;
+	bool reply = false;
+	__u32 now;
+
+	if (pkt6_parse(skb, &p) != PKT_OK)
+		return TC_ACT_UNSPEC;
+	now = ct_now();
+	e = np6_lookup_tracked(&p, now, &reply);
+	if (e && reply) {
+		ct_refresh_v(e, true, p.proto, p.tcp_flags, now, true);
+		return tc6_xlate(skb, &p, e, true);
+	}
+	if (reply) {
+		lb_count(LB_M_TC_SNAT_LATE);
+		return TC_ACT_UNSPEC;
+	}
+	if (e && np6_backend_gone(e, &p))
+		return tc6_reset(skb, &p, e);
+	if (e) {
+		lb_count(LB_M_TC_FWD);
+		return tc6_xlate(skb, &p, e, false);
+	}
+	return tc6_new_flow(skb, &p, now);
+}
+
+/* tc6_egress is tc_egress for an IPv6 packet. */
+static __always_inline int tc6_egress(struct __sk_buff *skb)
+{
+	struct pkt6 p = {};
+	struct ct6_key key = {};
+	struct ct6_entry *e;
+
+	if (pkt6_parse(skb, &p) != PKT_OK)
+		return TC_ACT_UNSPEC;
+	__builtin_memcpy(key.saddr, p.saddr, sizeof(key.saddr));
+	__builtin_memcpy(key.daddr, p.daddr, sizeof(key.daddr));
+	key.sport = p.sport;
+	key.dport = p.dport;
+	key.proto = p.proto;
+	key.dir = CT_DIR_REPLY;
+	e = bpf_map_lookup_elem(&tc6_ct_v1, &key);
+	if (!e || (e->flags & CT_F_SNAT))
+		return TC_ACT_UNSPEC;
+	ct_refresh_v(e, true, p.proto, p.tcp_flags, ct_now(), true);
+	return tc6_xlate(skb, &p, e, true);
+}
+
 SEC("tc")
 int tc_ingress(struct __sk_buff *skb)
 {
@@ -213,6 +363,9 @@ int tc_ingress(struct __sk_buff *skb)
 	struct ct4_entry *e;
 	bool reply = false;
 	__u32 now;
+
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return tc6_ingress(skb);
 
 	switch (pkt4_parse(skb, &p)) {
 	case PKT_OK:
@@ -248,6 +401,8 @@ int tc_egress(struct __sk_buff *skb)
 	struct ct4_key key = {};
 	struct ct4_entry *e;
 
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return tc6_egress(skb);
 	switch (pkt4_parse(skb, &p)) {
 	case PKT_OK:
 		break;

@@ -18,7 +18,8 @@
 #define EHOSTUNREACH 113
 
 /* AF_INET for bpf_fib_lookup, which the C library would define. */
-#define PKT_AF_INET 2
+#define PKT_AF_INET  2
+#define PKT_AF_INET6 10
 
 typedef _Bool bool;
 #define true 1

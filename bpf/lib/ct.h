@@ -22,6 +22,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tc4_ct_v1 SEC(".maps");
 
+/* The IPv6 flows, as tc4_ct_v1 (the loader sizes both alike). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct6_key);
+	__type(value, struct ct6_entry);
+	__uint(max_entries, TC4_CT_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tc6_ct_v1 SEC(".maps");
+
 /* Written by the agent for every device it attaches to. A map rather than a
  * constant: a node has several devices, and an address can change without
  * reloading the programs. */
@@ -33,11 +42,33 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tc4_snat_addrs_v1 SEC(".maps");
 
+/* The IPv6 address source NAT gives traffic leaving a device, as
+ * tc4_snat_addrs_v1; a device without one has no entry. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct tc6_snat_addr);
+	__uint(max_entries, TC4_SNAT_ADDRS_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tc6_snat_addrs_v1 SEC(".maps");
+
+/* The flow tracking below is written once for both families, as lb.h: v6
+ * is a constant at every call and says whether an entry is a struct
+ * ct6_entry or a struct ct4_entry, a key a struct ct6_key or a struct
+ * ct4_key. CT_E names a field the two entries share, CT_K one of the keys. */
+#define CT_E(e, v6, f) (*((v6) ? &((struct ct6_entry *)(e))->f : &((struct ct4_entry *)(e))->f))
+#define CT_K(k, v6, f) (*((v6) ? &((struct ct6_key *)(k))->f : &((struct ct4_key *)(k))->f))
+
+static __always_inline void *ct_map(bool v6)
+{
+	return v6 ? (void *)&tc6_ct_v1 : (void *)&tc4_ct_v1;
+}
+
 /* Lifetimes in seconds. An established TCP flow lives as long as
  * kube-proxy's conntrack keeps one (--conntrack-tcp-timeout-established,
  * 24h); a handshake that does not complete and a closing connection free
  * their entry soon (a closed one frees its source NAT port at once, see
- * ct_tcp_track). A source-NATed UDP flow lives as in conntrack: 30 s
+ * ct_tcp_track_v). A source-NATed UDP flow lives as in conntrack: 30 s
  * (nf_conntrack_udp_timeout) until it is a stream, that is until it has
  * seen a reply and is still active CT_UDP_STREAM_AGE seconds after it began,
  * then 120 s (nf_conntrack_udp_timeout_stream). DNS-like traffic, a new
@@ -64,8 +95,8 @@ static __always_inline __u32 ct_now(void)
 	return bpf_ktime_get_ns() / 1000000000ULL;
 }
 
-/* ct_tcp_track follows a TCP flow's close in e's flags, for a packet p from
- * the backend (reply) or the client. A source-NATed flow's reply entry sees
+/* ct_tcp_track_v follows a TCP flow's close in e's flags, for a packet with
+ * TCP flags tf from the backend (reply) or the client. A source-NATed flow's reply entry sees
  * both directions (the client's packets refresh it in np_orig_valid), so it
  * knows when its port may be reused, as conntrack lets a new connection
  * take a NAT tuple whose entry is in TIME_WAIT or CLOSE
@@ -82,19 +113,18 @@ static __always_inline __u32 ct_now(void)
  * waits for the backend's SYN (CT_F_SYN_WAIT), until which a backend packet
  * without SYN or RST belongs to an older connection. A SYN on an open flow
  * (a retransmission crossing the backend's answer) changes nothing. */
-static __always_inline void ct_tcp_track(struct ct4_entry *e, const struct pkt4 *p, bool reply)
+static __always_inline void ct_tcp_track_v(void *e, bool v6, __u8 tf, bool reply)
 {
 	__u16 fin = reply ? CT_F_FIN_REPLY : CT_F_FIN_ORIG;
 	__u16 both = CT_F_FIN_ORIG | CT_F_FIN_REPLY;
-	__u8 tf = p->tcp_flags;
-	__u16 f = e->flags;
+	__u16 f = CT_E(e, v6, flags);
 
 	if (tf & TCP_FLAG_RST) {
 		f |= CT_F_CLOSED | CT_F_CLOSING;
 	} else if (tf & TCP_FLAG_SYN) {
 		if (reply)
 			f &= ~CT_F_SYN_WAIT;
-		else if (!(tf & TCP_FLAG_ACK) && (!e->expires || (f & CT_F_CLOSING)))
+		else if (!(tf & TCP_FLAG_ACK) && (!CT_E(e, v6, expires) || (f & CT_F_CLOSING)))
 			f = (f & ~CT_F_TCP_STATE) | CT_F_SYN_WAIT;
 	} else if (tf & TCP_FLAG_FIN) {
 		if (!(f & both) && reply)
@@ -104,53 +134,61 @@ static __always_inline void ct_tcp_track(struct ct4_entry *e, const struct pkt4 
 		   reply == !!(f & CT_F_FIN_REPLY_FIRST)) {
 		f |= CT_F_CLOSED;
 	}
-	if (e->flags != f)
-		e->flags = f;
+	if (CT_E(e, v6, flags) != f)
+		CT_E(e, v6, flags) = f;
 }
 
 /* ct_udp_life is the lifetime a source-NATed UDP flow's packet p gives its
  * entry e (see CT_LIFETIME_UDP_SHORT), marking the flow replied and a stream
  * as it becomes one. born wraps after 18 hours, long past any flow that is
  * not a stream yet. */
-static __always_inline __u32 ct_udp_life(struct ct4_entry *e, bool reply, __u32 now)
+static __always_inline __u32 ct_udp_life(void *e, bool v6, bool reply, __u32 now)
 {
-	__u16 f = e->flags;
+	__u16 f = CT_E(e, v6, flags);
 
 	if (reply)
 		f |= CT_F_UDP_REPLIED;
 	if ((f & (CT_F_UDP_REPLIED | CT_F_UDP_STREAM)) == CT_F_UDP_REPLIED &&
-	    (__u16)((__u16)now - e->born) >= CT_UDP_STREAM_AGE)
+	    (__u16)((__u16)now - CT_E(e, v6, born)) >= CT_UDP_STREAM_AGE)
 		f |= CT_F_UDP_STREAM;
-	if (e->flags != f)
-		e->flags = f;
+	if (CT_E(e, v6, flags) != f)
+		CT_E(e, v6, flags) = f;
 	return (f & CT_F_UDP_STREAM) ? CT_LIFETIME_UDP : CT_LIFETIME_UDP_SHORT;
 }
 
-/* ct_refresh_dir extends e's lifetime for a packet p of its flow, from the
- * backend when reply, and follows the flow's state. A new entry (expires
+/* ct_refresh_v extends e's lifetime for a packet of its flow (protocol
+ * proto, TCP flags tcp_flags), from the backend when reply, and follows the
+ * flow's state. A new entry (expires
  * still 0) is born now. The entry is written only when something moves:
  * the expiry at most once a second. */
-static __always_inline void ct_refresh_dir(struct ct4_entry *e, const struct pkt4 *p, __u32 now,
-					   bool reply)
+static __always_inline void ct_refresh_v(void *e, bool v6, __u8 proto, __u8 tcp_flags, __u32 now,
+					 bool reply)
 {
 	__u32 life = CT_LIFETIME_UDP, exp;
 
-	if (!e->expires)
-		e->born = (__u16)now;
-	if (p->proto == IPPROTO_TCP) {
-		ct_tcp_track(e, p, reply);
-		if (e->flags & CT_F_CLOSING)
+	if (!CT_E(e, v6, expires))
+		CT_E(e, v6, born) = (__u16)now;
+	if (proto == IPPROTO_TCP) {
+		ct_tcp_track_v(e, v6, tcp_flags, reply);
+		if (CT_E(e, v6, flags) & CT_F_CLOSING)
 			life = CT_LIFETIME_TCP_CLOSE;
-		else if (p->tcp_flags & TCP_FLAG_SYN)
+		else if (tcp_flags & TCP_FLAG_SYN)
 			life = CT_LIFETIME_TCP_SYN;
 		else
 			life = CT_LIFETIME_TCP;
-	} else if (e->flags & CT_F_SNAT) {
-		life = ct_udp_life(e, reply, now);
+	} else if (CT_E(e, v6, flags) & CT_F_SNAT) {
+		life = ct_udp_life(e, v6, reply, now);
 	}
 	exp = now + life;
-	if (e->expires != exp)
-		e->expires = exp;
+	if (CT_E(e, v6, expires) != exp)
+		CT_E(e, v6, expires) = exp;
+}
+
+/* ct_refresh_dir is ct_refresh_v for an IPv4 entry and packet. */
+static __always_inline void ct_refresh_dir(struct ct4_entry *e, const struct pkt4 *p, __u32 now,
+					   bool reply)
+{
+	ct_refresh_v(e, false, p->proto, p->tcp_flags, now, reply);
 }
 
 /* ct_refresh is ct_refresh_dir for a packet from the client. */
@@ -159,12 +197,20 @@ static __always_inline void ct_refresh(struct ct4_entry *e, const struct pkt4 *p
 	ct_refresh_dir(e, p, now, false);
 }
 
-static __always_inline bool ct_expired(const struct ct4_entry *e, __u32 now)
+static __always_inline bool ct_expired_v(const void *e, bool v6, __u32 now)
 {
-	return (__s32)(now - e->expires) > 0;
+	__u32 exp = v6 ? ((const struct ct6_entry *)e)->expires
+		       : ((const struct ct4_entry *)e)->expires;
+
+	return (__s32)(now - exp) > 0;
 }
 
-/* ct_reply_late says whether p, a backend's packet to a source NAT port
+static __always_inline bool ct_expired(const struct ct4_entry *e, __u32 now)
+{
+	return ct_expired_v(e, false, now);
+}
+
+/* ct_reply_late_v says whether p, a backend's packet to a source NAT port
  * whose reply entry is e, belongs to an older connection than e's flow: a
  * TCP flow waiting for the backend's SYN only takes a SYN or an RST (which
  * refuses the connection) from it. Such a packet (the backend's
@@ -175,10 +221,17 @@ static __always_inline bool ct_expired(const struct ct4_entry *e, __u32 now)
  * answered with an RST: that ends the backend's leftover socket, and the
  * new client's next SYN gets through, as when the new client itself resets
  * it under conntrack. */
+static __always_inline bool ct_reply_late_v(const void *e, bool v6, __u8 proto, __u8 tcp_flags)
+{
+	__u16 f = v6 ? ((const struct ct6_entry *)e)->flags : ((const struct ct4_entry *)e)->flags;
+
+	return proto == IPPROTO_TCP && (f & CT_F_SYN_WAIT) &&
+	       !(tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_RST));
+}
+
 static __always_inline bool ct_reply_late(const struct ct4_entry *e, const struct pkt4 *p)
 {
-	return p->proto == IPPROTO_TCP && (e->flags & CT_F_SYN_WAIT) &&
-	       !(p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_RST));
+	return ct_reply_late_v(e, false, p->proto, p->tcp_flags);
 }
 
 /* ct_orig_key is the key of the client-side entry of p's flow. */
@@ -209,7 +262,7 @@ static __always_inline void ct_reply_key(struct ct4_key *rkey, const struct ct4_
 	rkey->pad[1] = 0;
 }
 
-/* ct_snat_alloc records the reply entry rval under a free source NAT port
+/* ct_snat_alloc_v records the reply entry rval under a free source NAT port
  * of rkey->daddr and leaves the port in rkey->dport. A port is free when no
  * reply entry uses it, the flow that did has expired, or that flow is a
  * closed TCP connection (CT_F_CLOSED, counted). Taking over an entry leaves
@@ -218,32 +271,72 @@ static __always_inline void ct_reply_key(struct ct4_key *rkey, const struct ct4_
  * CPUs may take over the same entry at once; the loser's flow selects again
  * at its next packet, as after an eviction. Returns 0, or -1 when
  * SNAT_TRIES random ports were all busy. */
-static __always_inline int ct_snat_alloc(struct ct4_key *rkey, const struct ct4_entry *rval,
-					 __u16 port_min, __u16 port_max, __u32 now)
+static __always_inline int ct_snat_alloc_v(void *rkey, bool v6, const void *rval, __u16 port_min,
+					   __u16 port_max, __u32 now)
 {
 	__u32 range = (__u32)port_max - port_min + 1;
-	struct ct4_entry *old;
+	void *old;
 	bool closed;
 	int i;
 
 	if (port_max < port_min)
 		return -1;
 	for (i = 0; i < SNAT_TRIES; i++) {
-		rkey->dport = bpf_htons(port_min + bpf_get_prandom_u32() % range);
-		if (!bpf_map_update_elem(&tc4_ct_v1, rkey, rval, BPF_NOEXIST))
+		CT_K(rkey, v6, dport) = bpf_htons(port_min + bpf_get_prandom_u32() % range);
+		if (!bpf_map_update_elem(ct_map(v6), rkey, rval, BPF_NOEXIST))
 			return 0;
-		old = bpf_map_lookup_elem(&tc4_ct_v1, rkey);
+		old = bpf_map_lookup_elem(ct_map(v6), rkey);
 		if (!old)
 			continue;
-		closed = !ct_expired(old, now) && (old->flags & CT_F_CLOSED);
-		if ((closed || ct_expired(old, now)) &&
-		    !bpf_map_update_elem(&tc4_ct_v1, rkey, rval, BPF_EXIST)) {
+		closed = !ct_expired_v(old, v6, now) && (CT_E(old, v6, flags) & CT_F_CLOSED);
+		if ((closed || ct_expired_v(old, v6, now)) &&
+		    !bpf_map_update_elem(ct_map(v6), rkey, rval, BPF_EXIST)) {
 			if (closed)
 				lb_count(LB_M_TC_SNAT_REUSED);
 			return 0;
 		}
 	}
 	return -1;
+}
+
+static __always_inline int ct_snat_alloc(struct ct4_key *rkey, const struct ct4_entry *rval,
+					 __u16 port_min, __u16 port_max, __u32 now)
+{
+	return ct_snat_alloc_v(rkey, false, rval, port_min, port_max, now);
+}
+
+/* ct6_orig_key and ct6_reply_key are ct_orig_key and ct_reply_key for
+ * IPv6. */
+static __always_inline void ct6_orig_key(struct ct6_key *okey, const struct pkt6 *p)
+{
+	__builtin_memcpy(okey->saddr, p->saddr, sizeof(okey->saddr));
+	__builtin_memcpy(okey->daddr, p->daddr, sizeof(okey->daddr));
+	okey->sport = p->sport;
+	okey->dport = p->dport;
+	okey->proto = p->proto;
+	okey->dir = CT_DIR_ORIG;
+	okey->pad[0] = 0;
+	okey->pad[1] = 0;
+}
+
+static __always_inline void ct6_reply_key(struct ct6_key *rkey, const struct ct6_entry *orig,
+					  const struct pkt6 *p)
+{
+	bool snat = orig->flags & CT_F_SNAT;
+
+	__builtin_memcpy(rkey->saddr, orig->nat_daddr, sizeof(rkey->saddr));
+	rkey->sport = orig->nat_dport;
+	if (snat) {
+		__builtin_memcpy(rkey->daddr, orig->nat_saddr, sizeof(rkey->daddr));
+		rkey->dport = orig->nat_sport;
+	} else {
+		__builtin_memcpy(rkey->daddr, p->saddr, sizeof(rkey->daddr));
+		rkey->dport = p->sport;
+	}
+	rkey->proto = p->proto;
+	rkey->dir = CT_DIR_REPLY;
+	rkey->pad[0] = 0;
+	rkey->pad[1] = 0;
 }
 
 #endif /* EBPF_PROXY_CT_H */

@@ -56,4 +56,41 @@ static __always_inline int pkt4_forward(struct __sk_buff *skb, const struct pkt4
 	return bpf_redirect(fib.ifindex, 0);
 }
 
+/* pkt6_forward is pkt4_forward for IPv6: the hop limit is decremented
+ * (no header checksum; skb->csum follows the store). */
+static __always_inline int pkt6_forward(struct __sk_buff *skb, const struct pkt6 *p, bool *no_route)
+{
+	struct bpf_fib_lookup fib = {
+		.family = PKT_AF_INET6,
+		.l4_protocol = p->proto,
+		.sport = p->sport,
+		.dport = p->dport,
+		.ifindex = skb->ifindex,
+	};
+	/* The next header and the hop limit, one 16-bit word. */
+	__u8 word[2] = { p->proto, p->hop_limit - 1 };
+	long ret;
+
+	if (p->hop_limit <= 1) {
+		*no_route = true;
+		return TC_ACT_SHOT;
+	}
+	__builtin_memcpy(fib.ipv6_src, p->saddr, sizeof(fib.ipv6_src));
+	__builtin_memcpy(fib.ipv6_dst, p->daddr, sizeof(fib.ipv6_dst));
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH) {
+		*no_route = true;
+		return TC_ACT_SHOT;
+	}
+	if (bpf_skb_store_bytes(skb, ETH_HLEN + pkt_offsetof(struct pkt_ipv6hdr, nexthdr), word,
+				sizeof(word), BPF_F_RECOMPUTE_CSUM))
+		return TC_ACT_SHOT;
+	if (ret == BPF_FIB_LKUP_RET_NO_NEIGH)
+		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+	if (bpf_skb_store_bytes(skb, 0, fib.dmac, ETH_ALEN, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_ALEN, fib.smac, ETH_ALEN, 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(fib.ifindex, 0);
+}
+
 #endif /* EBPF_PROXY_FWD_H */

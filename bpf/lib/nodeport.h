@@ -340,4 +340,273 @@ static __always_inline bool np_backend_gone(const struct ct4_entry *e, const str
 	       be->proto != p->proto;
 }
 
+/* IPv6. The same decisions for IPv6 packets (struct pkt6), with the IPv6
+ * maps: lb.h's selection with v6 set, the flow tracking of ct.h with v6 set,
+ * tc6_ct_v1 and tc6_snat_addrs_v1. Only the TC programs call these (XDP
+ * passes IPv6 to TC). IPv6 ServicePorts have no Maglev tables: the choice is
+ * random. */
+
+static __always_inline bool pkt6_addr_eq(const __be32 *a, const __be32 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
+/* np6_orig_valid is np_orig_valid for IPv6. */
+static __always_inline bool np6_orig_valid(struct ct6_entry *e, const struct pkt6 *p, __u32 now)
+{
+	struct ct6_entry *r, rval = {};
+	struct ct6_key rkey = {};
+	struct lb6_backend *be;
+
+	if (!(e->flags & CT_F_SNAT) && ct_expired_v(e, true, now))
+		return false;
+	if (p->proto == IPPROTO_UDP ||
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
+		be = lb_member_backend(true, e->backend_id, e->svc_id);
+		if (!be || !pkt6_addr_eq(be->address, e->nat_daddr) || be->port != e->nat_dport)
+			return false;
+	}
+	if (!(e->flags & CT_F_SNAT))
+		return true;
+	ct6_reply_key(&rkey, e, p);
+	r = bpf_map_lookup_elem(&tc6_ct_v1, &rkey);
+	if (r) {
+		if (!pkt6_addr_eq(r->nat_daddr, p->saddr) || r->nat_dport != p->sport)
+			return false;
+		if (ct_expired_v(e, true, now) && ct_expired_v(r, true, now))
+			return false;
+		ct_refresh_v(r, true, p->proto, p->tcp_flags, now, false);
+		return true;
+	}
+	if (ct_expired_v(e, true, now))
+		return false;
+	/* Evicted from the LRU: take the port back if nobody else has. */
+	__builtin_memcpy(rval.nat_saddr, p->daddr, sizeof(rval.nat_saddr));
+	__builtin_memcpy(rval.nat_daddr, p->saddr, sizeof(rval.nat_daddr));
+	rval.nat_sport = p->dport;
+	rval.nat_dport = p->sport;
+	rval.backend_id = e->backend_id;
+	rval.svc_id = e->svc_id;
+	rval.flags = CT_F_SNAT;
+	ct_refresh_v(&rval, true, p->proto, p->tcp_flags, now, false);
+	return !bpf_map_update_elem(&tc6_ct_v1, &rkey, &rval, BPF_NOEXIST);
+}
+
+/* np6_snat_addr is np_snat_addr for IPv6: it copies the address into out
+ * and returns 0, or returns -1 when the agent configured none. */
+static __always_inline int np6_snat_addr(void *ctx, __u32 ifindex, const struct pkt6 *p,
+					 const __be32 *dst, bool egress_only, __be32 *out)
+{
+	struct bpf_fib_lookup fib = {
+		.family = PKT_AF_INET6,
+		.l4_protocol = p->proto,
+		.ifindex = ifindex,
+	};
+	struct tc6_snat_addr *a = NULL;
+	long ret;
+
+	__builtin_memcpy(fib.ipv6_src, p->saddr, sizeof(fib.ipv6_src));
+	__builtin_memcpy(fib.ipv6_dst, dst, sizeof(fib.ipv6_dst));
+	ret = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
+	if (ret == BPF_FIB_LKUP_RET_SUCCESS || ret == BPF_FIB_LKUP_RET_NO_NEIGH)
+		a = bpf_map_lookup_elem(&tc6_snat_addrs_v1, &fib.ifindex);
+	if (!a && !egress_only)
+		a = bpf_map_lookup_elem(&tc6_snat_addrs_v1, &ifindex);
+	if (!a)
+		return -1;
+	__builtin_memcpy(out, a->address, sizeof(a->address));
+	return 0;
+}
+
+/* A new IPv6 flow's frontend and backend. */
+struct np6_choice {
+	struct lb4_service *svc;
+	struct lb6_backend *be;
+	__u32 backend_id;
+};
+
+/* np6_decide is np_decide for IPv6, with select_local true (TC's). */
+static __always_inline enum np_verdict np6_decide(struct pkt6 *p, struct np6_choice *c)
+{
+	struct lb6_key lkey = {
+		.dport = p->dport,
+		.proto = p->proto,
+	};
+	struct lb6_src_range_key rkey = {
+		.prefixlen = 160,
+	};
+	struct lb6_affinity_key akey = {
+		.client_kind = AFFINITY_CLIENT_ADDR,
+	};
+	struct lb4_service *svc;
+	struct lb6_backend *be;
+	__u32 backend_id = 0;
+	__u64 now;
+
+	__builtin_memcpy(lkey.address, p->daddr, sizeof(lkey.address));
+	svc = lb_lookup_service(&lkey, true, LB_SCOPE_EXT);
+	if (!svc || !(svc->flags & EXTERNAL_FRONTEND))
+		return NP_NOT_OURS;
+	if (svc->flags & SVC_F_DROP)
+		return NP_DROP;
+	if ((svc->flags & SVC_F_REJECT) || svc->count == 0)
+		return NP_REJECT;
+	if (svc->flags & SVC_F_SOURCE_RANGES) {
+		rkey.svc_id = svc->svc_id;
+		__builtin_memcpy(rkey.address, p->saddr, sizeof(rkey.address));
+		if (!bpf_map_lookup_elem(&lb6_source_ranges_v1, &rkey))
+			return NP_SRC_RANGE;
+	}
+	/* Affinity is keyed on the client's whole address, shared with the
+	 * ClusterIP through svc_id (lb_choose_backend takes one word: the
+	 * affinity is looked up here with lb.h's helpers instead). */
+	if (!svc->affinity_timeout) {
+		be = lb_new_backend(&lkey, true, svc, 0, &backend_id);
+	} else {
+		__builtin_memcpy(akey.client, p->saddr, sizeof(akey.client));
+		akey.svc_id = svc->svc_id;
+		now = bpf_ktime_get_ns();
+		be = lb_affinity_backend(true, &akey, svc, now, &backend_id);
+		if (!be) {
+			be = lb_new_backend(&lkey, true, svc, 0, &backend_id);
+			if (be)
+				lb_affinity_record(true, &akey, now, backend_id);
+		}
+	}
+	if (!be)
+		return NP_NO_BACKEND;
+	c->svc = svc;
+	c->be = be;
+	c->backend_id = backend_id;
+	return NP_FORWARD;
+}
+
+/* np6_record is np_record for IPv6. */
+static __always_inline int np6_record(void *ctx, __u32 ifindex, const struct pkt6 *p,
+				      const struct np6_choice *c, __u32 now, struct ct6_entry *orig)
+{
+	struct lb6_backend *be = c->be;
+	struct ct6_entry rval = {};
+	struct ct6_key okey = {}, rkey = {};
+	__be32 snat_addr[4] = {};
+	int snat = -1;
+
+	__builtin_memcpy(orig->nat_daddr, be->address, sizeof(orig->nat_daddr));
+	orig->nat_dport = be->port;
+	orig->backend_id = c->backend_id;
+	orig->svc_id = c->svc->svc_id;
+	ct_refresh_v(orig, true, p->proto, p->tcp_flags, now, false);
+	__builtin_memcpy(rval.nat_saddr, p->daddr, sizeof(rval.nat_saddr));
+	rval.nat_sport = p->dport;
+	rval.backend_id = c->backend_id;
+	rval.svc_id = c->svc->svc_id;
+	rval.expires = orig->expires;
+	rval.born = orig->born;
+	rval.flags = orig->flags;
+	__builtin_memcpy(rkey.saddr, be->address, sizeof(rkey.saddr));
+	rkey.sport = be->port;
+	rkey.proto = p->proto;
+	rkey.dir = CT_DIR_REPLY;
+
+	if (!(be->flags & BE_F_LOCAL)) {
+		snat = np6_snat_addr(ctx, ifindex, p, be->address, false, snat_addr);
+		if (snat) {
+			lb_count(LB_M_TC_SNAT_NO_ADDR);
+			return -1;
+		}
+	} else if (!(c->svc->flags & SVC_F_EXT_LOCAL)) {
+		snat = np6_snat_addr(ctx, ifindex, p, be->address, true, snat_addr);
+	}
+
+	if (snat) {
+		__builtin_memcpy(rkey.daddr, p->saddr, sizeof(rkey.daddr));
+		rkey.dport = p->sport;
+		if (bpf_map_update_elem(&tc6_ct_v1, &rkey, &rval, BPF_ANY)) {
+			lb_count(LB_M_TC_CT_FULL);
+			return -1;
+		}
+	} else {
+		__builtin_memcpy(rkey.daddr, snat_addr, sizeof(rkey.daddr));
+		__builtin_memcpy(rval.nat_daddr, p->saddr, sizeof(rval.nat_daddr));
+		rval.nat_dport = p->sport;
+		rval.flags |= CT_F_SNAT;
+		ct_refresh_v(&rval, true, p->proto, p->tcp_flags, now, false);
+		if (ct_snat_alloc_v(&rkey, true, &rval, snat_port_min, snat_port_max, now)) {
+			lb_count(LB_M_TC_SNAT_NO_PORT);
+			return -1;
+		}
+		__builtin_memcpy(orig->nat_saddr, snat_addr, sizeof(orig->nat_saddr));
+		orig->nat_sport = rkey.dport;
+		orig->flags |= CT_F_SNAT;
+		ct_refresh_v(orig, true, p->proto, p->tcp_flags, now, false);
+	}
+	ct6_orig_key(&okey, p);
+	if (bpf_map_update_elem(&tc6_ct_v1, &okey, orig, BPF_ANY)) {
+		bpf_map_delete_elem(&tc6_ct_v1, &rkey);
+		lb_count(LB_M_TC_CT_FULL);
+		return -1;
+	}
+	return 0;
+}
+
+/* np6_lookup_tracked is np_lookup_tracked for IPv6. */
+static __always_inline struct ct6_entry *np6_lookup_tracked(const struct pkt6 *p, __u32 now,
+							    bool *reply)
+{
+	struct ct6_key key;
+	struct ct6_entry *e;
+	__u16 port;
+
+	ct6_orig_key(&key, p);
+	e = bpf_map_lookup_elem(&tc6_ct_v1, &key);
+	if (e && np6_orig_valid(e, p, now)) {
+		ct_refresh_v(e, true, p->proto, p->tcp_flags, now, false);
+		*reply = false;
+		return e;
+	}
+	key.dir = CT_DIR_REPLY;
+	if (p->proto == IPPROTO_TCP &&
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
+		/* np_forget_stale_reply: the reply entry of the tuple turned
+		 * around. */
+		struct ct6_key skey = {
+			.sport = p->dport,
+			.dport = p->sport,
+			.proto = p->proto,
+			.dir = CT_DIR_REPLY,
+		};
+		struct ct6_entry *s;
+
+		__builtin_memcpy(skey.saddr, p->daddr, sizeof(skey.saddr));
+		__builtin_memcpy(skey.daddr, p->saddr, sizeof(skey.daddr));
+		s = bpf_map_lookup_elem(&tc6_ct_v1, &skey);
+		if (s && !(s->flags & CT_F_SNAT)) {
+			bpf_map_delete_elem(&tc6_ct_v1, &skey);
+			lb_count(LB_M_TC_STALE_REPLY);
+		}
+	}
+	port = bpf_ntohs(p->dport);
+	if (port < snat_port_min || port > snat_port_max)
+		return NULL;
+	e = bpf_map_lookup_elem(&tc6_ct_v1, &key);
+	if (!e || !(e->flags & CT_F_SNAT))
+		return NULL;
+	*reply = true;
+	return ct_reply_late_v(e, true, p->proto, p->tcp_flags) ? NULL : e;
+}
+
+/* np6_backend_gone is np_backend_gone for IPv6. */
+static __always_inline bool np6_backend_gone(const struct ct6_entry *e, const struct pkt6 *p)
+{
+	struct lb6_backend *be;
+	__u32 id = e->backend_id;
+
+	if (p->proto != IPPROTO_TCP ||
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		return false;
+	be = bpf_map_lookup_elem(&lb6_backends_v1, &id);
+	return !be || !pkt6_addr_eq(be->address, e->nat_daddr) || be->port != e->nat_dport ||
+	       be->proto != p->proto;
+}
+
 #endif /* EBPF_PROXY_NODEPORT_H */

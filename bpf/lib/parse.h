@@ -129,6 +129,99 @@ static __always_inline enum pkt_parse pkt4_parse(struct __sk_buff *skb, struct p
 	return PKT_OK;
 }
 
+/* IPv6. linux/ipv6.h is not vendored: its header is declared here. */
+struct pkt_ipv6hdr {
+	__be32 vtc_flow; /* version 4 bits, traffic class 8, flow label 20 */
+	__be16 payload_len;
+	__u8 nexthdr;
+	__u8 hop_limit;
+	__be32 saddr[4];
+	__be32 daddr[4];
+};
+
+#define PKT_IPPROTO_ICMPV6 58
+
+/* The pseudo-header of IPv6 upper-layer checksums (RFC 8200 8.1), in its
+ * wire layout. */
+struct pkt_pseudo6 {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be32 len;
+	__be32 nexthdr;
+};
+
+/* What pkt6_parse found in a frame, as struct pkt4. An IPv6 packet has no
+ * header checksum, options or fragments of its own: extension headers,
+ * fragments among them, make it one the programs pass untouched. */
+struct pkt6 {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 tcp_flags;
+	__u8 hop_limit;
+	__u16 payload_len; /* the IPv6 payload length: TCP or UDP header and data */
+	__u32 l4_off;
+	__u32 csum_off; /* of the L4 checksum, from the frame start */
+};
+
+/* pkt6_parse reads the IPv6 and TCP/UDP headers of skb into p. Only a
+ * complete IPv6 packet whose first next header is TCP or UDP is PKT_OK;
+ * everything else is PKT_OTHER, which the programs pass untouched: packets
+ * with extension headers (fragments among them: their ports may be in
+ * another fragment), ICMPv6 (neighbour discovery and errors), jumbograms,
+ * truncated packets, and UDP without checksum, which IPv6 forbids (RFC
+ * 8200 8.1): the receiver drops it as it would without us. */
+static __always_inline enum pkt_parse pkt6_parse(struct __sk_buff *skb, struct pkt6 *p)
+{
+	struct pkt_ipv6hdr ip;
+	__u32 plen, hlen;
+	__be16 hdr[4];
+
+	if (skb->protocol != bpf_htons(ETH_P_IPV6))
+		return PKT_OTHER;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)))
+		return PKT_OTHER;
+	plen = bpf_ntohs(ip.payload_len);
+	barrier_var(plen);
+	plen &= 0xffff;
+	if ((bpf_ntohl(ip.vtc_flow) >> 28) != 6)
+		return PKT_OTHER;
+	if (ip.nexthdr == IPPROTO_TCP) {
+		hlen = sizeof(struct tcphdr);
+		p->csum_off = pkt_offsetof(struct tcphdr, check);
+	} else if (ip.nexthdr == IPPROTO_UDP) {
+		hlen = sizeof(struct udphdr);
+		p->csum_off = pkt_offsetof(struct udphdr, check);
+	} else {
+		return PKT_OTHER;
+	}
+	/* Bytes beyond the payload length are link padding; fewer is a
+	 * truncated packet. A jumbogram says 0. */
+	if (plen < hlen || skb->len < ETH_HLEN + sizeof(ip) + plen)
+		return PKT_OTHER;
+	p->l4_off = ETH_HLEN + sizeof(ip);
+	p->csum_off += p->l4_off;
+	if (bpf_skb_load_bytes(skb, p->l4_off, hdr, sizeof(hdr)))
+		return PKT_OTHER;
+	p->tcp_flags = 0;
+	if (ip.nexthdr == IPPROTO_TCP) {
+		if (bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, sizeof(p->tcp_flags)))
+			return PKT_OTHER;
+	} else if (!hdr[3]) {
+		return PKT_OTHER;
+	}
+	__builtin_memcpy(p->saddr, ip.saddr, sizeof(p->saddr));
+	__builtin_memcpy(p->daddr, ip.daddr, sizeof(p->daddr));
+	p->sport = hdr[0];
+	p->dport = hdr[1];
+	p->proto = ip.nexthdr;
+	p->hop_limit = ip.hop_limit;
+	p->payload_len = plen;
+	return PKT_OK;
+}
+
 /* The XDP program handles only the simple, common frames (IPv4 without
  * options, TCP or UDP, not a fragment, headers in the linear part, no
  * fragment pages) and leaves the rest to the TC programs, so the headers it

@@ -43,7 +43,7 @@ struct pkt_pseudo4 {
 #define RST_TTL	     64
 #define INET_ECN_MSK 0x03
 
-/* pkt4_tcp_rst_csum sets the TCP checksum of the reset being built at off
+/* pkt_tcp_rst_csum sets the TCP checksum of the reset being built at off
  * (its header rst already stored, the packet not yet trimmed) from the
  * segment's own checksum old: the checksum of a CHECKSUM_PARTIAL skb (the
  * device sums the data; GRO packets and those of local senders) covers the
@@ -54,22 +54,35 @@ struct pkt_pseudo4 {
  * the old pseudo-header (a no-op on CHECKSUM_PARTIAL), then the pseudo-
  * header's length with the new one (on both). That first change does not
  * follow into a CHECKSUM_COMPLETE skb->csum: the field is put back with a
- * plain store and written again with a recomputing one. Returns 0 or -1. */
-static __always_inline int pkt4_tcp_rst_csum(struct __sk_buff *skb, __u32 off,
-					     const struct pkt_tcp_rst *rst, __sum16 old,
-					     __be16 old_len)
+ * plain store and written again with a recomputing one. v6 says which
+ * pseudo-header (saddr and daddr: the reset's, one word for IPv4). Returns
+ * 0 or -1. */
+static __always_inline int pkt_tcp_rst_csum(struct __sk_buff *skb, __u32 off, bool v6,
+					    const struct pkt_tcphdr *tcp, const __be32 *saddr,
+					    const __be32 *daddr, __sum16 old, __be16 old_len)
 {
 	struct {
 		struct pkt_tcphdr tcp;
 		struct pkt_pseudo4 ph;
-	} to = {
-		.tcp = rst->tcp,
+	} to4 = {
+		.tcp = *tcp,
 		.ph =
 			{
-				.saddr = rst->ip.saddr,
-				.daddr = rst->ip.daddr,
 				.proto = IPPROTO_TCP,
 				.len = old_len,
+			},
+	};
+	/* The IPv6 pseudo-header's 32-bit length holds the same 16 bits in
+	 * its second half, which the last step below replaces alike. */
+	struct {
+		struct pkt_tcphdr tcp;
+		struct pkt_pseudo6 ph;
+	} to6 = {
+		.tcp = *tcp,
+		.ph =
+			{
+				.len = (__be32)old_len << 16,
+				.nexthdr = bpf_htonl(IPPROTO_TCP),
 			},
 	};
 	__be32 from = (__u16)~old;
@@ -77,8 +90,17 @@ static __always_inline int pkt4_tcp_rst_csum(struct __sk_buff *skb, __u32 off,
 	__sum16 mid;
 	__s64 diff;
 
-	to.tcp.check = 0;
-	diff = bpf_csum_diff(&from, sizeof(from), (__be32 *)&to, sizeof(to), 0);
+	if (v6) {
+		to6.tcp.check = 0;
+		__builtin_memcpy(to6.ph.saddr, saddr, sizeof(to6.ph.saddr));
+		__builtin_memcpy(to6.ph.daddr, daddr, sizeof(to6.ph.daddr));
+		diff = bpf_csum_diff(&from, sizeof(from), (__be32 *)&to6, sizeof(to6), 0);
+	} else {
+		to4.tcp.check = 0;
+		to4.ph.saddr = saddr[0];
+		to4.ph.daddr = daddr[0];
+		diff = bpf_csum_diff(&from, sizeof(from), (__be32 *)&to4, sizeof(to4), 0);
+	}
 	if (diff < 0)
 		return -1;
 	if (bpf_l4_csum_replace(skb, off, 0, (__u32)diff, 0) ||
@@ -160,7 +182,71 @@ static __always_inline int pkt4_tcp_rst(struct __sk_buff *skb, const struct pkt4
 				pkt_offsetof(struct pkt_tcphdr, check), BPF_F_RECOMPUTE_CSUM) ||
 	    bpf_skb_store_bytes(skb, check_off + sizeof(r.tcp.check), &r.tcp.urg_ptr,
 				sizeof(r.tcp.urg_ptr), BPF_F_RECOMPUTE_CSUM) ||
-	    pkt4_tcp_rst_csum(skb, check_off, &r, th.check, bpf_htons(p->tot_len - p->ihl_len)) ||
+	    pkt_tcp_rst_csum(skb, check_off, false, &r.tcp, &r.ip.saddr, &r.ip.daddr, th.check,
+			     bpf_htons(p->tot_len - p->ihl_len)) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &r.ip, sizeof(r.ip), BPF_F_RECOMPUTE_CSUM))
+		return TC_ACT_SHOT;
+	if (skb->len > frame_len && bpf_skb_change_tail(skb, frame_len, 0))
+		return TC_ACT_SHOT;
+	if (bpf_skb_store_bytes(skb, 0, macs + ETH_ALEN, ETH_ALEN, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_ALEN, macs, ETH_ALEN, 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* pkt6_tcp_rst is pkt4_tcp_rst for IPv6 (pkt6_parse admits no extension
+ * headers, so the TCP header follows the IPv6 header): the reset has hop
+ * limit 64, the segment's traffic class without ECN and no flow label. */
+static __always_inline int pkt6_tcp_rst(struct __sk_buff *skb, const struct pkt6 *p)
+{
+	__u32 check_off =
+		ETH_HLEN + sizeof(struct pkt_ipv6hdr) + pkt_offsetof(struct pkt_tcphdr, check);
+	__u64 frame_len = ETH_HLEN + sizeof(struct pkt_ipv6hdr) + sizeof(struct pkt_tcphdr);
+	struct {
+		struct pkt_ipv6hdr ip;
+		struct pkt_tcphdr tcp;
+	} r = {};
+	struct pkt_tcphdr th;
+	__u8 macs[2 * ETH_ALEN];
+	__be32 vtc;
+	__u32 thlen, seglen;
+
+	if (p->tcp_flags & TCP_FLAG_RST)
+		return TC_ACT_SHOT;
+	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) ||
+	    bpf_skb_load_bytes(skb, ETH_HLEN, &vtc, sizeof(vtc)) ||
+	    bpf_skb_load_bytes(skb, p->l4_off, &th, sizeof(th)))
+		return TC_ACT_SHOT;
+	thlen = (th.doff >> 4) * 4;
+	if (thlen < sizeof(th) || thlen > p->payload_len)
+		return TC_ACT_SHOT;
+
+	r.tcp.source = th.dest;
+	r.tcp.dest = th.source;
+	r.tcp.doff = (sizeof(r.tcp) / 4) << 4;
+	if (th.flags & TCP_FLAG_ACK) {
+		r.tcp.seq = th.ack_seq;
+		r.tcp.flags = TCP_FLAG_RST;
+	} else {
+		seglen = p->payload_len - thlen;
+		seglen += !!(th.flags & TCP_FLAG_SYN) + !!(th.flags & TCP_FLAG_FIN);
+		r.tcp.ack_seq = bpf_htonl(bpf_ntohl(th.seq) + seglen);
+		r.tcp.flags = TCP_FLAG_RST | TCP_FLAG_ACK;
+	}
+	/* Version and traffic class without ECN; no flow label. */
+	r.ip.vtc_flow = bpf_htonl(bpf_ntohl(vtc) & 0xff300000);
+	r.ip.payload_len = bpf_htons(sizeof(r.tcp));
+	r.ip.nexthdr = IPPROTO_TCP;
+	r.ip.hop_limit = RST_TTL;
+	__builtin_memcpy(r.ip.saddr, p->daddr, sizeof(r.ip.saddr));
+	__builtin_memcpy(r.ip.daddr, p->saddr, sizeof(r.ip.daddr));
+
+	if (bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(r.ip), &r.tcp,
+				pkt_offsetof(struct pkt_tcphdr, check), BPF_F_RECOMPUTE_CSUM) ||
+	    bpf_skb_store_bytes(skb, check_off + sizeof(r.tcp.check), &r.tcp.urg_ptr,
+				sizeof(r.tcp.urg_ptr), BPF_F_RECOMPUTE_CSUM) ||
+	    pkt_tcp_rst_csum(skb, check_off, true, &r.tcp, r.ip.saddr, r.ip.daddr, th.check,
+			     bpf_htons(p->payload_len)) ||
 	    bpf_skb_store_bytes(skb, ETH_HLEN, &r.ip, sizeof(r.ip), BPF_F_RECOMPUTE_CSUM))
 		return TC_ACT_SHOT;
 	if (skb->len > frame_len && bpf_skb_change_tail(skb, frame_len, 0))

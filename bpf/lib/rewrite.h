@@ -67,6 +67,52 @@ static __always_inline int pkt4_rewrite(struct __sk_buff *skb, struct pkt4 *p, b
 	return 0;
 }
 
+/* pkt6_rewrite is pkt4_rewrite for IPv6: one side of the packet (the
+ * source when src) becomes (addr, port), the L4 checksum follows (over the
+ * IPv6 pseudo-header) and so does a CHECKSUM_COMPLETE skb->csum. There is no
+ * IP checksum: the address store itself moves skb->csum, and the checksum
+ * field's change, which bpf_l4_csum_replace reports to skb->csum for a
+ * pseudo-header change, cancels it. pkt6_parse admits no UDP datagram
+ * without checksum; a computed zero is sent as all ones. */
+static __always_inline int pkt6_rewrite(struct __sk_buff *skb, struct pkt6 *p, bool src,
+					const __be32 *addr, __be16 port)
+{
+	__u32 addr_off = ETH_HLEN + (src ? pkt_offsetof(struct pkt_ipv6hdr, saddr)
+					 : pkt_offsetof(struct pkt_ipv6hdr, daddr));
+	__u32 port_off = p->l4_off + (src ? 0 : sizeof(__be16));
+	__be32 *old_addr = src ? p->saddr : p->daddr;
+	__be16 old_port = src ? p->sport : p->dport;
+	__u64 l4_flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	__be32 new_addr[4];
+	__s64 diff;
+
+	__builtin_memcpy(new_addr, addr, sizeof(new_addr));
+	if (old_addr[0] != new_addr[0] || old_addr[1] != new_addr[1] ||
+	    old_addr[2] != new_addr[2] || old_addr[3] != new_addr[3]) {
+		diff = bpf_csum_diff(old_addr, 16, new_addr, 16, 0);
+		if (diff < 0)
+			return -1;
+		if (bpf_l4_csum_replace(skb, p->csum_off, 0, (__u32)diff,
+					l4_flags | BPF_F_PSEUDO_HDR))
+			return -1;
+		if (bpf_skb_store_bytes(skb, addr_off, new_addr, sizeof(new_addr),
+					BPF_F_RECOMPUTE_CSUM))
+			return -1;
+		__builtin_memcpy(old_addr, new_addr, sizeof(new_addr));
+	}
+	if (old_port != port) {
+		if (bpf_l4_csum_replace(skb, p->csum_off, old_port, port, l4_flags | sizeof(port)))
+			return -1;
+		if (bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), 0))
+			return -1;
+		if (src)
+			p->sport = port;
+		else
+			p->dport = port;
+	}
+	return 0;
+}
+
 /* pkt4_icmp_rewrite_outer changes the source (src) or destination address of
  * an ICMP message's own IP header; ICMP has no pseudo-header. */
 static __always_inline int pkt4_icmp_rewrite_outer(struct __sk_buff *skb, struct pkt4 *p, bool src,

@@ -373,6 +373,36 @@ struct tc4_snat_addr {
 	__be32 address;
 };
 
+/* Key and value of tc6_ct and tc6_snat_addrs, the IPv6 twins of tc4_ct and
+ * tc4_snat_addrs: the same fields, with 16-byte addresses (four __be32 words
+ * in network order). The TC programs track IPv6 flows with the same rules
+ * (ct.h), their flags are those of struct ct4_entry. */
+struct ct6_key {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir;
+	__u8 pad[2];
+};
+
+struct ct6_entry {
+	__be32 nat_saddr[4];
+	__be32 nat_daddr[4];
+	__be16 nat_sport;
+	__be16 nat_dport;
+	__u32 backend_id;
+	__u32 svc_id;
+	__u32 expires;
+	__u16 flags;
+	__u16 born;
+};
+
+struct tc6_snat_addr {
+	__be32 address[4];
+};
+
 /* Indices of lb_metrics: per-CPU packet and event counters. */
 enum lb_metric {
 	LB_M_XLATE_TCP = 0,	/* TCP connect translated */

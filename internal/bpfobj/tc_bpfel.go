@@ -37,6 +37,30 @@ type TcCt4Key struct {
 	Pad   [2]uint8
 }
 
+type TcCt6Entry struct {
+	_         structs.HostLayout
+	NatSaddr  [4]uint32
+	NatDaddr  [4]uint32
+	NatSport  uint16
+	NatDport  uint16
+	BackendId uint32
+	SvcId     uint32
+	Expires   uint32
+	Flags     uint16
+	Born      uint16
+}
+
+type TcCt6Key struct {
+	_     structs.HostLayout
+	Saddr [4]uint32
+	Daddr [4]uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Dir   uint8
+	Pad   [2]uint8
+}
+
 type TcLb4Affinity struct {
 	_          structs.HostLayout
 	LastUsedNs uint64
@@ -242,6 +266,11 @@ type TcTc4SnatAddr struct {
 	Address uint32
 }
 
+type TcTc6SnatAddr struct {
+	_       structs.HostLayout
+	Address [4]uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -267,6 +296,8 @@ const (
 	TcMapSock6UdpFwdV1     = "sock6_udp_fwd_v1"
 	TcMapTc4CtV1           = "tc4_ct_v1"
 	TcMapTc4SnatAddrsV1    = "tc4_snat_addrs_v1"
+	TcMapTc6CtV1           = "tc6_ct_v1"
+	TcMapTc6SnatAddrsV1    = "tc6_snat_addrs_v1"
 	TcProgTcEgress         = "tc_egress"
 	TcProgTcIngress        = "tc_ingress"
 	TcVarMaglevTableSize   = "maglev_table_size"
@@ -345,6 +376,8 @@ type TcMapSpecs struct {
 	Sock6UdpFwdV1     *ebpf.MapSpec `ebpf:"sock6_udp_fwd_v1"`
 	Tc4CtV1           *ebpf.MapSpec `ebpf:"tc4_ct_v1"`
 	Tc4SnatAddrsV1    *ebpf.MapSpec `ebpf:"tc4_snat_addrs_v1"`
+	Tc6CtV1           *ebpf.MapSpec `ebpf:"tc6_ct_v1"`
+	Tc6SnatAddrsV1    *ebpf.MapSpec `ebpf:"tc6_snat_addrs_v1"`
 }
 
 // TcVariableSpecs contains global variables before they are loaded into the kernel.
@@ -397,6 +430,8 @@ type TcMaps struct {
 	Sock6UdpFwdV1     *ebpf.Map `ebpf:"sock6_udp_fwd_v1"`
 	Tc4CtV1           *ebpf.Map `ebpf:"tc4_ct_v1"`
 	Tc4SnatAddrsV1    *ebpf.Map `ebpf:"tc4_snat_addrs_v1"`
+	Tc6CtV1           *ebpf.Map `ebpf:"tc6_ct_v1"`
+	Tc6SnatAddrsV1    *ebpf.Map `ebpf:"tc6_snat_addrs_v1"`
 }
 
 func (m *TcMaps) Close() error {
@@ -422,6 +457,8 @@ func (m *TcMaps) Close() error {
 		m.Sock6UdpFwdV1,
 		m.Tc4CtV1,
 		m.Tc4SnatAddrsV1,
+		m.Tc6CtV1,
+		m.Tc6SnatAddrsV1,
 	)
 }
 

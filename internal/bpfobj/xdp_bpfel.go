@@ -37,6 +37,30 @@ type XdpCt4Key struct {
 	Pad   [2]uint8
 }
 
+type XdpCt6Entry struct {
+	_         structs.HostLayout
+	NatSaddr  [4]uint32
+	NatDaddr  [4]uint32
+	NatSport  uint16
+	NatDport  uint16
+	BackendId uint32
+	SvcId     uint32
+	Expires   uint32
+	Flags     uint16
+	Born      uint16
+}
+
+type XdpCt6Key struct {
+	_     structs.HostLayout
+	Saddr [4]uint32
+	Daddr [4]uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Dir   uint8
+	Pad   [2]uint8
+}
+
 type XdpLb4Affinity struct {
 	_          structs.HostLayout
 	LastUsedNs uint64
@@ -242,6 +266,11 @@ type XdpTc4SnatAddr struct {
 	Address uint32
 }
 
+type XdpTc6SnatAddr struct {
+	_       structs.HostLayout
+	Address [4]uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -267,6 +296,8 @@ const (
 	XdpMapSock6UdpFwdV1     = "sock6_udp_fwd_v1"
 	XdpMapTc4CtV1           = "tc4_ct_v1"
 	XdpMapTc4SnatAddrsV1    = "tc4_snat_addrs_v1"
+	XdpMapTc6CtV1           = "tc6_ct_v1"
+	XdpMapTc6SnatAddrsV1    = "tc6_snat_addrs_v1"
 	XdpMapXdp4DevsV1        = "xdp4_devs_v1"
 	XdpProgXdpNodeport      = "xdp_nodeport"
 	XdpProgXdpNodeportSkb   = "xdp_nodeport_skb"
@@ -346,6 +377,8 @@ type XdpMapSpecs struct {
 	Sock6UdpFwdV1     *ebpf.MapSpec `ebpf:"sock6_udp_fwd_v1"`
 	Tc4CtV1           *ebpf.MapSpec `ebpf:"tc4_ct_v1"`
 	Tc4SnatAddrsV1    *ebpf.MapSpec `ebpf:"tc4_snat_addrs_v1"`
+	Tc6CtV1           *ebpf.MapSpec `ebpf:"tc6_ct_v1"`
+	Tc6SnatAddrsV1    *ebpf.MapSpec `ebpf:"tc6_snat_addrs_v1"`
 	Xdp4DevsV1        *ebpf.MapSpec `ebpf:"xdp4_devs_v1"`
 }
 
@@ -399,6 +432,8 @@ type XdpMaps struct {
 	Sock6UdpFwdV1     *ebpf.Map `ebpf:"sock6_udp_fwd_v1"`
 	Tc4CtV1           *ebpf.Map `ebpf:"tc4_ct_v1"`
 	Tc4SnatAddrsV1    *ebpf.Map `ebpf:"tc4_snat_addrs_v1"`
+	Tc6CtV1           *ebpf.Map `ebpf:"tc6_ct_v1"`
+	Tc6SnatAddrsV1    *ebpf.Map `ebpf:"tc6_snat_addrs_v1"`
 	Xdp4DevsV1        *ebpf.Map `ebpf:"xdp4_devs_v1"`
 }
 
@@ -425,6 +460,8 @@ func (m *XdpMaps) Close() error {
 		m.Sock6UdpFwdV1,
 		m.Tc4CtV1,
 		m.Tc4SnatAddrsV1,
+		m.Tc6CtV1,
+		m.Tc6SnatAddrsV1,
 		m.Xdp4DevsV1,
 	)
 }

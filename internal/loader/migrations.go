@@ -83,6 +83,8 @@ var rebuiltMaps = map[string]bool{
 	bpfobj.SockMapLbMetricsV1:      true,
 	bpfobj.TcMapTc4CtV1:            true,
 	bpfobj.TcMapTc4SnatAddrsV1:     true,
+	bpfobj.TcMapTc6CtV1:            true,
+	bpfobj.TcMapTc6SnatAddrsV1:     true,
 	bpfobj.XdpMapXdp4DevsV1:        true,
 }
 

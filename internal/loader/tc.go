@@ -47,11 +47,14 @@ const (
 	filterPrefix   = "ebpf-proxy-"
 )
 
-// TCDevice is a device the TC programs attach to, with the address source
-// NAT gives traffic leaving it.
+// TCDevice is a device the TC programs attach to, with the addresses source
+// NAT gives traffic leaving it: SNAT (IPv4, required) and SNAT6 (IPv6, the
+// zero Addr when the device has none: IPv6 flows to remote backends through
+// it are then dropped and counted, tc_snat_no_address).
 type TCDevice struct {
-	Name string
-	SNAT netip.Addr
+	Name  string
+	SNAT  netip.Addr
+	SNAT6 netip.Addr
 }
 
 // TCConfig says what the TC programs attach to.
@@ -135,6 +138,7 @@ func patchNodePort(spec *ebpf.CollectionSpec, sizes MapSizes, ct uint32, pmin, p
 		spec.Maps[name].MaxEntries = n
 	}
 	spec.Maps[bpfobj.TcMapTc4CtV1].MaxEntries = ct
+	spec.Maps[bpfobj.TcMapTc6CtV1].MaxEntries = ct
 	if err := patchMaglev(spec, sizes); err != nil {
 		return err
 	}
@@ -204,6 +208,13 @@ func (l *TCLoaded) attach(cfg TCConfig) error {
 		snatKeep = append(snatKeep, idx)
 	}
 	if err := pruneSNATAddrs(l.Objects.Tc4SnatAddrsV1, snatKeep); err != nil {
+		return err
+	}
+	snat6 := map[int]netip.Addr{}
+	for _, d := range devs {
+		snat6[d.link.Attrs().Index] = d.SNAT6
+	}
+	if err := l.SetIPv6SNAT(snat6); err != nil {
 		return err
 	}
 
@@ -361,6 +372,38 @@ func detachStaleTC(bpffs string, keep map[string]bool, names ...string) error {
 
 func pruneSNATAddrs(m *ebpf.Map, keep []uint32) error {
 	return pruneKeys[bpfobj.TcTc4SnatAddr](m, keep, "source NAT address")
+}
+
+// SetIPv6SNAT sets the IPv6 source NAT addresses of the devices the
+// programs are attached to, by ifindex: addrs names every attached device,
+// and one whose address is the zero Addr, or that addrs leaves out, has
+// none afterwards. The agent calls it when the IPv6 State names the node's
+// IPv6 addresses, which may come after LoadTC.
+func (l *TCLoaded) SetIPv6SNAT(addrs map[int]netip.Addr) error {
+	var keep []uint32
+	for idx, a := range addrs {
+		if !a.IsValid() {
+			continue
+		}
+		if !a.Is6() || a.Is4In6() {
+			return fmt.Errorf("ifindex %d: IPv6 source NAT address %s is not IPv6", idx, a)
+		}
+		if err := l.Objects.Tc6SnatAddrsV1.Put(uint32(idx), bpfobj.TcTc6SnatAddr{Address: be32Addr6(a)}); err != nil {
+			return fmt.Errorf("IPv6 source NAT address of ifindex %d: %w", idx, err)
+		}
+		keep = append(keep, uint32(idx))
+	}
+	return pruneKeys[bpfobj.TcTc6SnatAddr](l.Objects.Tc6SnatAddrsV1, keep, "IPv6 source NAT address")
+}
+
+// be32Addr6 is a in the C side's __be32[4] layout: network order.
+func be32Addr6(a netip.Addr) [4]uint32 {
+	b := a.As16()
+	var out [4]uint32
+	for i := range out {
+		out[i] = binary.NativeEndian.Uint32(b[4*i:])
+	}
+	return out
 }
 
 // be32Addr is a in network order, as the C side's __be32 holds it.

@@ -305,12 +305,16 @@ func netipAddrPort(b maps.Backend) netip.AddrPort { return netip.AddrPortFrom(b.
 // same dataplane.
 //
 // NodePorts are served on the IPv6 addresses of up.State.Node.NodePorts
-// (nodeaddrs.Local lists both families for the trackers).
+// (nodeaddrs.Local lists both families for the trackers). The TC programs
+// translate IPv6 traffic from outside to NodePorts, external and
+// LoadBalancer IPs as they do IPv4's, source-NATing to each device's IPv6
+// address (a node address of up.State.Node.Addrs on it, else its first
+// global one); the XDP fast path passes IPv6 to them.
 //
-// What it does not do yet: the TC and XDP programs serve IPv4 only, so
-// IPv6 NodePorts, external and LoadBalancer IPs are reached from the
-// node's and its pods' sockets only; and sockets connected to a removed
-// IPv6 backend are not ended (the terminator speaks IPv4 sock_diag).
+// What it does not do yet: sockets connected to a removed IPv6 backend are
+// not ended (the terminator speaks IPv4 sock_diag); IPv6 ServicePorts have
+// no Maglev tables (the TC choice is random); ICMPv6 errors about tracked
+// flows pass untranslated.
 func (d *Dataplane) IPv6() dataplane.Dataplane { return ipv6Dataplane{d} }
 
 // ipv6Dataplane is what IPv6 returns.
@@ -326,6 +330,9 @@ func (p ipv6Dataplane) Sync(up model.Update) error {
 	d := p.d
 	d.syncMu.Lock()
 	defer d.syncMu.Unlock()
+	if err := d.tc.prepare6(&up.State.Node); err != nil {
+		return err
+	}
 	if err := d.ranges.before(up); err != nil {
 		return err
 	}

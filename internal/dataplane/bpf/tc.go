@@ -53,6 +53,13 @@ type tcAttacher struct {
 	// attached to.
 	local  map[netip.Addr]string
 	warned bool
+	// names are the devices attached to, snat6 the IPv6 source NAT
+	// addresses last written for them. nl is a netlink handle in the
+	// namespace the attacher was made in, where the devices are: IPv6
+	// syncs may run on any thread.
+	names []string
+	snat6 map[string]netip.Addr
+	nl    *netlink.Handle
 }
 
 func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)) (*tcAttacher, error) {
@@ -63,7 +70,12 @@ func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)
 	if err := checkSNATPortRange(c.SNATPorts, c.SNATPortRangeForce, ephemeralPortsFile, reservedPortsFile, log); err != nil {
 		return nil, err
 	}
+	nl, err := netlink.NewHandle()
+	if err != nil {
+		return nil, fmt.Errorf("netlink: %w", err)
+	}
 	a := &tcAttacher{
+		nl: nl,
 		cfg: loader.TCConfig{
 			BPFFSPath: c.BPFFSPath, Sizes: c.Sizes, ConntrackSize: c.ConntrackSize, Attach: c.TCAttach,
 			SNATPortMin: c.SNATPorts.Min, SNATPortMax: c.SNATPorts.Max, Migrated: migrated,
@@ -76,6 +88,7 @@ func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)
 	}
 	if len(a.devices) > 0 {
 		if err := a.attach(nil); err != nil {
+			nl.Close()
 			return nil, err
 		}
 	}
@@ -89,6 +102,40 @@ func (a *tcAttacher) prepare(node *model.Node) error {
 		return nil
 	}
 	return a.attach(node.Addrs)
+}
+
+// prepare6 is called before every IPv6 sync: once the TC programs are
+// attached, it gives each device the IPv6 source NAT address the IPv6
+// State's node addresses say (one on the device, else its first global
+// IPv6 address), writing only what changed.
+func (a *tcAttacher) prepare6(node *model.Node) error {
+	if a.loaded == nil {
+		return nil
+	}
+	addrs := map[int]netip.Addr{}
+	next := map[string]netip.Addr{}
+	changed := false
+	for _, name := range a.names {
+		lk, err := a.nl.LinkByName(name)
+		if err != nil {
+			return fmt.Errorf("device %s: %w", name, err)
+		}
+		ip, err := snatAddress6(a.nl, name, node.Addrs)
+		if err != nil {
+			return err
+		}
+		changed = changed || a.snat6[name] != ip
+		addrs[lk.Attrs().Index] = ip
+		next[name] = ip
+	}
+	if !changed {
+		return nil
+	}
+	if err := a.loaded.SetIPv6SNAT(addrs); err != nil {
+		return err
+	}
+	a.snat6 = next
+	return nil
 }
 
 // attach resolves the devices (--devices, else those carrying nodeAddrs)
@@ -120,7 +167,13 @@ func (a *tcAttacher) attach(nodeAddrs []netip.Addr) error {
 		if err != nil {
 			return err
 		}
-		devs = append(devs, loader.TCDevice{Name: name, SNAT: snat})
+		// The IPv6 State's node addresses come with the IPv6 sync
+		// (prepare6), which refines this choice.
+		snat6, err := snatAddress6(a.nl, name, nil)
+		if err != nil {
+			return err
+		}
+		devs = append(devs, loader.TCDevice{Name: name, SNAT: snat, SNAT6: snat6})
 	}
 	cfg := a.cfg
 	cfg.Devices = devs
@@ -129,6 +182,11 @@ func (a *tcAttacher) attach(nodeAddrs []netip.Addr) error {
 		return fmt.Errorf("attach the TC programs: %w", err)
 	}
 	a.loaded = l
+	a.names = names
+	a.snat6 = map[string]netip.Addr{}
+	for _, d := range devs {
+		a.snat6[d.Name] = d.SNAT6
+	}
 	a.log.Info("TC programs attached", zap.Strings("devices", names), zap.String("mode", l.Mode))
 	return a.attachXDP(cfg, names)
 }
@@ -213,7 +271,37 @@ func snatAddress(dev string, nodeAddrs []netip.Addr) (netip.Addr, error) {
 	return first, nil
 }
 
+// snatAddress6 is the IPv6 address source NAT gives traffic leaving dev: a
+// node address on it if it has one, else its first global IPv6 address, or
+// the zero Addr when it has none (its IPv6 traffic to remote backends is
+// then dropped and counted).
+func snatAddress6(nl *netlink.Handle, dev string, nodeAddrs []netip.Addr) (netip.Addr, error) {
+	lk, err := nl.LinkByName(dev)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("--devices: %s: %w", dev, err)
+	}
+	addrs, err := nl.AddrList(lk, netlink.FAMILY_V6)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("IPv6 addresses of %s: %w", dev, err)
+	}
+	var first netip.Addr
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || !ip.Is6() || ip.Is4In6() || ip.IsLoopback() || ip.IsLinkLocalUnicast() {
+			continue
+		}
+		if slices.Contains(nodeAddrs, ip) {
+			return ip, nil
+		}
+		if !first.IsValid() {
+			first = ip
+		}
+	}
+	return first, nil
+}
+
 func (a *tcAttacher) close() {
+	a.nl.Close()
 	if a.xdp != nil {
 		a.xdp.Close()
 	}
