@@ -43,7 +43,7 @@ const (
 	ReasonBPFSupported   = "bpf-supported"   // auto: the probes passed and the programs loaded
 	ReasonBPFUnsupported = "bpf-unsupported" // auto: the kernel lacks a BPF feature the programs need
 	ReasonBPFLoadFailed  = "bpf-load-failed" // auto: the probes passed but loading or attaching failed
-	ReasonBPFFamily      = "bpf-ip-family"   // auto: the node's primary IP family is one the BPF dataplane does not serve whole
+	ReasonBPFFamily      = "bpf-ip-family"   // auto: the node is IPv6-primary, which the BPF dataplane serves with --devices only
 	// Appended to the above when auto falls through to iptables.
 	ReasonIPVSUnavailable = ",ipvs-unavailable" // the ip_vs module does not load
 	ReasonIPVSFailed      = ",ipvs-failed"      // IPVS is there but the dataplane could not start
@@ -177,10 +177,10 @@ func start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
 	var reason string
 	var details []zap.Field
 	if cfg.Families[0] == metrics.IPv6 {
-		// An IPv6-primary node's traffic from outside would go
-		// untranslated (errNoIPv6External): a fallback serves it.
+		// An IPv6-primary node's traffic from outside might go
+		// untranslated (errIPv6Primary): a fallback serves it.
 		reason = ReasonBPFFamily
-		details = append(details, zap.NamedError("bpf", errNoIPv6External))
+		details = append(details, zap.NamedError("bpf", errIPv6Primary))
 	} else if err := bpf.Probe(); err != nil {
 		reason = ReasonBPFUnsupported
 		details = append(details, zap.NamedError("bpf", err))
@@ -277,9 +277,17 @@ func ipv4Only(cfg Config, mode string, d dataplane.Dataplane) ([]Family, map[str
 	return []Family{{IPFamily: metrics.IPv4, Dataplane: d}}, skipped
 }
 
-// errNoIPv6External is what the BPF dataplane does not do for IPv6 yet.
-var errNoIPv6External = errors.New("the TC and XDP programs translate IPv4 only: IPv6 traffic from outside the node " +
-	"to NodePorts, ExternalIPs and LoadBalancer IPs is not translated; the node's and its pods' sockets reach every IPv6 frontend")
+// errIPv6Primary is why auto leaves an IPv6-primary node to a fallback:
+// the BPF dataplane finds the devices its TC programs attach to by the
+// node's IPv4 addresses (without --devices).
+var errIPv6Primary = errors.New("the TC programs find their devices by the node's IPv4 addresses: " +
+	"on an IPv6-primary node, use --proxy-mode=ebpf with --devices")
+
+// ipv6Gaps is what the BPF dataplane does not do for IPv6 yet, which
+// kube-proxy does not do either, or does for a rare case.
+const ipv6Gaps = "IPv6 ServicePorts have no Maglev tables (backends are chosen at random, as kube-proxy does); " +
+	"ICMPv6 errors about translated flows pass untranslated (path MTU discovery through an IPv6 NodePort); " +
+	"sockets of removed IPv6 backends are not ended; the XDP fast path hands IPv6 to the TC programs"
 
 func startBPF(ctx context.Context, cfg Config, log *zap.Logger, reason string) (*Started, error) {
 	d, err := bpf.New(ctx, cfg.BPF)
@@ -289,7 +297,7 @@ func startBPF(ctx context.Context, cfg Config, log *zap.Logger, reason string) (
 	var fams []Family
 	for _, f := range cfg.Families {
 		if f == metrics.IPv6 {
-			cfg.logFor(log, f)("serving IPv6 in part", zap.String("ipFamily", f), zap.Error(errNoIPv6External))
+			log.Info("serving IPv6", zap.String("ipFamily", f), zap.String("notYet", ipv6Gaps))
 			fams = append(fams, Family{IPFamily: f, Dataplane: d.IPv6()})
 			continue
 		}

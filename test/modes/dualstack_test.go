@@ -66,10 +66,10 @@ func (e *env) writeDualStackManifests() {
 // ClusterIPs and its NodePort, an IPv6 Service without endpoints refuses,
 // a health check node port answers on each family with that family's
 // local endpoints, and each family's sync loop reports under its
-// ip_family. In ebpf mode, whose socket programs serve IPv6 but whose TC
-// and XDP programs do not yet, both ClusterIPs answer the pod, an IPv6
-// Service without endpoints refuses, the log says once that IPv6 is served
-// in part, and nothing is left of the iptables mode's IPv6 rules.
+// ip_family. In ebpf mode both ClusterIPs answer the pod, the IPv6
+// NodePort the external client, an IPv6 Service without endpoints
+// refuses, the log says once what IPv6 lacks yet, and nothing is left of
+// the iptables mode's IPv6 rules.
 func TestDualStack(t *testing.T) {
 	e := newEnv(t)
 	for _, h := range []*sandbox.Host{e.pods[0].Host, e.pods[1].Host, e.client.Host} {
@@ -124,9 +124,10 @@ func TestDualStack(t *testing.T) {
 	e.expectOnly("ebpf")
 	e.reaches(e.client, vip4, 24)
 	e.reaches(e.client, vip6, 24)
+	e.reaches(e.external, netip.AddrPortFrom(e.node.IP6, nodePort), 24)
 	e.refused(netip.AddrPortFrom(emptyIP6, 80))
-	if n := strings.Count(a.Logs(), "serving IPv6 in part"); n != 1 {
-		t.Errorf("the ebpf mode said %d times that it serves IPv6 in part, want once:\n%s", n, a.Logs())
+	if n := strings.Count(a.Logs(), "serving IPv6"); n != 1 {
+		t.Errorf("the ebpf mode said %d times what it does not do for IPv6 yet, want once:\n%s", n, a.Logs())
 	}
 }
 

@@ -3,7 +3,6 @@ package bpf_test
 import (
 	"context"
 	"errors"
-	"net/netip"
 	"testing"
 
 	"go.uber.org/zap"
@@ -66,29 +65,11 @@ func factory6(t *testing.T, node *behaviour.Node) dataplane.Dataplane {
 	return factory(t, node).(*bpf.Dataplane).IPv6()
 }
 
-// TestIPv6TrafficFromTheNodeFollowsTheModelVerdicts runs the behaviour
-// table over IPv6 (the example cluster's IPv6 twin) through the IPv6
-// dataplane: every row whose client is on a node, a pod or the node
-// itself, whose sockets the socket programs translate. Rows from outside
-// the cluster are left out: the TC and XDP programs serve IPv4 only.
-func TestIPv6TrafficFromTheNodeFollowsTheModelVerdicts(t *testing.T) {
-	var cases []behaviour.Case
-	for _, c := range behaviour.Cases() {
-		if c.From == behaviour.ClientExternal || c.From == behaviour.ClientBlocked {
-			continue
-		}
-		cases = append(cases, c)
-	}
-	if len(cases) < 17 {
-		t.Fatalf("only %d rows left of the table", len(cases))
-	}
+// TestIPv6TrafficFollowsTheModelVerdicts runs the behaviour table over
+// IPv6 (the example cluster's IPv6 twin) through the IPv6 dataplane: the
+// socket programs for clients on a node, the TC programs for traffic from
+// outside the cluster.
+func TestIPv6TrafficFollowsTheModelVerdicts(t *testing.T) {
 	e := behaviour.NewEnv6(t, factory6)
-	// NodePorts are served on the node's IPv6 addresses, which the
-	// environment, built for dataplanes that match local addresses in the
-	// kernel, does not hand its Sources (nodeaddrs.Local is IPv4's).
-	for name, n := range e.Nodes {
-		e.Sources[name].SetLocalAddrs([]netip.Addr{n.IP6, netip.IPv6Loopback()})
-	}
-	e.Sync(false)
-	behaviour.Run(t, e, cases)
+	behaviour.Run(t, e, behaviour.Cases())
 }

@@ -40,11 +40,12 @@ const (
 
 // ebpfProxyFeatures are the features ebpf-proxy implements today: its
 // socket hooks serve ClusterIPs, NodePorts, ExternalIPs and LoadBalancer IPs
-// to clients on the node, with session affinity, in both families; its TC
-// programs serve them to traffic from the network, with source ranges, in
-// IPv4 only so far; and it serves health check node ports.
+// to clients on the node, with session affinity; its TC programs serve
+// them to traffic from the network, with source ranges; both in both
+// families; and it serves health check node ports.
 var ebpfProxyFeatures = map[Feature]bool{
 	FeatureIPv6:            true,
+	FeatureIPv6External:    true,
 	FeatureNodePort:        true,
 	FeatureExternalIP:      true,
 	FeatureLoadBalancer:    true,
