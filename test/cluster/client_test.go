@@ -64,7 +64,8 @@ type loop struct {
 	e     *env
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
-	out   bytes.Buffer
+	// out is the loop's report (stdout); errOut is kubectl's stderr.
+	out, errOut bytes.Buffer
 }
 
 // startLoop starts connecting from the client pod to addr every 20 ms until
@@ -78,7 +79,7 @@ func (e *env) startLoop(addr netip.AddrPort) *loop {
 	l.cmd = e.n.KubectlCommand(e.ctx, "exec", "-i", "client", "--", "/testserver", "loop",
 		"--interval", "20ms", "--timeout", "5s", "--max-duration", "10m", addr.String())
 	l.cmd.Stdout = &l.out
-	l.cmd.Stderr = &l.out
+	l.cmd.Stderr = &l.errOut
 	var err error
 	if l.stdin, err = l.cmd.StdinPipe(); err != nil {
 		e.fatalf("%v", err)
@@ -93,6 +94,12 @@ func (e *env) startLoop(addr netip.AddrPort) *loop {
 }
 
 // stop ends the loop (its stdin closes) and returns its summary.
+//
+// The report on stdout is what counts: kubectl may still exit non-zero
+// after the loop printed a complete report (its exec stream torn down as
+// the command ends), which is logged, not counted as lost connections. A
+// missing or incomplete report fails the test, with a short message and
+// kubectl's output logged before it.
 func (l *loop) stop() loopResult {
 	l.e.t.Helper()
 	// Let the last step's effects meet a few more connections.
@@ -100,18 +107,30 @@ func (l *loop) stop() loopResult {
 	l.stdin.Close()
 	done := make(chan error, 1)
 	go func() { done <- l.cmd.Wait() }()
+	var waitErr error
 	select {
-	case err := <-done:
-		if err != nil {
-			l.e.fatalf("connection loop: %v: %s", err, l.out.String())
-		}
+	case waitErr = <-done:
 	case <-time.After(time.Minute):
 		_ = l.cmd.Process.Kill()
-		l.e.fatalf("connection loop did not end within a minute of its stdin closing: %s", l.out.String())
+		<-done
+		l.logOutput()
+		l.e.fatalf("connection loop did not end within a minute of its stdin closing")
 	}
-	var r loopResult
-	if err := json.Unmarshal(l.out.Bytes(), &r); err != nil {
-		l.e.fatalf("connection loop output: %v: %s", err, l.out.String())
+	var r struct {
+		loopResult
+		Stopped string
 	}
-	return r
+	if err := json.Unmarshal(l.out.Bytes(), &r); err != nil || r.Stopped != "stdin" {
+		l.logOutput()
+		l.e.fatalf("connection loop: no complete report (kubectl: %v; report: %v, stopped by %q)", waitErr, err, r.Stopped)
+	}
+	if waitErr != nil {
+		l.e.t.Logf("connection loop: kubectl exited with %v after a complete report; stderr: %s", waitErr, bytes.TrimSpace(l.errOut.Bytes()))
+	}
+	return r.loopResult
+}
+
+// logOutput logs what the loop's kubectl printed.
+func (l *loop) logOutput() {
+	l.e.t.Logf("connection loop stdout:\n%s\nstderr:\n%s", l.out.String(), l.errOut.String())
 }

@@ -90,10 +90,24 @@ func (e *env) summary() {
 	if e.t.Failed() {
 		ready = 0
 		e.t.Logf("steps reached:\n  %s", strings.Join(e.phases, "\n  "))
-		e.t.Logf("failures (%d):\n  %s", len(e.failures), strings.Join(e.failures, "\n  "))
+		short := make([]string, len(e.failures))
+		for i, f := range e.failures {
+			short[i] = brief(f)
+		}
+		e.t.Logf("failures (%d, in full above):\n  %s", len(e.failures), strings.Join(short, "\n  "))
 	}
 	fmt.Printf("cluster: ready=%d checks=%d passed=%d migration_failed=%d upgrade_failed=%d restart_failed=%d\n",
 		ready, e.checks, e.passed, e.migration.Failures, e.upgrade.Failures, e.restart.Failures)
+}
+
+// brief is a failure's first line, cut to 300 bytes, for the list at the
+// end of a failed run (CI keeps only the tail of the output).
+func brief(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	if len(s) > 300 {
+		s = s[:300] + " ..."
+	}
+	return s
 }
 
 func getenv(t *testing.T, key string) string {
