@@ -287,7 +287,7 @@ var errIPv6Primary = errors.New("the TC programs find their devices by the node'
 // kube-proxy does not do either, or does for a rare case.
 const ipv6Gaps = "IPv6 ServicePorts have no Maglev tables (backends are chosen at random, as kube-proxy does); " +
 	"ICMPv6 errors about translated flows pass untranslated (path MTU discovery through an IPv6 NodePort); " +
-	"sockets of removed IPv6 backends are not ended; the XDP fast path hands IPv6 to the TC programs"
+	"the XDP fast path hands IPv6 to the TC programs"
 
 func startBPF(ctx context.Context, cfg Config, log *zap.Logger, reason string) (*Started, error) {
 	d, err := bpf.New(ctx, cfg.BPF)

@@ -55,3 +55,17 @@ func mappedSocket(typ int, addr netip.AddrPort, connect bool, timeout time.Durat
 	}
 	return conn, nil
 }
+
+// dialUDP returns a UDP socket connected to addr: an AF_INET6 one for an
+// IPv4-mapped address, as a dual-stack client's, else one of addr's family.
+func dialUDP(addr netip.AddrPort) (*net.UDPConn, error) {
+	if !addr.Addr().Is4In6() {
+		return net.DialUDP(network("udp", addr), nil, net.UDPAddrFromAddrPort(addr))
+	}
+	// connect() on UDP sends nothing and does not block.
+	c, err := mappedSocket(unix.SOCK_DGRAM, addr, true, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.UDPConn), nil
+}

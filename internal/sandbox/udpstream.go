@@ -118,7 +118,8 @@ type UDPStream struct {
 // connect a new one and send the query again at once (at most three sockets
 // per query). Each new socket connects to the next address of addrs in turn,
 // as a resolver moves to its next name server; with a single address, a
-// Service's, connect() lets the load balancer choose again. A missing answer
+// Service's, connect() lets the load balancer choose again. An IPv4-mapped
+// address is reached from an AF_INET6 socket, as a dual-stack client's. A missing answer
 // is not an error: like the resolvers of kubernetes#125467 the client keeps
 // its socket, and keeps sending to a backend that is gone.
 //
@@ -317,7 +318,7 @@ func (rs *resolverSocket) exchange(seq int, buf []byte, q *UDPQuery) error {
 func (rs *resolverSocket) connect() error {
 	addr := rs.addrs[rs.next%len(rs.addrs)]
 	rs.next++
-	conn, err := net.DialUDP(network("udp", addr), nil, net.UDPAddrFromAddrPort(addr))
+	conn, err := dialUDP(addr)
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,11 @@
 //
 // Only sockets that the hooks translated are touched (Config.Translated): an
 // application that connected to a pod's IP itself keeps its socket.
+//
+// Backends of both families are handled: an IPv4 backend's sockets are
+// AF_INET ones and the AF_INET6 ones of dual-stack clients that reached an
+// IPv4 Service through its IPv4-mapped address (::ffff:a.b.c.d), which the
+// hooks translate as IPv4; an IPv6 backend's are AF_INET6 ones.
 package sockterm
 
 import (
@@ -39,10 +44,10 @@ const diagTimeout = 5 * time.Second
 // Errors of Terminate.
 var (
 	// ErrUnsupportedBackend is returned (wrapped, naming the backend) for a
-	// removed backend that is not an IPv4 address with a port, or whose
+	// removed backend that is not an IP address with a port, or whose
 	// protocol sock_diag cannot destroy sockets of (only TCP and UDP); the
 	// other backends are still handled.
-	ErrUnsupportedBackend = errors.New("only IPv4 TCP and UDP backends can have their sockets terminated")
+	ErrUnsupportedBackend = errors.New("only TCP and UDP backends with an address and a port can have their sockets terminated")
 	// ErrNoDestroy is returned (wrapped) when the kernel was built without
 	// CONFIG_INET_DIAG_DESTROY and cannot destroy sockets.
 	ErrNoDestroy = errors.New("the kernel cannot destroy sockets (CONFIG_INET_DIAG_DESTROY is off)")
@@ -56,7 +61,8 @@ var (
 // Backend is a removed backend: the address and port that translated
 // sockets were connected to, and their protocol.
 type Backend struct {
-	// Addr is the backend's IPv4 address and port.
+	// Addr is the backend's address (IPv4 or IPv6; an IPv4-mapped one
+	// stands for its IPv4 address) and port.
 	Addr netip.AddrPort
 	// Proto is model.TCP or model.UDP.
 	Proto model.Protocol
@@ -66,8 +72,10 @@ type Backend struct {
 func (b Backend) String() string { return b.Addr.String() + "/" + b.Proto.String() }
 
 // TranslatedFunc reports whether the socket load balancer translated the
-// socket with this cookie to backend, that is whether sock4_revnat_v1 holds
-// (cookie, backend). It is called from the goroutine that runs Terminate.
+// socket with this cookie to backend, that is whether sock4_revnat_v1 (for
+// an IPv4 backend, also of an AF_INET6 socket) or sock6_revnat_v1 (for an
+// IPv6 one) holds (cookie, backend). It is called from the goroutine that
+// runs Terminate.
 type TranslatedFunc func(cookie uint64, backend netip.AddrPort) bool
 
 // Config configures a Terminator.
@@ -133,14 +141,31 @@ type Stats struct {
 type destSet struct {
 	list []netip.AddrPort
 	set  map[netip.AddrPort]bool
+	// has4 says whether list holds an IPv4 backend.
+	has4 bool
 }
 
-// Terminate destroys, in every listed network namespace, the IPv4 sockets
+// families are the socket families to dump for d: AF_INET for its IPv4
+// backends, AF_INET6 for its IPv6 ones and for the IPv4-mapped peers of
+// its IPv4 ones, which only AF_INET6 sockets have.
+func (d *destSet) families() []uint8 {
+	switch {
+	case d.has4:
+		return []uint8{unix.AF_INET, unix.AF_INET6}
+	case len(d.list) > 0:
+		return []uint8{unix.AF_INET6}
+	}
+	return nil
+}
+
+// Terminate destroys, in every listed network namespace, the sockets
 // connected to a removed backend that Config.Translated says the load
 // balancer translated: TCP sockets in any state but LISTEN, CLOSE and
 // TIME_WAIT, and connected UDP sockets. Each namespace costs one sock_diag
-// dump per protocol, filtered by destination in the kernel (in userspace for
-// more than 256 backends of a protocol), and one SOCK_DESTROY per socket.
+// dump per protocol and socket family (AF_INET6 sockets are dumped for IPv6
+// backends and for the IPv4-mapped peers of IPv4 ones), filtered by
+// destination in the kernel (in userspace for more than 256 backends of a
+// protocol), and one SOCK_DESTROY per socket.
 //
 // It goes on after errors: the returned error joins those of the listing,
 // of each namespace (wrapped with its path) and of unsupported backends
@@ -194,7 +219,7 @@ func group(removed []Backend) (map[model.Protocol]*destSet, []error) {
 	var errs []error
 	for _, b := range removed {
 		addr := netip.AddrPortFrom(b.Addr.Addr().Unmap(), b.Addr.Port())
-		if !addr.Addr().Is4() || addr.Port() == 0 || (b.Proto != model.TCP && b.Proto != model.UDP) {
+		if !addr.Addr().IsValid() || addr.Addr().Zone() != "" || addr.Port() == 0 || (b.Proto != model.TCP && b.Proto != model.UDP) {
 			errs = append(errs, fmt.Errorf("backend %s: %w", b, ErrUnsupportedBackend))
 			continue
 		}
@@ -206,6 +231,7 @@ func group(removed []Backend) (map[model.Protocol]*destSet, []error) {
 		if !d.set[addr] {
 			d.set[addr] = true
 			d.list = append(d.list, addr)
+			d.has4 = d.has4 || addr.Addr().Is4()
 		}
 	}
 	return want, errs
@@ -246,14 +272,22 @@ func (t *Terminator) searchProto(c *diagConn, ns Namespace, proto model.Protocol
 	if len(d.list) <= maxFilterDests {
 		filter = d.list
 	}
-	var errs []error
-	socks, err := c.dump(uint8(proto), states, filter)
-	if err != nil {
-		// An interrupted dump still lists sockets that are worth
-		// destroying; the caller hears that some may have been missed.
-		errs = append(errs, fmt.Errorf("dump %s sockets: %w", proto, err))
-		if !errors.Is(err, nl.ErrDumpInterrupted) {
-			return errs[0]
+	var (
+		errs  []error
+		socks []diagSocket
+	)
+	for _, family := range d.families() {
+		found, err := c.dump(family, uint8(proto), states, filter)
+		socks = append(socks, found...)
+		if err != nil {
+			// An interrupted dump still lists sockets that are worth
+			// destroying; the caller hears that some may have been
+			// missed.
+			err = fmt.Errorf("dump %s %s sockets: %w", familyName(family), proto, err)
+			if !errors.Is(err, nl.ErrDumpInterrupted) {
+				return errors.Join(append(errs, err)...)
+			}
+			errs = append(errs, err)
 		}
 	}
 	var (
@@ -298,4 +332,12 @@ func (t *Terminator) searchProto(c *diagConn, ns Namespace, proto model.Protocol
 		errs = append(errs, fmt.Errorf("%d of the %s sockets could not be destroyed, the first: %w", failed, proto, firstErr))
 	}
 	return errors.Join(errs...)
+}
+
+// familyName names a socket family in errors.
+func familyName(family uint8) string {
+	if family == unix.AF_INET6 {
+		return "IPv6"
+	}
+	return "IPv4"
 }

@@ -167,9 +167,29 @@ func padding(proto model.Protocol, n int) []sockterm.Backend {
 	return out
 }
 
+// family is how a client reaches the pods: the address it connects to
+// and the backend the agent names when the pod is removed.
+type family struct {
+	name string
+	// dial is the address a client connects to for a pod's address.
+	dial func(netip.Addr) netip.Addr
+	// backend is the removed backend the agent names for a pod's address.
+	backend func(netip.Addr) netip.Addr
+}
+
+var families = []family{
+	{"IPv4", same, same},
+	{"IPv6", sandbox.IPv6Of, sandbox.IPv6Of},
+	// A dual-stack client (an AF_INET6 socket) of an IPv4 Service: the
+	// hooks translate it as IPv4, and the agent names the IPv4 backend.
+	{"IPv4-mapped on AF_INET6 sockets", mapped, same},
+}
+
+func same(a netip.Addr) netip.Addr   { return a }
+func mapped(a netip.Addr) netip.Addr { return netip.AddrFrom16(a.As16()) }
+
 func TestRemovedBackendLosesItsTranslatedSockets(t *testing.T) {
 	sandbox.RequireRoot(t)
-	pod0, pod1 := netip.AddrPortFrom(pod0IP, dnsPort), netip.AddrPortFrom(pod1IP, dnsPort)
 	tests := []struct {
 		name string
 		// extra removed backends that nothing is connected to.
@@ -178,121 +198,127 @@ func TestRemovedBackendLosesItsTranslatedSockets(t *testing.T) {
 		{"the kernel filters by backend", 0},
 		{"too many removed backends for the kernel's filter: userspace filters", 400},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := newCluster(t)
-			term := c.terminator(t)
+	for _, fam := range families {
+		for _, tt := range tests {
+			t.Run(fam.name+"/"+tt.name, func(t *testing.T) { testRemovedBackend(t, fam, tt.extra) })
+		}
+	}
+}
 
-			// A resolver whose socket the load balancer pointed at pod-0; on
-			// a new socket it reaches pod-1, as connect4 would pick a live
-			// backend. Beside it, one that connected to pod-0 itself.
-			ours := c.startStream(t, pod0, pod1)
-			c.markOurs(ours.First.Cookie, pod0)
-			notOurs := c.startStream(t, pod0)
-			// TCP connections: translated to pod-0, to pod-1, and made to
-			// pod-0 directly.
-			tcp0 := c.hold(t, pod0, "pod-0")
-			c.markOurs(tcp0.First.Cookie, pod0)
-			tcp1 := c.hold(t, pod1, "pod-1")
-			c.markOurs(tcp1.First.Cookie, pod1)
-			tcp0Direct := c.hold(t, pod0, "pod-0")
+func testRemovedBackend(t *testing.T, fam family, extra int) {
+	pod0, pod1 := netip.AddrPortFrom(fam.dial(pod0IP), dnsPort), netip.AddrPortFrom(fam.dial(pod1IP), dnsPort)
+	be0, be1 := netip.AddrPortFrom(fam.backend(pod0IP), dnsPort), netip.AddrPortFrom(fam.backend(pod1IP), dnsPort)
+	c := newCluster(t)
+	term := c.terminator(t)
 
-			// Without termination the resolver sticks to pod-0.
-			for range 3 {
-				q, err := ours.Next(t.Context())
-				if err != nil {
-					t.Fatal(err)
-				}
-				if q.Err != "" || q.Server != "pod-0" || q.Cookie != ours.First.Cookie {
-					t.Fatalf("query %+v before termination, want pod-0 on the first socket", q)
-				}
+	// A resolver whose socket the load balancer pointed at pod-0; on
+	// a new socket it reaches pod-1, as connect4 would pick a live
+	// backend. Beside it, one that connected to pod-0 itself.
+	ours := c.startStream(t, pod0, pod1)
+	c.markOurs(ours.First.Cookie, be0)
+	notOurs := c.startStream(t, pod0)
+	// TCP connections: translated to pod-0, to pod-1, and made to
+	// pod-0 directly.
+	tcp0 := c.hold(t, pod0, "pod-0")
+	c.markOurs(tcp0.First.Cookie, be0)
+	tcp1 := c.hold(t, pod1, "pod-1")
+	c.markOurs(tcp1.First.Cookie, be1)
+	tcp0Direct := c.hold(t, pod0, "pod-0")
+
+	// Without termination the resolver sticks to pod-0.
+	for range 3 {
+		q, err := ours.Next(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q.Err != "" || q.Server != "pod-0" || q.Cookie != ours.First.Cookie {
+			t.Fatalf("query %+v before termination, want pod-0 on the first socket", q)
+		}
+	}
+
+	t.Run("UDP backend removed: the resolver's next query is answered by the live backend", func(t *testing.T) {
+		removed := append(backends(model.UDP, be0), padding(model.UDP, extra)...)
+		start := time.Now()
+		stats, err := term.Terminate(t.Context(), removed)
+		done := time.Now()
+		if err != nil {
+			t.Fatalf("Terminate: %v", err)
+		}
+		want := sockterm.Stats{Namespaces: len(c.hosts), DestroyedUDP: 1, NotTranslated: 1}
+		if stats != want {
+			t.Errorf("stats %+v, want %+v", stats, want)
+		}
+		next, before := queriesAfter(t, ours, done)
+		// Queries sent while Terminate ran may still have used the
+		// old socket; none may have waited for a timeout.
+		for _, q := range append(before, next) {
+			if q.Err != "" || slices.Contains(q.Retries, "ETIMEDOUT") {
+				t.Errorf("query %+v failed; the resolver must move at once", q)
 			}
-
-			t.Run("UDP backend removed: the resolver's next query is answered by the live backend", func(t *testing.T) {
-				removed := append(backends(model.UDP, pod0), padding(model.UDP, tt.extra)...)
-				start := time.Now()
-				stats, err := term.Terminate(t.Context(), removed)
-				done := time.Now()
-				if err != nil {
-					t.Fatalf("Terminate: %v", err)
-				}
-				want := sockterm.Stats{Namespaces: len(c.hosts), DestroyedUDP: 1, NotTranslated: 1}
-				if stats != want {
-					t.Errorf("stats %+v, want %+v", stats, want)
-				}
-				next, before := queriesAfter(t, ours, done)
-				// Queries sent while Terminate ran may still have used the
-				// old socket; none may have waited for a timeout.
-				for _, q := range append(before, next) {
-					if q.Err != "" || slices.Contains(q.Retries, "ETIMEDOUT") {
-						t.Errorf("query %+v failed; the resolver must move at once", q)
-					}
-				}
-				if next.Server != "pod-1" || next.Cookie == ours.First.Cookie || next.Peer != pod1 {
-					t.Fatalf("first query sent after termination: %+v, want an answer from pod-1 on a new socket", next)
-				}
-				// The time a user would measure: from the backend's removal
-				// to the first answer from a live backend.
-				t.Logf("terminated in %s; the next query, sent %s after, was answered by %s %s after termination (retries %v)",
-					done.Sub(start), next.Sent.Sub(done), next.Server, next.Answered.Sub(done), next.Retries)
-				if len(next.Retries) == 0 && len(before) == 0 {
-					t.Errorf("the resolver reached pod-1 without a socket error: was its socket destroyed?")
-				}
-				// It stays on the new socket.
-				for range 3 {
-					q, err := ours.Next(t.Context())
-					if err != nil {
-						t.Fatal(err)
-					}
-					if q.Err != "" || q.Server != "pod-1" || q.Cookie != next.Cookie {
-						t.Errorf("query %+v, want pod-1 on socket %d", q, next.Cookie)
-					}
-				}
-				// The socket that is not ours goes on with pod-0.
-				other, _ := queriesAfter(t, notOurs, done)
-				if other.Err != "" || other.Server != "pod-0" || other.Cookie != notOurs.First.Cookie || len(other.Retries) != 0 {
-					t.Errorf("untranslated resolver's query %+v, want pod-0 on its first socket", other)
-				}
-				// TCP to the same address and port is another backend.
-				for name, h := range map[string]*sandbox.Held{"translated to pod-0": tcp0, "translated to pod-1": tcp1, "direct to pod-0": tcp0Direct} {
-					if err := h.Ping(); err != nil {
-						t.Errorf("TCP connection %s after the UDP backend's removal: %v", name, err)
-					}
-				}
-			})
-
-			t.Run("TCP backend removed: its translated connection is aborted, others carry on", func(t *testing.T) {
-				removed := append(backends(model.TCP, pod0), padding(model.TCP, tt.extra)...)
-				stats, err := term.Terminate(t.Context(), removed)
-				if err != nil {
-					t.Fatalf("Terminate: %v", err)
-				}
-				want := sockterm.Stats{Namespaces: len(c.hosts), DestroyedTCP: 1, NotTranslated: 1}
-				if stats != want {
-					t.Errorf("stats %+v, want %+v", stats, want)
-				}
-				err = tcp0.Ping()
-				if err == nil || !strings.Contains(err.Error(), "ECONNABORTED") && !strings.Contains(err.Error(), "ECONNRESET") {
-					t.Errorf("ping on the connection translated to pod-0: %v, want ECONNABORTED or ECONNRESET", err)
-				}
-				t.Logf("the application's next call on the destroyed connection: %v", err)
-				for name, h := range map[string]*sandbox.Held{"translated to pod-1": tcp1, "direct to pod-0": tcp0Direct} {
-					if err := h.Ping(); err != nil {
-						t.Errorf("TCP connection %s: %v", name, err)
-					}
-				}
-			})
-
-			res, err := ours.Stop()
+		}
+		if next.Server != "pod-1" || next.Cookie == ours.First.Cookie || next.Peer != pod1 {
+			t.Fatalf("first query sent after termination: %+v, want an answer from pod-1 on a new socket", next)
+		}
+		// The time a user would measure: from the backend's removal
+		// to the first answer from a live backend.
+		t.Logf("terminated in %s; the next query, sent %s after, was answered by %s %s after termination (retries %v)",
+			done.Sub(start), next.Sent.Sub(done), next.Server, next.Answered.Sub(done), next.Retries)
+		if len(next.Retries) == 0 && len(before) == 0 {
+			t.Errorf("the resolver reached pod-1 without a socket error: was its socket destroyed?")
+		}
+		// It stays on the new socket.
+		for range 3 {
+			q, err := ours.Next(t.Context())
 			if err != nil {
 				t.Fatal(err)
 			}
-			if res.Sockets != 2 || res.Failures != 0 {
-				t.Errorf("resolver %+v: want 2 sockets and no failed query", res)
+			if q.Err != "" || q.Server != "pod-1" || q.Cookie != next.Cookie {
+				t.Errorf("query %+v, want pod-1 on socket %d", q, next.Cookie)
 			}
-			t.Logf("the resolver met these socket errors: %v", res.Errors)
-		})
+		}
+		// The socket that is not ours goes on with pod-0.
+		other, _ := queriesAfter(t, notOurs, done)
+		if other.Err != "" || other.Server != "pod-0" || other.Cookie != notOurs.First.Cookie || len(other.Retries) != 0 {
+			t.Errorf("untranslated resolver's query %+v, want pod-0 on its first socket", other)
+		}
+		// TCP to the same address and port is another backend.
+		for name, h := range map[string]*sandbox.Held{"translated to pod-0": tcp0, "translated to pod-1": tcp1, "direct to pod-0": tcp0Direct} {
+			if err := h.Ping(); err != nil {
+				t.Errorf("TCP connection %s after the UDP backend's removal: %v", name, err)
+			}
+		}
+	})
+
+	t.Run("TCP backend removed: its translated connection is aborted, others carry on", func(t *testing.T) {
+		removed := append(backends(model.TCP, be0), padding(model.TCP, extra)...)
+		stats, err := term.Terminate(t.Context(), removed)
+		if err != nil {
+			t.Fatalf("Terminate: %v", err)
+		}
+		want := sockterm.Stats{Namespaces: len(c.hosts), DestroyedTCP: 1, NotTranslated: 1}
+		if stats != want {
+			t.Errorf("stats %+v, want %+v", stats, want)
+		}
+		err = tcp0.Ping()
+		if err == nil || !strings.Contains(err.Error(), "ECONNABORTED") && !strings.Contains(err.Error(), "ECONNRESET") {
+			t.Errorf("ping on the connection translated to pod-0: %v, want ECONNABORTED or ECONNRESET", err)
+		}
+		t.Logf("the application's next call on the destroyed connection: %v", err)
+		for name, h := range map[string]*sandbox.Held{"translated to pod-1": tcp1, "direct to pod-0": tcp0Direct} {
+			if err := h.Ping(); err != nil {
+				t.Errorf("TCP connection %s: %v", name, err)
+			}
+		}
+	})
+
+	res, err := ours.Stop()
+	if err != nil {
+		t.Fatal(err)
 	}
+	if res.Sockets != 2 || res.Failures != 0 {
+		t.Errorf("resolver %+v: want 2 sockets and no failed query", res)
+	}
+	t.Logf("the resolver met these socket errors: %v", res.Errors)
 }
 
 func TestTerminateSearchesEveryNamespaceOfTheNode(t *testing.T) {
@@ -372,7 +398,7 @@ func TestBadInputIsRejected(t *testing.T) {
 		backend sockterm.Backend
 	}{
 		{"SCTP", sockterm.Backend{Addr: netip.MustParseAddrPort("10.244.1.10:53"), Proto: model.SCTP}},
-		{"IPv6", sockterm.Backend{Addr: netip.MustParseAddrPort("[fd00::1]:53"), Proto: model.UDP}},
+		{"an IPv6 link-local address with a zone", sockterm.Backend{Addr: netip.MustParseAddrPort("[fe80::1%eth0]:53"), Proto: model.UDP}},
 		{"no port", sockterm.Backend{Addr: netip.MustParseAddrPort("10.244.1.10:0"), Proto: model.TCP}},
 		{"no address", sockterm.Backend{Proto: model.TCP}},
 	}

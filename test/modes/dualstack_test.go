@@ -24,10 +24,8 @@ const healthCheckNodePort = 32000
 // dualStack makes a Service RequireDualStack with v4's IPv6 twin.
 func dualStack(v4 netip.Addr) builders.ServiceOption {
 	return func(s *v1.Service) {
-		s.Spec.ClusterIP, s.Spec.ClusterIPs = v4.String(), []string{v4.String(), sandbox.IPv6Of(v4).String()}
-		s.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
-		p := v1.IPFamilyPolicyRequireDualStack
-		s.Spec.IPFamilyPolicy = &p
+		builders.ClusterIP(v4.String())(s)
+		builders.DualStack(sandbox.IPv6Of(v4).String())(s)
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
@@ -25,16 +27,54 @@ func writeDNSManifest(t *testing.T, dir string, pods ...*sandbox.Pod) {
 	}
 }
 
+// writeDualStackManifests writes web and dns as dual-stack Services (their
+// IPv6 ClusterIPs are web6VIP's and dns6VIP's) with the pods as their
+// endpoints in both families.
+func writeDualStackManifests(t *testing.T, dir string, pods ...*sandbox.Pod) {
+	t.Helper()
+	var eps6 []discoveryv1.Endpoint
+	for _, p := range pods {
+		eps6 = append(eps6, builders.Endpoint(p.IP6.String(), nodeName))
+	}
+	web := builders.Service("default", "web", builders.ClusterIP(webVIP.Addr().String()), builders.DualStack(web6VIP.Addr().String()),
+		builders.Ports(builders.Port("http", 80, v1.ProtocolTCP, intstr.FromInt32(tcpPort))))
+	dns := builders.Service("default", "dns", builders.ClusterIP(dnsVIP.Addr().String()), builders.DualStack(dns6VIP.Addr().String()),
+		builders.Ports(builders.Port("dns", 53, v1.ProtocolUDP, intstr.FromInt32(5353))))
+	var objs []runtime.Object
+	for _, svc := range []*v1.Service{web, dns} {
+		slice4, slice6 := builders.SliceFor(svc, podEndpoints(pods)...), builders.SliceFor(svc, eps6...)
+		slice6.Name, slice6.AddressType = svc.Name+"-ipv6", discoveryv1.AddressTypeIPv6
+		objs = append(objs, svc, slice4, slice6)
+	}
+	if err := builders.WriteManifest(dir, "services.yaml", objs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestRemovedBackendsSocketsAreEnded: when a backend is removed, a TCP
 // connection made to it through a Service is aborted rather than left to
 // hang, and a long-lived connected UDP client (a resolver) is moved off it
 // and answered by a live backend; connections to the remaining backend are
-// left alone.
+// left alone. Clients of all kinds: over IPv4, over IPv6 to the Services'
+// IPv6 ClusterIPs, and dual-stack clients (AF_INET6 sockets) to the IPv4
+// ClusterIPs' IPv4-mapped addresses.
 func TestRemovedBackendsSocketsAreEnded(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		web, dns netip.AddrPort
+	}{
+		{"IPv4", webVIP, dnsVIP},
+		{"IPv6", web6VIP, dns6VIP},
+		{"IPv4-mapped on AF_INET6 sockets", mapped(webVIP), mapped(dnsVIP)},
+	} {
+		t.Run(tt.name, func(t *testing.T) { testRemovedBackendsSocketsAreEnded(t, tt.web, tt.dns) })
+	}
+}
+
+func testRemovedBackendsSocketsAreEnded(t *testing.T, webVIP, dnsVIP netip.AddrPort) {
 	e := newSandbox(t, 2)
 	dir := t.TempDir()
-	writeManifests(t, dir, e.pods[0], e.pods[1])
-	writeDNSManifest(t, dir, e.pods[0], e.pods[1])
+	writeDualStackManifests(t, dir, e.pods[0], e.pods[1])
 	e.startAgent(t, dir)
 
 	// Hold TCP connections until one lands on each pod.
@@ -71,8 +111,7 @@ func TestRemovedBackendsSocketsAreEnded(t *testing.T) {
 	}
 
 	// Remove the pod the resolver uses from both Services.
-	writeManifests(t, dir, survivor)
-	writeDNSManifest(t, dir, survivor)
+	writeDualStackManifests(t, dir, survivor)
 	removed := time.Now()
 
 	deadline := time.Now().Add(15 * time.Second)

@@ -157,7 +157,16 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	}
 	var term *sockterm.Terminator
 	if cfg.TerminateSockets {
-		if term, err = sockterm.New(sockterm.Config{Translated: maps.SockTranslated(l.Objects.Sock4RevnatV1), Logger: log.Named("sockterm")}); err != nil {
+		// An IPv4 backend's sockets are in sock4_revnat_v1, also the
+		// AF_INET6 ones that reached it through an IPv4-mapped address.
+		v4, v6 := maps.SockTranslated(l.Objects.Sock4RevnatV1), maps.SockTranslated6(l.Objects.Sock6RevnatV1)
+		translated := func(cookie uint64, backend netip.AddrPort) bool {
+			if backend.Addr().Is4() {
+				return v4(cookie, backend)
+			}
+			return v6(cookie, backend)
+		}
+		if term, err = sockterm.New(sockterm.Config{Translated: translated, Logger: log.Named("sockterm")}); err != nil {
 			l.Close()
 			return nil, err
 		}
@@ -240,17 +249,24 @@ func (d *Dataplane) Sync(up model.Update) error {
 		return err
 	}
 	d.ranges.after(d.Writer, d.w6)
+	d.terminate(d.Writer)
+	return nil
+}
+
+// terminate hands the backends the last sync of w removed to the goroutine
+// that ends their sockets.
+func (d *Dataplane) terminate(w *maps.Writer) {
 	if d.term == nil {
-		return nil
+		return
 	}
 	var gone []sockterm.Backend
-	for _, b := range d.Writer.Removed() {
+	for _, b := range w.Removed() {
 		if b.Proto == model.TCP || b.Proto == model.UDP {
 			gone = append(gone, sockterm.Backend{Addr: netipAddrPort(b), Proto: b.Proto})
 		}
 	}
 	if len(gone) == 0 {
-		return nil
+		return
 	}
 	d.mu.Lock()
 	d.pending = append(d.pending, gone...)
@@ -259,7 +275,6 @@ func (d *Dataplane) Sync(up model.Update) error {
 	case d.wake <- struct{}{}:
 	default:
 	}
-	return nil
 }
 
 // run ends the sockets of removed backends until ctx is done.
@@ -311,10 +326,11 @@ func netipAddrPort(b maps.Backend) netip.AddrPort { return netip.AddrPortFrom(b.
 // address (a node address of up.State.Node.Addrs on it, else its first
 // global one); the XDP fast path passes IPv6 to them.
 //
-// What it does not do yet: sockets connected to a removed IPv6 backend are
-// not ended (the terminator speaks IPv4 sock_diag); IPv6 ServicePorts have
-// no Maglev tables (the TC choice is random); ICMPv6 errors about tracked
-// flows pass untranslated.
+// Sockets connected through the socket hooks to a removed IPv6 backend are
+// ended as IPv4 ones are.
+//
+// What it does not do yet: IPv6 ServicePorts have no Maglev tables (the TC
+// choice is random); ICMPv6 errors about tracked flows pass untranslated.
 func (d *Dataplane) IPv6() dataplane.Dataplane { return ipv6Dataplane{d} }
 
 // ipv6Dataplane is what IPv6 returns.
@@ -340,6 +356,7 @@ func (p ipv6Dataplane) Sync(up model.Update) error {
 		return err
 	}
 	d.ranges.after(d.Writer, d.w6)
+	d.terminate(d.w6)
 	return nil
 }
 

@@ -50,6 +50,17 @@ func ClusterIP(ip string) ServiceOption {
 	}
 }
 
+// DualStack makes the Service RequireDualStack, its ClusterIPs the one set
+// so far and ip6, its families IPv4 then IPv6.
+func DualStack(ip6 string) ServiceOption {
+	return func(s *v1.Service) {
+		s.Spec.ClusterIPs = []string{s.Spec.ClusterIP, ip6}
+		s.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
+		p := v1.IPFamilyPolicyRequireDualStack
+		s.Spec.IPFamilyPolicy = &p
+	}
+}
+
 // Ports replaces the Service's ports with a copy of ports, so that one
 // option can serve several Services that later options change apart.
 func Ports(ports ...v1.ServicePort) ServiceOption {
