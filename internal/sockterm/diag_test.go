@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -126,24 +125,6 @@ func connectSocket(typ int, d dest) (uint64, func() error, error) {
 		return 0, nil, err
 	}
 	return cookie, closer, nil
-}
-
-func cookieOf(t *testing.T, c syscall.Conn) uint64 {
-	t.Helper()
-	raw, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		cookie uint64
-		serr   error
-	)
-	if err := raw.Control(func(fd uintptr) {
-		cookie, serr = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_COOKIE)
-	}); err != nil || serr != nil {
-		t.Fatalf("SO_COOKIE: %v %v", err, serr)
-	}
-	return cookie
 }
 
 func TestKernelFilterReturnsOnlySocketsConnectedToTheBackends(t *testing.T) {

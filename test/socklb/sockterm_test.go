@@ -16,17 +16,6 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
 
-// writeDNSManifest writes dns, a UDP Service with the pods as its
-// endpoints.
-func writeDNSManifest(t *testing.T, dir string, pods ...*sandbox.Pod) {
-	t.Helper()
-	dns := builders.Service("default", "dns", builders.ClusterIP("10.96.0.53"),
-		builders.Ports(builders.Port("dns", 53, v1.ProtocolUDP, intstr.FromInt32(5353))))
-	if err := builders.WriteManifest(dir, "dns.yaml", dns, builders.SliceFor(dns, podEndpoints(pods)...)); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // writeDualStackManifests writes web and dns as dual-stack Services (their
 // IPv6 ClusterIPs are web6VIP's and dns6VIP's) with the pods as their
 // endpoints in both families.
