@@ -48,9 +48,10 @@ const (
 )
 
 // TCDevice is a device the TC programs attach to, with the addresses source
-// NAT gives traffic leaving it: SNAT (IPv4, required) and SNAT6 (IPv6, the
-// zero Addr when the device has none: IPv6 flows to remote backends through
-// it are then dropped and counted, tc_snat_no_address).
+// NAT gives traffic leaving it: SNAT (IPv4) and SNAT6 (IPv6), each the zero
+// Addr when the device has none of its family (flows of that family to
+// remote backends through it are then dropped and counted,
+// tc_snat_no_address).
 type TCDevice struct {
 	Name  string
 	SNAT  netip.Addr
@@ -187,9 +188,6 @@ func (l *TCLoaded) attach(cfg TCConfig) error {
 		if err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrNoSuchDevice, d.Name, err)
 		}
-		if !d.SNAT.Is4() {
-			return fmt.Errorf("device %s: no IPv4 address for source NAT", d.Name)
-		}
 		devs = append(devs, dev{d, lk})
 		for _, h := range tcHooks {
 			wanted[tcPinName(h.dir, d.Name)] = true
@@ -199,22 +197,12 @@ func (l *TCLoaded) attach(cfg TCConfig) error {
 	if err := detachStaleTC(cfg.BPFFSPath, wanted); err != nil {
 		return err
 	}
-	var snatKeep []uint32
+	snat4, snat6 := map[int]netip.Addr{}, map[int]netip.Addr{}
 	for _, d := range devs {
-		idx := uint32(d.link.Attrs().Index)
-		if err := l.Objects.Tc4SnatAddrsV1.Put(idx, bpfobj.TcTc4SnatAddr{Address: be32Addr(d.SNAT)}); err != nil {
-			return fmt.Errorf("source NAT address of %s: %w", d.Name, err)
-		}
-		snatKeep = append(snatKeep, idx)
-	}
-	if err := pruneSNATAddrs(l.Objects.Tc4SnatAddrsV1, snatKeep); err != nil {
-		return err
-	}
-	snat6 := map[int]netip.Addr{}
-	for _, d := range devs {
+		snat4[d.link.Attrs().Index] = d.SNAT
 		snat6[d.link.Attrs().Index] = d.SNAT6
 	}
-	if err := l.SetIPv6SNAT(snat6); err != nil {
+	if err := errors.Join(l.SetIPv4SNAT(snat4), l.SetIPv6SNAT(snat6)); err != nil {
 		return err
 	}
 
@@ -370,30 +358,39 @@ func detachStaleTC(bpffs string, keep map[string]bool, names ...string) error {
 	return unpinLinks(bpffs, "tc_", keep, names...)
 }
 
-func pruneSNATAddrs(m *ebpf.Map, keep []uint32) error {
-	return pruneKeys[bpfobj.TcTc4SnatAddr](m, keep, "source NAT address")
-}
-
-// SetIPv6SNAT sets the IPv6 source NAT addresses of the devices the
+// SetIPv4SNAT sets the IPv4 source NAT addresses of the devices the
 // programs are attached to, by ifindex: addrs names every attached device,
 // and one whose address is the zero Addr, or that addrs leaves out, has
-// none afterwards. The agent calls it when the IPv6 State names the node's
-// IPv6 addresses, which may come after LoadTC.
+// none afterwards. The agent calls it when a sync's State names the node's
+// IPv4 addresses, which may come after LoadTC.
+func (l *TCLoaded) SetIPv4SNAT(addrs map[int]netip.Addr) error {
+	return setSNAT(l.Objects.Tc4SnatAddrsV1, addrs, "IPv4", netip.Addr.Is4,
+		func(a netip.Addr) bpfobj.TcTc4SnatAddr { return bpfobj.TcTc4SnatAddr{Address: be32Addr(a)} })
+}
+
+// SetIPv6SNAT is SetIPv4SNAT for the IPv6 source NAT addresses.
 func (l *TCLoaded) SetIPv6SNAT(addrs map[int]netip.Addr) error {
+	return setSNAT(l.Objects.Tc6SnatAddrsV1, addrs, "IPv6", func(a netip.Addr) bool { return a.Is6() && !a.Is4In6() },
+		func(a netip.Addr) bpfobj.TcTc6SnatAddr { return bpfobj.TcTc6SnatAddr{Address: be32Addr6(a)} })
+}
+
+// setSNAT writes addrs (ifindex -> address of the family, which is checks)
+// to m, a source NAT address map, and removes every other device's entry.
+func setSNAT[V any](m *ebpf.Map, addrs map[int]netip.Addr, family string, is func(netip.Addr) bool, enc func(netip.Addr) V) error {
 	var keep []uint32
 	for idx, a := range addrs {
 		if !a.IsValid() {
 			continue
 		}
-		if !a.Is6() || a.Is4In6() {
-			return fmt.Errorf("ifindex %d: IPv6 source NAT address %s is not IPv6", idx, a)
+		if !is(a) {
+			return fmt.Errorf("ifindex %d: %s source NAT address %s is not %s", idx, family, a, family)
 		}
-		if err := l.Objects.Tc6SnatAddrsV1.Put(uint32(idx), bpfobj.TcTc6SnatAddr{Address: be32Addr6(a)}); err != nil {
-			return fmt.Errorf("IPv6 source NAT address of ifindex %d: %w", idx, err)
+		if err := m.Put(uint32(idx), enc(a)); err != nil {
+			return fmt.Errorf("%s source NAT address of ifindex %d: %w", family, idx, err)
 		}
 		keep = append(keep, uint32(idx))
 	}
-	return pruneKeys[bpfobj.TcTc6SnatAddr](l.Objects.Tc6SnatAddrsV1, keep, "IPv6 source NAT address")
+	return pruneKeys[V](m, keep, family+" source NAT address")
 }
 
 // be32Addr6 is a in the C side's __be32[4] layout: network order.

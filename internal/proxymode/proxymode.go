@@ -43,7 +43,6 @@ const (
 	ReasonBPFSupported   = "bpf-supported"   // auto: the probes passed and the programs loaded
 	ReasonBPFUnsupported = "bpf-unsupported" // auto: the kernel lacks a BPF feature the programs need
 	ReasonBPFLoadFailed  = "bpf-load-failed" // auto: the probes passed but loading or attaching failed
-	ReasonBPFFamily      = "bpf-ip-family"   // auto: the node is IPv6-primary, which the BPF dataplane serves with --devices only
 	// Appended to the above when auto falls through to iptables.
 	ReasonIPVSUnavailable = ",ipvs-unavailable" // the ip_vs module does not load
 	ReasonIPVSFailed      = ",ipvs-failed"      // IPVS is there but the dataplane could not start
@@ -176,12 +175,7 @@ func start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
 
 	var reason string
 	var details []zap.Field
-	if cfg.Families[0] == metrics.IPv6 {
-		// An IPv6-primary node's traffic from outside might go
-		// untranslated (errIPv6Primary): a fallback serves it.
-		reason = ReasonBPFFamily
-		details = append(details, zap.NamedError("bpf", errIPv6Primary))
-	} else if err := bpf.Probe(); err != nil {
+	if err := bpf.Probe(); err != nil {
 		reason = ReasonBPFUnsupported
 		details = append(details, zap.NamedError("bpf", err))
 	} else {
@@ -276,12 +270,6 @@ func ipv4Only(cfg Config, mode string, d dataplane.Dataplane) ([]Family, map[str
 	}
 	return []Family{{IPFamily: metrics.IPv4, Dataplane: d}}, skipped
 }
-
-// errIPv6Primary is why auto leaves an IPv6-primary node to a fallback:
-// the BPF dataplane finds the devices its TC programs attach to by the
-// node's IPv4 addresses (without --devices).
-var errIPv6Primary = errors.New("the TC programs find their devices by the node's IPv4 addresses: " +
-	"on an IPv6-primary node, use --proxy-mode=ebpf with --devices")
 
 // ipv6Gaps is what the BPF dataplane does not do for IPv6 yet, which
 // kube-proxy does not do either, or does for a rare case.

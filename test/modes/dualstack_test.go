@@ -67,7 +67,8 @@ func (e *env) writeDualStackManifests() {
 // ip_family. In ebpf mode both ClusterIPs answer the pod, the IPv6
 // NodePort the external client, an IPv6 Service without endpoints
 // refuses, the log says once what IPv6 lacks yet, and nothing is left of
-// the iptables mode's IPv6 rules.
+// the iptables mode's IPv6 rules. On an IPv6-primary node auto picks the
+// ebpf mode, which serves both families from inside and outside.
 func TestDualStack(t *testing.T) {
 	e := newEnv(t)
 	for _, h := range []*sandbox.Host{e.pods[0].Host, e.pods[1].Host, e.client.Host} {
@@ -127,6 +128,20 @@ func TestDualStack(t *testing.T) {
 	if n := strings.Count(a.Logs(), "serving IPv6"); n != 1 {
 		t.Errorf("the ebpf mode said %d times what it does not do for IPv6 yet, want once:\n%s", n, a.Logs())
 	}
+	a.Terminate(t, time.Minute)
+
+	// An IPv6-primary node (--bind-address names its IPv6 address): auto
+	// picks the BPF dataplane, whose TC programs find the uplink by the
+	// node's addresses of either family.
+	a = e.startAgentArgs("auto", append(e.agentArgs("auto"), "--bind-address", e.node.IP6.String()))
+	if got := get(t, a, "/proxyMode"); got != "ebpf" {
+		t.Errorf("auto on an IPv6-primary node: /proxyMode %q, want ebpf", got)
+	}
+	e.expectOnly("ebpf")
+	e.reaches(e.client, vip6, 24)
+	e.reaches(e.client, vip4, 24)
+	e.reaches(e.external, netip.AddrPortFrom(e.node.IP6, nodePort), 24)
+	e.reaches(e.external, netip.AddrPortFrom(e.node.IP, nodePort), 24)
 }
 
 // refused checks that connections from the client pod to dst are refused.

@@ -12,6 +12,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
 )
@@ -24,13 +25,19 @@ import (
 // namespace makes the netns cookie, the devices and the TC links the
 // node's.
 func factory(t *testing.T, node *behaviour.Node) dataplane.Dataplane {
+	return start(t, node, []string{sandbox.IfaceName, sandbox.BridgeName})
+}
+
+// start is factory with the devices to attach the TC programs to (nil:
+// those carrying the node's addresses, found at the first syncs).
+func start(t *testing.T, node *behaviour.Node, devices []string) *bpf.Dataplane {
 	var d *bpf.Dataplane
 	if err := node.NS.Do(func() (err error) {
 		d, err = bpf.New(context.Background(), bpf.Config{
 			CgroupPath:    node.Cgroup.Path(),
 			BPFFSPath:     node.BPFFS,
 			Sizes:         loader.DefaultMapSizes,
-			Devices:       []string{sandbox.IfaceName, sandbox.BridgeName},
+			Devices:       devices,
 			XDP:           loader.XDPOff,
 			ConntrackSize: loader.DefaultConntrackSize,
 			SNATPorts:     bpf.DefaultSNATPortRange,
@@ -72,4 +79,33 @@ func factory6(t *testing.T, node *behaviour.Node) dataplane.Dataplane {
 func TestIPv6TrafficFollowsTheModelVerdicts(t *testing.T) {
 	e := behaviour.NewEnv6(t, factory6)
 	behaviour.Run(t, e, behaviour.Cases())
+}
+
+// TestIPv6OnlyNodeFindsItsDevicesByItsIPv6Addresses starts the BPF
+// dataplane without --devices on nodes whose IPv4 State has no node
+// address, as on an IPv6-only node: the TC programs must attach to the
+// device carrying the node's IPv6 address at the first IPv6 sync, and
+// serve traffic from outside. The rows are those from outside whose
+// outcome does not depend on programs on the pod bridge, which only
+// --devices puts there (kube-proxy's masquerading of outside traffic to a
+// pod on the node).
+func TestIPv6OnlyNodeFindsItsDevicesByItsIPv6Addresses(t *testing.T) {
+	e := behaviour.NewEnv6(t, func(t *testing.T, node *behaviour.Node) dataplane.Dataplane {
+		d := start(t, node, nil)
+		// The IPv4 sync loop's first sync: nothing, no node address.
+		if err := d.Sync(model.Update{Full: true, State: &model.State{}}); err != nil {
+			t.Fatalf("IPv4 sync on %s: %v", node.Name, err)
+		}
+		return d.IPv6()
+	})
+	var rows []behaviour.Case
+	for _, tc := range behaviour.Cases() {
+		if tc.From == behaviour.ClientExternal && (tc.Want.Verdict != model.Forward || tc.Want.Source == behaviour.Preserved) {
+			rows = append(rows, tc)
+		}
+	}
+	if len(rows) < 4 {
+		t.Fatalf("%d rows from outside, want at least 4", len(rows))
+	}
+	behaviour.Run(t, e, rows)
 }

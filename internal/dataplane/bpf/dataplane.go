@@ -239,7 +239,7 @@ func (d *Dataplane) Name() string { return Name }
 func (d *Dataplane) Sync(up model.Update) error {
 	d.syncMu.Lock()
 	defer d.syncMu.Unlock()
-	if err := d.tc.prepare(&up.State.Node); err != nil {
+	if err := d.tc.prepare(&up.State.Node, false); err != nil {
 		return err
 	}
 	if err := d.ranges.before(up); err != nil {
@@ -346,7 +346,7 @@ func (p ipv6Dataplane) Sync(up model.Update) error {
 	d := p.d
 	d.syncMu.Lock()
 	defer d.syncMu.Unlock()
-	if err := d.tc.prepare6(&up.State.Node); err != nil {
+	if err := d.tc.prepare(&up.State.Node, true); err != nil {
 		return err
 	}
 	if err := d.ranges.before(up); err != nil {

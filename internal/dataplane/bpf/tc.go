@@ -6,38 +6,47 @@ import (
 	"slices"
 
 	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
 	"go.uber.org/zap"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 )
 
-// localAddrs are the IPv4 addresses of the node's devices, with the device
-// that holds each.
-func localAddrs() (map[netip.Addr]string, error) {
-	links, err := netlink.LinkList()
+// localAddrs are the addresses of both families of the node's devices,
+// with the device that holds each.
+func localAddrs(nl *netlink.Handle) (map[netip.Addr]string, error) {
+	links, err := nl.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("list devices: %w", err)
 	}
 	out := map[netip.Addr]string{}
 	for _, lk := range links {
-		addrs, err := netlink.AddrList(lk, netlink.FAMILY_V4)
+		addrs, err := nl.AddrList(lk, netlink.FAMILY_ALL)
 		if err != nil {
 			return nil, fmt.Errorf("addresses of %s: %w", lk.Attrs().Name, err)
 		}
 		for _, a := range addrs {
-			if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
-				out[ip] = lk.Attrs().Name
+			if ip, ok := netip.AddrFromSlice(a.IP); ok {
+				out[ip.Unmap()] = lk.Attrs().Name
 			}
 		}
 	}
 	return out, nil
 }
 
+// Families of the attacher's per-family state.
+const (
+	fam4 = iota
+	fam6
+)
+
 // tcAttacher attaches the TC programs to the node's devices once it knows
-// them: at start-up with --devices, else at the first sync that knows the
-// node's addresses (the devices carrying them).
+// them: at start-up with --devices, else at the first sync that knows some
+// of the node's addresses, of either family (the devices carrying them), so
+// that an IPv6-only node is served as a dual-stack or IPv4 one is.
 type tcAttacher struct {
 	cfg     loader.TCConfig
 	devices []string
@@ -48,33 +57,49 @@ type tcAttacher struct {
 
 	loaded *loader.TCLoaded
 	xdp    *loader.XDPLoaded
-	// local are the node's IPv4 addresses and their devices, read once
-	// at start-up: the devices holding the node's addresses are those
+	// local are the node's addresses and their devices, read once at
+	// start-up: the devices holding the node's addresses are those
 	// attached to.
-	local  map[netip.Addr]string
-	warned bool
-	// names are the devices attached to, snat6 the IPv6 source NAT
-	// addresses last written for them. nl is a netlink handle in the
-	// namespace the attacher was made in, where the devices are: IPv6
-	// syncs may run on any thread.
+	local map[netip.Addr]string
+	// nodeAddrs are each family's node addresses as its last sync gave
+	// them, synced which families have synced. warned says that the
+	// missing device was logged; strays the node addresses already
+	// logged as on a device without the programs.
+	nodeAddrs [2][]netip.Addr
+	synced    [2]bool
+	warned    bool
+	strays    map[netip.Addr]bool
+	// names are the devices attached to, snat each family's source NAT
+	// addresses last written for them. ns and nl are the namespace the
+	// attacher was made in, where the devices are, and a netlink handle
+	// in it: syncs may run on any thread.
 	names []string
-	snat6 map[string]netip.Addr
+	snat  [2]map[string]netip.Addr
+	ns    vnetns.NsHandle
 	nl    *netlink.Handle
 }
 
 func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)) (*tcAttacher, error) {
-	local, err := localAddrs()
-	if err != nil {
-		return nil, err
-	}
 	if err := checkSNATPortRange(c.SNATPorts, c.SNATPortRangeForce, ephemeralPortsFile, reservedPortsFile, log); err != nil {
 		return nil, err
 	}
+	ns, err := vnetns.Get()
+	if err != nil {
+		return nil, fmt.Errorf("network namespace: %w", err)
+	}
 	nl, err := netlink.NewHandle()
 	if err != nil {
+		ns.Close()
 		return nil, fmt.Errorf("netlink: %w", err)
 	}
+	local, err := localAddrs(nl)
+	if err != nil {
+		nl.Close()
+		ns.Close()
+		return nil, err
+	}
 	a := &tcAttacher{
+		ns: ns,
 		nl: nl,
 		cfg: loader.TCConfig{
 			BPFFSPath: c.BPFFSPath, Sizes: c.Sizes, ConntrackSize: c.ConntrackSize, Attach: c.TCAttach,
@@ -85,64 +110,90 @@ func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)
 		local:   local,
 		xdpMode: c.XDP,
 		metrics: c.Metrics,
+		strays:  map[netip.Addr]bool{},
 	}
 	if len(a.devices) > 0 {
-		if err := a.attach(nil); err != nil {
-			nl.Close()
+		if err := a.attach(); err != nil {
+			a.close()
 			return nil, err
 		}
 	}
 	return a, nil
 }
 
-// prepare is called before every sync: it attaches once the devices
-// holding the node's addresses are known.
-func (a *tcAttacher) prepare(node *model.Node) error {
-	if a.loaded != nil {
-		return nil
+// prepare is called before every sync of a family (v6 for IPv6) with the
+// node of its State: it attaches once the devices holding the node's
+// addresses are known, and then gives each device the family's source NAT
+// address the State's node addresses say (one on the device, else its
+// first global address of the family), writing only what changed.
+func (a *tcAttacher) prepare(node *model.Node, v6 bool) error {
+	f := fam4
+	if v6 {
+		f = fam6
 	}
-	return a.attach(node.Addrs)
-}
-
-// prepare6 is called before every IPv6 sync: once the TC programs are
-// attached, it gives each device the IPv6 source NAT address the IPv6
-// State's node addresses say (one on the device, else its first global
-// IPv6 address), writing only what changed.
-func (a *tcAttacher) prepare6(node *model.Node) error {
+	a.nodeAddrs[f], a.synced[f] = node.Addrs, true
 	if a.loaded == nil {
-		return nil
+		if err := netns.DoHandle(a.ns, a.attach); err != nil || a.loaded == nil {
+			return err
+		}
 	}
-	addrs := map[int]netip.Addr{}
+	a.warnStrays(node.Addrs)
 	next := map[string]netip.Addr{}
+	addrs := map[int]netip.Addr{}
 	changed := false
 	for _, name := range a.names {
 		lk, err := a.nl.LinkByName(name)
 		if err != nil {
 			return fmt.Errorf("device %s: %w", name, err)
 		}
-		ip, err := snatAddress6(a.nl, name, node.Addrs)
+		ip, err := snatAddress(a.nl, name, v6, node.Addrs)
 		if err != nil {
 			return err
 		}
-		changed = changed || a.snat6[name] != ip
+		changed = changed || a.snat[f][name] != ip
 		addrs[lk.Attrs().Index] = ip
 		next[name] = ip
 	}
 	if !changed {
 		return nil
 	}
-	if err := a.loaded.SetIPv6SNAT(addrs); err != nil {
+	set := a.loaded.SetIPv4SNAT
+	if v6 {
+		set = a.loaded.SetIPv6SNAT
+	}
+	if err := set(addrs); err != nil {
 		return err
 	}
-	a.snat6 = next
+	a.snat[f] = next
 	return nil
 }
 
-// attach resolves the devices (--devices, else those carrying nodeAddrs)
-// and their source NAT addresses, and loads the TC programs onto them. With
-// no device it attaches nothing and says so once.
-func (a *tcAttacher) attach(nodeAddrs []netip.Addr) error {
+// warnStrays logs once each node address that is on a device the programs
+// are not attached to, found after they were (the other family's first
+// sync, a new address): traffic from outside to it is not translated.
+func (a *tcAttacher) warnStrays(nodeAddrs []netip.Addr) {
+	if len(a.devices) > 0 {
+		return
+	}
+	for _, ip := range nodeAddrs {
+		dev, ok := a.local[ip]
+		if !ok || slices.Contains(a.names, dev) || a.strays[ip] {
+			continue
+		}
+		a.strays[ip] = true
+		a.log.Warn("a node address is on a device the TC programs are not attached to: traffic from outside to it is not translated; list the devices with --devices",
+			zap.Stringer("address", ip), zap.String("device", dev), zap.Strings("attached", a.names))
+	}
+}
+
+// attach resolves the devices (--devices, else those carrying the node
+// addresses of the families synced so far) and their source NAT addresses,
+// and loads the TC programs onto them. It runs in the attacher's
+// namespace. With no device it attaches nothing, and says so once every
+// family has synced.
+func (a *tcAttacher) attach() error {
 	names := a.devices
+	nodeAddrs := slices.Concat(a.nodeAddrs[fam4], a.nodeAddrs[fam6])
 	if len(names) == 0 {
 		for _, ip := range nodeAddrs {
 			if dev, ok := a.local[ip]; ok && !slices.Contains(names, dev) {
@@ -154,7 +205,7 @@ func (a *tcAttacher) attach(nodeAddrs []netip.Addr) error {
 		// Guessing a device (the one with the default route, say)
 		// could put the programs on an interface nobody meant to
 		// proxy on: say so and wait for a Node address or --devices.
-		if !a.warned {
+		if !a.warned && a.synced[fam4] && a.synced[fam6] {
 			a.log.Warn("no device carries the node's addresses and --devices is not set: NodePort, ExternalIP and LoadBalancer-IP traffic from outside is not translated",
 				zap.Stringers("nodeAddresses", nodeAddrs))
 			a.warned = true
@@ -162,18 +213,18 @@ func (a *tcAttacher) attach(nodeAddrs []netip.Addr) error {
 		return nil
 	}
 	var devs []loader.TCDevice
+	snat := [2]map[string]netip.Addr{{}, {}}
 	for _, name := range names {
-		snat, err := snatAddress(name, nodeAddrs)
+		snat4, err := snatAddress(a.nl, name, false, a.nodeAddrs[fam4])
 		if err != nil {
 			return err
 		}
-		// The IPv6 State's node addresses come with the IPv6 sync
-		// (prepare6), which refines this choice.
-		snat6, err := snatAddress6(a.nl, name, nil)
+		snat6, err := snatAddress(a.nl, name, true, a.nodeAddrs[fam6])
 		if err != nil {
 			return err
 		}
-		devs = append(devs, loader.TCDevice{Name: name, SNAT: snat, SNAT6: snat6})
+		devs = append(devs, loader.TCDevice{Name: name, SNAT: snat4, SNAT6: snat6})
+		snat[fam4][name], snat[fam6][name] = snat4, snat6
 	}
 	cfg := a.cfg
 	cfg.Devices = devs
@@ -183,10 +234,7 @@ func (a *tcAttacher) attach(nodeAddrs []netip.Addr) error {
 	}
 	a.loaded = l
 	a.names = names
-	a.snat6 = map[string]netip.Addr{}
-	for _, d := range devs {
-		a.snat6[d.Name] = d.SNAT6
-	}
+	a.snat = snat
 	a.log.Info("TC programs attached", zap.Strings("devices", names), zap.String("mode", l.Mode))
 	return a.attachXDP(cfg, names)
 }
@@ -241,53 +289,32 @@ func (a *tcAttacher) xdpFailed(dev string) {
 	a.metrics.XDPAttached.WithLabelValues(dev, a.xdpMode).Set(0)
 }
 
-// snatAddress is the address source NAT gives traffic leaving dev: a node
-// address on it if it has one, else its first IPv4 address.
-func snatAddress(dev string, nodeAddrs []netip.Addr) (netip.Addr, error) {
-	lk, err := netlink.LinkByName(dev)
+// snatAddress is the address of family v6 that source NAT gives traffic
+// leaving dev: a node address on it if it has one, else its first global
+// address of the family, or the zero Addr when it has none (its flows of
+// that family to remote backends are then dropped and counted,
+// tc_snat_no_address).
+func snatAddress(nl *netlink.Handle, dev string, v6 bool, nodeAddrs []netip.Addr) (netip.Addr, error) {
+	lk, err := nl.LinkByName(dev)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("--devices: %s: %w", dev, err)
 	}
-	addrs, err := netlink.AddrList(lk, netlink.FAMILY_V4)
+	family := netlink.FAMILY_V4
+	if v6 {
+		family = netlink.FAMILY_V6
+	}
+	addrs, err := nl.AddrList(lk, family)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("addresses of %s: %w", dev, err)
 	}
 	var first netip.Addr
 	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP.To4())
-		if !ok || ip.IsLoopback() || ip.IsLinkLocalUnicast() {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
 			continue
 		}
-		if slices.Contains(nodeAddrs, ip) {
-			return ip, nil
-		}
-		if !first.IsValid() {
-			first = ip
-		}
-	}
-	if !first.IsValid() {
-		return netip.Addr{}, fmt.Errorf("device %s has no IPv4 address to source-NAT to", dev)
-	}
-	return first, nil
-}
-
-// snatAddress6 is the IPv6 address source NAT gives traffic leaving dev: a
-// node address on it if it has one, else its first global IPv6 address, or
-// the zero Addr when it has none (its IPv6 traffic to remote backends is
-// then dropped and counted).
-func snatAddress6(nl *netlink.Handle, dev string, nodeAddrs []netip.Addr) (netip.Addr, error) {
-	lk, err := nl.LinkByName(dev)
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("--devices: %s: %w", dev, err)
-	}
-	addrs, err := nl.AddrList(lk, netlink.FAMILY_V6)
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("IPv6 addresses of %s: %w", dev, err)
-	}
-	var first netip.Addr
-	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP)
-		if !ok || !ip.Is6() || ip.Is4In6() || ip.IsLoopback() || ip.IsLinkLocalUnicast() {
+		ip = ip.Unmap()
+		if ip.Is6() != v6 || ip.IsLoopback() || ip.IsLinkLocalUnicast() {
 			continue
 		}
 		if slices.Contains(nodeAddrs, ip) {
@@ -302,6 +329,7 @@ func snatAddress6(nl *netlink.Handle, dev string, nodeAddrs []netip.Addr) (netip
 
 func (a *tcAttacher) close() {
 	a.nl.Close()
+	a.ns.Close()
 	if a.xdp != nil {
 		a.xdp.Close()
 	}
