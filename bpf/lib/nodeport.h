@@ -165,8 +165,8 @@ static __always_inline enum np_verdict np_decide(struct pkt4 *p, struct np_choic
 		return NP_SRC_RANGE;
 	if (!select_local && (svc->flags & SVC_F_EXT_LOCAL))
 		return NP_LOCAL_POLICY;
-	maglev_id = lb4_maglev_backend_id(
-		svc->svc_id, flow_hash(p->saddr, p->daddr, p->sport, p->dport, p->proto));
+	maglev_id = lb_maglev_backend_id(
+		false, svc->svc_id, flow_hash(p->saddr, p->daddr, p->sport, p->dport, p->proto));
 	/* External clients are told apart by address, as kube-proxy does;
 	 * svc_id, and with it the affinity, is shared with the ClusterIP. */
 	be = lb4_choose_backend(&lkey, svc, p->saddr, AFFINITY_CLIENT_ADDR, maglev_id, &backend_id);
@@ -342,9 +342,8 @@ static __always_inline bool np_backend_gone(const struct ct4_entry *e, const str
 
 /* IPv6. The same decisions for IPv6 packets (struct pkt6), with the IPv6
  * maps: lb.h's selection with v6 set, the flow tracking of ct.h with v6 set,
- * tc6_ct_v1 and tc6_snat_addrs_v1. Only the TC programs call these (XDP
- * passes IPv6 to TC). IPv6 ServicePorts have no Maglev tables: the choice is
- * random. */
+ * tc6_ct_v1 and tc6_snat_addrs_v1, maglev.h's tables with v6 set and
+ * flow_hash6. Only the TC programs call these (XDP passes IPv6 to TC). */
 
 static __always_inline bool pkt6_addr_eq(const __be32 *a, const __be32 *b)
 {
@@ -425,7 +424,8 @@ struct np6_choice {
 	__u32 backend_id;
 };
 
-/* np6_decide is np_decide for IPv6, with select_local true (TC's). */
+/* np6_decide is np_decide for IPv6, with select_local true (TC's): by
+ * session affinity, the ServicePort's Maglev table or at random. */
 static __always_inline enum np_verdict np6_decide(struct pkt6 *p, struct np6_choice *c)
 {
 	struct lb6_key lkey = {
@@ -440,7 +440,7 @@ static __always_inline enum np_verdict np6_decide(struct pkt6 *p, struct np6_cho
 	};
 	struct lb4_service *svc;
 	struct lb6_backend *be;
-	__u32 backend_id = 0;
+	__u32 backend_id = 0, maglev_id;
 	__u64 now;
 
 	__builtin_memcpy(lkey.address, p->daddr, sizeof(lkey.address));
@@ -457,18 +457,20 @@ static __always_inline enum np_verdict np6_decide(struct pkt6 *p, struct np6_cho
 		if (!bpf_map_lookup_elem(&lb6_source_ranges_v1, &rkey))
 			return NP_SRC_RANGE;
 	}
+	maglev_id = lb_maglev_backend_id(
+		true, svc->svc_id, flow_hash6(p->saddr, p->daddr, p->sport, p->dport, p->proto));
 	/* Affinity is keyed on the client's whole address, shared with the
 	 * ClusterIP through svc_id (lb_choose_backend takes one word: the
 	 * affinity is looked up here with lb.h's helpers instead). */
 	if (!svc->affinity_timeout) {
-		be = lb_new_backend(&lkey, true, svc, 0, &backend_id);
+		be = lb_new_backend(&lkey, true, svc, maglev_id, &backend_id);
 	} else {
 		__builtin_memcpy(akey.client, p->saddr, sizeof(akey.client));
 		akey.svc_id = svc->svc_id;
 		now = bpf_ktime_get_ns();
 		be = lb_affinity_backend(true, &akey, svc, now, &backend_id);
 		if (!be) {
-			be = lb_new_backend(&lkey, true, svc, 0, &backend_id);
+			be = lb_new_backend(&lkey, true, svc, maglev_id, &backend_id);
 			if (be)
 				lb_affinity_record(true, &akey, now, backend_id);
 		}

@@ -285,6 +285,8 @@ const (
 	TcMapLb4SourceRangesV1 = "lb4_source_ranges_v1"
 	TcMapLb6AffinityV1     = "lb6_affinity_v1"
 	TcMapLb6BackendsV1     = "lb6_backends_v1"
+	TcMapLb6MaglevFpV1     = "lb6_maglev_fp_v1"
+	TcMapLb6MaglevV1       = "lb6_maglev_v1"
 	TcMapLb6MembersV1      = "lb6_members_v1"
 	TcMapLb6RevnatV1       = "lb6_revnat_v1"
 	TcMapLb6ServicesV1     = "lb6_services_v1"
@@ -365,6 +367,8 @@ type TcMapSpecs struct {
 	Lb4SourceRangesV1 *ebpf.MapSpec `ebpf:"lb4_source_ranges_v1"`
 	Lb6AffinityV1     *ebpf.MapSpec `ebpf:"lb6_affinity_v1"`
 	Lb6BackendsV1     *ebpf.MapSpec `ebpf:"lb6_backends_v1"`
+	Lb6MaglevFpV1     *ebpf.MapSpec `ebpf:"lb6_maglev_fp_v1"`
+	Lb6MaglevV1       *ebpf.MapSpec `ebpf:"lb6_maglev_v1"`
 	Lb6MembersV1      *ebpf.MapSpec `ebpf:"lb6_members_v1"`
 	Lb6RevnatV1       *ebpf.MapSpec `ebpf:"lb6_revnat_v1"`
 	Lb6ServicesV1     *ebpf.MapSpec `ebpf:"lb6_services_v1"`
@@ -419,6 +423,8 @@ type TcMaps struct {
 	Lb4SourceRangesV1 *ebpf.Map `ebpf:"lb4_source_ranges_v1"`
 	Lb6AffinityV1     *ebpf.Map `ebpf:"lb6_affinity_v1"`
 	Lb6BackendsV1     *ebpf.Map `ebpf:"lb6_backends_v1"`
+	Lb6MaglevFpV1     *ebpf.Map `ebpf:"lb6_maglev_fp_v1"`
+	Lb6MaglevV1       *ebpf.Map `ebpf:"lb6_maglev_v1"`
 	Lb6MembersV1      *ebpf.Map `ebpf:"lb6_members_v1"`
 	Lb6RevnatV1       *ebpf.Map `ebpf:"lb6_revnat_v1"`
 	Lb6ServicesV1     *ebpf.Map `ebpf:"lb6_services_v1"`
@@ -446,6 +452,8 @@ func (m *TcMaps) Close() error {
 		m.Lb4SourceRangesV1,
 		m.Lb6AffinityV1,
 		m.Lb6BackendsV1,
+		m.Lb6MaglevFpV1,
+		m.Lb6MaglevV1,
 		m.Lb6MembersV1,
 		m.Lb6RevnatV1,
 		m.Lb6ServicesV1,

@@ -285,6 +285,8 @@ const (
 	XdpMapLb4SourceRangesV1 = "lb4_source_ranges_v1"
 	XdpMapLb6AffinityV1     = "lb6_affinity_v1"
 	XdpMapLb6BackendsV1     = "lb6_backends_v1"
+	XdpMapLb6MaglevFpV1     = "lb6_maglev_fp_v1"
+	XdpMapLb6MaglevV1       = "lb6_maglev_v1"
 	XdpMapLb6MembersV1      = "lb6_members_v1"
 	XdpMapLb6RevnatV1       = "lb6_revnat_v1"
 	XdpMapLb6ServicesV1     = "lb6_services_v1"
@@ -366,6 +368,8 @@ type XdpMapSpecs struct {
 	Lb4SourceRangesV1 *ebpf.MapSpec `ebpf:"lb4_source_ranges_v1"`
 	Lb6AffinityV1     *ebpf.MapSpec `ebpf:"lb6_affinity_v1"`
 	Lb6BackendsV1     *ebpf.MapSpec `ebpf:"lb6_backends_v1"`
+	Lb6MaglevFpV1     *ebpf.MapSpec `ebpf:"lb6_maglev_fp_v1"`
+	Lb6MaglevV1       *ebpf.MapSpec `ebpf:"lb6_maglev_v1"`
 	Lb6MembersV1      *ebpf.MapSpec `ebpf:"lb6_members_v1"`
 	Lb6RevnatV1       *ebpf.MapSpec `ebpf:"lb6_revnat_v1"`
 	Lb6ServicesV1     *ebpf.MapSpec `ebpf:"lb6_services_v1"`
@@ -421,6 +425,8 @@ type XdpMaps struct {
 	Lb4SourceRangesV1 *ebpf.Map `ebpf:"lb4_source_ranges_v1"`
 	Lb6AffinityV1     *ebpf.Map `ebpf:"lb6_affinity_v1"`
 	Lb6BackendsV1     *ebpf.Map `ebpf:"lb6_backends_v1"`
+	Lb6MaglevFpV1     *ebpf.Map `ebpf:"lb6_maglev_fp_v1"`
+	Lb6MaglevV1       *ebpf.Map `ebpf:"lb6_maglev_v1"`
 	Lb6MembersV1      *ebpf.Map `ebpf:"lb6_members_v1"`
 	Lb6RevnatV1       *ebpf.Map `ebpf:"lb6_revnat_v1"`
 	Lb6ServicesV1     *ebpf.Map `ebpf:"lb6_services_v1"`
@@ -449,6 +455,8 @@ func (m *XdpMaps) Close() error {
 		m.Lb4SourceRangesV1,
 		m.Lb6AffinityV1,
 		m.Lb6BackendsV1,
+		m.Lb6MaglevFpV1,
+		m.Lb6MaglevV1,
 		m.Lb6MembersV1,
 		m.Lb6RevnatV1,
 		m.Lb6ServicesV1,

@@ -71,9 +71,11 @@ var ErrPinnedMapMismatch = errors.New("pinned map does not match the new program
 // the links that keep the programs attached.
 type Loaded struct {
 	Objects bpfobj.SockObjects
-	// Maglev are the TC programs' Maglev tables, which the maps writer
-	// fills.
+	// Maglev are the TC programs' Maglev tables of IPv4 ServicePorts,
+	// which the maps writer fills; Maglev6 those of IPv6 ServicePorts,
+	// which the IPv6 writer fills.
 	Maglev   MaglevMaps
+	Maglev6  MaglevMaps
 	Features Features
 	Sizes    MapSizes
 	links    []link.Link
@@ -146,11 +148,12 @@ func Load(cfg Config) (*Loaded, error) {
 	// the node's devices are known; the maps writer needs them from the
 	// start, so they are made (or adopted) here and pinned for the TC
 	// programs to adopt.
-	if l.Maglev, err = loadMaglevMaps(cfg.BPFFSPath, sizes, cfg.Migrated); err != nil {
+	if l.Maglev, l.Maglev6, err = loadMaglevMaps(cfg.BPFFSPath, sizes, cfg.Migrated); err != nil {
 		return nil, err
 	}
 	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "a program", "BPF objects", cfg.Migrated); err != nil {
 		l.Maglev.Close()
+		l.Maglev6.Close()
 		return nil, err
 	}
 	l.Sizes = loadedSizes(&l.Objects.SockMaps, sizes)
@@ -311,6 +314,7 @@ func (l *Loaded) Close() {
 	}
 	l.Objects.Close()
 	l.Maglev.Close()
+	l.Maglev6.Close()
 }
 
 // Cleanup detaches and unpins everything an agent pinned under bpffs: links

@@ -10,9 +10,10 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maglev"
 )
 
-// MaglevMaps are the pinned maps of the Maglev tables: lb4_maglev_v1 (a
-// ServicePort id -> table hash of arrays) and lb4_maglev_fp_v1 (the
-// fingerprint of each table's backend set).
+// MaglevMaps are the pinned maps of one family's Maglev tables:
+// lb4_maglev_v1 or lb6_maglev_v1 (a ServicePort id -> table hash of arrays)
+// and lb4_maglev_fp_v1 or lb6_maglev_fp_v1 (the fingerprint of each table's
+// backend set).
 type MaglevMaps struct {
 	Tables       *ebpf.Map
 	Fingerprints *ebpf.Map
@@ -30,8 +31,15 @@ func (m *MaglevMaps) Close() {
 	}
 }
 
-// patchMaglev sizes the Maglev maps and the programs' idea of a table's
-// size in spec, from sizes.
+// maglevMapNames are the names of the Maglev maps, tables then
+// fingerprints, of IPv4 and of IPv6.
+var maglevMapNames = [2][2]string{
+	{bpfobj.TcMapLb4MaglevV1, bpfobj.TcMapLb4MaglevFpV1},
+	{bpfobj.TcMapLb6MaglevV1, bpfobj.TcMapLb6MaglevFpV1},
+}
+
+// patchMaglev sizes the Maglev maps of both families and the programs'
+// idea of a table's size in spec, from sizes: the same table size for both.
 func patchMaglev(spec *ebpf.CollectionSpec, sizes MapSizes) error {
 	m := sizes.MaglevTable
 	if m == 0 {
@@ -42,31 +50,44 @@ func patchMaglev(spec *ebpf.CollectionSpec, sizes MapSizes) error {
 	}
 	// A table per ServicePort at most, and there are no more of those
 	// than reverse NAT entries.
-	outer := spec.Maps[bpfobj.TcMapLb4MaglevV1]
-	outer.MaxEntries = sizes.RevNat
-	outer.InnerMap.MaxEntries = m
-	spec.Maps[bpfobj.TcMapLb4MaglevFpV1].MaxEntries = sizes.RevNat
+	for _, names := range maglevMapNames {
+		outer := spec.Maps[names[0]]
+		outer.MaxEntries = sizes.RevNat
+		outer.InnerMap.MaxEntries = m
+		spec.Maps[names[1]].MaxEntries = sizes.RevNat
+	}
 	if err := spec.Variables[bpfobj.TcVarMaglevTableSize].Set(m); err != nil {
 		return fmt.Errorf("set maglev_table_size: %w", err)
 	}
 	return nil
 }
 
-// loadMaglevMaps makes or adopts the pinned Maglev maps under bpffs,
-// migrating pins of another size or layout as loadPinned does.
-func loadMaglevMaps(bpffs string, sizes MapSizes, migrated func(MapMigration)) (MaglevMaps, error) {
+// loadMaglevMaps makes or adopts the pinned Maglev maps of both families
+// under bpffs, migrating pins of another size or layout as loadPinned does,
+// and returns the IPv4 ones and the IPv6 ones.
+func loadMaglevMaps(bpffs string, sizes MapSizes, migrated func(MapMigration)) (MaglevMaps, MaglevMaps, error) {
+	var out [2]MaglevMaps
+	closeAll := func() {
+		for i := range out {
+			out[i].Close()
+		}
+	}
 	spec, err := bpfobj.LoadTc()
 	if err != nil {
-		return MaglevMaps{}, fmt.Errorf("load embedded TC object: %w", err)
+		return out[0], out[1], fmt.Errorf("load embedded TC object: %w", err)
 	}
 	if err := patchMaglev(spec, sizes); err != nil {
-		return MaglevMaps{}, err
+		return out[0], out[1], err
 	}
-	tables, fps := spec.Maps[bpfobj.TcMapLb4MaglevV1], spec.Maps[bpfobj.TcMapLb4MaglevFpV1]
-	sub := &ebpf.CollectionSpec{Maps: map[string]*ebpf.MapSpec{bpfobj.TcMapLb4MaglevV1: tables, bpfobj.TcMapLb4MaglevFpV1: fps}}
+	sub := &ebpf.CollectionSpec{Maps: map[string]*ebpf.MapSpec{}}
+	for _, names := range maglevMapNames {
+		for _, name := range names {
+			sub.Maps[name] = spec.Maps[name]
+		}
+	}
 	mig, err := migratePins(sub, mapsDir(bpffs))
 	if err != nil {
-		return MaglevMaps{}, err
+		return out[0], out[1], err
 	}
 	opts := ebpf.MapOptions{PinPath: mapsDir(bpffs)}
 	open := func(name string) (*ebpf.Map, error) {
@@ -75,23 +96,23 @@ func loadMaglevMaps(bpffs string, sizes MapSizes, migrated func(MapMigration)) (
 		}
 		return ebpf.NewMapWithOptions(sub.Maps[name], opts)
 	}
-	var out MaglevMaps
-	if out.Tables, err = open(bpfobj.TcMapLb4MaglevV1); err != nil {
-		mig.abort()
-		return MaglevMaps{}, maglevMapErr(bpffs, err)
-	}
-	if out.Fingerprints, err = open(bpfobj.TcMapLb4MaglevFpV1); err != nil {
-		mig.abort()
-		out.Close()
-		return MaglevMaps{}, maglevMapErr(bpffs, err)
+	for i, names := range maglevMapNames {
+		if out[i].Tables, err = open(names[0]); err == nil {
+			out[i].Fingerprints, err = open(names[1])
+		}
+		if err != nil {
+			mig.abort()
+			closeAll()
+			return MaglevMaps{}, MaglevMaps{}, maglevMapErr(bpffs, err)
+		}
+		out[i].Table = sub.Maps[names[0]].InnerMap.Copy()
 	}
 	if err := mig.commit(); err != nil {
-		out.Close()
-		return MaglevMaps{}, fmt.Errorf("migrate pinned maps under %s: %w", mapsDir(bpffs), err)
+		closeAll()
+		return MaglevMaps{}, MaglevMaps{}, fmt.Errorf("migrate pinned maps under %s: %w", mapsDir(bpffs), err)
 	}
 	mig.report(migrated)
-	out.Table = tables.InnerMap.Copy()
-	return out, nil
+	return out[0], out[1], nil
 }
 
 func maglevMapErr(bpffs string, err error) error {

@@ -94,4 +94,5 @@ var rebuiltMaps = map[string]bool{
 // table at its first sync.
 var rebuiltWith = map[string]string{
 	bpfobj.TcMapLb4MaglevFpV1: bpfobj.TcMapLb4MaglevV1,
+	bpfobj.TcMapLb6MaglevFpV1: bpfobj.TcMapLb6MaglevV1,
 }

@@ -128,7 +128,8 @@ func TestNewSizesMigrateThePinnedMapsKeepingEntries(t *testing.T) {
 		t.Errorf("backends reported as %+v, want resized with 20 entries", r)
 	}
 	for _, name := range []string{bpfobj.SockMapLb4ServicesV1, bpfobj.SockMapLb4RevnatV1, bpfobj.SockMapLb4MembersV1, bpfobj.SockMapLb4AffinityV1,
-		bpfobj.SockMapSock4RevnatV1, bpfobj.SockMapSock4UdpFwdV1, bpfobj.TcMapLb4MaglevV1, bpfobj.TcMapLb4MaglevFpV1} {
+		bpfobj.SockMapSock4RevnatV1, bpfobj.SockMapSock4UdpFwdV1, bpfobj.TcMapLb4MaglevV1, bpfobj.TcMapLb4MaglevFpV1,
+		bpfobj.TcMapLb6MaglevV1, bpfobj.TcMapLb6MaglevFpV1} {
 		if got[name].Result != loader.MigrationResized {
 			t.Errorf("%s reported as %+v, want resized", name, got[name])
 		}
@@ -305,53 +306,71 @@ func TestAnOlderLayout(t *testing.T) {
 	})
 }
 
+// TestANewMaglevTableSizeStartsTheTablesAfresh: either family's Maglev
+// maps are recreated at a new table size, their fingerprints with them.
 func TestANewMaglevTableSizeStartsTheTablesAfresh(t *testing.T) {
-	f := newFixture(t)
-	first, err := f.load(t, loader.DefaultMapSizes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	table, err := ebpf.NewMap(first.Maglev.Table)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer table.Close()
-	if err := first.Maglev.Tables.Put(uint32(7), table); err != nil {
-		t.Fatal(err)
-	}
-	if err := first.Maglev.Fingerprints.Put(uint32(7), uint64(42)); err != nil {
-		t.Fatal(err)
-	}
-	first.Close()
+	for _, fam := range []struct {
+		name         string
+		tables, fps  string
+		maglevMapsOf func(*loader.Loaded) loader.MaglevMaps
+	}{
+		{"IPv4", bpfobj.TcMapLb4MaglevV1, bpfobj.TcMapLb4MaglevFpV1, func(l *loader.Loaded) loader.MaglevMaps { return l.Maglev }},
+		{"IPv6", bpfobj.TcMapLb6MaglevV1, bpfobj.TcMapLb6MaglevFpV1, func(l *loader.Loaded) loader.MaglevMaps { return l.Maglev6 }},
+	} {
+		t.Run(fam.name, func(t *testing.T) {
+			f := newFixture(t)
+			first, err := f.load(t, loader.DefaultMapSizes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mg := fam.maglevMapsOf(first)
+			table, err := ebpf.NewMap(mg.Table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer table.Close()
+			if err := mg.Tables.Put(uint32(7), table); err != nil {
+				t.Fatal(err)
+			}
+			if err := mg.Fingerprints.Put(uint32(7), uint64(42)); err != nil {
+				t.Fatal(err)
+			}
+			first.Close()
 
-	sizes := loader.DefaultMapSizes
-	sizes.MaglevTable = 4093
-	second, got, err := f.loadReporting(t, sizes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer second.Close()
-	for _, name := range []string{bpfobj.TcMapLb4MaglevV1, bpfobj.TcMapLb4MaglevFpV1} {
-		if got[name].Result != loader.MigrationRecreated {
-			t.Errorf("%s reported as %+v, want recreated", name, got[name])
-		}
-	}
-	var fp uint64
-	if err := second.Maglev.Fingerprints.Lookup(uint32(7), &fp); !errors.Is(err, ebpf.ErrKeyNotExist) {
-		t.Errorf("fingerprint of a table of the old size still there (%d, %v): the agent would not rewrite it", fp, err)
-	}
-	bigger, err := ebpf.NewMap(second.Maglev.Table)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bigger.Close()
-	if err := second.Maglev.Tables.Put(uint32(7), bigger); err != nil {
-		t.Errorf("a table of the new size does not go in: %v", err)
-	}
-	for _, name := range []string{bpfobj.TcMapLb4MaglevV1, bpfobj.TcMapLb4MaglevFpV1} {
-		if f.pinnedID(t, name) != mapID(t, map[string]*ebpf.Map{bpfobj.TcMapLb4MaglevV1: second.Maglev.Tables, bpfobj.TcMapLb4MaglevFpV1: second.Maglev.Fingerprints}[name]) {
-			t.Errorf("pinned %s is not the map in use", name)
-		}
+			sizes := loader.DefaultMapSizes
+			sizes.MaglevTable = 4093
+			second, got, err := f.loadReporting(t, sizes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer second.Close()
+			mg = fam.maglevMapsOf(second)
+			for _, name := range []string{fam.tables, fam.fps} {
+				if got[name].Result != loader.MigrationRecreated {
+					t.Errorf("%s reported as %+v, want recreated", name, got[name])
+				}
+			}
+			var fp uint64
+			if err := mg.Fingerprints.Lookup(uint32(7), &fp); !errors.Is(err, ebpf.ErrKeyNotExist) {
+				t.Errorf("fingerprint of a table of the old size still there (%d, %v): the agent would not rewrite it", fp, err)
+			}
+			if n := mg.Table.MaxEntries; n != 4093 {
+				t.Errorf("a new table has %d entries, want 4093", n)
+			}
+			bigger, err := ebpf.NewMap(mg.Table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer bigger.Close()
+			if err := mg.Tables.Put(uint32(7), bigger); err != nil {
+				t.Errorf("a table of the new size does not go in: %v", err)
+			}
+			for name, m := range map[string]*ebpf.Map{fam.tables: mg.Tables, fam.fps: mg.Fingerprints} {
+				if f.pinnedID(t, name) != mapID(t, m) {
+					t.Errorf("pinned %s is not the map in use", name)
+				}
+			}
+		})
 	}
 }
 

@@ -28,13 +28,16 @@ type (
 )
 
 // Maps6 are the IPv6 maps a Writer made by NewWriter6 programs: the same
-// as Maps, in the IPv6 layouts, without Maglev tables (the TC and XDP
-// programs serve IPv4 only).
+// as Maps, in the IPv6 layouts.
 type Maps6 struct {
 	Services Map[Service6Key, ServiceValue]
 	Backends Map[uint32, Backend6Value]
 	RevNat   Map[uint32, RevNat6Value]
 	Members  Map[MemberKey, uint8]
+	// Maglev holds the Maglev tables of the IPv6 ServicePorts that use
+	// Maglev for external traffic (lb6_maglev_v1, keyed by the IPv6
+	// writer's ids); nil when the dataplane has none.
+	Maglev MaglevTables
 	// SourceRanges holds the IPv6 loadBalancerSourceRanges; nil leaves
 	// them unwritten.
 	SourceRanges Map[SourceRange6Key, uint8]
@@ -180,6 +183,7 @@ func (m Maps6) coded() familyMaps {
 		backends: coded(m.Backends, same[uint32], same[uint32], backendEntry.encode6, decodeBackend6),
 		revNat:   coded(m.RevNat, same[uint32], same[uint32], encodeRevNat6, decodeRevNat6),
 		members:  m.Members,
+		maglev:   m.Maglev,
 	}
 	if m.SourceRanges != nil {
 		fm.ranges = coded(m.SourceRanges, rangeKey.encode6, decodeRangeKey6, same[uint8], same[uint8])

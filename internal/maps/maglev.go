@@ -10,9 +10,10 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
 
-// MaglevTables is the part of the Maglev tables map (lb4_maglev_v1, a hash
-// of arrays keyed by ServicePort id, with a fingerprint of each table
-// beside it) the Writer needs.
+// MaglevTables is the part of a family's Maglev tables map (lb4_maglev_v1
+// or lb6_maglev_v1, a hash of arrays keyed by the ServicePort ids of the
+// family's Writer, with a fingerprint of each table beside it) the Writer
+// needs.
 type MaglevTables interface {
 	// Size is the number of entries of every table (a prime).
 	Size() int

@@ -7,8 +7,8 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// kernelMaglev adapts lb4_maglev_v1 (a hash of arrays) and
-// lb4_maglev_fp_v1.
+// kernelMaglev adapts a family's Maglev maps: lb4_maglev_v1 (a hash of
+// arrays) and lb4_maglev_fp_v1, or lb6_maglev_v1 and lb6_maglev_fp_v1.
 type kernelMaglev struct {
 	outer, fps *ebpf.Map
 	inner      *ebpf.MapSpec

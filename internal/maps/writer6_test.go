@@ -16,6 +16,7 @@ type fakes6 struct {
 	revnat   *FakeMap[uint32, RevNat6Value]
 	members  *FakeMap[MemberKey, uint8]
 	ranges   *FakeMap[SourceRange6Key, uint8]
+	maglev   *FakeMaglev
 }
 
 func newFakes6() *fakes6 {
@@ -25,11 +26,12 @@ func newFakes6() *fakes6 {
 		revnat:   NewFakeMap[uint32, RevNat6Value](0),
 		members:  NewFakeMap[MemberKey, uint8](0),
 		ranges:   NewFakeMap[SourceRange6Key, uint8](0),
+		maglev:   NewFakeMaglev(FakeMaglevSize),
 	}
 }
 
 func (f *fakes6) maps() Maps6 {
-	return Maps6{Services: f.services, Backends: f.backends, RevNat: f.revnat, Members: f.members, SourceRanges: f.ranges}
+	return Maps6{Services: f.services, Backends: f.backends, RevNat: f.revnat, Members: f.members, SourceRanges: f.ranges, Maglev: f.maglev}
 }
 
 func (f *fakes6) writes() int {

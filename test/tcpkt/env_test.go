@@ -62,6 +62,9 @@ type fixture struct {
 	w          *maps.Writer
 	// snatMin and snatMax are the programs' source NAT port range.
 	snatMin, snatMax uint16
+	// maglevTable6 is the spec of one IPv6 Maglev table, for
+	// newFixture6's writer.
+	maglevTable6 *ebpf.MapSpec
 }
 
 type loadOptions struct {
@@ -97,7 +100,8 @@ func newFixture(tb testing.TB, opts loadOptions) *fixture {
 	if err := spec.Variables[bpfobj.TcVarSnatPortMax].Set(opts.snatMax); err != nil {
 		tb.Fatal(err)
 	}
-	f := &fixture{objs: &bpfobj.TcObjects{}, snatMin: opts.snatMin, snatMax: opts.snatMax}
+	f := &fixture{objs: &bpfobj.TcObjects{}, snatMin: opts.snatMin, snatMax: opts.snatMax,
+		maglevTable6: spec.Maps[bpfobj.TcMapLb6MaglevV1].InnerMap}
 	if err := spec.LoadAndAssign(f.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {

@@ -66,7 +66,7 @@ func fixtureState6With(webRemote []string) *model.State {
 
 // fixture6 is the fixture with IPv6 addresses, routes and neighbours in its
 // namespace, the IPv6 source NAT address of n0, and a writer of the IPv6
-// maps.
+// maps (with their Maglev tables).
 type fixture6 struct {
 	*fixture
 	w6 *maps.Writer
@@ -87,6 +87,7 @@ func newFixture6(tb testing.TB) *fixture6 {
 		RevNat:       maps.FromKernel[uint32, maps.RevNat6Value](f.objs.Lb6RevnatV1),
 		Members:      maps.FromKernel[maps.MemberKey, uint8](f.objs.Lb6MembersV1),
 		SourceRanges: maps.FromKernel[maps.SourceRange6Key, uint8](f.objs.Lb6SourceRangesV1),
+		Maglev:       maps.KernelMaglev(f.objs.Lb6MaglevV1, f.objs.Lb6MaglevFpV1, f.maglevTable6),
 	}, maps.Limits{Backends: 1024, RevNat: 1024})
 	if err != nil {
 		tb.Fatal(err)

@@ -369,28 +369,23 @@ func TestAffinityForExternalClients(t *testing.T) {
 		eps = append(eps, at(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 1, byte(30 + i)}), 8080), thisNode))
 	}
 	f.sync(t, state(service{name: "sticky", clusterIP: "10.96.0.30", port: 80, proto: model.TCP, nodePort: npWebLocal, affinity: true, endpoints: eps}))
-	f.sameBackend(t, np(npWebLocal), 40000, 20)
+	f.sameBackend(t, 20, func(i int) []byte {
+		return fromOutside(pktest.TCP(netip.AddrPortFrom(client.Addr(), 40000+uint16(i)), np(npWebLocal), pktest.SYN)).Bytes()
+	})
 }
 
-// sameBackend opens n connections from the client to dst, from source
-// ports firstPort and up, and checks that they all reach one backend.
-func (f *fixture) sameBackend(t *testing.T, dst netip.AddrPort, firstPort uint16, n int) {
+// sameBackend sends the first segments of n connections, conn(i) the
+// i-th (one client, source ports that differ), and checks that they all
+// reach one backend on this node.
+func (f *fixture) sameBackend(t *testing.T, n int, conn func(i int) []byte) {
 	t.Helper()
 	var backend netip.Addr
 	for i := range n {
-		in := fromOutside(pktest.TCP(netip.AddrPortFrom(client.Addr(), firstPort+uint16(i)), dst, pktest.SYN)).Bytes()
-		res, err := pktest.Exec(f.objs.TcIngress, pktest.Case{In: in, Do: f.ns.Do, SKB: &pktest.SKBContext{Ifindex: f.ifindex}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pkt := pktest.Decode(res.Out)
-		if res.Verdict != pktest.TCActOK || pkt.IPv4 == nil {
-			t.Fatalf("connection %d: verdict %v, output %s", i, res.Verdict, pkt)
-		}
+		b := f.localBackend(t, conn(i))
 		if i == 0 {
-			backend = pkt.IPv4.Dst
-		} else if pkt.IPv4.Dst != backend {
-			t.Fatalf("connection %d went to %s, the first to %s", i, pkt.IPv4.Dst, backend)
+			backend = b
+		} else if b != backend {
+			t.Fatalf("connection %d went to %s, the first to %s", i, b, backend)
 		}
 	}
 }

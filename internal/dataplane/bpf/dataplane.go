@@ -150,7 +150,9 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		l.Close()
 		return nil, fmt.Errorf("restore state from pinned maps: %w", err)
 	}
-	w6, err := maps.NewWriter6(maps.KernelMaps6(&l.Objects.SockMaps), lim)
+	km6 := maps.KernelMaps6(&l.Objects.SockMaps)
+	km6.Maglev = maps.KernelMaglev(l.Maglev6.Tables, l.Maglev6.Fingerprints, l.Maglev6.Table)
+	w6, err := maps.NewWriter6(km6, lim)
 	if err != nil {
 		l.Close()
 		return nil, fmt.Errorf("restore IPv6 state from pinned maps: %w", err)
@@ -326,11 +328,13 @@ func netipAddrPort(b maps.Backend) netip.AddrPort { return netip.AddrPortFrom(b.
 // address (a node address of up.State.Node.Addrs on it, else its first
 // global one); the XDP fast path passes IPv6 to them.
 //
+// IPv6 ServicePorts that use Maglev get their tables (lb6_maglev_v1), which
+// the TC programs choose by for new flows from outside, as for IPv4.
 // Sockets connected through the socket hooks to a removed IPv6 backend are
 // ended as IPv4 ones are.
 //
-// What it does not do yet: IPv6 ServicePorts have no Maglev tables (the TC
-// choice is random); ICMPv6 errors about tracked flows pass untranslated.
+// What it does not do yet: ICMPv6 errors about tracked flows pass
+// untranslated.
 func (d *Dataplane) IPv6() dataplane.Dataplane { return ipv6Dataplane{d} }
 
 // ipv6Dataplane is what IPv6 returns.
