@@ -217,6 +217,9 @@ func (w *world) service(sc int, s Svc) (*corev1.Service, []corev1.LoadBalancerIn
 				return nil, nil, err
 			}
 			dual := corev1.IPFamilyPolicyRequireDualStack
+			if s.PreferDualStack {
+				dual = corev1.IPFamilyPolicyPreferDualStack
+			}
 			svc.Spec.ClusterIPs = []string{ip.String(), ip6.String()}
 			svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
 			svc.Spec.IPFamilyPolicy = &dual
@@ -240,6 +243,16 @@ func (w *world) service(sc int, s Svc) (*corev1.Service, []corev1.LoadBalancerIn
 		svc.Spec.InternalTrafficPolicy = &itp
 	}
 	svc.Spec.ExternalTrafficPolicy = s.ETP
+	if typ == corev1.ServiceTypeLoadBalancer && s.ETP == corev1.ServiceExternalTrafficPolicyLocal {
+		// Planned as the NodePorts are: one the API server picked would
+		// land anywhere in the range, now and then on a port planned
+		// for a Service applied after it.
+		hc, err := w.nodePort(sc, s.Name, 0)
+		if err != nil {
+			return nil, nil, err
+		}
+		svc.Spec.HealthCheckNodePort = hc
+	}
 	if s.Affinity {
 		svc.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
 	}

@@ -128,6 +128,10 @@ type Svc struct {
 	// DualStack makes the Service RequireDualStack: a ClusterIP of each
 	// family, each served by the EndpointSlices of its family.
 	DualStack bool
+	// PreferDualStack, with DualStack, makes its policy PreferDualStack:
+	// the API server gives it both ClusterIPs all the same on this
+	// dual-stack cluster.
+	PreferDualStack bool
 }
 
 // Ingress is a status.loadBalancer.ingress entry.

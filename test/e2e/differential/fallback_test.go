@@ -76,7 +76,7 @@ func (f *fallbackTally) judge(si int, sc Scenario, runs map[testbed.Kind]verdict
 		f.unsupported++
 		return ""
 	}
-	ipt, nft, got := runs[testbed.KubeProxyIPTables][si], runs[testbed.KubeProxyNFTables][si], runs[f.kind][si]
+	ipt, nft, got := runs[testbed.KubeProxyIPTables].of(si), runs[testbed.KubeProxyNFTables].of(si), runs[f.kind].of(si)
 	var b strings.Builder
 	for st, step := range sc.Steps {
 		for pi, p := range step.Probes {

@@ -702,4 +702,30 @@ var scenarios = withIPv6Twins([]Scenario{
 			}
 		}(),
 	},
+	{
+		// A PreferDualStack NodePort Service, probed through node-b, whose
+		// Node object lists its IPv4 address alone (testbedOptions): its
+		// pods and the node itself reach both ClusterIPs, and clients
+		// outside reach the NodePort on both of node-b's addresses, as
+		// upstream serves both families whatever the Node lists.
+		Name:  "dual-stack: PreferDualStack NodePort Service on a node whose Node lists IPv4 alone",
+		Needs: []Feature{FeatureIPv6, FeatureIPv6External},
+		Steps: func() []Step {
+			svc := []Svc{dual(web(withType(corev1.ServiceTypeNodePort), func(s *Svc) { s.DualStack, s.PreferDualStack = true, true }))}
+			v6 := func(eps ...Ep) Slice {
+				sl := dualSlice(eps...)
+				sl.Name, sl.IPv6 = "web-ipv6", true
+				return sl
+			}
+			probes := ps(from(tcp, cip("web", 80), clientB, selfB), from(tcp, over6(cip("web", 80)), clientB, selfB),
+				from(udp, over6(cip("web", 80)), clientB), from(tcp, np("web", 80, selfB), ext), from(tcp, over6(np("web", 80, selfB)), ext),
+				from(udp, over6(np("web", 80, selfB)), ext))
+			return []Step{
+				{Name: "a1 and b1 in both families", Services: svc,
+					Slices: []Slice{dualSlice(ready("a1"), ready("b1")), v6(ready("a1"), ready("b1"))}, Probes: probes},
+				{Name: "the IPv6 slice lists b2 alone", Services: svc,
+					Slices: []Slice{dualSlice(ready("a1"), ready("b1")), v6(ready("b2"))}, Probes: probes},
+			}
+		}(),
+	},
 })

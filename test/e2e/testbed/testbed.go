@@ -48,6 +48,10 @@ type NodeSpec struct {
 	Name string
 	// Zone becomes the Node's topology.kubernetes.io/zone label when set.
 	Zone string
+	// IPv4Only makes the Node object list the node's IPv4 address alone,
+	// as a kubelet given a single --node-ip on a dual-stack cluster does;
+	// the host itself keeps both families, and its pods theirs.
+	IPv4Only bool
 	// Pods are the names of the pods on this node. Each serves every port of
 	// Options.TCPPorts and Options.UDPPorts, answering as "<pod>:<port>", so
 	// that a probe sees which port of which pod served it.
@@ -390,9 +394,9 @@ func (tb *Testbed) ensureNodeObjects(ctx context.Context) error {
 		existing, err := nodes.Get(ctx, n.Spec.Name, metav1.GetOptions{})
 		switch {
 		case err == nil:
-			if !hasInternalIP(existing, n.IP) || !hasInternalIP(existing, n.IP6) {
-				return fmt.Errorf("node object %s exists with addresses %v, want InternalIPs %s and %s: a proxy would exit on the change",
-					n.Spec.Name, existing.Status.Addresses, n.IP, n.IP6)
+			if !hasInternalIP(existing, n.IP) || hasInternalIP(existing, n.IP6) == n.Spec.IPv4Only {
+				return fmt.Errorf("node object %s exists with addresses %v, want InternalIPs %v: a proxy would exit on the change",
+					n.Spec.Name, existing.Status.Addresses, n.internalIPs())
 			}
 			continue
 		case !apierrors.IsNotFound(err):
@@ -404,7 +408,7 @@ func (tb *Testbed) ensureNodeObjects(ctx context.Context) error {
 		}
 		if _, err := tb.Cluster.CreateNode(ctx, cluster.Node{
 			Name:        n.Spec.Name,
-			InternalIPs: []string{n.IP.String(), n.IP6.String()},
+			InternalIPs: n.internalIPs(),
 			Labels:      labels,
 			PodCIDRs:    []string{n.PodCIDR.String(), n.PodCIDR6.String()},
 		}); err != nil {
@@ -412,6 +416,14 @@ func (tb *Testbed) ensureNodeObjects(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// internalIPs are the InternalIPs of n's Node object.
+func (n *Node) internalIPs() []string {
+	if n.Spec.IPv4Only {
+		return []string{n.IP.String()}
+	}
+	return []string{n.IP.String(), n.IP6.String()}
 }
 
 func hasInternalIP(n *corev1.Node, ip netip.Addr) bool {
