@@ -20,14 +20,18 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
-// factory programs each sandbox node with the IPVS dataplane, everything
-// inside the node's namespace.
+// factory programs each sandbox node with the IPVS dataplane of
+// cfg.IPv6's family, everything inside the node's namespace.
 func factory(cfg Config) behaviour.Factory {
 	return func(t *testing.T, node *behaviour.Node) dataplane.Dataplane {
 		c := cfg
 		c.Netns = node.NS.Path()
-		c.ClusterCIDR = example.ClusterCIDR
-		m := metrics.New(metrics.IPv4)
+		family, cidr := metrics.IPv4, example.ClusterCIDR
+		if c.IPv6 {
+			family, cidr = metrics.IPv6, example.ClusterCIDR6
+		}
+		c.ClusterCIDR = cidr
+		m := metrics.New(family)
 		c.Metrics = &m.FamilyMetrics
 		d, err := New(behaviour.Context(t), c)
 		if err != nil {
@@ -38,10 +42,29 @@ func factory(cfg Config) behaviour.Factory {
 	}
 }
 
+// testFamilies are the IP families the behaviour table runs over: each
+// builds its Env (the IPv6 one over the IPv6 twins of the addresses) and
+// configures the dataplane of its family.
+var testFamilies = []struct {
+	name   string
+	ipv6   bool
+	newEnv func(*testing.T, behaviour.Factory) *behaviour.Env
+}{
+	{"IPv4", false, behaviour.NewEnv},
+	{"IPv6", true, behaviour.NewEnv6},
+}
+
+// TestTrafficFollowsTheModelVerdicts runs the behaviour table against the
+// IPv4 dataplane and, over the example cluster's IPv6 twin, against the
+// IPv6 one.
 func TestTrafficFollowsTheModelVerdicts(t *testing.T) {
-	requireIPVS(t)
-	e := behaviour.NewEnv(t, factory(Config{}))
-	behaviour.Run(t, e, behaviour.Cases())
+	for _, fam := range testFamilies {
+		t.Run(fam.name, func(t *testing.T) {
+			requireIPVS(t)
+			e := fam.newEnv(t, factory(Config{IPv6: fam.ipv6}))
+			behaviour.Run(t, e, behaviour.Cases())
+		})
+	}
 }
 
 // handle opens an IPVS handle in node's namespace for the test to look.
