@@ -184,7 +184,7 @@ func (o *options) proxyModeConfig(m *metrics.Metrics, fams []string) proxymode.C
 	local, localErr := o.localDetector()
 	var exclude []netip.Prefix
 	for _, c := range o.ipvsExcludeCIDRs {
-		if p, err := netip.ParsePrefix(strings.TrimSpace(c)); err == nil && p.Addr().Is4() {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(c)); err == nil {
 			exclude = append(exclude, p.Masked())
 		}
 	}
@@ -209,6 +209,12 @@ func (o *options) proxyModeConfig(m *metrics.Metrics, fams []string) proxymode.C
 			MasqueradeAll: o.masqueradeAll, MasqueradeBit: int(o.masqueradeBit),
 			TCPTimeout: o.ipvsTCPTimeout, TCPFinTimeout: o.ipvsTCPFinTimeout, UDPTimeout: o.ipvsUDPTimeout,
 			Metrics: m.Family(metrics.IPv4),
+		},
+		IPVS6: ipvs.Config{
+			Scheduler: o.ipvsScheduler, ClusterCIDR: o.clusterPrefixes[metrics.IPv6], LocalDetector: local, ExcludeCIDRs: exclude,
+			MasqueradeAll: o.masqueradeAll, MasqueradeBit: int(o.masqueradeBit),
+			TCPTimeout: o.ipvsTCPTimeout, TCPFinTimeout: o.ipvsTCPFinTimeout, UDPTimeout: o.ipvsUDPTimeout,
+			Metrics: m.Family(metrics.IPv6),
 		},
 	}
 }

@@ -70,9 +70,10 @@ type Config struct {
 	BPF      bpf.Config
 	IPTables iptables.Config
 	IPVS     ipvs.Config
-	// IPTables6 configures the IPv6 iptables dataplane (its IPv6 is set
-	// by Start).
+	// IPTables6 and IPVS6 configure the IPv6 iptables and IPVS dataplanes
+	// (their IPv6 is set by Start, their loggers are IPTables' and IPVS').
 	IPTables6 iptables.Config
+	IPVS6     ipvs.Config
 	// Metrics receives ebpfproxy_kube_proxy_leftovers and
 	// ebpfproxy_kube_proxy_leftovers_removed_total; nil for none.
 	Metrics *metrics.Metrics
@@ -247,28 +248,26 @@ func (c Config) logFor(log *zap.Logger, family string) func(string, ...zap.Field
 	return log.Info
 }
 
-// errNoIPv6 is why the IPVS dataplane leaves IPv6 out.
-func errNoIPv6(mode string) error {
-	return fmt.Errorf("the %s dataplane serves IPv4 only", mode)
-}
-
-// ipv4Primary fails when a mode that serves IPv4 alone cannot serve the
-// node's primary family.
-func ipv4Primary(cfg Config, mode string) error {
-	if cfg.Families[0] != metrics.IPv4 {
-		return fmt.Errorf("the node's primary IP family is %s: %w", cfg.Families[0], errNoIPv6(mode))
+// perFamily starts one dataplane per family of fams (primary first) with
+// start, as the fallback modes run one per family like upstream's
+// per-family proxiers. The primary family's failure is the error (after
+// nothing was started); a secondary family that fails is left out, with
+// why, in skipped.
+func perFamily[D dataplane.Dataplane](fams []string, start func(family string) (D, error)) (ds []D, served []Family, skipped map[string]error, err error) {
+	skipped = map[string]error{}
+	for i, f := range fams {
+		d, err := start(f)
+		switch {
+		case err != nil && i == 0:
+			return nil, nil, nil, err
+		case err != nil:
+			skipped[f] = err
+			continue
+		}
+		ds = append(ds, d)
+		served = append(served, Family{IPFamily: f, Dataplane: d})
 	}
-	return nil
-}
-
-// ipv4Only returns the families of d, a dataplane that serves IPv4 alone,
-// and the node's other family as skipped.
-func ipv4Only(cfg Config, mode string, d dataplane.Dataplane) ([]Family, map[string]error) {
-	skipped := map[string]error{}
-	for _, f := range cfg.Families[1:] {
-		skipped[f] = errNoIPv6(mode)
-	}
-	return []Family{{IPFamily: metrics.IPv4, Dataplane: d}}, skipped
+	return ds, served, skipped, nil
 }
 
 // ipv6Gaps is what the BPF dataplane does not do for IPv6 yet, which
@@ -303,26 +302,19 @@ func startIPTables(ctx context.Context, cfg Config, reason string) (*Started, er
 	if cfg.FallbackUnsupported != nil {
 		return nil, cfg.FallbackUnsupported
 	}
-	s := &Started{Skipped: map[string]error{}, Mode: IPTables, Reason: reason, close: func() {}}
-	var ds []*iptables.Dataplane
-	for i, f := range cfg.Families {
+	ds, fams, skipped, err := perFamily(cfg.Families, func(f string) (*iptables.Dataplane, error) {
 		c := cfg.IPTables
 		if f == metrics.IPv6 {
 			c = cfg.IPTables6
 			c.IPv6 = true
 			c.Logger = cfg.IPTables.Logger
 		}
-		d, err := iptables.New(ctx, c)
-		switch {
-		case err != nil && i == 0:
-			return nil, err
-		case err != nil:
-			s.Skipped[f] = err
-			continue
-		}
-		ds = append(ds, d)
-		s.Families = append(s.Families, Family{IPFamily: f, Dataplane: d})
+		return iptables.New(ctx, c)
+	})
+	if err != nil {
+		return nil, err
 	}
+	s := &Started{Families: fams, Skipped: skipped, Mode: IPTables, Reason: reason, close: func() {}}
 	bpffs := cfg.BPF.BPFFSPath
 	var used []xtables.Backend
 	for _, d := range ds {
@@ -338,26 +330,49 @@ func startIPTables(ctx context.Context, cfg Config, reason string) (*Started, er
 	return s, nil
 }
 
-// startIPVS prepares the IPVS dataplane in the agent's namespace.
+// startIPVS prepares the IPVS dataplanes in the agent's namespace, one
+// per family, as startIPTables does.
 func startIPVS(ctx context.Context, cfg Config, reason string) (*Started, error) {
 	if cfg.FallbackUnsupported != nil {
 		return nil, cfg.FallbackUnsupported
 	}
-	if err := ipv4Primary(cfg, IPVS); err != nil {
-		return nil, err
-	}
-	d, err := ipvs.New(ctx, cfg.IPVS)
+	ds, fams, skipped, err := perFamily(cfg.Families, func(f string) (*ipvs.Dataplane, error) {
+		c := cfg.IPVS
+		if f == metrics.IPv6 {
+			c = cfg.IPVS6
+			c.IPv6 = true
+			c.Logger = cfg.IPVS.Logger
+		}
+		return ipvs.New(ctx, c)
+	})
 	if err != nil {
 		return nil, err
 	}
-	fams, skipped := ipv4Only(cfg, IPVS, d)
+	var used []xtables.Backend
+	served := map[string]bool{}
+	for i, d := range ds {
+		used = append(used, d.Tools())
+		served[fams[i].IPFamily] = true
+	}
 	bpffs := cfg.BPF.BPFFSPath
-	return &Started{Families: fams, Skipped: skipped, Mode: IPVS, Reason: reason, close: d.Close,
+	return &Started{Families: fams, Skipped: skipped, Mode: IPVS, Reason: reason,
+		close: func() {
+			for _, d := range ds {
+				d.Close()
+			}
+		},
 		removeLeftovers: func(ctx context.Context) error {
-			// The first sync replaced the iptables mode's chains in our
-			// back end; the other back ends, and the IPv6 tools, hold
-			// nothing this mode uses.
-			return errors.Join(xtables.CleanupAll(ctx, "", xtables.Prefix, xtables.InUse(d.Tools())), cleanupBPF(bpffs))
+			// The first syncs replaced the iptables mode's chains in the
+			// back ends in use; the other back ends, and those of a
+			// family not served, go whole, and then the IPVS objects
+			// an earlier agent left of a family not served.
+			errs := []error{xtables.CleanupAll(ctx, "", xtables.Prefix, xtables.InUse(used...))}
+			for _, f := range []string{metrics.IPv4, metrics.IPv6} {
+				if !served[f] {
+					errs = append(errs, ipvs.RemoveFamilyLeftovers(ctx, "", f == metrics.IPv6))
+				}
+			}
+			return errors.Join(append(errs, cleanupBPF(bpffs))...)
 		}}, nil
 }
 

@@ -10,7 +10,10 @@
 //   - a restart in another mode leaves no BPF link or pin, iptables chain,
 //     virtual server, ipset or dummy interface of the earlier one, and a
 //     client connecting throughout never fails;
-//   - --cleanup after any mode leaves nothing.
+//   - --cleanup after any mode leaves nothing;
+//   - on a dual-stack node iptables and ipvs mode run a dataplane per
+//     family and serve both, ebpf mode serves IPv6 through the same
+//     programs (TestDualStack, TestDualStackIPVS).
 //
 // The IPVS cases need a kernel with ip_vs: test/vmtest runs them; on a host
 // without it they are skipped, inside the VM they fail.

@@ -2,6 +2,7 @@ package modes_test
 
 import (
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +11,9 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
@@ -58,36 +61,30 @@ func (e *env) writeDualStackManifests() {
 	}
 }
 
-// TestDualStack runs the agent on a dual-stack node (the sandbox's hosts
-// have an address of each family, and no Node object says otherwise). In
-// iptables mode a dual-stack Service answers on both families, through its
-// ClusterIPs and its NodePort, an IPv6 Service without endpoints refuses,
-// a health check node port answers on each family with that family's
-// local endpoints, and each family's sync loop reports under its
-// ip_family. In ebpf mode both ClusterIPs answer the pod, the IPv6
-// NodePort the external client, an IPv6 Service without endpoints
-// refuses, the log says once what IPv6 lacks yet, and nothing is left of
-// the iptables mode's IPv6 rules. On an IPv6-primary node auto picks the
-// ebpf mode, which serves both families from inside and outside.
-func TestDualStack(t *testing.T) {
-	e := newEnv(t)
+// dualStackNode routes the pods' and the client's IPv6 through the node
+// and writes the dual-stack manifests.
+func (e *env) dualStackNode() {
+	e.t.Helper()
 	for _, h := range []*sandbox.Host{e.pods[0].Host, e.pods[1].Host, e.client.Host} {
 		if err := behaviour.RouteIPv6ThroughNode(h, e.node); err != nil {
-			t.Fatal(err)
+			e.t.Fatal(err)
 		}
 	}
 	e.writeDualStackManifests()
-	vip4 := netip.AddrPortFrom(clusterIP, 80)
-	vip6 := netip.AddrPortFrom(sandbox.IPv6Of(clusterIP), 80)
+}
 
-	a := e.startAgent("iptables")
-	e.expectOnly("iptables")
-	e.reaches(e.client, vip4, 24)
-	e.reaches(e.client, vip6, 24)
+// servesBothFamilies checks what a fallback mode's two dataplanes serve: a
+// dual-stack Service answers on both families, through its ClusterIPs and
+// its NodePort, an IPv6 Service without endpoints refuses, a health check
+// node port answers on each family with that family's local endpoints,
+// and each family's sync loop reports under its ip_family.
+func (e *env) servesBothFamilies(a *agent.Process) {
+	t := e.t
+	t.Helper()
+	e.reaches(e.client, netip.AddrPortFrom(clusterIP, 80), 24)
+	e.reaches(e.client, netip.AddrPortFrom(sandbox.IPv6Of(clusterIP), 80), 24)
 	e.reaches(e.external, netip.AddrPortFrom(e.node.IP6, nodePort), 24)
 	e.refused(netip.AddrPortFrom(emptyIP6, 80))
-	// Each family's health check node port counts its family's local
-	// endpoints.
 	for _, hc := range []struct {
 		addr   netip.Addr
 		weight string
@@ -109,14 +106,32 @@ func TestDualStack(t *testing.T) {
 			t.Errorf("no sync of the %s loop in the metrics (%s)", f, series)
 		}
 	}
-	own := e.state().iptables
 	var v6 bool
-	for _, r := range own {
+	for _, r := range e.state().iptables {
 		v6 = v6 || strings.Contains(r.backend, "ip6tables")
 	}
 	if !v6 {
-		t.Errorf("iptables mode wrote no ip6tables chain: %v", own)
+		t.Errorf("no ip6tables chain of ours on the node")
 	}
+}
+
+// TestDualStack runs the agent on a dual-stack node (the sandbox's hosts
+// have an address of each family, and no Node object says otherwise). In
+// iptables mode both families are served (servesBothFamilies). In ebpf
+// mode both ClusterIPs answer the pod, the IPv6 NodePort the external
+// client, an IPv6 Service without endpoints refuses, the log says once
+// what IPv6 lacks yet, and nothing is left of the iptables mode's IPv6
+// rules. On an IPv6-primary node auto picks the ebpf mode, which serves
+// both families from inside and outside.
+func TestDualStack(t *testing.T) {
+	e := newEnv(t)
+	e.dualStackNode()
+	vip4 := netip.AddrPortFrom(clusterIP, 80)
+	vip6 := netip.AddrPortFrom(sandbox.IPv6Of(clusterIP), 80)
+
+	a := e.startAgent("iptables")
+	e.expectOnly("iptables")
+	e.servesBothFamilies(a)
 	a.Terminate(t, time.Minute)
 
 	a = e.startAgent("ebpf")
@@ -142,6 +157,42 @@ func TestDualStack(t *testing.T) {
 	e.reaches(e.client, vip4, 24)
 	e.reaches(e.external, netip.AddrPortFrom(e.node.IP6, nodePort), 24)
 	e.reaches(e.external, netip.AddrPortFrom(e.node.IP, nodePort), 24)
+}
+
+// TestDualStackIPVS runs the agent in ipvs mode on the dual-stack node: it
+// starts an IPVS dataplane per family, which serve both families as the
+// iptables mode does (servesBothFamilies), with IPv6 virtual servers and
+// the EBPFPROXY-6- ipsets beside the IPv4 ones. A restart in iptables mode
+// then leaves nothing of either family's IPVS objects.
+func TestDualStackIPVS(t *testing.T) {
+	e := newEnv(t)
+	requireIPVS(t, e.node)
+	e.dualStackNode()
+
+	a := e.startAgent("ipvs")
+	e.expectOnly("ipvs")
+	if got := get(t, a, "/proxyMode"); got != "ipvs" {
+		t.Errorf("/proxyMode %q, want ipvs", got)
+	}
+	e.servesBothFamilies(a)
+	ipvsState := strings.Join(e.state().ipvs, "\n")
+	for _, want := range []string{
+		"virtual server " + sandbox.IPv6Of(clusterIP).String() + ":80/6",
+		"virtual server " + e.node.IP6.String() + ":" + strconv.Itoa(nodePort) + "/6",
+		"virtual server " + clusterIP.String() + ":80/6",
+		"ipset " + xtables.Prefix + "6-CLUSTER-IP",
+		"ipset " + xtables.Prefix + "CLUSTER-IP",
+	} {
+		if !strings.Contains(ipvsState, want) {
+			t.Errorf("ipvs mode on a dual-stack node: no %q in\n%s", want, ipvsState)
+		}
+	}
+	a.Terminate(t, time.Minute)
+
+	a = e.startAgent("iptables")
+	e.expectOnly("iptables")
+	e.servesBothFamilies(a)
+	a.Terminate(t, time.Minute)
 }
 
 // refused checks that connections from the client pod to dst are refused.

@@ -3,7 +3,7 @@ package ipvs
 import (
 	"context"
 	"net/netip"
-	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,18 +16,21 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
-// factory programs each sandbox node with the IPVS dataplane, everything
-// inside the node's namespace.
+// factory programs each sandbox node with the IPVS dataplane of
+// cfg.IPv6's family, everything inside the node's namespace.
 func factory(cfg Config) behaviour.Factory {
 	return func(t *testing.T, node *behaviour.Node) dataplane.Dataplane {
 		c := cfg
 		c.Netns = node.NS.Path()
-		c.ClusterCIDR = example.ClusterCIDR
-		m := metrics.New(metrics.IPv4)
+		family, cidr := metrics.IPv4, example.ClusterCIDR
+		if c.IPv6 {
+			family, cidr = metrics.IPv6, example.ClusterCIDR6
+		}
+		c.ClusterCIDR = cidr
+		m := metrics.New(family)
 		c.Metrics = &m.FamilyMetrics
 		d, err := New(behaviour.Context(t), c)
 		if err != nil {
@@ -38,10 +41,85 @@ func factory(cfg Config) behaviour.Factory {
 	}
 }
 
+// testFamily is an IP family the IPVS tests run over: the IPv6 one builds
+// its Env over the IPv6 twins of the addresses and configures the IPv6
+// dataplane.
+type testFamily struct {
+	name   string
+	ipv6   bool
+	newEnv func(*testing.T, behaviour.Factory) *behaviour.Env
+}
+
+var testFamilies = []testFamily{
+	{"IPv4", false, behaviour.NewEnv},
+	{"IPv6", true, behaviour.NewEnv6},
+}
+
+// addr returns the family's twin of a (an IPv4 address of the example
+// cluster).
+func (f testFamily) addr(t *testing.T, a netip.Addr) netip.Addr {
+	t.Helper()
+	if !f.ipv6 {
+		return a
+	}
+	twin := sandbox.IPv6Of(a)
+	if !twin.IsValid() {
+		t.Fatalf("%s has no IPv6 twin", a)
+	}
+	return twin
+}
+
+// hostIP is the family's address of a sandbox host.
+func (f testFamily) hostIP(h *sandbox.Host) netip.Addr {
+	if f.ipv6 {
+		return h.IP6
+	}
+	return h.IP
+}
+
+// config is c for the family's dataplane in the namespace at ns.
+func (f testFamily) config(ns string, c Config) Config {
+	c.Netns, c.IPv6, c.ClusterCIDR = ns, f.ipv6, example.ClusterCIDR
+	if f.ipv6 {
+		c.ClusterCIDR = example.ClusterCIDR6
+	}
+	return c
+}
+
+// source is a Source of node-a's proxy of the family, holding pairs.
+func (f testFamily) source(t *testing.T, pairs ...example.Pair) *example.Source {
+	if f.ipv6 {
+		return example.NewSource6(t, example.Node6(example.NodeA)).Add(pairs...)
+	}
+	return example.NewSource(t, example.Node(example.NodeA)).Add(pairs...)
+}
+
+// example is the example cluster of the family.
+func (f testFamily) example() []example.Pair {
+	if f.ipv6 {
+		return example.Example6()
+	}
+	return example.Example()
+}
+
+// forFamilies runs test once per family, as a subtest.
+func forFamilies(t *testing.T, test func(t *testing.T, fam testFamily)) {
+	for _, fam := range testFamilies {
+		t.Run(fam.name, func(t *testing.T) { test(t, fam) })
+	}
+}
+
+// TestTrafficFollowsTheModelVerdicts runs the behaviour table against the
+// IPv4 dataplane and, over the example cluster's IPv6 twin, against the
+// IPv6 one.
 func TestTrafficFollowsTheModelVerdicts(t *testing.T) {
-	requireIPVS(t)
-	e := behaviour.NewEnv(t, factory(Config{}))
-	behaviour.Run(t, e, behaviour.Cases())
+	for _, fam := range testFamilies {
+		t.Run(fam.name, func(t *testing.T) {
+			requireIPVS(t)
+			e := fam.newEnv(t, factory(Config{IPv6: fam.ipv6}))
+			behaviour.Run(t, e, behaviour.Cases())
+		})
+	}
 }
 
 // handle opens an IPVS handle in node's namespace for the test to look.
@@ -83,15 +161,19 @@ func eventually(t *testing.T, bound time.Duration, what string, cond func() bool
 }
 
 func TestRemovedEndpointsDrainBeforeTheyAreDeleted(t *testing.T) {
+	forFamilies(t, testRemovedEndpointsDrainBeforeTheyAreDeleted)
+}
+
+func testRemovedEndpointsDrainBeforeTheyAreDeleted(t *testing.T, fam testFamily) {
 	requireIPVS(t)
 	const grace = 3 * time.Second
-	e := behaviour.NewEnv(t, factory(Config{GracePeriod: grace, ReapInterval: 100 * time.Millisecond}))
+	e := fam.newEnv(t, factory(Config{IPv6: fam.ipv6, GracePeriod: grace, ReapInterval: 100 * time.Millisecond}))
 	h := handle(t, e.Nodes[example.NodeA])
 	web := e.Example[0] // ClusterIP 10.96.0.10:80 on a1, a2, b1
-	key := vsKey{Addr: netip.MustParseAddr("10.96.0.10"), Proto: model.TCP, Port: 80}
-	a1 := netip.AddrPortFrom(example.PodA1, example.TCPTarget)
-	a2 := netip.AddrPortFrom(example.PodA2, example.TCPTarget)
-	b1 := netip.AddrPortFrom(example.PodB1, example.TCPTarget)
+	key := vsKey{Addr: fam.addr(t, netip.MustParseAddr("10.96.0.10")), Proto: model.TCP, Port: 80}
+	a1 := netip.AddrPortFrom(fam.addr(t, example.PodA1), example.TCPTarget)
+	a2 := netip.AddrPortFrom(fam.addr(t, example.PodA2), example.TCPTarget)
+	b1 := netip.AddrPortFrom(fam.addr(t, example.PodB1), example.TCPTarget)
 
 	// A connection held open from pod-a, to whichever endpoint IPVS picks.
 	ctx := behaviour.Context(t)
@@ -125,7 +207,7 @@ func TestRemovedEndpointsDrainBeforeTheyAreDeleted(t *testing.T) {
 		}
 	}
 	e.Each(func(s *example.Source) {
-		s.SetSlice(builders.SliceFor(web.Service, example.EndpointsOn(keep...)...))
+		s.SetSlice(example.SliceFor(web.Service, example.EndpointsOn(keep...)...))
 	})
 	e.Sync(false)
 
@@ -152,7 +234,7 @@ func TestRemovedEndpointsDrainBeforeTheyAreDeleted(t *testing.T) {
 			t.Errorf("new connection while %s drains failed: %s", busy, r.Err)
 		case pod == nil:
 			t.Errorf("new connection answered by unknown server %q", r.Server)
-		case pod.IP == busy.Addr() || pod.IP == idle.Addr():
+		case fam.hostIP(pod.Host) == busy.Addr() || fam.hostIP(pod.Host) == idle.Addr():
 			t.Errorf("a new connection reached %s, which left the Service", r.Server)
 		}
 	}
@@ -169,40 +251,45 @@ func TestRemovedEndpointsDrainBeforeTheyAreDeleted(t *testing.T) {
 }
 
 func TestReturningEndpointServesAgainAndRestartKeepsDraining(t *testing.T) {
+	forFamilies(t, testReturningEndpointServesAgainAndRestartKeepsDraining)
+}
+
+func testReturningEndpointServesAgainAndRestartKeepsDraining(t *testing.T, fam testFamily) {
 	requireIPVS(t)
-	e := behaviour.NewEnv(t, factory(Config{GracePeriod: time.Hour, ReapInterval: time.Hour}))
+	e := fam.newEnv(t, factory(Config{IPv6: fam.ipv6, GracePeriod: time.Hour, ReapInterval: time.Hour}))
 	node := e.Nodes[example.NodeA]
 	h := handle(t, node)
 	web := e.Example[0]
-	key := vsKey{Addr: netip.MustParseAddr("10.96.0.10"), Proto: model.TCP, Port: 80}
-	a1 := netip.AddrPortFrom(example.PodA1, example.TCPTarget)
+	key := vsKey{Addr: fam.addr(t, netip.MustParseAddr("10.96.0.10")), Proto: model.TCP, Port: 80}
+	podA1, podA2, podB1 := fam.addr(t, example.PodA1), fam.addr(t, example.PodA2), fam.addr(t, example.PodB1)
+	a1 := netip.AddrPortFrom(podA1, example.TCPTarget)
 	// Keep a connection to every endpoint so that none can be reaped.
 	setEPs := func(pods ...netip.Addr) {
 		e.Each(func(s *example.Source) {
-			s.SetSlice(builders.SliceFor(web.Service, example.EndpointsOn(pods...)...))
+			s.SetSlice(example.SliceFor(web.Service, example.EndpointsOn(pods...)...))
 		})
 		e.Sync(false)
 	}
-	setEPs(example.PodA2, example.PodB1)
+	setEPs(podA2, podB1)
 	if w := reals(t, h, key)[a1]; w != 0 {
 		t.Fatalf("removed endpoint has weight %d, want 0", w)
 	}
-	setEPs(example.PodA1, example.PodA2, example.PodB1)
+	setEPs(podA1, podA2, podB1)
 	if w := reals(t, h, key)[a1]; w != 1 {
 		t.Fatalf("returning endpoint has weight %d, want 1", w)
 	}
 
 	// a1 drains again, then the agent restarts: the new one must neither
 	// revive a1 nor forget to delete it.
-	setEPs(example.PodA2, example.PodB1)
+	setEPs(podA2, podB1)
 	e.Dataplanes[example.NodeA].(*Dataplane).Close()
-	restarted, err := New(behaviour.Context(t), Config{Netns: node.NS.Path(), ClusterCIDR: example.ClusterCIDR, GracePeriod: time.Hour, ReapInterval: 50 * time.Millisecond})
+	restarted, err := New(behaviour.Context(t), fam.config(node.NS.Path(), Config{GracePeriod: time.Hour, ReapInterval: 50 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(restarted.Close)
-	up := example.NewSource(t, example.Node(example.NodeA)).Add(e.Example...)
-	up.SetSlice(builders.SliceFor(web.Service, example.EndpointsOn(example.PodA2, example.PodB1)...))
+	up := fam.source(t, e.Example...)
+	up.SetSlice(example.SliceFor(web.Service, example.EndpointsOn(podA2, podB1)...))
 	if err := restarted.Sync(up.Update()); err != nil {
 		t.Fatal(err)
 	}
@@ -219,6 +306,10 @@ func TestReturningEndpointServesAgainAndRestartKeepsDraining(t *testing.T) {
 }
 
 func TestSchedulerComesFromConfig(t *testing.T) {
+	forFamilies(t, testSchedulerComesFromConfig)
+}
+
+func testSchedulerComesFromConfig(t *testing.T, fam testFamily) {
 	requireIPVS(t)
 	tests := []struct {
 		scheduler string
@@ -242,16 +333,17 @@ func TestSchedulerComesFromConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.scheduler, func(t *testing.T) {
-			e := behaviour.NewEnv(t, factory(Config{Scheduler: tt.scheduler}))
+			e := fam.newEnv(t, factory(Config{IPv6: fam.ipv6, Scheduler: tt.scheduler}))
 			h := handle(t, e.Nodes[example.NodeA])
-			svc, err := h.GetService(ipvsService(vsKey{Addr: netip.MustParseAddr("10.96.0.10"), Proto: model.TCP, Port: 80}, "", 0))
+			key := vsKey{Addr: fam.addr(t, netip.MustParseAddr("10.96.0.10")), Proto: model.TCP, Port: 80}
+			svc, err := h.GetService(ipvsService(key, "", 0))
 			if err != nil {
 				t.Fatal(err)
 			}
 			if svc.SchedName != tt.scheduler {
 				t.Errorf("virtual server uses scheduler %q, want %q", svc.SchedName, tt.scheduler)
 			}
-			rep, err := e.Clients[behaviour.ClientPodA].TCP(behaviour.Context(t), netip.MustParseAddrPort("10.96.0.10:80"), 8)
+			rep, err := e.Clients[behaviour.ClientPodA].TCP(behaviour.Context(t), netip.AddrPortFrom(key.Addr, key.Port), 8)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -268,6 +360,10 @@ func TestSchedulerComesFromConfig(t *testing.T) {
 }
 
 func TestCleanupRemovesOnlyOurs(t *testing.T) {
+	forFamilies(t, testCleanupRemovesOnlyOurs)
+}
+
+func testCleanupRemovesOnlyOurs(t *testing.T, fam testFamily) {
 	requireIPVS(t)
 	sb := sandbox.ForTest(t)
 	node, err := sb.AddNode(example.NodeA)
@@ -276,15 +372,15 @@ func TestCleanupRemovesOnlyOurs(t *testing.T) {
 	}
 	h := handle(t, node)
 	// Someone else's virtual server on the node's own address.
-	foreign := ipvsService(vsKey{Addr: node.IP, Proto: model.TCP, Port: 8443}, "rr", 0)
+	foreign := ipvsService(vsKey{Addr: fam.hostIP(node.Host), Proto: model.TCP, Port: 8443}, "rr", 0)
 	if err := h.NewService(foreign); err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(behaviour.Context(t), Config{Netns: node.NS.Path()})
+	d, err := New(behaviour.Context(t), fam.config(node.NS.Path(), Config{}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)
+	src := fam.source(t, fam.example()...)
 	if err := d.Sync(src.Update()); err != nil {
 		t.Fatal(err)
 	}
@@ -304,7 +400,7 @@ func TestCleanupRemovesOnlyOurs(t *testing.T) {
 			k, _ := keyOf(s)
 			left = append(left, k.String())
 		}
-		t.Errorf("after cleanup the virtual servers are %v, want only the foreign %s:8443", left, node.IP)
+		t.Errorf("after cleanup the virtual servers are %v, want only the foreign %s:8443", left, fam.hostIP(node.Host))
 	}
 	if l, _ := node.NS.Netlink().LinkByName(DummyName); l != nil {
 		t.Errorf("%s left after cleanup", DummyName)
@@ -314,7 +410,7 @@ func TestCleanupRemovesOnlyOurs(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range sets {
-		if slices.ContainsFunc(ipsetTypes, func(x struct{ name, typ string }) bool { return x.name == s.SetName }) {
+		if strings.HasPrefix(s.SetName, xtables.Prefix) {
 			t.Errorf("ipset %s left after cleanup", s.SetName)
 		}
 	}
@@ -336,16 +432,25 @@ func TestCleanupRemovesOnlyOurs(t *testing.T) {
 
 // A virtual server on one of our Service addresses that is not ours (an
 // operator's, on the ClusterIP's dummy address) is removed by the next
-// full sync, unless its address is in --ipvs-exclude-cidrs.
+// full sync, unless its address is in --ipvs-exclude-cidrs, of either
+// family.
 func TestExcludedVirtualServersAreKept(t *testing.T) {
+	forFamilies(t, testExcludedVirtualServersAreKept)
+}
+
+func testExcludedVirtualServersAreKept(t *testing.T, fam testFamily) {
 	requireIPVS(t)
+	serviceCIDR := netip.MustParsePrefix("10.96.0.0/24")
+	if fam.ipv6 {
+		serviceCIDR = netip.MustParsePrefix("fd00:10:96::/120")
+	}
 	for _, tc := range []struct {
 		name    string
 		exclude []netip.Prefix
 		kept    bool
 	}{
 		{"not excluded: removed", nil, false},
-		{"excluded: kept", []netip.Prefix{netip.MustParsePrefix("10.96.0.0/24")}, true},
+		{"excluded: kept", []netip.Prefix{serviceCIDR}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sb := sandbox.ForTest(t)
@@ -354,8 +459,8 @@ func TestExcludedVirtualServersAreKept(t *testing.T) {
 				t.Fatal(err)
 			}
 			h := handle(t, node)
-			src := example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)
-			first, err := New(behaviour.Context(t), Config{Netns: node.NS.Path()})
+			src := fam.source(t, fam.example()...)
+			first, err := New(behaviour.Context(t), fam.config(node.NS.Path(), Config{}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -363,11 +468,12 @@ func TestExcludedVirtualServersAreKept(t *testing.T) {
 				t.Fatal(err)
 			}
 			first.Close()
-			operators := ipvsService(vsKey{Addr: netip.MustParseAddr("10.96.0.10"), Proto: model.TCP, Port: 9999}, "rr", 0)
+			webIP := fam.addr(t, netip.MustParseAddr("10.96.0.10"))
+			operators := ipvsService(vsKey{Addr: webIP, Proto: model.TCP, Port: 9999}, "rr", 0)
 			if err := h.NewService(operators); err != nil {
 				t.Fatal(err)
 			}
-			second, err := New(behaviour.Context(t), Config{Netns: node.NS.Path(), ExcludeCIDRs: tc.exclude})
+			second, err := New(behaviour.Context(t), fam.config(node.NS.Path(), Config{ExcludeCIDRs: tc.exclude}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -376,11 +482,11 @@ func TestExcludedVirtualServersAreKept(t *testing.T) {
 				t.Fatal(err)
 			}
 			if got := h.IsServicePresent(operators); got != tc.kept {
-				t.Errorf("10.96.0.10:9999 present after a full sync: %v, want %v", got, tc.kept)
+				t.Errorf("%s present after a full sync: %v, want %v", netip.AddrPortFrom(webIP, 9999), got, tc.kept)
 			}
-			ours := ipvsService(vsKey{Addr: netip.MustParseAddr("10.96.0.10"), Proto: model.TCP, Port: 80}, "", 0)
+			ours := ipvsService(vsKey{Addr: webIP, Proto: model.TCP, Port: 80}, "", 0)
 			if !h.IsServicePresent(ours) {
-				t.Errorf("the Service's own virtual server 10.96.0.10:80 is gone")
+				t.Errorf("the Service's own virtual server %s is gone", netip.AddrPortFrom(webIP, 80))
 			}
 		})
 	}

@@ -16,11 +16,11 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 )
 
-// Cleanup removes everything the IPVS dataplane creates in the namespace
-// at netnsPath ("" for the caller's): our iptables chains (with every
-// iptables and ip6tables back end, which also removes the iptables
-// dataplane's of both IP families), then
-// what RemoveLeftovers removes. It is --cleanup's part for this mode and
+// Cleanup removes everything the IPVS dataplanes of both IP families create
+// in the namespace at netnsPath ("" for the caller's): our iptables chains
+// (with every iptables and ip6tables back end, which also removes the
+// iptables dataplane's of both families), then what RemoveLeftovers
+// removes. It is --cleanup's part for this mode and
 // succeeds when there is nothing to remove, also on a kernel without IPVS.
 func Cleanup(ctx context.Context, netnsPath string) error {
 	var errs []error
@@ -35,15 +35,32 @@ func Cleanup(ctx context.Context, netnsPath string) error {
 }
 
 // RemoveLeftovers removes what the IPVS dataplane creates besides iptables
-// chains: our virtual servers (those on the dummy interface's addresses or
-// listed in our frontend sets; other IPVS services are left alone), our
-// ipsets and the dummy interface. An agent starting in iptables mode calls
-// it after its first sync, which has replaced the IPVS mode's chains with
-// its own (an ipset that a rule still references cannot be destroyed); an
-// IPVS-mode start needs nothing of the kind, its first sync removes the
-// iptables mode's chains. It succeeds when there is nothing to remove, also
-// on a kernel without IPVS.
+// chains, for both IP families: our virtual servers (those on the dummy
+// interface's addresses or listed in our frontend sets; other IPVS services
+// are left alone), our ipsets and the dummy interface. An agent starting in
+// iptables mode calls it after its first sync, which has replaced the IPVS
+// mode's chains with its own (an ipset that a rule still references cannot
+// be destroyed); an IPVS-mode start needs nothing of the kind, its first
+// sync removes the iptables mode's chains. It succeeds when there is
+// nothing to remove, also on a kernel without IPVS.
 func RemoveLeftovers(ctx context.Context, netnsPath string) error {
+	return removeLeftovers(ctx, netnsPath, families, true)
+}
+
+// RemoveFamilyLeftovers is RemoveLeftovers for the one family ipv6 names,
+// for an IPVS-mode agent that no longer serves it: that family's virtual
+// servers, ipsets and addresses of the dummy interface go, the interface
+// and the other family's objects stay. Call it after that family's
+// iptables or ip6tables chains are gone.
+func RemoveFamilyLeftovers(ctx context.Context, netnsPath string, ipv6 bool) error {
+	f := &familyIPv4
+	if ipv6 {
+		f = &familyIPv6
+	}
+	return removeLeftovers(ctx, netnsPath, []*family{f}, false)
+}
+
+func removeLeftovers(ctx context.Context, netnsPath string, fams []*family, dropDummy bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -66,20 +83,36 @@ func RemoveLeftovers(ctx context.Context, netnsPath string) error {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	if ipvsPresent {
-		if err := k.deleteOwnedServices(netnsPath, dummy, sets); err != nil {
-			errs = append(errs, err)
+	for _, f := range fams {
+		if ipvsPresent {
+			if err := k.deleteOwnedServices(netnsPath, f, dummy, sets); err != nil {
+				errs = append(errs, err)
+			}
 		}
-	}
-	for _, s := range ipsetTypes {
-		if !sets[s.name] {
+		for _, s := range ipsetTypes {
+			name := f.set(s.name)
+			if !sets[name] {
+				continue
+			}
+			if err := k.nl.IpsetDestroy(name); err != nil {
+				errs = append(errs, fmt.Errorf("destroy ipset %s: %w", name, err))
+			}
+		}
+		if dummy == nil || dropDummy {
 			continue
 		}
-		if err := k.nl.IpsetDestroy(s.name); err != nil {
-			errs = append(errs, fmt.Errorf("destroy ipset %s: %w", s.name, err))
+		bound, err := k.dummyAddrs(dummy, f)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for a := range bound {
+			if err := k.unbind(dummy, a); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
-	if dummy != nil {
+	if dummy != nil && dropDummy {
 		if err := k.nl.LinkDel(dummy); err != nil {
 			errs = append(errs, fmt.Errorf("delete %s: %w", DummyName, err))
 		}
@@ -87,16 +120,16 @@ func RemoveLeftovers(ctx context.Context, netnsPath string) error {
 	return errors.Join(errs...)
 }
 
-// deleteOwnedServices deletes the virtual servers that the dataplane would
-// recognise as its own after a restart.
-func (k *kernel) deleteOwnedServices(netnsPath string, dummy netlink.Link, sets map[string]bool) error {
+// deleteOwnedServices deletes the virtual servers of family f that its
+// dataplane would recognise as its own after a restart.
+func (k *kernel) deleteOwnedServices(netnsPath string, f *family, dummy netlink.Link, sets map[string]bool) error {
 	h, err := libipvs.New(netnsPath)
 	if err != nil {
 		return fmt.Errorf("IPVS handle: %w", err)
 	}
 	defer h.Close()
 	owned := map[vsKey]bool{}
-	entries, err := k.setEntries(sets)
+	entries, err := k.setEntries(f, sets)
 	if err != nil {
 		return err
 	}
@@ -106,7 +139,7 @@ func (k *kernel) deleteOwnedServices(netnsPath string, dummy netlink.Link, sets 
 		}
 	}
 	if dummy != nil {
-		bound, err := k.dummyAddrs(dummy)
+		bound, err := k.dummyAddrs(dummy, f)
 		if err != nil {
 			return err
 		}
@@ -287,13 +320,15 @@ func (k *kernel) deleteForeignServices(netnsPath string, dummy netlink.Link, set
 		return nil, nil
 	}
 	ours := map[vsKey]bool{}
-	entries, err := k.setEntries(sets)
-	if err != nil {
-		return nil, err
-	}
-	for e := range entries {
-		if slices.Contains(frontendSets, e.Set) {
-			ours[vsKey{Addr: e.IP, Proto: e.Proto, Port: e.Port}] = true
+	for _, fam := range families {
+		entries, err := k.setEntries(fam, sets)
+		if err != nil {
+			return nil, err
+		}
+		for e := range entries {
+			if slices.Contains(frontendSets, e.Set) {
+				ours[vsKey{Addr: e.IP, Proto: e.Proto, Port: e.Port}] = true
+			}
 		}
 	}
 	h, err := libipvs.New(netnsPath)

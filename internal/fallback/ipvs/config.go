@@ -26,15 +26,30 @@
 // external frontend of an externalTrafficPolicy=Local Service is not
 // short-circuited to all endpoints (model.Service.ShortCircuit): IPVS keys
 // a virtual server on the destination alone.
+//
+// The dataplane serves one IP family, as each of upstream's per-family
+// IPVS proxiers does: Config.IPv6 makes it the IPv6 one, with virtual and
+// real servers of family AF_INET6, ipsets of family inet6 (named
+// EBPFPROXY-6-...), rules written with the ip6tables tools of the back end
+// and a persistence netmask of 128. A dual-stack node runs one dataplane
+// per family, each fed the model State of its family. The two share the
+// dummy interface and the namespace's IPVS table, and each reads, changes
+// and deletes only its own family's addresses and virtual servers, so
+// that neither undoes the other's work. IPVS itself answers a new
+// connection to a virtual server without real servers with ICMPv6 port
+// unreachable, as it answers IPv4 with ICMP.
 package ipvs
 
 import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
@@ -72,12 +87,17 @@ type Config struct {
 	// Netns is the path of the network namespace to program; "" is the
 	// agent's own.
 	Netns string
+	// IPv6 makes this the IPv6 dataplane: its virtual servers, dummy
+	// addresses and ipsets are IPv6 ones, its rules are written with the
+	// ip6tables tools of the back end, and the State it syncs holds IPv6
+	// addresses only. False is IPv4.
+	IPv6 bool
 	// Backend is the iptables back end for the few rules (see
 	// xtables.Detect); empty picks one.
 	Backend string
 	// Scheduler is one of Schedulers; empty means DefaultScheduler.
 	Scheduler string
-	// ClusterCIDR holds every pod address; ClusterIP traffic from outside
+	// ClusterCIDR holds every pod address of the family; ClusterIP traffic from outside
 	// it is masqueraded. The zero Prefix masquerades only the node's own
 	// traffic to ClusterIPs.
 	ClusterCIDR netip.Prefix
@@ -86,7 +106,8 @@ type Config struct {
 	// InterfaceNamePrefix).
 	LocalDetector xtables.LocalDetector
 	// ExcludeCIDRs hold virtual servers that are never removed, even when
-	// they look like ours (--ipvs-exclude-cidrs).
+	// they look like ours (--ipvs-exclude-cidrs). Prefixes of the other
+	// family hold none of ours.
 	ExcludeCIDRs []netip.Prefix
 	// MasqueradeAll masquerades all ClusterIP traffic.
 	MasqueradeAll bool
@@ -95,7 +116,8 @@ type Config struct {
 	MasqueradeBit int
 	// NodeIPs, if set, are the addresses NodePorts are served on, instead
 	// of the State's NodePort addresses. They also decide whether a
-	// LoadBalancer source range admits the node.
+	// LoadBalancer source range admits the node. They must be of the
+	// dataplane's family.
 	NodeIPs []netip.Addr
 	// GracePeriod bounds graceful termination; 0 means DefaultGracePeriod.
 	GracePeriod time.Duration
@@ -133,18 +155,18 @@ func (c *Config) setDefaults() error {
 	if c.MasqueradeBit < 0 || c.MasqueradeBit > 31 {
 		return fmt.Errorf("masquerade bit %d: want 0..31", c.MasqueradeBit)
 	}
-	if c.ClusterCIDR.IsValid() && !c.ClusterCIDR.Addr().Is4() {
-		return fmt.Errorf("cluster CIDR %s: the IPVS dataplane is IPv4 only", c.ClusterCIDR)
+	if c.ClusterCIDR.IsValid() && !c.inFamily(c.ClusterCIDR.Addr()) {
+		return fmt.Errorf("cluster CIDR %s: not of the dataplane's family %s", c.ClusterCIDR, c.family().name)
 	}
 	if !c.LocalDetector.IsSet() {
 		c.LocalDetector.CIDR = c.ClusterCIDR
 	}
-	if err := c.LocalDetector.Validate(false); err != nil {
+	if err := c.LocalDetector.Validate(c.IPv6); err != nil {
 		return err
 	}
 	for _, a := range c.NodeIPs {
-		if !a.Is4() {
-			return fmt.Errorf("node IP %s: want an IPv4 address", a)
+		if !c.inFamily(a) {
+			return fmt.Errorf("node IP %s: not of the dataplane's family %s", a, c.family().name)
 		}
 	}
 	switch c.Backend {
@@ -173,4 +195,45 @@ func (c *Config) setDefaults() error {
 		c.Logger = zap.NewNop()
 	}
 	return nil
+}
+
+// family holds what the two IP families' dataplanes differ in, besides the
+// addresses themselves; upstream's IPVS proxier makes the same choices for
+// each family.
+type family struct {
+	name string
+	// af is the address family of the virtual and real servers and of
+	// the ipsets.
+	af uint8
+	// netlink is the family the dummy interface's addresses are listed
+	// with.
+	netlink int
+	// setPrefix starts the names of the family's ipsets, which replaces
+	// xtables.Prefix in the IPv4 names (as upstream's KUBE-6- sets).
+	setPrefix string
+}
+
+var (
+	familyIPv4 = family{name: "IPv4", af: unix.AF_INET, netlink: netlink.FAMILY_V4, setPrefix: xtables.Prefix}
+	familyIPv6 = family{name: "IPv6", af: unix.AF_INET6, netlink: netlink.FAMILY_V6, setPrefix: xtables.Prefix + "6-"}
+	// families are both, for what removes every family's objects.
+	families = []*family{&familyIPv4, &familyIPv6}
+)
+
+// family returns the configured family's differences.
+func (c *Config) family() *family {
+	if c.IPv6 {
+		return &familyIPv6
+	}
+	return &familyIPv4
+}
+
+// inFamily reports whether a is of the configured family; an IPv4-mapped
+// IPv6 address is IPv4.
+func (c *Config) inFamily(a netip.Addr) bool { return a.Unmap().Is6() == c.IPv6 }
+
+// set returns the family's name of the ipset whose IPv4 name is name (one
+// of the set constants).
+func (f *family) set(name string) string {
+	return f.setPrefix + strings.TrimPrefix(name, xtables.Prefix)
 }

@@ -78,11 +78,11 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	if err := Available(cfg.Netns); err != nil {
 		return nil, fmt.Errorf("IPVS dataplane: %w", err)
 	}
-	backend, err := xtables.Detect(ctx, cfg.Netns, cfg.Backend)
+	backend, err := xtables.DetectFamily(ctx, cfg.Netns, cfg.Backend, cfg.IPv6)
 	if err != nil {
 		return nil, fmt.Errorf("IPVS dataplane: %w", err)
 	}
-	k, err := openKernel(cfg.Netns)
+	k, err := openKernel(cfg.Netns, cfg.family())
 	if err != nil {
 		return nil, fmt.Errorf("IPVS dataplane: %w", err)
 	}
@@ -115,7 +115,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		k.close()
 		return nil, fmt.Errorf("IPVS dataplane: %w", err)
 	}
-	cfg.Logger.Info("IPVS dataplane ready", zap.String("scheduler", cfg.Scheduler), zap.String("iptablesBackend", backend.Name),
+	cfg.Logger.Info("IPVS dataplane ready", zap.String("ipFamily", cfg.family().name), zap.String("scheduler", cfg.Scheduler), zap.String("iptablesBackend", backend.Name),
 		zap.Int("existingVirtualServers", len(d.haveVS)), zap.Int("existingAddresses", len(d.haveAddr)))
 	go d.reapLoop()
 	return d, nil
@@ -137,16 +137,16 @@ func (d *Dataplane) Close() {
 	d.k.close()
 }
 
-// read learns what of ours the kernel holds: the dummy interface's
-// addresses, the ipset entries, our virtual servers (those on the dummy's
-// addresses or listed in the frontend sets) with their real servers, and
-// our iptables chains. Real servers at weight 0 are draining.
+// read learns what of ours the kernel holds, in our family only: the dummy
+// interface's addresses, the ipset entries, our virtual servers (those on
+// the dummy's addresses or listed in the frontend sets) with their real
+// servers, and our iptables chains. Real servers at weight 0 are draining.
 func (d *Dataplane) read(ctx context.Context) error {
 	var err error
 	if d.dummy, err = d.k.dummy(true); err != nil {
 		return err
 	}
-	small, err := d.k.ensureSets(d.cfg.IPSetMaxElements)
+	small, err := d.k.ensureSets(d.cfg.family(), d.cfg.IPSetMaxElements)
 	if err != nil {
 		return err
 	}
@@ -154,14 +154,14 @@ func (d *Dataplane) read(ctx context.Context) error {
 		d.cfg.Logger.Warn("ipsets created earlier hold fewer entries than configured; run --cleanup to recreate them",
 			zap.Strings("sets", small), zap.Uint32("wanted", d.cfg.IPSetMaxElements))
 	}
-	if d.haveAddr, err = d.k.dummyAddrs(d.dummy); err != nil {
+	if d.haveAddr, err = d.k.dummyAddrs(d.dummy, d.cfg.family()); err != nil {
 		return err
 	}
 	exist, err := d.k.listSets()
 	if err != nil {
 		return err
 	}
-	if d.haveEntry, err = d.k.setEntries(exist); err != nil {
+	if d.haveEntry, err = d.k.setEntries(d.cfg.family(), exist); err != nil {
 		return err
 	}
 	frontends := map[vsKey]bool{}
@@ -178,8 +178,8 @@ func (d *Dataplane) read(ctx context.Context) error {
 	deadline := d.now().Add(d.cfg.GracePeriod)
 	for _, s := range services {
 		key, ok := keyOf(s)
-		if !ok || !(d.haveAddr[key.Addr] || frontends[key]) {
-			continue // not ours
+		if !ok || !d.cfg.inFamily(key.Addr) || !(d.haveAddr[key.Addr] || frontends[key]) {
+			continue // not ours, or the other family's dataplane's
 		}
 		a := &appliedVS{scheduler: s.SchedName, reals: map[netip.AddrPort]int{}, draining: map[netip.AddrPort]time.Time{}}
 		if s.Flags&flagPersistent != 0 {
@@ -242,7 +242,13 @@ func (d *Dataplane) sync(ctx context.Context, up model.Update, full bool) error 
 	if full {
 		d.r.nodeIPs, d.r.nodePortIPs = d.cfg.NodeIPs, d.cfg.NodeIPs
 		if len(d.cfg.NodeIPs) == 0 {
-			d.r.nodeIPs, d.r.nodePortIPs = up.State.Node.Addrs, up.State.Node.NodePorts.External()
+			d.r.nodeIPs, d.r.nodePortIPs = nil, nil
+			for _, a := range up.State.Node.Addrs {
+				if d.cfg.inFamily(a) {
+					d.r.nodeIPs = append(d.r.nodeIPs, a)
+				}
+			}
+			d.r.nodePortIPs = up.State.Node.NodePorts.External()
 		}
 		d.services = map[model.ServicePortName]serviceConfig{}
 		d.wantVS = map[vsKey][]virtualServer{}

@@ -10,8 +10,9 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
 
-// The ipsets the iptables rules match. Entries are kept per frontend, so a
-// Service costs set entries, never rules.
+// The ipsets the iptables rules match, by their IPv4 names (family.set
+// gives the IPv6 ones). Entries are kept per frontend, so a Service costs
+// set entries, never rules.
 const (
 	// setClusterIP holds ClusterIP,proto:port of every Service.
 	setClusterIP = "EBPFPROXY-CLUSTER-IP"
@@ -78,8 +79,10 @@ type virtualServer struct {
 }
 
 // setEntry is one ipset entry. IP2 and CIDR2 are used by the
-// three-dimensional sets only.
+// three-dimensional sets only; a CIDR2 of IP2's bit length is a host.
 type setEntry struct {
+	// Set is the set's IPv4 name, one of the set constants, whatever
+	// the family of the addresses.
 	Set   string
 	IP    netip.Addr
 	Proto model.Protocol
@@ -93,7 +96,7 @@ func (e setEntry) String() string {
 	s := fmt.Sprintf("%s,%s:%d", e.IP, strings.ToLower(e.Proto.String()), e.Port)
 	if e.IP2.IsValid() {
 		s += "," + e.IP2.String()
-		if e.CIDR2 != 32 && e.CIDR2 != 0 {
+		if e.CIDR2 != e.IP2.BitLen() && e.CIDR2 != 0 {
 			s += fmt.Sprintf("/%d", e.CIDR2)
 		}
 	}
@@ -163,18 +166,26 @@ func (r *renderer) service(svc *model.Service) serviceConfig {
 		}
 		out.Entries = append(out.Entries, setEntry{Set: setLBFirewall, IP: ip, Proto: proto, Port: sp.Port})
 		for _, src := range sp.LoadBalancerSourceRanges {
+			if !r.cfg.inFamily(src.Addr()) {
+				continue // an inet6 set holds no IPv4 range, nor the reverse
+			}
 			out.Entries = append(out.Entries, setEntry{Set: setLBSource, IP: ip, Proto: proto, Port: sp.Port, IP2: src.Masked().Addr(), CIDR2: src.Bits()})
 		}
 		// A node holding the LoadBalancer IP talks to it from that IP.
 		// As upstream's IPVS mode, each LoadBalancer IP admits itself
 		// only (iptables admits every LoadBalancer IP of the port).
 		if allowNode {
-			out.Entries = append(out.Entries, setEntry{Set: setLBSourceIP, IP: ip, Proto: proto, Port: sp.Port, IP2: ip, CIDR2: 32})
+			out.Entries = append(out.Entries, setEntry{Set: setLBSourceIP, IP: ip, Proto: proto, Port: sp.Port, IP2: ip, CIDR2: ip.BitLen()})
 		}
 	}
 	if sp.NodePort != 0 {
 		// NodePorts are not subject to loadBalancerSourceRanges.
 		for _, ip := range r.nodePortIPs {
+			if ip.IsLoopback() || !r.cfg.inFamily(ip) {
+				// Never ::1, as upstream; 127.0.0.0/8 would need
+				// route_localnet, which we never set.
+				continue
+			}
 			add("NodePort", ip, sp.NodePort, external, externalEps, frontendSet)
 		}
 	}
@@ -184,16 +195,16 @@ func (r *renderer) service(svc *model.Service) serviceConfig {
 		for _, rs := range vs.Reals {
 			if !seen[rs] {
 				seen[rs] = true
-				out.Entries = append(out.Entries, setEntry{Set: setHairpin, IP: rs.Addr(), Proto: proto, Port: rs.Port(), IP2: rs.Addr(), CIDR2: 32})
+				out.Entries = append(out.Entries, setEntry{Set: setHairpin, IP: rs.Addr(), Proto: proto, Port: rs.Port(), IP2: rs.Addr(), CIDR2: rs.Addr().BitLen()})
 			}
 		}
 	}
 	return out
 }
 
-// dump renders a configuration as sorted lines, the form the golden files
-// and failure messages use.
-func dump(cfgs map[model.ServicePortName]serviceConfig) string {
+// dump renders a configuration of family f as sorted lines, the form the
+// golden files and failure messages use.
+func dump(f *family, cfgs map[model.ServicePortName]serviceConfig) string {
 	var lines []string
 	addrs := map[netip.Addr]bool{}
 	for _, c := range cfgs {
@@ -215,11 +226,11 @@ func dump(cfgs map[model.ServicePortName]serviceConfig) string {
 			}
 		}
 		for _, e := range c.Entries {
-			lines = append(lines, fmt.Sprintf("ipset %s %s", e.Set, e))
+			lines = append(lines, fmt.Sprintf("ipset %s %s", f.set(e.Set), e))
 		}
 	}
 	for a := range addrs {
-		lines = append(lines, fmt.Sprintf("address %s/32 dev %s", a, DummyName))
+		lines = append(lines, fmt.Sprintf("address %s/%d dev %s", a, a.BitLen(), DummyName))
 	}
 	slices.Sort(lines)
 	lines = slices.Compact(lines)

@@ -83,13 +83,20 @@ func TestConfigurationMatchesGoldenFiles(t *testing.T) {
 	}{
 		{"node-a", Config{ClusterCIDR: example.ClusterCIDR, NodeIPs: nodeA}},
 		{"node-a-sh-no-cluster-cidr", Config{Scheduler: "sh", NodeIPs: nodeA, MasqueradeBit: 12}},
+		// The IPv6 dataplane of node-a, fed the example cluster's IPv6
+		// twin: the same virtual servers, entries and rules as node-a's
+		// over the twin addresses, in the EBPFPROXY-6- sets.
+		{"node-a6", Config{IPv6: true, ClusterCIDR: example.ClusterCIDR6, NodeIPs: []netip.Addr{example.NodeAIP6}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			src := example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)
+			if tt.cfg.IPv6 {
+				src = example.NewSource6(t, example.Node6(example.NodeA)).Add(example.Example6()...)
+			}
 			up := src.Update()
 			cfg := tt.cfg
-			checkGolden(t, tt.name+"-ipvs", dump(render(t, cfg, up.State)))
+			checkGolden(t, tt.name+"-ipvs", dump(cfg.family(), render(t, cfg, up.State)))
 			if err := cfg.setDefaults(); err != nil {
 				t.Fatal(err)
 			}
@@ -113,7 +120,11 @@ func TestSchedulerAndBitsAreValidated(t *testing.T) {
 		{"never queue", Config{Scheduler: "nq"}, true},
 		{"unknown scheduler", Config{Scheduler: "fastest"}, false},
 		{"masquerade bit too large", Config{MasqueradeBit: 32}, false},
-		{"IPv6 cluster CIDR", Config{ClusterCIDR: netip.MustParsePrefix("fd00::/64")}, false},
+		{"IPv6 cluster CIDR for IPv4", Config{ClusterCIDR: netip.MustParsePrefix("fd00::/64")}, false},
+		{"IPv4 cluster CIDR for IPv6", Config{IPv6: true, ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16")}, false},
+		{"IPv6 cluster CIDR for IPv6", Config{IPv6: true, ClusterCIDR: netip.MustParsePrefix("fd00::/64")}, true},
+		{"IPv4 node IP for IPv6", Config{IPv6: true, NodeIPs: []netip.Addr{netip.MustParseAddr("192.168.77.11")}}, false},
+		{"IPv6 node IP for IPv4", Config{NodeIPs: []netip.Addr{netip.MustParseAddr("fd00::11")}}, false},
 		{"unknown iptables back end", Config{Backend: "ebtables"}, false},
 	}
 	for _, tt := range tests {

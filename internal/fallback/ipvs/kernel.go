@@ -43,17 +43,21 @@ func Available(netnsPath string) error {
 	return fmt.Errorf("%w: modprobe ip_vs: %v %s", ErrNoIPVS, merr, strings.TrimSpace(string(out)))
 }
 
-// kernel wraps the handles that program one namespace.
+// kernel wraps the handles that program one namespace; fam is the family
+// of the dataplane that uses it (nil for the cleanup, which passes the
+// family to each call).
 type kernel struct {
 	ipvs *libipvs.Handle
 	nl   *netlink.Handle
+	fam  *family
 }
 
-func openKernel(netnsPath string) (*kernel, error) {
+func openKernel(netnsPath string, f *family) (*kernel, error) {
 	k, err := openNetlink(netnsPath)
 	if err != nil {
 		return nil, err
 	}
+	k.fam = f
 	if k.ipvs, err = libipvs.New(netnsPath); err != nil {
 		k.nl.Close()
 		return nil, fmt.Errorf("IPVS handle: %w", err)
@@ -112,7 +116,8 @@ func (k *kernel) dummy(create bool) (netlink.Link, error) {
 	}
 	// Left down, as kube-ipvs0: its addresses are local all the same,
 	// and no route points at it.
-	if err := k.nl.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: DummyName}}); err != nil {
+	// The other family's dataplane may have created it meanwhile.
+	if err := k.nl.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: DummyName}}); err != nil && !errors.Is(err, unix.EEXIST) {
 		return nil, fmt.Errorf("create %s: %w", DummyName, err)
 	}
 	l, err = k.nl.LinkByName(DummyName)
@@ -122,22 +127,32 @@ func (k *kernel) dummy(create bool) (netlink.Link, error) {
 	return l, nil
 }
 
-func (k *kernel) dummyAddrs(l netlink.Link) (map[netip.Addr]bool, error) {
-	addrs, err := k.nl.AddrList(l, netlink.FAMILY_V4)
+// dummyAddrs lists the addresses of family f on the dummy interface. An
+// IPv6 link-local address, which the kernel adds should anyone set the
+// interface up, is no Service address and is left alone.
+func (k *kernel) dummyAddrs(l netlink.Link, f *family) (map[netip.Addr]bool, error) {
+	addrs, err := k.nl.AddrList(l, f.netlink)
 	if err != nil {
-		return nil, fmt.Errorf("list addresses of %s: %w", DummyName, err)
+		return nil, fmt.Errorf("list %s addresses of %s: %w", f.name, DummyName, err)
 	}
 	out := map[netip.Addr]bool{}
 	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.IsLinkLocalUnicast() {
 			out[ip.Unmap()] = true
 		}
 	}
 	return out, nil
 }
 
+// hostAddr is a as a host address of the dummy interface. An IPv6 one
+// skips duplicate address detection (nodad, as upstream binds them): it
+// would hold the address tentative, unusable, for its duration.
 func hostAddr(a netip.Addr) *netlink.Addr {
-	return &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}}
+	if a.Is6() {
+		addr.Flags = unix.IFA_F_NODAD
+	}
+	return addr
 }
 
 func (k *kernel) bind(l netlink.Link, a netip.Addr) error {
@@ -154,9 +169,10 @@ func (k *kernel) unbind(l netlink.Link, a netip.Addr) error {
 	return nil
 }
 
-// ensureSets creates our ipsets where missing, each holding at most
-// maxElements entries. It returns the sets that exist with a lower cap.
-func (k *kernel) ensureSets(maxElements uint32) (small []string, err error) {
+// ensureSets creates our ipsets of family f where missing, each holding at
+// most maxElements entries. It returns the sets that exist with a lower
+// cap.
+func (k *kernel) ensureSets(f *family, maxElements uint32) (small []string, err error) {
 	all, err := k.nl.IpsetListAll()
 	if err != nil {
 		return nil, fmt.Errorf("list ipsets: %w", err)
@@ -166,15 +182,16 @@ func (k *kernel) ensureSets(maxElements uint32) (small []string, err error) {
 		existing[s.SetName] = s.MaxElements
 	}
 	for _, s := range ipsetTypes {
-		if max, ok := existing[s.name]; ok {
+		name := f.set(s.name)
+		if max, ok := existing[name]; ok {
 			if max != 0 && max < maxElements {
-				small = append(small, fmt.Sprintf("%s (%d)", s.name, max))
+				small = append(small, fmt.Sprintf("%s (%d)", name, max))
 			}
 			continue
 		}
-		opts := netlink.IpsetCreateOptions{Family: unix.AF_INET, MaxElements: maxElements}
-		if err := k.nl.IpsetCreate(s.name, s.typ, opts); err != nil {
-			return nil, fmt.Errorf("create ipset %s (%s): %w", s.name, s.typ, err)
+		opts := netlink.IpsetCreateOptions{Family: f.af, MaxElements: maxElements}
+		if err := k.nl.IpsetCreate(name, s.typ, opts); err != nil {
+			return nil, fmt.Errorf("create ipset %s (%s, %s): %w", name, s.typ, f.name, err)
 		}
 	}
 	return small, nil
@@ -192,16 +209,18 @@ func (k *kernel) listSets() (map[string]bool, error) {
 	return out, nil
 }
 
-// setEntries reads the entries of those of our sets that exist.
-func (k *kernel) setEntries(exist map[string]bool) (map[setEntry]bool, error) {
+// setEntries reads the entries of those of our sets of family f that
+// exist; each entry names its set by the IPv4 name.
+func (k *kernel) setEntries(f *family, exist map[string]bool) (map[setEntry]bool, error) {
 	out := map[setEntry]bool{}
 	for _, s := range ipsetTypes {
-		if !exist[s.name] {
+		name := f.set(s.name)
+		if !exist[name] {
 			continue
 		}
-		res, err := k.nl.IpsetList(s.name)
+		res, err := k.nl.IpsetList(name)
 		if err != nil {
-			return nil, fmt.Errorf("list ipset %s: %w", s.name, err)
+			return nil, fmt.Errorf("list ipset %s: %w", name, err)
 		}
 		for _, e := range res.Entries {
 			se := setEntry{Set: s.name}
@@ -218,7 +237,7 @@ func (k *kernel) setEntries(exist map[string]bool) (map[setEntry]bool, error) {
 				se.IP2 = se.IP2.Unmap()
 				se.CIDR2 = int(e.CIDR2)
 				if se.CIDR2 == 0 {
-					se.CIDR2 = 32
+					se.CIDR2 = se.IP2.BitLen()
 				}
 			}
 			out[se] = true
@@ -233,7 +252,7 @@ func netlinkEntry(e setEntry) *netlink.IPSetEntry {
 	ne := &netlink.IPSetEntry{IP: e.IP.AsSlice(), Protocol: &proto, Port: &port, Replace: true}
 	if e.IP2.IsValid() {
 		ne.IP2 = e.IP2.AsSlice()
-		if e.CIDR2 != 32 {
+		if e.CIDR2 != e.IP2.BitLen() {
 			ne.CIDR2 = uint8(e.CIDR2)
 		}
 	}
@@ -241,26 +260,31 @@ func netlinkEntry(e setEntry) *netlink.IPSetEntry {
 }
 
 func (k *kernel) addEntry(e setEntry) error {
-	err := k.nl.IpsetAdd(e.Set, netlinkEntry(e))
+	set := k.fam.set(e.Set)
+	err := k.nl.IpsetAdd(set, netlinkEntry(e))
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, nl.IPSetError(nl.IPSET_ERR_TYPE_SPECIFIC)):
 		// The one hash-type error an add can meet.
-		return fmt.Errorf("add %s to ipset %s: the set is full (see Config.IPSetMaxElements): %w", e, e.Set, err)
+		return fmt.Errorf("add %s to ipset %s: the set is full (see Config.IPSetMaxElements): %w", e, set, err)
 	}
-	return fmt.Errorf("add %s to ipset %s: %w", e, e.Set, err)
+	return fmt.Errorf("add %s to ipset %s: %w", e, set, err)
 }
 
 func (k *kernel) delEntry(e setEntry) error {
-	err := k.nl.IpsetDel(e.Set, netlinkEntry(e))
+	set := k.fam.set(e.Set)
+	err := k.nl.IpsetDel(set, netlinkEntry(e))
 	if err != nil && !errors.Is(err, nl.IPSetError(nl.IPSET_ERR_EXIST)) {
-		return fmt.Errorf("delete %s from ipset %s: %w", e, e.Set, err)
+		return fmt.Errorf("delete %s from ipset %s: %w", e, set, err)
 	}
 	return nil
 }
 
-// ipvsService is the moby/ipvs form of a virtual server.
+// ipvsService is the moby/ipvs form of a virtual server, of its address's
+// family. The netmask groups clients for persistence (ClientIP affinity):
+// one address each, which IPVS writes as a mask for IPv4 and as a prefix
+// length (128) for IPv6, as upstream sets them.
 func ipvsService(k vsKey, scheduler string, persistence time.Duration) *libipvs.Service {
 	s := &libipvs.Service{
 		AddressFamily: unix.AF_INET,
@@ -270,6 +294,9 @@ func ipvsService(k vsKey, scheduler string, persistence time.Duration) *libipvs.
 		SchedName:     scheduler,
 		Netmask:       0xffffffff,
 	}
+	if k.Addr.Is6() {
+		s.AddressFamily, s.Netmask = unix.AF_INET6, 128
+	}
 	if persistence > 0 {
 		s.Flags = flagPersistent
 		s.Timeout = uint32(max(1, persistence/time.Second))
@@ -277,17 +304,25 @@ func ipvsService(k vsKey, scheduler string, persistence time.Duration) *libipvs.
 	return s
 }
 
+// keyOf identifies a virtual server of either family; false for one
+// keyed on a firewall mark, which we never create.
 func keyOf(s *libipvs.Service) (vsKey, bool) {
 	a, ok := netip.AddrFromSlice(s.Address)
-	if !ok || s.FWMark != 0 || s.AddressFamily != unix.AF_INET {
+	if !ok || s.FWMark != 0 || (s.AddressFamily != unix.AF_INET && s.AddressFamily != unix.AF_INET6) {
 		return vsKey{}, false
 	}
 	return vsKey{Addr: a.Unmap(), Proto: model.Protocol(s.Protocol), Port: s.Port}, true
 }
 
+// destination is the moby/ipvs form of a real server, of its address's
+// family (always the virtual server's: the model serves one family).
 func destination(rs netip.AddrPort, weight int) *libipvs.Destination {
+	af := uint16(unix.AF_INET)
+	if rs.Addr().Is6() {
+		af = unix.AF_INET6
+	}
 	return &libipvs.Destination{
-		AddressFamily:   unix.AF_INET,
+		AddressFamily:   af,
 		Address:         rs.Addr().AsSlice(),
 		Port:            rs.Port(),
 		Weight:          weight,

@@ -20,9 +20,15 @@ const (
 type rule struct{ table, chain, spec string }
 
 // rules are the whole iptables side of the IPVS dataplane: a fixed set of
-// rules matching the ipsets, written on every full sync.
+// rules matching the ipsets, written on every full sync. Both families
+// write the same rules, each with its own tools and its own family's sets:
+// ip6tables' addrtype, set, mark and MASQUERADE matches and targets work
+// as iptables' do, and IPVS itself refuses connections to a virtual server
+// without real servers, with the ICMP of the family.
 func rules(cfg *Config, dropInvalid bool) []rule {
 	mark := fmt.Sprintf("%#x", uint32(1)<<cfg.MasqueradeBit)
+	fam := cfg.family()
+	set := func(name string) string { return fam.set(name) }
 	r := xtables.Rule
 	var out []rule
 	add := func(table, chain string, words ...string) {
@@ -31,33 +37,33 @@ func rules(cfg *Config, dropInvalid bool) []rule {
 	// mangle runs before IPVS in PREROUTING and OUTPUT, so a drop here
 	// happens before IPVS could answer with "port unreachable".
 	add("mangle", chainFirewall, "-m", "comment", "--comment", "traffic policy Local without a local endpoint",
-		"-m", "set", "--match-set", setDrop, "dst,dst", "-j", "DROP")
+		"-m", "set", "--match-set", set(setDrop), "dst,dst", "-j", "DROP")
 	add("mangle", chainFirewall, "-m", "comment", "--comment", "loadBalancerSourceRanges",
-		"-m", "set", "--match-set", setLBFirewall, "dst,dst",
-		"-m", "set", "!", "--match-set", setLBSource, "dst,dst,src",
-		"-m", "set", "!", "--match-set", setLBSourceIP, "dst,dst,src", "-j", "DROP")
+		"-m", "set", "--match-set", set(setLBFirewall), "dst,dst",
+		"-m", "set", "!", "--match-set", set(setLBSource), "dst,dst,src",
+		"-m", "set", "!", "--match-set", set(setLBSourceIP), "dst,dst,src", "-j", "DROP")
 
 	// nat runs before IPVS too: the mark set here survives IPVS's NAT
 	// and is masqueraded in POSTROUTING (with net.ipv4.vs.conntrack on).
 	switch {
 	case cfg.MasqueradeAll:
 		add("nat", chainServices, "-m", "comment", "--comment", "masquerade all ClusterIP traffic",
-			"-m", "set", "--match-set", setClusterIP, "dst,dst", "-j", chainMarkMasq)
+			"-m", "set", "--match-set", set(setClusterIP), "dst,dst", "-j", chainMarkMasq)
 	case cfg.LocalDetector.IsSet():
 		add("nat", chainServices, append(cfg.LocalDetector.Match(true), "-m", "comment", "--comment", "masquerade off-cluster ClusterIP traffic",
-			"-m", "set", "--match-set", setClusterIP, "dst,dst", "-j", chainMarkMasq)...)
+			"-m", "set", "--match-set", set(setClusterIP), "dst,dst", "-j", chainMarkMasq)...)
 	default:
 		// The node reaches a ClusterIP bound on the dummy interface
 		// from that very address, which no endpoint could answer.
 		add("nat", chainServices, "-m", "comment", "--comment", "masquerade the node's ClusterIP traffic",
-			"-m", "addrtype", "--src-type", "LOCAL", "-m", "set", "--match-set", setClusterIP, "dst,dst", "-j", chainMarkMasq)
+			"-m", "addrtype", "--src-type", "LOCAL", "-m", "set", "--match-set", set(setClusterIP), "dst,dst", "-j", chainMarkMasq)
 	}
 	add("nat", chainServices, "-m", "comment", "--comment", "masquerade external traffic (policy Cluster)",
-		"-m", "set", "--match-set", setExternal, "dst,dst", "-j", chainMarkMasq)
+		"-m", "set", "--match-set", set(setExternal), "dst,dst", "-j", chainMarkMasq)
 	add("nat", chainServices, "-m", "comment", "--comment", "masquerade the node's external traffic (policy Local)",
-		"-m", "addrtype", "--src-type", "LOCAL", "-m", "set", "--match-set", setExternalLocal, "dst,dst", "-j", chainMarkMasq)
+		"-m", "addrtype", "--src-type", "LOCAL", "-m", "set", "--match-set", set(setExternalLocal), "dst,dst", "-j", chainMarkMasq)
 	add("nat", chainPostrouting, "-m", "comment", "--comment", "endpoint reaching itself (hairpin)",
-		"-m", "set", "--match-set", setHairpin, "dst,dst,src", "-j", "MASQUERADE")
+		"-m", "set", "--match-set", set(setHairpin), "dst,dst,src", "-j", "MASQUERADE")
 	add("nat", chainPostrouting, "-m", "mark", "!", "--mark", mark+"/"+mark, "-j", "RETURN")
 	add("nat", chainPostrouting, "-j", "MARK", "--xor-mark", mark)
 	add("nat", chainPostrouting, "-m", "comment", "--comment", "ebpf-proxy service traffic requiring SNAT", "-j", "MASQUERADE", "--random-fully")
