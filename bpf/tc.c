@@ -25,17 +25,20 @@
 #include "lib/rewrite.h"
 #include "lib/unreach.h"
 
-/* tc_send sends a translated packet on: a source-NATed one (or a reply to
- * a client outside) straight out through the FIB, anything else to the
- * kernel. */
-static __always_inline int tc_send(struct __sk_buff *skb, const struct pkt4 *p, bool fib)
+/* tc_send sends a translated packet on (p a struct pkt6 when v6, else a
+ * struct pkt4): a source-NATed one (or a reply to a client outside)
+ * straight out through the FIB, anything else to the kernel. */
+static __always_inline int tc_send(struct __sk_buff *skb, bool v6, const void *p, bool fib)
 {
 	bool no_route = false;
 	int ret;
 
 	if (!fib)
 		return TC_ACT_OK;
-	ret = pkt4_forward(skb, p, &no_route);
+	if (v6)
+		ret = pkt6_forward(skb, p, &no_route);
+	else
+		ret = pkt4_forward(skb, p, &no_route);
 	if (no_route)
 		lb_count(LB_M_TC_NO_ROUTE);
 	return ret;
@@ -53,7 +56,7 @@ static __always_inline int tc_xlate_orig(struct __sk_buff *skb, struct pkt4 *p,
 		return TC_ACT_SHOT;
 	if (snat && pkt4_rewrite(skb, p, true, saddr, sport))
 		return TC_ACT_SHOT;
-	return tc_send(skb, p, snat);
+	return tc_send(skb, false, p, snat);
 }
 
 /* tc_new_flow handles the first packet of a flow: a frontend's verdict, a
@@ -109,21 +112,7 @@ static __always_inline int tc_reply(struct __sk_buff *skb, struct pkt4 *p, struc
 	if (snat && pkt4_rewrite(skb, p, false, daddr, dport))
 		return TC_ACT_SHOT;
 	lb_count(LB_M_TC_REPLY);
-	return tc_send(skb, p, snat);
-}
-
-/* tc6_send is tc_send for IPv6. */
-static __always_inline int tc6_send(struct __sk_buff *skb, const struct pkt6 *p, bool fib)
-{
-	bool no_route = false;
-	int ret;
-
-	if (!fib)
-		return TC_ACT_OK;
-	ret = pkt6_forward(skb, p, &no_route);
-	if (no_route)
-		lb_count(LB_M_TC_NO_ROUTE);
-	return ret;
+	return tc_send(skb, false, p, snat);
 }
 
 /* tc_icmp_error translates an ICMP error about a tracked flow, so that it
@@ -146,21 +135,20 @@ static __always_inline int tc_icmp_error(struct __sk_buff *skb, bool v6, void *p
 	struct pkt6_inner in6 = {};
 	struct ct4_key key4 = {};
 	struct ct6_key key6 = {};
-	void *in = v6 ? (void *)&in6 : (void *)&in4;
+	struct pkt_inner *in = v6 ? &in6.q : &in4.q;
 	void *key = v6 ? (void *)&key6 : (void *)&key4;
 	__u32 icmp_csum = PKT_F(p, v6, csum_off);
 	void *e;
 	bool snat;
-	int ret;
 
 	if (pkt_parse_icmp_err(skb, v6, p, in))
 		return TC_ACT_UNSPEC;
 	/* The flow of the quoted packet, seen from the other end. */
 	pkt_addr_copy(v6, CT_K_ADDR(key, v6, saddr), PKT_IN_ADDR(in, v6, daddr));
 	pkt_addr_copy(v6, CT_K_ADDR(key, v6, daddr), PKT_IN_ADDR(in, v6, saddr));
-	CT_K(key, v6, sport) = PKT_IN_F(in, v6, dport);
-	CT_K(key, v6, dport) = PKT_IN_F(in, v6, sport);
-	CT_K(key, v6, proto) = PKT_IN_F(in, v6, proto);
+	CT_K(key, v6, sport) = in->dport;
+	CT_K(key, v6, dport) = in->sport;
+	CT_K(key, v6, proto) = in->proto;
 	if (!egress) {
 		CT_K(key, v6, dir) = CT_DIR_ORIG;
 		e = bpf_map_lookup_elem(ct_map(v6), key);
@@ -198,11 +186,7 @@ static __always_inline int tc_icmp_error(struct __sk_buff *skb, bool v6, void *p
 		return TC_ACT_SHOT;
 send:
 	lb_count(LB_M_TC_ICMP_XLATE);
-	if (v6)
-		ret = tc6_send(skb, p, snat);
-	else
-		ret = tc_send(skb, p, snat);
-	return ret;
+	return tc_send(skb, v6, p, snat);
 }
 
 /* tc_reset ends the tracked flow of p (its client-side entry e), whose
@@ -260,7 +244,7 @@ static __always_inline int tc6_xlate(struct __sk_buff *skb, struct pkt6 *p,
 			return TC_ACT_SHOT;
 		lb_count(LB_M_TC_REPLY);
 	}
-	return tc6_send(skb, p, snat);
+	return tc_send(skb, true, p, snat);
 }
 
 /* tc6_new_flow is tc_new_flow for IPv6. */

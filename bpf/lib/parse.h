@@ -317,11 +317,10 @@ static __always_inline enum xdp_parse xdp_pkt4_parse(struct xdp_md *ctx, struct 
 	return XDP_PKT_OK;
 }
 
-/* The packet an ICMP error quotes: its addresses and ports as quoted, and
- * where its headers are, from the frame start. */
-struct pkt4_inner {
-	__be32 saddr;
-	__be32 daddr;
+/* The packet an ICMP or ICMPv6 error quotes: its ports as quoted, and where
+ * its headers are, from the frame start; its addresses follow in struct
+ * pkt4_inner or struct pkt6_inner, which begin with this. */
+struct pkt_inner {
 	__be16 sport;
 	__be16 dport;
 	__u8 proto;
@@ -331,27 +330,25 @@ struct pkt4_inner {
 	__u32 l4_check_off;
 };
 
-/* The packet an ICMPv6 error quotes, as struct pkt4_inner. */
+struct pkt4_inner {
+	struct pkt_inner q;
+	__be32 saddr;
+	__be32 daddr;
+};
+
 struct pkt6_inner {
+	struct pkt_inner q;
 	__be32 saddr[4];
 	__be32 daddr[4];
-	__be16 sport;
-	__be16 dport;
-	__u8 proto;
-	__u32 ip_off;
-	__u32 l4_off;
-	__u32 l4_check_off;
 };
 
 /* What is said once for both families, as ct.h's CT_E: v6 is a constant at
  * every call and says whether p is a struct pkt6 or a struct pkt4, and in
- * a struct pkt6_inner or a struct pkt4_inner. PKT_F and PKT_IN_F name a
- * field the two share; PKT_ADDR and PKT_IN_ADDR an address, as a pointer to
- * its words (one for IPv4, four for IPv6). */
+ * a struct pkt6_inner or a struct pkt4_inner. PKT_F names a field the two
+ * packets share; PKT_ADDR and PKT_IN_ADDR an address, as a pointer to its
+ * words (one for IPv4, four for IPv6). */
 #define PKT_F(p, v6, f)	   (*((v6) ? &((struct pkt6 *)(p))->f : &((struct pkt4 *)(p))->f))
 #define PKT_ADDR(p, v6, f) ((v6) ? ((struct pkt6 *)(p))->f : &((struct pkt4 *)(p))->f)
-#define PKT_IN_F(in, v6, f)                                                                        \
-	(*((v6) ? &((struct pkt6_inner *)(in))->f : &((struct pkt4_inner *)(in))->f))
 #define PKT_IN_ADDR(in, v6, f)                                                                     \
 	((v6) ? ((struct pkt6_inner *)(in))->f : &((struct pkt4_inner *)(in))->f)
 
@@ -375,15 +372,15 @@ static __always_inline void pkt_addr_copy(bool v6, __be32 *dst, const __be32 *sr
 		*dst = *src;
 }
 
-/* pkt_parse_icmp_err reads the packet that an ICMP error p quotes (p a
- * struct pkt6 and in a struct pkt6_inner when v6, else struct pkt4 and
- * struct pkt4_inner), when it is a TCP or UDP packet (IPv4: or its first
- * fragment; IPv6: without extension headers) quoted with at least its
- * ports. The errors are ICMP destination unreachable and time exceeded,
- * and ICMPv6 destination unreachable, packet too big, time exceeded and
- * parameter problem. Returns 0 when it is. */
+/* pkt_parse_icmp_err reads the packet that an ICMP error p quotes into in,
+ * the struct pkt_inner of a struct pkt6_inner when v6 (p a struct pkt6),
+ * else of a struct pkt4_inner (p a struct pkt4), when it is a TCP or UDP
+ * packet (IPv4: or its first fragment; IPv6: without extension headers)
+ * quoted with at least its ports. The errors are ICMP destination
+ * unreachable and time exceeded, and ICMPv6 destination unreachable, packet
+ * too big, time exceeded and parameter problem. Returns 0 when it is. */
 static __always_inline int pkt_parse_icmp_err(struct __sk_buff *skb, bool v6, const void *p,
-					      void *in)
+					      struct pkt_inner *in)
 {
 	__u32 l4_off = PKT_F(p, v6, l4_off);
 	/* Where the message ends: bytes after it are link padding. */
@@ -428,21 +425,20 @@ static __always_inline int pkt_parse_icmp_err(struct __sk_buff *skb, bool v6, co
 	}
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return -1;
-	PKT_IN_F(in, v6, ip_off) = ip_off;
-	PKT_IN_F(in, v6, l4_off) = ip_off + ihl;
+	in->ip_off = ip_off;
+	in->l4_off = ip_off + ihl;
 	if (end < ip_off + ihl + sizeof(ports))
 		return -1;
 	if (bpf_skb_load_bytes(skb, ip_off + ihl, ports, sizeof(ports)))
 		return -1;
-	PKT_IN_F(in, v6, sport) = ports[0];
-	PKT_IN_F(in, v6, dport) = ports[1];
-	PKT_IN_F(in, v6, proto) = proto;
-	PKT_IN_F(in, v6, l4_check_off) =
-		ip_off + ihl +
-		(proto == IPPROTO_TCP ? pkt_offsetof(struct tcphdr, check)
-				      : pkt_offsetof(struct udphdr, check));
-	if (end < PKT_IN_F(in, v6, l4_check_off) + sizeof(__sum16))
-		PKT_IN_F(in, v6, l4_check_off) = 0;
+	in->sport = ports[0];
+	in->dport = ports[1];
+	in->proto = proto;
+	in->l4_check_off = ip_off + ihl +
+			   (proto == IPPROTO_TCP ? pkt_offsetof(struct tcphdr, check)
+						 : pkt_offsetof(struct udphdr, check));
+	if (end < in->l4_check_off + sizeof(__sum16))
+		in->l4_check_off = 0;
 	return 0;
 }
 

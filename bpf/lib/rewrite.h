@@ -167,20 +167,20 @@ static __always_inline int pkt_icmp_rewrite_outer(struct __sk_buff *skb, bool v6
  * skb->csum stays as it is. On a CHECKSUM_PARTIAL skb the ICMP checksum is
  * the device's to compute, and the helper leaves it alone, as it should. */
 static __always_inline int pkt_icmp_rewrite_inner(struct __sk_buff *skb, bool v6, __u32 icmp_csum,
-						  void *in, bool src, const __be32 *addr,
-						  __be16 port)
+						  struct pkt_inner *in, bool src,
+						  const __be32 *addr, __be16 port)
 {
-	__u32 ip_off = PKT_IN_F(in, v6, ip_off);
+	__u32 ip_off = in->ip_off;
 	__u32 check_off = ip_off + pkt_offsetof(struct iphdr, check);
 	__u32 addr_off = ip_off + (v6 ? (src ? pkt_offsetof(struct pkt_ipv6hdr, saddr)
 					     : pkt_offsetof(struct pkt_ipv6hdr, daddr))
 				      : (src ? pkt_offsetof(struct iphdr, saddr)
 					     : pkt_offsetof(struct iphdr, daddr)));
-	__u32 port_off = PKT_IN_F(in, v6, l4_off) + (src ? 0 : sizeof(__be16));
-	__u32 l4_check_off = PKT_IN_F(in, v6, l4_check_off);
+	__u32 port_off = in->l4_off + (src ? 0 : sizeof(__be16));
+	__u32 l4_check_off = in->l4_check_off;
 	__u32 alen = v6 ? 4 * sizeof(__be32) : sizeof(__be32);
 	__be32 *old = src ? PKT_IN_ADDR(in, v6, saddr) : PKT_IN_ADDR(in, v6, daddr);
-	__be16 *old_port = src ? &PKT_IN_F(in, v6, sport) : &PKT_IN_F(in, v6, dport);
+	__be16 *old_port = src ? &in->sport : &in->dport;
 	bool addr_changed = !pkt_addr_eq(v6, old, addr);
 	__sum16 old_check, new_check;
 	__u16 l4_check, l4_new;
@@ -196,10 +196,10 @@ static __always_inline int pkt_icmp_rewrite_inner(struct __sk_buff *skb, bool v6
 	if (l4_check_off && (addr_changed || *old_port != port)) {
 		if (bpf_skb_load_bytes(skb, l4_check_off, &l4_check, sizeof(l4_check)))
 			return -1;
-		if (PKT_IN_F(in, v6, proto) == IPPROTO_TCP || l4_check) {
+		if (in->proto == IPPROTO_TCP || l4_check) {
 			l4_new = pkt_csum_add(l4_check, diff);
 			l4_new = pkt_csum_replace(l4_new, *old_port, port);
-			if (PKT_IN_F(in, v6, proto) == IPPROTO_UDP && !l4_new)
+			if (in->proto == IPPROTO_UDP && !l4_new)
 				l4_new = 0xffff;
 			if (bpf_l4_csum_replace(skb, icmp_csum, l4_check, l4_new, sizeof(l4_new)) ||
 			    bpf_skb_store_bytes(skb, l4_check_off, &l4_new, sizeof(l4_new), 0))
