@@ -25,17 +25,20 @@
 #include "lib/rewrite.h"
 #include "lib/unreach.h"
 
-/* tc_send sends a translated packet on: a source-NATed one (or a reply to
- * a client outside) straight out through the FIB, anything else to the
- * kernel. */
-static __always_inline int tc_send(struct __sk_buff *skb, const struct pkt4 *p, bool fib)
+/* tc_send sends a translated packet on (p a struct pkt6 when v6, else a
+ * struct pkt4): a source-NATed one (or a reply to a client outside)
+ * straight out through the FIB, anything else to the kernel. */
+static __always_inline int tc_send(struct __sk_buff *skb, bool v6, const void *p, bool fib)
 {
 	bool no_route = false;
 	int ret;
 
 	if (!fib)
 		return TC_ACT_OK;
-	ret = pkt4_forward(skb, p, &no_route);
+	if (v6)
+		ret = pkt6_forward(skb, p, &no_route);
+	else
+		ret = pkt4_forward(skb, p, &no_route);
 	if (no_route)
 		lb_count(LB_M_TC_NO_ROUTE);
 	return ret;
@@ -53,7 +56,7 @@ static __always_inline int tc_xlate_orig(struct __sk_buff *skb, struct pkt4 *p,
 		return TC_ACT_SHOT;
 	if (snat && pkt4_rewrite(skb, p, true, saddr, sport))
 		return TC_ACT_SHOT;
-	return tc_send(skb, p, snat);
+	return tc_send(skb, false, p, snat);
 }
 
 /* tc_new_flow handles the first packet of a flow: a frontend's verdict, a
@@ -109,7 +112,7 @@ static __always_inline int tc_reply(struct __sk_buff *skb, struct pkt4 *p, struc
 	if (snat && pkt4_rewrite(skb, p, false, daddr, dport))
 		return TC_ACT_SHOT;
 	lb_count(LB_M_TC_REPLY);
-	return tc_send(skb, p, snat);
+	return tc_send(skb, false, p, snat);
 }
 
 /* tc_icmp_error translates an ICMP error about a tracked flow, so that it
@@ -117,65 +120,73 @@ static __always_inline int tc_reply(struct __sk_buff *skb, struct pkt4 *p, struc
  * was sent: what kube-proxy's conntrack does for RELATED traffic, and what
  * path MTU discovery needs.
  *  - At ingress, about a reply we sent to a client (F:fport -> C:cport), for
- *    instance "fragmentation needed" from a router on the way: it goes to
- *    the backend, about its own reply (P:port -> C:cport, or -> S:sport
- *    with source NAT).
+ *    instance "fragmentation needed" (ICMPv6: packet too big) from a router
+ *    on the way: it goes to the backend, about its own reply (P:port ->
+ *    C:cport, or -> S:sport with source NAT).
  *  - About a packet we sent to a backend (C:cport or S:sport -> P:port),
  *    from the backend's side (at ingress with source NAT, at egress from a
  *    local backend without): it goes to the client, about its own packet
- *    (C:cport -> F:fport), from the frontend when the backend sent it. */
-static __always_inline int tc_icmp_error(struct __sk_buff *skb, struct pkt4 *p, bool egress)
+ *    (C:cport -> F:fport), from the frontend when the backend sent it.
+ * Written once for ICMP and ICMPv6: v6 says whether p is a struct pkt6 (an
+ * ICMPv6 message, with tc6_ct_v1's flows) or a struct pkt4. */
+static __always_inline int tc_icmp_error(struct __sk_buff *skb, bool v6, void *p, bool egress)
 {
-	struct pkt4_inner in = {};
-	struct ct4_key key = {};
-	struct ct4_entry *e;
+	struct pkt4_inner in4 = {};
+	struct pkt6_inner in6 = {};
+	struct ct4_key key4 = {};
+	struct ct6_key key6 = {};
+	struct pkt_inner *in = v6 ? &in6.q : &in4.q;
+	void *key = v6 ? (void *)&key6 : (void *)&key4;
+	__u32 icmp_csum = PKT_F(p, v6, csum_off);
+	void *e;
 	bool snat;
 
-	if (pkt4_parse_icmp_err(skb, p, &in))
+	if (pkt_parse_icmp_err(skb, v6, p, in))
 		return TC_ACT_UNSPEC;
 	/* The flow of the quoted packet, seen from the other end. */
-	key.saddr = in.daddr;
-	key.daddr = in.saddr;
-	key.sport = in.dport;
-	key.dport = in.sport;
-	key.proto = in.proto;
+	pkt_addr_copy(v6, CT_K_ADDR(key, v6, saddr), PKT_IN_ADDR(in, v6, daddr));
+	pkt_addr_copy(v6, CT_K_ADDR(key, v6, daddr), PKT_IN_ADDR(in, v6, saddr));
+	CT_K(key, v6, sport) = in->dport;
+	CT_K(key, v6, dport) = in->sport;
+	CT_K(key, v6, proto) = in->proto;
 	if (!egress) {
-		key.dir = CT_DIR_ORIG;
-		e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
-		if (e && p->daddr == in.saddr) {
-			__be32 be_addr = e->nat_daddr, snat_addr = e->nat_saddr;
-			__be16 be_port = e->nat_dport, snat_port = e->nat_sport;
-
-			snat = e->flags & CT_F_SNAT;
-			if (pkt4_icmp_rewrite_outer(skb, p, false, be_addr) ||
-			    pkt4_icmp_rewrite_inner(skb, p, &in, true, be_addr, be_port) ||
-			    (snat &&
-			     pkt4_icmp_rewrite_inner(skb, p, &in, false, snat_addr, snat_port)))
+		CT_K(key, v6, dir) = CT_DIR_ORIG;
+		e = bpf_map_lookup_elem(ct_map(v6), key);
+		/* e stays valid across the helpers that change the packet. */
+		if (e && pkt_addr_eq(v6, PKT_ADDR(p, v6, daddr), PKT_IN_ADDR(in, v6, saddr))) {
+			snat = CT_E(e, v6, flags) & CT_F_SNAT;
+			if (pkt_icmp_rewrite_outer(skb, v6, p, false,
+						   CT_E_ADDR(e, v6, nat_daddr)) ||
+			    pkt_icmp_rewrite_inner(skb, v6, icmp_csum, in, true,
+						   CT_E_ADDR(e, v6, nat_daddr),
+						   CT_E(e, v6, nat_dport)) ||
+			    (snat && pkt_icmp_rewrite_inner(skb, v6, icmp_csum, in, false,
+							    CT_E_ADDR(e, v6, nat_saddr),
+							    CT_E(e, v6, nat_sport))))
 				return TC_ACT_SHOT;
-			lb_count(LB_M_TC_ICMP_XLATE);
-			return tc_send(skb, p, snat);
+			goto send;
 		}
 	}
-	key.dir = CT_DIR_REPLY;
-	e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
+	CT_K(key, v6, dir) = CT_DIR_REPLY;
+	e = bpf_map_lookup_elem(ct_map(v6), key);
 	if (!e)
 		return TC_ACT_UNSPEC;
-	snat = e->flags & CT_F_SNAT;
+	snat = CT_E(e, v6, flags) & CT_F_SNAT;
 	/* Source-NATed flows come back at ingress, the others leave at egress. */
-	if (snat == egress || p->daddr != in.saddr)
+	if (snat == egress || !pkt_addr_eq(v6, PKT_ADDR(p, v6, daddr), PKT_IN_ADDR(in, v6, saddr)))
 		return TC_ACT_UNSPEC;
-	{
-		__be32 fe_addr = e->nat_saddr, client = e->nat_daddr;
-		__be16 fe_port = e->nat_sport, client_port = e->nat_dport;
-
-		if ((p->saddr == in.daddr && pkt4_icmp_rewrite_outer(skb, p, true, fe_addr)) ||
-		    (snat && pkt4_icmp_rewrite_outer(skb, p, false, client)) ||
-		    pkt4_icmp_rewrite_inner(skb, p, &in, false, fe_addr, fe_port) ||
-		    (snat && pkt4_icmp_rewrite_inner(skb, p, &in, true, client, client_port)))
-			return TC_ACT_SHOT;
-	}
+	/* The frontend is e's nat_s*, the client its nat_d*. */
+	if ((pkt_addr_eq(v6, PKT_ADDR(p, v6, saddr), PKT_IN_ADDR(in, v6, daddr)) &&
+	     pkt_icmp_rewrite_outer(skb, v6, p, true, CT_E_ADDR(e, v6, nat_saddr))) ||
+	    (snat && pkt_icmp_rewrite_outer(skb, v6, p, false, CT_E_ADDR(e, v6, nat_daddr))) ||
+	    pkt_icmp_rewrite_inner(skb, v6, icmp_csum, in, false, CT_E_ADDR(e, v6, nat_saddr),
+				   CT_E(e, v6, nat_sport)) ||
+	    (snat && pkt_icmp_rewrite_inner(skb, v6, icmp_csum, in, true,
+					    CT_E_ADDR(e, v6, nat_daddr), CT_E(e, v6, nat_dport))))
+		return TC_ACT_SHOT;
+send:
 	lb_count(LB_M_TC_ICMP_XLATE);
-	return tc_send(skb, p, snat);
+	return tc_send(skb, v6, p, snat);
 }
 
 /* tc_reset ends the tracked flow of p (its client-side entry e), whose
@@ -207,22 +218,9 @@ static __always_inline int tc_reset(struct __sk_buff *skb, const struct pkt4 *p,
 }
 
 /* IPv6: the same paths for IPv6 packets (nodeport.h's np6_* decisions,
- * the pkt6_* rewrites). Packets with extension headers (fragments among
- * them) and ICMPv6 (neighbour discovery, errors) pass untouched. */
-
-/* tc6_send is tc_send for IPv6. */
-static __always_inline int tc6_send(struct __sk_buff *skb, const struct pkt6 *p, bool fib)
-{
-	bool no_route = false;
-	int ret;
-
-	if (!fib)
-		return TC_ACT_OK;
-	ret = pkt6_forward(skb, p, &no_route);
-	if (no_route)
-		lb_count(LB_M_TC_NO_ROUTE);
-	return ret;
-}
+ * the pkt6_* rewrites, tc_icmp_error for ICMPv6 errors). Packets with
+ * extension headers (fragments among them) and ICMPv6 other than errors
+ * about tracked flows (neighbour discovery, echo) pass untouched. */
 
 /* tc6_xlate is the rewrite of an IPv6 packet by its flow's entry e: the
  * destination (src false: a client's packet) or the source (a reply) from
@@ -246,7 +244,7 @@ static __always_inline int tc6_xlate(struct __sk_buff *skb, struct pkt6 *p,
 			return TC_ACT_SHOT;
 		lb_count(LB_M_TC_REPLY);
 	}
-	return tc6_send(skb, p, snat);
+	return tc_send(skb, true, p, snat);
 }
 
 /* tc6_new_flow is tc_new_flow for IPv6. */
@@ -313,8 +311,14 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb)
 	bool reply = false;
 	__u32 now;
 
-	if (pkt6_parse(skb, &p) != PKT_OK)
+	switch (pkt6_parse(skb, &p)) {
+	case PKT_OK:
+		break;
+	case PKT_ICMP:
+		return tc_icmp_error(skb, true, &p, false);
+	default:
 		return TC_ACT_UNSPEC;
+	}
 	now = ct_now();
 	e = np6_lookup_tracked(&p, now, &reply);
 	if (e && reply) {
@@ -341,8 +345,14 @@ static __always_inline int tc6_egress(struct __sk_buff *skb)
 	struct ct6_key key = {};
 	struct ct6_entry *e;
 
-	if (pkt6_parse(skb, &p) != PKT_OK)
+	switch (pkt6_parse(skb, &p)) {
+	case PKT_OK:
+		break;
+	case PKT_ICMP:
+		return tc_icmp_error(skb, true, &p, true);
+	default:
 		return TC_ACT_UNSPEC;
+	}
 	__builtin_memcpy(key.saddr, p.saddr, sizeof(key.saddr));
 	__builtin_memcpy(key.daddr, p.daddr, sizeof(key.daddr));
 	key.sport = p.sport;
@@ -371,7 +381,7 @@ int tc_ingress(struct __sk_buff *skb)
 	case PKT_OK:
 		break;
 	case PKT_ICMP:
-		return tc_icmp_error(skb, &p, false);
+		return tc_icmp_error(skb, false, &p, false);
 	default:
 		return TC_ACT_UNSPEC;
 	}
@@ -407,7 +417,7 @@ int tc_egress(struct __sk_buff *skb)
 	case PKT_OK:
 		break;
 	case PKT_ICMP:
-		return tc_icmp_error(skb, &p, true);
+		return tc_icmp_error(skb, false, &p, true);
 	default:
 		return TC_ACT_UNSPEC;
 	}

@@ -35,6 +35,14 @@ static __always_inline __u16 pkt_csum_replace(__u16 check, __u32 from, __u32 to)
 	return (__u16)~sum;
 }
 
+/* pkt_csum_add updates a ones' complement checksum for data whose sum
+ * changed by diff, what bpf_csum_diff returns for the change (RFC 1624,
+ * eqn. 3, for several fields at once). */
+static __always_inline __u16 pkt_csum_add(__u16 check, __s64 diff)
+{
+	return pkt_csum_fold((__u16)~check + (__u64)(__u32)diff);
+}
+
 /* pkt4_ttl_word is the 16-bit word of the IP header that a TTL change
  * alters: the IP checksum sums the TTL together with the protocol. */
 static __always_inline __be16 pkt4_ttl_word(__u16 ttl, __u8 proto)

@@ -55,9 +55,12 @@ struct {
 /* The flow tracking below is written once for both families, as lb.h: v6
  * is a constant at every call and says whether an entry is a struct
  * ct6_entry or a struct ct4_entry, a key a struct ct6_key or a struct
- * ct4_key. CT_E names a field the two entries share, CT_K one of the keys. */
-#define CT_E(e, v6, f) (*((v6) ? &((struct ct6_entry *)(e))->f : &((struct ct4_entry *)(e))->f))
-#define CT_K(k, v6, f) (*((v6) ? &((struct ct6_key *)(k))->f : &((struct ct4_key *)(k))->f))
+ * ct4_key. CT_E names a field the two entries share, CT_K one of the keys;
+ * CT_E_ADDR and CT_K_ADDR an address, as a pointer to its words. */
+#define CT_E(e, v6, f)	    (*((v6) ? &((struct ct6_entry *)(e))->f : &((struct ct4_entry *)(e))->f))
+#define CT_K(k, v6, f)	    (*((v6) ? &((struct ct6_key *)(k))->f : &((struct ct4_key *)(k))->f))
+#define CT_E_ADDR(e, v6, f) ((v6) ? ((struct ct6_entry *)(e))->f : &((struct ct4_entry *)(e))->f)
+#define CT_K_ADDR(k, v6, f) ((v6) ? ((struct ct6_key *)(k))->f : &((struct ct4_key *)(k))->f)
 
 static __always_inline void *ct_map(bool v6)
 {

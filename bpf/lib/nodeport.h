@@ -345,11 +345,6 @@ static __always_inline bool np_backend_gone(const struct ct4_entry *e, const str
  * tc6_ct_v1 and tc6_snat_addrs_v1, maglev.h's tables with v6 set and
  * flow_hash6. Only the TC programs call these (XDP passes IPv6 to TC). */
 
-static __always_inline bool pkt6_addr_eq(const __be32 *a, const __be32 *b)
-{
-	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
-}
-
 /* np6_orig_valid is np_orig_valid for IPv6. */
 static __always_inline bool np6_orig_valid(struct ct6_entry *e, const struct pkt6 *p, __u32 now)
 {

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Reading IPv4 TCP and UDP headers into struct pkt4, which every other
- * packet header takes: from skbs through bpf_skb_load_bytes (so that paged
- * skbs need no pull), from XDP buffers with direct packet access, and the
- * packet that an ICMP error quotes. The wire definitions the vendored UAPI
- * headers lack are here too. */
+/* Reading IPv4 and IPv6 TCP and UDP headers into struct pkt4 and struct
+ * pkt6, which every other packet header takes: from skbs through
+ * bpf_skb_load_bytes (so that paged skbs need no pull), from XDP buffers
+ * with direct packet access, and the packet that an ICMP or ICMPv6 error
+ * quotes. The wire definitions the vendored UAPI headers lack are here too. */
 #ifndef EBPF_PROXY_PARSE_H
 #define EBPF_PROXY_PARSE_H
 
@@ -141,6 +141,13 @@ struct pkt_ipv6hdr {
 
 #define PKT_IPPROTO_ICMPV6 58
 
+/* The ICMPv6 error messages (RFC 4443 3): each quotes the packet it is
+ * about after its 8-byte header (struct pkt_icmphdr). */
+#define ICMPV6_DEST_UNREACH 1
+#define ICMPV6_PKT_TOOBIG   2
+#define ICMPV6_TIME_EXCEED  3
+#define ICMPV6_PARAMPROB    4
+
 /* The pseudo-header of IPv6 upper-layer checksums (RFC 8200 8.1), in its
  * wire layout. */
 struct pkt_pseudo6 {
@@ -167,12 +174,13 @@ struct pkt6 {
 };
 
 /* pkt6_parse reads the IPv6 and TCP/UDP headers of skb into p. Only a
- * complete IPv6 packet whose first next header is TCP or UDP is PKT_OK;
- * everything else is PKT_OTHER, which the programs pass untouched: packets
- * with extension headers (fragments among them: their ports may be in
- * another fragment), ICMPv6 (neighbour discovery and errors), jumbograms,
- * truncated packets, and UDP without checksum, which IPv6 forbids (RFC
- * 8200 8.1): the receiver drops it as it would without us. */
+ * complete IPv6 packet whose first next header is TCP or UDP is PKT_OK,
+ * and one whose first next header is ICMPv6 PKT_ICMP (only the IPv6 fields
+ * of p set, csum_off the ICMPv6 checksum's); everything else is PKT_OTHER,
+ * which the programs pass untouched: packets with extension headers
+ * (fragments among them: their ports may be in another fragment),
+ * jumbograms, truncated packets, and UDP without checksum, which IPv6
+ * forbids (RFC 8200 8.1): the receiver drops it as it would without us. */
 static __always_inline enum pkt_parse pkt6_parse(struct __sk_buff *skb, struct pkt6 *p)
 {
 	struct pkt_ipv6hdr ip;
@@ -194,6 +202,9 @@ static __always_inline enum pkt_parse pkt6_parse(struct __sk_buff *skb, struct p
 	} else if (ip.nexthdr == IPPROTO_UDP) {
 		hlen = sizeof(struct udphdr);
 		p->csum_off = pkt_offsetof(struct udphdr, check);
+	} else if (ip.nexthdr == PKT_IPPROTO_ICMPV6) {
+		hlen = sizeof(struct pkt_icmphdr);
+		p->csum_off = pkt_offsetof(struct pkt_icmphdr, checksum);
 	} else {
 		return PKT_OTHER;
 	}
@@ -203,6 +214,14 @@ static __always_inline enum pkt_parse pkt6_parse(struct __sk_buff *skb, struct p
 		return PKT_OTHER;
 	p->l4_off = ETH_HLEN + sizeof(ip);
 	p->csum_off += p->l4_off;
+	if (ip.nexthdr == PKT_IPPROTO_ICMPV6) {
+		__builtin_memcpy(p->saddr, ip.saddr, sizeof(p->saddr));
+		__builtin_memcpy(p->daddr, ip.daddr, sizeof(p->daddr));
+		p->proto = ip.nexthdr;
+		p->hop_limit = ip.hop_limit;
+		p->payload_len = plen;
+		return PKT_ICMP;
+	}
 	if (bpf_skb_load_bytes(skb, p->l4_off, hdr, sizeof(hdr)))
 		return PKT_OTHER;
 	p->tcp_flags = 0;
@@ -298,11 +317,10 @@ static __always_inline enum xdp_parse xdp_pkt4_parse(struct xdp_md *ctx, struct 
 	return XDP_PKT_OK;
 }
 
-/* The packet an ICMP error quotes: its addresses and ports as quoted, and
- * where its headers are, from the frame start. */
-struct pkt4_inner {
-	__be32 saddr;
-	__be32 daddr;
+/* The packet an ICMP or ICMPv6 error quotes: its ports as quoted, and where
+ * its headers are, from the frame start; its addresses follow in struct
+ * pkt4_inner or struct pkt6_inner, which begin with this. */
+struct pkt_inner {
 	__be16 sport;
 	__be16 dport;
 	__u8 proto;
@@ -312,44 +330,114 @@ struct pkt4_inner {
 	__u32 l4_check_off;
 };
 
-/* pkt4_parse_icmp_err reads the packet that an ICMP destination unreachable
- * or time exceeded message p quotes, when it is a TCP or UDP packet (or its
- * first fragment) quoted with at least its ports. Returns 0 when it is. */
-static __always_inline int pkt4_parse_icmp_err(struct __sk_buff *skb, const struct pkt4 *p,
-					       struct pkt4_inner *in)
-{
-	struct pkt_icmphdr icmp;
-	struct iphdr ip;
-	__be16 ports[2];
-	__u32 ihl;
+struct pkt4_inner {
+	struct pkt_inner q;
+	__be32 saddr;
+	__be32 daddr;
+};
 
-	if (p->tot_len < p->ihl_len + sizeof(icmp) + sizeof(ip) + sizeof(ports))
+struct pkt6_inner {
+	struct pkt_inner q;
+	__be32 saddr[4];
+	__be32 daddr[4];
+};
+
+/* What is said once for both families, as ct.h's CT_E: v6 is a constant at
+ * every call and says whether p is a struct pkt6 or a struct pkt4, and in
+ * a struct pkt6_inner or a struct pkt4_inner. PKT_F names a field the two
+ * packets share; PKT_ADDR and PKT_IN_ADDR an address, as a pointer to its
+ * words (one for IPv4, four for IPv6). */
+#define PKT_F(p, v6, f)	   (*((v6) ? &((struct pkt6 *)(p))->f : &((struct pkt4 *)(p))->f))
+#define PKT_ADDR(p, v6, f) ((v6) ? ((struct pkt6 *)(p))->f : &((struct pkt4 *)(p))->f)
+#define PKT_IN_ADDR(in, v6, f)                                                                     \
+	((v6) ? ((struct pkt6_inner *)(in))->f : &((struct pkt4_inner *)(in))->f)
+
+static __always_inline bool pkt6_addr_eq(const __be32 *a, const __be32 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
+/* pkt_addr_eq says whether two addresses of the family v6 says are equal. */
+static __always_inline bool pkt_addr_eq(bool v6, const __be32 *a, const __be32 *b)
+{
+	return v6 ? pkt6_addr_eq(a, b) : *a == *b;
+}
+
+/* pkt_addr_copy copies an address of the family v6 says. */
+static __always_inline void pkt_addr_copy(bool v6, __be32 *dst, const __be32 *src)
+{
+	if (v6)
+		__builtin_memcpy(dst, src, 4 * sizeof(__be32));
+	else
+		*dst = *src;
+}
+
+/* pkt_parse_icmp_err reads the packet that an ICMP error p quotes into in,
+ * the struct pkt_inner of a struct pkt6_inner when v6 (p a struct pkt6),
+ * else of a struct pkt4_inner (p a struct pkt4), when it is a TCP or UDP
+ * packet (IPv4: or its first fragment; IPv6: without extension headers)
+ * quoted with at least its ports. The errors are ICMP destination
+ * unreachable and time exceeded, and ICMPv6 destination unreachable, packet
+ * too big, time exceeded and parameter problem. Returns 0 when it is. */
+static __always_inline int pkt_parse_icmp_err(struct __sk_buff *skb, bool v6, const void *p,
+					      struct pkt_inner *in)
+{
+	__u32 l4_off = PKT_F(p, v6, l4_off);
+	/* Where the message ends: bytes after it are link padding. */
+	__u32 end =
+		v6 ? ETH_HLEN + sizeof(struct pkt_ipv6hdr) + ((const struct pkt6 *)p)->payload_len
+		   : ETH_HLEN + ((const struct pkt4 *)p)->tot_len;
+	__u32 ip_off = l4_off + sizeof(struct pkt_icmphdr), ihl;
+	struct pkt_icmphdr icmp;
+	__be16 ports[2];
+	__u8 proto;
+
+	if (end < ip_off + (v6 ? sizeof(struct pkt_ipv6hdr) : sizeof(struct iphdr)) + sizeof(ports))
 		return -1;
-	if (bpf_skb_load_bytes(skb, p->l4_off, &icmp, sizeof(icmp)))
+	if (bpf_skb_load_bytes(skb, l4_off, &icmp, sizeof(icmp)))
 		return -1;
-	if (icmp.type != ICMP_DEST_UNREACH && icmp.type != ICMP_TIME_EXCEEDED)
+	if (v6) {
+		struct pkt_ipv6hdr ip;
+
+		if (icmp.type < ICMPV6_DEST_UNREACH || icmp.type > ICMPV6_PARAMPROB)
+			return -1;
+		if (bpf_skb_load_bytes(skb, ip_off, &ip, sizeof(ip)))
+			return -1;
+		if ((bpf_ntohl(ip.vtc_flow) >> 28) != 6)
+			return -1;
+		ihl = sizeof(ip);
+		proto = ip.nexthdr;
+		__builtin_memcpy(PKT_IN_ADDR(in, v6, saddr), ip.saddr, sizeof(ip.saddr));
+		__builtin_memcpy(PKT_IN_ADDR(in, v6, daddr), ip.daddr, sizeof(ip.daddr));
+	} else {
+		struct iphdr ip;
+
+		if (icmp.type != ICMP_DEST_UNREACH && icmp.type != ICMP_TIME_EXCEEDED)
+			return -1;
+		if (bpf_skb_load_bytes(skb, ip_off, &ip, sizeof(ip)))
+			return -1;
+		ihl = ip.ihl * 4;
+		if (ip.version != 4 || ihl < sizeof(ip) || (ip.frag_off & bpf_htons(IP_OFFSET)))
+			return -1;
+		proto = ip.protocol;
+		*PKT_IN_ADDR(in, v6, saddr) = ip.saddr;
+		*PKT_IN_ADDR(in, v6, daddr) = ip.daddr;
+	}
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return -1;
-	in->ip_off = p->l4_off + sizeof(icmp);
-	if (bpf_skb_load_bytes(skb, in->ip_off, &ip, sizeof(ip)))
+	in->ip_off = ip_off;
+	in->l4_off = ip_off + ihl;
+	if (end < ip_off + ihl + sizeof(ports))
 		return -1;
-	ihl = ip.ihl * 4;
-	if (ip.version != 4 || ihl < sizeof(ip) || (ip.frag_off & bpf_htons(IP_OFFSET)) ||
-	    (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP))
+	if (bpf_skb_load_bytes(skb, ip_off + ihl, ports, sizeof(ports)))
 		return -1;
-	in->l4_off = in->ip_off + ihl;
-	if (ETH_HLEN + p->tot_len < in->l4_off + sizeof(ports))
-		return -1;
-	if (bpf_skb_load_bytes(skb, in->l4_off, ports, sizeof(ports)))
-		return -1;
-	in->saddr = ip.saddr;
-	in->daddr = ip.daddr;
 	in->sport = ports[0];
 	in->dport = ports[1];
-	in->proto = ip.protocol;
-	in->l4_check_off =
-		in->l4_off + (ip.protocol == IPPROTO_TCP ? pkt_offsetof(struct tcphdr, check)
-							 : pkt_offsetof(struct udphdr, check));
-	if (ETH_HLEN + p->tot_len < in->l4_check_off + sizeof(__sum16))
+	in->proto = proto;
+	in->l4_check_off = ip_off + ihl +
+			   (proto == IPPROTO_TCP ? pkt_offsetof(struct tcphdr, check)
+						 : pkt_offsetof(struct udphdr, check));
+	if (end < in->l4_check_off + sizeof(__sum16))
 		in->l4_check_off = 0;
 	return 0;
 }

@@ -107,7 +107,6 @@ struct pkt_icmp6_reply {
 	struct pkt_icmphdr icmp;
 };
 
-#define ICMPV6_DEST_UNREACH 1
 #define ICMPV6_PORT_UNREACH 4
 /* An ICMPv6 error quotes as much of the packet as fits in the minimum IPv6
  * MTU (RFC 4443 2.4 (c)), as the kernel's icmp6_send does. */

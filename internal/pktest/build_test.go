@@ -3,6 +3,7 @@ package pktest
 import (
 	"bytes"
 	"encoding/binary"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -511,5 +512,70 @@ func TestNonIPFrames(t *testing.T) {
 	raw := Frame(DefaultSrcMAC, DefaultDstMAC, 0x88cc, []byte{1, 2, 3})
 	if p := Decode(raw); p.Eth.Type != 0x88cc || !bytes.Equal(p.Payload, []byte{1, 2, 3}) {
 		t.Errorf("raw frame: %s", p)
+	}
+}
+
+// TestDecodeIPv6 checks the IPv6 side of the decoder: the TCP, UDP and
+// ICMPv6 checksums over the IPv6 pseudo-header, and an ICMPv6 error's
+// quote, whose L4 checksum is verified when the quote is whole.
+func TestDecodeIPv6(t *testing.T) {
+	c6 := netip.MustParseAddrPort("[2001:db8::10]:40000")
+	f6 := netip.MustParseAddrPort("[2001:db8::1]:80")
+	router := netip.MustParseAddr("2001:db8:1::1")
+	reply := TCP6(f6, c6, ACK).WithPayload([]byte("answer"))
+	tooBig := ICMPv6(router, f6.Addr(), ICMPv6PacketTooBig, 0, reply.IPBytes()).WithMTU(1400)
+	// at sets the 16-bit word at off of a copy of frame.
+	at := func(frame []byte, off int, v uint16) []byte {
+		b := slices.Clone(frame)
+		binary.BigEndian.PutUint16(b[off:], v)
+		return b
+	}
+	const icmpCsum, innerTCPCsum = 14 + 40 + 2, 14 + 40 + 8 + 40 + 16
+	tests := []struct {
+		name  string
+		frame []byte
+		want  map[string]ChecksumStatus
+	}{
+		{"TCP", reply.Bytes(), map[string]ChecksumStatus{"tcp.checksum": ChecksumOK}},
+		{"UDP", UDP6(c6, f6).WithPayload([]byte("q")).Bytes(), map[string]ChecksumStatus{"udp.checksum": ChecksumOK}},
+		{"UDP without checksum", UDP6(c6, f6).WithL4Checksum(0).Bytes(), map[string]ChecksumStatus{"udp.checksum": ChecksumNone}},
+		{"UDP with a wrong checksum", UDP6(c6, f6).WithL4Checksum(0x1234).Bytes(), map[string]ChecksumStatus{"udp.checksum": ChecksumBad}},
+		{"packet too big quoting a whole segment", tooBig.Bytes(),
+			map[string]ChecksumStatus{"icmpv6.checksum": ChecksumOK, "icmpv6.inner.tcp.checksum": ChecksumOK}},
+		{"the destination changed without the ICMPv6 checksum (pseudo-header)",
+			tooBig.WithDst(netip.AddrPortFrom(c6.Addr(), 0)).WithL4Checksum(binary.BigEndian.Uint16(tooBig.Bytes()[icmpCsum:])).Bytes(),
+			map[string]ChecksumStatus{"icmpv6.checksum": ChecksumBad, "icmpv6.inner.tcp.checksum": ChecksumOK}},
+		{"a wrong quoted checksum",
+			func() []byte {
+				b := tooBig.Bytes()
+				old := binary.BigEndian.Uint16(b[innerTCPCsum:])
+				b = at(b, innerTCPCsum, old+1)
+				// The ICMPv6 checksum follows the byte change.
+				return at(b, icmpCsum, binary.BigEndian.Uint16(b[icmpCsum:])-1)
+			}(),
+			map[string]ChecksumStatus{"icmpv6.checksum": ChecksumOK, "icmpv6.inner.tcp.checksum": ChecksumBad}},
+		{"a quote cut short", ICMPv6(router, f6.Addr(), ICMPv6PacketTooBig, 0, reply.IPBytes()[:50]).Bytes(),
+			map[string]ChecksumStatus{"icmpv6.checksum": ChecksumOK}},
+		{"neighbour solicitation", IPv6NeighborSolicit(DefaultSrcMAC, c6.Addr(), f6.Addr()), map[string]ChecksumStatus{"icmpv6.checksum": ChecksumOK}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := checksumsOf(tt.frame); !maps.Equal(got, tt.want) {
+				t.Errorf("checksums %v, want %v\n%s", got, tt.want, Decode(tt.frame))
+			}
+		})
+	}
+	p := Decode(tooBig.Bytes())
+	if p.IPv6 == nil || p.IPv6.Dst != f6.Addr() || p.ICMP == nil || p.ICMP.Type != ICMPv6PacketTooBig ||
+		p.ICMP.Inner == nil || len(p.Problems) > 0 {
+		t.Errorf("packet too big decoded as %+v (problems %v)\n%s", p, p.Problems, p)
+	}
+	for _, want := range []string{"icmpv6.mtu: 1400", "icmpv6.inner.ipv6.src: 2001:db8::1", "icmpv6.inner.tcp.dport: 40000", "icmpv6.inner.payload"} {
+		if !strings.Contains(p.String(), want) {
+			t.Errorf("no %q in\n%s", want, p)
+		}
+	}
+	if d := Diff(tooBig.WithMTU(1280).Bytes(), tooBig.Bytes()); !strings.Contains(d, "icmpv6.mtu: got 1280 want 1400") {
+		t.Errorf("Diff of two MTUs:\n%s", d)
 	}
 }

@@ -50,6 +50,17 @@ type IPv4Header struct {
 	HeaderComplete bool
 }
 
+// IPv6Header is a decoded IPv6 header.
+type IPv6Header struct {
+	Version       uint8
+	TrafficClass  uint8
+	FlowLabel     uint32
+	PayloadLength uint16
+	NextHeader    uint8
+	HopLimit      uint8
+	Src, Dst      netip.Addr
+}
+
 // Ports are the ports of a TCP or UDP header.
 type Ports struct {
 	Src, Dst uint16
@@ -75,8 +86,8 @@ type UDPHeader struct {
 	Checksum uint16
 }
 
-// ICMPHeader is a decoded ICMP header. Inner is the packet an error
-// message quotes.
+// ICMPHeader is a decoded ICMP or ICMPv6 header. Inner is the packet an
+// error message quotes.
 type ICMPHeader struct {
 	Type, Code uint8
 	Checksum   uint16
@@ -90,6 +101,7 @@ type ICMPHeader struct {
 type Packet struct {
 	Eth  *Ethernet
 	IPv4 *IPv4Header
+	IPv6 *IPv6Header
 	TCP  *TCPHeader
 	UDP  *UDPHeader
 	ICMP *ICMPHeader
@@ -103,10 +115,10 @@ type Packet struct {
 	Spans     []Span
 }
 
-// Decode decodes an Ethernet frame with Ethernet (and 802.1Q tags), IPv4,
-// TCP, UDP and ICMP headers (with the packet an ICMP error quotes), and
-// verifies every checksum in it. ARP and IPv6 frames get their link header
-// decoded and the rest as payload.
+// Decode decodes an Ethernet frame with Ethernet (and 802.1Q tags), IPv4 or
+// IPv6, TCP, UDP and ICMP or ICMPv6 headers (with the packet an error
+// quotes), and verifies every checksum in it. ARP frames get their link
+// header decoded and the rest as payload, and so do IPv6 extension headers.
 func Decode(frame []byte) *Packet {
 	p := &Packet{}
 	d := &decoder{p: p, frame: frame}
@@ -204,14 +216,7 @@ func (d *decoder) ethernet() {
 	case EtherTypeIPv4:
 		d.ipv4(off, len(d.frame), "ipv4", false)
 	case EtherTypeIPv6:
-		if d.need("ipv6", off, len(d.frame), 40) {
-			d.field("ipv6.next_header", off+6, 1, "%d", d.u8(off+6))
-			src, _ := netip.AddrFromSlice(d.frame[off+8 : off+24])
-			dst, _ := netip.AddrFromSlice(d.frame[off+24 : off+40])
-			d.field("ipv6.src", off+8, 16, "%s", src)
-			d.field("ipv6.dst", off+24, 16, "%s", dst)
-			d.p.Payload = d.rest("payload", off+40, len(d.frame))
-		}
+		d.ipv6(off, len(d.frame), "ipv6", false)
 	case EtherTypeARP:
 		if d.need("arp", off, len(d.frame), 28) {
 			d.field("arp.op", off+6, 2, "%d", d.u16(off+6))
@@ -245,6 +250,8 @@ func protoName(p uint8) string {
 		return "6 (TCP)"
 	case ProtoUDP:
 		return "17 (UDP)"
+	case ProtoICMPv6:
+		return "58 (ICMPv6)"
 	}
 	return fmt.Sprintf("%d", p)
 }
@@ -339,7 +346,8 @@ func (d *decoder) ipv4(off, end int, prefix string, quoted bool) {
 		ipEnd = end
 	}
 	l4 := l4Context{
-		prefix: strings.TrimSuffix(prefix, "ipv4"), ip: ip, off: off + hlen, end: ipEnd,
+		prefix: strings.TrimSuffix(prefix, "ipv4"), src: ip.Src.AsSlice(), dst: ip.Dst.AsSlice(),
+		proto: ip.Protocol, fragment: ip.FragOffset > 0 || ip.MF, off: off + hlen, end: ipEnd,
 		length: total - hlen, complete: off+total <= end && total >= hlen,
 	}
 	switch {
@@ -369,10 +377,79 @@ func (d *decoder) ipv4(off, end int, prefix string, quoted bool) {
 	}
 }
 
+// ipv6 decodes the IPv6 packet at off, whose bytes end at end, as ipv4
+// does IPv4 ones: quoted is set for the packet inside an ICMPv6 error, which
+// holds as much of it as fits in the minimum MTU, often all of it. A packet
+// with extension headers has them decoded as payload.
+func (d *decoder) ipv6(off, end int, prefix string, quoted bool) {
+	if !d.need(prefix, off, end, 40) {
+		return
+	}
+	vtc := d.u32(off)
+	ip := &IPv6Header{
+		Version: uint8(vtc >> 28), TrafficClass: uint8(vtc >> 20), FlowLabel: vtc & 0xfffff,
+		PayloadLength: d.u16(off + 4), NextHeader: d.u8(off + 6), HopLimit: d.u8(off + 7),
+	}
+	ip.Src, _ = netip.AddrFromSlice(d.frame[off+8 : off+24])
+	ip.Dst, _ = netip.AddrFromSlice(d.frame[off+24 : off+40])
+	if !quoted {
+		d.p.IPv6 = ip
+	}
+	d.field(prefix+".version", off, 1, "%d", ip.Version)
+	d.field(prefix+".traffic_class", off, 2, "%#02x", ip.TrafficClass)
+	d.field(prefix+".flow_label", off+1, 3, "%#05x", ip.FlowLabel)
+	d.field(prefix+".length", off+4, 2, "%d", ip.PayloadLength)
+	d.field(prefix+".next_header", off+6, 1, "%s", protoName(ip.NextHeader))
+	d.field(prefix+".hop_limit", off+7, 1, "%d", ip.HopLimit)
+	d.field(prefix+".src", off+8, 16, "%s", ip.Src)
+	d.field(prefix+".dst", off+24, 16, "%s", ip.Dst)
+	if ip.Version != 6 {
+		d.problem("malformed: %s.version is %d", prefix, ip.Version)
+	}
+	total := 40 + int(ip.PayloadLength)
+	ipEnd := off + total
+	if ipEnd > end {
+		if !quoted {
+			d.problem("truncated: %s packet has %d of %d bytes", prefix, end-off, total)
+		}
+		ipEnd = end
+	}
+	l4 := l4Context{
+		prefix: strings.TrimSuffix(prefix, "ipv6"), src: ip.Src.AsSlice(), dst: ip.Dst.AsSlice(),
+		proto: ip.NextHeader, v6: true, off: off + 40, end: ipEnd,
+		length: int(ip.PayloadLength), complete: off+total <= end,
+	}
+	if !l4.complete {
+		l4.unverifiable = "truncated"
+		if quoted {
+			l4.unverifiable = "quote truncated"
+		}
+	}
+	switch ip.NextHeader {
+	case ProtoTCP:
+		d.tcp(l4)
+	case ProtoUDP:
+		d.udp(l4)
+	case ProtoICMPv6:
+		d.icmp(l4)
+	default:
+		d.p.Payload = d.rest(l4.prefix+"payload", l4.off, ipEnd)
+	}
+	if !quoted && off+total < end {
+		d.p.Trailer = d.rest("trailer", off+total, end)
+	}
+}
+
 // l4Context is what an L4 decoder needs from the IP header around it.
 type l4Context struct {
-	prefix       string // "" or "icmp.inner."
-	ip           *IPv4Header
+	prefix string // "" or "icmp.inner."
+	// src, dst and proto are the IP header's, for the pseudo-header.
+	src, dst []byte
+	proto    uint8
+	// v6 says the header is IPv6's: ICMPv6 has a pseudo-header.
+	v6 bool
+	// fragment says the packet is an IPv4 fragment.
+	fragment     bool
 	off, end     int
 	length       int // L4 length by the IP header
 	complete     bool
@@ -394,7 +471,7 @@ func (d *decoder) l4Checksum(c l4Context, name string, csumOff int, pseudo bool,
 	seg := append([]byte(nil), d.frame[c.off:c.off+c.length]...)
 	var acc uint32
 	if pseudo {
-		acc = pseudoHeaderSum(c.ip.Src.AsSlice(), c.ip.Dst.AsSlice(), c.ip.Protocol, c.length)
+		acc = pseudoHeaderSum(c.src, c.dst, c.proto, c.length)
 	}
 	check.Status = ChecksumOK
 	if fold(sum(seg, acc)) != 0xffff {
@@ -445,9 +522,7 @@ func (d *decoder) tcp(c l4Context) {
 	d.field(name+".flags", o+13, 1, "%s", t.Flags)
 	d.field(name+".window", o+14, 2, "%d", t.Window)
 	check := d.l4Checksum(c, name+".checksum", o+16, true, false)
-	if !quoted {
-		d.p.Checksums = append(d.p.Checksums, check)
-	}
+	d.p.Checksums = append(d.p.Checksums, check)
 	d.field(name+".checksum", o+16, 2, "%s", check)
 	d.field(name+".urgent", o+18, 2, "%d", t.Urgent)
 	hlen := int(t.DataOffset) * 4
@@ -486,11 +561,9 @@ func (d *decoder) udp(c l4Context) {
 	d.field(name+".dport", o+2, 2, "%d", u.Dst)
 	d.field(name+".length", o+4, 2, "%d", u.Length)
 	check := d.l4Checksum(c, name+".checksum", o+6, true, true)
-	if !quoted {
-		d.p.Checksums = append(d.p.Checksums, check)
-	}
+	d.p.Checksums = append(d.p.Checksums, check)
 	d.field(name+".checksum", o+6, 2, "%s", check)
-	if c.complete && !quoted && int(u.Length) != c.length && c.ip.FragOffset == 0 && !c.ip.MF {
+	if c.complete && !quoted && int(u.Length) != c.length && !c.fragment {
 		d.problem("malformed: %s.length %d differs from the IP payload length %d", name, u.Length, c.length)
 	}
 	d.p.Payload = d.rest(c.prefix+"payload", o+8, c.end)
@@ -498,6 +571,9 @@ func (d *decoder) udp(c l4Context) {
 
 func (d *decoder) icmp(c l4Context) {
 	name := c.prefix + "icmp"
+	if c.v6 {
+		name += "v6"
+	}
 	if !d.need(name, c.off, c.end, 8) {
 		return
 	}
@@ -510,35 +586,48 @@ func (d *decoder) icmp(c l4Context) {
 	}
 	d.field(name+".type", o, 1, "%d", m.Type)
 	d.field(name+".code", o+1, 1, "%d", m.Code)
-	check := d.l4Checksum(c, name+".checksum", o+2, false, false)
-	if !quoted {
-		d.p.Checksums = append(d.p.Checksums, check)
-	}
+	// ICMPv6's checksum covers a pseudo-header, ICMP's does not.
+	check := d.l4Checksum(c, name+".checksum", o+2, c.v6, false)
+	d.p.Checksums = append(d.p.Checksums, check)
 	d.field(name+".checksum", o+2, 2, "%s", check)
-	switch m.Type {
-	case ICMPEchoRequest, ICMPEchoReply:
+	echo, isError := m.Type == ICMPEchoRequest || m.Type == ICMPEchoReply,
+		m.Type == ICMPDestUnreachable || m.Type == ICMPTimeExceeded || m.Type == 4 || m.Type == 5 || m.Type == 12
+	if c.v6 {
+		// Errors are the types below 128 (RFC 4443 2.1); those defined
+		// quote the packet they are about.
+		echo, isError = m.Type == ICMPv6EchoRequest || m.Type == ICMPv6EchoRequest+1,
+			m.Type >= ICMPv6DestUnreachable && m.Type <= ICMPv6ParamProblem
+	}
+	switch {
+	case echo:
 		d.field(name+".id", o+4, 2, "%d", d.u16(o+4))
 		d.field(name+".seq", o+6, 2, "%d", d.u16(o+6))
+	case c.v6 && m.Type == ICMPv6PacketTooBig:
+		d.field(name+".mtu", o+4, 4, "%d", d.u32(o+4))
 	default:
 		d.field(name+".rest", o+4, 4, "%x", m.Rest)
 	}
-	isError := m.Type == ICMPDestUnreachable || m.Type == ICMPTimeExceeded ||
-		m.Type == 4 || m.Type == 5 || m.Type == 12
 	if !isError || quoted {
 		d.p.Payload = d.rest(c.prefix+"payload", o+8, c.end)
 		return
 	}
 	inner := &Packet{}
 	sub := &decoder{p: inner, frame: d.frame}
-	sub.ipv4(o+8, c.end, "icmp.inner.ipv4", true)
+	if c.v6 {
+		sub.ipv6(o+8, c.end, name+".inner.ipv6", true)
+	} else {
+		sub.ipv4(o+8, c.end, name+".inner.ipv4", true)
+	}
 	m.Inner = inner
 	d.p.Fields = append(d.p.Fields, inner.Fields...)
 	d.p.Spans = append(d.p.Spans, inner.Spans...)
 	d.p.Problems = append(d.p.Problems, inner.Problems...)
-	// The quoted IP header is whole and its checksum must be right; the
-	// quoted L4 checksum covers bytes that are not there.
+	// The quoted IPv4 header is whole and its checksum must be right; the
+	// quoted L4 checksum covers bytes that are not there. An ICMPv6 error
+	// quotes a packet whole unless it is too long: its L4 checksum must be
+	// right then.
 	for _, ck := range inner.Checksums {
-		if ck.Field == "icmp.inner.ipv4.checksum" {
+		if ck.Field == "icmp.inner.ipv4.checksum" || (c.v6 && ck.Status != ChecksumUnverifiable) {
 			d.p.Checksums = append(d.p.Checksums, ck)
 		}
 	}

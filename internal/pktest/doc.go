@@ -10,9 +10,11 @@
 //     With* methods to vary any header field or break it on purpose: wrong
 //     checksums, IP options, fragments (Builder.Fragments), bad header
 //     lengths, link padding. Truncate and Cuts produce truncated packets;
-//     ARPRequest, IPv6UDP and Frame produce frames that are not IPv4.
+//     Builder6 (TCP6, UDP6, ICMPv6) IPv6 ones, and ARPRequest, IPv6UDP and
+//     Frame other frames.
 //   - A tolerant decoder and checksum verifier for output packets (Decode,
-//     VerifyChecksums) and a field-level Diff ("ipv4.dst: got 10.0.0.1 want
+//     VerifyChecksums; IPv4 and IPv6, with the packet an ICMP or ICMPv6
+//     error quotes) and a field-level Diff ("ipv4.dst: got 10.0.0.1 want
 //     10.0.0.2") that works on exactly the malformed packets where a strict
 //     parser would give up.
 //   - The runner: Run executes a table of Case against a loaded program and

@@ -1,6 +1,7 @@
 package pktest
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -10,17 +11,26 @@ import (
 	"github.com/gopacket/gopacket/layers"
 )
 
-// ICMPv6 types and codes the proxy deals in.
+// ICMPv6 types and codes the proxy deals in: the error messages (RFC 4443
+// 3), which quote the packet they are about, and informational ones.
 const (
 	ICMPv6DestUnreachable = 1
-	ICMPv6PortUnreachable = 4
+	ICMPv6PacketTooBig    = 2
+	ICMPv6TimeExceeded    = 3
+	ICMPv6ParamProblem    = 4
+	ICMPv6EchoRequest     = 128
 	ICMPv6NeighborSolicit = 135
+
+	ICMPv6PortUnreachable = 4 // code of ICMPv6DestUnreachable
+
+	ProtoICMPv6 = 58
 )
 
-// Builder6 describes an IPv6 frame with a TCP or UDP packet, as Builder does
-// IPv4 ones: every With method returns a modified copy, and Bytes encodes
-// it with correct lengths and checksums (the TCP or UDP checksum over the
-// IPv6 pseudo-header). The zero hop limit is DefaultTTL.
+// Builder6 describes an IPv6 frame with a TCP or UDP packet or an ICMPv6
+// message, as Builder does IPv4 ones: every With method returns a modified
+// copy, and Bytes encodes it with correct lengths and checksums (the TCP,
+// UDP or ICMPv6 checksum over the IPv6 pseudo-header). The zero hop limit
+// is DefaultTTL.
 type Builder6 struct {
 	src, dst       netip.AddrPort
 	proto          uint8
@@ -32,6 +42,10 @@ type Builder6 struct {
 	srcMAC, dstMAC net.HardwareAddr
 	// l4Check, when set, replaces the computed L4 checksum.
 	l4Check *uint16
+	// The ICMPv6 type, code and the header's last four bytes (an
+	// error's MTU or pointer, an echo's identifier and sequence).
+	icmpType, icmpCode uint8
+	icmpRest           uint32
 }
 
 // TCP6 is an IPv6 TCP segment from src to dst with flags.
@@ -45,6 +59,19 @@ func UDP6(src, dst netip.AddrPort) Builder6 {
 	return Builder6{src: src, dst: dst, proto: ProtoUDP, srcMAC: DefaultSrcMAC, dstMAC: DefaultDstMAC}
 }
 
+// ICMPv6 is an ICMPv6 message of type typ and code from src to dst whose
+// body, after the header's last four bytes (zero; see WithMTU), is body:
+// for an error (ICMPv6DestUnreachable, ICMPv6PacketTooBig, ...) the packet
+// it quotes, as Builder6.IPBytes returns it or a prefix.
+func ICMPv6(src, dst netip.Addr, typ, code uint8, body []byte) Builder6 {
+	return Builder6{src: netip.AddrPortFrom(src, 0), dst: netip.AddrPortFrom(dst, 0), proto: ProtoICMPv6,
+		icmpType: typ, icmpCode: code, payload: slices.Clone(body), srcMAC: DefaultSrcMAC, dstMAC: DefaultDstMAC}
+}
+
+// WithMTU sets the MTU of a packet too big message (the ICMPv6 header's
+// last four bytes; a parameter problem's pointer is in the same place).
+func (b Builder6) WithMTU(mtu uint32) Builder6 { b.icmpRest = mtu; return b }
+
 // WithSrc sets the source address and port.
 func (b Builder6) WithSrc(ap netip.AddrPort) Builder6 { b.src = ap; return b }
 
@@ -56,6 +83,9 @@ func (b Builder6) WithPayload(p []byte) Builder6 { b.payload = slices.Clone(p); 
 
 // WithHopLimit sets the hop limit.
 func (b Builder6) WithHopLimit(h uint8) Builder6 { b.hopLimit = h; return b }
+
+// WithTTL is WithHopLimit, for tests written once for both families.
+func (b Builder6) WithTTL(h uint8) Builder6 { return b.WithHopLimit(h) }
 
 // WithSeq sets the TCP sequence and acknowledgement numbers.
 func (b Builder6) WithSeq(seq, ack uint32) Builder6 { b.seq, b.ack = seq, ack; return b }
@@ -86,6 +116,13 @@ func (b Builder6) ipLayer(next layers.IPProtocol) *layers.IPv6 {
 }
 
 func (b Builder6) l4Layer(ip *layers.IPv6) gopacket.SerializableLayer {
+	if b.proto == ProtoICMPv6 {
+		icmp := &layers.ICMPv6{TypeCode: layers.CreateICMPv6TypeCode(b.icmpType, b.icmpCode)}
+		if err := icmp.SetNetworkLayerForChecksum(ip); err != nil {
+			panic(fmt.Sprintf("pktest: %v", err))
+		}
+		return icmp
+	}
 	if b.proto == ProtoTCP {
 		f := b.flags
 		tcp := &layers.TCP{SrcPort: layers.TCPPort(b.src.Port()), DstPort: layers.TCPPort(b.dst.Port()),
@@ -107,16 +144,24 @@ func (b Builder6) l4Layer(ip *layers.IPv6) gopacket.SerializableLayer {
 // IPBytes is the IPv6 packet without its link header.
 func (b Builder6) IPBytes() []byte {
 	ip := b.ipLayer(layers.IPProtocol(b.proto))
+	payload := b.payload
+	if b.proto == ProtoICMPv6 {
+		payload = binary.BigEndian.AppendUint32(nil, b.icmpRest)
+		payload = append(payload, b.payload...)
+	}
 	buf := gopacket.NewSerializeBuffer()
 	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
-		ip, b.l4Layer(ip), gopacket.Payload(b.payload)); err != nil {
+		ip, b.l4Layer(ip), gopacket.Payload(payload)); err != nil {
 		panic(fmt.Sprintf("pktest: encode IPv6 packet: %v", err))
 	}
 	out := slices.Clone(buf.Bytes())
 	if b.l4Check != nil {
 		off := 40 + 6 // UDP
-		if b.proto == ProtoTCP {
+		switch b.proto {
+		case ProtoTCP:
 			off = 40 + 16
+		case ProtoICMPv6:
+			off = 40 + 2
 		}
 		out[off], out[off+1] = byte(*b.l4Check>>8), byte(*b.l4Check)
 	}
@@ -136,15 +181,7 @@ func (b Builder6) Bytes() []byte {
 // with code, from `from` to `to`, quoting quote, with hop limit 64, as the
 // kernel's REJECT sends it.
 func ICMPv6Unreachable(srcMAC, dstMAC net.HardwareAddr, from, to netip.Addr, code uint8, quote []byte) []byte {
-	ip := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolICMPv6,
-		SrcIP: from.AsSlice(), DstIP: to.AsSlice()}
-	icmp := &layers.ICMPv6{TypeCode: layers.CreateICMPv6TypeCode(ICMPv6DestUnreachable, code)}
-	if err := icmp.SetNetworkLayerForChecksum(ip); err != nil {
-		panic(fmt.Sprintf("pktest: %v", err))
-	}
-	// The 4 unused bytes of the message, then the quote.
-	body := append([]byte{0, 0, 0, 0}, quote...)
-	return serializeFrame(srcMAC, dstMAC, EtherTypeIPv6, ip, icmp, gopacket.Payload(body))
+	return ICMPv6(from, to, ICMPv6DestUnreachable, code, quote).WithHopLimit(64).WithMACs(srcMAC, dstMAC).Bytes()
 }
 
 // IPv6WithExtHeader is a frame holding a UDP datagram behind a hop-by-hop

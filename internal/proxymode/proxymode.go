@@ -272,8 +272,7 @@ func perFamily[D dataplane.Dataplane](fams []string, start func(family string) (
 
 // ipv6Gaps is what the BPF dataplane does not do for IPv6 yet, which
 // kube-proxy does not do either, or does for a rare case.
-const ipv6Gaps = "ICMPv6 errors about translated flows pass untranslated (path MTU discovery through an IPv6 NodePort); " +
-	"the XDP fast path hands IPv6 to the TC programs"
+const ipv6Gaps = "the XDP fast path hands IPv6 to the TC programs"
 
 func startBPF(ctx context.Context, cfg Config, log *zap.Logger, reason string) (*Started, error) {
 	d, err := bpf.New(ctx, cfg.BPF)

@@ -326,15 +326,14 @@ func netipAddrPort(b maps.Backend) netip.AddrPort { return netip.AddrPortFrom(b.
 // translate IPv6 traffic from outside to NodePorts, external and
 // LoadBalancer IPs as they do IPv4's, source-NATing to each device's IPv6
 // address (a node address of up.State.Node.Addrs on it, else its first
-// global one); the XDP fast path passes IPv6 to them.
+// global one), and translate ICMPv6 errors about those flows as ICMP ones
+// (a packet too big about a reply reaches its backend: path MTU discovery
+// through an IPv6 NodePort); the XDP fast path passes IPv6 to them.
 //
 // IPv6 ServicePorts that use Maglev get their tables (lb6_maglev_v1), which
 // the TC programs choose by for new flows from outside, as for IPv4.
 // Sockets connected through the socket hooks to a removed IPv6 backend are
 // ended as IPv4 ones are.
-//
-// What it does not do yet: ICMPv6 errors about tracked flows pass
-// untranslated.
 func (d *Dataplane) IPv6() dataplane.Dataplane { return ipv6Dataplane{d} }
 
 // ipv6Dataplane is what IPv6 returns.
