@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -556,7 +557,14 @@ func (c *Client) Hold(ctx context.Context, addr netip.AddrPort) (*Held, error) {
 // an error that names the failure like an errno ("ECONNRESET", "EPIPE",
 // "ETIMEDOUT", "EOF" when the server closed, "ENOTCONN" when the connection
 // never opened).
-func (h *Held) Ping() error {
+func (h *Held) Ping() error { return h.ping("") }
+
+// PingSize is Ping with a line of size bytes (at most 65536), echoed whole:
+// replies larger than a path's MTU show whether path MTU discovery works
+// on the way back.
+func (h *Held) PingSize(size int) error { return h.ping(strconv.Itoa(size)) }
+
+func (h *Held) ping(req string) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.broken != nil {
@@ -564,7 +572,7 @@ func (h *Held) Ping() error {
 	}
 	s := h.s
 	prefix := fmt.Sprintf("ping on held connection from %s to %s", s.client.Name, s.req.Addr)
-	if _, err := io.WriteString(s.stdin, "\n"); err != nil {
+	if _, err := io.WriteString(s.stdin, req+"\n"); err != nil {
 		return fmt.Errorf("%s: the probe has ended: %w", prefix, err)
 	}
 	timeout := time.NewTimer(s.req.Timeout + 10*time.Second)

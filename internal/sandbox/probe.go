@@ -293,6 +293,22 @@ func tcpConnect(addr netip.AddrPort, timeout time.Duration) (TCPResult, net.Conn
 
 // readLine reads one line of at most maxReply bytes, so that a misbehaving
 // server cannot grow the probe's memory.
+// readLongLine reads a line of at most max bytes, which may be longer than
+// rd's buffer.
+func readLongLine(rd *bufio.Reader, max int) (string, error) {
+	var b strings.Builder
+	for {
+		part, err := rd.ReadSlice('\n')
+		b.Write(part)
+		if b.Len() > max {
+			return "", fmt.Errorf("server line longer than %d bytes", max)
+		}
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return b.String(), err
+		}
+	}
+}
+
 func readLine(rd *bufio.Reader) (string, error) {
 	line, err := rd.ReadSlice('\n')
 	if errors.Is(err, bufio.ErrBufferFull) {
@@ -487,26 +503,35 @@ func hold(req probeRequest, proc Process, stdin io.Reader, emit func(probeMessag
 	if err := emit(probeMessage{Ready: true, Result: first}); err != nil {
 		return res, fmt.Errorf("report held connection: %w", err)
 	}
-	lines := make(chan struct{})
+	// Each line of stdin asks for a ping: empty for a short one, else the
+	// size in bytes of the line to send and have echoed.
+	lines := make(chan string)
 	go func() {
 		defer close(lines)
 		sc := bufio.NewScanner(stdin)
 		for sc.Scan() {
-			lines <- struct{}{}
+			lines <- sc.Text()
 		}
 	}()
 	bound := time.NewTimer(req.MaxDuration)
 	defer bound.Stop()
 	for n := 1; ; n++ {
+		var size int
 		select {
-		case _, ok := <-lines:
+		case line, ok := <-lines:
 			if !ok {
 				return res, nil
+			}
+			if line != "" {
+				var err error
+				if size, err = strconv.Atoi(line); err != nil || size < 0 || size > maxPingSize {
+					return res, fmt.Errorf("ping size %q is not in [0, %d]", line, maxPingSize)
+				}
 			}
 		case <-bound.C:
 			return res, fmt.Errorf("held connection reached its %s bound", req.MaxDuration)
 		}
-		r := pingResult{Err: ping(conn, rd, n, req.Timeout)}
+		r := pingResult{Err: ping(conn, rd, n, size, req.Timeout)}
 		r.OK = r.Err == ""
 		if err := emit(probeMessage{Ping: &r}); err != nil {
 			return res, fmt.Errorf("report ping %d: %w", n, err)
@@ -514,21 +539,29 @@ func hold(req probeRequest, proc Process, stdin io.Reader, emit func(probeMessag
 	}
 }
 
-// ping writes "ping <n>" on conn and waits for the server to echo it; it
-// returns the errno name of the failure, or "" once the echo is back.
-func ping(conn net.Conn, rd *bufio.Reader, n int, timeout time.Duration) string {
+// maxPingSize bounds the line a ping sends (Held.PingSize).
+const maxPingSize = 1 << 16
+
+// ping writes "ping <n>" on conn, padded to size bytes with its newline
+// when size is larger, and waits for the server to echo it; it returns the
+// errno name of the failure, or "" once the echo is back.
+func ping(conn net.Conn, rd *bufio.Reader, n, size int, timeout time.Duration) string {
 	if conn == nil {
 		// connect() failed: the socket was never connected.
 		return "ENOTCONN"
 	}
-	want := fmt.Sprintf("ping %d\n", n)
+	want := fmt.Sprintf("ping %d", n)
+	if pad := size - len(want) - 1; pad > 0 {
+		want += " " + strings.Repeat("x", pad-1)
+	}
+	want += "\n"
 	_ = conn.SetDeadline(time.Now().Add(timeout))
 	if _, err := io.WriteString(conn, want); err != nil {
 		return errName(err)
 	}
 	// Bounded: each earlier ping has at most one late echo.
 	for range n {
-		line, err := readLine(rd)
+		line, err := readLongLine(rd, maxPingSize)
 		if err != nil {
 			return errName(err)
 		}
@@ -543,13 +576,14 @@ func ping(conn net.Conn, rd *bufio.Reader, n int, timeout time.Duration) string 
 	return fmt.Sprintf("no echo of %q", want)
 }
 
-// pingNumber parses a "ping <n>\n" line.
+// pingNumber parses a "ping <n>[ padding]\n" line.
 func pingNumber(line string) (int, bool) {
 	num, ok := strings.CutPrefix(line, "ping ")
 	if !ok {
 		return 0, false
 	}
-	k, err := strconv.Atoi(strings.TrimSuffix(num, "\n"))
+	num, _, _ = strings.Cut(strings.TrimSuffix(num, "\n"), " ")
+	k, err := strconv.Atoi(num)
 	return k, err == nil
 }
 

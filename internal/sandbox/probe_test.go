@@ -115,15 +115,22 @@ func TestPingsMatchTheirEcho(t *testing.T) {
 		name   string
 		server func(conn net.Conn, line string)
 		want   string
+		// size is the ping's line size; 0 is a short one.
+		size int
 	}{
-		{"the echo comes back", echo, ""},
+		{"the echo comes back", echo, "", 0},
+		{"a line longer than the reader's buffer comes back whole", echo, "", 10000},
+		{"the late padded echo of an earlier ping is skipped", func(conn net.Conn, line string) {
+			echo(conn, "ping 1 "+strings.Repeat("x", 5000)+"\n"+line)
+		}, "", 6000},
+		{"a cut echo is an error", func(conn net.Conn, line string) { echo(conn, line[:100]+"\n") }, "unexpected echo", 6000},
 		{"the late echo of a ping that timed out is skipped", func(conn net.Conn, line string) {
 			echo(conn, "ping 1\n"+line)
-		}, ""},
-		{"a different line is an error", func(conn net.Conn, _ string) { echo(conn, "pong 2\n") }, `unexpected echo "pong 2\n"`},
-		{"an echo from the future is an error", func(conn net.Conn, _ string) { echo(conn, "ping 3\n") }, `unexpected echo "ping 3\n"`},
-		{"a server that closes gives EOF", func(conn net.Conn, _ string) { conn.Close() }, "EOF"},
-		{"a server that does not answer gives ETIMEDOUT", func(net.Conn, string) {}, "ETIMEDOUT"},
+		}, "", 0},
+		{"a different line is an error", func(conn net.Conn, _ string) { echo(conn, "pong 2\n") }, `unexpected echo "pong 2\n"`, 0},
+		{"an echo from the future is an error", func(conn net.Conn, _ string) { echo(conn, "ping 3\n") }, `unexpected echo "ping 3\n"`, 0},
+		{"a server that closes gives EOF", func(conn net.Conn, _ string) { conn.Close() }, "EOF", 0},
+		{"a server that does not answer gives ETIMEDOUT", func(net.Conn, string) {}, "ETIMEDOUT", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -138,7 +145,7 @@ func TestPingsMatchTheirEcho(t *testing.T) {
 				}
 				tt.server(server, line)
 			}()
-			got := ping(client, bufio.NewReader(client), 2, 200*time.Millisecond)
+			got := ping(client, bufio.NewReader(client), 2, tt.size, 200*time.Millisecond)
 			client.Close()
 			<-done
 			if !strings.Contains(got, tt.want) || (tt.want == "") != (got == "") {
@@ -146,7 +153,7 @@ func TestPingsMatchTheirEcho(t *testing.T) {
 			}
 		})
 	}
-	if got := ping(nil, nil, 1, time.Second); got != "ENOTCONN" {
+	if got := ping(nil, nil, 1, 0, time.Second); got != "ENOTCONN" {
 		t.Errorf("ping without a connection = %q, want ENOTCONN", got)
 	}
 }
