@@ -20,6 +20,12 @@ export CGO_ENABLED = 0
 export EBPF_PROXY_BIN := $(abspath bin/ebpf-proxy)
 # Privileged tests fail rather than skip where they should run.
 export EBPF_PROXY_REQUIRE_PRIVILEGED = 1
+# What `ebpf-proxy version` says: the release (VERSION, else git describe)
+# and the commit, stamped at link time (the toolchain's own VCS stamping may
+# be off in GOFLAGS).
+AGENT_VERSION ?= $(or $(VERSION),$(shell git describe --tags --always --dirty 2>/dev/null),devel)
+AGENT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+AGENT_LDFLAGS := -X main.version=$(AGENT_VERSION) -X main.commit=$(AGENT_COMMIT)
 
 include test/vmtest/vmtest.mk
 include test/e2e/e2e.mk
@@ -33,7 +39,7 @@ include test/cluster/cluster.mk
 all: build
 
 build:
-	$(GO) build -o bin/ebpf-proxy ./cmd/ebpf-proxy
+	$(GO) build -ldflags "$(AGENT_LDFLAGS)" -o bin/ebpf-proxy ./cmd/ebpf-proxy
 
 deps:
 	@hack/deps.sh

@@ -55,7 +55,7 @@ ours_labels = $(call mkimage_labels,$(1)) --label org.opencontainers.image.revis
 image-tools:
 	@mkdir -p $(IMAGE_BUILD)
 	CGO_ENABLED=0 $(GO) build -o $(MKIMAGE) ./hack/mkimage
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(IMAGE_BUILD)/ebpf-proxy ./cmd/ebpf-proxy
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(AGENT_LDFLAGS)" -o $(IMAGE_BUILD)/ebpf-proxy ./cmd/ebpf-proxy
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(IMAGE_BUILD)/testserver ./test/cluster/testserver
 
 # The Debian root filesystem: debootstrap once (a minute or two), then the

@@ -245,15 +245,10 @@ func (o *options) writeConfig(path string) error {
 	return nil
 }
 
-// loadFlagsAndConfig parses args into o, then the file of --config if
-// given. It returns what the logger should say once it exists.
-func loadFlagsAndConfig(o *options, fs *pflag.FlagSet, args []string) (notes []string, err error) {
-	o.addFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	} else if fs.NArg() > 0 { // as kube-proxy: a stray word never starts the agent
-		return nil, fmt.Errorf("unexpected argument %q: ebpf-proxy takes flags only, or the subcommand dump", fs.Arg(0))
-	}
+// finishFlags reads --config, once fs has parsed the flags into o: as in
+// kube-proxy, the file replaces the kube-proxy flags that were not given
+// on the command line.
+func finishFlags(o *options, fs *pflag.FlagSet) (notes []string, err error) {
 	if o.configFile == "" {
 		return nil, nil
 	}

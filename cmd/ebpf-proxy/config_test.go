@@ -10,16 +10,21 @@ import (
 	"time"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
-
-	"github.com/spf13/pflag"
 )
 
 // load parses args (with --config if given) as main does.
 func load(t *testing.T, args ...string) (*options, []string, error) {
 	t.Helper()
+	// The agent command's own parsing, without running it.
 	o := defaultOptions()
-	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
-	notes, err := loadFlagsAndConfig(o, fs, args)
+	cmd := agentCommand("agent", "", false, o)
+	if err := cmd.ParseFlags(args); err != nil {
+		return o, nil, err
+	}
+	if err := cmd.ValidateArgs(cmd.Flags().Args()); err != nil {
+		return o, nil, err
+	}
+	notes, err := finishFlags(o, cmd.Flags())
 	if err == nil {
 		err = o.validate()
 	}
@@ -221,8 +226,9 @@ func TestSyncPeriodsFollowTheMode(t *testing.T) {
 	}
 }
 
-// A stray word is refused before anything is touched, as kube-proxy refuses
-// positional arguments: `ebpf-proxy version` must not start the agent.
+// A stray word after the agent's flags is refused before anything is
+// touched, as kube-proxy refuses positional arguments (commands_test.go
+// checks the whole command line, subcommands included).
 func TestStrayArgumentsAreRefused(t *testing.T) {
 	for _, args := range [][]string{{"version"}, {"trace", "10.96.0.10"}, {"--proxy-mode=ebpf", "agent"}} {
 		if _, _, err := load(t, args...); err == nil || !strings.Contains(err.Error(), "unexpected argument") {

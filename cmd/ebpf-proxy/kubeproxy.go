@@ -94,6 +94,8 @@ func (o *options) addKubeProxyFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.bindAddress, "bind-address", o.bindAddress, "Overrides the node's primary IPv4 address (the first of its Node object's addresses) when set to one; 0.0.0.0 keeps the Node's.")
 	fs.StringVar(&o.showHiddenMetrics, "show-hidden-metrics-for-version", o.showHiddenMetrics, "The previous version for which to show hidden metrics. ebpf-proxy hides none, so any version is accepted and changes nothing.")
 	fs.StringVar(&o.loggingFormat, "logging-format", o.loggingFormat, "Log format: 'json' (default) or 'text'.")
+	fs.StringVar(&o.vmodule, "vmodule", o.vmodule, "kube-proxy's per-file log verbosity (pattern=N,...). ebpf-proxy has one verbosity, --v: accepted, and logged as without effect.")
+	fs.DurationVar(&o.logFlushFrequency, "log-flush-frequency", 5*time.Second, "Maximum time between log flushes, as in kube-proxy. ebpf-proxy writes every line at once: accepted, without effect.")
 	fs.Int32Var(&o.oomScoreAdj, "oom-score-adj", o.oomScoreAdj, "The oom-score-adj value for the agent's process. Must be within [-1000, 1000].")
 	fs.DurationVar(&o.iptablesSyncPeriod, "iptables-sync-period", o.iptablesSyncPeriod, "In iptables mode, the interval of the periodic full sync and the longest retry backoff (e.g. '5s', '1m'). Must be greater than 0.")
 	fs.DurationVar(&o.iptablesMinSync, "iptables-min-sync-period", o.iptablesMinSync, "In iptables mode, the least time between two syncs; changes arriving sooner are batched.")
@@ -218,6 +220,9 @@ func (o *options) noteIgnored(mode string, log *zap.Logger) {
 	sort.Strings(known)
 	if len(known) > 0 {
 		log.Info("feature gates without effect on ebpf-proxy", zap.Strings("featureGates", known))
+	}
+	if o.vmodule != "" {
+		log.Info("--vmodule has no effect: ebpf-proxy has one log verbosity, --v", zap.String("vmodule", o.vmodule))
 	}
 	if o.showHiddenMetrics != "" {
 		log.Info("--show-hidden-metrics-for-version: ebpf-proxy hides no metrics", zap.String("version", o.showHiddenMetrics))

@@ -6,7 +6,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -20,23 +19,20 @@ import (
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "dump" {
-		os.Exit(runDump(os.Args[2:]))
-	}
-	opts := defaultOptions()
-	fs := pflag.NewFlagSet("ebpf-proxy", pflag.ContinueOnError)
-	notes, err := loadFlagsAndConfig(opts, fs, os.Args[1:])
+	os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// runAgent runs the agent with opts, whose flags fs parsed: it reads
+// --config, then does what the flags ask (write the configuration, clean
+// up, or serve until SIGINT or SIGTERM).
+func runAgent(opts *options, fs *pflag.FlagSet) error {
+	notes, err := finishFlags(opts, fs)
 	if err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
+		return err
 	}
 	log, err := newLogger(opts.verbosity, opts.loggingFormat)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
+		return err
 	}
 	defer log.Sync() //nolint:errcheck // nothing to do about a failed flush at exit
 	for _, n := range notes {
@@ -49,10 +45,10 @@ func main() {
 		}
 		if err != nil {
 			log.Error("exiting", zap.Error(err))
-			os.Exit(1)
+			return exitError{code: 1}
 		}
 		log.Info("wrote the configuration in effect", zap.String("path", opts.writeConfigTo))
-		return
+		return nil
 	}
 	// client-go logs through klog: send it to the same structured log.
 	klog.SetLogger(zapr.NewLogger(log.Named("client-go")))
@@ -61,9 +57,15 @@ func main() {
 	defer stop()
 	if err := run(ctx, opts, log); err != nil {
 		log.Error("exiting", zap.Error(err))
-		os.Exit(1)
+		return exitError{code: 1}
 	}
+	return nil
 }
+
+// exitError ends the command with code, its cause already reported.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
 
 func newLogger(v int, format string) (*zap.Logger, error) {
 	cfg := zap.NewProductionConfig()

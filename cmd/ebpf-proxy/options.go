@@ -49,6 +49,10 @@ type options struct {
 	kubeAPIBurst       int32
 	bindAddress        string
 	showHiddenMetrics  string
+	// vmodule and logFlushFrequency are kube-proxy's logging flags,
+	// accepted for its command lines.
+	vmodule            string
+	logFlushFrequency  time.Duration
 	loggingFormat      string
 	oomScoreAdj        int32
 	iptablesSyncPeriod time.Duration

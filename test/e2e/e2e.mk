@@ -32,7 +32,7 @@ node-binaries:
 # The agent binary every end-to-end test runs (go build is incremental).
 .PHONY: e2e-agent
 e2e-agent:
-	cd $(E2E_ROOT) && $(GO) build -o $(E2E_AGENT) ./cmd/ebpf-proxy
+	cd $(E2E_ROOT) && $(GO) build -ldflags "$(AGENT_LDFLAGS)" -o $(E2E_AGENT) ./cmd/ebpf-proxy
 
 # The end-to-end suite as root: the harness, the testbed, the agent against
 # a real API server, and the differential run of every scenario against

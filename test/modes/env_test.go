@@ -156,12 +156,16 @@ func get(t *testing.T, a *agent.Process, path string) string {
 }
 
 // cleanup runs `ebpf-proxy --cleanup` in the node's namespace.
-func (e *env) cleanup() {
+func (e *env) cleanup() { e.cleanupWith(agent.Cleanup) }
+
+// cleanupWith runs a cleanup command (agent.Cleanup or
+// agent.CleanupCommand) in the node's namespace.
+func (e *env) cleanupWith(run func(context.Context, string, string) (string, error)) {
 	t := e.t
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := agent.Cleanup(ctx, e.node.NS.Path(), e.bpffs); err != nil {
+	if _, err := run(ctx, e.node.NS.Path(), e.bpffs); err != nil {
 		t.Fatal(err)
 	}
 }

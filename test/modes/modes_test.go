@@ -136,10 +136,13 @@ func TestCleanupRemovesWhatEveryModeCreated(t *testing.T) {
 	for _, tc := range []struct {
 		mode string
 		ipvs bool
+		// subcommand: clean up with `ebpf-proxy cleanup` rather than
+		// kube-proxy's --cleanup.
+		subcommand bool
 	}{
-		{"ebpf", false},
-		{"iptables", false},
-		{"ipvs", true},
+		{"ebpf", false, false},
+		{"iptables", false, true},
+		{"ipvs", true, false},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			e := newEnv(t)
@@ -151,7 +154,11 @@ func TestCleanupRemovesWhatEveryModeCreated(t *testing.T) {
 			a.Terminate(t, time.Minute)
 			// Stopped, the agent leaves its dataplane in place.
 			e.expectOnly(tc.mode)
-			e.cleanup()
+			if tc.subcommand {
+				e.cleanupWith(agent.CleanupCommand)
+			} else {
+				e.cleanup()
+			}
 			e.expectOnly("")
 			// A second run has nothing to do and succeeds.
 			e.cleanup()

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+)
+
+// execute runs the command line args (without the program name) and
+// returns the exit code: 0, 1 when the agent or a subcommand failed (it
+// said why), 2 for a command line it refused before touching anything (an
+// unknown subcommand, a stray word, a bad flag).
+func execute(args []string, stdout, stderr io.Writer) int {
+	cmd := newCommand(stdout, stderr)
+	cmd.SetArgs(args)
+	err := cmd.Execute()
+	var ee exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.code
+	}
+	fmt.Fprintf(stderr, "Error: %v\nRun '%s --help' for usage.\n", err, cmd.CommandPath())
+	return 2
+}
+
+// newCommand is the command tree: the agent (no subcommand, or agent) and
+// its subcommands. Flags are kube-proxy's where the meaning is the same.
+func newCommand(stdout, stderr io.Writer) *cobra.Command {
+	root := agentCommand("ebpf-proxy", "A kube-proxy replacement that serves Services with BPF programs", false, defaultOptions())
+	root.Long = `ebpf-proxy serves Kubernetes Services on a node as kube-proxy does: it watches
+Services, EndpointSlices and its own Node and translates ClusterIP, NodePort,
+ExternalIP and LoadBalancer traffic with BPF programs (socket hooks, TC and
+XDP), or with iptables or IPVS where the kernel cannot run them.
+
+Without a subcommand it runs the agent, as "ebpf-proxy agent" does.`
+	root.SilenceUsage = true
+	root.SilenceErrors = true
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	showVersion := root.Flags().Bool("version", false, "Print the version and exit.")
+	runRoot := root.RunE
+	root.RunE = func(cmd *cobra.Command, args []string) error {
+		if *showVersion {
+			return printVersion(stdout)
+		}
+		return runRoot(cmd, args)
+	}
+	root.AddCommand(agentCommand("agent", "Run the agent (the same as no subcommand)", false, defaultOptions()),
+		agentCommand("cleanup", "Remove what every proxy mode created, then exit (kube-proxy's --cleanup)", true, defaultOptions()),
+		versionCommand(stdout), dumpCommand(stdout, stderr))
+	return root
+}
+
+// agentCommand runs the agent with the agent's flags, parsed into opts;
+// cleanup sets --cleanup.
+func agentCommand(use, short string, cleanup bool, opts *options) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   use + " [flags]",
+		Short: short,
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts.cleanup = opts.cleanup || cleanup
+			return runAgent(opts, cmd.Flags())
+		},
+	}
+	opts.addFlags(cmd.Flags())
+	return cmd
+}
+
+func versionCommand(stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version, the commit, the Go version and the hash of the BPF objects",
+		Args:  noArgs,
+		RunE:  func(*cobra.Command, []string) error { return printVersion(stdout) },
+	}
+}
+
+func dumpCommand(stdout, stderr io.Writer) *cobra.Command {
+	var bpffs string
+	cmd := &cobra.Command{
+		Use:   "dump [flags]",
+		Short: "Print the Services, backends and reverse NAT entries of the pinned maps",
+		Args:  noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if code := runDump(bpffs, stdout, stderr); code != 0 {
+				return exitError{code: code}
+			}
+			return nil
+		},
+	}
+	addDumpFlags(cmd.Flags(), &bpffs)
+	return cmd
+}
+
+// noArgs refuses positional arguments, as kube-proxy does: a stray word
+// never starts the agent.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	if cmd.HasSubCommands() {
+		return fmt.Errorf("unknown command %q for %q", args[0], cmd.CommandPath())
+	}
+	return fmt.Errorf("unexpected argument %q: %q takes flags only", args[0], cmd.CommandPath())
+}

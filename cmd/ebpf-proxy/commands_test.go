@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+)
+
+// run executes a command line as main does and returns its exit code and
+// output.
+func runCLI(args ...string) (int, string, string) {
+	var stdout, stderr bytes.Buffer
+	code := execute(args, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+func TestVersionSaysWhatWasBuilt(t *testing.T) {
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		code, out, errOut := runCLI(args...)
+		if code != 0 || errOut != "" {
+			t.Errorf("%q: exit %d, stderr %q", args, code, errOut)
+		}
+		for _, want := range []string{"ebpf-proxy " + version, "commit:", runtime.Version(), "bpf objects: sha256:" + bpfobj.ObjectsHash()} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%q printed %q, want %q in it", args, out, want)
+			}
+		}
+	}
+	if h := bpfobj.ObjectsHash(); len(h) != 64 {
+		t.Errorf("BPF object hash %q, want 64 hex digits", h)
+	}
+}
+
+// A command line the agent cannot mean is refused with exit code 2 and a
+// usage hint before anything is touched: an unknown subcommand, a stray
+// word, an unknown flag. Each also names a cgroup that does not exist, a
+// private bpffs directory and the ebpf mode, so that an agent started by
+// mistake fails at once (exit 1) rather than attach anywhere.
+func TestUnknownCommandsAndStrayWordsAreRefused(t *testing.T) {
+	safe := []string{"--proxy-mode=ebpf", "--cgroup-path=/nonexistent/ebpf-proxy-test", "--bpffs-path=" + t.TempDir(),
+		"--manifests=" + t.TempDir(), "--healthz-bind-address=", "--metrics-bind-address="}
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{append([]string{"trace"}, safe...), `unknown command "trace" for "ebpf-proxy"`},
+		{append(safe, "stats"), `unknown command "stats" for "ebpf-proxy"`},
+		{append([]string{"agent"}, append(safe, "now")...), `unexpected argument "now": "ebpf-proxy agent" takes flags only`},
+		{append([]string{"cleanup"}, append(safe, "all")...), `unexpected argument "all": "ebpf-proxy cleanup" takes flags only`},
+		{[]string{"version", "now"}, `unexpected argument "now"`},
+		{[]string{"dump", "--bpffs-path=" + t.TempDir(), "web"}, `unexpected argument "web"`},
+		{append([]string{"--no-such-flag"}, safe...), "unknown flag: --no-such-flag"},
+		{[]string{"agent", "--proxy-mode"}, "flag needs an argument"},
+	} {
+		code, out, errOut := runCLI(tt.args...)
+		if code != 2 || !strings.Contains(errOut, tt.want) || !strings.Contains(errOut, "--help") || out != "" {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and %q with a usage hint", tt.args, code, out, errOut, tt.want)
+		}
+	}
+}
+
+func TestHelpListsTheSubcommands(t *testing.T) {
+	code, out, _ := runCLI("--help")
+	if code != 0 {
+		t.Fatalf("--help: exit %d", code)
+	}
+	for _, want := range []string{"agent", "cleanup", "dump", "version", "--proxy-mode", "--cleanup", "--vmodule", "--log-flush-frequency"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--help does not mention %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "completion") {
+		t.Errorf("--help offers shell completion, which is not set up:\n%s", out)
+	}
+}
+
+// kube-proxy's logging flags are accepted, as its command lines carry them.
+func TestKubeProxyLoggingFlagsAreAccepted(t *testing.T) {
+	o, _, err := load(t, "--vmodule=proxier*=4", "--log-flush-frequency=10s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.vmodule != "proxier*=4" || o.logFlushFrequency.Seconds() != 10 {
+		t.Errorf("vmodule %q, log flush frequency %s", o.vmodule, o.logFlushFrequency)
+	}
+}
+
+func TestDumpWithoutPinsFails(t *testing.T) {
+	code, out, errOut := runCLI("dump", "--bpffs-path="+t.TempDir())
+	if code != 1 || out != "" || errOut == "" {
+		t.Errorf("dump of an empty directory: exit %d, stdout %q, stderr %q; want exit 1 and an error", code, out, errOut)
+	}
+}
