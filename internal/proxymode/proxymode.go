@@ -273,8 +273,7 @@ func ipv4Only(cfg Config, mode string, d dataplane.Dataplane) ([]Family, map[str
 
 // ipv6Gaps is what the BPF dataplane does not do for IPv6 yet, which
 // kube-proxy does not do either, or does for a rare case.
-const ipv6Gaps = "ICMPv6 errors about translated flows pass untranslated (path MTU discovery through an IPv6 NodePort); " +
-	"the XDP fast path hands IPv6 to the TC programs"
+const ipv6Gaps = "ICMPv6 errors about translated flows pass untranslated (path MTU discovery through an IPv6 NodePort)"
 
 func startBPF(ctx context.Context, cfg Config, log *zap.Logger, reason string) (*Started, error) {
 	d, err := bpf.New(ctx, cfg.BPF)

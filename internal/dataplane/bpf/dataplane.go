@@ -326,7 +326,9 @@ func netipAddrPort(b maps.Backend) netip.AddrPort { return netip.AddrPortFrom(b.
 // translate IPv6 traffic from outside to NodePorts, external and
 // LoadBalancer IPs as they do IPv4's, source-NATing to each device's IPv6
 // address (a node address of up.State.Node.Addrs on it, else its first
-// global one); the XDP fast path passes IPv6 to them.
+// global one). The XDP fast path, where --xdp attaches it, forwards IPv6
+// flows to remote backends as it does IPv4 ones, with the same flow
+// entries as the TC programs.
 //
 // IPv6 ServicePorts that use Maglev get their tables (lb6_maglev_v1), which
 // the TC programs choose by for new flows from outside, as for IPv4.
