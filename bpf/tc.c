@@ -254,7 +254,7 @@ static __always_inline int tc6_new_flow(struct __sk_buff *skb, struct pkt6 *p, _
 	struct np6_choice c = {};
 	int ret;
 
-	switch (np6_decide(p, &c)) {
+	switch (np6_decide(p, &c, true)) {
 	case NP_NOT_OURS:
 		return TC_ACT_UNSPEC;
 	case NP_DROP:

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* The XDP fast path for traffic from outside to NodePorts, ExternalIPs and
  * LoadBalancer IPs whose backend is on another node
- * (externalTrafficPolicy=Cluster): such packets come in and go straight back
- * out, so they are translated and sent before the kernel builds an skb.
+ * (externalTrafficPolicy=Cluster), IPv4 and IPv6: such packets come in and
+ * go straight back out, so they are translated and sent before the kernel
+ * builds an skb.
  *  - the client's packets of a source-NATed flow: DNAT to the backend and
  *    SNAT to the node, out of the device the FIB names;
  *  - the backend's replies to a source NAT port: back to the client from the
@@ -11,9 +12,10 @@
  *    tracking entries of tc.c (lib/nodeport.h), then as above.
  * The TC programs stay attached and do everything else, which this program
  * passes: local backends, policy Local, refusals with an ICMP answer, resets
- * of TCP flows whose backend was removed, ICMP errors, fragments, IP
- * options, multi-buffer frames, frames whose next hop needs neighbour
- * resolution or is out of a device without this program.
+ * of TCP flows whose backend was removed, ICMP and ICMPv6 (neighbour
+ * discovery among it), fragments, IP options and IPv6 extension headers,
+ * multi-buffer frames, frames whose next hop needs neighbour resolution or
+ * is out of a device without this program.
  * Both share the connection tracking map, so a flow may move between them
  * (XDP detached, or its next packet passed). */
 
@@ -25,8 +27,8 @@
 #define XDP4_DEVS_MAX 256
 
 /* The devices this program is attached to, by ifindex: a translated frame
- * is redirected only to those, which take XDP frames; for any other device
- * it is passed to TC. Written by the loader. */
+ * of either family is redirected only to those, which take XDP frames; for
+ * any other device it is passed to TC. Written by the loader. */
 struct {
 	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
 	__type(key, __u32);
@@ -35,6 +37,10 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xdp4_devs_v1 SEC(".maps");
 
+/* The flow helpers below take the family as an argument, v6, a constant at
+ * every call, as lib/ct.h's do: p is then a struct pkt6 (else a struct
+ * pkt4) and e a struct ct6_entry (else a struct ct4_entry). */
+
 /* xdp_send rewrites the frame that p describes to the tuple that the
  * flow's entry e gives its packets (both entries of a source-NATed flow hold
  * all four of it) and sends it to that destination: back out of the device
@@ -42,36 +48,45 @@ struct {
  * Anything the FIB cannot resolve on its own (no neighbour entry, no route,
  * too big for the MTU) and any other egress device is passed untouched, for
  * TC to do or drop as it does. */
-static __always_inline int xdp_send(struct xdp_md *ctx, const struct pkt4 *p,
-				    const struct ct4_entry *e)
+static __always_inline int xdp_send(struct xdp_md *ctx, bool v6, const void *p, const void *e)
 {
 	struct bpf_fib_lookup fib = {
-		.family = PKT_AF_INET,
-		.tos = p->tos,
-		.l4_protocol = p->proto,
-		.sport = e->nat_sport,
-		.dport = e->nat_dport,
-		.tot_len = p->tot_len,
-		.ipv4_src = e->nat_saddr,
-		.ipv4_dst = e->nat_daddr,
+		.l4_protocol = PKT_F(p, v6, proto),
+		.sport = CT_E(e, v6, nat_sport),
+		.dport = CT_E(e, v6, nat_dport),
 		.ifindex = ctx->ingress_ifindex,
 	};
-	struct pkt4 n = *p;
 	__u32 ifindex = ctx->ingress_ifindex;
 	long ret;
 
-	n.saddr = e->nat_saddr;
-	n.sport = e->nat_sport;
-	n.daddr = e->nat_daddr;
-	n.dport = e->nat_dport;
-	if (p->ttl <= 1)
-		goto pass;
+	if (v6) {
+		const struct pkt6 *p6 = p;
+		const struct ct6_entry *e6 = e;
+
+		if (p6->hop_limit <= 1)
+			goto pass;
+		fib.family = PKT_AF_INET6;
+		fib.tot_len = sizeof(struct pkt_ipv6hdr) + p6->payload_len;
+		__builtin_memcpy(fib.ipv6_src, e6->nat_saddr, sizeof(fib.ipv6_src));
+		__builtin_memcpy(fib.ipv6_dst, e6->nat_daddr, sizeof(fib.ipv6_dst));
+	} else {
+		const struct pkt4 *p4 = p;
+		const struct ct4_entry *e4 = e;
+
+		if (p4->ttl <= 1)
+			goto pass;
+		fib.family = PKT_AF_INET;
+		fib.tos = p4->tos;
+		fib.tot_len = p4->tot_len;
+		fib.ipv4_src = e4->nat_saddr;
+		fib.ipv4_dst = e4->nat_daddr;
+	}
 	ret = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
 	if (ret != BPF_FIB_LKUP_RET_SUCCESS)
 		goto pass;
 	if (fib.ifindex != ifindex && !bpf_map_lookup_elem(&xdp4_devs_v1, &fib.ifindex))
 		goto pass;
-	if (xdp_pkt4_rewrite(ctx, p, &n, &fib))
+	if (xdp_pkt_rewrite(ctx, v6, p, e, &fib))
 		goto pass;
 	if (fib.ifindex == ifindex)
 		return XDP_TX;
@@ -83,12 +98,12 @@ pass:
 
 /* xdp_orig sends a client's packet of a source-NATed flow on as its entry e
  * says. */
-static __always_inline int xdp_orig(struct xdp_md *ctx, const struct pkt4 *p,
-				    const struct ct4_entry *e, enum lb_metric m)
+static __always_inline int xdp_orig(struct xdp_md *ctx, bool v6, const void *p, const void *e,
+				    enum lb_metric m)
 {
 	int ret;
 
-	ret = xdp_send(ctx, p, e);
+	ret = xdp_send(ctx, v6, p, e);
 	if (ret != XDP_PASS)
 		lb_count(m);
 	return ret;
@@ -96,14 +111,13 @@ static __always_inline int xdp_orig(struct xdp_md *ctx, const struct pkt4 *p,
 
 /* xdp_reply sends a backend's reply to a source NAT port back to the client
  * as the reply entry e says, from the frontend. */
-static __always_inline int xdp_reply(struct xdp_md *ctx, const struct pkt4 *p, struct ct4_entry *e,
-				     __u32 now)
+static __always_inline int xdp_reply(struct xdp_md *ctx, bool v6, const void *p, void *e, __u32 now)
 {
 	int ret;
 
-	ret = xdp_send(ctx, p, e);
+	ret = xdp_send(ctx, v6, p, e);
 	if (ret != XDP_PASS) {
-		ct_refresh_dir(e, p, now, true);
+		ct_refresh_v(e, v6, PKT_F(p, v6, proto), PKT_F(p, v6, tcp_flags), now, true);
 		lb_count(LB_M_XDP_REPLY);
 	}
 	return ret;
@@ -111,12 +125,19 @@ static __always_inline int xdp_reply(struct xdp_md *ctx, const struct pkt4 *p, s
 
 /* xdp_new_flow decides a flow's first packet as tc.c does. It acts only on
  * drops and on flows source-NATed to another node; the others are TC's. */
-static __always_inline int xdp_new_flow(struct xdp_md *ctx, struct pkt4 *p, __u32 now)
+static __always_inline int xdp_new_flow(struct xdp_md *ctx, bool v6, void *p, __u32 now)
 {
+	/* Of the family's pair, the other is never used: the compiler drops
+	 * it. */
 	struct ct4_entry orig = {};
+	struct ct6_entry orig6 = {};
 	struct np_choice c = {};
+	struct np6_choice c6 = {};
+	enum np_verdict verdict;
+	int err;
 
-	switch (np_decide(p, &c, false)) {
+	verdict = v6 ? np6_decide(p, &c6, false) : np_decide(p, &c, false);
+	switch (verdict) {
 	case NP_DROP:
 		lb_count(LB_M_DROP);
 		return XDP_DROP;
@@ -134,24 +155,28 @@ static __always_inline int xdp_new_flow(struct xdp_md *ctx, struct pkt4 *p, __u3
 	/* A local backend is reached through the kernel's stack, with TC's
 	 * translation: it selects again, which keeps Maglev's and session
 	 * affinity's choice. */
-	if (c.be->flags & BE_F_LOCAL)
+	if ((v6 ? c6.be->flags : c.be->flags) & BE_F_LOCAL)
 		return XDP_PASS;
-	if (np_record(ctx, ctx->ingress_ifindex, p, &c, now, &orig))
+	if (v6)
+		err = np6_record(ctx, ctx->ingress_ifindex, p, &c6, now, &orig6);
+	else
+		err = np_record(ctx, ctx->ingress_ifindex, p, &c, now, &orig);
+	if (err)
 		return XDP_DROP;
 	/* Recorded: should XDP pass it (no neighbour yet), TC finds the flow
 	 * and translates it alike. */
-	return xdp_orig(ctx, p, &orig, LB_M_XDP_NEW_SNAT);
+	return xdp_orig(ctx, v6, p, v6 ? (void *)&orig6 : (void *)&orig, LB_M_XDP_NEW_SNAT);
 }
 
-/* xdp_nodeport_run is the program, in one section per mode. */
-static __always_inline int xdp_nodeport_run(struct xdp_md *ctx)
+/* xdp_flow handles a frame of family v6 with p, a zeroed struct pkt6 or
+ * struct pkt4, to parse it into. */
+static __always_inline int xdp_flow(struct xdp_md *ctx, bool v6, void *p)
 {
-	struct pkt4 p = {};
-	struct ct4_entry *e;
+	void *e;
 	bool reply = false;
 	__u32 now;
 
-	switch (xdp_pkt4_parse(ctx, &p)) {
+	switch (xdp_pkt_parse(ctx, v6, p)) {
 	case XDP_PKT_OK:
 		break;
 	case XDP_PKT_MULTIBUF:
@@ -161,28 +186,51 @@ static __always_inline int xdp_nodeport_run(struct xdp_md *ctx)
 		return XDP_PASS;
 	}
 	now = ct_now();
-	e = np_lookup_tracked(&p, now, &reply);
+	if (v6)
+		e = np6_lookup_tracked(p, now, &reply);
+	else
+		e = np_lookup_tracked(p, now, &reply);
 	if (e && reply)
-		return xdp_reply(ctx, &p, e, now);
+		return xdp_reply(ctx, v6, p, e, now);
 	/* A late packet to a reused source NAT port: TC counts it and hands
 	 * it to the stack. */
 	if (reply)
 		return XDP_PASS;
 	if (e) {
 		/* A flow to a local backend stays with TC. */
-		if (!(e->flags & CT_F_SNAT))
+		if (!(CT_E(e, v6, flags) & CT_F_SNAT))
 			return XDP_PASS;
 		/* Its backend removed: TC answers the client with a reset and
 		 * ends the flow (tc.c tc_reset). Building the reset here too
 		 * would duplicate that for one packet per dead flow; what
 		 * matters is that nothing goes on to the dead pod. */
-		if (np_backend_gone(e, &p)) {
+		if (v6 ? np6_backend_gone(e, p) : np_backend_gone(e, p)) {
 			lb_count(LB_M_XDP_TO_TC);
 			return XDP_PASS;
 		}
-		return xdp_orig(ctx, &p, e, LB_M_XDP_FWD);
+		return xdp_orig(ctx, v6, p, e, LB_M_XDP_FWD);
 	}
-	return xdp_new_flow(ctx, &p, now);
+	return xdp_new_flow(ctx, v6, p, now);
+}
+
+/* xdp_nodeport_run is the program, in one section per mode. */
+static __always_inline int xdp_nodeport_run(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+
+	if ((void *)(eth + 1) > end)
+		return XDP_PASS;
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct pkt6 p = {};
+
+		return xdp_flow(ctx, true, &p);
+	} else {
+		struct pkt4 p = {};
+
+		return xdp_flow(ctx, false, &p);
+	}
 }
 
 /* For drivers (native mode): multi-buffer aware, so that devices with a

@@ -43,6 +43,25 @@ static __always_inline __u16 pkt_csum_add(__u16 check, __s64 diff)
 	return pkt_csum_fold((__u16)~check + (__u64)(__u32)diff);
 }
 
+/* pkt_csum_replace_n is pkt_csum_replace for n consecutive 32-bit words
+ * (an IPv6 address: n is 4), summed before one fold: 2^16 is 1 in ones'
+ * complement arithmetic, so a 32-bit word counts as its two halves. */
+static __always_inline __u16 pkt_csum_replace_n(__u16 check, const __be32 *from, const __be32 *to,
+						int n)
+{
+	__u64 sum = (__u16)~check;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < n; i++)
+		sum += (__u64)(__u32)~from[i] + to[i];
+	sum = (sum & 0xffffffff) + (sum >> 32);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
 /* pkt4_ttl_word is the 16-bit word of the IP header that a TTL change
  * alters: the IP checksum sums the TTL together with the protocol. */
 static __always_inline __be16 pkt4_ttl_word(__u16 ttl, __u8 proto)

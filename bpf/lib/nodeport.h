@@ -343,7 +343,7 @@ static __always_inline bool np_backend_gone(const struct ct4_entry *e, const str
 /* IPv6. The same decisions for IPv6 packets (struct pkt6), with the IPv6
  * maps: lb.h's selection with v6 set, the flow tracking of ct.h with v6 set,
  * tc6_ct_v1 and tc6_snat_addrs_v1, maglev.h's tables with v6 set and
- * flow_hash6. Only the TC programs call these (XDP passes IPv6 to TC). */
+ * flow_hash6. Both hooks call them, as the IPv4 ones. */
 
 /* np6_orig_valid is np_orig_valid for IPv6. */
 static __always_inline bool np6_orig_valid(struct ct6_entry *e, const struct pkt6 *p, __u32 now)
@@ -419,9 +419,13 @@ struct np6_choice {
 	__u32 backend_id;
 };
 
-/* np6_decide is np_decide for IPv6, with select_local true (TC's): by
- * session affinity, the ServicePort's Maglev table or at random. */
-static __always_inline enum np_verdict np6_decide(struct pkt6 *p, struct np6_choice *c)
+/* np6_decide is np_decide for IPv6: by session affinity, the
+ * ServicePort's Maglev table or at random, and with select_local false
+ * stopping at NP_LOCAL_POLICY for a Service under
+ * externalTrafficPolicy=Local. pkt6_parse and xdp_pkt_parse admit no
+ * fragment. */
+static __always_inline enum np_verdict np6_decide(struct pkt6 *p, struct np6_choice *c,
+						  bool select_local)
 {
 	struct lb6_key lkey = {
 		.dport = p->dport,
@@ -452,6 +456,8 @@ static __always_inline enum np_verdict np6_decide(struct pkt6 *p, struct np6_cho
 		if (!bpf_map_lookup_elem(&lb6_source_ranges_v1, &rkey))
 			return NP_SRC_RANGE;
 	}
+	if (!select_local && (svc->flags & SVC_F_EXT_LOCAL))
+		return NP_LOCAL_POLICY;
 	maglev_id = lb_maglev_backend_id(
 		true, svc->svc_id, flow_hash6(p->saddr, p->daddr, p->sport, p->dport, p->proto));
 	/* Affinity is keyed on the client's whole address, shared with the

@@ -242,77 +242,123 @@ static __always_inline enum pkt_parse pkt6_parse(struct __sk_buff *skb, struct p
 }
 
 /* The XDP program handles only the simple, common frames (IPv4 without
- * options, TCP or UDP, not a fragment, headers in the linear part, no
- * fragment pages) and leaves the rest to the TC programs, so the headers it
- * reads sit at fixed offsets: Ethernet, then a 20-byte IPv4 header. */
-#define XDP_IP_OFF ETH_HLEN
-#define XDP_L4_OFF (ETH_HLEN + sizeof(struct iphdr))
+ * options or IPv6 without extension headers, TCP or UDP, not a fragment,
+ * headers in the linear part, no fragment pages) and leaves the rest to the
+ * TC programs, so the headers it reads sit at fixed offsets: Ethernet, then
+ * a 20-byte IPv4 header or a 40-byte IPv6 one. */
+#define XDP_IP_OFF  ETH_HLEN
+#define XDP_L4_OFF  (ETH_HLEN + sizeof(struct iphdr))
+#define XDP_L4_OFF6 (ETH_HLEN + sizeof(struct pkt_ipv6hdr))
 
-/* What xdp_pkt4_parse found. */
+/* PKT_F names a field that struct pkt4 and struct pkt6 share, of p, a
+ * struct pkt6 when v6 (a constant at every call), as CT_E does for the
+ * flow entries. */
+#define PKT_F(p, v6, f) (*((v6) ? &((struct pkt6 *)(p))->f : &((struct pkt4 *)(p))->f))
+
+/* What xdp_pkt_parse found. */
 enum xdp_parse {
 	XDP_PKT_OK,	  /* a frame xdp.c may translate; p is set */
 	XDP_PKT_OTHER,	  /* anything else: for TC */
 	XDP_PKT_MULTIBUF, /* a frame with fragment pages: for TC */
 };
 
-/* xdp_pkt4_parse reads the headers of a frame into p when it is one the
- * XDP program translates: IPv4 with a 20-byte header, not a fragment, TCP
- * or UDP with its whole header, no shorter than its total length says, and
- * linear. */
-static __always_inline enum xdp_parse xdp_pkt4_parse(struct xdp_md *ctx, struct pkt4 *p)
+/* xdp_pkt_parse reads the headers of a frame into p, a struct pkt6 when v6
+ * (else a struct pkt4), when it is one the XDP program translates: IPv4
+ * with a 20-byte header and not a fragment, or IPv6 whose first next header
+ * is TCP or UDP (extension headers, fragments among them, are TC's), with
+ * its whole TCP or UDP header, no shorter than the IP header says, and
+ * linear. A UDP datagram without checksum is one over IPv4 only: IPv6
+ * forbids it (pkt6_parse), and the receiver drops it. */
+static __always_inline enum xdp_parse xdp_pkt_parse(struct xdp_md *ctx, bool v6, void *p)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
-	struct iphdr *ip = data + XDP_IP_OFF;
-	__u32 tot_len, hlen, linear;
-	__u8 *l4 = data + XDP_L4_OFF;
+	__u32 l4_off = v6 ? XDP_L4_OFF6 : XDP_L4_OFF;
+	__u8 *l4 = data + l4_off;
+	/* Where the bytes that the IP header's length counts begin: the IPv4
+	 * header, the IPv6 payload. */
+	__u32 counted = v6 ? XDP_L4_OFF6 : XDP_IP_OFF;
+	__u32 len, hlen, linear;
+	__u8 proto;
 
-	if ((void *)(ip + 1) > end)
-		return XDP_PKT_OTHER;
-	if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->version != 4 || ip->ihl != 5)
-		return XDP_PKT_OTHER;
-	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
-		return XDP_PKT_OTHER;
-	if (ip->protocol == IPPROTO_TCP) {
-		hlen = sizeof(struct tcphdr);
-		p->csum_off = XDP_L4_OFF + pkt_offsetof(struct tcphdr, check);
-	} else if (ip->protocol == IPPROTO_UDP) {
-		hlen = sizeof(struct udphdr);
-		p->csum_off = XDP_L4_OFF + pkt_offsetof(struct udphdr, check);
+	if (v6) {
+		struct pkt_ipv6hdr *ip = data + XDP_IP_OFF;
+
+		if ((void *)(ip + 1) > end)
+			return XDP_PKT_OTHER;
+		if (eth->h_proto != bpf_htons(ETH_P_IPV6) ||
+		    (ip->vtc_flow & bpf_htonl(0xf0000000)) != bpf_htonl(0x60000000))
+			return XDP_PKT_OTHER;
+		proto = ip->nexthdr;
+		len = bpf_ntohs(ip->payload_len);
 	} else {
-		return XDP_PKT_OTHER;
+		struct iphdr *ip = data + XDP_IP_OFF;
+
+		if ((void *)(ip + 1) > end)
+			return XDP_PKT_OTHER;
+		if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->version != 4 || ip->ihl != 5)
+			return XDP_PKT_OTHER;
+		if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+			return XDP_PKT_OTHER;
+		proto = ip->protocol;
+		len = bpf_ntohs(ip->tot_len);
 	}
+	if (proto == IPPROTO_TCP)
+		hlen = sizeof(struct tcphdr);
+	else if (proto == IPPROTO_UDP)
+		hlen = sizeof(struct udphdr);
+	else
+		return XDP_PKT_OTHER;
 	linear = (__u32)(end - data);
 	/* Translation is only of headers, but sending a multi-buffer frame
 	 * back out needs the devices' support for it: TC does those. */
 	if (bpf_xdp_get_buff_len(ctx) != linear)
 		return XDP_PKT_MULTIBUF;
-	tot_len = bpf_ntohs(ip->tot_len);
-	barrier_var(tot_len);
-	tot_len &= 0xffff;
-	/* Bytes beyond the total length are link padding; fewer bytes than
-	 * it says is a truncated packet, for the kernel to drop. */
-	if (tot_len < sizeof(struct iphdr) + hlen || linear < ETH_HLEN + tot_len)
+	/* The 6.1 verifier does not bound a byte swap's result. */
+	barrier_var(len);
+	len &= 0xffff;
+	/* Bytes beyond the length are link padding; fewer bytes than it says
+	 * is a truncated packet, for the kernel to drop. An IPv6 jumbogram
+	 * says 0. */
+	if (counted + len < l4_off + hlen || linear < counted + len)
 		return XDP_PKT_OTHER;
 	if ((void *)(l4 + sizeof(struct udphdr)) > end)
 		return XDP_PKT_OTHER;
-	p->saddr = ip->saddr;
-	p->daddr = ip->daddr;
-	p->proto = ip->protocol;
-	p->ttl = ip->ttl;
-	p->tos = ip->tos;
-	p->ihl_len = sizeof(struct iphdr);
-	p->tot_len = tot_len;
-	p->l4_off = XDP_L4_OFF;
-	p->fragment = false;
-	p->sport = ((struct udphdr *)l4)->source;
-	p->dport = ((struct udphdr *)l4)->dest;
-	p->tcp_flags = 0;
-	if (p->proto == IPPROTO_TCP) {
+	PKT_F(p, v6, tcp_flags) = 0;
+	if (proto == IPPROTO_TCP) {
 		if ((void *)(l4 + sizeof(struct tcphdr)) > end)
 			return XDP_PKT_OTHER;
-		p->tcp_flags = l4[13];
+		PKT_F(p, v6, tcp_flags) = l4[13];
+		PKT_F(p, v6, csum_off) = l4_off + pkt_offsetof(struct tcphdr, check);
+	} else {
+		if (v6 && !((struct udphdr *)l4)->check)
+			return XDP_PKT_OTHER;
+		PKT_F(p, v6, csum_off) = l4_off + pkt_offsetof(struct udphdr, check);
+	}
+	PKT_F(p, v6, sport) = ((struct udphdr *)l4)->source;
+	PKT_F(p, v6, dport) = ((struct udphdr *)l4)->dest;
+	PKT_F(p, v6, proto) = proto;
+	PKT_F(p, v6, l4_off) = l4_off;
+	if (v6) {
+		struct pkt_ipv6hdr *ip = data + XDP_IP_OFF;
+		struct pkt6 *p6 = p;
+
+		__builtin_memcpy(p6->saddr, ip->saddr, sizeof(p6->saddr));
+		__builtin_memcpy(p6->daddr, ip->daddr, sizeof(p6->daddr));
+		p6->hop_limit = ip->hop_limit;
+		p6->payload_len = len;
+	} else {
+		struct iphdr *ip = data + XDP_IP_OFF;
+		struct pkt4 *p4 = p;
+
+		p4->saddr = ip->saddr;
+		p4->daddr = ip->daddr;
+		p4->ttl = ip->ttl;
+		p4->tos = ip->tos;
+		p4->ihl_len = sizeof(struct iphdr);
+		p4->tot_len = len;
+		p4->fragment = false;
 	}
 	return XDP_PKT_OK;
 }

@@ -9,6 +9,7 @@
 #include "common.h"
 #include "csum.h"
 #include "parse.h"
+#include "structs.h"
 #include <linux/if_ether.h>
 #include <linux/ip.h>
 #include <linux/tcp.h>
@@ -228,33 +229,39 @@ static __always_inline int pkt_icmp_rewrite_inner(struct __sk_buff *skb, bool v6
 	return 0;
 }
 
-/* xdp_pkt4_rewrite gives the frame that xdp_pkt4_parse read into p the
- * addresses and ports of n, decrements its TTL, and addresses it to the
- * next hop of fib (a successful lookup): the IP checksum and the TCP or UDP
- * checksum follow (a UDP datagram without checksum keeps none, and a
- * computed zero is sent as all ones). Returns 0, or -1 when the frame is
- * not what p says (then it is unchanged).
+/* xdp_pkt_rewrite gives the frame that xdp_pkt_parse read into p (a
+ * struct pkt6 when v6, else a struct pkt4) the addresses and ports of its
+ * flow's entry e (a struct ct6_entry or a struct ct4_entry: nat_saddr,
+ * nat_sport to nat_daddr, nat_dport), decrements its TTL or hop limit, and
+ * addresses it to the next hop of fib (a successful lookup): the IPv4
+ * checksum and the TCP or UDP checksum follow (an IPv4 UDP datagram without
+ * checksum keeps none, and a computed zero is sent as all ones). Returns 0,
+ * or -1 when the frame is not what p says (then it is unchanged).
  *
  * The checksums are updated in the headers (RFC 1624): an XDP frame carries
  * no skb checksum state. Frames from a wire carry complete checksums; so do
  * those of a veth whose sender computes them (tx checksum offload off),
  * which is what a NIC would deliver. */
-static __always_inline int xdp_pkt4_rewrite(struct xdp_md *ctx, const struct pkt4 *p,
-					    const struct pkt4 *n, const struct bpf_fib_lookup *fib)
+static __always_inline int xdp_pkt_rewrite(struct xdp_md *ctx, bool v6, const void *p,
+					   const void *e, const struct bpf_fib_lookup *fib)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
-	struct iphdr *ip = data + XDP_IP_OFF;
-	__be16 *ports = data + XDP_L4_OFF;
+	__be16 *ports = data + (v6 ? XDP_L4_OFF6 : XDP_L4_OFF);
+	__u8 proto = PKT_F(p, v6, proto);
+	__be16 sport = v6 ? ((const struct ct6_entry *)e)->nat_sport
+			  : ((const struct ct4_entry *)e)->nat_sport;
+	__be16 dport = v6 ? ((const struct ct6_entry *)e)->nat_dport
+			  : ((const struct ct4_entry *)e)->nat_dport;
 	__sum16 *l4_check;
 	__u32 old_ports, new_ports;
 	__u16 check;
-	__be16 old_ttl, new_ttl;
+	bool l4_sum;
 
 	if ((void *)(ports + 2) > end)
 		return -1;
-	if (p->proto == IPPROTO_TCP) {
+	if (proto == IPPROTO_TCP) {
 		struct tcphdr *th = (void *)ports;
 
 		if ((void *)(th + 1) > end)
@@ -267,29 +274,56 @@ static __always_inline int xdp_pkt4_rewrite(struct xdp_md *ctx, const struct pkt
 			return -1;
 		l4_check = &uh->check;
 	}
-	old_ports = ((__u32)p->dport << 16) | p->sport;
-	new_ports = ((__u32)n->dport << 16) | n->sport;
-	old_ttl = pkt4_ttl_word(p->ttl, p->proto);
-	new_ttl = pkt4_ttl_word(p->ttl - 1, p->proto);
-
-	check = pkt_csum_replace(ip->check, p->saddr, n->saddr);
-	check = pkt_csum_replace(check, p->daddr, n->daddr);
-	ip->check = pkt_csum_replace(check, old_ttl, new_ttl);
+	old_ports = ((__u32)PKT_F(p, v6, dport) << 16) | PKT_F(p, v6, sport);
+	new_ports = ((__u32)dport << 16) | sport;
 	check = *l4_check;
-	if (p->proto == IPPROTO_TCP || check) {
-		/* The pseudo-header holds the addresses. */
-		check = pkt_csum_replace(check, p->saddr, n->saddr);
-		check = pkt_csum_replace(check, p->daddr, n->daddr);
+	/* The pseudo-header holds the addresses. An IPv4 UDP datagram
+	 * without checksum keeps none; xdp_pkt_parse admits no IPv6 one. */
+	l4_sum = proto == IPPROTO_TCP || check;
+	if (v6) {
+		const struct pkt6 *p6 = p;
+		const struct ct6_entry *e6 = e;
+		struct pkt_ipv6hdr *ip = data + XDP_IP_OFF;
+
+		if ((void *)(ip + 1) > end)
+			return -1;
+		if (l4_sum) {
+			check = pkt_csum_replace_n(check, p6->saddr, e6->nat_saddr, 4);
+			check = pkt_csum_replace_n(check, p6->daddr, e6->nat_daddr, 4);
+		}
+		__builtin_memcpy(ip->saddr, e6->nat_saddr, sizeof(ip->saddr));
+		__builtin_memcpy(ip->daddr, e6->nat_daddr, sizeof(ip->daddr));
+		ip->hop_limit = p6->hop_limit - 1;
+	} else {
+		const struct pkt4 *p4 = p;
+		const struct ct4_entry *e4 = e;
+		struct iphdr *ip = data + XDP_IP_OFF;
+		__be16 old_ttl, new_ttl;
+		__u16 ip_check;
+
+		if ((void *)(ip + 1) > end)
+			return -1;
+		old_ttl = pkt4_ttl_word(p4->ttl, proto);
+		new_ttl = pkt4_ttl_word(p4->ttl - 1, proto);
+		ip_check = pkt_csum_replace(ip->check, p4->saddr, e4->nat_saddr);
+		ip_check = pkt_csum_replace(ip_check, p4->daddr, e4->nat_daddr);
+		ip->check = pkt_csum_replace(ip_check, old_ttl, new_ttl);
+		if (l4_sum) {
+			check = pkt_csum_replace(check, p4->saddr, e4->nat_saddr);
+			check = pkt_csum_replace(check, p4->daddr, e4->nat_daddr);
+		}
+		ip->saddr = e4->nat_saddr;
+		ip->daddr = e4->nat_daddr;
+		ip->ttl = p4->ttl - 1;
+	}
+	if (l4_sum) {
 		check = pkt_csum_replace(check, old_ports, new_ports);
-		if (p->proto == IPPROTO_UDP && !check)
+		if (proto == IPPROTO_UDP && !check)
 			check = 0xffff;
 		*l4_check = check;
 	}
-	ip->saddr = n->saddr;
-	ip->daddr = n->daddr;
-	ip->ttl = p->ttl - 1;
-	ports[0] = n->sport;
-	ports[1] = n->dport;
+	ports[0] = sport;
+	ports[1] = dport;
 	__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
 	return 0;

@@ -270,10 +270,6 @@ func perFamily[D dataplane.Dataplane](fams []string, start func(family string) (
 	return ds, served, skipped, nil
 }
 
-// ipv6Gaps is what the BPF dataplane does not do for IPv6 yet, which
-// kube-proxy does not do either, or does for a rare case.
-const ipv6Gaps = "the XDP fast path hands IPv6 to the TC programs"
-
 func startBPF(ctx context.Context, cfg Config, log *zap.Logger, reason string) (*Started, error) {
 	d, err := bpf.New(ctx, cfg.BPF)
 	if err != nil {
@@ -282,7 +278,7 @@ func startBPF(ctx context.Context, cfg Config, log *zap.Logger, reason string) (
 	var fams []Family
 	for _, f := range cfg.Families {
 		if f == metrics.IPv6 {
-			log.Info("serving IPv6", zap.String("ipFamily", f), zap.String("notYet", ipv6Gaps))
+			log.Info("serving IPv6", zap.String("ipFamily", f))
 			fams = append(fams, Family{IPFamily: f, Dataplane: d.IPv6()})
 			continue
 		}

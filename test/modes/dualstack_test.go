@@ -120,7 +120,7 @@ func (e *env) servesBothFamilies(a *agent.Process) {
 // iptables mode both families are served (servesBothFamilies). In ebpf
 // mode both ClusterIPs answer the pod, the IPv6 NodePort the external
 // client, an IPv6 Service without endpoints refuses, the log says once
-// what IPv6 lacks yet, and nothing is left of the iptables mode's IPv6
+// that IPv6 is served, and nothing is left of the iptables mode's IPv6
 // rules. On an IPv6-primary node auto picks the ebpf mode, which serves
 // both families from inside and outside.
 func TestDualStack(t *testing.T) {
@@ -141,7 +141,7 @@ func TestDualStack(t *testing.T) {
 	e.reaches(e.external, netip.AddrPortFrom(e.node.IP6, nodePort), 24)
 	e.refused(netip.AddrPortFrom(emptyIP6, 80))
 	if n := strings.Count(a.Logs(), "serving IPv6"); n != 1 {
-		t.Errorf("the ebpf mode said %d times what it does not do for IPv6 yet, want once:\n%s", n, a.Logs())
+		t.Errorf("the ebpf mode said %d times that it serves IPv6, want once:\n%s", n, a.Logs())
 	}
 	a.Terminate(t, time.Minute)
 

@@ -37,6 +37,8 @@ type node struct {
 	*sandbox.Node
 	tc *loader.TCLoaded
 	w  *maps.Writer
+	// w6 writes the IPv6 maps (sync6).
+	w6 *maps.Writer
 }
 
 type env struct {
@@ -92,8 +94,10 @@ func newTopology(t *testing.T) *env {
 	if e.other, err = sb.AddExternalClient("elsewhere", netip.Addr{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := sb.RouteToNode(sandbox.LoadBalancerCIDR, e.nodes[0].Node); err != nil {
-		t.Fatal(err)
+	for _, lb := range []netip.Prefix{sandbox.LoadBalancerCIDR, sandbox.LoadBalancerCIDR6} {
+		if err := sb.RouteToNode(lb, e.nodes[0].Node); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return e
 }
@@ -105,9 +109,9 @@ func (e *env) attach(n *node, mode string, bridge bool) {
 	t := e.t
 	t.Helper()
 	bpffs := filepath.Join(e.sb.BPFFS.Path(), n.Name)
-	devs := []loader.TCDevice{{Name: sandbox.IfaceName, SNAT: n.IP}}
+	devs := []loader.TCDevice{{Name: sandbox.IfaceName, SNAT: n.IP, SNAT6: n.IP6}}
 	if bridge {
-		devs = append(devs, loader.TCDevice{Name: sandbox.BridgeName, SNAT: n.Gateway})
+		devs = append(devs, loader.TCDevice{Name: sandbox.BridgeName, SNAT: n.Gateway, SNAT6: n.Gateway6})
 	}
 	err := n.NS.Do(func() error {
 		var err error
@@ -144,6 +148,16 @@ func (e *env) attach(n *node, mode string, bridge bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	n.w6, err = maps.NewWriter6(maps.Maps6{
+		Services:     maps.FromKernel[maps.Service6Key, maps.ServiceValue](o.Lb6ServicesV1),
+		Backends:     maps.FromKernel[uint32, maps.Backend6Value](o.Lb6BackendsV1),
+		RevNat:       maps.FromKernel[uint32, maps.RevNat6Value](o.Lb6RevnatV1),
+		Members:      maps.FromKernel[maps.MemberKey, uint8](o.Lb6MembersV1),
+		SourceRanges: maps.FromKernel[maps.SourceRange6Key, uint8](o.Lb6SourceRangesV1),
+	}, maps.Limits{Backends: small.Backends, RevNat: small.RevNat})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // service describes one ServicePort; endpoints name pods.
@@ -167,14 +181,42 @@ type service struct {
 
 // sync programs the Services on both nodes, each with its own name and
 // address, so that each sees its own pods as local.
-func (e *env) sync(svcs ...service) {
+func (e *env) sync(svcs ...service) { e.syncFamily(false, svcs...) }
+
+// sync6 is sync for the IPv6 twins of svcs (sandbox.IPv6Of): their
+// ClusterIPs, external and LoadBalancer IPs, source ranges and pods'
+// addresses, on the nodes' IPv6 addresses.
+func (e *env) sync6(svcs ...service) { e.syncFamily(true, svcs...) }
+
+func (e *env) syncFamily(v6 bool, svcs ...service) {
 	e.t.Helper()
+	twin := func(a netip.Addr) netip.Addr {
+		if v6 {
+			return sandbox.IPv6Of(a)
+		}
+		return a
+	}
+	twins := func(as []netip.Addr) []netip.Addr {
+		var out []netip.Addr
+		for _, a := range as {
+			out = append(out, twin(a))
+		}
+		return out
+	}
 	for _, n := range e.nodes {
-		st := &model.State{Node: model.Node{Name: n.Name, Addrs: []netip.Addr{n.IP}}, Services: map[model.ServicePortName]*model.Service{}}
+		st := &model.State{Node: model.Node{Name: n.Name, Addrs: []netip.Addr{twin(n.IP)}}, Services: map[model.ServicePortName]*model.Service{}}
 		for _, s := range svcs {
-			sp := builders.ModelServicePort("default", s.name, s.proto, netip.MustParseAddr(s.clusterIP), s.port, func(sp *model.ServicePort) {
+			var ranges []netip.Prefix
+			for _, r := range s.ranges {
+				bits := r.Bits()
+				if v6 {
+					bits += 96
+				}
+				ranges = append(ranges, netip.PrefixFrom(twin(r.Addr()), bits))
+			}
+			sp := builders.ModelServicePort("default", s.name, s.proto, twin(netip.MustParseAddr(s.clusterIP)), s.port, func(sp *model.ServicePort) {
 				sp.NodePort = s.nodePort
-				sp.ExternalIPs, sp.LoadBalancerIPs, sp.LoadBalancerSourceRanges = s.extIPs, s.lbIPs, s.ranges
+				sp.ExternalIPs, sp.LoadBalancerIPs, sp.LoadBalancerSourceRanges = twins(s.extIPs), twins(s.lbIPs), ranges
 				if s.etpLocal {
 					sp.ExternalPolicy = model.PolicyLocal
 				}
@@ -189,18 +231,22 @@ func (e *env) sync(svcs ...service) {
 			var eps []model.Endpoint
 			for _, name := range s.endpoints {
 				pod := e.pods[name]
-				eps = append(eps, builders.ModelEndpoint(netip.AddrPortFrom(pod.IP, target), pod.Node.Name))
+				eps = append(eps, builders.ModelEndpoint(netip.AddrPortFrom(twin(pod.IP), target), pod.Node.Name))
 			}
 			for _, name := range s.terminating {
 				pod := e.pods[name]
-				eps = append(eps, builders.ModelEndpoint(netip.AddrPortFrom(pod.IP, target), pod.Node.Name, builders.ModelTerminating))
+				eps = append(eps, builders.ModelEndpoint(netip.AddrPortFrom(twin(pod.IP), target), pod.Node.Name, builders.ModelTerminating))
 			}
 			st.Services[sp.Name] = builders.ModelService(sp, eps, &st.Node)
 		}
 		// Every node address gets NodePorts, a loopback one for the node's
 		// own sockets, as with the agent's defaults.
-		st.Node.NodePorts = everyAddress.Resolve(&st.Node, st.Node.Addrs)
-		if err := n.w.Sync(model.Update{State: st, Full: true}); err != nil {
+		w, spec := n.w, everyAddress
+		if v6 {
+			w, spec = n.w6, everyAddress6
+		}
+		st.Node.NodePorts = spec.Resolve(&st.Node, st.Node.Addrs)
+		if err := w.Sync(model.Update{State: st, Full: true}); err != nil {
 			e.t.Fatal(err)
 		}
 	}
@@ -473,3 +519,6 @@ func requireTCX(t *testing.T) {
 // everyAddress is --nodeport-addresses unset, with
 // --iptables-localhost-nodeports (the agent's defaults).
 var everyAddress, _ = model.ParseNodePortSpec(nil, false, true)
+
+// everyAddress6 is everyAddress for the IPv6 family.
+var everyAddress6, _ = model.ParseNodePortSpec(nil, true, true)

@@ -137,153 +137,169 @@ func newXDPEnv(t *testing.T, mode string) *env {
 // TestXDPExternalTraffic: with the XDP program on node-a's uplink, in
 // native and in generic mode, NodePort and ExternalIP traffic to node-b's
 // pod is translated and sent back out by XDP, TC seeing none of it, and
-// the rest still works through TC.
+// the rest still works through TC, over IPv4 and over IPv6.
 func TestXDPExternalTraffic(t *testing.T) {
 	for _, mode := range []string{loader.XDPNative, loader.XDPGeneric} {
 		t.Run(mode, func(t *testing.T) {
 			e := newXDPEnv(t, mode)
-			a, b := e.nodes[0], e.nodes[1]
 			e.sync(scenario()...)
-			outside := e.client.IP
-			// The first packet towards a next hop without a neighbour
-			// entry is XDP's to pass (TC resolves it); an operator's
-			// node has them. One connection resolves node-a's.
-			if rep, err := e.client.TCP(e.ctx(), netip.AddrPortFrom(a.IP, 30011), 1); err != nil || rep.Results[0].Err != "" {
-				t.Fatalf("warm-up connection: %+v, %v", rep, err)
+			e.sync6(scenario()...)
+			for _, fam := range []string{"IPv4", "IPv6"} {
+				t.Run(fam, func(t *testing.T) { testXDPExternalTraffic(t, e, fam == "IPv6") })
 			}
-
-			type counts struct{ xdpNew, xdpFwd, xdpReply, tcNew, tcFwd, tcReply uint64 }
-			read := func() counts {
-				return counts{
-					xdpNew: e.counter(a, bpfobj.TcLbMetricLB_M_XDP_NEW_SNAT), xdpFwd: e.counter(a, bpfobj.TcLbMetricLB_M_XDP_FWD),
-					xdpReply: e.counter(a, bpfobj.TcLbMetricLB_M_XDP_REPLY), tcNew: e.counter(a, bpfobj.TcLbMetricLB_M_TC_NEW_SNAT),
-					tcFwd: e.counter(a, bpfobj.TcLbMetricLB_M_TC_FWD), tcReply: e.counter(a, bpfobj.TcLbMetricLB_M_TC_REPLY),
-				}
-			}
-			// byXDP checks that n new flows, further packets of them
-			// (when more than the first is sent) and replies went
-			// through XDP and none through TC.
-			byXDP := func(t *testing.T, before counts, n uint64, more bool) {
-				t.Helper()
-				after := read()
-				if after.xdpNew-before.xdpNew != n || (more && after.xdpFwd == before.xdpFwd) || after.xdpReply == before.xdpReply {
-					t.Errorf("XDP counted %d new flows (want %d), %d packets, %d replies",
-						after.xdpNew-before.xdpNew, n, after.xdpFwd-before.xdpFwd, after.xdpReply-before.xdpReply)
-				}
-				if after.tcNew != before.tcNew || after.tcFwd != before.tcFwd || after.tcReply != before.tcReply {
-					t.Errorf("TC translated some: %+v before, %+v after", before, after)
-				}
-				if t.Failed() {
-					for i, name := range loader.CounterNames {
-						if v := e.counter(a, bpfobj.TcLbMetric(i)); v != 0 {
-							t.Logf("counter %s = %d", name, v)
-						}
-					}
-				}
-			}
-
-			for _, tc := range []struct {
-				name string
-				to   netip.AddrPort
-			}{
-				{"NodePort, backend on the other node", netip.AddrPortFrom(a.IP, 30011)},
-				{"ExternalIP routed to node-a, backend on node-b", netip.AddrPortFrom(extIP, 80)},
-			} {
-				t.Run(tc.name+": translated by XDP", func(t *testing.T) {
-					before := read()
-					rep, err := e.client.TCP(e.ctx(), tc.to, 5)
-					if err != nil {
-						t.Fatal(err)
-					}
-					for _, r := range rep.Results {
-						if r.Err != "" || r.Server != "pod-b" || r.ClientSeen.Addr() != a.IP || r.Peer != tc.to {
-							t.Errorf("got %+v; want served by pod-b, who sees %s, the client's peer %s", r, a.IP, tc.to)
-						}
-					}
-					byXDP(t, before, 5, true)
-				})
-			}
-			t.Run("UDP NodePort, backend on the other node: XDP, the reply from the NodePort", func(t *testing.T) {
-				before := read()
-				to := netip.AddrPortFrom(a.IP, 30012)
-				rep, err := e.client.UDPConnected(e.ctx(), to, 5)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, r := range rep.Results {
-					if r.Err != "" || r.Server != "pod-b" || r.From != to || r.ClientSeen.Addr() != a.IP {
-						t.Errorf("got %+v; want an answer of pod-b from %s that saw %s", r, to, a.IP)
-					}
-				}
-				byXDP(t, before, 5, false)
-			})
-			t.Run("NodePort, backend on node-a: TC delivers it, client address kept", func(t *testing.T) {
-				before := read()
-				to := netip.AddrPortFrom(a.IP, 30010)
-				rep, err := e.client.TCP(e.ctx(), to, 3)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, r := range rep.Results {
-					if r.Err != "" || r.Server != "pod-a" || r.ClientSeen.Addr() != outside || r.Peer != to {
-						t.Errorf("got %+v; want pod-a seeing %s", r, outside)
-					}
-				}
-				if after := read(); after.xdpNew != before.xdpNew {
-					t.Errorf("XDP took %d flows to a local pod", after.xdpNew-before.xdpNew)
-				}
-			})
-			t.Run("NodePort on node-b (no XDP), backend on node-a", func(t *testing.T) {
-				rep, err := e.client.TCP(e.ctx(), netip.AddrPortFrom(b.IP, 30010), 2)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, r := range rep.Results {
-					if r.Err != "" || r.Server != "pod-a" || r.ClientSeen.Addr() != b.IP {
-						t.Errorf("got %+v; want pod-a seeing %s", r, b.IP)
-					}
-				}
-			})
-			t.Run("no endpoints: TC's refusal reaches the client", func(t *testing.T) {
-				rep, err := e.client.TCP(e.ctx(), netip.AddrPortFrom(a.IP, 30015), 2)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, r := range rep.Results {
-					if r.Err != "ECONNREFUSED" {
-						t.Errorf("got %+v, want ECONNREFUSED", r)
-					}
-				}
-			})
-			t.Run("externalTrafficPolicy=Local without a local endpoint: XDP drops", func(t *testing.T) {
-				before := e.counter(a, bpfobj.TcLbMetricLB_M_DROP)
-				rep, err := e.client.WithTimeout(time.Second).TCP(e.ctx(), netip.AddrPortFrom(a.IP, 30014), 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if r := rep.Results[0]; r.Err != "ETIMEDOUT" {
-					t.Errorf("got %+v, want ETIMEDOUT", r)
-				}
-				if e.counter(a, bpfobj.TcLbMetricLB_M_DROP) == before {
-					t.Error("no drop counted")
-				}
-			})
-			t.Run("loadBalancerSourceRanges through XDP", func(t *testing.T) {
-				rep, err := e.client.TCP(e.ctx(), netip.AddrPortFrom(rangedIP, 80), 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if r := rep.Results[0]; r.Err != "" || r.Server != "pod-b" {
-					t.Errorf("client inside: got %+v, want pod-b", r)
-				}
-				rep, err = e.other.WithTimeout(time.Second).TCP(e.ctx(), netip.AddrPortFrom(rangedIP, 80), 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if r := rep.Results[0]; r.Err != "ETIMEDOUT" {
-					t.Errorf("client outside: got %+v, want ETIMEDOUT", r)
-				}
-			})
 		})
 	}
+}
+
+// testXDPExternalTraffic is TestXDPExternalTraffic in e for one family.
+func testXDPExternalTraffic(t *testing.T, e *env, v6 bool) {
+	// ip is the family's address of a host or frontend.
+	ip := func(a netip.Addr) netip.Addr {
+		if v6 {
+			return sandbox.IPv6Of(a)
+		}
+		return a
+	}
+	a, b := e.nodes[0], e.nodes[1]
+	aIP, bIP, extIP, rangedIP := ip(a.IP), ip(b.IP), ip(extIP), ip(rangedIP)
+	outside := ip(e.client.IP)
+	// The first packet towards a next hop without a neighbour
+	// entry is XDP's to pass (TC resolves it); an operator's
+	// node has them. One connection resolves node-a's.
+	if rep, err := e.client.TCP(e.ctx(), netip.AddrPortFrom(aIP, 30011), 1); err != nil || rep.Results[0].Err != "" {
+		t.Fatalf("warm-up connection: %+v, %v", rep, err)
+	}
+
+	type counts struct{ xdpNew, xdpFwd, xdpReply, tcNew, tcFwd, tcReply uint64 }
+	read := func() counts {
+		return counts{
+			xdpNew: e.counter(a, bpfobj.TcLbMetricLB_M_XDP_NEW_SNAT), xdpFwd: e.counter(a, bpfobj.TcLbMetricLB_M_XDP_FWD),
+			xdpReply: e.counter(a, bpfobj.TcLbMetricLB_M_XDP_REPLY), tcNew: e.counter(a, bpfobj.TcLbMetricLB_M_TC_NEW_SNAT),
+			tcFwd: e.counter(a, bpfobj.TcLbMetricLB_M_TC_FWD), tcReply: e.counter(a, bpfobj.TcLbMetricLB_M_TC_REPLY),
+		}
+	}
+	// byXDP checks that n new flows, further packets of them
+	// (when more than the first is sent) and replies went
+	// through XDP and none through TC.
+	byXDP := func(t *testing.T, before counts, n uint64, more bool) {
+		t.Helper()
+		after := read()
+		if after.xdpNew-before.xdpNew != n || (more && after.xdpFwd == before.xdpFwd) || after.xdpReply == before.xdpReply {
+			t.Errorf("XDP counted %d new flows (want %d), %d packets, %d replies",
+				after.xdpNew-before.xdpNew, n, after.xdpFwd-before.xdpFwd, after.xdpReply-before.xdpReply)
+		}
+		if after.tcNew != before.tcNew || after.tcFwd != before.tcFwd || after.tcReply != before.tcReply {
+			t.Errorf("TC translated some: %+v before, %+v after", before, after)
+		}
+		if t.Failed() {
+			for i, name := range loader.CounterNames {
+				if v := e.counter(a, bpfobj.TcLbMetric(i)); v != 0 {
+					t.Logf("counter %s = %d", name, v)
+				}
+			}
+		}
+	}
+
+	for _, tc := range []struct {
+		name string
+		to   netip.AddrPort
+	}{
+		{"NodePort, backend on the other node", netip.AddrPortFrom(aIP, 30011)},
+		{"ExternalIP routed to node-a, backend on node-b", netip.AddrPortFrom(extIP, 80)},
+	} {
+		t.Run(tc.name+": translated by XDP", func(t *testing.T) {
+			before := read()
+			rep, err := e.client.TCP(e.ctx(), tc.to, 5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rep.Results {
+				if r.Err != "" || r.Server != "pod-b" || r.ClientSeen.Addr() != aIP || r.Peer != tc.to {
+					t.Errorf("got %+v; want served by pod-b, who sees %s, the client's peer %s", r, aIP, tc.to)
+				}
+			}
+			byXDP(t, before, 5, true)
+		})
+	}
+	t.Run("UDP NodePort, backend on the other node: XDP, the reply from the NodePort", func(t *testing.T) {
+		before := read()
+		to := netip.AddrPortFrom(aIP, 30012)
+		rep, err := e.client.UDPConnected(e.ctx(), to, 5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rep.Results {
+			if r.Err != "" || r.Server != "pod-b" || r.From != to || r.ClientSeen.Addr() != aIP {
+				t.Errorf("got %+v; want an answer of pod-b from %s that saw %s", r, to, aIP)
+			}
+		}
+		byXDP(t, before, 5, false)
+	})
+	t.Run("NodePort, backend on node-a: TC delivers it, client address kept", func(t *testing.T) {
+		before := read()
+		to := netip.AddrPortFrom(aIP, 30010)
+		rep, err := e.client.TCP(e.ctx(), to, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rep.Results {
+			if r.Err != "" || r.Server != "pod-a" || r.ClientSeen.Addr() != outside || r.Peer != to {
+				t.Errorf("got %+v; want pod-a seeing %s", r, outside)
+			}
+		}
+		if after := read(); after.xdpNew != before.xdpNew {
+			t.Errorf("XDP took %d flows to a local pod", after.xdpNew-before.xdpNew)
+		}
+	})
+	t.Run("NodePort on node-b (no XDP), backend on node-a", func(t *testing.T) {
+		rep, err := e.client.TCP(e.ctx(), netip.AddrPortFrom(bIP, 30010), 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rep.Results {
+			if r.Err != "" || r.Server != "pod-a" || r.ClientSeen.Addr() != bIP {
+				t.Errorf("got %+v; want pod-a seeing %s", r, bIP)
+			}
+		}
+	})
+	t.Run("no endpoints: TC's refusal reaches the client", func(t *testing.T) {
+		rep, err := e.client.TCP(e.ctx(), netip.AddrPortFrom(aIP, 30015), 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rep.Results {
+			if r.Err != "ECONNREFUSED" {
+				t.Errorf("got %+v, want ECONNREFUSED", r)
+			}
+		}
+	})
+	t.Run("externalTrafficPolicy=Local without a local endpoint: XDP drops", func(t *testing.T) {
+		before := e.counter(a, bpfobj.TcLbMetricLB_M_DROP)
+		rep, err := e.client.WithTimeout(time.Second).TCP(e.ctx(), netip.AddrPortFrom(aIP, 30014), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := rep.Results[0]; r.Err != "ETIMEDOUT" {
+			t.Errorf("got %+v, want ETIMEDOUT", r)
+		}
+		if e.counter(a, bpfobj.TcLbMetricLB_M_DROP) == before {
+			t.Error("no drop counted")
+		}
+	})
+	t.Run("loadBalancerSourceRanges through XDP", func(t *testing.T) {
+		rep, err := e.client.TCP(e.ctx(), netip.AddrPortFrom(rangedIP, 80), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := rep.Results[0]; r.Err != "" || r.Server != "pod-b" {
+			t.Errorf("client inside: got %+v, want pod-b", r)
+		}
+		rep, err = e.other.WithTimeout(time.Second).TCP(e.ctx(), netip.AddrPortFrom(rangedIP, 80), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := rep.Results[0]; r.Err != "ETIMEDOUT" {
+			t.Errorf("client outside: got %+v, want ETIMEDOUT", r)
+		}
+	})
 }

@@ -1,9 +1,11 @@
 package tcpkt_test
 
 import (
+	"encoding/binary"
 	"net/netip"
 	"testing"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
 )
 
@@ -46,70 +48,125 @@ func BenchmarkPaths(b *testing.B) {
 		if out.TCP == nil {
 			b.Fatalf("no translated SYN: %s", out)
 		}
-		reply := fromNodeB(pktest.TCP(remoteWeb, netip.AddrPortFrom(nodeAddr, out.TCP.Src), pktest.ACK)).Bytes()
+		// The backend's SYN-ACK first: until it, the flow takes no other
+		// packet of the backend's (a late packet, passed untranslated).
+		port := netip.AddrPortFrom(nodeAddr, out.TCP.Src)
+		synAck := fromNodeB(pktest.TCP(remoteWeb, port, pktest.SYN|pktest.ACK)).Bytes()
+		if _, err := pktest.Exec(f.objs.TcIngress, pktest.Case{In: synAck, Do: f.ns.Do}); err != nil {
+			b.Fatal(err)
+		}
+		reply := fromNodeB(pktest.TCP(remoteWeb, port, pktest.ACK)).Bytes()
 		pktest.BenchWith(b, f.objs.TcIngress, reply, pktest.BenchOptions{Do: f.ns.Do})
 	})
 }
 
 // BenchmarkXDPPaths is BenchmarkPaths for the XDP program, next to which it
-// reports. The kernel's benchmark runs give the frame the loopback device
-// as its ingress device, so translated frames are redirected to n0 rather
-// than sent back out (XDP_TX): the same work but for the verdict.
+// reports, each path over IPv4 and then over IPv6 (".../IPv4", ".../IPv6";
+// target: IPv6 within 1.25x of IPv4). The kernel's benchmark runs give the
+// frame the loopback device as its ingress device, so translated frames
+// are redirected to n0 rather than sent back out (XDP_TX): the same work
+// but for the verdict.
 func BenchmarkXDPPaths(b *testing.B) {
-	f := newFixture(b, loadOptions{snatMin: 61000, snatMax: 65535})
-	x := f.loadXDP(b, f.ifindex)
-	f.sync(b, fixtureState())
-	reset := func() error {
-		f.resetCT(b)
-		return nil
+	type fam struct {
+		x  *xfam
+		xo *bpfobj.XdpObjects
 	}
-	synLocal := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.SYN)).Bytes()
-	synRemote := fromOutside(pktest.TCP(client, np(npWebRemote), pktest.SYN)).Bytes()
-	ackRemote := fromOutside(pktest.TCP(client, np(npWebRemote), pktest.ACK)).Bytes()
-	paths := []struct {
-		name      string
+	var fams []fam
+	for _, name := range families {
+		x := newXFam(b, name, loadOptions{snatMin: 61000, snatMax: 65535})
+		xo := x.f.loadXDP(b, x.f.ifindex)
+		x.sync(b, x.fixtureState())
+		fams = append(fams, fam{x, xo})
+	}
+	type path struct {
 		frame     []byte
 		prime     [][]byte
 		beforeRun func() error
+	}
+	paths := []struct {
+		name string
+		of   func(x *xfam) path
 	}{
-		{name: "xdp/not a frontend", frame: fromOutside(pktest.TCP(client, np(22), pktest.ACK)).Bytes()},
-		{name: "xdp/not IPv4", frame: pktest.ARPRequest(clientMAC, routerAddr, nodeAddr)},
-		{name: "xdp/new flow, local backend: pass", frame: synLocal, beforeRun: reset},
-		{name: "xdp/new flow, remote backend (SNAT)", frame: synRemote, beforeRun: reset},
-		{name: "xdp/tracked flow, remote backend (SNAT)", frame: ackRemote, prime: [][]byte{synRemote}},
-		{name: "xdp/policy Local, none here: drop", frame: fromOutside(pktest.TCP(client, np(npElsewhere), pktest.SYN)).Bytes()},
+		{"xdp/not a frontend", func(x *xfam) path {
+			return path{frame: x.tcp(x.client, x.np(22), pktest.ACK).fromOutside().Bytes()}
+		}},
+		{"xdp/not TCP or UDP (ARP, neighbour solicitation)", func(x *xfam) path {
+			if x.v6 {
+				return path{frame: pktest.IPv6NeighborSolicit(clientMAC, client6.Addr(), node6)}
+			}
+			return path{frame: pktest.ARPRequest(clientMAC, routerAddr, nodeAddr)}
+		}},
+		{"xdp/new flow, local backend: pass", func(x *xfam) path {
+			return path{frame: x.tcp(x.client, x.np(npWebLocal), pktest.SYN).fromOutside().Bytes(), beforeRun: resetter(b, x)}
+		}},
+		{"xdp/new flow, remote backend (SNAT)", func(x *xfam) path {
+			return path{frame: x.tcp(x.client, x.np(npWebRemote), pktest.SYN).fromOutside().Bytes(), beforeRun: resetter(b, x)}
+		}},
+		{"xdp/tracked flow, remote backend (SNAT)", func(x *xfam) path {
+			return path{
+				frame: x.tcp(x.client, x.np(npWebRemote), pktest.ACK).fromOutside().Bytes(),
+				prime: [][]byte{x.tcp(x.client, x.np(npWebRemote), pktest.SYN).fromOutside().Bytes()},
+			}
+		}},
+		{"xdp/policy Local, none here: drop", func(x *xfam) path {
+			return path{frame: x.tcp(x.client, x.np(npElsewhere), pktest.SYN).fromOutside().Bytes()}
+		}},
 	}
 	for _, p := range paths {
-		b.Run(p.name, func(b *testing.B) {
-			f.resetCT(b)
-			for _, fr := range p.prime {
-				if _, err := pktest.Exec(x.XdpNodeport, pktest.Case{In: fr, Do: f.ns.Do}); err != nil {
-					b.Fatal(err)
+		for _, fm := range fams {
+			b.Run(p.name+"/"+fm.x.name, func(b *testing.B) {
+				x, pp := fm.x, p.of(fm.x)
+				x.resetCT(b)
+				for _, fr := range pp.prime {
+					if _, err := pktest.Exec(fm.xo.XdpNodeport, pktest.Case{In: fr, Do: x.f.ns.Do}); err != nil {
+						b.Fatal(err)
+					}
 				}
+				pktest.BenchWith(b, fm.xo.XdpNodeport, pp.frame, pktest.BenchOptions{Do: x.f.ns.Do, BeforeRun: pp.beforeRun})
+			})
+		}
+	}
+	// The reply of a source-NATed flow needs the port the flow got.
+	for _, fm := range fams {
+		b.Run("xdp/reply from a remote backend (SNAT)/"+fm.x.name, func(b *testing.B) {
+			x := fm.x
+			x.resetCT(b)
+			res, err := pktest.Exec(fm.xo.XdpNodeport, pktest.Case{In: x.tcp(x.client, x.np(npWebRemote), pktest.SYN).fromOutside().Bytes(), Do: x.f.ns.Do})
+			if err != nil {
+				b.Fatal(err)
 			}
-			pktest.BenchWith(b, x.XdpNodeport, p.frame, pktest.BenchOptions{Do: f.ns.Do, BeforeRun: p.beforeRun})
+			l4 := 14 + 20
+			if x.v6 {
+				l4 = 14 + 40
+			}
+			if res.Verdict != pktest.XDPRedirect || len(res.Out) < l4+2 {
+				b.Fatalf("no translated SYN: %v %s", res.Verdict, pktest.Decode(res.Out))
+			}
+			// The backend's SYN-ACK first, as in BenchmarkPaths.
+			port := netip.AddrPortFrom(x.node, binary.BigEndian.Uint16(res.Out[l4:]))
+			synAck := x.tcp(x.remoteWeb, port, pktest.SYN|pktest.ACK).fromNodeB().Bytes()
+			if _, err := pktest.Exec(fm.xo.XdpNodeport, pktest.Case{In: synAck, Do: x.f.ns.Do}); err != nil {
+				b.Fatal(err)
+			}
+			reply := x.tcp(x.remoteWeb, port, pktest.ACK).fromNodeB().Bytes()
+			pktest.BenchWith(b, fm.xo.XdpNodeport, reply, pktest.BenchOptions{Do: x.f.ns.Do})
 		})
 	}
-	b.Run("xdp/reply from a remote backend (SNAT)", func(b *testing.B) {
-		f.resetCT(b)
-		res, err := pktest.Exec(x.XdpNodeport, pktest.Case{In: synRemote, Do: f.ns.Do})
-		if err != nil {
-			b.Fatal(err)
-		}
-		out := pktest.Decode(res.Out)
-		if res.Verdict != pktest.XDPRedirect || out.TCP == nil {
-			b.Fatalf("no translated SYN: %v %s", res.Verdict, out)
-		}
-		reply := fromNodeB(pktest.TCP(remoteWeb, netip.AddrPortFrom(nodeAddr, out.TCP.Src), pktest.ACK)).Bytes()
-		pktest.BenchWith(b, x.XdpNodeport, reply, pktest.BenchOptions{Do: f.ns.Do})
-	})
+}
+
+// resetter is a BeforeRun that forgets x's flows.
+func resetter(tb testing.TB, x *xfam) func() error {
+	return func() error {
+		x.resetCT(tb)
+		return nil
+	}
 }
 
 // BenchmarkPathsIPv6 is BenchmarkPaths over IPv6, in the same run: the
 // same paths through the IPv6 side of the TC programs (target: within
 // 1.25x of the IPv4 path's ns per packet).
 func BenchmarkPathsIPv6(b *testing.B) {
-	f := newFixture6(b)
+	f := newFixture6(b, loadOptions{})
 	f.sync6(b, fixtureState6())
 	reset := func() error {
 		f.resetCT6(b)

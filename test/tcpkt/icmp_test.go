@@ -75,7 +75,7 @@ func TestICMPErrors(t *testing.T) {
 		})
 	})
 	t.Run("IPv6", func(t *testing.T) {
-		f := newFixture6(t)
+		f := newFixture6(t, loadOptions{})
 		f.sync6(t, fixtureState6())
 		testICMPErrors(t, icmpFamily[pktest.Builder6]{
 			f: f.fixture, node: node6, nodeB: nodeB6, router: netip.MustParseAddr("2001:db8:51::1"),

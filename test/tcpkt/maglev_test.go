@@ -69,7 +69,7 @@ var maglevFamilies = []maglevFamily{
 	{
 		name: "IPv6",
 		newNode: func(t *testing.T) *maglevNode {
-			f := newFixture6(t)
+			f := newFixture6(t, loadOptions{})
 			return &maglevNode{
 				fixture: f.fixture,
 				sync: func(t *testing.T, svcs ...service) {

@@ -202,34 +202,49 @@ func TestResetLeavesOtherTrafficAlone(t *testing.T) {
 // removed it passes the flow's next segment untouched rather than sending
 // it to the dead pod, leaving the flow's entries for TC, which answers
 // with the reset; the next connection on the tuple is XDP's again, to the
-// live backend and on the freed source NAT port.
+// live backend and on the freed source NAT port. IPv4 and IPv6.
 func TestXDPHandsRemovedBackendFlowsToTC(t *testing.T) {
-	f := newFixture(t, loadOptions{})
-	x := f.loadXDP(t, f.ifindex)
-	next := netip.MustParseAddrPort("10.244.2.21:8080")
+	eachFamily(t, testXDPHandsRemovedBackendFlowsToTC)
+}
+
+func testXDPHandsRemovedBackendFlowsToTC(t *testing.T, fam string) {
+	x := newXFam(t, fam, loadOptions{})
+	f := x.f
+	xo := f.loadXDP(t, f.ifindex)
+	next, clusterIP := netip.MustParseAddrPort("10.244.2.21:8080"), "10.96.0.10"
+	if x.v6 {
+		next, clusterIP = netip.MustParseAddrPort("[fd00:244:2::21]:8080"), "fd00:96::10"
+	}
 	const nodePort = 30020
 	web := func(eps []netip.AddrPort, terminating ...netip.AddrPort) *model.State {
-		s := service{name: "web", clusterIP: "10.96.0.10", port: 80, proto: model.TCP, nodePort: nodePort}
+		s := service{name: "web", clusterIP: clusterIP, port: 80, proto: model.TCP, nodePort: nodePort}
 		for _, ep := range eps {
 			s.endpoints = append(s.endpoints, at(ep, otherNode))
 		}
 		for _, ep := range terminating {
 			s.terminating = append(s.terminating, at(ep, otherNode))
 		}
-		return state(s)
+		return x.state(s)
 	}
-	fe := np(nodePort)
+	fe := x.np(nodePort)
 	payload := []byte("GET / HTTP/1.1\r\n\r\n")
-	syn := fromOutside(pktest.TCP(client, fe, pktest.SYN).WithSeq(999))
-	seg := fromOutside(pktest.TCP(client, fe, pktest.ACK|pktest.PSH).WithSeq(1000).WithAck(5000).WithPayload(payload))
-	toBackend := func(b pktest.Builder, be netip.AddrPort) []byte {
-		return toNodeB(b.WithSrc(snatSrc).WithDst(be).WithTTL(63)).Bytes()
+	syn := x.tcp(x.client, fe, pktest.SYN).WithSeq(999, 0).fromOutside()
+	seg := x.tcp(x.client, fe, pktest.ACK|pktest.PSH).WithSeq(1000, 5000).WithPayload(payload).fromOutside()
+	toBackend := func(b xpkt, be netip.AddrPort) []byte {
+		return b.WithSrc(x.snatSrc()).WithDst(be).forwarded().toNodeB().Bytes()
+	}
+	// The reset from the NodePort, <SEQ=SEG.ACK><CTL=RST>.
+	var reset []byte
+	if x.v6 {
+		reset = pktest.TCP6(fe, x.client, pktest.RST).WithSeq(5000, 0).WithWindow(0).WithMACs(deviceMAC, clientMAC).Bytes()
+	} else {
+		reset = rst(fe, x.client, pktest.RST, 5000, 0).Bytes()
 	}
 	// entries checks that the flow's two entries are there, or gone.
 	entries := func(want int) func(testing.TB, pktest.Result) {
 		return func(tb testing.TB, _ pktest.Result) {
 			tb.Helper()
-			if n := f.flows(tb); n != want {
+			if n := x.flows(tb); n != want {
 				tb.Errorf("%d flow entries, want %d", n, want)
 			}
 		}
@@ -242,25 +257,25 @@ func TestXDPHandsRemovedBackendFlowsToTC(t *testing.T) {
 		}
 	}
 
-	f.sync(t, web([]netip.AddrPort{remoteWeb}))
-	f.runXDP(t, x, []xrow{{Case: pktest.Case{
+	x.sync(t, web([]netip.AddrPort{x.remoteWeb}))
+	f.runXDP(t, xo, []xrow{{Case: pktest.Case{
 		Name: "the flow opened by XDP, source NAT to the pod on node-b", In: syn.Bytes(),
-		Verdict: pktest.XDPTX, Out: toBackend(syn, remoteWeb), Check: entries(2),
+		Verdict: pktest.XDPTX, Out: toBackend(syn, x.remoteWeb), Check: entries(2),
 	}}})
 
 	fwd, fwdOK := f.counted(bpfobj.TcLbMetricLB_M_XDP_FWD, 1)
-	f.sync(t, web([]netip.AddrPort{next}, remoteWeb))
-	f.runXDP(t, x, []xrow{{Case: pktest.Case{
+	x.sync(t, web([]netip.AddrPort{next}, x.remoteWeb))
+	f.runXDP(t, xo, []xrow{{Case: pktest.Case{
 		Name: "backend terminating: XDP still forwards to it", In: seg.Bytes(),
-		Verdict: pktest.XDPTX, Out: toBackend(seg, remoteWeb), Setup: fwd, Check: fwdOK,
+		Verdict: pktest.XDPTX, Out: toBackend(seg, x.remoteWeb), Setup: fwd, Check: fwdOK,
 	}}})
 
 	noFwd, noFwdOK := f.counted(bpfobj.TcLbMetricLB_M_XDP_FWD, 0)
 	toTC, toTCOK := f.counted(bpfobj.TcLbMetricLB_M_XDP_TO_TC, 1)
 	noReset, noResetOK := f.counted(bpfobj.TcLbMetricLB_M_TC_RESET, 0)
-	reset, resetOK := f.counted(bpfobj.TcLbMetricLB_M_TC_RESET, 1)
-	f.sync(t, web([]netip.AddrPort{next}))
-	f.runXDP(t, x, []xrow{
+	resetN, resetOK := f.counted(bpfobj.TcLbMetricLB_M_TC_RESET, 1)
+	x.sync(t, web([]netip.AddrPort{next}))
+	f.runXDP(t, xo, []xrow{
 		{Case: pktest.Case{
 			Name: "backend removed: XDP passes the segment untouched, entries kept for TC", In: seg.Bytes(),
 			Verdict: pktest.XDPPass,
@@ -269,9 +284,9 @@ func TestXDPHandsRemovedBackendFlowsToTC(t *testing.T) {
 		}},
 		{tc: true, Case: pktest.Case{
 			Name: "TC answers it with a reset from the NodePort and ends the flow", In: seg.Bytes(),
-			Verdict: pktest.TCActRedirect, Out: rst(fe, client, pktest.RST, 5000, 0).Bytes(),
+			Verdict: pktest.TCActRedirect, Out: reset,
 			SKBChecksum: pktest.SKBChecksumNone,
-			Setup:       reset, Check: both(resetOK, entries(0)),
+			Setup:       resetN, Check: both(resetOK, entries(0)),
 		}},
 		{Case: pktest.Case{
 			Name: "a new connection on the tuple: XDP, to the live pod, on the freed port", In: syn.Bytes(),

@@ -36,32 +36,35 @@ const (
 type step struct {
 	name    string
 	kind    stepKind
-	in, out pktest.Builder
+	in, out xpkt
 	setup   func(testing.TB)
 	check   func(testing.TB, pktest.Result)
 }
 
-// seq builds the packets of TCP flows between clients and remoteWeb
-// through the web-remote NodePort, with the fixture's only source NAT port.
-type seq struct{}
+// seq builds the packets of TCP flows between clients and the family's
+// remoteWeb through the web-remote NodePort, with the fixture's only source
+// NAT port.
+type seq struct{ x *xfam }
 
 // fromClient is c's segment to the NodePort, sent on to the backend from
 // the source NAT port.
-func (seq) fromClient(name string, c netip.AddrPort, fl pktest.TCPFlags, kind stepKind) step {
+func (s seq) fromClient(name string, c netip.AddrPort, fl pktest.TCPFlags, kind stepKind) step {
+	x := s.x
 	return step{
 		name: name, kind: kind,
-		in:  fromOutside(pktest.TCP(c, np(npWebRemote), fl)),
-		out: toNodeB(pktest.TCP(snatSrc, remoteWeb, fl).WithTTL(63)),
+		in:  x.tcp(c, x.np(npWebRemote), fl).fromOutside(),
+		out: x.tcp(x.snatSrc(), x.remoteWeb, fl).forwarded().toNodeB(),
 	}
 }
 
 // fromBackend is the backend's segment to the source NAT port, sent back to
 // c from the NodePort.
-func (seq) fromBackend(name string, c netip.AddrPort, fl pktest.TCPFlags, kind stepKind) step {
+func (s seq) fromBackend(name string, c netip.AddrPort, fl pktest.TCPFlags, kind stepKind) step {
+	x := s.x
 	return step{
 		name: name, kind: kind,
-		in:  fromNodeB(pktest.TCP(remoteWeb, snatSrc, fl)),
-		out: toRouter(pktest.TCP(np(npWebRemote), c, fl).WithTTL(63)),
+		in:  x.tcp(x.remoteWeb, x.snatSrc(), fl).fromNodeB(),
+		out: x.tcp(x.np(npWebRemote), c, fl).forwarded().toRouter(),
 	}
 }
 
@@ -119,10 +122,11 @@ func (f *fixture) runSteps(t *testing.T, x *bpfobj.XdpObjects, steps []step) {
 	}
 }
 
-// closeSequences are the tables of TestSNATPortReuse: each starts with no
-// tracked flow.
-func (f *fixture) closeSequences() map[string][]step {
-	var s seq
+// closeSequences are the tables of TestSNATPortReuse for x's family: each
+// starts with no tracked flow.
+func (x *xfam) closeSequences() map[string][]step {
+	f, s := x.f, seq{x}
+	client, client2 := x.client, x.client2
 	const (
 		syn    = pktest.SYN
 		synAck = pktest.SYN | pktest.ACK
@@ -199,23 +203,27 @@ func (f *fixture) closeSequences() map[string][]step {
 }
 
 // TestSNATPortReuse runs the close sequences through tc_ingress and through
-// the XDP program, which share the connection tracking code (nodeport.h).
+// the XDP program, which share the connection tracking code (nodeport.h),
+// over IPv4 and IPv6.
 func TestSNATPortReuse(t *testing.T) {
-	for _, hook := range []string{"tc", "xdp"} {
-		t.Run(hook, func(t *testing.T) {
-			f := newFixture(t, loadOptions{})
-			var x *bpfobj.XdpObjects
-			if hook == "xdp" {
-				x = f.loadXDP(t, f.ifindex)
-			}
-			f.sync(t, fixtureState())
-			for name, steps := range f.closeSequences() {
-				t.Run(name, func(t *testing.T) {
-					f.resetCT(t)
-					f.runSteps(t, x, steps)
-				})
-			}
-		})
+	for _, fam := range families {
+		for _, hook := range []string{"tc", "xdp"} {
+			t.Run(fam+"/"+hook, func(t *testing.T) {
+				xf := newXFam(t, fam, loadOptions{})
+				f := xf.f
+				var x *bpfobj.XdpObjects
+				if hook == "xdp" {
+					x = f.loadXDP(t, f.ifindex)
+				}
+				xf.sync(t, xf.fixtureState())
+				for name, steps := range xf.closeSequences() {
+					t.Run(name, func(t *testing.T) {
+						xf.resetCT(t)
+						f.runSteps(t, x, steps)
+					})
+				}
+			})
+		}
 	}
 }
 

@@ -72,9 +72,9 @@ type fixture6 struct {
 	w6 *maps.Writer
 }
 
-func newFixture6(tb testing.TB) *fixture6 {
+func newFixture6(tb testing.TB, opts loadOptions) *fixture6 {
 	tb.Helper()
-	f := newFixture(tb, loadOptions{})
+	f := newFixture(tb, opts)
 	if err := setUpNodeNetwork6(f); err != nil {
 		tb.Fatal(err)
 	}
@@ -211,7 +211,7 @@ func (f *fixture6) resetCT6(tb testing.TB) {
 }
 
 func TestVerdictsIPv6(t *testing.T) {
-	f := newFixture6(t)
+	f := newFixture6(t, loadOptions{})
 	f.sync6(t, fixtureState6())
 
 	noEPs := fromOutside6(pktest.TCP6(client6, np6(npNoEPs), pktest.SYN))
@@ -336,7 +336,7 @@ func (f *fixture6) flowsUnchanged6() (func(testing.TB), func(testing.TB, pktest.
 }
 
 func TestFlowsIPv6(t *testing.T) {
-	f := newFixture6(t)
+	f := newFixture6(t, loadOptions{})
 	f.sync6(t, fixtureState6())
 
 	synLocal := fromOutside6(pktest.TCP6(client6, np6(npWebLocal), pktest.SYN))
@@ -410,7 +410,7 @@ func TestFlowsIPv6(t *testing.T) {
 }
 
 func TestResetIPv6(t *testing.T) {
-	f := newFixture6(t)
+	f := newFixture6(t, loadOptions{})
 	st := fixtureState6()
 	f.sync6(t, st)
 	syn := fromOutside6(pktest.TCP6(client6, np6(npWebRemote), pktest.SYN))

@@ -328,7 +328,9 @@ func netipAddrPort(b maps.Backend) netip.AddrPort { return netip.AddrPortFrom(b.
 // address (a node address of up.State.Node.Addrs on it, else its first
 // global one), and translate ICMPv6 errors about those flows as ICMP ones
 // (a packet too big about a reply reaches its backend: path MTU discovery
-// through an IPv6 NodePort); the XDP fast path passes IPv6 to them.
+// through an IPv6 NodePort). The XDP fast path, where --xdp attaches it,
+// forwards IPv6 flows to remote backends as it does IPv4 ones, with the
+// same flow entries as the TC programs.
 //
 // IPv6 ServicePorts that use Maglev get their tables (lb6_maglev_v1), which
 // the TC programs choose by for new flows from outside, as for IPv4.
