@@ -4,8 +4,9 @@
 // ClusterIP spreading over the pods, on both ClusterIPs of a dual-stack
 // Service, a UDP round trip answered from the
 // ClusterIP, a Service without endpoints refusing at once, and an endpoint
-// change, then removes everything it created. The BPF programs attach only
-// to a cgroup the demo creates.
+// change, then removes everything it created. The agent runs inside the
+// node's network namespace, and its BPF programs attach only to a cgroup
+// and devices the demo creates.
 package main
 
 import (
@@ -26,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 )
 
@@ -95,21 +97,26 @@ func run(bin, manifests string) (err error) {
 	if err := copyDir(manifests, dir); err != nil {
 		return err
 	}
-	bpffs := filepath.Join(sb.BPFFS.Path(), "ebpf-proxy")
-	metricsAddr, err := freeLoopbackAddr()
-	if err != nil {
+	// The node's own Node object names its addresses, as the API server's
+	// would: the TC programs attach to the device that carries them.
+	if err := os.WriteFile(filepath.Join(dir, "node.yaml"), []byte(nodeObject(node)), 0o644); err != nil {
 		return err
 	}
+	bpffs := filepath.Join(sb.BPFFS.Path(), "ebpf-proxy")
+	// kube-proxy's metrics port, on the node namespace's own loopback.
+	const metricsAddr = "127.0.0.1:10249"
 
-	step("starting the agent: %s --manifests %s --cgroup-path %s", bin, manifests, sb.Cgroup.Path())
-	agent := exec.Command(bin, "--manifests", dir, "--cgroup-path", sb.Cgroup.Path(), "--bpffs-path", bpffs,
-		"--hostname-override", "node-a", "--healthz-bind-address", "", "--metrics-bind-address", metricsAddr)
-	agent.Env = append(os.Environ(), "EBPF_PROXY_LOG_FORMAT=console")
+	args := []string{"--manifests", dir, "--cgroup-path", sb.Cgroup.Path(), "--bpffs-path", bpffs,
+		"--hostname-override", "node-a", "--healthz-bind-address", "", "--metrics-bind-address", metricsAddr,
+		"--logging-format", "text"}
+	step("starting the agent in node-a's network namespace; to run it by hand:\n    ip netns exec %s %s %s",
+		node.NS.Name(), bin, shellQuote(args))
+	agent := exec.Command(bin, args...)
 	logs, err := agent.StderrPipe()
 	if err != nil {
 		return err
 	}
-	if err := agent.Start(); err != nil {
+	if err := netns.Start(node.NS.Path(), agent); err != nil {
 		return fmt.Errorf("start the agent (run `make build` first): %w", err)
 	}
 	defer func() {
@@ -117,8 +124,13 @@ func run(bin, manifests string) (err error) {
 			agent.Process.Kill()
 			agent.Wait()
 		}
-		out, _ := exec.Command(bin, "--cleanup", "--bpffs-path", bpffs).CombinedOutput()
-		fmt.Printf("    ebpf-proxy --cleanup: %s", indent(string(out)))
+		var out strings.Builder
+		cleanup := exec.Command(bin, "cleanup", "--bpffs-path", bpffs, "--logging-format", "text")
+		cleanup.Stdout, cleanup.Stderr = &out, &out
+		if err := netns.Start(node.NS.Path(), cleanup); err == nil {
+			cleanup.Wait()
+		}
+		fmt.Printf("    ebpf-proxy cleanup:\n%s", indent(out.String()))
 	}()
 	synced := make(chan struct{})
 	go func() {
@@ -195,8 +207,8 @@ func run(bin, manifests string) (err error) {
 		return err
 	}
 
-	step("a few metrics from http://%s/metrics", metricsAddr)
-	if err := showMetrics(metricsAddr); err != nil {
+	step("the metrics that moved, from http://%s/metrics in node-a's namespace", metricsAddr)
+	if err := showMetrics(node, metricsAddr); err != nil {
 		return err
 	}
 
@@ -242,8 +254,19 @@ func spread(ctx context.Context, client *sandbox.Client, vip netip.AddrPort, wha
 	return nil
 }
 
-func showMetrics(addr string) error {
-	resp, err := http.Get("http://" + addr + "/metrics")
+// showMetrics prints the BPF event counters that are not zero, the proxy
+// mode and each family's sync count, fetched inside the node's namespace.
+func showMetrics(node *sandbox.Node, addr string) error {
+	hc := http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, a string) (conn net.Conn, err error) {
+			err = node.NS.Do(func() (err error) {
+				conn, err = (&net.Dialer{}).DialContext(ctx, network, a)
+				return err
+			})
+			return conn, err
+		},
+	}}
+	resp, err := hc.Get("http://" + addr + "/metrics")
 	if err != nil {
 		return err
 	}
@@ -253,21 +276,39 @@ func showMetrics(addr string) error {
 		return err
 	}
 	for _, l := range strings.Split(string(body), "\n") {
-		if strings.HasPrefix(l, "ebpfproxy_bpf_events_total") || strings.HasPrefix(l, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") ||
-			strings.HasPrefix(l, "kubeproxy_sync_proxy_rules_duration_seconds_count") {
+		switch {
+		case strings.HasPrefix(l, "ebpfproxy_bpf_events_total") && !strings.HasSuffix(l, " 0"),
+			strings.HasPrefix(l, "ebpfproxy_proxy_mode"),
+			strings.HasPrefix(l, "kubeproxy_sync_proxy_rules_duration_seconds_count"):
 			fmt.Println("   ", l)
 		}
 	}
 	return nil
 }
 
-func freeLoopbackAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+// nodeObject is node's Node object, with its addresses of both families.
+func nodeObject(node *sandbox.Node) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Node
+metadata:
+  name: %s
+status:
+  addresses:
+    - {type: InternalIP, address: %q}
+    - {type: InternalIP, address: %q}
+`, node.Name, node.IP, node.IP6)
+}
+
+// shellQuote joins args for a shell, quoting the empty and the unsafe.
+func shellQuote(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if a == "" || strings.ContainsAny(a, " \t\n'\"$`\\*?[]{}()<>|&;#~") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		out[i] = a
 	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
+	return strings.Join(out, " ")
 }
 
 func copyDir(src, dst string) error {

@@ -294,7 +294,14 @@ func (d *Dataplane) run(ctx context.Context) {
 		st, err := d.term.Terminate(ctx, batch)
 		d.terminated.WithLabelValues("TCP").Add(float64(st.DestroyedTCP))
 		d.terminated.WithLabelValues("UDP").Add(float64(st.DestroyedUDP))
-		if err != nil {
+		switch {
+		case errors.Is(err, sockterm.ErrNamespaceAccess) && st.NamespaceErrors == 0:
+			// A namespace of the node hidden from the agent (not run
+			// with hostPID, or a process shielded by a security
+			// module): the others were searched.
+			d.log.Warn("could not read some network namespaces: sockets of removed backends in them were not ended (the agent needs root and hostPID to read them all)",
+				zap.Int("backends", len(batch)), zap.Int("searched", st.Namespaces), zap.Error(err))
+		case err != nil:
 			d.log.Warn("ending sockets of removed backends", zap.Int("backends", len(batch)), zap.Error(err))
 		}
 		if st.DestroyedTCP+st.DestroyedUDP > 0 {
