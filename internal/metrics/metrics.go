@@ -172,9 +172,6 @@ type Metrics struct {
 	// counts failed BPF map operations by map name and operation
 	// ("lookup", "update", "delete", "iterate").
 	MapOperationErrorsTotal *prometheus.CounterVec
-	// MapEntries (ebpfproxy_map_entries{map}) is the number of entries the
-	// agent believes each BPF map holds after the last sync.
-	MapEntries *prometheus.GaugeVec
 	// InvalidObjectsTotal (ebpfproxy_invalid_objects_total{kind,reason})
 	// counts malformed Kubernetes objects that were skipped, by object kind
 	// ("Service", "EndpointSlice", "Node") and a short machine-readable reason.
@@ -347,11 +344,6 @@ func New(ipFamily string) *Metrics {
 		Name:      "map_operation_errors_total",
 		Help:      "BPF map operations that returned an error, by map and operation.",
 	}, []string{LabelMap, LabelOp})
-	m.MapEntries = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: ebpfProxyNamespace,
-		Name:      "map_entries",
-		Help:      "Entries the agent has written to each BPF map as of the last sync.",
-	}, []string{LabelMap})
 	m.InvalidObjectsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ebpfProxyNamespace,
 		Name:      "invalid_objects_total",
@@ -420,7 +412,6 @@ func New(ipFamily string) *Metrics {
 
 		m.SyncErrorsTotal,
 		m.MapOperationErrorsTotal,
-		m.MapEntries,
 		m.InvalidObjectsTotal,
 		m.ProxyMode,
 		m.HealthCheckListenFailuresTotal,
