@@ -207,6 +207,8 @@ type Metrics struct {
 	KubeProxyLeftoversRemovedTotal *prometheus.CounterVec
 
 	registry *prometheus.Registry
+	// collectors are what New registered, for Describe.
+	collectors []prometheus.Collector
 
 	syncDuration        *prometheus.HistogramVec
 	syncFullDuration    *prometheus.HistogramVec
@@ -386,7 +388,7 @@ func New(ipFamily string) *Metrics {
 		Help:      "Objects upstream kube-proxy left on the node that were removed, by kind.",
 	}, []string{LabelKind})
 
-	m.registry.MustRegister(
+	m.collectors = []prometheus.Collector{
 		// Same Go collector configuration as component-base's legacy
 		// registry, so the go_* series match kube-proxy's.
 		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsAll)),
@@ -420,7 +422,8 @@ func New(ipFamily string) *Metrics {
 		m.XDPAttachFailuresTotal,
 		m.KubeProxyLeftovers,
 		m.KubeProxyLeftoversRemovedTotal,
-	)
+	}
+	m.registry.MustRegister(m.collectors...)
 
 	m.FamilyMetrics = *m.Family(ipFamily)
 	return m
@@ -461,6 +464,16 @@ func (m *Metrics) Family(family string) *FamilyMetrics {
 func (m *Metrics) SetProxyMode(mode, reason string) {
 	m.ProxyMode.Reset()
 	m.ProxyMode.WithLabelValues(mode, reason).Set(1)
+}
+
+// Describe sends the descriptors of every metric New registered, whether
+// or not it has a series yet, for checks that dashboards and alerts name
+// metrics the agent really exports. Collectors registered later on
+// Registry (the BPF dataplane's) are not included.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.collectors {
+		c.Describe(ch)
+	}
 }
 
 // Registry returns the registry holding all metrics, for callers that need to
