@@ -34,7 +34,7 @@ include test/e2e/e2e.mk
 include hack/images.mk
 include test/cluster/cluster.mk
 
-.PHONY: all build deps generate check-generated lint unit test test-go bench demo clean
+.PHONY: all build deps generate check-generated lint monitoring-check unit test test-go bench demo clean
 
 all: build
 
@@ -56,11 +56,22 @@ lint: deps
 	$(GO) tool staticcheck ./...
 	$(CLANG_FORMAT) --dry-run -Werror bpf/*.c bpf/lib/*.h bpf/test/*.c
 
+# The alerts and the Grafana dashboard of deploy/monitoring, in seconds:
+# promtool (Debian's prometheus package, installed for it alone, its server
+# never started) checks the rules and runs their unit tests
+# (alerts_test.yaml); the Go test checks every metric they name against
+# those the agent registers and has promtool parse the dashboard's queries.
+monitoring-check:
+	@hack/deps.sh prometheus
+	promtool check rules deploy/monitoring/alerts.yaml
+	cd deploy/monitoring && promtool test rules alerts_test.yaml
+	EBPF_PROXY_REQUIRE_PROMTOOL=1 $(GO) test -count=1 ./deploy/monitoring/
+
 # Fast, unprivileged tests of pure logic, and of the test infrastructure
 # (internal/testing), including that no production package imports it, the
 # image builder (hack/mkimage) and the cluster test's server (test/cluster/testserver).
 unit:
-	$(GO) test ./internal/model/... ./internal/tracker/... ./internal/maps/... ./internal/k8swatch/... ./internal/metrics/... ./internal/healthcheck/... ./internal/proxier/... ./internal/testing/... ./cmd/... ./hack/mkimage/... ./test/cluster/testserver/...
+	$(GO) test ./internal/model/... ./internal/tracker/... ./internal/maps/... ./internal/k8swatch/... ./internal/metrics/... ./internal/healthcheck/... ./internal/proxier/... ./internal/testing/... ./cmd/... ./hack/mkimage/... ./test/cluster/testserver/... ./deploy/monitoring/...
 
 # Every other Go test: the privileged packages run in the kernel matrix, the
 # end-to-end suite (test/e2e) in `make e2e`, one package at a time, the
@@ -80,7 +91,7 @@ bench: build
 # Every test. The last, cluster-test, is a real node in a 6.12 guest
 # (kubelet, containerd, the control plane): upstream kube-proxy replaced by
 # deploy/ under load, upgraded and restarted; about 9 minutes.
-test: lint check-generated test-go vmtest e2e cluster-test
+test: lint monitoring-check check-generated test-go vmtest e2e cluster-test
 
 demo: deps build
 	$(GO) run ./test/demo

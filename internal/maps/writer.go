@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"sync/atomic"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
@@ -35,6 +36,25 @@ type Writer struct {
 	// unbatched makes the next sync write entry by entry: after a map ran
 	// full, so that one Service that does not fit fails alone.
 	unbatched bool
+	// entries is what Entries returns: published after every restore and
+	// every successful Sync, read by metrics scrapes on other goroutines.
+	entries atomic.Pointer[Entries]
+}
+
+// Entries are how many entries the maps a Writer programs hold, as the
+// Writer knows them (see Writer.Entries).
+type Entries struct {
+	// Services counts the entries of the services map: a master entry
+	// and one entry per backend slot for every frontend.
+	Services int
+	// Backends counts the entries of the backends map, one per backend.
+	Backends int
+	// RevNat counts the entries of the reverse-NAT map, including those
+	// no frontend uses any more that the next sync deletes.
+	RevNat int
+	// Members counts the entries of the membership map, one per
+	// (backend, ServicePort) pair.
+	Members int
 }
 
 // Limits are the capacities of the maps, as loaded.
@@ -68,6 +88,7 @@ func newFamilyWriter(m familyMaps, fam family, lim Limits) (*Writer, error) {
 	if err := w.restore(m); err != nil {
 		return nil, err
 	}
+	w.publishEntries()
 	return w, nil
 }
 
@@ -85,6 +106,9 @@ func (w *Writer) Sync(up model.Update) error {
 		if err := w.restore(w.m); err != nil {
 			return err
 		}
+		// What the kernel holds, also if this sync fails again (a map
+		// that ran full stays near its capacity in the metrics).
+		w.publishEntries()
 		w.needRestore = false
 		full = true
 	}
@@ -97,7 +121,33 @@ func (w *Writer) Sync(up model.Update) error {
 		w.unbatched = errors.Is(err, ErrMapFull)
 		return err
 	}
+	w.publishEntries()
 	return nil
+}
+
+// Entries returns how many entries the Writer's maps hold as of its last
+// successful Sync, or of the last time it read them back from the kernel
+// (at NewWriter, and at the Sync after a failed one). Unlike the rest of the
+// Writer it is safe to call while a Sync runs: metrics scrapes call it.
+// The counts come from the Writer's memory, so reading them costs no
+// system call.
+func (w *Writer) Entries() Entries { return *w.entries.Load() }
+
+// publishEntries counts the applied state's entries for Entries: one pass
+// over the frontends, small next to the sync that precedes it.
+func (w *Writer) publishEntries() {
+	e := Entries{Backends: len(w.backends), RevNat: len(w.revNats) + len(w.orphanRevNats), Members: len(w.matchRefs)}
+	for _, f := range w.frontends {
+		if f.hasMaster {
+			e.Services++
+		}
+		for _, id := range f.slots {
+			if id != 0 {
+				e.Services++
+			}
+		}
+	}
+	w.entries.Store(&e)
 }
 
 // Name is the proxy mode the Writer implements.

@@ -172,9 +172,6 @@ type Metrics struct {
 	// counts failed BPF map operations by map name and operation
 	// ("lookup", "update", "delete", "iterate").
 	MapOperationErrorsTotal *prometheus.CounterVec
-	// MapEntries (ebpfproxy_map_entries{map}) is the number of entries the
-	// agent believes each BPF map holds after the last sync.
-	MapEntries *prometheus.GaugeVec
 	// InvalidObjectsTotal (ebpfproxy_invalid_objects_total{kind,reason})
 	// counts malformed Kubernetes objects that were skipped, by object kind
 	// ("Service", "EndpointSlice", "Node") and a short machine-readable reason.
@@ -210,6 +207,8 @@ type Metrics struct {
 	KubeProxyLeftoversRemovedTotal *prometheus.CounterVec
 
 	registry *prometheus.Registry
+	// collectors are what New registered, for Describe.
+	collectors []prometheus.Collector
 
 	syncDuration        *prometheus.HistogramVec
 	syncFullDuration    *prometheus.HistogramVec
@@ -347,11 +346,6 @@ func New(ipFamily string) *Metrics {
 		Name:      "map_operation_errors_total",
 		Help:      "BPF map operations that returned an error, by map and operation.",
 	}, []string{LabelMap, LabelOp})
-	m.MapEntries = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: ebpfProxyNamespace,
-		Name:      "map_entries",
-		Help:      "Entries the agent has written to each BPF map as of the last sync.",
-	}, []string{LabelMap})
 	m.InvalidObjectsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ebpfProxyNamespace,
 		Name:      "invalid_objects_total",
@@ -394,7 +388,7 @@ func New(ipFamily string) *Metrics {
 		Help:      "Objects upstream kube-proxy left on the node that were removed, by kind.",
 	}, []string{LabelKind})
 
-	m.registry.MustRegister(
+	m.collectors = []prometheus.Collector{
 		// Same Go collector configuration as component-base's legacy
 		// registry, so the go_* series match kube-proxy's.
 		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsAll)),
@@ -420,7 +414,6 @@ func New(ipFamily string) *Metrics {
 
 		m.SyncErrorsTotal,
 		m.MapOperationErrorsTotal,
-		m.MapEntries,
 		m.InvalidObjectsTotal,
 		m.ProxyMode,
 		m.HealthCheckListenFailuresTotal,
@@ -429,7 +422,8 @@ func New(ipFamily string) *Metrics {
 		m.XDPAttachFailuresTotal,
 		m.KubeProxyLeftovers,
 		m.KubeProxyLeftoversRemovedTotal,
-	)
+	}
+	m.registry.MustRegister(m.collectors...)
 
 	m.FamilyMetrics = *m.Family(ipFamily)
 	return m
@@ -470,6 +464,16 @@ func (m *Metrics) Family(family string) *FamilyMetrics {
 func (m *Metrics) SetProxyMode(mode, reason string) {
 	m.ProxyMode.Reset()
 	m.ProxyMode.WithLabelValues(mode, reason).Set(1)
+}
+
+// Describe sends the descriptors of every metric New registered, whether
+// or not it has a series yet, for checks that dashboards and alerts name
+// metrics the agent really exports. Collectors registered later on
+// Registry (the BPF dataplane's) are not included.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.collectors {
+		c.Describe(ch)
+	}
 }
 
 // Registry returns the registry holding all metrics, for callers that need to

@@ -99,7 +99,6 @@ func TestMetricsExposedWithKubeProxyNamesTypesAndLabels(t *testing.T) {
 	m.ProxyLivezTotal.WithLabelValues("503").Inc()
 	m.SyncErrorsTotal.WithLabelValues("ebpf").Inc()
 	m.MapOperationErrorsTotal.WithLabelValues("services_v1", "update").Inc()
-	m.MapEntries.WithLabelValues("backends_v1").Set(8)
 	m.InvalidObjectsTotal.WithLabelValues("Service", "invalid_cluster_ip").Inc()
 	m.SetProxyMode("ebpf", "configured")
 	m.KubeProxyLeftovers.Set(1)
@@ -136,7 +135,6 @@ func TestMetricsExposedWithKubeProxyNamesTypesAndLabels(t *testing.T) {
 		{"kubeproxy_proxy_livez_total", dto.MetricType_COUNTER, map[string]string{"code": "503"}, 1, true},
 		{"ebpfproxy_sync_errors_total", dto.MetricType_COUNTER, map[string]string{"dataplane": "ebpf"}, 1, false},
 		{"ebpfproxy_map_operation_errors_total", dto.MetricType_COUNTER, map[string]string{"map": "services_v1", "op": "update"}, 1, false},
-		{"ebpfproxy_map_entries", dto.MetricType_GAUGE, map[string]string{"map": "backends_v1"}, 8, false},
 		{"ebpfproxy_invalid_objects_total", dto.MetricType_COUNTER, map[string]string{"kind": "Service", "reason": "invalid_cluster_ip"}, 1, false},
 		{"ebpfproxy_proxy_mode", dto.MetricType_GAUGE, map[string]string{"mode": "ebpf", "reason": "configured"}, 1, false},
 		{"ebpfproxy_kube_proxy_leftovers", dto.MetricType_GAUGE, map[string]string{}, 1, false},

@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -63,8 +64,15 @@ type Config struct {
 	// Logger receives the dataplane's log lines; nil logs nothing.
 	Logger *zap.Logger
 	// Metrics receives the XDP attachment gauges; its registry takes the
-	// BPF event counters and the terminated-sockets counter. Required.
+	// BPF event counters, the maps' fill levels and the terminated-sockets
+	// counter (see DescribeMetrics). Required.
 	Metrics *metrics.Metrics
+	// MapCountInterval is how long the counts of the LRU maps the
+	// programs fill (connection tracking, session affinity) are reused by
+	// scrapes before the maps are counted again; 0 means
+	// DefaultMapCountInterval. Counting reads the whole map, so it bounds
+	// what frequent scrapes cost.
+	MapCountInterval time.Duration
 }
 
 // ValidateAttach checks --tc-attach and --xdp.
@@ -187,20 +195,39 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		zap.Int("restoredFrontends", fe), zap.Int("restoredBackends", be),
 		zap.Int("restoredIPv6Frontends", fe6), zap.Int("restoredIPv6Backends", be6))
 
-	reg := cfg.Metrics.Registry()
-	reg.MustRegister(newCollector(l), mig.total)
 	d := &Dataplane{Writer: w, w6: w6, term: term, log: log, loaded: l, tc: tc, wake: make(chan struct{}, 1),
-		ranges: &sourceRangeCheck{set: l.SetSourceRangeCheck, on: l.SourceRangeCheck, log: log},
-		terminated: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ebpfproxy_sockets_terminated_total",
-			Help: "Sockets ended because the backend they were connected to through a Service was removed, by protocol.",
-		}, []string{"protocol"}),
+		ranges:     &sourceRangeCheck{set: l.SetSourceRangeCheck, on: l.SourceRangeCheck, log: log},
+		terminated: newTerminatedCounter(),
 	}
-	reg.MustRegister(d.terminated)
+	cfg.Metrics.Registry().MustRegister(
+		dataplaneCollectors(newCollector(l, w, w6, tc.published.Load, cfg.MapCountInterval), mig, d.terminated)...)
 	if term != nil {
 		go d.run(ctx)
 	}
 	return d, nil
+}
+
+func newTerminatedCounter() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ebpfproxy_sockets_terminated_total",
+		Help: "Sockets ended because the backend they were connected to through a Service was removed, by protocol.",
+	}, []string{"protocol"})
+}
+
+// dataplaneCollectors are the collectors New registers on the agent's
+// registry, and DescribeMetrics describes.
+func dataplaneCollectors(c *collector, mig *migrations, terminated *prometheus.CounterVec) []prometheus.Collector {
+	return []prometheus.Collector{c, mig.total, terminated}
+}
+
+// DescribeMetrics sends the descriptors of the metrics the BPF dataplane
+// registers on the agent's registry (those of package metrics aside),
+// without loading anything: for checks that dashboards and alerts name
+// metrics the agent really exports.
+func DescribeMetrics(ch chan<- *prometheus.Desc) {
+	for _, c := range dataplaneCollectors(newCollector(nil, nil, nil, nil, 0), newMigrations(zap.NewNop()), newTerminatedCounter()) {
+		c.Describe(ch)
+	}
 }
 
 // Dataplane is the BPF dataplane: the maps Writer, the programs it

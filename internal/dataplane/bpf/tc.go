@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
@@ -56,7 +57,10 @@ type tcAttacher struct {
 	metrics *metrics.Metrics
 
 	loaded *loader.TCLoaded
-	xdp    *loader.XDPLoaded
+	// published is loaded for the metrics collector, which reads it
+	// from scrapes, outside the syncs that set loaded.
+	published atomic.Pointer[loader.TCLoaded]
+	xdp       *loader.XDPLoaded
 	// local are the node's addresses and their devices, read once at
 	// start-up: the devices holding the node's addresses are those
 	// attached to.
@@ -233,6 +237,7 @@ func (a *tcAttacher) attach() error {
 		return fmt.Errorf("attach the TC programs: %w", err)
 	}
 	a.loaded = l
+	a.published.Store(l)
 	a.names = names
 	a.snat = snat
 	a.log.Info("TC programs attached", zap.Strings("devices", names), zap.String("mode", l.Mode))
@@ -328,6 +333,7 @@ func snatAddress(nl *netlink.Handle, dev string, v6 bool, nodeAddrs []netip.Addr
 }
 
 func (a *tcAttacher) close() {
+	a.published.Store(nil)
 	a.nl.Close()
 	a.ns.Close()
 	if a.xdp != nil {
