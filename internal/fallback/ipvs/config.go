@@ -51,6 +51,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 )
@@ -195,6 +196,12 @@ func (c *Config) setDefaults() error {
 		c.Logger = zap.NewNop()
 	}
 	return nil
+}
+
+// conntrackCleaner returns the Cleaner of the dataplane's namespace and
+// family.
+func (c *Config) conntrackCleaner() *conntrack.Cleaner {
+	return conntrack.NewCleaner(conntrack.CleanerConfig{Netns: c.Netns, IPv6: c.IPv6, Logger: c.Logger, Metrics: c.Metrics})
 }
 
 // family holds what the two IP families' dataplanes differ in, besides the
