@@ -136,10 +136,12 @@ type Config struct {
 	// means DefaultIPSetMaxElements. A set that already exists keeps its
 	// cap (a warning says so if it is lower).
 	IPSetMaxElements uint32
-	// Logger receives start-up and reaper lines; nil logs nothing.
+	// Logger receives start-up and reaper lines, and the deletions of
+	// stale conntrack entries; nil logs nothing.
 	Logger *zap.Logger
 	// Metrics, if set, receives
-	// kubeproxy_sync_proxy_rules_iptables_restore_failures_total.
+	// kubeproxy_sync_proxy_rules_iptables_restore_failures_total and
+	// kubeproxy_conntrack_reconciler_*.
 	Metrics *metrics.FamilyMetrics
 }
 
