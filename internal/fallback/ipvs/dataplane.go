@@ -233,10 +233,12 @@ func (d *Dataplane) Sync(up model.Update) error {
 		return fmt.Errorf("ipvs sync (full=%t, %d changed): %w", full, len(up.Changed), err)
 	}
 	d.synced = true
-	// IPVS forgets a removed UDP real server's connections
-	// (expire_nodest_conn), but the conntrack entry of such a flow keeps
-	// its old reply tuple, which IPVS only sets on a flow's first packet:
-	// delete the entries the change made stale, as the iptables mode does.
+	// IPVS moves a flow off a deleted UDP real server by itself
+	// (expire_nodest_conn; TestStaleUDPFlowsAreCleared sees it do so
+	// without this on kernel 6.12), but a flow that left the node untranslated before its Service was
+	// programmed keeps its entry, and IPVS never sees it: delete the
+	// entries the change made stale, as the iptables mode and upstream's
+	// IPVS mode do.
 	d.ct.Synced(up)
 	return nil
 }
