@@ -1,5 +1,7 @@
 // Package conntrack applies kube-proxy's connection tracking settings
-// (cmd/kube-proxy's setupConntrack) to the node's netfilter parameters.
+// (cmd/kube-proxy's setupConntrack) to the node's netfilter parameters,
+// and deletes the UDP entries that a sync of the iptables or IPVS
+// fallback made stale (Cleaner), as kube-proxy's conntrack reconciler does.
 package conntrack
 
 import (

@@ -137,6 +137,14 @@ type FamilyMetrics struct {
 	// IPTablesRulesLast (kubeproxy_sync_proxy_rules_iptables_last{table}) is
 	// the number of rules the last successful sync wrote to each table.
 	IPTablesRulesLast *prometheus.GaugeVec
+
+	// ConntrackReconcilerSyncDuration (kubeproxy_conntrack_reconciler_sync_duration_seconds)
+	// observes how long each deletion of stale UDP conntrack entries by the
+	// iptables and IPVS dataplanes took (one table dump and the deletes).
+	ConntrackReconcilerSyncDuration prometheus.Observer
+	// ConntrackReconcilerDeletedEntriesTotal (kubeproxy_conntrack_reconciler_deleted_entries_total)
+	// counts the stale UDP conntrack entries those deletions removed.
+	ConntrackReconcilerDeletedEntriesTotal prometheus.Counter
 }
 
 // Metrics holds every metric ebpf-proxy exports and the registry serving them.
@@ -221,6 +229,8 @@ type Metrics struct {
 	partialFailures     *prometheus.CounterVec
 	iptablesTotal       *prometheus.GaugeVec
 	iptablesLast        *prometheus.GaugeVec
+	conntrackDuration   *prometheus.HistogramVec
+	conntrackDeleted    *prometheus.CounterVec
 }
 
 // ValidIPFamily reports whether family is an ip_family label value kube-proxy
@@ -304,6 +314,18 @@ func New(ipFamily string) *Metrics {
 		Name:      "sync_proxy_rules_iptables_last",
 		Help:      alpha + "Number of iptables rules written by kube-proxy in last sync",
 	}, []string{LabelTable, LabelIPFamily})
+
+	m.conntrackDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "conntrack_reconciler_sync_duration_seconds",
+		Help:      alpha + "ReconcileConntrackFlowsLatency latency in seconds",
+		Buckets:   SyncDurationBuckets,
+	}, []string{LabelIPFamily})
+	m.conntrackDeleted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "conntrack_reconciler_deleted_entries_total",
+		Help:      alpha + "Cumulative conntrack flows deleted by conntrack reconciler",
+	}, []string{LabelIPFamily})
 
 	m.EndpointChangesPending = prometheus.NewGauge(prometheus.GaugeOpts{
 		Subsystem: kubeProxySubsystem,
@@ -405,6 +427,8 @@ func New(ipFamily string) *Metrics {
 		m.partialFailures,
 		m.iptablesTotal,
 		m.iptablesLast,
+		m.conntrackDuration,
+		m.conntrackDeleted,
 		m.EndpointChangesPending,
 		m.EndpointChangesTotal,
 		m.ServiceChangesPending,
@@ -453,6 +477,9 @@ func (m *Metrics) Family(family string) *FamilyMetrics {
 		IPTablesPartialRestoreFailuresTotal: m.partialFailures.WithLabelValues(family),
 		IPTablesRulesTotal:                  m.iptablesTotal.MustCurryWith(prometheus.Labels{LabelIPFamily: family}),
 		IPTablesRulesLast:                   m.iptablesLast.MustCurryWith(prometheus.Labels{LabelIPFamily: family}),
+
+		ConntrackReconcilerSyncDuration:        m.conntrackDuration.WithLabelValues(family),
+		ConntrackReconcilerDeletedEntriesTotal: m.conntrackDeleted.WithLabelValues(family),
 	}
 }
 

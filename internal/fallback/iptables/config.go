@@ -97,10 +97,11 @@ type Config struct {
 	NodeIPs []netip.Addr
 	// Timeout bounds each iptables run; 0 means DefaultTimeout.
 	Timeout time.Duration
-	// Logger receives one line per failure and per start-up; nil logs
-	// nothing.
+	// Logger receives one line per failure and per start-up, and the
+	// deletions of stale conntrack entries; nil logs nothing.
 	Logger *zap.Logger
-	// Metrics, if set, receives kubeproxy_sync_proxy_rules_iptables_*.
+	// Metrics, if set, receives kubeproxy_sync_proxy_rules_iptables_* and
+	// kubeproxy_conntrack_reconciler_*.
 	Metrics *metrics.FamilyMetrics
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
@@ -22,6 +23,8 @@ type Dataplane struct {
 	cfg    Config
 	runner *xtables.Runner
 	plan   *planner
+	// ct deletes the UDP conntrack entries each sync made stale.
+	ct *conntrack.Cleaner
 	// synced is false until the first full sync succeeded; needRead
 	// makes the next sync read our chains from the kernel again (after
 	// a failure, the kernel may hold more or less than we think).
@@ -44,6 +47,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		cfg:    cfg,
 		runner: &xtables.Runner{Backend: backend, Netns: cfg.Netns},
 		plan:   newPlanner(&cfg),
+		ct:     cfg.conntrackCleaner(),
 	}
 	d.plan.dropInvalid = !tcpBeLiberal(cfg.Netns)
 	d.plan.r.cfg = &d.cfg
@@ -91,6 +95,10 @@ func isBuiltin(table, chain string) bool {
 }
 
 // Sync applies up with one iptables-restore run.
+//
+// Once the rules are written, the UDP conntrack entries that the change
+// made stale are deleted (conntrack.Cleaner); a failure to delete them is
+// logged and does not fail the sync.
 //
 // A full sync (up.Full) reconciles: every ServicePort is rendered and only
 // those whose rules changed, appeared or went away are written, after
@@ -168,6 +176,9 @@ func (d *Dataplane) Sync(up model.Update) error {
 	}
 	d.plan.commit(pl)
 	d.synced = true
+	// The rules are in place: a flow whose entry goes now is translated
+	// again by them at its next datagram.
+	d.ct.Synced(up)
 	if m := d.cfg.Metrics; m != nil {
 		for _, table := range []string{"filter", "nat"} {
 			m.IPTablesRulesTotal.WithLabelValues(table).Set(float64(d.plan.total[table]))
@@ -175,6 +186,12 @@ func (d *Dataplane) Sync(up model.Update) error {
 		}
 	}
 	return nil
+}
+
+// conntrackCleaner returns the Cleaner of the dataplane's namespace and
+// family.
+func (c *Config) conntrackCleaner() *conntrack.Cleaner {
+	return conntrack.NewCleaner(conntrack.CleanerConfig{Netns: c.Netns, IPv6: c.IPv6, Logger: c.Logger, Metrics: c.Metrics})
 }
 
 func countEndpoints(s *model.State) int {

@@ -51,6 +51,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 )
@@ -135,10 +136,12 @@ type Config struct {
 	// means DefaultIPSetMaxElements. A set that already exists keeps its
 	// cap (a warning says so if it is lower).
 	IPSetMaxElements uint32
-	// Logger receives start-up and reaper lines; nil logs nothing.
+	// Logger receives start-up and reaper lines, and the deletions of
+	// stale conntrack entries; nil logs nothing.
 	Logger *zap.Logger
 	// Metrics, if set, receives
-	// kubeproxy_sync_proxy_rules_iptables_restore_failures_total.
+	// kubeproxy_sync_proxy_rules_iptables_restore_failures_total and
+	// kubeproxy_conntrack_reconciler_*.
 	Metrics *metrics.FamilyMetrics
 }
 
@@ -195,6 +198,12 @@ func (c *Config) setDefaults() error {
 		c.Logger = zap.NewNop()
 	}
 	return nil
+}
+
+// conntrackCleaner returns the Cleaner of the dataplane's namespace and
+// family.
+func (c *Config) conntrackCleaner() *conntrack.Cleaner {
+	return conntrack.NewCleaner(conntrack.CleanerConfig{Netns: c.Netns, IPv6: c.IPv6, Logger: c.Logger, Metrics: c.Metrics})
 }
 
 // family holds what the two IP families' dataplanes differ in, besides the
