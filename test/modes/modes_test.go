@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nftables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 )
@@ -29,9 +30,13 @@ func TestAutoModeFallsBackWhenTheBPFDataplaneCannotRun(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
 			hostEstablished := readSysctl(t, conntrackEstablished)
-			wantMode, wantReason := "iptables", tc.reason+",ipvs-unavailable"
-			if ipvsAvailable(t, e.node) {
-				wantMode, wantReason = "ipvs", tc.reason
+			// nftables where nft works in the node's namespace (it must
+			// on the hosts and VMs the tests run on), else iptables;
+			// never ipvs, which runs only when named.
+			wantMode, wantReason := "nftables", tc.reason
+			if err := nftables.Available(e.ctx(), e.node.NS.Path()); err != nil {
+				t.Logf("nftables does not work here (%v): auto falls through to iptables", err)
+				wantMode, wantReason = "iptables", tc.reason+",nftables-unavailable"
 			}
 			a := e.startAgent("auto", bpfFailureEnv+"="+tc.failure)
 
@@ -100,6 +105,9 @@ func TestModeSwitchOnRestartLeavesNothingBehind(t *testing.T) {
 		{"ebpf to iptables and back", []string{"ebpf", "iptables", "ebpf"}, false},
 		{"iptables to ipvs and back", []string{"iptables", "ipvs", "iptables"}, true},
 		{"ebpf to ipvs and back", []string{"ebpf", "ipvs", "ebpf"}, true},
+		{"ebpf to nftables and back", []string{"ebpf", "nftables", "ebpf"}, false},
+		{"iptables to nftables and back", []string{"iptables", "nftables", "iptables"}, false},
+		{"nftables to ipvs and back", []string{"nftables", "ipvs", "nftables"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -143,6 +151,7 @@ func TestCleanupRemovesWhatEveryModeCreated(t *testing.T) {
 		{"ebpf", false, false},
 		{"iptables", false, true},
 		{"ipvs", true, false},
+		{"nftables", false, false},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			e := newEnv(t)

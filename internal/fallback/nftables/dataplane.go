@@ -178,7 +178,7 @@ func Available(ctx context.Context, netnsPath string) error {
 }
 
 // Present returns those of our tables that exist in the namespace at
-// netns; none, and no error, where the nft tool is missing (without it
+// netns, IPv4's first; none, and no error, where the nft tool is missing (without it
 // this mode never ran).
 func Present(ctx context.Context, netnsPath string) ([]string, error) {
 	if _, err := exec.LookPath("nft"); err != nil {
@@ -188,13 +188,14 @@ func Present(ctx context.Context, netnsPath string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var found []string
+	listed := map[string]bool{}
 	for _, line := range strings.Split(string(out), "\n") {
-		t := strings.TrimPrefix(strings.TrimSpace(line), "table ")
-		for _, want := range tables {
-			if t == want {
-				found = append(found, want)
-			}
+		listed[strings.TrimPrefix(strings.TrimSpace(line), "table ")] = true
+	}
+	var found []string
+	for _, want := range tables {
+		if listed[want] {
+			found = append(found, want)
 		}
 	}
 	return found, nil
@@ -235,7 +236,11 @@ func cleanup(ctx context.Context, netnsPath string, which []string) error {
 	return errors.Join(errs...)
 }
 
-// runNFT runs nft with args in the namespace, stdin as its input.
+// runNFT runs nft with args in the namespace, stdin as its input. With
+// netnsPath "" it forks from the calling thread, whose namespace is the
+// caller's (netns.Start would fork from a fresh thread, in the process's
+// namespace, which is another one when the caller runs in netns.Do), as
+// knftables does.
 func runNFT(ctx context.Context, netnsPath, stdin string, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, "nft", args...)
 	var stdout, stderr bytes.Buffer
@@ -243,7 +248,11 @@ func runNFT(ctx context.Context, netnsPath, stdin string, args ...string) ([]byt
 	if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
 	}
-	if err := netns.Start(netnsPath, cmd); err != nil {
+	start := cmd.Start
+	if netnsPath != "" {
+		start = func() error { return netns.Start(netnsPath, cmd) }
+	}
+	if err := start(); err != nil {
 		return nil, fmt.Errorf("start nft: %w", err)
 	}
 	if err := cmd.Wait(); err != nil {
