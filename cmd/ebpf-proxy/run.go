@@ -199,11 +199,11 @@ func (o *options) proxyModeConfig(m *metrics.Metrics, fams []string) proxymode.C
 		},
 		NFTables: nftables.Config{
 			ClusterCIDR: o.clusterPrefixes[metrics.IPv4], LocalDetector: local, MasqueradeAll: o.masqueradeAll,
-			MasqueradeBit: int(o.masqueradeBit),
+			MasqueradeBit: int(o.masqueradeBit), Metrics: m.Family(metrics.IPv4),
 		},
 		NFTables6: nftables.Config{
 			ClusterCIDR: o.clusterPrefixes[metrics.IPv6], LocalDetector: local, MasqueradeAll: o.masqueradeAll,
-			MasqueradeBit: int(o.masqueradeBit),
+			MasqueradeBit: int(o.masqueradeBit), Metrics: m.Family(metrics.IPv6),
 		},
 		IPTables: iptables.Config{
 			ClusterCIDR: o.clusterPrefixes[metrics.IPv4], LocalDetector: local, MasqueradeAll: o.masqueradeAll,

@@ -108,6 +108,7 @@ func TestMetricsExposedWithKubeProxyNamesTypesAndLabels(t *testing.T) {
 	v6.IPTablesPartialRestoreFailuresTotal.Inc()
 	m.IPTablesRulesTotal.WithLabelValues("nat").Set(10)
 	v6.IPTablesRulesLast.WithLabelValues("filter").Set(11)
+	v6.NFTablesSyncFailuresTotal.Add(2)
 
 	families := scrape(t, m.Handler())
 
@@ -145,6 +146,7 @@ func TestMetricsExposedWithKubeProxyNamesTypesAndLabels(t *testing.T) {
 		{"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total", dto.MetricType_COUNTER, map[string]string{"ip_family": "IPv6"}, 1, true},
 		{"kubeproxy_sync_proxy_rules_iptables_total", dto.MetricType_GAUGE, map[string]string{"table": "nat", "ip_family": "IPv4"}, 10, true},
 		{"kubeproxy_sync_proxy_rules_iptables_last", dto.MetricType_GAUGE, map[string]string{"table": "filter", "ip_family": "IPv6"}, 11, true},
+		{"kubeproxy_sync_proxy_rules_nftables_sync_failures_total", dto.MetricType_COUNTER, map[string]string{"ip_family": "IPv6"}, 2, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -47,6 +47,11 @@ func TestAutoModeFallsBackWhenTheBPFDataplaneCannotRun(t *testing.T) {
 			if series := fmt.Sprintf(`ebpfproxy_proxy_mode{mode=%q,reason=%q} 1`, wantMode, wantReason); !strings.Contains(metrics, series) {
 				t.Errorf("/metrics lacks %s:\n%s", series, grep(metrics, "ebpfproxy_proxy_mode"))
 			}
+			if wantMode == "nftables" {
+				if name := `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"} 0`; !strings.Contains(metrics, name) {
+					t.Errorf("/metrics lacks %s:\n%s", name, grep(metrics, "nftables"))
+				}
+			}
 			if wantMode == "iptables" {
 				for _, name := range []string{`kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="nat"}`,
 					`kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"} 0`} {

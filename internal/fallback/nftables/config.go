@@ -47,6 +47,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 )
 
 // TableName names our table in both the ip and the ip6 family.
@@ -94,6 +95,9 @@ type Config struct {
 	// Logger receives one line per failure and per start-up; nil logs
 	// nothing.
 	Logger *zap.Logger
+	// Metrics, if set, receives
+	// kubeproxy_sync_proxy_rules_nftables_sync_failures_total.
+	Metrics *metrics.FamilyMetrics
 }
 
 func (c *Config) setDefaults() error {

@@ -102,8 +102,9 @@ func (d *Dataplane) read(ctx context.Context) error {
 // affinity sets keep their clients. Otherwise only the chains, sets and
 // map elements of up.Changed are rewritten. A change of the addresses
 // that accept NodePorts is a full sync. On failure the kernel keeps the
-// table as it was (a transaction commits whole or not at all), and the
-// next sync re-reads the table and rewrites everything.
+// table as it was (a transaction commits whole or not at all), the failure
+// is counted in kubeproxy_sync_proxy_rules_nftables_sync_failures_total,
+// and the next sync re-reads the table and rewrites everything.
 func (d *Dataplane) Sync(up model.Update) error {
 	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Timeout)
 	defer cancel()
@@ -137,6 +138,9 @@ func (d *Dataplane) Sync(up model.Update) error {
 		err := netns.Do(d.cfg.Netns, func() error { return d.nft.Run(ctx, tx) })
 		if err != nil {
 			d.needRead = true
+			if m := d.cfg.Metrics; m != nil {
+				m.NFTablesSyncFailuresTotal.Inc()
+			}
 			return fmt.Errorf("nftables sync (%s, full=%t, %d changed, %d operations): %w",
 				d.cfg.family().name, rewrite, len(up.Changed), tx.NumOperations(), err)
 		}

@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
@@ -174,4 +178,61 @@ func stickyServer(t *testing.T, e *behaviour.Env, tc behaviour.Case) string {
 		t.Fatalf("%s -> %s: reached %v, want one server", tc.From, tc.To, seen)
 	}
 	return last
+}
+
+// When someone deletes our table, the next partial sync fails (counted in
+// kubeproxy_sync_proxy_rules_nftables_sync_failures_total, the table
+// untouched by half a transaction) and the one after it writes everything
+// again.
+func TestSyncAfterTheTableWasDeletedRewritesIt(t *testing.T) {
+	ns := sandbox.TestNetns(t, "nft-recover").Path()
+	ctx := t.Context()
+	ex := example.Example()
+	src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
+	m := metrics.New(metrics.IPv4)
+	d, err := New(ctx, Config{Netns: ns, ClusterCIDR: example.ClusterCIDR, Metrics: &m.FamilyMetrics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Sync(src.Update()); err != nil {
+		t.Fatal(err)
+	}
+	want := listTable(t, ns, "ip")
+	if _, err := runNFT(ctx, ns, "", "delete", "table", "ip", TableName); err != nil {
+		t.Fatal(err)
+	}
+	// empty gets an endpoint.
+	slice := builders.SliceFor(ex[6].Service, example.EndpointsOn(example.PodB1)...)
+	src.SetSlice(slice)
+	up := src.Update()
+	if err := d.Sync(up); err == nil {
+		t.Fatalf("a partial sync into a deleted table succeeded")
+	}
+	if got := counterValue(t, m.NFTablesSyncFailuresTotal); got != 1 {
+		t.Errorf("nftables sync failures %v, want 1", got)
+	}
+	if present, _ := Present(ctx, ns); len(present) != 0 {
+		t.Errorf("the failed transaction left tables %v", present)
+	}
+	// The retry of the same update.
+	if err := d.Sync(up); err != nil {
+		t.Fatal(err)
+	}
+	// and loses it again.
+	src.DeleteSlice(slice)
+	if err := d.Sync(src.Update()); err != nil {
+		t.Fatal(err)
+	}
+	if got := listTable(t, ns, "ip"); got != want {
+		t.Errorf("after the recovery the table differs from the first sync's:\n%s", lineDiff(want, got))
+	}
+}
+
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }
