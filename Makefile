@@ -75,7 +75,7 @@ test-go: deps build
 # `make e2e-bench` (10,000 Services programmed), `make e2e-bench-rps`
 # (NodePort requests per second through a node to a pod on another).
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./internal/maps/... ./internal/fallback/iptables/... ./internal/fallback/ipvs/... ./test/socklb/...
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./internal/maps/... ./internal/fallback/nftables/... ./internal/fallback/iptables/... ./internal/fallback/ipvs/... ./test/socklb/...
 
 # Every test. The last, cluster-test, is a real node in a 6.12 guest
 # (kubelet, containerd, the control plane): upstream kube-proxy replaced by

@@ -18,7 +18,8 @@
 //	              service-nodeports (protocol . port) for the node's
 //	              addresses, so that the cost per packet does not grow
 //	              with the number of Services
-//	service-<h>-<ns>/<name>/<proto>/<port>   Cluster endpoints
+//	service-<h>-<ns>/<name>/<proto>/<port>   Cluster endpoints, picked by
+//	              numgen rules (see balance)
 //	local-<h>-...      Local endpoints
 //	external-<h>-...   external traffic: masquerade, short-circuit
 //	firewall-<h>-...   loadBalancerSourceRanges

@@ -233,7 +233,7 @@ func (r *renderer) service(svc *model.Service) serviceObjs {
 				rules = append(rules, r.ip()+" saddr @"+affinitySetOf(&eps[i])+" goto "+epChain(&eps[i]))
 			}
 		}
-		rules = append(rules, balance(eps, epChain))
+		rules = append(rules, balance(eps, epChain)...)
 		out.chains = append(out.chains, chain{name: pc, rules: rules})
 	}
 	if usesExt {
@@ -282,22 +282,24 @@ func verdict(a model.Action) string {
 	return "drop"
 }
 
-// balance picks an endpoint at random for a new connection, in one rule
-// whatever the number of endpoints.
-func balance(eps []model.Endpoint, epChain func(*model.Endpoint) string) string {
-	if len(eps) == 1 {
-		return "goto " + epChain(&eps[0])
-	}
-	var b strings.Builder
-	b.WriteString("numgen random mod " + strconv.Itoa(len(eps)) + " vmap { ")
+// balance picks an endpoint at random for a new connection, as the
+// iptables dataplane does: rule i of n matches with probability 1/(n-i),
+// the last always. Upstream's one numgen vmap rule per Service makes an
+// anonymous set per Service, which the kernel allocates in time linear in
+// the sets of the table: 10,000 Services took 157 s of kernel time to
+// write on 6.18, against 5 s with these rules. The Service itself is
+// still found by one verdict map lookup; these rules run for the first
+// packet of a connection only.
+func balance(eps []model.Endpoint, epChain func(*model.Endpoint) string) []string {
+	rules := make([]string, 0, len(eps))
 	for i := range eps {
-		if i > 0 {
-			b.WriteString(" , ")
+		if n := len(eps) - i; n > 1 {
+			rules = append(rules, "numgen random mod "+strconv.Itoa(n)+" == 0 goto "+epChain(&eps[i]))
+		} else {
+			rules = append(rules, "goto "+epChain(&eps[i]))
 		}
-		b.WriteString(strconv.Itoa(i) + " : goto " + epChain(&eps[i]))
 	}
-	b.WriteString(" }")
-	return b.String()
+	return rules
 }
 
 func affinitySeconds(d time.Duration) int { return max(1, int(d/time.Second)) }
