@@ -68,7 +68,7 @@ unit:
 test-go: deps build
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v -F -x -f <($(GO) list $(PRIVILEGED_PKGS) ./test/e2e/... ./test/cluster))
 
-# Benchmarks, one run: BenchmarkSync of the BPF maps, iptables and IPVS (IPVS
+# Benchmarks, one run: BenchmarkSync of the BPF maps, nftables, iptables and IPVS (IPVS
 # only where ip_vs loads, i.e. not on this host: run that package in the VM
 # runner) for the same states, then the socket load balancer's cost.
 # Against upstream kube-proxy on a real API server (test/e2e/e2e.mk):

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
@@ -235,4 +236,42 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// --detect-local-mode=BridgeInterface and InterfaceNamePrefix: the kernel
+// takes the rules that tell pod traffic by its input interface, in the two
+// places the detector is used (the masquerade of ClusterIP traffic from
+// outside the pods, the short-circuit of pod traffic to an
+// externalTrafficPolicy=Local frontend), and no rule matches the cluster
+// CIDR given too.
+func TestLocalTrafficDetectorsByInterface(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		d         xtables.LocalDetector
+		pod, rest string
+	}{
+		{"bridge", xtables.LocalDetector{Bridge: "cni0"}, `iifname "cni0" goto service-`, `iifname != "cni0" jump mark-for-masquerade`},
+		{"interface prefix", xtables.LocalDetector{InterfacePrefix: "veth"}, `iifname "veth*" goto service-`, `iifname != "veth*" jump mark-for-masquerade`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := sandbox.TestNetns(t, "nft-local").Path()
+			src := example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)
+			d, err := New(t.Context(), Config{Netns: ns, ClusterCIDR: example.ClusterCIDR, LocalDetector: tc.d})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Sync(src.Update()); err != nil {
+				t.Fatal(err)
+			}
+			table := listTable(t, ns, "ip")
+			for _, want := range []string{tc.pod, tc.rest} {
+				if !strings.Contains(table, want) {
+					t.Errorf("no rule with %q in\n%s", want, table)
+				}
+			}
+			if strings.Contains(table, example.ClusterCIDR.String()) {
+				t.Errorf("a rule matches the cluster CIDR besides the interface:\n%s", table)
+			}
+		})
+	}
 }
