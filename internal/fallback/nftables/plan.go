@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"slices"
+	"strings"
 	"time"
 
 	"sigs.k8s.io/knftables"
@@ -163,8 +164,9 @@ func (p *planner) full(tx *knftables.Transaction, state *model.State) *plan {
 }
 
 // partial rewrites only what the ServicePorts in up.Changed have in the
-// table: their map elements that changed, their chains (flushed and
-// written again), their affinity sets.
+// table and changed: their map elements, their chains whose rules differ
+// (flushed and written again; an endpoint that stays keeps its chain
+// untouched), their affinity sets.
 func (p *planner) partial(tx *knftables.Transaction, up model.Update) *plan {
 	pl := p.newPlan(tx, false)
 	names := model.SortedNames(up.Changed)
@@ -195,10 +197,19 @@ func (p *planner) partial(tx *knftables.Transaction, up model.Update) *plan {
 	// 2. The chains: created or flushed; the old ones that stay unwanted
 	// flushed too, as they may jump to each other.
 	var deleted []string
+	unchanged := map[string]bool{}
 	for i := range names {
+		oldRules := map[string]string{}
+		for _, c := range olds[i].chains {
+			oldRules[c.name] = strings.Join(c.rules, "\n")
+		}
 		keep := map[string]bool{}
 		for _, c := range rendered[i].chains {
 			keep[c.name] = true
+			if r, ok := oldRules[c.name]; ok && r == strings.Join(c.rules, "\n") {
+				unchanged[c.name] = true
+				continue
+			}
 			tx.Add(&knftables.Chain{Name: c.name})
 			tx.Flush(&knftables.Chain{Name: c.name})
 			pl.addChains = append(pl.addChains, c.name)
@@ -219,6 +230,9 @@ func (p *planner) partial(tx *knftables.Transaction, up model.Update) *plan {
 			pl.addSets = append(pl.addSets, s.name)
 		}
 		for _, c := range rendered[i].chains {
+			if unchanged[c.name] {
+				continue
+			}
 			for _, rule := range c.rules {
 				tx.Add(&knftables.Rule{Chain: c.name, Rule: rule})
 			}
