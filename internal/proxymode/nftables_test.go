@@ -2,7 +2,6 @@ package proxymode_test
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -16,8 +15,11 @@ import (
 )
 
 // --proxy-mode=nftables on a dual-stack node starts one dataplane per
-// family, each writing its own table; --cleanup removes both. Everything,
-// the syncs included, runs inside a sandbox node's namespace.
+// family, each writing its own table. Everything, the syncs included, runs
+// inside a sandbox node's namespace. (--cleanup is not called from here:
+// its iptables part forks its tools from a fresh thread, which is in the
+// test process's namespace, not the node's; test/modes runs it in the
+// agent binary inside the node.)
 func TestNFTablesModeStartsBothFamilies(t *testing.T) {
 	sb := sandbox.ForTest(t)
 	node, err := sb.AddNode("node1")
@@ -25,7 +27,6 @@ func TestNFTablesModeStartsBothFamilies(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	bpffs := filepath.Join(sb.BPFFS.Path(), "node1")
 	err = node.NS.Do(func() error {
 		s, err := proxymode.Start(ctx, proxymode.Config{
 			Mode:      proxymode.NFTables,
@@ -69,10 +70,10 @@ func TestNFTablesModeStartsBothFamilies(t *testing.T) {
 	if want := []string{"ip ebpf-proxy", "ip6 ebpf-proxy"}; !slices.Equal(present, want) {
 		t.Errorf("tables %v, want %v", present, want)
 	}
-	if err := node.NS.Do(func() error { return proxymode.Cleanup(ctx, bpffs, zap.NewNop()) }); err != nil {
+	if err := nftables.Cleanup(ctx, node.NS.Path()); err != nil {
 		t.Fatal(err)
 	}
 	if present, err := nftables.Present(ctx, node.NS.Path()); err != nil || len(present) > 0 {
-		t.Errorf("after --cleanup: tables %v (%v)", present, err)
+		t.Errorf("after Cleanup: tables %v (%v)", present, err)
 	}
 }
