@@ -79,14 +79,14 @@ unit:
 test-go: deps build
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v -F -x -f <($(GO) list $(PRIVILEGED_PKGS) ./test/e2e/... ./test/cluster))
 
-# Benchmarks, one run: BenchmarkSync of the BPF maps, iptables and IPVS (IPVS
+# Benchmarks, one run: BenchmarkSync of the BPF maps, nftables, iptables and IPVS (IPVS
 # only where ip_vs loads, i.e. not on this host: run that package in the VM
 # runner) for the same states, then the socket load balancer's cost.
 # Against upstream kube-proxy on a real API server (test/e2e/e2e.mk):
 # `make e2e-bench` (10,000 Services programmed), `make e2e-bench-rps`
 # (NodePort requests per second through a node to a pod on another).
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./internal/maps/... ./internal/fallback/iptables/... ./internal/fallback/ipvs/... ./test/socklb/...
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./internal/maps/... ./internal/fallback/nftables/... ./internal/fallback/iptables/... ./internal/fallback/ipvs/... ./test/socklb/...
 
 # Every test. The last, cluster-test, is a real node in a 6.12 guest
 # (kubelet, containerd, the control plane): upstream kube-proxy replaced by

@@ -9,8 +9,8 @@
 # (bookworm) from $DEBIAN_MIRROR plus the packages, the same layout as the
 # final stage of deploy/Dockerfile (debian:bookworm-slim with the same
 # packages): what the fallback modes and upstream kube-proxy run (iptables,
-# ip6tables and their -restore/-save, legacy and nft; ipset; nft for
-# kube-proxy's nftables mode; modprobe). It takes a minute or more, so the
+# ip6tables and their -restore/-save, legacy and nft; ipset; nft for our
+# and kube-proxy's nftables modes; modprobe). It takes a minute or more, so the
 # tarball is kept as
 #
 #   $EBPF_PROXY_CACHE/images/rootfs-<suite>-<key>.tar

@@ -34,7 +34,7 @@ func newCommand(stdout, stderr io.Writer) *cobra.Command {
 	root.Long = `ebpf-proxy serves Kubernetes Services on a node as kube-proxy does: it watches
 Services, EndpointSlices and its own Node and translates ClusterIP, NodePort,
 ExternalIP and LoadBalancer traffic with BPF programs (socket hooks, TC and
-XDP), or with iptables or IPVS where the kernel cannot run them.
+XDP), or with nftables, iptables or IPVS where the kernel cannot run them.
 
 Without a subcommand it runs the agent, as "ebpf-proxy agent" does.`
 	root.SilenceUsage = true

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -133,6 +132,23 @@ func (o *options) applyConfig(c *kubeproxy.KubeProxyConfiguration, set func(name
 	o.localhostNodePorts = c.IPTables.LocalhostNodePorts == nil || *c.IPTables.LocalhostNodePorts
 	o.iptablesSyncPeriod = dur(c.IPTables.SyncPeriod, d.iptablesSyncPeriod)
 	o.iptablesMinSync = dur(c.IPTables.MinSyncPeriod, d.iptablesMinSync)
+	// An nftables period equal to the iptables one (as --write-config-to
+	// writes it when the file had none) follows the iptables one.
+	o.nftablesSyncPeriod, o.nftablesMinSync = 0, 0
+	if p := dur(c.NFTables.SyncPeriod, 0); p != o.iptablesSyncPeriod {
+		o.nftablesSyncPeriod = p
+	}
+	if p := dur(c.NFTables.MinSyncPeriod, 0); p != o.iptablesMinSync {
+		o.nftablesMinSync = p
+	}
+	if c.Mode == proxymode.NFTables {
+		// The nftables section's masquerade settings, where given, are
+		// the ones the nftables mode uses.
+		if c.NFTables.MasqueradeBit != nil {
+			o.masqueradeBit = *c.NFTables.MasqueradeBit
+		}
+		o.masqueradeAll = o.masqueradeAll || c.NFTables.MasqueradeAll
+	}
 	o.ipvsSyncPeriod = dur(c.IPVS.SyncPeriod, d.ipvsSyncPeriod)
 	o.ipvsMinSync = dur(c.IPVS.MinSyncPeriod, d.ipvsMinSync)
 	o.ipvsScheduler = c.IPVS.Scheduler
@@ -202,6 +218,11 @@ func (o *options) toConfig() *kubeproxy.KubeProxyConfiguration {
 		MasqueradeBit: &bit, MasqueradeAll: o.masqueradeAll, LocalhostNodePorts: &localhost,
 		SyncPeriod: v1.Duration{Duration: o.iptablesSyncPeriod}, MinSyncPeriod: v1.Duration{Duration: o.iptablesMinSync},
 	}
+	nftSync, nftMinSync := o.syncPeriods(proxymode.NFTables)
+	c.NFTables = kubeproxy.KubeProxyNFTablesConfiguration{
+		MasqueradeBit: &bit, MasqueradeAll: o.masqueradeAll,
+		SyncPeriod: v1.Duration{Duration: nftSync}, MinSyncPeriod: v1.Duration{Duration: nftMinSync},
+	}
 	c.IPVS = kubeproxy.KubeProxyIPVSConfiguration{
 		SyncPeriod: v1.Duration{Duration: o.ipvsSyncPeriod}, MinSyncPeriod: v1.Duration{Duration: o.ipvsMinSync},
 		Scheduler: o.ipvsScheduler, ExcludeCIDRs: o.ipvsExcludeCIDRs, StrictARP: o.ipvsStrictARP,
@@ -262,9 +283,6 @@ func finishFlags(o *options, fs *pflag.FlagSet) (notes []string, err error) {
 	}
 	if c.PortRange != "" {
 		warnings = append(warnings, "portRange in the configuration file has no effect (as in kube-proxy)")
-	}
-	if c.Mode == "nftables" {
-		return warnings, errors.New("--config: mode nftables is not available: use \"\" (auto), ebpf, iptables or ipvs")
 	}
 	return warnings, nil
 }

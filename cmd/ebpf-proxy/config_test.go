@@ -132,6 +132,26 @@ logging:
 	}
 }
 
+// mode: nftables runs the nftables mode with the nftables section's
+// masquerade settings and sync periods; without them it takes the
+// iptables ones, as there are no nftables flags.
+func TestConfigFileNFTablesMode(t *testing.T) {
+	o, _, err := load(t, "--config="+writeFile(t, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n"+
+		"iptables:\n  syncPeriod: 40s\n  minSyncPeriod: 2s\nnftables:\n  masqueradeBit: 9\n  masqueradeAll: true\n  syncPeriod: 50s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if o.proxyMode != "nftables" || o.masqueradeBit != 9 || !o.masqueradeAll {
+		t.Errorf("mode %q, masquerade bit %d, all %t; want nftables, 9, true", o.proxyMode, o.masqueradeBit, o.masqueradeAll)
+	}
+	if sync, minSync := o.syncPeriods("nftables"); sync != 50*time.Second || minSync != 2*time.Second {
+		t.Errorf("nftables sync periods %s and %s, want the nftables section's 50s and the iptables one's 2s", sync, minSync)
+	}
+}
+
 func TestConfigFileBadInput(t *testing.T) {
 	for _, tc := range []struct {
 		name, body string
@@ -142,7 +162,6 @@ func TestConfigFileBadInput(t *testing.T) {
 		{"wrong kind", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeletConfiguration\n", "KubeletConfiguration", ""},
 		{"wrong version", "apiVersion: kubeproxy.config.k8s.io/v1alpha2\nkind: KubeProxyConfiguration\n", "v1alpha2", ""},
 		{"not YAML", "{{{", "--config", ""},
-		{"nftables mode", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n", "nftables is not available", ""},
 		{"bad value", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nipvs:\n  excludeCIDRs: [nonsense]\n", "--ipvs-exclude-cidrs", ""},
 		{"unknown field: lenient, as kube-proxy", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nfancyNewField: 1\nclusterCIDR: 10.0.0.0/8\n", "", "strict decoding"},
 		{"portRange", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nportRange: 30000-30100\n", "", "portRange"},

@@ -97,14 +97,14 @@ func (o *options) addKubeProxyFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.vmodule, "vmodule", o.vmodule, "kube-proxy's per-file log verbosity (pattern=N,...). ebpf-proxy has one verbosity, --v: accepted, and logged as without effect.")
 	fs.DurationVar(&o.logFlushFrequency, "log-flush-frequency", 5*time.Second, "Maximum time between log flushes, as in kube-proxy. ebpf-proxy writes every line at once: accepted, without effect.")
 	fs.Int32Var(&o.oomScoreAdj, "oom-score-adj", o.oomScoreAdj, "The oom-score-adj value for the agent's process. Must be within [-1000, 1000].")
-	fs.DurationVar(&o.iptablesSyncPeriod, "iptables-sync-period", o.iptablesSyncPeriod, "In iptables mode, the interval of the periodic full sync and the longest retry backoff (e.g. '5s', '1m'). Must be greater than 0.")
-	fs.DurationVar(&o.iptablesMinSync, "iptables-min-sync-period", o.iptablesMinSync, "In iptables mode, the least time between two syncs; changes arriving sooner are batched.")
-	fs.BoolVar(&o.localhostNodePorts, "iptables-localhost-nodeports", o.localhostNodePorts, "NodePorts on 127.0.0.1 (all of 127.0.0.0/8) for the node's own processes, when --nodeport-addresses holds 127.0.0.1 (as unset does), as kube-proxy's iptables mode serves them. In ebpf mode the socket programs serve them to the node's sockets only, never to pods or to traffic from outside. The iptables fallback never serves them: they need route_localnet, which exposes the node's localhost services to its network (CVE-2020-8558).")
+	fs.DurationVar(&o.iptablesSyncPeriod, "iptables-sync-period", o.iptablesSyncPeriod, "In iptables and nftables mode, the interval of the periodic full sync and the longest retry backoff (e.g. '5s', '1m'). Must be greater than 0.")
+	fs.DurationVar(&o.iptablesMinSync, "iptables-min-sync-period", o.iptablesMinSync, "In iptables and nftables mode, the least time between two syncs; changes arriving sooner are batched.")
+	fs.BoolVar(&o.localhostNodePorts, "iptables-localhost-nodeports", o.localhostNodePorts, "NodePorts on 127.0.0.1 (all of 127.0.0.0/8) for the node's own processes, when --nodeport-addresses holds 127.0.0.1 (as unset does), as kube-proxy's iptables mode serves them. In ebpf mode the socket programs serve them to the node's sockets only, never to pods or to traffic from outside. The iptables and nftables fallbacks never serve them: they need route_localnet, which exposes the node's localhost services to its network (CVE-2020-8558).")
 	fs.DurationVar(&o.ipvsSyncPeriod, "ipvs-sync-period", o.ipvsSyncPeriod, "In ipvs mode, the interval of the periodic full sync and the longest retry backoff. Must be greater than 0.")
 	fs.DurationVar(&o.ipvsMinSync, "ipvs-min-sync-period", o.ipvsMinSync, "In ipvs mode, the least time between two syncs; changes arriving sooner are batched.")
 	fs.StringSliceVar(&o.ipvsExcludeCIDRs, "ipvs-exclude-cidrs", o.ipvsExcludeCIDRs, "In ipvs mode, CIDRs whose IPVS virtual servers are never removed, not even when they look like ours.")
 	fs.BoolVar(&o.ipvsStrictARP, "ipvs-strict-arp", o.ipvsStrictARP, "In ipvs mode, set arp_ignore=1 and arp_announce=2 so that the Service addresses on the dummy device are not answered for by ARP.")
-	fs.StringVar(&o.detectLocalMode, "detect-local-mode", o.detectLocalMode, "How iptables and ipvs mode tell pod traffic from the rest: 'ClusterCIDR' (default) or 'BridgeInterface' or 'InterfaceNamePrefix'. ebpf mode sees every client's socket and needs none.")
+	fs.StringVar(&o.detectLocalMode, "detect-local-mode", o.detectLocalMode, "How nftables, iptables and ipvs mode tell pod traffic from the rest: 'ClusterCIDR' (default) or 'BridgeInterface' or 'InterfaceNamePrefix'. ebpf mode sees every client's socket and needs none.")
 	fs.StringVar(&o.podBridgeInterface, "pod-bridge-interface", o.podBridgeInterface, "With --detect-local-mode=BridgeInterface, the bridge the node's pods are attached to.")
 	fs.StringVar(&o.podInterfacePrefix, "pod-interface-name-prefix", o.podInterfacePrefix, "With --detect-local-mode=InterfaceNamePrefix, the prefix of the node's pod interfaces.")
 	fs.Var(optInt32(&o.conntrack.MaxPerCore), "conntrack-max-per-core", "Maximum number of NAT connections to track per CPU core (0 to leave the limit as is and ignore conntrack-min); kube-proxy's default 32768 applies in iptables and ipvs mode.")
@@ -199,6 +199,15 @@ func (o *options) syncPeriods(mode string) (sync, minSync time.Duration) {
 	switch mode {
 	case proxymode.IPTables:
 		return o.iptablesSyncPeriod, o.iptablesMinSync
+	case proxymode.NFTables:
+		sync, minSync = o.iptablesSyncPeriod, o.iptablesMinSync
+		if o.nftablesSyncPeriod > 0 {
+			sync = o.nftablesSyncPeriod
+		}
+		if o.nftablesMinSync > 0 {
+			minSync = o.nftablesMinSync
+		}
+		return sync, minSync
 	case proxymode.IPVS:
 		return o.ipvsSyncPeriod, o.ipvsMinSync
 	default:
@@ -227,8 +236,8 @@ func (o *options) noteIgnored(mode string, log *zap.Logger) {
 	if o.showHiddenMetrics != "" {
 		log.Info("--show-hidden-metrics-for-version: ebpf-proxy hides no metrics", zap.String("version", o.showHiddenMetrics))
 	}
-	if mode == proxymode.IPTables && o.localhostNodePorts {
-		log.Info("NodePorts on 127.0.0.1 are not served in iptables mode: they need route_localnet, which exposes the node's localhost services to its network (CVE-2020-8558); --iptables-localhost-nodeports=true has no effect")
+	if (mode == proxymode.IPTables || mode == proxymode.NFTables) && o.localhostNodePorts {
+		log.Info("NodePorts on 127.0.0.1 are not served in " + mode + " mode (nor in kube-proxy's nftables mode): they need route_localnet, which exposes the node's localhost services to its network (CVE-2020-8558); --iptables-localhost-nodeports=true has no effect")
 	}
 	if mode == proxymode.EBPF && o.detectLocalMode != "" && o.detectLocalMode != detectLocalClusterCIDR {
 		log.Info("--detect-local-mode has no effect in ebpf mode: the socket programs know every client on the node", zap.String("detectLocalMode", o.detectLocalMode))

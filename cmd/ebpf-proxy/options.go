@@ -57,6 +57,11 @@ type options struct {
 	oomScoreAdj        int32
 	iptablesSyncPeriod time.Duration
 	iptablesMinSync    time.Duration
+	// nftablesSyncPeriod and nftablesMinSync are the nftables section of
+	// --config; zero uses the iptables periods, as kube-proxy has no
+	// nftables flags of its own.
+	nftablesSyncPeriod time.Duration
+	nftablesMinSync    time.Duration
 	localhostNodePorts bool
 	ipvsSyncPeriod     time.Duration
 	ipvsMinSync        time.Duration
@@ -136,21 +141,21 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "Path to a kubeconfig file with authorization information (the in-cluster configuration is used when neither this nor --master is set).")
 	fs.StringVar(&o.master, "master", o.master, "The address of the Kubernetes API server (overrides any value in kubeconfig).")
 	fs.StringVar(&o.hostnameOverride, "hostname-override", o.hostnameOverride, "If non-empty, use this string as the node name instead of the actual hostname.")
-	fs.StringVar(&o.proxyMode, "proxy-mode", o.proxyMode, "Which proxy mode to use: 'ebpf', 'iptables', 'ipvs' or 'auto' (ebpf where the kernel can run the BPF programs, else ipvs where the ip_vs module loads, else iptables).")
+	fs.StringVar(&o.proxyMode, "proxy-mode", o.proxyMode, "Which proxy mode to use: 'ebpf', 'nftables', 'iptables', 'ipvs' or 'auto' (ebpf where the kernel can run the BPF programs, else nftables where nft and the kernel's nf_tables work, else iptables; ipvs only when named).")
 	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", o.healthzBindAddress, "The IP address and port for the health check server to serve on; empty disables it.")
 	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", o.metricsBindAddress, "The IP address and port for the metrics server to serve on; empty disables it.")
 	fs.BoolVar(&o.profiling, "profiling", o.profiling, "If true, serve Go's profiles on /debug/pprof/ of the metrics server, as kube-proxy does.")
 	fs.BoolVar(&o.bindAddrHardFail, "bind-address-hard-fail", o.bindAddrHardFail, "If true, failure to bind the health or metrics address is fatal; otherwise it is retried.")
-	fs.BoolVar(&o.cleanup, "cleanup", o.cleanup, "If true, remove what every proxy mode of ebpf-proxy created (BPF programs and maps, iptables chains, IPVS virtual servers, ipsets and the dummy interface), then exit.")
+	fs.BoolVar(&o.cleanup, "cleanup", o.cleanup, "If true, remove what every proxy mode of ebpf-proxy created (BPF programs and maps, nftables tables, iptables chains, IPVS virtual servers, ipsets and the dummy interface), then exit.")
 	fs.IntVarP(&o.verbosity, "v", "v", o.verbosity, "Log verbosity: 2 or more logs every sync.")
 	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", o.configSyncPeriod, "How often the configuration from the API server is refreshed. Must be greater than 0.")
 	fs.DurationVar(&o.syncPeriod, "sync-period", o.syncPeriod, "Interval of the periodic full sync, and the longest retry backoff after a failed sync.")
 	fs.DurationVar(&o.minSyncPeriod, "min-sync-period", o.minSyncPeriod, "Least time between two syncs; changes arriving sooner are batched. 0 applies each change at once.")
 	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", o.nodePortAddresses, "The CIDRs of the node addresses that accept NodePort traffic and serve health check node ports (comma-separated, e.g. '192.168.77.0/24'); empty means every local address. 'primary' means the node's primary IP.")
 	fs.BoolVar(&o.terminateSockets, "terminate-removed-backend-sockets", o.terminateSockets, "End the TCP and connected UDP sockets that the socket load balancer sent to a backend once that backend is removed, in every network namespace of the node (needs hostPID), so that clients reconnect to live backends instead of hanging.")
-	fs.StringVar(&o.clusterCIDR, "cluster-cidr", o.clusterCIDR, "The CIDR range of the pods in the cluster (comma-separated for dual-stack: one per IP family). In iptables and ipvs mode, ClusterIP traffic from outside it is masqueraded.")
-	fs.BoolVar(&o.masqueradeAll, "masquerade-all", o.masqueradeAll, "In iptables and ipvs mode, SNAT all traffic sent through Service cluster IPs.")
-	fs.Int32Var(&o.masqueradeBit, "iptables-masquerade-bit", o.masqueradeBit, "In iptables and ipvs mode, the bit of the fwmark space that marks packets to SNAT. Must be within [0, 31].")
+	fs.StringVar(&o.clusterCIDR, "cluster-cidr", o.clusterCIDR, "The CIDR range of the pods in the cluster (comma-separated for dual-stack: one per IP family). In nftables, iptables and ipvs mode, ClusterIP traffic from outside it is masqueraded.")
+	fs.BoolVar(&o.masqueradeAll, "masquerade-all", o.masqueradeAll, "In nftables, iptables and ipvs mode, SNAT all traffic sent through Service cluster IPs.")
+	fs.Int32Var(&o.masqueradeBit, "iptables-masquerade-bit", o.masqueradeBit, "In nftables, iptables and ipvs mode, the bit of the fwmark space that marks packets to SNAT. Must be within [0, 31].")
 	fs.StringVar(&o.ipvsScheduler, "ipvs-scheduler", o.ipvsScheduler, "The IPVS scheduler in ipvs mode: rr (default), lc, dh, sh, sed or nq.")
 	fs.DurationVar(&o.ipvsTCPTimeout, "ipvs-tcp-timeout", o.ipvsTCPTimeout, "The timeout for idle IPVS TCP connections, 0 to leave it as is (e.g. '5s', '1m', '2h22m').")
 	fs.DurationVar(&o.ipvsTCPFinTimeout, "ipvs-tcpfin-timeout", o.ipvsTCPFinTimeout, "The timeout for IPVS TCP connections after receiving a FIN packet, 0 to leave it as is.")
@@ -176,11 +181,9 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 
 func (o *options) validate() error {
 	switch o.proxyMode {
-	case proxymode.Auto, proxymode.EBPF, proxymode.IPTables, proxymode.IPVS:
-	case "nftables":
-		return fmt.Errorf("--proxy-mode=nftables is not available: use 'auto', 'ebpf', 'iptables' or 'ipvs'")
+	case proxymode.Auto, proxymode.EBPF, proxymode.NFTables, proxymode.IPTables, proxymode.IPVS:
 	default:
-		return fmt.Errorf("unknown --proxy-mode %q: want 'auto', 'ebpf', 'iptables' or 'ipvs'", o.proxyMode)
+		return fmt.Errorf("unknown --proxy-mode %q: want 'auto', 'ebpf', 'nftables', 'iptables' or 'ipvs'", o.proxyMode)
 	}
 	if o.masqueradeBit < 0 || o.masqueradeBit > 31 {
 		return fmt.Errorf("--iptables-masquerade-bit=%d: must be within [0, 31]", o.masqueradeBit)

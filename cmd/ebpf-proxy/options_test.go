@@ -44,14 +44,14 @@ func TestProxyModes(t *testing.T) {
 	if o := parse(t); o.proxyMode != "auto" {
 		t.Errorf("default --proxy-mode %q, want auto", o.proxyMode)
 	}
-	for _, mode := range []string{"auto", "ebpf", "iptables", "ipvs"} {
+	for _, mode := range []string{"auto", "ebpf", "nftables", "iptables", "ipvs"} {
 		if err := parse(t, "--proxy-mode="+mode).validate(); err != nil {
 			t.Errorf("--proxy-mode=%s refused: %v", mode, err)
 		}
 	}
-	for _, mode := range []string{"nftables", "bogus", "userspace"} {
+	for _, mode := range []string{"kernelspace", "bogus", "userspace"} {
 		err := parse(t, "--proxy-mode="+mode).validate()
-		if err == nil || !strings.Contains(err.Error(), "'auto', 'ebpf', 'iptables' or 'ipvs'") {
+		if err == nil || !strings.Contains(err.Error(), "'auto', 'ebpf', 'nftables', 'iptables' or 'ipvs'") {
 			t.Errorf("--proxy-mode=%s: %v, want a refusal naming the modes", mode, err)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nftables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/healthcheck"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
@@ -196,6 +197,14 @@ func (o *options) proxyModeConfig(m *metrics.Metrics, fams []string) proxymode.C
 			Devices: o.devices, TCAttach: o.tcAttach, XDP: o.xdp, ConntrackSize: o.conntrackSize,
 			SNATPorts: o.snatPorts, SNATPortRangeForce: o.snatPortRangeForce, Metrics: m,
 		},
+		NFTables: nftables.Config{
+			ClusterCIDR: o.clusterPrefixes[metrics.IPv4], LocalDetector: local, MasqueradeAll: o.masqueradeAll,
+			MasqueradeBit: int(o.masqueradeBit), Metrics: m.Family(metrics.IPv4),
+		},
+		NFTables6: nftables.Config{
+			ClusterCIDR: o.clusterPrefixes[metrics.IPv6], LocalDetector: local, MasqueradeAll: o.masqueradeAll,
+			MasqueradeBit: int(o.masqueradeBit), Metrics: m.Family(metrics.IPv6),
+		},
 		IPTables: iptables.Config{
 			ClusterCIDR: o.clusterPrefixes[metrics.IPv4], LocalDetector: local, MasqueradeAll: o.masqueradeAll,
 			MasqueradeBit: int(o.masqueradeBit), Metrics: m.Family(metrics.IPv4),
@@ -229,7 +238,7 @@ func (o *options) localDetector() (xtables.LocalDetector, error) {
 	case detectLocalInterfaceNamePrefix:
 		return xtables.LocalDetector{InterfacePrefix: o.podInterfacePrefix}, nil
 	case detectLocalNodeCIDR:
-		return xtables.LocalDetector{}, fmt.Errorf("--detect-local-mode=NodeCIDR is not supported in iptables and ipvs mode: use ClusterCIDR with --cluster-cidr, BridgeInterface or InterfaceNamePrefix")
+		return xtables.LocalDetector{}, fmt.Errorf("--detect-local-mode=NodeCIDR is not supported in nftables, iptables and ipvs mode: use ClusterCIDR with --cluster-cidr, BridgeInterface or InterfaceNamePrefix")
 	}
 	return xtables.LocalDetector{}, nil
 }

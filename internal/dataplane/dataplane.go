@@ -10,7 +10,8 @@ import "github.com/ebpf-proxy/ebpf-proxy/internal/model"
 // Dataplane programs the node from the desired State, writing only what
 // changed since the last sync. The sync loop calls it from one goroutine.
 type Dataplane interface {
-	// Name is the proxy mode it implements ("ebpf", "iptables", "ipvs").
+	// Name is the proxy mode it implements ("ebpf", "nftables", "iptables",
+	// "ipvs").
 	Name() string
 	// Sync applies up. After an error the dataplane may be partly updated;
 	// the next Sync it gets is a full one.

@@ -145,6 +145,10 @@ type FamilyMetrics struct {
 	// ConntrackReconcilerDeletedEntriesTotal (kubeproxy_conntrack_reconciler_deleted_entries_total)
 	// counts the stale UDP conntrack entries those deletions removed.
 	ConntrackReconcilerDeletedEntriesTotal prometheus.Counter
+	// NFTablesSyncFailuresTotal (kubeproxy_sync_proxy_rules_nftables_sync_failures_total)
+	// counts nft transactions of the nftables dataplane that failed, full
+	// and partial.
+	NFTablesSyncFailuresTotal prometheus.Counter
 }
 
 // Metrics holds every metric ebpf-proxy exports and the registry serving them.
@@ -174,7 +178,7 @@ type Metrics struct {
 	ProxyLivezTotal *prometheus.CounterVec
 
 	// SyncErrorsTotal (ebpfproxy_sync_errors_total{dataplane}) counts failed
-	// syncs per dataplane ("ebpf", "iptables", "ipvs").
+	// syncs per dataplane ("ebpf", "nftables", "iptables", "ipvs").
 	SyncErrorsTotal *prometheus.CounterVec
 	// MapOperationErrorsTotal (ebpfproxy_map_operation_errors_total{map,op})
 	// counts failed BPF map operations by map name and operation
@@ -226,6 +230,7 @@ type Metrics struct {
 	networkProgramming  *prometheus.HistogramVec
 	noLocalEndpoints    *prometheus.GaugeVec
 	restoreFailures     *prometheus.CounterVec
+	nftablesFailures    *prometheus.CounterVec
 	partialFailures     *prometheus.CounterVec
 	iptablesTotal       *prometheus.GaugeVec
 	iptablesLast        *prometheus.GaugeVec
@@ -298,6 +303,11 @@ func New(ipFamily string) *Metrics {
 		Subsystem: kubeProxySubsystem,
 		Name:      "sync_proxy_rules_iptables_restore_failures_total",
 		Help:      alpha + "Cumulative proxy iptables restore failures",
+	}, []string{LabelIPFamily})
+	m.nftablesFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_proxy_rules_nftables_sync_failures_total",
+		Help:      alpha + "Cumulative proxy nftables sync failures",
 	}, []string{LabelIPFamily})
 	m.partialFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Subsystem: kubeProxySubsystem,
@@ -425,6 +435,7 @@ func New(ipFamily string) *Metrics {
 		m.noLocalEndpoints,
 		m.restoreFailures,
 		m.partialFailures,
+		m.nftablesFailures,
 		m.iptablesTotal,
 		m.iptablesLast,
 		m.conntrackDuration,
@@ -473,6 +484,7 @@ func (m *Metrics) Family(family string) *FamilyMetrics {
 		NoLocalEndpointsInternal:          m.noLocalEndpoints.WithLabelValues(TrafficPolicyInternal, family),
 		NoLocalEndpointsExternal:          m.noLocalEndpoints.WithLabelValues(TrafficPolicyExternal, family),
 
+		NFTablesSyncFailuresTotal:           m.nftablesFailures.WithLabelValues(family),
 		IPTablesRestoreFailuresTotal:        m.restoreFailures.WithLabelValues(family),
 		IPTablesPartialRestoreFailuresTotal: m.partialFailures.WithLabelValues(family),
 		IPTablesRulesTotal:                  m.iptablesTotal.MustCurryWith(prometheus.Labels{LabelIPFamily: family}),

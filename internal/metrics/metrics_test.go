@@ -109,6 +109,7 @@ func TestMetricsExposedWithKubeProxyNamesTypesAndLabels(t *testing.T) {
 	v6.IPTablesRulesLast.WithLabelValues("filter").Set(11)
 	v6.ConntrackReconcilerSyncDuration.Observe(0.002)
 	m.ConntrackReconcilerDeletedEntriesTotal.Add(13)
+	v6.NFTablesSyncFailuresTotal.Add(2)
 
 	families := scrape(t, m.Handler())
 
@@ -147,6 +148,7 @@ func TestMetricsExposedWithKubeProxyNamesTypesAndLabels(t *testing.T) {
 		{"kubeproxy_sync_proxy_rules_iptables_last", dto.MetricType_GAUGE, map[string]string{"table": "filter", "ip_family": "IPv6"}, 11, true},
 		{"kubeproxy_conntrack_reconciler_sync_duration_seconds", dto.MetricType_HISTOGRAM, map[string]string{"ip_family": "IPv6"}, 0, true},
 		{"kubeproxy_conntrack_reconciler_deleted_entries_total", dto.MetricType_COUNTER, map[string]string{"ip_family": "IPv4"}, 13, true},
+		{"kubeproxy_sync_proxy_rules_nftables_sync_failures_total", dto.MetricType_COUNTER, map[string]string{"ip_family": "IPv6"}, 2, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 // Package proxymode chooses and starts the dataplane --proxy-mode asks
-// for: the BPF dataplane, or a fallback where the kernel cannot run it
-// (the choice under "auto", and why, is logged and exported), and removes
+// for: the BPF dataplane, or a fallback (nftables, iptables, ipvs) where
+// the kernel cannot run it (the choice under "auto", and why, is logged
+// and exported), and removes
 // what the other modes, and upstream kube-proxy once it has stopped, left
 // on the node. It also implements --cleanup, which removes what every mode
 // ever created (not kube-proxy's: kube-proxy --cleanup does that).
@@ -21,6 +22,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/kubeproxy"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nftables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
@@ -33,6 +35,7 @@ const (
 	EBPF     = bpf.Name
 	IPTables = iptables.Name
 	IPVS     = ipvs.Name
+	NFTables = nftables.Name
 )
 
 // Why a mode was chosen: the reason label of ebpfproxy_proxy_mode and the
@@ -44,8 +47,8 @@ const (
 	ReasonBPFUnsupported = "bpf-unsupported" // auto: the kernel lacks a BPF feature the programs need
 	ReasonBPFLoadFailed  = "bpf-load-failed" // auto: the probes passed but loading or attaching failed
 	// Appended to the above when auto falls through to iptables.
-	ReasonIPVSUnavailable = ",ipvs-unavailable" // the ip_vs module does not load
-	ReasonIPVSFailed      = ",ipvs-failed"      // IPVS is there but the dataplane could not start
+	ReasonNFTablesUnavailable = ",nftables-unavailable" // nft or the kernel's nf_tables do not work
+	ReasonNFTablesFailed      = ",nftables-failed"      // nftables works but the dataplane could not start
 )
 
 // Config is what every mode needs; each dataplane takes its own part.
@@ -65,13 +68,16 @@ type Config struct {
 	// mode leaves out of another family is logged as information, not as
 	// a warning.
 	NodeFamilies []string
-	// BPF, IPTables and IPVS configure the dataplanes. Their loggers and
-	// metrics are set by Start.
+	// BPF, NFTables, IPTables and IPVS configure the dataplanes. Their
+	// loggers and metrics are set by Start.
 	BPF      bpf.Config
+	NFTables nftables.Config
 	IPTables iptables.Config
 	IPVS     ipvs.Config
-	// IPTables6 and IPVS6 configure the IPv6 iptables and IPVS dataplanes
-	// (their IPv6 is set by Start, their loggers are IPTables' and IPVS').
+	// NFTables6, IPTables6 and IPVS6 configure the IPv6 nftables, iptables
+	// and IPVS dataplanes (their IPv6 is set by Start, their loggers are
+	// those of the IPv4 ones).
+	NFTables6 nftables.Config
 	IPTables6 iptables.Config
 	IPVS6     ipvs.Config
 	// Metrics receives ebpfproxy_kube_proxy_leftovers and
@@ -124,10 +130,11 @@ func (s *Started) RemoveLeftovers(ctx context.Context) error {
 func (s *Started) Close() { s.close() }
 
 // Start starts the dataplane cfg.Mode asks for. Under auto it tries ebpf,
-// then ipvs, then iptables, and a dataplane that fails to start makes way
-// for the next, except ebpf failing with loader.ErrPinnedMapMismatch (pinned
-// maps of a layout it cannot migrate), which is an error as in every mode;
-// a named mode that fails is an error.
+// then nftables where nft and the kernel's nf_tables work, then iptables
+// (ipvs runs only when named), and a dataplane that fails to start makes
+// way for the next, except ebpf failing with loader.ErrPinnedMapMismatch
+// (pinned maps of a layout it cannot migrate), which is an error as in
+// every mode; a named mode that fails is an error.
 func Start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
 	if len(cfg.Families) == 0 {
 		cfg.Families = []string{metrics.IPv4}
@@ -159,6 +166,7 @@ func start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
 	cfg.BPF.Logger = log
 	cfg.IPTables.Logger = log.Named("iptables")
 	cfg.IPVS.Logger = log.Named("ipvs")
+	cfg.NFTables.Logger = log.Named("nftables")
 	switch cfg.Mode {
 	case EBPF:
 		if err := bpf.Probe(); err != nil {
@@ -169,6 +177,8 @@ func start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
 		return startIPTables(ctx, cfg, ReasonConfigured)
 	case IPVS:
 		return startIPVS(ctx, cfg, ReasonConfigured)
+	case NFTables:
+		return startNFTables(ctx, cfg, ReasonConfigured)
 	case Auto:
 	default:
 		return nil, fmt.Errorf("unknown --proxy-mode %q", cfg.Mode)
@@ -193,22 +203,22 @@ func start(ctx context.Context, cfg Config, log *zap.Logger) (*Started, error) {
 			// pinned maps and every id in them. Refuse, as kube-proxy
 			// refuses a broken configuration; the old programs keep
 			// serving meanwhile.
-			return nil, fmt.Errorf("--proxy-mode=auto does not fall back to IPVS or iptables over pinned maps it cannot migrate: %w", err)
+			return nil, fmt.Errorf("--proxy-mode=auto does not fall back to nftables or iptables over pinned maps it cannot migrate: %w", err)
 		}
 		reason = ReasonBPFLoadFailed
 		details = append(details, zap.NamedError("bpf", err))
 	}
-	if err := ipvs.Available(""); err != nil {
-		reason += ReasonIPVSUnavailable
-		details = append(details, zap.NamedError("ipvs", err))
+	if err := nftables.Available(ctx, ""); err != nil {
+		reason += ReasonNFTablesUnavailable
+		details = append(details, zap.NamedError("nftables", err))
 	} else {
-		s, err := startIPVS(ctx, cfg, reason)
+		s, err := startNFTables(ctx, cfg, reason)
 		if err == nil {
 			logChoice(log, s, details)
 			return s, nil
 		}
-		reason += ReasonIPVSFailed
-		details = append(details, zap.NamedError("ipvs", err))
+		reason += ReasonNFTablesFailed
+		details = append(details, zap.NamedError("nftables", err))
 	}
 	s, err := startIPTables(ctx, cfg, reason)
 	if err != nil {
@@ -224,10 +234,13 @@ func Guess(mode string) string {
 	if mode != Auto {
 		return mode
 	}
-	if bpf.Probe() != nil {
-		return IPTables
+	if bpf.Probe() == nil {
+		return EBPF
 	}
-	return EBPF
+	if nftables.Available(context.Background(), "") == nil {
+		return NFTables
+	}
+	return IPTables
 }
 
 func logChoice(log *zap.Logger, s *Started, details []zap.Field) {
@@ -287,8 +300,9 @@ func startBPF(ctx context.Context, cfg Config, log *zap.Logger, reason string) (
 	return &Started{Families: fams, Mode: EBPF, Reason: reason, close: d.Close,
 		removeLeftovers: func(ctx context.Context) error {
 			// Our iptables chains (every back end) first, then IPVS's
-			// virtual servers, ipsets and dummy interface.
-			return ipvs.Cleanup(ctx, "")
+			// virtual servers, ipsets and dummy interface, then our
+			// nftables tables.
+			return errors.Join(ipvs.Cleanup(ctx, ""), nftables.Cleanup(ctx, ""))
 		}}, nil
 }
 
@@ -320,7 +334,7 @@ func startIPTables(ctx context.Context, cfg Config, reason string) (*Started, er
 		// ends in use, whose ipsets are free to go now; the others
 		// (another back end's, or a family not served) go whole.
 		return errors.Join(xtables.CleanupAll(ctx, "", xtables.Prefix, xtables.InUse(used...)),
-			ipvs.RemoveLeftovers(ctx, ""), cleanupBPF(bpffs))
+			ipvs.RemoveLeftovers(ctx, ""), nftables.Cleanup(ctx, ""), cleanupBPF(bpffs))
 	}
 	return s, nil
 }
@@ -367,6 +381,44 @@ func startIPVS(ctx context.Context, cfg Config, reason string) (*Started, error)
 					errs = append(errs, ipvs.RemoveFamilyLeftovers(ctx, "", f == metrics.IPv6))
 				}
 			}
+			return errors.Join(append(errs, nftables.Cleanup(ctx, ""), cleanupBPF(bpffs))...)
+		}}, nil
+}
+
+// startNFTables prepares the nftables dataplanes in the agent's namespace,
+// one per family (each its own table), as startIPTables does.
+func startNFTables(ctx context.Context, cfg Config, reason string) (*Started, error) {
+	if cfg.FallbackUnsupported != nil {
+		return nil, cfg.FallbackUnsupported
+	}
+	_, fams, skipped, err := perFamily(cfg.Families, func(f string) (*nftables.Dataplane, error) {
+		c := cfg.NFTables
+		if f == metrics.IPv6 {
+			c = cfg.NFTables6
+			c.IPv6 = true
+			c.Logger = cfg.NFTables.Logger
+		}
+		return nftables.New(ctx, c)
+	})
+	if err != nil {
+		return nil, err
+	}
+	served := map[string]bool{}
+	for _, f := range fams {
+		served[f.IPFamily] = true
+	}
+	bpffs := cfg.BPF.BPFFSPath
+	return &Started{Families: fams, Skipped: skipped, Mode: NFTables, Reason: reason, close: func() {},
+		removeLeftovers: func(ctx context.Context) error {
+			// The iptables and IPVS modes' chains (every back end),
+			// virtual servers, ipsets and dummy interface, our table
+			// of a family not served, and the BPF dataplane.
+			errs := []error{ipvs.Cleanup(ctx, "")}
+			for _, f := range []string{metrics.IPv4, metrics.IPv6} {
+				if !served[f] {
+					errs = append(errs, nftables.CleanupFamily(ctx, "", f == metrics.IPv6))
+				}
+			}
 			return errors.Join(append(errs, cleanupBPF(bpffs))...)
 		}}, nil
 }
@@ -389,6 +441,11 @@ func Cleanup(ctx context.Context, bpffsPath string, log *zap.Logger) error {
 		errs = append(errs, fmt.Errorf("iptables chains and IPVS configuration: %w", err))
 	} else {
 		log.Info("removed every iptables chain, IPVS virtual server, ipset and interface of ours")
+	}
+	if err := nftables.Cleanup(ctx, ""); err != nil {
+		errs = append(errs, fmt.Errorf("nftables tables: %w", err))
+	} else {
+		log.Info("removed our nftables tables", zap.String("table", nftables.TableName))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cleanup: %w", err)

@@ -2,6 +2,7 @@ package modes_test
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nftables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
@@ -107,11 +109,15 @@ func (e *env) servesBothFamilies(a *agent.Process) {
 		}
 	}
 	var v6 bool
-	for _, r := range e.state().iptables {
+	s := e.state()
+	for _, r := range s.iptables {
 		v6 = v6 || strings.Contains(r.backend, "ip6tables")
 	}
+	if get(t, a, "/proxyMode") == "nftables" {
+		v6 = slices.Contains(s.nftables, "table ip6 "+nftables.TableName)
+	}
 	if !v6 {
-		t.Errorf("no ip6tables chain of ours on the node")
+		t.Errorf("no IPv6 rules of ours on the node (iptables %v, nftables %v)", s.iptables, s.nftables)
 	}
 }
 
@@ -131,6 +137,11 @@ func TestDualStack(t *testing.T) {
 
 	a := e.startAgent("iptables")
 	e.expectOnly("iptables")
+	e.servesBothFamilies(a)
+	a.Terminate(t, time.Minute)
+
+	a = e.startAgent("nftables")
+	e.expectOnly("nftables")
 	e.servesBothFamilies(a)
 	a.Terminate(t, time.Minute)
 

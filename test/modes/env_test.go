@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nftables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
@@ -200,6 +201,8 @@ func (e *env) reaches(c *sandbox.Client, addr netip.AddrPort, n int) {
 // modeState is what of each mode the node holds, one line per object.
 type modeState struct {
 	bpf, ipvs []string
+	// nftables are our nftables tables ("ip ebpf-proxy").
+	nftables []string
 	// iptables are our chains and the jumps to them, by table and chain
 	// (the jump's target).
 	iptables []ownedRule
@@ -235,8 +238,8 @@ func rulesOf(mode string, rules []ownedRule) []string {
 
 // state reads what the modes create: programs attached to the sandbox's
 // cgroup and pins under the agent's bpffs directory; our chains and the
-// jumps to them in every iptables back end of the node; our IPVS virtual
-// servers, ipsets and dummy interface.
+// jumps to them in every iptables back end of the node; our nftables
+// tables; our IPVS virtual servers, ipsets and dummy interface.
 func (e *env) state() modeState {
 	t := e.t
 	t.Helper()
@@ -286,6 +289,14 @@ func (e *env) state() modeState {
 		}
 	}
 
+	tables, err := nftables.Present(ctx, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range tables {
+		s.nftables = append(s.nftables, "table "+table)
+	}
+
 	nl := e.node.NS.Netlink()
 	if _, err := nl.LinkByName(ipvs.DummyName); err == nil {
 		s.ipvs = append(s.ipvs, "interface "+ipvs.DummyName)
@@ -329,6 +340,7 @@ func (e *env) expectOnly(mode string) {
 		got  []string
 	}{
 		{"ebpf", s.bpf},
+		{"nftables", s.nftables},
 		{"iptables", rulesOf("iptables", s.iptables)},
 		// The IPVS mode also writes a few iptables rules of its own.
 		{"ipvs", append(s.ipvs, rulesOf("ipvs", s.iptables)...)},

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nftables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 )
@@ -29,9 +30,13 @@ func TestAutoModeFallsBackWhenTheBPFDataplaneCannotRun(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
 			hostEstablished := readSysctl(t, conntrackEstablished)
-			wantMode, wantReason := "iptables", tc.reason+",ipvs-unavailable"
-			if ipvsAvailable(t, e.node) {
-				wantMode, wantReason = "ipvs", tc.reason
+			// nftables where nft works in the node's namespace (it must
+			// on the hosts and VMs the tests run on), else iptables;
+			// never ipvs, which runs only when named.
+			wantMode, wantReason := "nftables", tc.reason
+			if err := nftables.Available(e.ctx(), e.node.NS.Path()); err != nil {
+				t.Logf("nftables does not work here (%v): auto falls through to iptables", err)
+				wantMode, wantReason = "iptables", tc.reason+",nftables-unavailable"
 			}
 			a := e.startAgent("auto", bpfFailureEnv+"="+tc.failure)
 
@@ -41,6 +46,11 @@ func TestAutoModeFallsBackWhenTheBPFDataplaneCannotRun(t *testing.T) {
 			metrics := get(t, a, "/metrics")
 			if series := fmt.Sprintf(`ebpfproxy_proxy_mode{mode=%q,reason=%q} 1`, wantMode, wantReason); !strings.Contains(metrics, series) {
 				t.Errorf("/metrics lacks %s:\n%s", series, grep(metrics, "ebpfproxy_proxy_mode"))
+			}
+			if wantMode == "nftables" {
+				if name := `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"} 0`; !strings.Contains(metrics, name) {
+					t.Errorf("/metrics lacks %s:\n%s", name, grep(metrics, "nftables"))
+				}
 			}
 			if wantMode == "iptables" {
 				for _, name := range []string{`kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="nat"}`,
@@ -100,6 +110,9 @@ func TestModeSwitchOnRestartLeavesNothingBehind(t *testing.T) {
 		{"ebpf to iptables and back", []string{"ebpf", "iptables", "ebpf"}, false},
 		{"iptables to ipvs and back", []string{"iptables", "ipvs", "iptables"}, true},
 		{"ebpf to ipvs and back", []string{"ebpf", "ipvs", "ebpf"}, true},
+		{"ebpf to nftables and back", []string{"ebpf", "nftables", "ebpf"}, false},
+		{"iptables to nftables and back", []string{"iptables", "nftables", "iptables"}, false},
+		{"nftables to ipvs and back", []string{"nftables", "ipvs", "nftables"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -143,6 +156,7 @@ func TestCleanupRemovesWhatEveryModeCreated(t *testing.T) {
 		{"ebpf", false, false},
 		{"iptables", false, true},
 		{"ipvs", true, false},
+		{"nftables", false, false},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			e := newEnv(t)

@@ -1,0 +1,235 @@
+package nftables
+
+import (
+	"context"
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func checkGolden(t *testing.T, name string, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read golden file (run go test -update to create it): %v", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs from %s (go test -update rewrites it after review):\n%s", name, path, lineDiff(string(want), got))
+	}
+}
+
+// lineDiff lists the lines only in want (-) and only in got (+).
+func lineDiff(want, got string) string {
+	count := map[string]int{}
+	for _, l := range strings.Split(got, "\n") {
+		count[l]++
+	}
+	var b strings.Builder
+	for _, l := range strings.Split(want, "\n") {
+		if count[l] > 0 {
+			count[l]--
+			continue
+		}
+		b.WriteString("- " + l + "\n")
+	}
+	for _, l := range strings.Split(got, "\n") {
+		if count[l] > 0 {
+			count[l]--
+			b.WriteString("+ " + l + "\n")
+		}
+	}
+	return b.String()
+}
+
+// testPlanner returns a planner for cfg and a fake nftables that checks
+// what it is given (every chain, set and map a rule or an element names
+// must exist, a deleted object must exist).
+func testPlanner(t *testing.T, cfg Config) (*planner, *knftables.Fake) {
+	t.Helper()
+	if err := cfg.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	return newPlanner(&cfg), knftables.NewFake(cfg.family().nft, TableName)
+}
+
+func run(t *testing.T, fake *knftables.Fake, tx *knftables.Transaction) {
+	t.Helper()
+	if err := fake.Run(context.Background(), tx); err != nil {
+		t.Fatalf("the fake nftables refuses the transaction: %v\n%s", err, tx)
+	}
+}
+
+func TestTransactionsMatchGoldenFiles(t *testing.T) {
+	tests := []struct {
+		name string
+		// cfg.IPv6 renders the IPv6 example (example.Example6 on
+		// example.Node6) instead of the IPv4 one.
+		cfg Config
+		// nodePorts is --nodeport-addresses; unset is every address.
+		nodePorts []string
+		// change, if set, alters the example after the full sync; the
+		// partial sync's transaction is checked against "<name>-partial".
+		change func(src *example.Source, ex []example.Pair)
+	}{
+		{
+			name: "node-a",
+			cfg:  Config{ClusterCIDR: example.ClusterCIDR},
+			change: func(src *example.Source, ex []example.Pair) {
+				web, empty, hairpin := ex[0], ex[6], ex[8]
+				// web loses a2; empty gets its first endpoint; hairpin
+				// goes away.
+				src.SetSlice(builders.SliceFor(web.Service, example.EndpointsOn(example.PodA1, example.PodB1)...))
+				src.SetSlice(builders.SliceFor(empty.Service, example.EndpointsOn(example.PodB1)...))
+				src.DeleteService(hairpin.Service)
+				src.DeleteSlice(hairpin.Slice)
+			},
+		},
+		{
+			// 127.0.0.1 in --nodeport-addresses serves no NodePorts.
+			name:      "node-a-masquerade-all",
+			cfg:       Config{MasqueradeAll: true, MasqueradeBit: 12},
+			nodePorts: []string{"192.168.77.0/24", "127.0.0.1/32"},
+		},
+		{
+			name: "node-a-ipv6",
+			cfg:  Config{IPv6: true, ClusterCIDR: example.ClusterCIDR6},
+			change: func(src *example.Source, ex []example.Pair) {
+				web, empty, hairpin := ex[0], ex[6], ex[8]
+				src.SetSlice(example.SliceFor(web.Service, example.EndpointsOn(example.PodA1v6, example.PodB1v6)...))
+				src.SetSlice(example.SliceFor(empty.Service, example.EndpointsOn(example.PodB1v6)...))
+				src.DeleteService(hairpin.Service)
+				src.DeleteSlice(hairpin.Slice)
+			},
+		},
+		{
+			name:      "node-a-ipv6-masquerade-all",
+			cfg:       Config{IPv6: true, MasqueradeAll: true, MasqueradeBit: 12},
+			nodePorts: []string{"fd00:192:168:77::/64", "::1/128", "192.168.77.0/24"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ex := example.Example()
+			src := example.NewSource(t, example.Node(example.NodeA))
+			if tt.cfg.IPv6 {
+				ex = example.Example6()
+				src = example.NewSource6(t, example.Node6(example.NodeA))
+			}
+			src.Add(ex...)
+			up := src.Update()
+			p, fake := testPlanner(t, tt.cfg)
+			p.r.nodeIPs = up.State.Node.Addrs
+			spec, err := model.ParseNodePortSpec(tt.nodePorts, tt.cfg.IPv6, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The node's interfaces hold its addresses and loopback ones,
+			// which never accept NodePorts.
+			local := append([]netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()}, up.State.Node.Addrs...)
+			p.r.nodePorts = spec.Resolve(&up.State.Node, local)
+			pl := p.full(fake.NewTransaction(), up.State)
+			checkGolden(t, tt.name+"-full", pl.tx.String())
+			run(t, fake, pl.tx)
+			p.commit(pl)
+			if tt.change == nil {
+				return
+			}
+			tt.change(src, ex)
+			up = src.Update()
+			pl = p.partial(fake.NewTransaction(), up)
+			checkGolden(t, tt.name+"-partial", pl.tx.String())
+			run(t, fake, pl.tx)
+			p.commit(pl)
+
+			// The table after the partial sync is the table a full
+			// sync of the new state writes on a fresh node.
+			fresh, freshFake := testPlanner(t, tt.cfg)
+			fresh.r.nodeIPs, fresh.r.nodePorts = p.r.nodeIPs, p.r.nodePorts
+			run(t, freshFake, fresh.full(freshFake.NewTransaction(), up.State).tx)
+			// The same lines: map elements may come in another order.
+			if d := lineDiff(freshFake.Dump(), fake.Dump()); d != "" {
+				t.Errorf("after the partial sync the table differs from a full sync's:\n%s", d)
+			}
+		})
+	}
+}
+
+// A full sync after partial ones leaves what a full sync alone leaves:
+// stale chains and sets are deleted, affinity sets kept.
+func TestFullSyncDeletesWhatNothingWants(t *testing.T) {
+	ex := example.Example()
+	src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
+	p, fake := testPlanner(t, Config{ClusterCIDR: example.ClusterCIDR})
+	up := src.Update()
+	pl := p.full(fake.NewTransaction(), up.State)
+	run(t, fake, pl.tx)
+	p.commit(pl)
+
+	// A restarted agent knows the kernel's chains, not the Services.
+	q, _ := testPlanner(t, Config{ClusterCIDR: example.ClusterCIDR})
+	chains, err := fake.List(context.Background(), "chains")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sets, err := fake.List(context.Background(), "sets")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.learn(asSet(chains), asSet(sets))
+	for _, pair := range ex {
+		src.DeleteService(pair.Service)
+		if pair.Slice != nil {
+			src.DeleteSlice(pair.Slice)
+		}
+	}
+	up = src.Update()
+	run(t, fake, q.full(fake.NewTransaction(), up.State).tx)
+	fresh, freshFake := testPlanner(t, Config{ClusterCIDR: example.ClusterCIDR})
+	run(t, freshFake, fresh.full(freshFake.NewTransaction(), up.State).tx)
+	if d := lineDiff(freshFake.Dump(), fake.Dump()); d != "" {
+		t.Errorf("a full sync over an earlier table leaves:\n%s", d)
+	}
+	if strings.Contains(fake.Dump(), " affinity-") || strings.Contains(fake.Dump(), " endpoint-") {
+		t.Errorf("per-Service objects left:\n%s", fake.Dump())
+	}
+}
+
+// Each dataplane serves one family: a cluster CIDR or local traffic CIDR
+// of the other one is a configuration error, not rules that never match.
+func TestConfigRefusesACIDROfTheOtherFamily(t *testing.T) {
+	for name, cfg := range map[string]Config{
+		"IPv6 cluster CIDR for IPv4": {ClusterCIDR: example.ClusterCIDR6},
+		"IPv4 cluster CIDR for IPv6": {IPv6: true, ClusterCIDR: example.ClusterCIDR},
+		"masquerade bit 32":          {MasqueradeBit: 32},
+	} {
+		if err := cfg.setDefaults(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func asSet(names []string) map[string]bool {
+	m := map[string]bool{}
+	for _, n := range names {
+		m[n] = true
+	}
+	return m
+}
