@@ -57,7 +57,7 @@ const (
 // kinds are the proxies every scenario runs against; iptables mode is the
 // reference (upstream's default), nftables mode where upstream is heading;
 // then ebpf-proxy in BPF mode and in its fallback modes (fallbacks).
-var kinds = []testbed.Kind{testbed.KubeProxyIPTables, testbed.KubeProxyNFTables, testbed.EbpfProxy, testbed.EbpfProxyIPTables}
+var kinds = []testbed.Kind{testbed.KubeProxyIPTables, testbed.KubeProxyNFTables, testbed.EbpfProxy, testbed.EbpfProxyIPTables, testbed.EbpfProxyNFTables}
 
 // upstreamFeatureGates turn on in upstream kube-proxy 1.33 (and its API
 // server) what is on by default from 1.34 and what ebpf-proxy implements:

@@ -20,23 +20,26 @@ type fallback struct {
 	features map[Feature]bool
 }
 
+// netfilterFeatures are what the netfilter fallbacks implement: rendered
+// as upstream's rules, so traffic from the network and source ranges work
+// too; the health check node port server serves every mode; IPv6 is
+// rendered from the same model.
+var netfilterFeatures = map[Feature]bool{
+	FeatureNodePort:        true,
+	FeatureHealthCheck:     true,
+	FeatureExternalIP:      true,
+	FeatureLoadBalancer:    true,
+	FeatureAffinity:        true,
+	FeatureExternalTraffic: true,
+	FeatureSourceRanges:    true,
+	FeatureIPv6:            true,
+	FeatureIPv6External:    true,
+}
+
 // fallbacks are the fallback modes every scenario runs against.
 var fallbacks = []fallback{
-	{kind: testbed.EbpfProxyIPTables, mode: "iptables", features: map[Feature]bool{
-		// Rendered as upstream's iptables rules, so traffic from the network
-		// and source ranges work too; the health check node port server
-		// serves every mode.
-		FeatureNodePort:        true,
-		FeatureHealthCheck:     true,
-		FeatureExternalIP:      true,
-		FeatureLoadBalancer:    true,
-		FeatureAffinity:        true,
-		FeatureExternalTraffic: true,
-		FeatureSourceRanges:    true,
-		// ip6tables, rendered from the same model.
-		FeatureIPv6:         true,
-		FeatureIPv6External: true,
-	}},
+	{kind: testbed.EbpfProxyIPTables, mode: "iptables", features: netfilterFeatures},
+	{kind: testbed.EbpfProxyNFTables, mode: "nftables", features: netfilterFeatures},
 }
 
 // agentFeatures are the features ebpf-proxy implements in the mode of kind.

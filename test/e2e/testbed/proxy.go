@@ -37,13 +37,16 @@ const (
 	// (--proxy-mode=iptables), with upstream's settings for it: the
 	// cluster CIDR and the node's IP as its NodePort address.
 	EbpfProxyIPTables Kind = "ebpf-iptables"
+	// EbpfProxyNFTables is the agent in its nftables fallback mode
+	// (--proxy-mode=nftables), with the same settings.
+	EbpfProxyNFTables Kind = "ebpf-nftables"
 )
 
 // Upstream reports whether k is upstream kube-proxy.
 func (k Kind) Upstream() bool { return k == KubeProxyIPTables || k == KubeProxyNFTables }
 
 // Agent reports whether k is ebpf-proxy, in any mode.
-func (k Kind) Agent() bool { return k == EbpfProxy || k == EbpfProxyIPTables }
+func (k Kind) Agent() bool { return k == EbpfProxy || k == EbpfProxyIPTables || k == EbpfProxyNFTables }
 
 // Addresses the proxies serve on inside their node's namespace.
 const (
@@ -166,7 +169,7 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 		// global: a private one keeps this node's proxy from waiting on
 		// every other iptables user of the machine.
 		env = append(env, "PATH="+path, "XTABLES_LOCKFILE="+filepath.Join(dir, "xtables.lock"))
-	case EbpfProxy, EbpfProxyIPTables:
+	case EbpfProxy, EbpfProxyIPTables, EbpfProxyNFTables:
 		p.BPFFS = filepath.Join(tb.Sandbox.BPFFS.Path(), n.Spec.Name)
 		v := opts.Verbosity
 		if v == 0 {
@@ -183,10 +186,13 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 			"--nodeport-addresses=" + n.IP.String() + "/32," + n.IP6.String() + "/128," + localhostPrefix,
 			"-v=" + strconv.Itoa(v),
 		}
-		if opts.Kind == EbpfProxy {
+		switch opts.Kind {
+		case EbpfProxy:
 			// Never a silent fallback: the BPF mode or an error.
 			args = append(args, "--proxy-mode=ebpf")
-		} else {
+		case EbpfProxyNFTables:
+			args = append(args, "--proxy-mode=nftables", "--cluster-cidr="+ClusterCIDRs)
+		default:
 			args = append(args, "--proxy-mode=iptables", "--cluster-cidr="+ClusterCIDRs)
 		}
 	default:
