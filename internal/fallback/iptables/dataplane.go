@@ -3,15 +3,13 @@ package iptables
 import (
 	"context"
 	"fmt"
-	"os"
-	"strings"
 
 	"go.uber.org/zap"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sysctl"
 )
 
 // Name is the proxy mode this dataplane implements.
@@ -49,7 +47,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		plan:   newPlanner(&cfg),
 		ct:     cfg.conntrackCleaner(),
 	}
-	d.plan.dropInvalid = !tcpBeLiberal(cfg.Netns)
+	d.plan.dropInvalid = !sysctl.TCPBeLiberal(cfg.Netns)
 	d.plan.r.cfg = &d.cfg
 	if err := d.read(ctx); err != nil {
 		return nil, fmt.Errorf("iptables dataplane: %w", err)
@@ -200,19 +198,6 @@ func countEndpoints(s *model.State) int {
 		n += len(svc.Endpoints)
 	}
 	return n
-}
-
-// tcpBeLiberal reads nf_conntrack_tcp_be_liberal in the namespace. With it
-// set, conntrack marks no out-of-window packet INVALID and the INVALID drop
-// rule would only break asymmetric traffic (kubernetes#94861).
-func tcpBeLiberal(nsPath string) bool {
-	var liberal bool
-	_ = netns.Do(nsPath, func() error {
-		b, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal")
-		liberal = err == nil && strings.TrimSpace(string(b)) != "0"
-		return nil
-	})
-	return liberal
 }
 
 // Cleanup removes every chain named with Prefix, and every jump to one,

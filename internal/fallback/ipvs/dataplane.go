@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -18,7 +17,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sysctl"
 )
 
 // appliedVS is a virtual server as the kernel holds it.
@@ -94,7 +93,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		runner:      &xtables.Runner{Backend: backend, Netns: cfg.Netns},
 		k:           k,
 		ct:          cfg.conntrackCleaner(),
-		dropInvalid: !tcpBeLiberal(cfg.Netns),
+		dropInvalid: !sysctl.TCPBeLiberal(cfg.Netns),
 		now:         time.Now,
 		services:    map[model.ServicePortName]serviceConfig{},
 		wantVS:      map[vsKey][]virtualServer{},
@@ -564,17 +563,6 @@ func (d *Dataplane) reap() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// tcpBeLiberal reads nf_conntrack_tcp_be_liberal in the namespace.
-func tcpBeLiberal(nsPath string) bool {
-	var liberal bool
-	_ = netns.Do(nsPath, func() error {
-		b, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal")
-		liberal = err == nil && strings.TrimSpace(string(b)) != "0"
-		return nil
-	})
-	return liberal
 }
 
 // excluded says whether a is in one of the ExcludeCIDRs.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sysctl"
 )
 
 // Name is the proxy mode this dataplane implements.
@@ -57,7 +57,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	d := &Dataplane{cfg: cfg, nft: nft, plan: newPlanner(&cfg),
 		ct: conntrack.NewCleaner(conntrack.CleanerConfig{Netns: cfg.Netns, IPv6: cfg.IPv6, Logger: cfg.Logger, Metrics: cfg.Metrics})}
 	d.plan.r.cfg = &d.cfg
-	d.plan.dropInvalid = !tcpBeLiberal(cfg.Netns)
+	d.plan.dropInvalid = !sysctl.TCPBeLiberal(cfg.Netns)
 	if err := d.read(ctx); err != nil {
 		return nil, fmt.Errorf("nftables dataplane: %w", err)
 	}
@@ -158,19 +158,6 @@ func (d *Dataplane) Sync(up model.Update) error {
 	// again by them at its next datagram.
 	d.ct.Synced(up)
 	return nil
-}
-
-// tcpBeLiberal reads nf_conntrack_tcp_be_liberal in the namespace. With it
-// set, conntrack marks no out-of-window packet INVALID and the INVALID drop
-// rule would only break asymmetric traffic (kubernetes#94861).
-func tcpBeLiberal(nsPath string) bool {
-	var liberal bool
-	_ = netns.Do(nsPath, func() error {
-		b, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal")
-		liberal = err == nil && strings.TrimSpace(string(b)) != "0"
-		return nil
-	})
-	return liberal
 }
 
 // tables are ours, as "family name".
