@@ -362,6 +362,13 @@ func (s *Sandbox) attach(parent *Host, bridge, parentVeth string, host *Host, ad
 // up. Until its link watcher has run, a link keeps the noop qdisc, which
 // drops every packet: a test's first SYN would be lost and retransmitted a
 // second later.
+//
+// A link whose carrier is on and whose qdisc is active passes traffic even
+// while its operational state is still "unknown": a bridge's carrier event
+// is not urgent to the link watcher, which kernels before 6.7 (6.1 in the
+// matrix) run up to a second after the previous batch; newer kernels run it
+// when the link is read. Waiting for "up" there cost about a second per
+// host attached to a bridge.
 func waitActive(nl *netlink.Handle, names ...string) error {
 	deadline := time.Now().Add(linkActiveTimeout)
 	for _, name := range names {
@@ -387,7 +394,10 @@ func linkActive(nl *netlink.Handle, name string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("find link %s: %w", name, err)
 	}
-	if link.Attrs().OperState != netlink.OperUp {
+	switch attrs := link.Attrs(); {
+	case attrs.OperState == netlink.OperUp:
+	case attrs.OperState == netlink.OperUnknown && attrs.RawFlags&unix.IFF_LOWER_UP != 0:
+	default:
 		return false, nil
 	}
 	qdiscs, err := nl.QdiscList(link)
