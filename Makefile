@@ -71,7 +71,7 @@ monitoring-check:
 # (internal/testing), including that no production package imports it, the
 # image builder (hack/mkimage) and the cluster test's server (test/cluster/testserver).
 unit:
-	$(GO) test ./internal/model/... ./internal/tracker/... ./internal/maps/... ./internal/k8swatch/... ./internal/metrics/... ./internal/healthcheck/... ./internal/proxier/... ./internal/testing/... ./cmd/... ./hack/mkimage/... ./test/cluster/testserver/... ./deploy/monitoring/...
+	$(GO) test ./internal/model/... ./internal/config/... ./internal/tracker/... ./internal/maps/... ./internal/k8swatch/... ./internal/metrics/... ./internal/healthcheck/... ./internal/proxier/... ./internal/testing/... ./cmd/... ./hack/mkimage/... ./test/cluster/testserver/... ./deploy/monitoring/...
 
 # Every other Go test: the privileged packages run in the kernel matrix, the
 # end-to-end suite (test/e2e) in `make e2e`, one package at a time, the

@@ -6,6 +6,8 @@ import (
 	"io"
 
 	"github.com/spf13/cobra"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 )
 
 // execute runs the command line args (without the program name) and
@@ -30,7 +32,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 // newCommand is the command tree: the agent (no subcommand, or agent) and
 // its subcommands. Flags are kube-proxy's where the meaning is the same.
 func newCommand(stdout, stderr io.Writer) *cobra.Command {
-	root := agentCommand("ebpf-proxy", "A kube-proxy replacement that serves Services with BPF programs", false, defaultOptions())
+	root := agentCommand("ebpf-proxy", "A kube-proxy replacement that serves Services with BPF programs", false, config.Defaults())
 	root.Long = `ebpf-proxy serves Kubernetes Services on a node as kube-proxy does: it watches
 Services, EndpointSlices and its own Node and translates ClusterIP, NodePort,
 ExternalIP and LoadBalancer traffic with BPF programs (socket hooks, TC and
@@ -50,25 +52,25 @@ Without a subcommand it runs the agent, as "ebpf-proxy agent" does.`
 		}
 		return runRoot(cmd, args)
 	}
-	root.AddCommand(agentCommand("agent", "Run the agent (the same as no subcommand)", false, defaultOptions()),
-		agentCommand("cleanup", "Remove what every proxy mode created, then exit (kube-proxy's --cleanup)", true, defaultOptions()),
+	root.AddCommand(agentCommand("agent", "Run the agent (the same as no subcommand)", false, config.Defaults()),
+		agentCommand("cleanup", "Remove what every proxy mode created, then exit (kube-proxy's --cleanup)", true, config.Defaults()),
 		versionCommand(stdout), dumpCommand(stdout, stderr))
 	return root
 }
 
 // agentCommand runs the agent with the agent's flags, parsed into opts;
 // cleanup sets --cleanup.
-func agentCommand(use, short string, cleanup bool, opts *options) *cobra.Command {
+func agentCommand(use, short string, cleanup bool, opts *config.Options) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   use + " [flags]",
 		Short: short,
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			opts.cleanup = opts.cleanup || cleanup
+			opts.Cleanup = opts.Cleanup || cleanup
 			return runAgent(opts, cmd.Flags())
 		},
 	}
-	opts.addFlags(cmd.Flags())
+	opts.AddFlags(cmd.Flags())
 	return cmd
 }
 

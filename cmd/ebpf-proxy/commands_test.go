@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 )
 
 // run executes a command line as main does and returns its exit code and
@@ -83,8 +84,8 @@ func TestKubeProxyLoggingFlagsAreAccepted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.vmodule != "proxier*=4" || o.logFlushFrequency.Seconds() != 10 {
-		t.Errorf("vmodule %q, log flush frequency %s", o.vmodule, o.logFlushFrequency)
+	if o.Vmodule != "proxier*=4" || o.LogFlushFrequency.Seconds() != 10 {
+		t.Errorf("vmodule %q, log flush frequency %s", o.Vmodule, o.LogFlushFrequency)
 	}
 }
 
@@ -92,5 +93,37 @@ func TestDumpWithoutPinsFails(t *testing.T) {
 	code, out, errOut := runCLI("dump", "--bpffs-path="+t.TempDir())
 	if code != 1 || out != "" || errOut == "" {
 		t.Errorf("dump of an empty directory: exit %d, stdout %q, stderr %q; want exit 1 and an error", code, out, errOut)
+	}
+}
+
+// load parses args as the agent command does, without running it.
+func load(t *testing.T, args ...string) (*config.Options, []string, error) {
+	t.Helper()
+	o := config.Defaults()
+	cmd := agentCommand("agent", "", false, o)
+	if err := cmd.ParseFlags(args); err != nil {
+		return o, nil, err
+	}
+	if err := cmd.ValidateArgs(cmd.Flags().Args()); err != nil {
+		return o, nil, err
+	}
+	notes, err := config.FinishFlags(o, cmd.Flags())
+	if err == nil {
+		err = o.Validate()
+	}
+	return o, notes, err
+}
+
+// A stray word after the agent's flags is refused before anything is
+// touched, as kube-proxy refuses positional arguments (commands_test.go
+// checks the whole command line, subcommands included).
+func TestStrayArgumentsAreRefused(t *testing.T) {
+	for _, args := range [][]string{{"version"}, {"trace", "10.96.0.10"}, {"--proxy-mode=ebpf", "agent"}} {
+		if _, _, err := load(t, args...); err == nil || !strings.Contains(err.Error(), "unexpected argument") {
+			t.Errorf("%q: %v, want a refusal naming the unexpected argument", args, err)
+		}
+	}
+	if _, _, err := load(t, "--proxy-mode=iptables"); err != nil {
+		t.Errorf("flags alone: %v", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
@@ -24,7 +25,7 @@ const nodeLookupTimeout = 10 * time.Second
 // names an address, else of the Node's first address, else (no API
 // server, or no Node registered) of the interfaces' addresses, else IPv4.
 // Each family gets its own dataplane and sync loop.
-func (o *options) families(ctx context.Context, client kubernetes.Interface, nodeName string, log *zap.Logger) (serve, node []string) {
+func families(o *config.Options, ctx context.Context, client kubernetes.Interface, nodeName string, log *zap.Logger) (serve, node []string) {
 	var found []v1.IPFamily
 	from := "Node"
 	if client != nil {
@@ -48,7 +49,7 @@ func (o *options) families(ctx context.Context, client kubernetes.Interface, nod
 		}
 		found = addrFamilies(addrs)
 	}
-	serve = orderFamilies(o.nodeIP, found)
+	serve = orderFamilies(o.NodeIP, found)
 	for _, f := range found {
 		node = append(node, string(f))
 	}
@@ -82,7 +83,7 @@ func orderFamilies(bind netip.Addr, found []v1.IPFamily) []string {
 	primary := metrics.IPv4
 	switch {
 	case bind.IsValid():
-		primary = familyOf(bind)
+		primary = metrics.FamilyOf(bind)
 	case len(found) > 0:
 		primary = string(found[0])
 	}
@@ -90,11 +91,4 @@ func orderFamilies(bind netip.Addr, found []v1.IPFamily) []string {
 		return []string{metrics.IPv6, metrics.IPv4}
 	}
 	return []string{metrics.IPv4, metrics.IPv6}
-}
-
-func familyOf(a netip.Addr) string {
-	if a.Unmap().Is4() {
-		return metrics.IPv4
-	}
-	return metrics.IPv6
 }

@@ -11,11 +11,15 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/zapr"
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"k8s.io/klog/v2"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 )
 
 func main() {
@@ -25,12 +29,12 @@ func main() {
 // runAgent runs the agent with opts, whose flags fs parsed: it reads
 // --config, then does what the flags ask (write the configuration, clean
 // up, or serve until SIGINT or SIGTERM).
-func runAgent(opts *options, fs *pflag.FlagSet) error {
-	notes, err := finishFlags(opts, fs)
+func runAgent(opts *config.Options, fs *pflag.FlagSet) error {
+	notes, err := config.FinishFlags(opts, fs)
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(opts.verbosity, opts.loggingFormat)
+	log, err := newLogger(opts.Verbosity, opts.LoggingFormat)
 	if err != nil {
 		return err
 	}
@@ -38,16 +42,16 @@ func runAgent(opts *options, fs *pflag.FlagSet) error {
 	for _, n := range notes {
 		log.Warn(n)
 	}
-	if opts.writeConfigTo != "" {
-		err := opts.validate()
+	if opts.WriteConfigTo != "" {
+		err := opts.Validate()
 		if err == nil {
-			err = opts.writeConfig(opts.writeConfigTo)
+			err = opts.WriteConfig(opts.WriteConfigTo)
 		}
 		if err != nil {
 			log.Error("exiting", zap.Error(err))
 			return exitError{code: 1}
 		}
-		log.Info("wrote the configuration in effect", zap.String("path", opts.writeConfigTo))
+		log.Info("wrote the configuration in effect", zap.String("path", opts.WriteConfigTo))
 		return nil
 	}
 	// client-go logs through klog: send it to the same structured log.
@@ -79,4 +83,8 @@ func newLogger(v int, format string) (*zap.Logger, error) {
 		cfg.Encoding = "console"
 	}
 	return cfg.Build()
+}
+
+func zapISOTime(t time.Time, enc zapcore.PrimitiveArrayEncoder) {
+	enc.AppendString(t.UTC().Format("2006-01-02T15:04:05.000Z07:00"))
 }

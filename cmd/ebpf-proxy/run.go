@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
@@ -29,33 +30,33 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 
-func run(ctx context.Context, o *options, log *zap.Logger) error {
-	if o.cleanup {
-		return proxymode.Cleanup(ctx, o.bpffsPath, log)
+func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
+	if o.Cleanup {
+		return proxymode.Cleanup(ctx, o.BPFFSPath, log)
 	}
-	if err := o.validate(); err != nil {
+	if err := o.Validate(); err != nil {
 		return err
 	}
-	nodeName, err := k8swatch.NodeName(o.hostnameOverride)
+	nodeName, err := k8swatch.NodeName(o.HostnameOverride)
 	if err != nil {
 		return err
 	}
 	log = log.With(zap.String("node", nodeName))
-	applyOOMScoreAdj(o.oomScoreAdj, log)
-	if o.initOnly {
-		mode := proxymode.Guess(o.proxyMode)
+	applyOOMScoreAdj(o.OOMScoreAdj, log)
+	if o.InitOnly {
+		mode := proxymode.Guess(o.ProxyMode)
 		log.Info("--init-only: applying the connection tracking settings, then exiting", zap.String("proxyMode", mode))
-		return conntrack.Setup(conntrack.Node, o.conntrack, mode != proxymode.EBPF, log)
+		return conntrack.Setup(conntrack.Node, o.Conntrack, mode != proxymode.EBPF, log)
 	}
-	log.Info("starting", zap.String("proxyMode", o.proxyMode))
+	log.Info("starting", zap.String("proxyMode", o.ProxyMode))
 
-	client, host, err := o.client()
+	client, host, err := client(o)
 	if err != nil {
 		return err
 	}
-	fams, nodeFams := o.families(ctx, client, nodeName, log)
+	fams, nodeFams := families(o, ctx, client, nodeName, log)
 	m := metrics.New(fams[0])
-	cfg := o.proxyModeConfig(m, fams)
+	cfg := proxyModeConfig(o, m, fams)
 	cfg.NodeFamilies = nodeFams
 	dp, err := proxymode.Start(ctx, cfg, log)
 	if err != nil {
@@ -63,40 +64,40 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 	}
 	defer dp.Close()
 	m.SetProxyMode(dp.Mode, dp.Reason)
-	o.noteIgnored(dp.Mode, log)
-	if dp.Mode == proxymode.IPVS && o.ipvsStrictARP {
+	o.NoteIgnored(dp.Mode, log)
+	if dp.Mode == proxymode.IPVS && o.IPVSStrictARP {
 		if err := ipvs.ApplyStrictARP(sysctl.Default, log); err != nil {
 			return err
 		}
 	}
-	syncPeriod, minSyncPeriod := o.syncPeriods(dp.Mode)
-	health, err := healthcheck.NewProxyHealthServer(o.healthzBindAddress, 2*syncPeriod, m, healthcheck.WithLogger(log))
+	syncPeriod, minSyncPeriod := o.SyncPeriods(dp.Mode)
+	health, err := healthcheck.NewProxyHealthServer(o.HealthzBindAddress, 2*syncPeriod, m, healthcheck.WithLogger(log))
 	if err != nil {
 		return err
 	}
 
 	topology := model.DefaultOptions
-	topology.PreferSameNode = o.gates.enabled(gatePreferSameTrafficDistribution, topology.PreferSameNode)
+	topology.PreferSameNode = o.Gates.Enabled(config.GatePreferSameTrafficDistribution, topology.PreferSameNode)
 	// One tracker and sync loop per IP family, as kube-proxy runs one
 	// proxier per family; one source feeds them all.
 	targets := make([]k8swatch.Target, len(dp.Families))
 	for i, f := range dp.Families {
-		targets[i] = k8swatch.Target{Family: v1.IPFamily(f.IPFamily), Tracker: tracker.New(nodeName, topology, o.nodePorts[f.IPFamily])}
+		targets[i] = k8swatch.Target{Family: v1.IPFamily(f.IPFamily), Tracker: tracker.New(nodeName, topology, o.NodePorts[f.IPFamily])}
 	}
 	if err := startSource(ctx, o, client, host, nodeName, targets, m, health, log); err != nil {
 		return err
 	}
 
 	errc := make(chan error, 2)
-	if o.healthzBindAddress != "" {
-		go serve(ctx, "healthz", o.healthzBindAddress, health.Handler(), o.bindAddrHardFail, errc, log)
+	if o.HealthzBindAddress != "" {
+		go serve(ctx, "healthz", o.HealthzBindAddress, health.Handler(), o.BindAddrHardFail, errc, log)
 	}
-	if o.metricsBindAddress != "" {
+	if o.MetricsBindAddress != "" {
 		mux := metrics.NewServerMux(m, dp.Mode)
-		if o.profiling {
+		if o.Profiling {
 			metrics.InstallProfiling(mux)
 		}
-		go serve(ctx, "metrics", o.metricsBindAddress, mux, o.bindAddrHardFail, errc, log)
+		go serve(ctx, "metrics", o.MetricsBindAddress, mux, o.BindAddrHardFail, errc, log)
 	}
 	served := make([]string, len(dp.Families))
 	for i, f := range dp.Families {
@@ -134,7 +135,7 @@ func run(ctx context.Context, o *options, log *zap.Logger) error {
 		// After the first syncs: the fallbacks' rules have loaded
 		// nf_conntrack by then, whose parameters exist only once it is.
 		if allClosed(ctx, firstSyncs) {
-			conntrack.Setup(conntrack.Node, o.conntrack, dp.Mode != proxymode.EBPF, log) //nolint:errcheck // logged; the node keeps its own values
+			conntrack.Setup(conntrack.Node, o.Conntrack, dp.Mode != proxymode.EBPF, log) //nolint:errcheck // logged; the node keeps its own values
 		}
 	}()
 	select {
@@ -181,48 +182,48 @@ func removeLeftovers(ctx context.Context, firstSyncs []<-chan struct{}, dp *prox
 
 // proxyModeConfig is what the dataplanes take from the flags, for the IP
 // families fams (primary first).
-func (o *options) proxyModeConfig(m *metrics.Metrics, fams []string) proxymode.Config {
-	local, localErr := o.localDetector()
+func proxyModeConfig(o *config.Options, m *metrics.Metrics, fams []string) proxymode.Config {
+	local, localErr := localDetector(o)
 	var exclude []netip.Prefix
-	for _, c := range o.ipvsExcludeCIDRs {
+	for _, c := range o.IPVSExcludeCIDRs {
 		if p, err := netip.ParsePrefix(strings.TrimSpace(c)); err == nil {
 			exclude = append(exclude, p.Masked())
 		}
 	}
 	return proxymode.Config{
-		Mode: o.proxyMode, Metrics: m, Families: fams,
+		Mode: o.ProxyMode, Metrics: m, Families: fams,
 		FallbackUnsupported: localErr,
 		BPF: bpf.Config{
-			CgroupPath: o.cgroupPath, BPFFSPath: o.bpffsPath, Sizes: o.mapSizes, TerminateSockets: o.terminateSockets,
-			Devices: o.devices, TCAttach: o.tcAttach, XDP: o.xdp, ConntrackSize: o.conntrackSize,
-			SNATPorts: o.snatPorts, SNATPortRangeForce: o.snatPortRangeForce, Metrics: m,
+			CgroupPath: o.CgroupPath, BPFFSPath: o.BPFFSPath, Sizes: o.MapSizes, TerminateSockets: o.TerminateSockets,
+			Devices: o.Devices, TCAttach: o.TCAttach, XDP: o.XDP, ConntrackSize: o.ConntrackSize,
+			SNATPorts: o.SNATPorts, SNATPortRangeForce: o.SNATPortRangeForce, Metrics: m,
 		},
 		NFTables: nftables.Config{
-			ClusterCIDR: o.clusterPrefixes[metrics.IPv4], LocalDetector: local, MasqueradeAll: o.masqueradeAll,
-			MasqueradeBit: int(o.masqueradeBit), Metrics: m.Family(metrics.IPv4),
+			ClusterCIDR: o.ClusterPrefixes[metrics.IPv4], LocalDetector: local, MasqueradeAll: o.MasqueradeAll,
+			MasqueradeBit: int(o.MasqueradeBit), Metrics: m.Family(metrics.IPv4),
 		},
 		NFTables6: nftables.Config{
-			ClusterCIDR: o.clusterPrefixes[metrics.IPv6], LocalDetector: local, MasqueradeAll: o.masqueradeAll,
-			MasqueradeBit: int(o.masqueradeBit), Metrics: m.Family(metrics.IPv6),
+			ClusterCIDR: o.ClusterPrefixes[metrics.IPv6], LocalDetector: local, MasqueradeAll: o.MasqueradeAll,
+			MasqueradeBit: int(o.MasqueradeBit), Metrics: m.Family(metrics.IPv6),
 		},
 		IPTables: iptables.Config{
-			ClusterCIDR: o.clusterPrefixes[metrics.IPv4], LocalDetector: local, MasqueradeAll: o.masqueradeAll,
-			MasqueradeBit: int(o.masqueradeBit), Metrics: m.Family(metrics.IPv4),
+			ClusterCIDR: o.ClusterPrefixes[metrics.IPv4], LocalDetector: local, MasqueradeAll: o.MasqueradeAll,
+			MasqueradeBit: int(o.MasqueradeBit), Metrics: m.Family(metrics.IPv4),
 		},
 		IPTables6: iptables.Config{
-			ClusterCIDR: o.clusterPrefixes[metrics.IPv6], LocalDetector: local, MasqueradeAll: o.masqueradeAll,
-			MasqueradeBit: int(o.masqueradeBit), Metrics: m.Family(metrics.IPv6),
+			ClusterCIDR: o.ClusterPrefixes[metrics.IPv6], LocalDetector: local, MasqueradeAll: o.MasqueradeAll,
+			MasqueradeBit: int(o.MasqueradeBit), Metrics: m.Family(metrics.IPv6),
 		},
 		IPVS: ipvs.Config{
-			Scheduler: o.ipvsScheduler, ClusterCIDR: o.clusterPrefixes[metrics.IPv4], LocalDetector: local, ExcludeCIDRs: exclude,
-			MasqueradeAll: o.masqueradeAll, MasqueradeBit: int(o.masqueradeBit),
-			TCPTimeout: o.ipvsTCPTimeout, TCPFinTimeout: o.ipvsTCPFinTimeout, UDPTimeout: o.ipvsUDPTimeout,
+			Scheduler: o.IPVSScheduler, ClusterCIDR: o.ClusterPrefixes[metrics.IPv4], LocalDetector: local, ExcludeCIDRs: exclude,
+			MasqueradeAll: o.MasqueradeAll, MasqueradeBit: int(o.MasqueradeBit),
+			TCPTimeout: o.IPVSTCPTimeout, TCPFinTimeout: o.IPVSTCPFinTimeout, UDPTimeout: o.IPVSUDPTimeout,
 			Metrics: m.Family(metrics.IPv4),
 		},
 		IPVS6: ipvs.Config{
-			Scheduler: o.ipvsScheduler, ClusterCIDR: o.clusterPrefixes[metrics.IPv6], LocalDetector: local, ExcludeCIDRs: exclude,
-			MasqueradeAll: o.masqueradeAll, MasqueradeBit: int(o.masqueradeBit),
-			TCPTimeout: o.ipvsTCPTimeout, TCPFinTimeout: o.ipvsTCPFinTimeout, UDPTimeout: o.ipvsUDPTimeout,
+			Scheduler: o.IPVSScheduler, ClusterCIDR: o.ClusterPrefixes[metrics.IPv6], LocalDetector: local, ExcludeCIDRs: exclude,
+			MasqueradeAll: o.MasqueradeAll, MasqueradeBit: int(o.MasqueradeBit),
+			TCPTimeout: o.IPVSTCPTimeout, TCPFinTimeout: o.IPVSTCPFinTimeout, UDPTimeout: o.IPVSUDPTimeout,
 			Metrics: m.Family(metrics.IPv6),
 		},
 	}
@@ -231,13 +232,13 @@ func (o *options) proxyModeConfig(m *metrics.Metrics, fams []string) proxymode.C
 // localDetector is --detect-local-mode for the fallback dataplanes. The
 // zero detector with ClusterCIDR (or its default) lets them use
 // --cluster-cidr.
-func (o *options) localDetector() (xtables.LocalDetector, error) {
-	switch o.detectLocalMode {
-	case detectLocalBridgeInterface:
-		return xtables.LocalDetector{Bridge: o.podBridgeInterface}, nil
-	case detectLocalInterfaceNamePrefix:
-		return xtables.LocalDetector{InterfacePrefix: o.podInterfacePrefix}, nil
-	case detectLocalNodeCIDR:
+func localDetector(o *config.Options) (xtables.LocalDetector, error) {
+	switch o.DetectLocalMode {
+	case config.DetectLocalBridgeInterface:
+		return xtables.LocalDetector{Bridge: o.PodBridgeInterface}, nil
+	case config.DetectLocalInterfaceNamePrefix:
+		return xtables.LocalDetector{InterfacePrefix: o.PodInterfacePrefix}, nil
+	case config.DetectLocalNodeCIDR:
 		return xtables.LocalDetector{}, fmt.Errorf("--detect-local-mode=NodeCIDR is not supported in nftables, iptables and ipvs mode: use ClusterCIDR with --cluster-cidr, BridgeInterface or InterfaceNamePrefix")
 	}
 	return xtables.LocalDetector{}, nil

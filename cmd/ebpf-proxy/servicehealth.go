@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/healthcheck"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 )
@@ -23,11 +24,11 @@ const eventsComponent = "ebpf-proxy"
 // node port cannot be bound, so that `kubectl describe service` shows it.
 // Without an API server (--manifests) it returns nil: there is nothing to
 // record on. The broadcaster stops with ctx.
-func healthCheckEvents(ctx context.Context, o *options) (healthcheck.ListenFailureRecorder, error) {
-	if o.manifests != "" {
+func healthCheckEvents(ctx context.Context, o *config.Options) (healthcheck.ListenFailureRecorder, error) {
+	if o.Manifests != "" {
 		return nil, nil
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags(o.master, o.kubeconfig)
+	cfg, err := clientcmd.BuildConfigFromFlags(o.Master, o.Kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("API server client configuration for events: %w", err)
 	}
@@ -44,7 +45,7 @@ func healthCheckEvents(ctx context.Context, o *options) (healthcheck.ListenFailu
 // family proxier): the family's sync loop feeds it whatever the dataplane,
 // and it listens where --nodeport-addresses says (the State's NodePort
 // addresses of that family), as kube-proxy's does.
-func newServiceHealthServers(ctx context.Context, o *options, nodeName string, fams []string, health healthcheck.HealthReporter, m *metrics.Metrics, log *zap.Logger) ([]*healthcheck.ServiceHealthServer, error) {
+func newServiceHealthServers(ctx context.Context, o *config.Options, nodeName string, fams []string, health healthcheck.HealthReporter, m *metrics.Metrics, log *zap.Logger) ([]*healthcheck.ServiceHealthServer, error) {
 	events, err := healthCheckEvents(ctx, o)
 	if err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/healthcheck"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
@@ -15,18 +16,18 @@ import (
 
 // client returns the API server client and its address, nil with
 // --manifests.
-func (o *options) client() (kubernetes.Interface, string, error) {
-	if o.manifests != "" {
+func client(o *config.Options) (kubernetes.Interface, string, error) {
+	if o.Manifests != "" {
 		return nil, "", nil
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags(o.master, o.kubeconfig)
+	cfg, err := clientcmd.BuildConfigFromFlags(o.Master, o.Kubeconfig)
 	if err != nil {
 		return nil, "", fmt.Errorf("API server client configuration: %w", err)
 	}
-	cfg.ContentType = o.kubeAPIContentType
+	cfg.ContentType = o.KubeAPIContentType
 	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
-	cfg.QPS = o.kubeAPIQPS
-	cfg.Burst = int(o.kubeAPIBurst)
+	cfg.QPS = o.KubeAPIQPS
+	cfg.Burst = int(o.KubeAPIBurst)
 	cfg.UserAgent = "ebpf-proxy"
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -38,16 +39,16 @@ func (o *options) client() (kubernetes.Interface, string, error) {
 // startSource starts the source of Services and EndpointSlices for the
 // trackers of targets: the manifests directory when --manifests is set,
 // else the API server through client.
-func startSource(ctx context.Context, o *options, client kubernetes.Interface, host, nodeName string, targets []k8swatch.Target, m *metrics.Metrics, health *healthcheck.ProxyHealthServer, log *zap.Logger) error {
+func startSource(ctx context.Context, o *config.Options, client kubernetes.Interface, host, nodeName string, targets []k8swatch.Target, m *metrics.Metrics, health *healthcheck.ProxyHealthServer, log *zap.Logger) error {
 	invalid := func(kind, namespace, name, reason string) {
 		m.InvalidObjectsTotal.WithLabelValues(kind, k8swatch.InvalidReason(reason)).Inc()
 		log.Warn("ignoring invalid input", zap.String("kind", kind), zap.String("namespace", namespace),
 			zap.String("name", name), zap.String("reason", reason))
 	}
-	if o.manifests != "" {
+	if o.Manifests != "" {
 		// Standalone: there is no Node object to be ineligible.
 		health.SetNode(&healthcheck.NodeStatus{})
-		src, err := k8swatch.NewManifests(o.manifests, nodeName, targets, k8swatch.ManifestOptions{Invalid: invalid, LBAlgorithm: o.lb})
+		src, err := k8swatch.NewManifests(o.Manifests, nodeName, targets, k8swatch.ManifestOptions{Invalid: invalid, LBAlgorithm: o.LB})
 		if err != nil {
 			return err
 		}
@@ -59,15 +60,15 @@ func startSource(ctx context.Context, o *options, client kubernetes.Interface, h
 				log.Error("manifests source stopped", zap.Error(err))
 			}
 		}()
-		log.Info("reading Services and EndpointSlices from a directory", zap.String("manifests", o.manifests))
+		log.Info("reading Services and EndpointSlices from a directory", zap.String("manifests", o.Manifests))
 		return nil
 	}
 
 	go func() {
 		err := k8swatch.Watch(ctx, client, nodeName, targets, k8swatch.WatchOptions{
-			LBAlgorithm:  o.lb,
-			ResyncPeriod: o.configSyncPeriod,
-			NodeIP:       o.nodeIP,
+			LBAlgorithm:  o.LB,
+			ResyncPeriod: o.ConfigSyncPeriod,
+			NodeIP:       o.NodeIP,
 			Invalid:      invalid,
 			NodeStatus: func(known, deleting bool, taints []string) {
 				if !known {

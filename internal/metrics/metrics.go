@@ -14,6 +14,7 @@ package metrics
 import (
 	"fmt"
 	"net/http"
+	"net/netip"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -26,6 +27,15 @@ const (
 	IPv4 = "IPv4"
 	IPv6 = "IPv6"
 )
+
+// FamilyOf is the family label value of a, an IPv4-mapped IPv6 address
+// counting as IPv4.
+func FamilyOf(a netip.Addr) string {
+	if a.Unmap().Is4() {
+		return IPv4
+	}
+	return IPv6
+}
 
 // traffic_policy label values of kubeproxy_sync_proxy_rules_no_local_endpoints_total.
 const (

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"fmt"
@@ -69,8 +69,8 @@ func readConfigFile(path string) (*kubeproxy.KubeProxyConfiguration, []string, e
 // applyConfig sets every option the file covers from c, with kube-proxy's
 // default where c leaves a field out. set says which flags the command line
 // gave. It returns the covered flags that were given and so are ignored.
-func (o *options) applyConfig(c *kubeproxy.KubeProxyConfiguration, set func(name string) bool) (ignored []string) {
-	d := defaultOptions()
+func (o *Options) applyConfig(c *kubeproxy.KubeProxyConfiguration, set func(name string) bool) (ignored []string) {
+	d := Defaults()
 	for _, name := range configFlags {
 		if set(name) {
 			ignored = append(ignored, "--"+name)
@@ -89,153 +89,153 @@ func (o *options) applyConfig(c *kubeproxy.KubeProxyConfiguration, set func(name
 		return v.Duration
 	}
 
-	o.featureGates = nil
+	o.FeatureGates = nil
 	if len(c.FeatureGates) > 0 {
-		o.featureGates = map[string]string{}
+		o.FeatureGates = map[string]string{}
 		for k, v := range c.FeatureGates {
-			o.featureGates[k] = fmt.Sprint(v)
+			o.FeatureGates[k] = fmt.Sprint(v)
 		}
 	}
-	o.kubeconfig = c.ClientConnection.Kubeconfig
-	o.kubeAPIContentType = str(c.ClientConnection.ContentType, d.kubeAPIContentType)
-	o.kubeAPIQPS = c.ClientConnection.QPS
-	if o.kubeAPIQPS == 0 {
-		o.kubeAPIQPS = d.kubeAPIQPS
+	o.Kubeconfig = c.ClientConnection.Kubeconfig
+	o.KubeAPIContentType = str(c.ClientConnection.ContentType, d.KubeAPIContentType)
+	o.KubeAPIQPS = c.ClientConnection.QPS
+	if o.KubeAPIQPS == 0 {
+		o.KubeAPIQPS = d.KubeAPIQPS
 	}
-	o.kubeAPIBurst = c.ClientConnection.Burst
-	if o.kubeAPIBurst == 0 {
-		o.kubeAPIBurst = d.kubeAPIBurst
+	o.KubeAPIBurst = c.ClientConnection.Burst
+	if o.KubeAPIBurst == 0 {
+		o.KubeAPIBurst = d.KubeAPIBurst
 	}
-	o.loggingFormat = d.loggingFormat
+	o.LoggingFormat = d.LoggingFormat
 	if c.Logging.Format == "text" {
-		o.loggingFormat = "text"
+		o.LoggingFormat = "text"
 	}
 	if !set("v") {
-		o.verbosity = int(c.Logging.Verbosity)
+		o.Verbosity = int(c.Logging.Verbosity)
 	}
 	if !set("hostname-override") {
-		o.hostnameOverride = c.HostnameOverride
+		o.HostnameOverride = c.HostnameOverride
 	}
-	o.bindAddress = str(c.BindAddress, d.bindAddress)
-	o.healthzBindAddress = str(c.HealthzBindAddress, d.healthzBindAddress)
-	o.metricsBindAddress = str(c.MetricsBindAddress, d.metricsBindAddress)
-	o.bindAddrHardFail = c.BindAddressHardFail
-	o.profiling = c.EnableProfiling
-	o.showHiddenMetrics = c.ShowHiddenMetricsForVersion
-	o.proxyMode = str(string(c.Mode), proxymode.Auto)
+	o.BindAddress = str(c.BindAddress, d.BindAddress)
+	o.HealthzBindAddress = str(c.HealthzBindAddress, d.HealthzBindAddress)
+	o.MetricsBindAddress = str(c.MetricsBindAddress, d.MetricsBindAddress)
+	o.BindAddrHardFail = c.BindAddressHardFail
+	o.Profiling = c.EnableProfiling
+	o.ShowHiddenMetrics = c.ShowHiddenMetricsForVersion
+	o.ProxyMode = str(string(c.Mode), proxymode.Auto)
 
-	o.masqueradeBit = d.masqueradeBit
+	o.MasqueradeBit = d.MasqueradeBit
 	if c.IPTables.MasqueradeBit != nil {
-		o.masqueradeBit = *c.IPTables.MasqueradeBit
+		o.MasqueradeBit = *c.IPTables.MasqueradeBit
 	}
-	o.masqueradeAll = c.IPTables.MasqueradeAll
-	o.localhostNodePorts = c.IPTables.LocalhostNodePorts == nil || *c.IPTables.LocalhostNodePorts
-	o.iptablesSyncPeriod = dur(c.IPTables.SyncPeriod, d.iptablesSyncPeriod)
-	o.iptablesMinSync = dur(c.IPTables.MinSyncPeriod, d.iptablesMinSync)
+	o.MasqueradeAll = c.IPTables.MasqueradeAll
+	o.LocalhostNodePorts = c.IPTables.LocalhostNodePorts == nil || *c.IPTables.LocalhostNodePorts
+	o.IPTablesSyncPeriod = dur(c.IPTables.SyncPeriod, d.IPTablesSyncPeriod)
+	o.IPTablesMinSync = dur(c.IPTables.MinSyncPeriod, d.IPTablesMinSync)
 	// An nftables period equal to the iptables one (as --write-config-to
 	// writes it when the file had none) follows the iptables one.
-	o.nftablesSyncPeriod, o.nftablesMinSync = 0, 0
-	if p := dur(c.NFTables.SyncPeriod, 0); p != o.iptablesSyncPeriod {
-		o.nftablesSyncPeriod = p
+	o.NFTablesSyncPeriod, o.NFTablesMinSync = 0, 0
+	if p := dur(c.NFTables.SyncPeriod, 0); p != o.IPTablesSyncPeriod {
+		o.NFTablesSyncPeriod = p
 	}
-	if p := dur(c.NFTables.MinSyncPeriod, 0); p != o.iptablesMinSync {
-		o.nftablesMinSync = p
+	if p := dur(c.NFTables.MinSyncPeriod, 0); p != o.IPTablesMinSync {
+		o.NFTablesMinSync = p
 	}
 	if c.Mode == proxymode.NFTables {
 		// The nftables section's masquerade settings, where given, are
 		// the ones the nftables mode uses.
 		if c.NFTables.MasqueradeBit != nil {
-			o.masqueradeBit = *c.NFTables.MasqueradeBit
+			o.MasqueradeBit = *c.NFTables.MasqueradeBit
 		}
-		o.masqueradeAll = o.masqueradeAll || c.NFTables.MasqueradeAll
+		o.MasqueradeAll = o.MasqueradeAll || c.NFTables.MasqueradeAll
 	}
-	o.ipvsSyncPeriod = dur(c.IPVS.SyncPeriod, d.ipvsSyncPeriod)
-	o.ipvsMinSync = dur(c.IPVS.MinSyncPeriod, d.ipvsMinSync)
-	o.ipvsScheduler = c.IPVS.Scheduler
-	o.ipvsExcludeCIDRs = slices.Clone(c.IPVS.ExcludeCIDRs)
-	o.ipvsStrictARP = c.IPVS.StrictARP
-	o.ipvsTCPTimeout = c.IPVS.TCPTimeout.Duration
-	o.ipvsTCPFinTimeout = c.IPVS.TCPFinTimeout.Duration
-	o.ipvsUDPTimeout = c.IPVS.UDPTimeout.Duration
+	o.IPVSSyncPeriod = dur(c.IPVS.SyncPeriod, d.IPVSSyncPeriod)
+	o.IPVSMinSync = dur(c.IPVS.MinSyncPeriod, d.IPVSMinSync)
+	o.IPVSScheduler = c.IPVS.Scheduler
+	o.IPVSExcludeCIDRs = slices.Clone(c.IPVS.ExcludeCIDRs)
+	o.IPVSStrictARP = c.IPVS.StrictARP
+	o.IPVSTCPTimeout = c.IPVS.TCPTimeout.Duration
+	o.IPVSTCPFinTimeout = c.IPVS.TCPFinTimeout.Duration
+	o.IPVSUDPTimeout = c.IPVS.UDPTimeout.Duration
 
-	o.detectLocalMode = string(c.DetectLocalMode)
-	o.podBridgeInterface = c.DetectLocal.BridgeInterface
-	o.podInterfacePrefix = c.DetectLocal.InterfaceNamePrefix
-	o.clusterCIDR = c.ClusterCIDR
-	o.nodePortAddresses = slices.Clone(c.NodePortAddresses)
-	o.oomScoreAdj = d.oomScoreAdj
+	o.DetectLocalMode = string(c.DetectLocalMode)
+	o.PodBridgeInterface = c.DetectLocal.BridgeInterface
+	o.PodInterfacePrefix = c.DetectLocal.InterfaceNamePrefix
+	o.ClusterCIDR = c.ClusterCIDR
+	o.NodePortAddresses = slices.Clone(c.NodePortAddresses)
+	o.OOMScoreAdj = d.OOMScoreAdj
 	if c.OOMScoreAdj != nil {
-		o.oomScoreAdj = *c.OOMScoreAdj
+		o.OOMScoreAdj = *c.OOMScoreAdj
 	}
-	o.conntrack = conntrack.Settings{
+	o.Conntrack = conntrack.Settings{
 		MaxPerCore: c.Conntrack.MaxPerCore,
 		Min:        c.Conntrack.Min,
 	}
 	if t := c.Conntrack.TCPEstablishedTimeout; t != nil {
-		o.conntrack.TCPEstablished = &t.Duration
+		o.Conntrack.TCPEstablished = &t.Duration
 	}
 	if t := c.Conntrack.TCPCloseWaitTimeout; t != nil {
-		o.conntrack.TCPCloseWait = &t.Duration
+		o.Conntrack.TCPCloseWait = &t.Duration
 	}
 	if c.Conntrack.TCPBeLiberal {
-		o.conntrack.TCPBeLiberal = &c.Conntrack.TCPBeLiberal
+		o.Conntrack.TCPBeLiberal = &c.Conntrack.TCPBeLiberal
 	}
 	if t := c.Conntrack.UDPTimeout.Duration; t != 0 {
-		o.conntrack.UDPTimeout = &t
+		o.Conntrack.UDPTimeout = &t
 	}
 	if t := c.Conntrack.UDPStreamTimeout.Duration; t != 0 {
-		o.conntrack.UDPStreamTimeout = &t
+		o.Conntrack.UDPStreamTimeout = &t
 	}
-	o.configSyncPeriod = dur(c.ConfigSyncPeriod, d.configSyncPeriod)
+	o.ConfigSyncPeriod = dur(c.ConfigSyncPeriod, d.ConfigSyncPeriod)
 	return ignored
 }
 
 // toConfig is the configuration in effect as a KubeProxyConfiguration
 // (--write-config-to); applyConfig of it gives the same options back.
-func (o *options) toConfig() *kubeproxy.KubeProxyConfiguration {
+func (o *Options) toConfig() *kubeproxy.KubeProxyConfiguration {
 	c := &kubeproxy.KubeProxyConfiguration{}
 	c.Kind, c.APIVersion = configKind, configAPIVersion
-	if len(o.featureGates) > 0 {
+	if len(o.FeatureGates) > 0 {
 		c.FeatureGates = map[string]bool{}
-		for k := range o.featureGates {
-			c.FeatureGates[k] = o.gates[k]
+		for k := range o.FeatureGates {
+			c.FeatureGates[k] = o.Gates[k]
 		}
 	}
 	c.ClientConnection = componentbase.ClientConnectionConfiguration{
-		Kubeconfig: o.kubeconfig, ContentType: o.kubeAPIContentType, QPS: o.kubeAPIQPS, Burst: o.kubeAPIBurst,
+		Kubeconfig: o.Kubeconfig, ContentType: o.KubeAPIContentType, QPS: o.KubeAPIQPS, Burst: o.KubeAPIBurst,
 	}
-	c.Logging = logsapi.LoggingConfiguration{Format: o.loggingFormat, Verbosity: logsapi.VerbosityLevel(o.verbosity)}
-	c.HostnameOverride = o.hostnameOverride
-	c.BindAddress = o.bindAddress
-	c.HealthzBindAddress = o.healthzBindAddress
-	c.MetricsBindAddress = o.metricsBindAddress
-	c.BindAddressHardFail = o.bindAddrHardFail
-	c.EnableProfiling = o.profiling
-	c.ShowHiddenMetricsForVersion = o.showHiddenMetrics
-	c.Mode = kubeproxy.ProxyMode(o.proxyMode)
-	bit, localhost := o.masqueradeBit, o.localhostNodePorts
+	c.Logging = logsapi.LoggingConfiguration{Format: o.LoggingFormat, Verbosity: logsapi.VerbosityLevel(o.Verbosity)}
+	c.HostnameOverride = o.HostnameOverride
+	c.BindAddress = o.BindAddress
+	c.HealthzBindAddress = o.HealthzBindAddress
+	c.MetricsBindAddress = o.MetricsBindAddress
+	c.BindAddressHardFail = o.BindAddrHardFail
+	c.EnableProfiling = o.Profiling
+	c.ShowHiddenMetricsForVersion = o.ShowHiddenMetrics
+	c.Mode = kubeproxy.ProxyMode(o.ProxyMode)
+	bit, localhost := o.MasqueradeBit, o.LocalhostNodePorts
 	c.IPTables = kubeproxy.KubeProxyIPTablesConfiguration{
-		MasqueradeBit: &bit, MasqueradeAll: o.masqueradeAll, LocalhostNodePorts: &localhost,
-		SyncPeriod: v1.Duration{Duration: o.iptablesSyncPeriod}, MinSyncPeriod: v1.Duration{Duration: o.iptablesMinSync},
+		MasqueradeBit: &bit, MasqueradeAll: o.MasqueradeAll, LocalhostNodePorts: &localhost,
+		SyncPeriod: v1.Duration{Duration: o.IPTablesSyncPeriod}, MinSyncPeriod: v1.Duration{Duration: o.IPTablesMinSync},
 	}
-	nftSync, nftMinSync := o.syncPeriods(proxymode.NFTables)
+	nftSync, nftMinSync := o.SyncPeriods(proxymode.NFTables)
 	c.NFTables = kubeproxy.KubeProxyNFTablesConfiguration{
-		MasqueradeBit: &bit, MasqueradeAll: o.masqueradeAll,
+		MasqueradeBit: &bit, MasqueradeAll: o.MasqueradeAll,
 		SyncPeriod: v1.Duration{Duration: nftSync}, MinSyncPeriod: v1.Duration{Duration: nftMinSync},
 	}
 	c.IPVS = kubeproxy.KubeProxyIPVSConfiguration{
-		SyncPeriod: v1.Duration{Duration: o.ipvsSyncPeriod}, MinSyncPeriod: v1.Duration{Duration: o.ipvsMinSync},
-		Scheduler: o.ipvsScheduler, ExcludeCIDRs: o.ipvsExcludeCIDRs, StrictARP: o.ipvsStrictARP,
-		TCPTimeout: v1.Duration{Duration: o.ipvsTCPTimeout}, TCPFinTimeout: v1.Duration{Duration: o.ipvsTCPFinTimeout},
-		UDPTimeout: v1.Duration{Duration: o.ipvsUDPTimeout},
+		SyncPeriod: v1.Duration{Duration: o.IPVSSyncPeriod}, MinSyncPeriod: v1.Duration{Duration: o.IPVSMinSync},
+		Scheduler: o.IPVSScheduler, ExcludeCIDRs: o.IPVSExcludeCIDRs, StrictARP: o.IPVSStrictARP,
+		TCPTimeout: v1.Duration{Duration: o.IPVSTCPTimeout}, TCPFinTimeout: v1.Duration{Duration: o.IPVSTCPFinTimeout},
+		UDPTimeout: v1.Duration{Duration: o.IPVSUDPTimeout},
 	}
-	c.DetectLocalMode = kubeproxy.LocalMode(o.detectLocalMode)
-	c.DetectLocal = kubeproxy.DetectLocalConfiguration{BridgeInterface: o.podBridgeInterface, InterfaceNamePrefix: o.podInterfacePrefix}
-	c.ClusterCIDR = o.clusterCIDR
-	c.NodePortAddresses = o.nodePortAddresses
-	oom := o.oomScoreAdj
+	c.DetectLocalMode = kubeproxy.LocalMode(o.DetectLocalMode)
+	c.DetectLocal = kubeproxy.DetectLocalConfiguration{BridgeInterface: o.PodBridgeInterface, InterfaceNamePrefix: o.PodInterfacePrefix}
+	c.ClusterCIDR = o.ClusterCIDR
+	c.NodePortAddresses = o.NodePortAddresses
+	oom := o.OOMScoreAdj
 	c.OOMScoreAdj = &oom
-	ct := o.conntrack
+	ct := o.Conntrack
 	c.Conntrack = kubeproxy.KubeProxyConntrackConfiguration{MaxPerCore: ct.MaxPerCore, Min: ct.Min}
 	if ct.TCPEstablished != nil {
 		c.Conntrack.TCPEstablishedTimeout = &v1.Duration{Duration: *ct.TCPEstablished}
@@ -250,12 +250,12 @@ func (o *options) toConfig() *kubeproxy.KubeProxyConfiguration {
 	if ct.UDPStreamTimeout != nil {
 		c.Conntrack.UDPStreamTimeout = v1.Duration{Duration: *ct.UDPStreamTimeout}
 	}
-	c.ConfigSyncPeriod = v1.Duration{Duration: o.configSyncPeriod}
+	c.ConfigSyncPeriod = v1.Duration{Duration: o.ConfigSyncPeriod}
 	return c
 }
 
-// writeConfig writes the configuration in effect to path.
-func (o *options) writeConfig(path string) error {
+// WriteConfig writes the configuration in effect to path.
+func (o *Options) WriteConfig(path string) error {
 	b, err := yaml.Marshal(o.toConfig())
 	if err != nil {
 		return fmt.Errorf("--write-config-to: %w", err)
@@ -266,14 +266,14 @@ func (o *options) writeConfig(path string) error {
 	return nil
 }
 
-// finishFlags reads --config, once fs has parsed the flags into o: as in
+// FinishFlags reads --config, once fs has parsed the flags into o: as in
 // kube-proxy, the file replaces the kube-proxy flags that were not given
 // on the command line.
-func finishFlags(o *options, fs *pflag.FlagSet) (notes []string, err error) {
-	if o.configFile == "" {
+func FinishFlags(o *Options, fs *pflag.FlagSet) (notes []string, err error) {
+	if o.ConfigFile == "" {
 		return nil, nil
 	}
-	c, warnings, err := readConfigFile(o.configFile)
+	c, warnings, err := readConfigFile(o.ConfigFile)
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"net/netip"
@@ -12,11 +12,11 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 )
 
-func parse(t *testing.T, args ...string) *options {
+func parse(t *testing.T, args ...string) *Options {
 	t.Helper()
-	o := defaultOptions()
+	o := Defaults()
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
-	o.addFlags(fs)
+	o.AddFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}
@@ -25,32 +25,32 @@ func parse(t *testing.T, args ...string) *options {
 
 func TestFlagsKeepKubeProxyNamesAndDefaults(t *testing.T) {
 	o := parse(t)
-	if o.healthzBindAddress != "0.0.0.0:10256" || o.metricsBindAddress != "127.0.0.1:10249" {
-		t.Errorf("defaults: healthz %q metrics %q, want kube-proxy's", o.healthzBindAddress, o.metricsBindAddress)
+	if o.HealthzBindAddress != "0.0.0.0:10256" || o.MetricsBindAddress != "127.0.0.1:10249" {
+		t.Errorf("defaults: healthz %q metrics %q, want kube-proxy's", o.HealthzBindAddress, o.MetricsBindAddress)
 	}
-	if o.bpffsPath != "/sys/fs/bpf/ebpf-proxy" {
-		t.Errorf("bpffs default %q", o.bpffsPath)
+	if o.BPFFSPath != "/sys/fs/bpf/ebpf-proxy" {
+		t.Errorf("bpffs default %q", o.BPFFSPath)
 	}
 	o = parse(t, "--kubeconfig=/k", "--master=https://x", "--hostname-override=Node-A", "-v=4", "--cleanup", "--proxy-mode=ebpf")
-	if o.kubeconfig != "/k" || o.master != "https://x" || o.hostnameOverride != "Node-A" || o.verbosity != 4 || !o.cleanup {
+	if o.Kubeconfig != "/k" || o.Master != "https://x" || o.HostnameOverride != "Node-A" || o.Verbosity != 4 || !o.Cleanup {
 		t.Errorf("parsed %+v", o)
 	}
-	if n, _ := k8swatch.NodeName(o.hostnameOverride); n != "node-a" {
+	if n, _ := k8swatch.NodeName(o.HostnameOverride); n != "node-a" {
 		t.Errorf("node name %q, want the override lowercased as kube-proxy does", n)
 	}
 }
 
 func TestProxyModes(t *testing.T) {
-	if o := parse(t); o.proxyMode != "auto" {
-		t.Errorf("default --proxy-mode %q, want auto", o.proxyMode)
+	if o := parse(t); o.ProxyMode != "auto" {
+		t.Errorf("default --proxy-mode %q, want auto", o.ProxyMode)
 	}
 	for _, mode := range []string{"auto", "ebpf", "nftables", "iptables", "ipvs"} {
-		if err := parse(t, "--proxy-mode="+mode).validate(); err != nil {
+		if err := parse(t, "--proxy-mode="+mode).Validate(); err != nil {
 			t.Errorf("--proxy-mode=%s refused: %v", mode, err)
 		}
 	}
 	for _, mode := range []string{"kernelspace", "bogus", "userspace"} {
-		err := parse(t, "--proxy-mode="+mode).validate()
+		err := parse(t, "--proxy-mode="+mode).Validate()
 		if err == nil || !strings.Contains(err.Error(), "'auto', 'ebpf', 'nftables', 'iptables' or 'ipvs'") {
 			t.Errorf("--proxy-mode=%s: %v, want a refusal naming the modes", mode, err)
 		}
@@ -61,24 +61,24 @@ func TestFallbackFlagsKeepKubeProxyNames(t *testing.T) {
 	o := parse(t, "--cluster-cidr=10.244.0.0/16,fd00::/48", "--masquerade-all", "--iptables-masquerade-bit=15",
 		"--nodeport-addresses=192.168.77.0/24,fd00:1::/64", "--nodeport-addresses=10.0.0.1/32", "--ipvs-scheduler=sh",
 		"--ipvs-tcp-timeout=15m", "--ipvs-tcpfin-timeout=30s", "--ipvs-udp-timeout=5s")
-	if err := o.validate(); err != nil {
+	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if o.clusterPrefixes["IPv4"] != netip.MustParsePrefix("10.244.0.0/16") || o.clusterPrefixes["IPv6"] != netip.MustParsePrefix("fd00::/48") {
-		t.Errorf("cluster CIDRs %v, want one of each family from the list", o.clusterPrefixes)
+	if o.ClusterPrefixes["IPv4"] != netip.MustParsePrefix("10.244.0.0/16") || o.ClusterPrefixes["IPv6"] != netip.MustParsePrefix("fd00::/48") {
+		t.Errorf("cluster CIDRs %v, want one of each family from the list", o.ClusterPrefixes)
 	}
-	if got, want := o.nodePorts["IPv4"].String(), "192.168.77.0/24,10.0.0.1/32"; got != want {
+	if got, want := o.NodePorts["IPv4"].String(), "192.168.77.0/24,10.0.0.1/32"; got != want {
 		t.Errorf("IPv4 node port addresses %v, want %v", got, want)
 	}
-	if got, want := o.nodePorts["IPv6"].String(), "fd00:1::/64"; got != want {
+	if got, want := o.NodePorts["IPv6"].String(), "fd00:1::/64"; got != want {
 		t.Errorf("IPv6 node port addresses %v, want %v", got, want)
 	}
-	if !o.masqueradeAll || o.masqueradeBit != 15 || o.ipvsScheduler != "sh" || o.ipvsTCPTimeout != 15*time.Minute ||
-		o.ipvsTCPFinTimeout != 30*time.Second || o.ipvsUDPTimeout != 5*time.Second {
+	if !o.MasqueradeAll || o.MasqueradeBit != 15 || o.IPVSScheduler != "sh" || o.IPVSTCPTimeout != 15*time.Minute ||
+		o.IPVSTCPFinTimeout != 30*time.Second || o.IPVSUDPTimeout != 5*time.Second {
 		t.Errorf("parsed %+v", o)
 	}
-	if d := parse(t); d.masqueradeBit != 14 || d.clusterCIDR != "" || d.ipvsScheduler != "" {
-		t.Errorf("defaults: masquerade bit %d, cluster CIDR %q, scheduler %q; want kube-proxy's 14, none, rr", d.masqueradeBit, d.clusterCIDR, d.ipvsScheduler)
+	if d := parse(t); d.MasqueradeBit != 14 || d.ClusterCIDR != "" || d.IPVSScheduler != "" {
+		t.Errorf("defaults: masquerade bit %d, cluster CIDR %q, scheduler %q; want kube-proxy's 14, none, rr", d.MasqueradeBit, d.ClusterCIDR, d.IPVSScheduler)
 	}
 }
 
@@ -98,7 +98,7 @@ func TestBadFallbackFlagsAreRefusedClearly(t *testing.T) {
 		{"negative IPVS timeout", []string{"--ipvs-tcp-timeout=-1s"}, "whole seconds"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := parse(t, tc.args...).validate()
+			err := parse(t, tc.args...).Validate()
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("%v: %v, want an error about %q", tc.args, err, tc.want)
 			}
@@ -124,7 +124,7 @@ func TestSNATPortRangeFlag(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := parse(t, tc.args...)
-			err := o.validate()
+			err := o.Validate()
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "--nodeport-snat-port-range") {
 					t.Fatalf("%v: %v, want an error naming the flag and %q", tc.args, err, tc.wantErr)
@@ -134,8 +134,8 @@ func TestSNATPortRangeFlag(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if o.snatPorts != tc.want {
-				t.Errorf("%v: range %s, want %s", tc.args, o.snatPorts, tc.want)
+			if o.SNATPorts != tc.want {
+				t.Errorf("%v: range %s, want %s", tc.args, o.SNATPorts, tc.want)
 			}
 		})
 	}

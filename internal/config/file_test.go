@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"os"
@@ -9,24 +9,23 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
 )
 
-// load parses args (with --config if given) as main does.
-func load(t *testing.T, args ...string) (*options, []string, error) {
+// load parses args (with --config if given) as the agent does.
+func load(t *testing.T, args ...string) (*Options, []string, error) {
 	t.Helper()
-	// The agent command's own parsing, without running it.
-	o := defaultOptions()
-	cmd := agentCommand("agent", "", false, o)
-	if err := cmd.ParseFlags(args); err != nil {
+	o := Defaults()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
 		return o, nil, err
 	}
-	if err := cmd.ValidateArgs(cmd.Flags().Args()); err != nil {
-		return o, nil, err
-	}
-	notes, err := finishFlags(o, cmd.Flags())
+	notes, err := FinishFlags(o, fs)
 	if err == nil {
-		err = o.validate()
+		err = o.Validate()
 	}
 	return o, notes, err
 }
@@ -55,25 +54,25 @@ func TestKubeadmConfigFileRunsUnchanged(t *testing.T) {
 		name      string
 		got, want any
 	}{
-		{"kubeconfig", o.kubeconfig, "/var/lib/kube-proxy/kubeconfig.conf"},
-		{"hostname (the flag wins)", o.hostnameOverride, "node-7"},
-		{"cluster CIDR", o.clusterPrefixes["IPv4"].String(), "10.244.0.0/16"},
-		{"proxy mode (empty: auto)", o.proxyMode, proxymode.Auto},
-		{"strict ARP", o.ipvsStrictARP, true},
-		{"healthz address", o.healthzBindAddress, "0.0.0.0:10256"},
-		{"metrics address", o.metricsBindAddress, "127.0.0.1:10249"},
-		{"API QPS", o.kubeAPIQPS, float32(5)},
-		{"API burst", o.kubeAPIBurst, int32(10)},
-		{"API content type", o.kubeAPIContentType, "application/vnd.kubernetes.protobuf"},
-		{"masquerade bit", o.masqueradeBit, int32(14)},
-		{"localhost NodePorts", o.localhostNodePorts, true},
-		{"iptables sync period", o.iptablesSyncPeriod, 30 * time.Second},
-		{"iptables min sync period", o.iptablesMinSync, time.Second},
-		{"ipvs sync period", o.ipvsSyncPeriod, 30 * time.Second},
-		{"config sync period", o.configSyncPeriod, 15 * time.Minute},
-		{"oom score adj", o.oomScoreAdj, int32(-999)},
-		{"conntrack max per core (mode default)", o.conntrack.MaxPerCore == nil, true},
-		{"node IP override (0.0.0.0: none)", o.nodeIP.IsValid(), false},
+		{"kubeconfig", o.Kubeconfig, "/var/lib/kube-proxy/kubeconfig.conf"},
+		{"hostname (the flag wins)", o.HostnameOverride, "node-7"},
+		{"cluster CIDR", o.ClusterPrefixes["IPv4"].String(), "10.244.0.0/16"},
+		{"proxy mode (empty: auto)", o.ProxyMode, proxymode.Auto},
+		{"strict ARP", o.IPVSStrictARP, true},
+		{"healthz address", o.HealthzBindAddress, "0.0.0.0:10256"},
+		{"metrics address", o.MetricsBindAddress, "127.0.0.1:10249"},
+		{"API QPS", o.KubeAPIQPS, float32(5)},
+		{"API burst", o.KubeAPIBurst, int32(10)},
+		{"API content type", o.KubeAPIContentType, "application/vnd.kubernetes.protobuf"},
+		{"masquerade bit", o.MasqueradeBit, int32(14)},
+		{"localhost NodePorts", o.LocalhostNodePorts, true},
+		{"iptables sync period", o.IPTablesSyncPeriod, 30 * time.Second},
+		{"iptables min sync period", o.IPTablesMinSync, time.Second},
+		{"ipvs sync period", o.IPVSSyncPeriod, 30 * time.Second},
+		{"config sync period", o.ConfigSyncPeriod, 15 * time.Minute},
+		{"oom score adj", o.OOMScoreAdj, int32(-999)},
+		{"conntrack max per core (mode default)", o.Conntrack.MaxPerCore == nil, true},
+		{"node IP override (0.0.0.0: none)", o.NodeIP.IsValid(), false},
 	} {
 		if !reflect.DeepEqual(c.got, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, c.got, c.want)
@@ -105,26 +104,26 @@ logging:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.proxyMode != proxymode.IPTables {
-		t.Errorf("mode %q: the file's iptables must win over --proxy-mode", o.proxyMode)
+	if o.ProxyMode != proxymode.IPTables {
+		t.Errorf("mode %q: the file's iptables must win over --proxy-mode", o.ProxyMode)
 	}
-	if s, m := o.syncPeriods(proxymode.IPTables); s != time.Minute || m != 2*time.Second {
+	if s, m := o.SyncPeriods(proxymode.IPTables); s != time.Minute || m != 2*time.Second {
 		t.Errorf("iptables sync periods %s/%s, want the file's 1m/2s", s, m)
 	}
-	if o.hostnameOverride != "From-File" || o.verbosity != 3 || o.loggingFormat != "text" {
-		t.Errorf("hostname %q verbosity %d format %q: want the file's", o.hostnameOverride, o.verbosity, o.loggingFormat)
+	if o.HostnameOverride != "From-File" || o.Verbosity != 3 || o.LoggingFormat != "text" {
+		t.Errorf("hostname %q verbosity %d format %q: want the file's", o.HostnameOverride, o.Verbosity, o.LoggingFormat)
 	}
-	if o.nodeIP.String() != "192.168.77.7" {
-		t.Errorf("node IP %v, want the file's bindAddress", o.nodeIP)
+	if o.NodeIP.String() != "192.168.77.7" {
+		t.Errorf("node IP %v, want the file's bindAddress", o.NodeIP)
 	}
-	if o.conntrack.MaxPerCore == nil || *o.conntrack.MaxPerCore != 0 || o.conntrack.TCPEstablished == nil || *o.conntrack.TCPEstablished != 2*time.Hour {
-		t.Errorf("conntrack %+v: want maxPerCore 0 and 2h given", o.conntrack)
+	if o.Conntrack.MaxPerCore == nil || *o.Conntrack.MaxPerCore != 0 || o.Conntrack.TCPEstablished == nil || *o.Conntrack.TCPEstablished != 2*time.Hour {
+		t.Errorf("conntrack %+v: want maxPerCore 0 and 2h given", o.Conntrack)
 	}
-	if o.gates.enabled(gatePreferSameTrafficDistribution, true) {
+	if o.Gates.Enabled(GatePreferSameTrafficDistribution, true) {
 		t.Errorf("PreferSameTrafficDistribution=false in the file not applied")
 	}
-	if o.lbAlgorithm != "maglev" || o.bpffsPath != "/x" {
-		t.Errorf("ebpf-proxy's own flags lost: lb %q bpffs %q", o.lbAlgorithm, o.bpffsPath)
+	if o.LBAlgorithm != "maglev" || o.BPFFSPath != "/x" {
+		t.Errorf("ebpf-proxy's own flags lost: lb %q bpffs %q", o.LBAlgorithm, o.BPFFSPath)
 	}
 	if len(notes) != 1 || !strings.Contains(notes[0], "--proxy-mode") || !strings.Contains(notes[0], "--iptables-min-sync-period") ||
 		strings.Contains(notes[0], "--lb-algorithm") {
@@ -141,13 +140,13 @@ func TestConfigFileNFTablesMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := o.validate(); err != nil {
+	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if o.proxyMode != "nftables" || o.masqueradeBit != 9 || !o.masqueradeAll {
-		t.Errorf("mode %q, masquerade bit %d, all %t; want nftables, 9, true", o.proxyMode, o.masqueradeBit, o.masqueradeAll)
+	if o.ProxyMode != "nftables" || o.MasqueradeBit != 9 || !o.MasqueradeAll {
+		t.Errorf("mode %q, masquerade bit %d, all %t; want nftables, 9, true", o.ProxyMode, o.MasqueradeBit, o.MasqueradeAll)
 	}
-	if sync, minSync := o.syncPeriods("nftables"); sync != 50*time.Second || minSync != 2*time.Second {
+	if sync, minSync := o.SyncPeriods("nftables"); sync != 50*time.Second || minSync != 2*time.Second {
 		t.Errorf("nftables sync periods %s and %s, want the nftables section's 50s and the iptables one's 2s", sync, minSync)
 	}
 }
@@ -180,8 +179,8 @@ func TestConfigFileBadInput(t *testing.T) {
 			if !slices.ContainsFunc(notes, func(n string) bool { return strings.Contains(n, tc.warn) }) {
 				t.Errorf("warnings %q, want one containing %q", notes, tc.warn)
 			}
-			if tc.name == "unknown field: lenient, as kube-proxy" && o.clusterCIDR != "10.0.0.0/8" {
-				t.Errorf("known fields not applied after the lenient decode: cluster CIDR %q", o.clusterCIDR)
+			if tc.name == "unknown field: lenient, as kube-proxy" && o.ClusterCIDR != "10.0.0.0/8" {
+				t.Errorf("known fields not applied after the lenient decode: cluster CIDR %q", o.ClusterCIDR)
 			}
 		})
 	}
@@ -202,7 +201,7 @@ func TestWrittenConfigReadsBackTheSame(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "out.yaml")
-	if err := o.writeConfig(path); err != nil {
+	if err := o.WriteConfig(path); err != nil {
 		t.Fatal(err)
 	}
 	back, notes, err := load(t, "--config="+path)
@@ -212,7 +211,7 @@ func TestWrittenConfigReadsBackTheSame(t *testing.T) {
 	if len(notes) != 0 {
 		t.Errorf("warnings reading our own output: %q", notes)
 	}
-	o.configFile = back.configFile
+	o.ConfigFile = back.ConfigFile
 	if !reflect.DeepEqual(o, back) {
 		t.Errorf("read back differs:\n%+v\nwant\n%+v", back, o)
 	}
@@ -229,7 +228,7 @@ func TestSyncPeriodsFollowTheMode(t *testing.T) {
 		proxymode.IPTables: {2 * time.Minute, 3 * time.Second},
 		proxymode.IPVS:     {4 * time.Minute, 5 * time.Second},
 	} {
-		if s, m := o.syncPeriods(mode); s != want[0] || m != want[1] {
+		if s, m := o.SyncPeriods(mode); s != want[0] || m != want[1] {
 			t.Errorf("%s: %s/%s, want %s/%s", mode, s, m, want[0], want[1])
 		}
 	}
@@ -242,19 +241,5 @@ func TestSyncPeriodsFollowTheMode(t *testing.T) {
 		if _, _, err := load(t, args...); err == nil {
 			t.Errorf("%q accepted", args)
 		}
-	}
-}
-
-// A stray word after the agent's flags is refused before anything is
-// touched, as kube-proxy refuses positional arguments (commands_test.go
-// checks the whole command line, subcommands included).
-func TestStrayArgumentsAreRefused(t *testing.T) {
-	for _, args := range [][]string{{"version"}, {"trace", "10.96.0.10"}, {"--proxy-mode=ebpf", "agent"}} {
-		if _, _, err := load(t, args...); err == nil || !strings.Contains(err.Error(), "unexpected argument") {
-			t.Errorf("%q: %v, want a refusal naming the unexpected argument", args, err)
-		}
-	}
-	if _, _, err := load(t, "--proxy-mode=iptables"); err != nil {
-		t.Errorf("flags alone: %v", err)
 	}
 }
