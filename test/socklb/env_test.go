@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -112,22 +113,32 @@ func (e *env) attach() {
 // check around it as the agent does.
 func (e *env) sync() {
 	e.t.Helper()
-	up := e.tr.Apply()
-	up.Full = up.Full || !e.synced
+	e.syncWriter("sync", e.tr, e.w, &e.synced, e.w)
+}
+
+// syncWriter programs in w what tr has recorded since the last call (all of
+// it while *synced is false, which it then sets), attaching the source range
+// check before when the update wants it and detaching it after unless one of
+// ranged still has source ranges, as the agent does. what starts the message
+// of a failed sync ("sync", "sync IPv6").
+func (e *env) syncWriter(what string, tr *tracker.Tracker, w *maps.Writer, synced *bool, ranged ...*maps.Writer) {
+	e.t.Helper()
+	up := tr.Apply()
+	up.Full = up.Full || !*synced
 	if maps.WantsSourceRangeCheck(up) {
 		if err := e.loaded.SetSourceRangeCheck(true); err != nil {
 			e.t.Fatal(err)
 		}
 	}
-	if err := e.w.Sync(up); err != nil {
-		e.t.Fatalf("sync: %v", err)
+	if err := w.Sync(up); err != nil {
+		e.t.Fatalf("%s: %v", what, err)
 	}
-	if !e.w.HasSourceRanges() {
+	if !slices.ContainsFunc(ranged, (*maps.Writer).HasSourceRanges) {
 		if err := e.loaded.SetSourceRangeCheck(false); err != nil {
 			e.t.Fatal(err)
 		}
 	}
-	e.synced = true
+	*synced = true
 }
 
 // setNodeAddrs gives the node addrs, which are all its addresses: each
@@ -212,4 +223,191 @@ func (e *env) counters() map[string]uint64 {
 		out[loader.CounterNames[i]] = v
 	}
 	return out
+}
+
+// expectUDPReplies sends n datagrams from the client pod to vip, each from an
+// unconnected socket of its own, and checks that every one is answered from
+// vip itself (what names it in failures: "the ClusterIP", "the mapped
+// ClusterIP"), reaches its pod from clientIP unless that is the zero Addr,
+// and that the answers came from exactly backends pods.
+func (e *env) expectUDPReplies(t testing.TB, vip netip.AddrPort, what string, clientIP netip.Addr, n, backends int) {
+	t.Helper()
+	rep, err := e.client.UDP(e.ctx(), vip, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	servers := map[string]int{}
+	for _, r := range rep.Results {
+		if r.Err != "" {
+			t.Fatalf("no reply from %s: %+v", vip, r)
+		}
+		if r.From != vip {
+			t.Errorf("reply came from %s, want %s %s", r.From, what, vip)
+		}
+		if clientIP.IsValid() && r.ClientSeen.Addr() != clientIP {
+			t.Errorf("server saw client %s, want %s", r.ClientSeen, clientIP)
+		}
+		servers[r.Server]++
+	}
+	if len(servers) != backends {
+		t.Errorf("datagrams to %s reached %v, want %d backends", vip, servers, backends)
+	}
+}
+
+// expectUDPConnectedReplies sends n datagrams from the client pod to vip
+// through connected sockets and checks that every one is answered, and that
+// both the socket's peer and the reply's source are vip itself (what names
+// it in failures, as for expectUDPReplies).
+func (e *env) expectUDPConnectedReplies(t testing.TB, vip netip.AddrPort, what string, n int) {
+	t.Helper()
+	rep, err := e.client.UDPConnected(e.ctx(), vip, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.Err != "" {
+			t.Fatalf("no reply from %s: %+v", vip, r)
+		}
+		if r.Peer != vip || r.From != vip {
+			t.Errorf("getpeername() = %s, reply from %s; want %s %s for both", r.Peer, r.From, what, vip)
+		}
+	}
+}
+
+// udpOneSocketServers sends n datagrams to vip from one unconnected socket of
+// the client pod and returns how many each pod answered; every datagram must
+// be answered from vip itself.
+func (e *env) udpOneSocketServers(t testing.TB, vip netip.AddrPort, n int) map[string]int {
+	t.Helper()
+	rep, err := e.client.UDPOneSocket(e.ctx(), vip, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, r := range rep.Results {
+		if r.Err != "" || r.From != vip {
+			t.Fatalf("datagram: %+v, want a reply from %s", r, vip)
+		}
+		got[r.Server]++
+	}
+	return got
+}
+
+// expectUDPFromTheClusterIP runs the subtests of the UDP ClusterIP tests of
+// both families: 40 unconnected datagrams from the client pod to vip are
+// answered from vip by exactly backends pods, which see the client as
+// clientIP unless that is the zero Addr, and 10 datagrams of connected
+// sockets are answered from vip, their sockets' peer.
+func (e *env) expectUDPFromTheClusterIP(t *testing.T, vip netip.AddrPort, clientIP netip.Addr, backends int) {
+	t.Helper()
+	t.Run("unconnected sendto", func(t *testing.T) {
+		e.expectUDPReplies(t, vip, "the ClusterIP", clientIP, 40, backends)
+	})
+	t.Run("connected send", func(t *testing.T) {
+		e.expectUDPConnectedReplies(t, vip, "the ClusterIP", 10)
+	})
+}
+
+// expectTCPRefused connects n times from the client pod to addr and checks
+// that every connect() is refused (ECONNREFUSED comes from connect() itself:
+// a timeout would be reported as ETIMEDOUT after the probe's 2s); what says
+// what addr is in failures.
+func (e *env) expectTCPRefused(t testing.TB, addr netip.AddrPort, n int, what string) {
+	t.Helper()
+	rep, err := e.client.TCP(e.ctx(), addr, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.Err != "ECONNREFUSED" {
+			t.Errorf("connect to %s (%s): %+v, want ECONNREFUSED", addr, what, r)
+		}
+		t.Logf("refused after %v", r.Elapsed)
+	}
+}
+
+// tcpServers connects n times from c to addr and returns which pods
+// answered; every connection must succeed, show addr as its peer and reach
+// the pod with clientIP as its source (any source when clientIP is the zero
+// Addr: the node's sockets take the address of the route to the pod).
+func (e *env) tcpServers(t testing.TB, c *sandbox.Client, addr netip.AddrPort, clientIP netip.Addr, n int) map[string]int {
+	t.Helper()
+	rep, err := c.TCP(e.ctx(), addr, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, r := range rep.Results {
+		if r.Err != "" {
+			t.Fatalf("connection to %s from %s failed: %+v", addr, c.Name, r)
+		}
+		if r.Peer != addr {
+			t.Errorf("getpeername() = %s, want the frontend %s", r.Peer, addr)
+		}
+		if clientIP.IsValid() && r.ClientSeen.Addr() != clientIP {
+			t.Errorf("server saw client %s, want %s", r.ClientSeen, clientIP)
+		}
+		got[r.Server]++
+	}
+	return got
+}
+
+// followEndpointChanges runs the steps of the endpoint change tests of
+// either family on the Service at vip, whose pods have the addresses ip
+// gives: for each, set programs the endpoints the change leaves, and 60 new
+// connections of the client pod (seen by the pods as clientIP) must reach
+// exactly the pods the step wants (ready ones first, serving-terminating
+// ones when none is ready, never not-ready ones) while the connection hold
+// opened before keeps working.
+func (e *env) followEndpointChanges(t *testing.T, vip netip.AddrPort, clientIP netip.Addr, hold *held, ip func(i int) netip.Addr, set func(eps []ep)) {
+	t.Helper()
+	eps := func(idx ...int) []ep {
+		var out []ep
+		for _, i := range idx {
+			out = append(out, ep{ip: ip(i)})
+		}
+		return out
+	}
+	steps := []struct {
+		name string
+		eps  []ep
+		want []string
+	}{
+		{"endpoint added", eps(0, 1, 2), e.podNames(0, 1, 2)},
+		{"endpoint removed", eps(1, 2), e.podNames(1, 2)},
+		{"one turns terminating: ready ones only", []ep{{ip(1), terminating}, {ip(2), ready}}, e.podNames(2)},
+		{"not-ready endpoints are never used", []ep{{ip(0), notReady}, {ip(1), terminating}, {ip(2), ready}}, e.podNames(2)},
+		{"all terminating: serving-terminating fallback", []ep{{ip(1), terminating}, {ip(2), terminating}}, e.podNames(1, 2)},
+	}
+	for _, step := range steps {
+		t.Run(step.name, func(t *testing.T) {
+			set(step.eps)
+			got := e.tcpServers(t, e.client, vip, clientIP, 60)
+			var names []string
+			for n := range got {
+				names = append(names, n)
+			}
+			slices.Sort(names)
+			if !slices.Equal(names, step.want) {
+				t.Errorf("60 new connections to %s reached %v, want exactly %v", vip, names, step.want)
+			}
+			hold.check(t)
+		})
+	}
+}
+
+// expectEvenSpread checks that n connections, of which perPod says how many
+// each pod took, reached exactly the three pods named and each about a
+// third: 100 +- 40 of 300 is five standard deviations, so a fair random
+// choice fails this about once in 10^6.
+func expectEvenSpread(t testing.TB, perPod map[string]int, n int, names []string) {
+	t.Helper()
+	for _, name := range names {
+		if c := perPod[name]; c < n/5 || c > n*7/15 {
+			t.Errorf("%s got %d of %d connections, want about %d: %v", name, c, n, n/3, perPod)
+		}
+	}
+	if len(perPod) != 3 {
+		t.Errorf("connections reached %v, want exactly the three backends", perPod)
+	}
 }

@@ -1,11 +1,8 @@
 package socklb_test
 
 import (
-	"fmt"
 	"net/netip"
-	"slices"
 	"testing"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -72,22 +69,7 @@ func (e *env6) setSlice6(es *discoveryv1.EndpointSlice) {
 // families set no IPv6 ranges).
 func (e *env6) sync6() {
 	e.t.Helper()
-	up := e.tr.Apply()
-	up.Full = up.Full || !e.synced
-	if maps.WantsSourceRangeCheck(up) {
-		if err := e.loaded.SetSourceRangeCheck(true); err != nil {
-			e.t.Fatal(err)
-		}
-	}
-	if err := e.w.Sync(up); err != nil {
-		e.t.Fatalf("sync IPv6: %v", err)
-	}
-	if !e.w.HasSourceRanges() && !e.env.w.HasSourceRanges() {
-		if err := e.loaded.SetSourceRangeCheck(false); err != nil {
-			e.t.Fatal(err)
-		}
-	}
-	e.synced = true
+	e.syncWriter("sync IPv6", e.tr, e.w, &e.synced, e.w, e.env.w)
 }
 
 // pod6EPs are the IPv6 endpoints of the pods idx.
@@ -105,53 +87,19 @@ func (e *env6) addWeb6(opts []func(*v1.Service), eps ...ep) {
 	e.sync6()
 }
 
-// tcpServers connects n times from c to addr and returns which pods
-// answered; every connection must succeed, show addr as its peer and reach
-// the pod with clientIP as its source (any source when clientIP is the zero
-// Addr: the node's sockets take the address of the route to the pod).
-func (e *env6) tcpServers(c *sandbox.Client, addr netip.AddrPort, clientIP netip.Addr, n int) map[string]int {
-	e.t.Helper()
-	rep, err := c.TCP(e.ctx(), addr, n)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	got := map[string]int{}
-	for _, r := range rep.Results {
-		if r.Err != "" {
-			e.t.Fatalf("connection to %s failed: %+v", addr, r)
-		}
-		if r.Peer != addr {
-			e.t.Errorf("getpeername() = %s, want the frontend %s", r.Peer, addr)
-		}
-		if clientIP.IsValid() && r.ClientSeen.Addr() != clientIP {
-			e.t.Errorf("server saw client %s, want %s", r.ClientSeen, clientIP)
-		}
-		got[r.Server]++
-	}
-	return got
-}
-
 func TestIPv6TCPToClusterIPSpreadsOverEveryBackend(t *testing.T) {
 	e := newEnv6(t, 3)
 	e.addWeb6(nil, e.pod6EPs(0, 1, 2)...)
 
 	const n = 300
-	perPod := e.tcpServers(e.client, web6VIP, e.client.IP6, n)
-	// As over IPv4: 100 +- 40 each is five standard deviations.
-	for _, name := range e.podNames(0, 1, 2) {
-		if c := perPod[name]; c < 60 || c > 140 {
-			t.Errorf("%s got %d of %d connections, want about %d: %v", name, c, n, n/3, perPod)
-		}
-	}
-	if len(perPod) != 3 {
-		t.Errorf("connections reached %v, want exactly the three backends", perPod)
-	}
+	perPod := e.tcpServers(t, e.client, web6VIP, e.client.IP6, n)
+	expectEvenSpread(t, perPod, n, e.podNames(0, 1, 2))
 	if c := e.counters()["translated_tcp"]; c < n {
 		t.Errorf("translated_tcp = %d after %d connections", c, n)
 	}
 	// The node's own sockets are translated too.
 	node := e.sb.ClientAt(e.node.Host)
-	if got := e.tcpServers(node, web6VIP, netip.Addr{}, 30); len(got) == 0 {
+	if got := e.tcpServers(t, node, web6VIP, netip.Addr{}, 30); len(got) == 0 {
 		t.Error("the node reached no backend")
 	}
 }
@@ -162,42 +110,7 @@ func TestIPv6UDPRepliesComeFromTheClusterIP(t *testing.T) {
 	e.setSlice6(makeSlice("dns6", "dns6-1", udpPort, v1.ProtocolUDP, e.pod6EPs(0, 1)...))
 	e.sync6()
 
-	t.Run("unconnected sendto", func(t *testing.T) {
-		rep, err := e.client.UDP(e.ctx(), dns6VIP, 40)
-		if err != nil {
-			t.Fatal(err)
-		}
-		servers := map[string]int{}
-		for _, r := range rep.Results {
-			if r.Err != "" {
-				t.Fatalf("no reply: %+v", r)
-			}
-			if r.From != dns6VIP {
-				t.Errorf("reply came from %s, want the ClusterIP %s", r.From, dns6VIP)
-			}
-			if r.ClientSeen.Addr() != e.client.IP6 {
-				t.Errorf("server saw client %s, want %s", r.ClientSeen, e.client.IP6)
-			}
-			servers[r.Server]++
-		}
-		if len(servers) != 2 {
-			t.Errorf("datagrams reached %v, want both backends", servers)
-		}
-	})
-	t.Run("connected send", func(t *testing.T) {
-		rep, err := e.client.UDPConnected(e.ctx(), dns6VIP, 10)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range rep.Results {
-			if r.Err != "" {
-				t.Fatalf("no reply: %+v", r)
-			}
-			if r.Peer != dns6VIP || r.From != dns6VIP {
-				t.Errorf("getpeername() = %s, reply from %s; want the ClusterIP %s for both", r.Peer, r.From, dns6VIP)
-			}
-		}
-	})
+	e.expectUDPFromTheClusterIP(t, dns6VIP, e.client.IP6, 2)
 }
 
 func TestIPv6NoEndpointsIsRefusedAtOnce(t *testing.T) {
@@ -207,15 +120,7 @@ func TestIPv6NoEndpointsIsRefusedAtOnce(t *testing.T) {
 	e.sync6()
 
 	before := e.counters()["rejected_no_endpoints"]
-	tcp, err := e.client.TCP(e.ctx(), dead6VIP, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range tcp.Results {
-		if r.Err != "ECONNREFUSED" {
-			t.Errorf("connect to an IPv6 Service without endpoints: %+v, want ECONNREFUSED", r)
-		}
-	}
+	e.expectTCPRefused(t, dead6VIP, 3, "an IPv6 Service without endpoints")
 	for _, probe := range []func() (sandbox.Report[sandbox.UDPResult], error){
 		func() (sandbox.Report[sandbox.UDPResult], error) { return e.client.UDP(e.ctx(), dead6VIP, 1) },
 		func() (sandbox.Report[sandbox.UDPResult], error) { return e.client.UDPConnected(e.ctx(), dead6VIP, 1) },
@@ -236,7 +141,7 @@ func TestIPv6NoEndpointsIsRefusedAtOnce(t *testing.T) {
 func TestIPv6EndpointRemovalTakesABackendOutOfService(t *testing.T) {
 	e := newEnv6(t, 2)
 	e.addWeb6(nil, e.pod6EPs(0, 1)...)
-	if got := e.tcpServers(e.client, web6VIP, e.client.IP6, 40); len(got) != 2 {
+	if got := e.tcpServers(t, e.client, web6VIP, e.client.IP6, 40); len(got) != 2 {
 		t.Fatalf("before the removal connections reached %v, want both pods", got)
 	}
 	// A UDP socket that sent to the removed backend before leaves it too.
@@ -247,7 +152,7 @@ func TestIPv6EndpointRemovalTakesABackendOutOfService(t *testing.T) {
 	e.setSlice6(makeSlice("web6", "web6-1", tcpPort, v1.ProtocolTCP, e.pod6EPs(0)...))
 	e.setSlice6(makeSlice("dns6", "dns6-1", udpPort, v1.ProtocolUDP, e.pod6EPs(0)...))
 	e.sync6()
-	got := e.tcpServers(e.client, web6VIP, e.client.IP6, 40)
+	got := e.tcpServers(t, e.client, web6VIP, e.client.IP6, 40)
 	if name, ok := only(got); !ok || name != e.pods[0].Name {
 		t.Errorf("after removing %s, connections reached %v, want only %s", e.pods[1].Name, got, e.pods[0].Name)
 	}
@@ -279,13 +184,13 @@ func TestIPv6SessionAffinityKeepsAClientOnOneBackend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := e.tcpServers(e.client, web6VIP, e.client.IP6, 20)
+	first := e.tcpServers(t, e.client, web6VIP, e.client.IP6, 20)
 	name, ok := only(first)
 	if !ok {
 		t.Fatalf("ClientIP affinity: connections of one client reached %v, want one pod", first)
 	}
 	// Another client (another network namespace) keeps its own choice.
-	second := e.tcpServers(other, web6VIP, other.IP6, 20)
+	second := e.tcpServers(t, other, web6VIP, other.IP6, 20)
 	if _, ok := only(second); !ok {
 		t.Errorf("ClientIP affinity: the second client's connections reached %v, want one pod", second)
 	}
@@ -301,7 +206,7 @@ func TestIPv6SessionAffinityKeepsAClientOnOneBackend(t *testing.T) {
 	}
 	e.setSlice6(makeSlice("web6", "web6-1", tcpPort, v1.ProtocolTCP, e.pod6EPs(rest...)...))
 	e.sync6()
-	moved := e.tcpServers(e.client, web6VIP, e.client.IP6, 20)
+	moved := e.tcpServers(t, e.client, web6VIP, e.client.IP6, 20)
 	if to, ok := only(moved); !ok || to == name {
 		t.Errorf("after %s left, the client's connections reached %v, want one other pod", name, moved)
 	}
@@ -327,54 +232,19 @@ func TestIPv4MappedAddressesOnIPv6SocketsReachIPv4Services(t *testing.T) {
 	web, dns, dead := mapped(webVIP), mapped(dnsVIP), mapped(deadVIP)
 
 	t.Run("TCP", func(t *testing.T) {
-		got := e.tcpServers(e.client, web, e.client.IP, 40)
+		got := e.tcpServers(t, e.client, web, e.client.IP, 40)
 		if len(got) != 2 {
 			t.Errorf("connections to %s reached %v, want both pods", web, got)
 		}
 	})
 	t.Run("UDP unconnected", func(t *testing.T) {
-		rep, err := e.client.UDP(e.ctx(), dns, 30)
-		if err != nil {
-			t.Fatal(err)
-		}
-		servers := map[string]int{}
-		for _, r := range rep.Results {
-			if r.Err != "" {
-				t.Fatalf("no reply: %+v", r)
-			}
-			if r.From != dns {
-				t.Errorf("reply came from %s, want the mapped ClusterIP %s", r.From, dns)
-			}
-			servers[r.Server]++
-		}
-		if len(servers) != 2 {
-			t.Errorf("datagrams reached %v, want both pods", servers)
-		}
+		e.expectUDPReplies(t, dns, "the mapped ClusterIP", netip.Addr{}, 30, 2)
 	})
 	t.Run("UDP connected", func(t *testing.T) {
-		rep, err := e.client.UDPConnected(e.ctx(), dns, 10)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range rep.Results {
-			if r.Err != "" {
-				t.Fatalf("no reply: %+v", r)
-			}
-			if r.Peer != dns || r.From != dns {
-				t.Errorf("getpeername() = %s, reply from %s; want the mapped ClusterIP %s for both", r.Peer, r.From, dns)
-			}
-		}
+		e.expectUDPConnectedReplies(t, dns, "the mapped ClusterIP", 10)
 	})
 	t.Run("no endpoints", func(t *testing.T) {
-		rep, err := e.client.TCP(e.ctx(), dead, 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range rep.Results {
-			if r.Err != "ECONNREFUSED" {
-				t.Errorf("connect to %s without endpoints: %+v, want ECONNREFUSED", dead, r)
-			}
-		}
+		e.expectTCPRefused(t, dead, 2, "a mapped ClusterIP without endpoints")
 	})
 }
 
@@ -386,17 +256,7 @@ func TestIPv6SourceRangesForPodsAndTheNode(t *testing.T) {
 	e := newEnv6(t, 1)
 	e.tr.UpdateNode(model.Node{Name: nodeName, Addrs: []netip.Addr{e.node.IP6}})
 	e.tr.SetLocalAddrs([]netip.Addr{e.node.IP6})
-	inside, err := e.sb.AddClient(e.node, "inside", netip.MustParseAddr("10.244.1.200"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	outside, err := e.sb.AddClient(e.node, "outside", netip.MustParseAddr("10.244.1.220"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const wait = time.Second
-	inside, outside = inside.WithTimeout(wait), outside.WithTimeout(wait)
-	node := e.sb.ClientAt(e.node.Host).WithTimeout(wait)
+	inside, outside, node := e.rangeClients(t)
 
 	lb := netip.MustParseAddrPort("[fd00:198:19::5]:80")
 	udpLB := netip.MustParseAddrPort("[fd00:198:19::9]:53")
@@ -414,22 +274,6 @@ func TestIPv6SourceRangesForPodsAndTheNode(t *testing.T) {
 		e.setSlice6(makeSlice("open6", "open6-1", tcpPort, v1.ProtocolTCP, e.pod6EPs(0)...))
 		e.sync6()
 	}
-	type probe struct {
-		name   string
-		client *sandbox.Client
-		kind   probeKind
-		addr   netip.AddrPort
-		want   string
-	}
-	run := func(t *testing.T, probes []probe) {
-		for _, p := range probes {
-			t.Run(fmt.Sprintf("%s %s from %s to %s", p.name, p.kind, p.client.Name, p.addr), func(t *testing.T) {
-				if got := e.outcome(t, p.client, p.kind, p.addr); got != p.want {
-					t.Errorf("got %s, want %s", got, p.want)
-				}
-			})
-		}
-	}
 
 	t.Run("ranges hold one pod, not the node", func(t *testing.T) {
 		program(podRange)
@@ -437,18 +281,12 @@ func TestIPv6SourceRangesForPodsAndTheNode(t *testing.T) {
 			t.Fatal("egress check not attached while a Service has IPv6 source ranges")
 		}
 		before := e.counters()["sock_dropped_source_range"]
-		run(t, []probe{
-			{"pod inside the ranges reaches the LoadBalancer IP", inside, probeTCP, lb, reached},
-			{"pod inside the ranges reaches the LoadBalancer IP", inside, probeUDP, udpLB, reached},
-			{"pod inside the ranges reaches the LoadBalancer IP", inside, probeUDPConnected, udpLB, reached},
-			{"pod outside the ranges is dropped", outside, probeTCP, lb, timedOut},
-			{"pod outside the ranges loses its datagram without an error", outside, probeUDP, udpLB, timedOut},
-			{"pod outside the ranges loses its datagram without an error", outside, probeUDPConnected, udpLB, timedOut},
-			{"the ClusterIP is not restricted", outside, probeTCP, web6VIP, reached},
-			{"a Service without ranges is not restricted", outside, probeTCP, open, reached},
-			{"the node outside the ranges is dropped", node, probeTCP, lb, timedOut},
-			{"the node's datagram is refused in its OUTPUT path", node, probeUDP, udpLB, eperm},
-		})
+		e.runProbes(t, append(podRangeProbes(inside, outside, lb, udpLB),
+			probe{"the ClusterIP is not restricted", outside, probeTCP, web6VIP, reached},
+			probe{"a Service without ranges is not restricted", outside, probeTCP, open, reached},
+			probe{"the node outside the ranges is dropped", node, probeTCP, lb, timedOut},
+			probe{"the node's datagram is refused in its OUTPUT path", node, probeUDP, udpLB, eperm},
+		))
 		if after := e.counters()["sock_dropped_source_range"]; after <= before {
 			t.Errorf("sock_dropped_source_range stayed at %d", after)
 		}
@@ -456,11 +294,7 @@ func TestIPv6SourceRangesForPodsAndTheNode(t *testing.T) {
 
 	t.Run("ranges hold the node too", func(t *testing.T) {
 		program(podRange, "fd00:192:168:77::/64")
-		run(t, []probe{
-			{"the node inside the ranges reaches the LoadBalancer IP", node, probeTCP, lb, reached},
-			{"the node inside the ranges reaches the LoadBalancer IP", node, probeUDP, udpLB, reached},
-			{"pod outside the ranges is still dropped", outside, probeTCP, lb, timedOut},
-		})
+		e.runProbes(t, nodeRangeProbes(outside, node, lb, udpLB))
 	})
 
 	t.Run("ranges removed", func(t *testing.T) {
@@ -470,11 +304,7 @@ func TestIPv6SourceRangesForPodsAndTheNode(t *testing.T) {
 		if e.loaded.SourceRangeCheck() {
 			t.Error("egress check still attached without any source ranges")
 		}
-		run(t, []probe{
-			{"every pod reaches the LoadBalancer IP", outside, probeTCP, lb, reached},
-			{"every pod reaches the LoadBalancer IP", outside, probeUDP, udpLB, reached},
-			{"the node reaches the LoadBalancer IP", node, probeTCP, lb, reached},
-		})
+		e.runProbes(t, noRangeProbes(outside, node, lb, udpLB))
 	})
 }
 
@@ -487,35 +317,10 @@ func TestIPv6NewConnectionsFollowEndpointChanges(t *testing.T) {
 	e := newEnv6(t, 3)
 	e.addWeb6(nil, e.pod6EPs(0, 1)...)
 	hold := e.hold(web6VIP)
-	ip := func(i int) netip.Addr { return e.pods[i].IP6 }
-
-	steps := []struct {
-		name string
-		eps  []ep
-		want []string
-	}{
-		{"endpoint added", e.pod6EPs(0, 1, 2), e.podNames(0, 1, 2)},
-		{"endpoint removed", e.pod6EPs(1, 2), e.podNames(1, 2)},
-		{"one turns terminating: ready ones only", []ep{{ip(1), terminating}, {ip(2), ready}}, e.podNames(2)},
-		{"not-ready endpoints are never used", []ep{{ip(0), notReady}, {ip(1), terminating}, {ip(2), ready}}, e.podNames(2)},
-		{"all terminating: serving-terminating fallback", []ep{{ip(1), terminating}, {ip(2), terminating}}, e.podNames(1, 2)},
-	}
-	for _, step := range steps {
-		t.Run(step.name, func(t *testing.T) {
-			e.setSlice6(makeSlice("web6", "web6-1", tcpPort, v1.ProtocolTCP, step.eps...))
-			e.sync6()
-			got := e.tcpServers(e.client, web6VIP, e.client.IP6, 60)
-			var names []string
-			for n := range got {
-				names = append(names, n)
-			}
-			slices.Sort(names)
-			if !slices.Equal(names, step.want) {
-				t.Errorf("60 new connections reached %v, want exactly %v", names, step.want)
-			}
-			hold.check(t)
-		})
-	}
+	e.followEndpointChanges(t, web6VIP, e.client.IP6, hold, func(i int) netip.Addr { return e.pods[i].IP6 }, func(eps []ep) {
+		e.setSlice6(makeSlice("web6", "web6-1", tcpPort, v1.ProtocolTCP, eps...))
+		e.sync6()
+	})
 }
 
 // Datagrams from one unconnected socket stay on one backend over IPv6 and
@@ -531,17 +336,7 @@ func TestIPv6UDPFlowStaysOnOneBackend(t *testing.T) {
 	for _, vip := range []netip.AddrPort{dns6VIP, mapped(dnsVIP)} {
 		t.Run(vip.String(), func(t *testing.T) {
 			before := e.counters()["udp_sticky"]
-			rep, err := e.client.UDPOneSocket(e.ctx(), vip, 30)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := map[string]int{}
-			for _, r := range rep.Results {
-				if r.Err != "" || r.From != vip {
-					t.Fatalf("datagram: %+v, want a reply from %s", r, vip)
-				}
-				got[r.Server]++
-			}
+			got := e.udpOneSocketServers(t, vip, 30)
 			if _, ok := only(got); !ok {
 				t.Errorf("one socket's datagrams were spread over %v", got)
 			}

@@ -2,7 +2,6 @@ package socklb_test
 
 import (
 	"net/netip"
-	"slices"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -40,35 +39,11 @@ func TestTCPToClusterIPSpreadsOverEveryBackend(t *testing.T) {
 	e.addWeb(e.podEPs(0, 1, 2)...)
 
 	const n = 300
-	rep, err := e.client.TCP(e.ctx(), webVIP, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	perPod := map[string]int{}
-	for _, r := range rep.Results {
-		if r.Err != "" {
-			t.Fatalf("connection failed: %+v", r)
-		}
-		perPod[r.Server]++
-		// The socket was translated before the SYN: the pod sees the
-		// client's own address, on the pod's IP and target port.
-		if r.ClientSeen.Addr() != e.client.IP {
-			t.Errorf("server saw client %s, want %s", r.ClientSeen, e.client.IP)
-		}
-		if r.Peer != webVIP {
-			t.Errorf("getpeername() = %s, want the ClusterIP %s", r.Peer, webVIP)
-		}
-	}
-	// Each of three backends gets a third: 100 +- 40 is five standard
-	// deviations, so a fair random choice fails this about once in 10^6.
-	for _, name := range e.podNames(0, 1, 2) {
-		if c := perPod[name]; c < 60 || c > 140 {
-			t.Errorf("%s got %d of %d connections, want about %d: %v", name, c, n, n/3, perPod)
-		}
-	}
-	if len(perPod) != 3 {
-		t.Errorf("connections reached %v, want exactly the three backends", perPod)
-	}
+	// The socket was translated before the SYN: the pod sees the client's
+	// own address, on the pod's IP and target port, and getpeername() the
+	// ClusterIP.
+	perPod := e.tcpServers(t, e.client, webVIP, e.client.IP, n)
+	expectEvenSpread(t, perPod, n, e.podNames(0, 1, 2))
 }
 
 func TestUDPRepliesComeFromTheClusterIP(t *testing.T) {
@@ -77,39 +52,7 @@ func TestUDPRepliesComeFromTheClusterIP(t *testing.T) {
 	e.setSlice(makeSlice("dns", "dns-1", udpPort, v1.ProtocolUDP, e.podEPs(0, 1)...))
 	e.sync()
 
-	t.Run("unconnected sendto", func(t *testing.T) {
-		rep, err := e.client.UDP(e.ctx(), dnsVIP, 40)
-		if err != nil {
-			t.Fatal(err)
-		}
-		servers := map[string]int{}
-		for _, r := range rep.Results {
-			if r.Err != "" {
-				t.Fatalf("no reply: %+v", r)
-			}
-			if r.From != dnsVIP {
-				t.Errorf("reply came from %s, want the ClusterIP %s", r.From, dnsVIP)
-			}
-			servers[r.Server]++
-		}
-		if len(servers) != 2 {
-			t.Errorf("datagrams reached %v, want both backends", servers)
-		}
-	})
-	t.Run("connected send", func(t *testing.T) {
-		rep, err := e.client.UDPConnected(e.ctx(), dnsVIP, 10)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range rep.Results {
-			if r.Err != "" {
-				t.Fatalf("no reply: %+v", r)
-			}
-			if r.Peer != dnsVIP || r.From != dnsVIP {
-				t.Errorf("getpeername() = %s, reply from %s; want the ClusterIP %s for both", r.Peer, r.From, dnsVIP)
-			}
-		}
-	})
+	e.expectUDPFromTheClusterIP(t, dnsVIP, netip.Addr{}, 2)
 }
 
 func TestNoEndpointsIsRefusedAtOnce(t *testing.T) {
@@ -118,18 +61,7 @@ func TestNoEndpointsIsRefusedAtOnce(t *testing.T) {
 	e.setService(makeService("dead-udp", deadVIP.Addr().String(), int32(deadVIP.Port()), v1.ProtocolUDP, intstr.FromInt32(udpPort)))
 	e.sync()
 
-	tcp, err := e.client.TCP(e.ctx(), deadVIP, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range tcp.Results {
-		// ECONNREFUSED comes from connect() itself: a timeout would be
-		// reported as ETIMEDOUT after the probe's 2s.
-		if r.Err != "ECONNREFUSED" {
-			t.Errorf("connect to a Service without endpoints: %+v, want ECONNREFUSED", r)
-		}
-		t.Logf("refused after %v", r.Elapsed)
-	}
+	e.expectTCPRefused(t, deadVIP, 3, "a Service without endpoints")
 	udp, err := e.client.UDP(e.ctx(), deadVIP, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -203,43 +135,10 @@ func TestNewConnectionsFollowEndpointChanges(t *testing.T) {
 	e.addWeb(e.podEPs(0, 1)...)
 	hold := e.hold(webVIP)
 
-	steps := []struct {
-		name string
-		eps  []ep
-		want []string
-	}{
-		{"endpoint added", e.podEPs(0, 1, 2), e.podNames(0, 1, 2)},
-		{"endpoint removed", e.podEPs(1, 2), e.podNames(1, 2)},
-		{"one turns terminating: ready ones only", []ep{{e.pods[1].IP, terminating}, {e.pods[2].IP, ready}}, e.podNames(2)},
-		{"not-ready endpoints are never used", []ep{{e.pods[0].IP, notReady}, {e.pods[1].IP, terminating}, {e.pods[2].IP, ready}}, e.podNames(2)},
-		{"all terminating: serving-terminating fallback", []ep{{e.pods[1].IP, terminating}, {e.pods[2].IP, terminating}}, e.podNames(1, 2)},
-	}
-	for _, step := range steps {
-		t.Run(step.name, func(t *testing.T) {
-			e.setSlice(makeSlice("web", "web-1", tcpPort, v1.ProtocolTCP, step.eps...))
-			e.sync()
-			rep, err := e.client.TCP(e.ctx(), webVIP, 60)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := map[string]bool{}
-			for _, r := range rep.Results {
-				if r.Err != "" {
-					t.Fatalf("connection failed: %+v", r)
-				}
-				got[r.Server] = true
-			}
-			var names []string
-			for n := range got {
-				names = append(names, n)
-			}
-			slices.Sort(names)
-			if !slices.Equal(names, step.want) {
-				t.Errorf("60 new connections reached %v, want exactly %v", names, step.want)
-			}
-			hold.check(t)
-		})
-	}
+	e.followEndpointChanges(t, webVIP, e.client.IP, hold, func(i int) netip.Addr { return e.pods[i].IP }, func(eps []ep) {
+		e.setSlice(makeSlice("web", "web-1", tcpPort, v1.ProtocolTCP, eps...))
+		e.sync()
+	})
 	t.Run("no endpoints left: refused", func(t *testing.T) {
 		e.deleteSlice(makeSlice("web", "web-1", tcpPort, v1.ProtocolTCP))
 		e.sync()
@@ -303,21 +202,7 @@ func TestUDPFlowStaysOnOneBackend(t *testing.T) {
 	e.setService(makeService("dns", dnsVIP.Addr().String(), int32(dnsVIP.Port()), v1.ProtocolUDP, intstr.FromInt32(udpPort)))
 	e.setSlice(makeSlice("dns", "dns-1", udpPort, v1.ProtocolUDP, e.podEPs(0, 1, 2)...))
 	e.sync()
-	flow := func() map[string]int {
-		rep, err := e.client.UDPOneSocket(e.ctx(), dnsVIP, 30)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := map[string]int{}
-		for _, r := range rep.Results {
-			if r.Err != "" || r.From != dnsVIP {
-				t.Fatalf("datagram: %+v", r)
-			}
-			got[r.Server]++
-		}
-		return got
-	}
-	if _, ok := only(flow()); !ok {
+	if _, ok := only(e.udpOneSocketServers(t, dnsVIP, 30)); !ok {
 		t.Fatal("one socket's datagrams were spread over backends")
 	}
 	// Separate sockets are separate flows: they spread.

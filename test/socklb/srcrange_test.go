@@ -79,6 +79,81 @@ func (e *env) outcome(t *testing.T, c *sandbox.Client, kind probeKind, addr neti
 	return reached
 }
 
+// probe is one attempt of a source range test and how it must end.
+type probe struct {
+	name   string
+	client *sandbox.Client
+	kind   probeKind
+	addr   netip.AddrPort
+	want   string
+}
+
+// runProbes runs each probe in a subtest named after it, its kind, its
+// client and its address, and checks how it ended.
+func (e *env) runProbes(t *testing.T, probes []probe) {
+	t.Helper()
+	for _, p := range probes {
+		t.Run(fmt.Sprintf("%s %s from %s to %s", p.name, p.kind, p.client.Name, p.addr), func(t *testing.T) {
+			if got := e.outcome(t, p.client, p.kind, p.addr); got != p.want {
+				t.Errorf("got %s, want %s", got, p.want)
+			}
+		})
+	}
+}
+
+// rangeClients adds the source range tests' clients: the pods inside
+// (10.244.1.200) and outside (10.244.1.220) of their pod range, and the node
+// itself. Dropped TCP and lost UDP show as the client's own timeout; a short
+// one keeps the tests quick, and nothing there is slow otherwise.
+func (e *env) rangeClients(t testing.TB) (inside, outside, node *sandbox.Client) {
+	t.Helper()
+	inside, err := e.sb.AddClient(e.node, "inside", netip.MustParseAddr("10.244.1.200"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	outside, err = e.sb.AddClient(e.node, "outside", netip.MustParseAddr("10.244.1.220"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wait = time.Second
+	return inside.WithTimeout(wait), outside.WithTimeout(wait), e.sb.ClientAt(e.node.Host).WithTimeout(wait)
+}
+
+// podRangeProbes are the probes of ranges that hold inside but not outside:
+// inside reaches the TCP LoadBalancer IP lb and the UDP one udpLB, over TCP,
+// UDP and connected UDP; outside is dropped and loses its datagrams without
+// an error.
+func podRangeProbes(inside, outside *sandbox.Client, lb, udpLB netip.AddrPort) []probe {
+	return []probe{
+		{"pod inside the ranges reaches the LoadBalancer IP", inside, probeTCP, lb, reached},
+		{"pod inside the ranges reaches the LoadBalancer IP", inside, probeUDP, udpLB, reached},
+		{"pod inside the ranges reaches the LoadBalancer IP", inside, probeUDPConnected, udpLB, reached},
+		{"pod outside the ranges is dropped", outside, probeTCP, lb, timedOut},
+		{"pod outside the ranges loses its datagram without an error", outside, probeUDP, udpLB, timedOut},
+		{"pod outside the ranges loses its datagram without an error", outside, probeUDPConnected, udpLB, timedOut},
+	}
+}
+
+// nodeRangeProbes are the probes of ranges that hold the node but not
+// outside: the node reaches lb and udpLB, outside is still dropped.
+func nodeRangeProbes(outside, node *sandbox.Client, lb, udpLB netip.AddrPort) []probe {
+	return []probe{
+		{"the node inside the ranges reaches the LoadBalancer IP", node, probeTCP, lb, reached},
+		{"the node inside the ranges reaches the LoadBalancer IP", node, probeUDP, udpLB, reached},
+		{"pod outside the ranges is still dropped", outside, probeTCP, lb, timedOut},
+	}
+}
+
+// noRangeProbes are the probes once the ranges are gone: every pod and the
+// node reach lb, and pods reach udpLB.
+func noRangeProbes(outside, node *sandbox.Client, lb, udpLB netip.AddrPort) []probe {
+	return []probe{
+		{"every pod reaches the LoadBalancer IP", outside, probeTCP, lb, reached},
+		{"every pod reaches the LoadBalancer IP", outside, probeUDP, udpLB, reached},
+		{"the node reaches the LoadBalancer IP", node, probeTCP, lb, reached},
+	}
+}
+
 func withRanges(cidrs ...string) func(*v1.Service) {
 	return func(s *v1.Service) { s.Spec.LoadBalancerSourceRanges = cidrs }
 }
@@ -99,19 +174,7 @@ func loadBalancer(ip netip.Addr) func(*v1.Service) {
 // ranges stay open to it.
 func TestSourceRangesForPodsAndTheNode(t *testing.T) {
 	e := newEnv(t, 1)
-	inside, err := e.sb.AddClient(e.node, "inside", netip.MustParseAddr("10.244.1.200"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	outside, err := e.sb.AddClient(e.node, "outside", netip.MustParseAddr("10.244.1.220"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Dropped TCP and lost UDP show as the client's own timeout; a short
-	// one keeps the test quick, and nothing here is slow otherwise.
-	const wait = time.Second
-	inside, outside = inside.WithTimeout(wait), outside.WithTimeout(wait)
-	node := e.sb.ClientAt(e.node.Host).WithTimeout(wait)
+	inside, outside, node := e.rangeClients(t)
 
 	podRange := "10.244.1.192/28" // holds inside (.200), not outside (.220)
 	program := func(ranges ...string) {
@@ -126,22 +189,6 @@ func TestSourceRangesForPodsAndTheNode(t *testing.T) {
 	}
 	lb := netip.AddrPortFrom(lbIP, 80)
 	udpLB := netip.AddrPortFrom(lbUDP, 53)
-	type probe struct {
-		name   string
-		client *sandbox.Client
-		kind   probeKind
-		addr   netip.AddrPort
-		want   string
-	}
-	run := func(t *testing.T, probes []probe) {
-		for _, p := range probes {
-			t.Run(fmt.Sprintf("%s %s from %s to %s", p.name, p.kind, p.client.Name, p.addr), func(t *testing.T) {
-				if got := e.outcome(t, p.client, p.kind, p.addr); got != p.want {
-					t.Errorf("got %s, want %s", got, p.want)
-				}
-			})
-		}
-	}
 
 	t.Run("ranges hold one pod, not the node", func(t *testing.T) {
 		program(podRange)
@@ -149,23 +196,17 @@ func TestSourceRangesForPodsAndTheNode(t *testing.T) {
 			t.Fatal("egress check not attached while a Service has source ranges")
 		}
 		before := e.counters()["sock_dropped_source_range"]
-		run(t, []probe{
-			{"pod inside the ranges reaches the LoadBalancer IP", inside, probeTCP, lb, reached},
-			{"pod inside the ranges reaches the LoadBalancer IP", inside, probeUDP, udpLB, reached},
-			{"pod inside the ranges reaches the LoadBalancer IP", inside, probeUDPConnected, udpLB, reached},
-			{"pod outside the ranges is dropped", outside, probeTCP, lb, timedOut},
-			{"pod outside the ranges loses its datagram without an error", outside, probeUDP, udpLB, timedOut},
-			{"pod outside the ranges loses its datagram without an error", outside, probeUDPConnected, udpLB, timedOut},
-			{"NodePorts bypass the ranges", outside, probeTCP, netip.AddrPortFrom(e.node.IP, nodePort), reached},
-			{"ExternalIPs bypass the ranges", outside, probeTCP, netip.AddrPortFrom(externalIP, 80), reached},
-			{"the ClusterIP is not restricted", outside, probeTCP, webVIP, reached},
-			{"a Service without ranges is not restricted", outside, probeTCP, netip.AddrPortFrom(lbOpen, 80), reached},
-			{"pod outside the ranges, after its other connections, still dropped", outside, probeTCP, lb, timedOut},
-			{"the node outside the ranges is dropped", node, probeTCP, lb, timedOut},
-			{"the node's datagram is refused in its OUTPUT path", node, probeUDP, udpLB, eperm},
-			{"the node's datagram is refused in its OUTPUT path", node, probeUDPConnected, udpLB, eperm},
-			{"NodePorts bypass the ranges for the node", node, probeTCP, netip.AddrPortFrom(e.node.IP, nodePort), reached},
-		})
+		e.runProbes(t, append(podRangeProbes(inside, outside, lb, udpLB),
+			probe{"NodePorts bypass the ranges", outside, probeTCP, netip.AddrPortFrom(e.node.IP, nodePort), reached},
+			probe{"ExternalIPs bypass the ranges", outside, probeTCP, netip.AddrPortFrom(externalIP, 80), reached},
+			probe{"the ClusterIP is not restricted", outside, probeTCP, webVIP, reached},
+			probe{"a Service without ranges is not restricted", outside, probeTCP, netip.AddrPortFrom(lbOpen, 80), reached},
+			probe{"pod outside the ranges, after its other connections, still dropped", outside, probeTCP, lb, timedOut},
+			probe{"the node outside the ranges is dropped", node, probeTCP, lb, timedOut},
+			probe{"the node's datagram is refused in its OUTPUT path", node, probeUDP, udpLB, eperm},
+			probe{"the node's datagram is refused in its OUTPUT path", node, probeUDPConnected, udpLB, eperm},
+			probe{"NodePorts bypass the ranges for the node", node, probeTCP, netip.AddrPortFrom(e.node.IP, nodePort), reached},
+		))
 		if after := e.counters()["sock_dropped_source_range"]; after <= before {
 			t.Errorf("sock_dropped_source_range stayed at %d", after)
 		}
@@ -173,11 +214,7 @@ func TestSourceRangesForPodsAndTheNode(t *testing.T) {
 
 	t.Run("ranges hold the node too", func(t *testing.T) {
 		program(podRange, "192.168.77.0/24")
-		run(t, []probe{
-			{"the node inside the ranges reaches the LoadBalancer IP", node, probeTCP, lb, reached},
-			{"the node inside the ranges reaches the LoadBalancer IP", node, probeUDP, udpLB, reached},
-			{"pod outside the ranges is still dropped", outside, probeTCP, lb, timedOut},
-		})
+		e.runProbes(t, nodeRangeProbes(outside, node, lb, udpLB))
 	})
 
 	t.Run("ranges removed", func(t *testing.T) {
@@ -185,10 +222,6 @@ func TestSourceRangesForPodsAndTheNode(t *testing.T) {
 		if e.loaded.SourceRangeCheck() {
 			t.Error("egress check still attached without any source ranges")
 		}
-		run(t, []probe{
-			{"every pod reaches the LoadBalancer IP", outside, probeTCP, lb, reached},
-			{"every pod reaches the LoadBalancer IP", outside, probeUDP, udpLB, reached},
-			{"the node reaches the LoadBalancer IP", node, probeTCP, lb, reached},
-		})
+		e.runProbes(t, noRangeProbes(outside, node, lb, udpLB))
 	})
 }

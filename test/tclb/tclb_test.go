@@ -258,6 +258,64 @@ func (e *env) ctx() context.Context {
 	return ctx
 }
 
+// expectRefused connects n times from the client to to and checks that
+// every connect() is refused.
+func (e *env) expectRefused(t *testing.T, to netip.AddrPort, n int) {
+	t.Helper()
+	rep, err := e.client.TCP(e.ctx(), to, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.Err != "ECONNREFUSED" {
+			t.Errorf("%s: got %+v, want ECONNREFUSED", to, r)
+		}
+	}
+}
+
+// expectTimedOut connects once from c to to, giving up after a second, and
+// checks that the connect() timed out: the SYN was dropped.
+func (e *env) expectTimedOut(t *testing.T, c *sandbox.Client, to netip.AddrPort) {
+	t.Helper()
+	rep, err := c.WithTimeout(time.Second).TCP(e.ctx(), to, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rep.Results[0]; r.Err != "ETIMEDOUT" {
+		t.Errorf("%s from %s: got %+v, want ETIMEDOUT (the SYN dropped)", to, c.Name, r)
+	}
+}
+
+// expectDropped is expectTimedOut that also checks that node n counted the
+// drop in its metric m, which failures call what ("drop", "source range
+// drop").
+func (e *env) expectDropped(t *testing.T, c *sandbox.Client, to netip.AddrPort, n *node, m bpfobj.TcLbMetric, what string) {
+	t.Helper()
+	before := e.counter(n, m)
+	e.expectTimedOut(t, c, to)
+	if e.counter(n, m) == before {
+		t.Errorf("%s counted no %s", n.Name, what)
+	}
+}
+
+// expectServed connects n times from c to to and checks that every
+// connection is served by server, which sees the client as clientSeen
+// unless that is the zero Addr.
+func (e *env) expectServed(t *testing.T, c *sandbox.Client, to netip.AddrPort, n int, server string, clientSeen netip.Addr) {
+	t.Helper()
+	rep, err := c.TCP(e.ctx(), to, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.Err != "" || r.Server != server {
+			t.Errorf("%s from %s: got %+v, want one served by %s", to, c.Name, r, server)
+		} else if clientSeen.IsValid() && r.ClientSeen.Addr() != clientSeen {
+			t.Errorf("%s from %s: got %+v, want %s seeing %s", to, c.Name, r, server, clientSeen)
+		}
+	}
+}
+
 func (e *env) counter(n *node, m bpfobj.TcLbMetric) uint64 {
 	e.t.Helper()
 	var perCPU []uint64
@@ -350,15 +408,7 @@ func TestExternalTraffic(t *testing.T) {
 				}
 			})
 			t.Run("no endpoints: TCP connect refused", func(t *testing.T) {
-				rep, err := e.client.TCP(e.ctx(), netip.AddrPortFrom(a.IP, 30015), 3)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, r := range rep.Results {
-					if r.Err != "ECONNREFUSED" {
-						t.Errorf("got %+v, want ECONNREFUSED", r)
-					}
-				}
+				e.expectRefused(t, netip.AddrPortFrom(a.IP, 30015), 3)
 			})
 			t.Run("no endpoints: connected UDP refused", func(t *testing.T) {
 				rep, err := e.client.UDPConnected(e.ctx(), netip.AddrPortFrom(a.IP, 30015), 1)
@@ -381,56 +431,16 @@ func TestExternalTraffic(t *testing.T) {
 				})
 			}
 			t.Run("externalTrafficPolicy=Local on a node without endpoints: dropped", func(t *testing.T) {
-				before := e.counter(a, bpfobj.TcLbMetricLB_M_DROP)
-				rep, err := e.client.WithTimeout(time.Second).TCP(e.ctx(), netip.AddrPortFrom(a.IP, 30014), 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if r := rep.Results[0]; r.Err != "ETIMEDOUT" {
-					t.Errorf("got %+v, want ETIMEDOUT (the SYN dropped)", r)
-				}
-				if d := e.counter(a, bpfobj.TcLbMetricLB_M_DROP) - before; d == 0 {
-					t.Error("node-a counted no drop")
-				}
+				e.expectDropped(t, e.client, netip.AddrPortFrom(a.IP, 30014), a, bpfobj.TcLbMetricLB_M_DROP, "drop")
 				// node-b has the endpoint and serves the same NodePort.
-				rep, err = e.client.TCP(e.ctx(), netip.AddrPortFrom(b.IP, 30014), 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if r := rep.Results[0]; r.Err != "" || r.Server != "pod-b" || r.ClientSeen.Addr() != outside {
-					t.Errorf("node-b: got %+v, want pod-b seeing %s", r, outside)
-				}
+				e.expectServed(t, e.client, netip.AddrPortFrom(b.IP, 30014), 1, "pod-b", outside)
 			})
 			t.Run("loadBalancerSourceRanges: the client inside is served", func(t *testing.T) {
-				rep, err := e.client.TCP(e.ctx(), netip.AddrPortFrom(rangedIP, 80), 2)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, r := range rep.Results {
-					if r.Err != "" || r.Server != "pod-b" {
-						t.Errorf("got %+v, want pod-b", r)
-					}
-				}
+				e.expectServed(t, e.client, netip.AddrPortFrom(rangedIP, 80), 2, "pod-b", netip.Addr{})
 			})
 			t.Run("loadBalancerSourceRanges: a client outside is dropped, but not at the NodePort", func(t *testing.T) {
-				before := e.counter(a, bpfobj.TcLbMetricLB_M_TC_SOURCE_RANGE)
-				rep, err := e.other.WithTimeout(time.Second).TCP(e.ctx(), netip.AddrPortFrom(rangedIP, 80), 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if r := rep.Results[0]; r.Err != "ETIMEDOUT" {
-					t.Errorf("got %+v, want ETIMEDOUT (the SYN dropped)", r)
-				}
-				if d := e.counter(a, bpfobj.TcLbMetricLB_M_TC_SOURCE_RANGE) - before; d == 0 {
-					t.Error("node-a counted no source range drop")
-				}
-				rep, err = e.other.TCP(e.ctx(), netip.AddrPortFrom(a.IP, 30017), 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if r := rep.Results[0]; r.Err != "" || r.Server != "pod-b" {
-					t.Errorf("NodePort: got %+v, want pod-b", r)
-				}
+				e.expectDropped(t, e.other, netip.AddrPortFrom(rangedIP, 80), a, bpfobj.TcLbMetricLB_M_TC_SOURCE_RANGE, "source range drop")
+				e.expectServed(t, e.other, netip.AddrPortFrom(a.IP, 30017), 1, "pod-b", netip.Addr{})
 			})
 			t.Run("traffic that is not for a Service passes", func(t *testing.T) {
 				// The router routes pod addresses to the nodes: a

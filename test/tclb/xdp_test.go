@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"path/filepath"
 	"testing"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -263,43 +262,14 @@ func testXDPExternalTraffic(t *testing.T, e *env, v6 bool) {
 		}
 	})
 	t.Run("no endpoints: TC's refusal reaches the client", func(t *testing.T) {
-		rep, err := e.client.TCP(e.ctx(), netip.AddrPortFrom(aIP, 30015), 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range rep.Results {
-			if r.Err != "ECONNREFUSED" {
-				t.Errorf("got %+v, want ECONNREFUSED", r)
-			}
-		}
+		e.expectRefused(t, netip.AddrPortFrom(aIP, 30015), 2)
 	})
 	t.Run("externalTrafficPolicy=Local without a local endpoint: XDP drops", func(t *testing.T) {
-		before := e.counter(a, bpfobj.TcLbMetricLB_M_DROP)
-		rep, err := e.client.WithTimeout(time.Second).TCP(e.ctx(), netip.AddrPortFrom(aIP, 30014), 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r := rep.Results[0]; r.Err != "ETIMEDOUT" {
-			t.Errorf("got %+v, want ETIMEDOUT", r)
-		}
-		if e.counter(a, bpfobj.TcLbMetricLB_M_DROP) == before {
-			t.Error("no drop counted")
-		}
+		e.expectDropped(t, e.client, netip.AddrPortFrom(aIP, 30014), a, bpfobj.TcLbMetricLB_M_DROP, "drop")
 	})
 	t.Run("loadBalancerSourceRanges through XDP", func(t *testing.T) {
-		rep, err := e.client.TCP(e.ctx(), netip.AddrPortFrom(rangedIP, 80), 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r := rep.Results[0]; r.Err != "" || r.Server != "pod-b" {
-			t.Errorf("client inside: got %+v, want pod-b", r)
-		}
-		rep, err = e.other.WithTimeout(time.Second).TCP(e.ctx(), netip.AddrPortFrom(rangedIP, 80), 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r := rep.Results[0]; r.Err != "ETIMEDOUT" {
-			t.Errorf("client outside: got %+v, want ETIMEDOUT", r)
-		}
+		// The client inside is served, the one outside dropped.
+		e.expectServed(t, e.client, netip.AddrPortFrom(rangedIP, 80), 1, "pod-b", netip.Addr{})
+		e.expectTimedOut(t, e.other, netip.AddrPortFrom(rangedIP, 80))
 	})
 }

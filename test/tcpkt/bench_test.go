@@ -172,20 +172,20 @@ func BenchmarkPathsIPv6(b *testing.B) {
 		f.resetCT6(b)
 		return nil
 	}
-	synLocal := fromOutside6(pktest.TCP6(client6, np6(npWebLocal), pktest.SYN)).Bytes()
-	synRemote := fromOutside6(pktest.TCP6(client6, np6(npWebRemote), pktest.SYN)).Bytes()
-	ackLocal := fromOutside6(pktest.TCP6(client6, np6(npWebLocal), pktest.ACK)).Bytes()
-	ackRemote := fromOutside6(pktest.TCP6(client6, np6(npWebRemote), pktest.ACK)).Bytes()
+	synLocal := fromOutside(pktest.TCP6(client6, np6(npWebLocal), pktest.SYN)).Bytes()
+	synRemote := fromOutside(pktest.TCP6(client6, np6(npWebRemote), pktest.SYN)).Bytes()
+	ackLocal := fromOutside(pktest.TCP6(client6, np6(npWebLocal), pktest.ACK)).Bytes()
+	ackRemote := fromOutside(pktest.TCP6(client6, np6(npWebRemote), pktest.ACK)).Bytes()
 	benchPaths(b, f.fixture, f.resetCT6, []benchPath{
-		{name: "ingress/not a frontend", frame: fromOutside6(pktest.TCP6(client6, np6(22), pktest.ACK)).Bytes()},
-		{name: "egress/not a reply", frame: toRouter6(pktest.TCP6(np6(22), client6, pktest.ACK)).Bytes()},
+		{name: "ingress/not a frontend", frame: fromOutside(pktest.TCP6(client6, np6(22), pktest.ACK)).Bytes()},
+		{name: "egress/not a reply", frame: toRouter(pktest.TCP6(np6(22), client6, pktest.ACK)).Bytes()},
 		{name: "ingress/new flow, local backend", frame: synLocal, beforeRun: reset},
 		{name: "ingress/new flow, remote backend (SNAT)", frame: synRemote, beforeRun: reset},
 		{name: "ingress/tracked flow, local backend", frame: ackLocal, prime: [][]byte{synLocal}},
 		{name: "ingress/tracked flow, remote backend (SNAT)", frame: ackRemote, prime: [][]byte{synRemote}},
-		{name: "egress/reply from a local backend", egress: true, frame: toRouter6(pktest.TCP6(localWeb6, client6, pktest.ACK)).Bytes(), prime: [][]byte{synLocal}},
-		{name: "ingress/no endpoints: ICMPv6 unreachable", frame: fromOutside6(pktest.TCP6(client6, np6(npNoEPs), pktest.SYN)).Bytes()},
-		{name: "ingress/policy Local, none here: drop", frame: fromOutside6(pktest.TCP6(client6, np6(npElsewhere), pktest.SYN)).Bytes()},
+		{name: "egress/reply from a local backend", egress: true, frame: toRouter(pktest.TCP6(localWeb6, client6, pktest.ACK)).Bytes(), prime: [][]byte{synLocal}},
+		{name: "ingress/no endpoints: ICMPv6 unreachable", frame: fromOutside(pktest.TCP6(client6, np6(npNoEPs), pktest.SYN)).Bytes()},
+		{name: "ingress/policy Local, none here: drop", frame: fromOutside(pktest.TCP6(client6, np6(npElsewhere), pktest.SYN)).Bytes()},
 	})
 }
 

@@ -278,12 +278,19 @@ func (f *fixture) counter(tb testing.TB, m bpfobj.TcLbMetric) uint64 {
 // flows is the number of connection tracking entries.
 func (f *fixture) flows(tb testing.TB) int {
 	tb.Helper()
+	return countEntries[bpfobj.TcCt4Key, bpfobj.TcCt4Entry](tb, f.objs.Tc4CtV1)
+}
+
+// countEntries is the number of entries of m, whose keys are Ks and values
+// Vs.
+func countEntries[K, V any](tb testing.TB, m *ebpf.Map) int {
+	tb.Helper()
 	var (
-		k bpfobj.TcCt4Key
-		v bpfobj.TcCt4Entry
+		k K
+		v V
 		n int
 	)
-	it := f.objs.Tc4CtV1.Iterate()
+	it := m.Iterate()
 	for it.Next(&k, &v) {
 		n++
 	}

@@ -86,7 +86,7 @@ var maglevFamilies = []maglevFamily{
 		// a hash folding the address badly would lose them.
 		client: func(i int) netip.Addr { return netip.MustParseAddr(fmt.Sprintf("2001:db8:18::%x", 0x10+i)) },
 		packet: func(src, dst netip.AddrPort, flags pktest.TCPFlags) []byte {
-			return fromOutside6(pktest.TCP6(src, dst, flags)).Bytes()
+			return fromOutside(pktest.TCP6(src, dst, flags)).Bytes()
 		},
 		nodePort: np6,
 	},

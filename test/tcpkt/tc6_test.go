@@ -177,11 +177,6 @@ func setUpNodeNetwork6(f *fixture) error {
 
 func np6(port uint16) netip.AddrPort { return netip.AddrPortFrom(node6, port) }
 
-func fromOutside6(b pktest.Builder6) pktest.Builder6 { return b.WithMACs(clientMAC, deviceMAC) }
-func toRouter6(b pktest.Builder6) pktest.Builder6    { return b.WithMACs(deviceMAC, routerMAC) }
-func toNodeB6(b pktest.Builder6) pktest.Builder6     { return b.WithMACs(deviceMAC, nodeBMAC) }
-func fromNodeB6(b pktest.Builder6) pktest.Builder6   { return b.WithMACs(nodeBMAC, deviceMAC) }
-
 // unreachable6 is the ICMPv6 port unreachable the node answers in with,
 // quoting the whole packet (it fits in the minimum MTU).
 func unreachable6(in pktest.Builder6, from, to netip.Addr) []byte {
@@ -214,13 +209,13 @@ func TestVerdictsIPv6(t *testing.T) {
 	f := newFixture6(t, loadOptions{})
 	f.sync6(t, fixtureState6())
 
-	noEPs := fromOutside6(pktest.TCP6(client6, np6(npNoEPs), pktest.SYN))
-	noEPsUDP := fromOutside6(pktest.UDP6(client6, np6(npNoEPs)).WithPayload([]byte("q")))
-	big := fromOutside6(pktest.UDP6(client6, np6(npNoEPs)).WithPayload(make([]byte, 1400)))
-	lbIn := fromOutside6(pktest.TCP6(client6, lbIP6, pktest.SYN))
-	extIn := fromOutside6(pktest.TCP6(client6b, externalIP6, pktest.SYN))
-	etp := fromOutside6(pktest.TCP6(client6, np6(npETPLocal), pktest.SYN))
-	truncated := fromOutside6(pktest.TCP6(client6, np6(npWebLocal), pktest.SYN)).Bytes()
+	noEPs := fromOutside(pktest.TCP6(client6, np6(npNoEPs), pktest.SYN))
+	noEPsUDP := fromOutside(pktest.UDP6(client6, np6(npNoEPs)).WithPayload([]byte("q")))
+	big := fromOutside(pktest.UDP6(client6, np6(npNoEPs)).WithPayload(make([]byte, 1400)))
+	lbIn := fromOutside(pktest.TCP6(client6, lbIP6, pktest.SYN))
+	extIn := fromOutside(pktest.TCP6(client6b, externalIP6, pktest.SYN))
+	etp := fromOutside(pktest.TCP6(client6, np6(npETPLocal), pktest.SYN))
+	truncated := fromOutside(pktest.TCP6(client6, np6(npWebLocal), pktest.SYN)).Bytes()
 	truncated = truncated[:len(truncated)-4]
 	rej, rejOK := f.counted(bpfobj.TcLbMetricLB_M_REJECT, 1)
 	drop, dropOK := f.counted(bpfobj.TcLbMetricLB_M_DROP, 1)
@@ -244,7 +239,7 @@ func TestVerdictsIPv6(t *testing.T) {
 			SKBChecksum: pktest.SKBChecksumNone,
 		}},
 		{Case: pktest.Case{
-			Name: "IPv6 policy Local without a local endpoint: dropped", In: fromOutside6(pktest.TCP6(client6, np6(npElsewhere), pktest.SYN)).Bytes(),
+			Name: "IPv6 policy Local without a local endpoint: dropped", In: fromOutside(pktest.TCP6(client6, np6(npElsewhere), pktest.SYN)).Bytes(),
 			Verdict: pktest.TCActShot, Setup: drop, Check: dropOK,
 		}},
 		{Case: pktest.Case{
@@ -252,16 +247,16 @@ func TestVerdictsIPv6(t *testing.T) {
 			Verdict: pktest.TCActOK, Out: etp.WithDst(etpLocalEP6).Bytes(),
 		}},
 		{Case: pktest.Case{
-			Name: "IPv6 LoadBalancer IP, client outside the source ranges: dropped", In: fromOutside6(pktest.TCP6(outsider6, lbIP6, pktest.SYN)).Bytes(),
+			Name: "IPv6 LoadBalancer IP, client outside the source ranges: dropped", In: fromOutside(pktest.TCP6(outsider6, lbIP6, pktest.SYN)).Bytes(),
 			Verdict: pktest.TCActShot, Setup: rng, Check: rngOK,
 		}},
 		{Case: pktest.Case{
 			Name: "IPv6 LoadBalancer IP, client inside the source ranges: DNAT and SNAT", In: lbIn.Bytes(),
-			Verdict: pktest.TCActRedirect, Out: toNodeB6(lbIn.WithSrc(snatSrc6).WithDst(lbRemote6).WithHopLimit(63)).Bytes(),
+			Verdict: pktest.TCActRedirect, Out: toNodeB(lbIn.WithSrc(snatSrc6).WithDst(lbRemote6).WithHopLimit(63)).Bytes(),
 		}},
 		{Case: pktest.Case{
 			Name: "IPv6 ExternalIP: DNAT and SNAT", In: extIn.Bytes(),
-			Verdict: pktest.TCActRedirect, Out: toNodeB6(extIn.WithSrc(snatSrc6).WithDst(extRemote6).WithHopLimit(63)).Bytes(),
+			Verdict: pktest.TCActRedirect, Out: toNodeB(extIn.WithSrc(snatSrc6).WithDst(extRemote6).WithHopLimit(63)).Bytes(),
 		}},
 	})
 	f.resetCT6(t)
@@ -287,12 +282,12 @@ func TestVerdictsIPv6(t *testing.T) {
 		}},
 		{Case: pktest.Case{
 			Name:    "IPv6 UDP without checksum to a NodePort: passed untouched (IPv6 forbids it)",
-			In:      fromOutside6(pktest.UDP6(client6, np6(npDNSRemote)).WithPayload([]byte("q")).WithL4Checksum(0)).Bytes(),
+			In:      fromOutside(pktest.UDP6(client6, np6(npDNSRemote)).WithPayload([]byte("q")).WithL4Checksum(0)).Bytes(),
 			Verdict: pktest.TCActUnspec, BadChecksums: true, Setup: untouched, Check: untouchedOK,
 		}},
 		{Case: pktest.Case{
 			Name:    "IPv6 to a port that is no frontend: passed untouched",
-			In:      fromOutside6(pktest.TCP6(client6, np6(22), pktest.SYN)).Bytes(),
+			In:      fromOutside(pktest.TCP6(client6, np6(22), pktest.SYN)).Bytes(),
 			Verdict: pktest.TCActUnspec, Setup: untouched, Check: untouchedOK,
 		}},
 		{Case: pktest.Case{
@@ -311,25 +306,10 @@ func TestVerdictsIPv6(t *testing.T) {
 // flowsUnchanged6 checks that a case made no IPv6 flow entry.
 func (f *fixture6) flowsUnchanged6() (func(testing.TB), func(testing.TB, pktest.Result)) {
 	var before int
-	count := func(tb testing.TB) int {
-		var (
-			k bpfobj.TcCt6Key
-			v bpfobj.TcCt6Entry
-			n int
-		)
-		it := f.objs.Tc6CtV1.Iterate()
-		for it.Next(&k, &v) {
-			n++
-		}
-		if err := it.Err(); err != nil {
-			tb.Fatal(err)
-		}
-		return n
-	}
-	return func(tb testing.TB) { before = count(tb) },
+	return func(tb testing.TB) { before = f.flows6(tb) },
 		func(tb testing.TB, _ pktest.Result) {
 			tb.Helper()
-			if n := count(tb); n != before {
+			if n := f.flows6(tb); n != before {
 				tb.Errorf("%d IPv6 flow entries, %d before", n, before)
 			}
 		}
@@ -339,86 +319,34 @@ func TestFlowsIPv6(t *testing.T) {
 	f := newFixture6(t, loadOptions{})
 	f.sync6(t, fixtureState6())
 
-	synLocal := fromOutside6(pktest.TCP6(client6, np6(npWebLocal), pktest.SYN))
-	synRemote := fromOutside6(pktest.TCP6(client6, np6(npWebRemote), pktest.SYN))
-	dnsQuery := fromOutside6(pktest.UDP6(client6, np6(npDNSRemote)).WithPayload([]byte("query")))
-	dnsAnswer := fromNodeB6(pktest.UDP6(remoteDNS6, snatSrc6).WithPayload([]byte("answer")))
-	newLocal, newLocalOK := f.counted(bpfobj.TcLbMetricLB_M_TC_NEW_LOCAL, 1)
-	newSNAT, newSNATOK := f.counted(bpfobj.TcLbMetricLB_M_TC_NEW_SNAT, 1)
-	reply, replyOK := f.counted(bpfobj.TcLbMetricLB_M_TC_REPLY, 1)
-	noPort, noPortOK := f.counted(bpfobj.TcLbMetricLB_M_TC_SNAT_NO_PORT, 1)
-
-	f.run(t, []row{
-		{Case: pktest.Case{
-			Name: "IPv6 NodePort, local backend: destination rewritten, client address kept", In: synLocal.Bytes(),
-			Verdict: pktest.TCActOK, Out: synLocal.WithDst(localWeb6).Bytes(), Setup: newLocal, Check: newLocalOK,
-		}},
-		{egress: true, Case: pktest.Case{
-			Name:    "IPv6 local backend's reply at egress: source becomes the NodePort",
-			In:      toRouter6(pktest.TCP6(localWeb6, client6, pktest.SYN|pktest.ACK)).Bytes(),
-			Verdict: pktest.TCActOK, Out: toRouter6(pktest.TCP6(np6(npWebLocal), client6, pktest.SYN|pktest.ACK)).Bytes(),
-			Setup: reply, Check: replyOK,
-		}},
-		{Case: pktest.Case{
-			Name:    "IPv6 NodePort, local backend: the flow's next segment goes to the same backend",
-			In:      fromOutside6(pktest.TCP6(client6, np6(npWebLocal), pktest.ACK)).Bytes(),
-			Verdict: pktest.TCActOK, Out: fromOutside6(pktest.TCP6(client6, localWeb6, pktest.ACK)).Bytes(),
-		}},
-		{egress: true, Case: pktest.Case{
-			Name:    "IPv6 egress: a pod's packet that is not a reply passes untouched",
-			In:      toRouter6(pktest.TCP6(localWeb6, client6b, pktest.SYN|pktest.ACK)).Bytes(),
-			Verdict: pktest.TCActUnspec,
-		}},
-		{Case: pktest.Case{
-			Name: "IPv6 NodePort, remote backend: DNAT and SNAT to the node, sent to node-b", In: synRemote.Bytes(),
-			Verdict: pktest.TCActRedirect, Out: toNodeB6(synRemote.WithSrc(snatSrc6).WithDst(remoteWeb6).WithHopLimit(63)).Bytes(),
-			Setup: newSNAT, Check: newSNATOK,
-		}},
-		{Case: pktest.Case{
-			Name:    "IPv6 remote backend's reply at ingress: back to the client from the NodePort",
-			In:      fromNodeB6(pktest.TCP6(remoteWeb6, snatSrc6, pktest.SYN|pktest.ACK)).Bytes(),
-			Verdict: pktest.TCActRedirect, Out: toRouter6(pktest.TCP6(np6(npWebRemote), client6, pktest.SYN|pktest.ACK).WithHopLimit(63)).Bytes(),
-		}},
-		{Case: pktest.Case{
-			Name:    "IPv6 NodePort, remote backend: the flow keeps its source port",
-			In:      fromOutside6(pktest.TCP6(client6, np6(npWebRemote), pktest.ACK).WithPayload([]byte("GET /"))).Bytes(),
-			Verdict: pktest.TCActRedirect, Out: toNodeB6(pktest.TCP6(snatSrc6, remoteWeb6, pktest.ACK).WithPayload([]byte("GET /")).WithHopLimit(63)).Bytes(),
-		}},
-		{Case: pktest.Case{
-			Name:    "IPv6: another client while the only source NAT port is taken: dropped and counted",
-			In:      fromOutside6(pktest.TCP6(client6b, np6(npWebRemote), pktest.SYN)).Bytes(),
-			Verdict: pktest.TCActShot, Setup: noPort, Check: noPortOK,
-		}},
+	dnsQuery := fromOutside(pktest.UDP6(client6, np6(npDNSRemote)).WithPayload([]byte("query")))
+	tcpFlows, udpFlows := nodePortFlows(f.fixture, flowFamily[pktest.Builder6]{
+		tag: "IPv6", tcp: pktest.TCP6, udp: pktest.UDP6, np: np6,
+		client: client6, client2: client6b, snatSrc: snatSrc6,
+		localWeb: localWeb6, remoteWeb: remoteWeb6, remoteDNS: remoteDNS6,
 	})
+	f.run(t, tcpFlows)
 	f.resetCT6(t)
-	f.run(t, []row{
-		{Case: pktest.Case{
-			Name: "IPv6 UDP NodePort, remote backend: DNAT and SNAT", In: dnsQuery.Bytes(),
-			Verdict: pktest.TCActRedirect, Out: toNodeB6(dnsQuery.WithSrc(snatSrc6).WithDst(remoteDNS6).WithHopLimit(63)).Bytes(),
-		}},
-		{Case: pktest.Case{
-			Name: "IPv6 UDP reply: back to the client", In: dnsAnswer.Bytes(),
-			Verdict: pktest.TCActRedirect, Out: toRouter6(pktest.UDP6(np6(npDNSRemote), client6).WithPayload([]byte("answer")).WithHopLimit(63)).Bytes(),
-		}},
+	f.run(t, append(udpFlows, []row{
 		{Case: pktest.Case{
 			Name:    "IPv6 UDP whose translated checksum sums to zero: sent as all ones",
 			In:      dnsQuery.WithPayload(zeroSumPayload(dnsQuery, snatSrc6, remoteDNS6)).Bytes(),
 			Verdict: pktest.TCActRedirect,
-			Out:     toNodeB6(dnsQuery.WithSrc(snatSrc6).WithDst(remoteDNS6).WithHopLimit(63).WithPayload(zeroSumPayload(dnsQuery, snatSrc6, remoteDNS6)).WithL4Checksum(0xffff)).Bytes(),
+			Out:     toNodeB(dnsQuery.WithSrc(snatSrc6).WithDst(remoteDNS6).WithHopLimit(63).WithPayload(zeroSumPayload(dnsQuery, snatSrc6, remoteDNS6)).WithL4Checksum(0xffff)).Bytes(),
 		}},
-	})
+	}...))
 }
 
 func TestResetIPv6(t *testing.T) {
 	f := newFixture6(t, loadOptions{})
 	st := fixtureState6()
 	f.sync6(t, st)
-	syn := fromOutside6(pktest.TCP6(client6, np6(npWebRemote), pktest.SYN))
-	data := fromOutside6(pktest.TCP6(client6, np6(npWebRemote), pktest.ACK|pktest.PSH).WithSeq(5000, 7000).WithPayload([]byte("GET /")))
+	syn := fromOutside(pktest.TCP6(client6, np6(npWebRemote), pktest.SYN))
+	data := fromOutside(pktest.TCP6(client6, np6(npWebRemote), pktest.ACK|pktest.PSH).WithSeq(5000, 7000).WithPayload([]byte("GET /")))
 	reset, resetOK := f.counted(bpfobj.TcLbMetricLB_M_TC_RESET, 1)
 	f.run(t, []row{{Case: pktest.Case{
 		Name: "IPv6 NodePort, remote backend: a flow begins", In: syn.Bytes(),
-		Verdict: pktest.TCActRedirect, Out: toNodeB6(syn.WithSrc(snatSrc6).WithDst(remoteWeb6).WithHopLimit(63)).Bytes(),
+		Verdict: pktest.TCActRedirect, Out: toNodeB(syn.WithSrc(snatSrc6).WithDst(remoteWeb6).WithHopLimit(63)).Bytes(),
 	}}})
 	// The endpoint goes: the next segment is answered with a reset from
 	// the NodePort, <SEQ=SEG.ACK><CTL=RST>, and the flow forgotten.
@@ -437,13 +365,13 @@ func TestResetIPv6(t *testing.T) {
 	// A segment without payload: nothing is trimmed, and skb->csum of a
 	// CHECKSUM_COMPLETE skb must stay right.
 	second := netip.MustParseAddrPort("[fd00:244:2::20]:8080")
-	syn2 := fromOutside6(pktest.TCP6(client6b, np6(npWebRemote), pktest.SYN))
+	syn2 := fromOutside(pktest.TCP6(client6b, np6(npWebRemote), pktest.SYN))
 	f.run(t, []row{{Case: pktest.Case{
 		Name: "IPv6 NodePort: a second flow begins", In: syn2.Bytes(),
-		Verdict: pktest.TCActRedirect, Out: toNodeB6(syn2.WithSrc(snatSrc6).WithDst(second).WithHopLimit(63)).Bytes(),
+		Verdict: pktest.TCActRedirect, Out: toNodeB(syn2.WithSrc(snatSrc6).WithDst(second).WithHopLimit(63)).Bytes(),
 	}}})
 	f.sync6(t, fixtureState6())
-	ack := fromOutside6(pktest.TCP6(client6b, np6(npWebRemote), pktest.ACK).WithSeq(5000, 9000))
+	ack := fromOutside(pktest.TCP6(client6b, np6(npWebRemote), pktest.ACK).WithSeq(5000, 9000))
 	f.run(t, []row{{Case: pktest.Case{
 		Name: "IPv6 bare ACK of a flow whose backend was removed: a reset, checksums kept", In: ack.Bytes(),
 		Verdict: pktest.TCActRedirect,
@@ -457,21 +385,10 @@ func fixtureState6WithoutRemoteWeb() *model.State {
 	return fixtureState6With([]string{at(netip.MustParseAddrPort("[fd00:244:2::20]:8080"), otherNode)})
 }
 
+// flows6 counts the IPv6 flow entries.
 func (f *fixture6) flows6(tb testing.TB) int {
 	tb.Helper()
-	var (
-		k bpfobj.TcCt6Key
-		v bpfobj.TcCt6Entry
-		n int
-	)
-	it := f.objs.Tc6CtV1.Iterate()
-	for it.Next(&k, &v) {
-		n++
-	}
-	if err := it.Err(); err != nil {
-		tb.Fatal(err)
-	}
-	return n
+	return countEntries[bpfobj.TcCt6Key, bpfobj.TcCt6Entry](tb, f.objs.Tc6CtV1)
 }
 
 // zeroSumPayload is a payload after which the UDP datagram b, translated

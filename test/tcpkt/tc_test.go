@@ -5,7 +5,9 @@
 package tcpkt_test
 
 import (
+	"net"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
@@ -73,17 +75,123 @@ func withLocalhostNodePorts(st *model.State) *model.State {
 
 var snatSrc = netip.AddrPortFrom(nodeAddr, snatPort)
 
+// frame is what the tables written once for both families use of pktest's
+// IPv4 and IPv6 builders (B is Builder or Builder6).
+type frame[B any] interface {
+	WithMACs(src, dst net.HardwareAddr) B
+	WithSrc(netip.AddrPort) B
+	WithDst(netip.AddrPort) B
+	WithTTL(uint8) B
+	WithPayload([]byte) B
+	Bytes() []byte
+}
+
 // fromOutside is a frame arriving at the node's device from the router.
-func fromOutside(b pktest.Builder) pktest.Builder { return b.WithMACs(clientMAC, deviceMAC) }
+func fromOutside[B frame[B]](b B) B { return b.WithMACs(clientMAC, deviceMAC) }
 
 // toRouter is a frame the node sends to the router, to reach a client.
-func toRouter(b pktest.Builder) pktest.Builder { return b.WithMACs(deviceMAC, routerMAC) }
+func toRouter[B frame[B]](b B) B { return b.WithMACs(deviceMAC, routerMAC) }
 
 // toNodeB is a frame the node sends to node-b, to reach its pods.
-func toNodeB(b pktest.Builder) pktest.Builder { return b.WithMACs(deviceMAC, nodeBMAC) }
+func toNodeB[B frame[B]](b B) B { return b.WithMACs(deviceMAC, nodeBMAC) }
 
 // fromNodeB is a frame arriving from node-b.
-func fromNodeB(b pktest.Builder) pktest.Builder { return b.WithMACs(nodeBMAC, deviceMAC) }
+func fromNodeB[B frame[B]](b B) B { return b.WithMACs(nodeBMAC, deviceMAC) }
+
+// flowFamily is one family's side of TestFlows and TestFlowsIPv6: its
+// builders, addresses and the tag its case names start with.
+type flowFamily[B frame[B]] struct {
+	// tag starts the case names ("" for IPv4, "IPv6").
+	tag string
+	tcp func(src, dst netip.AddrPort, flags pktest.TCPFlags) B
+	udp func(src, dst netip.AddrPort) B
+	// np is the node's NodePort port.
+	np func(port uint16) netip.AddrPort
+	// client and client2 are the external clients; snatSrc is the node's
+	// source NAT address and port.
+	client, client2, snatSrc netip.AddrPort
+	// localWeb is the web backend on the node, remoteWeb and remoteDNS the
+	// ones on node-b.
+	localWeb, remoteWeb, remoteDNS netip.AddrPort
+}
+
+// name is the case name s of the family: s after its tag and sep.
+func (fam flowFamily[B]) name(sep, s string) string {
+	if fam.tag == "" {
+		return s
+	}
+	return fam.tag + sep + s
+}
+
+// nodePortFlows are the cases of TestFlows and TestFlowsIPv6 over fam, on f
+// synced with the family's fixture state: the TCP flows of NodePorts with a
+// local and a remote backend, with the source NAT port exhausted by a
+// second client, and then a UDP NodePort with a remote backend, its query
+// and its reply. Each list runs in order.
+func nodePortFlows[B frame[B]](f *fixture, fam flowFamily[B]) (tcp, udp []row) {
+	synLocal := fromOutside(fam.tcp(fam.client, fam.np(npWebLocal), pktest.SYN))
+	synRemote := fromOutside(fam.tcp(fam.client, fam.np(npWebRemote), pktest.SYN))
+	dnsQuery := fromOutside(fam.udp(fam.client, fam.np(npDNSRemote)).WithPayload([]byte("query")))
+	dnsAnswer := fromNodeB(fam.udp(fam.remoteDNS, fam.snatSrc).WithPayload([]byte("answer")))
+	newLocal, newLocalOK := f.counted(bpfobj.TcLbMetricLB_M_TC_NEW_LOCAL, 1)
+	newSNAT, newSNATOK := f.counted(bpfobj.TcLbMetricLB_M_TC_NEW_SNAT, 1)
+	reply, replyOK := f.counted(bpfobj.TcLbMetricLB_M_TC_REPLY, 1)
+	noPort, noPortOK := f.counted(bpfobj.TcLbMetricLB_M_TC_SNAT_NO_PORT, 1)
+
+	tcp = []row{
+		{Case: pktest.Case{
+			Name: fam.name(" ", "NodePort, local backend: destination rewritten, client address kept"), In: synLocal.Bytes(),
+			Verdict: pktest.TCActOK, Out: synLocal.WithDst(fam.localWeb).Bytes(), Setup: newLocal, Check: newLocalOK,
+		}},
+		{egress: true, Case: pktest.Case{
+			Name:    fam.name(" ", "local backend's reply at egress: source becomes the NodePort"),
+			In:      toRouter(fam.tcp(fam.localWeb, fam.client, pktest.SYN|pktest.ACK)).Bytes(),
+			Verdict: pktest.TCActOK, Out: toRouter(fam.tcp(fam.np(npWebLocal), fam.client, pktest.SYN|pktest.ACK)).Bytes(),
+			Setup: reply, Check: replyOK,
+		}},
+		{Case: pktest.Case{
+			Name:    fam.name(" ", "NodePort, local backend: the flow's next segment goes to the same backend"),
+			In:      fromOutside(fam.tcp(fam.client, fam.np(npWebLocal), pktest.ACK)).Bytes(),
+			Verdict: pktest.TCActOK, Out: fromOutside(fam.tcp(fam.client, fam.localWeb, pktest.ACK)).Bytes(),
+		}},
+		{egress: true, Case: pktest.Case{
+			Name:    fam.name(" ", "egress: a pod's packet that is not a reply passes untouched"),
+			In:      toRouter(fam.tcp(fam.localWeb, fam.client2, pktest.SYN|pktest.ACK)).Bytes(),
+			Verdict: pktest.TCActUnspec,
+		}},
+		{Case: pktest.Case{
+			Name: fam.name(" ", "NodePort, remote backend: DNAT and SNAT to the node, sent to node-b"), In: synRemote.Bytes(),
+			Verdict: pktest.TCActRedirect, Out: toNodeB(synRemote.WithSrc(fam.snatSrc).WithDst(fam.remoteWeb).WithTTL(63)).Bytes(),
+			Setup: newSNAT, Check: newSNATOK,
+		}},
+		{Case: pktest.Case{
+			Name:    fam.name(" ", "remote backend's reply at ingress: back to the client from the NodePort"),
+			In:      fromNodeB(fam.tcp(fam.remoteWeb, fam.snatSrc, pktest.SYN|pktest.ACK)).Bytes(),
+			Verdict: pktest.TCActRedirect, Out: toRouter(fam.tcp(fam.np(npWebRemote), fam.client, pktest.SYN|pktest.ACK).WithTTL(63)).Bytes(),
+		}},
+		{Case: pktest.Case{
+			Name:    fam.name(" ", "NodePort, remote backend: the flow keeps its source port"),
+			In:      fromOutside(fam.tcp(fam.client, fam.np(npWebRemote), pktest.ACK).WithPayload([]byte("GET /"))).Bytes(),
+			Verdict: pktest.TCActRedirect, Out: toNodeB(fam.tcp(fam.snatSrc, fam.remoteWeb, pktest.ACK).WithPayload([]byte("GET /")).WithTTL(63)).Bytes(),
+		}},
+		{Case: pktest.Case{
+			Name:    fam.name(": ", "another client while the only source NAT port is taken: dropped and counted"),
+			In:      fromOutside(fam.tcp(fam.client2, fam.np(npWebRemote), pktest.SYN)).Bytes(),
+			Verdict: pktest.TCActShot, Setup: noPort, Check: noPortOK,
+		}},
+	}
+	udp = []row{
+		{Case: pktest.Case{
+			Name: fam.name(" ", "UDP NodePort, remote backend: DNAT and SNAT"), In: dnsQuery.Bytes(),
+			Verdict: pktest.TCActRedirect, Out: toNodeB(dnsQuery.WithSrc(fam.snatSrc).WithDst(fam.remoteDNS).WithTTL(63)).Bytes(),
+		}},
+		{Case: pktest.Case{
+			Name: fam.name(" ", "UDP reply: back to the client"), In: dnsAnswer.Bytes(),
+			Verdict: pktest.TCActRedirect, Out: toRouter(fam.udp(fam.np(npDNSRemote), fam.client).WithPayload([]byte("answer")).WithTTL(63)).Bytes(),
+		}},
+	}
+	return tcp, udp
+}
 
 // unreachable is the ICMP port unreachable the node answers in with: it
 // quotes the whole packet, as the kernel's REJECT does for packets that fit
@@ -136,64 +244,13 @@ func TestFlows(t *testing.T) {
 	f := newFixture(t, loadOptions{})
 	f.sync(t, fixtureState())
 
-	synLocal := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.SYN))
-	synRemote := fromOutside(pktest.TCP(client, np(npWebRemote), pktest.SYN))
 	dnsQuery := fromOutside(pktest.UDP(client, np(npDNSRemote)).WithPayload([]byte("query")))
-	dnsAnswer := fromNodeB(pktest.UDP(remoteDNS, snatSrc).WithPayload([]byte("answer")))
-	newLocal, newLocalOK := f.counted(bpfobj.TcLbMetricLB_M_TC_NEW_LOCAL, 1)
-	newSNAT, newSNATOK := f.counted(bpfobj.TcLbMetricLB_M_TC_NEW_SNAT, 1)
-	reply, replyOK := f.counted(bpfobj.TcLbMetricLB_M_TC_REPLY, 1)
-	noPort, noPortOK := f.counted(bpfobj.TcLbMetricLB_M_TC_SNAT_NO_PORT, 1)
-
-	f.run(t, []row{
-		{Case: pktest.Case{
-			Name: "NodePort, local backend: destination rewritten, client address kept", In: synLocal.Bytes(),
-			Verdict: pktest.TCActOK, Out: synLocal.WithDst(localWeb).Bytes(), Setup: newLocal, Check: newLocalOK,
-		}},
-		{egress: true, Case: pktest.Case{
-			Name:    "local backend's reply at egress: source becomes the NodePort",
-			In:      toRouter(pktest.TCP(localWeb, client, pktest.SYN|pktest.ACK)).Bytes(),
-			Verdict: pktest.TCActOK, Out: toRouter(pktest.TCP(np(npWebLocal), client, pktest.SYN|pktest.ACK)).Bytes(),
-			Setup: reply, Check: replyOK,
-		}},
-		{Case: pktest.Case{
-			Name:    "NodePort, local backend: the flow's next segment goes to the same backend",
-			In:      fromOutside(pktest.TCP(client, np(npWebLocal), pktest.ACK)).Bytes(),
-			Verdict: pktest.TCActOK, Out: fromOutside(pktest.TCP(client, localWeb, pktest.ACK)).Bytes(),
-		}},
-		{egress: true, Case: pktest.Case{
-			Name:    "egress: a pod's packet that is not a reply passes untouched",
-			In:      toRouter(pktest.TCP(localWeb, client2, pktest.SYN|pktest.ACK)).Bytes(),
-			Verdict: pktest.TCActUnspec,
-		}},
-		{Case: pktest.Case{
-			Name: "NodePort, remote backend: DNAT and SNAT to the node, sent to node-b", In: synRemote.Bytes(),
-			Verdict: pktest.TCActRedirect, Out: toNodeB(synRemote.WithSrc(snatSrc).WithDst(remoteWeb).WithTTL(63)).Bytes(),
-			Setup: newSNAT, Check: newSNATOK,
-		}},
-		{Case: pktest.Case{
-			Name:    "remote backend's reply at ingress: back to the client from the NodePort",
-			In:      fromNodeB(pktest.TCP(remoteWeb, snatSrc, pktest.SYN|pktest.ACK)).Bytes(),
-			Verdict: pktest.TCActRedirect, Out: toRouter(pktest.TCP(np(npWebRemote), client, pktest.SYN|pktest.ACK).WithTTL(63)).Bytes(),
-		}},
-		{Case: pktest.Case{
-			Name:    "NodePort, remote backend: the flow keeps its source port",
-			In:      fromOutside(pktest.TCP(client, np(npWebRemote), pktest.ACK).WithPayload([]byte("GET /"))).Bytes(),
-			Verdict: pktest.TCActRedirect, Out: toNodeB(pktest.TCP(snatSrc, remoteWeb, pktest.ACK).WithPayload([]byte("GET /")).WithTTL(63)).Bytes(),
-		}},
-		{Case: pktest.Case{
-			Name:    "another client while the only source NAT port is taken: dropped and counted",
-			In:      fromOutside(pktest.TCP(client2, np(npWebRemote), pktest.SYN)).Bytes(),
-			Verdict: pktest.TCActShot, Setup: noPort, Check: noPortOK,
-		}},
-		{Case: pktest.Case{
-			Name: "UDP NodePort, remote backend: DNAT and SNAT", In: dnsQuery.Bytes(),
-			Verdict: pktest.TCActRedirect, Out: toNodeB(dnsQuery.WithSrc(snatSrc).WithDst(remoteDNS).WithTTL(63)).Bytes(),
-		}},
-		{Case: pktest.Case{
-			Name: "UDP reply: back to the client", In: dnsAnswer.Bytes(),
-			Verdict: pktest.TCActRedirect, Out: toRouter(pktest.UDP(np(npDNSRemote), client).WithPayload([]byte("answer")).WithTTL(63)).Bytes(),
-		}},
+	tcpFlows, udpFlows := nodePortFlows(f, flowFamily[pktest.Builder]{
+		tcp: pktest.TCP, udp: pktest.UDP, np: np,
+		client: client, client2: client2, snatSrc: snatSrc,
+		localWeb: localWeb, remoteWeb: remoteWeb, remoteDNS: remoteDNS,
+	})
+	f.run(t, append(slices.Concat(tcpFlows, udpFlows), []row{
 		{Case: pktest.Case{
 			Name:    "UDP without checksum: translated and still without checksum",
 			In:      dnsQuery.WithL4Checksum(0).Bytes(),
@@ -224,7 +281,7 @@ func TestFlows(t *testing.T) {
 			In:      fromOutside(pktest.TCP(client, np(npETPLocal), pktest.SYN)).Bytes(),
 			Verdict: pktest.TCActOK, Out: fromOutside(pktest.TCP(client, etpLocalEP, pktest.SYN)).Bytes(),
 		}},
-	})
+	}...))
 }
 
 func TestVerdicts(t *testing.T) {
