@@ -1,10 +1,7 @@
 package iptables
 
 import (
-	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -12,9 +9,8 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
 // freshHooks adds the hooks as EnsureHooks does on a node that has none.
 func freshHooks(tx *xtables.Transaction) error {
@@ -25,38 +21,6 @@ func freshHooks(tx *xtables.Transaction) error {
 	return nil
 }
 
-func checkGolden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("read golden file (run go test -update to create it): %v", err)
-	}
-	if string(got) != string(want) {
-		t.Errorf("%s differs from %s (go test -update rewrites it after review):\n%s", name, path, lineDiff(string(want), string(got)))
-	}
-}
-
-// lineDiff lists the lines only in want (-) and only in got (+).
-func lineDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	onlyW, onlyG := diff(w, g)
-	var b strings.Builder
-	for _, l := range onlyW {
-		b.WriteString("- " + l + "\n")
-	}
-	for _, l := range onlyG {
-		b.WriteString("+ " + l + "\n")
-	}
-	return b.String()
-}
-
 func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 	tests := []struct {
 		name string
@@ -65,22 +29,15 @@ func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 		cfg Config
 		// nodePorts is --nodeport-addresses; unset is every address.
 		nodePorts []string
-		// change, if set, alters the example after the full sync; the
-		// partial sync's input is checked against "<name>-partial".
-		change func(src *example.Source, ex []example.Pair)
+		// partial: after the full sync the example churns
+		// (example.Churn); the partial sync's input is checked against
+		// "<name>-partial".
+		partial bool
 	}{
 		{
-			name: "node-a",
-			cfg:  Config{ClusterCIDR: example.ClusterCIDR},
-			change: func(src *example.Source, ex []example.Pair) {
-				web, empty, hairpin := ex[0], ex[6], ex[8]
-				// web loses a2; empty gets its first endpoint; hairpin
-				// goes away.
-				src.SetSlice(builders.SliceFor(web.Service, example.EndpointsOn(example.PodA1, example.PodB1)...))
-				src.SetSlice(builders.SliceFor(empty.Service, example.EndpointsOn(example.PodB1)...))
-				src.DeleteService(hairpin.Service)
-				src.DeleteSlice(hairpin.Slice)
-			},
+			name:    "node-a",
+			cfg:     Config{ClusterCIDR: example.ClusterCIDR},
+			partial: true,
 		},
 		{
 			name: "node-a-masquerade-all",
@@ -91,15 +48,9 @@ func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 			nodePorts: []string{"192.168.77.0/24", "127.0.0.1/32"},
 		},
 		{
-			name: "node-a-ipv6",
-			cfg:  Config{IPv6: true, ClusterCIDR: example.ClusterCIDR6},
-			change: func(src *example.Source, ex []example.Pair) {
-				web, empty, hairpin := ex[0], ex[6], ex[8]
-				src.SetSlice(example.SliceFor(web.Service, example.EndpointsOn(example.PodA1v6, example.PodB1v6)...))
-				src.SetSlice(example.SliceFor(empty.Service, example.EndpointsOn(example.PodB1v6)...))
-				src.DeleteService(hairpin.Service)
-				src.DeleteSlice(hairpin.Slice)
-			},
+			name:    "node-a-ipv6",
+			cfg:     Config{IPv6: true, ClusterCIDR: example.ClusterCIDR6},
+			partial: true,
 		},
 		{
 			// ::1 in --nodeport-addresses serves no NodePorts, as
@@ -115,13 +66,7 @@ func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ex := example.Example()
-			src := example.NewSource(t, example.Node(example.NodeA))
-			if tt.cfg.IPv6 {
-				ex = example.Example6()
-				src = example.NewSource6(t, example.Node6(example.NodeA))
-			}
-			src.Add(ex...)
+			src, ex := example.NodeASource(t, tt.cfg.IPv6)
 			up := src.Update()
 			cfg := tt.cfg
 			if err := cfg.setDefaults(); err != nil {
@@ -139,14 +84,14 @@ func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkGolden(t, tt.name+"-full", pl.tx.Bytes())
+			golden.Check(t, tt.name+"-full", string(pl.tx.Bytes()))
 			p.commit(pl)
-			if tt.change == nil {
+			if !tt.partial {
 				return
 			}
-			tt.change(src, ex)
+			example.Churn(src, ex)
 			pl = p.partial(src.Update())
-			checkGolden(t, tt.name+"-partial", pl.tx.Bytes())
+			golden.Check(t, tt.name+"-partial", string(pl.tx.Bytes()))
 		})
 	}
 }
@@ -249,7 +194,7 @@ func TestReconcileWritesOnlyWhatDiffers(t *testing.T) {
 	want := p.partial(up).tx.Bytes()
 	got := p.reconcile(up.State)
 	// The same lines; the order of Services may differ.
-	if d := lineDiff(string(want), string(got.tx.Bytes())); d != "" {
+	if d := golden.LineDiff(string(want), string(got.tx.Bytes())); d != "" {
 		t.Errorf("reconcile and a partial sync of the same change differ:\n%s", d)
 	}
 	p.commit(got)
