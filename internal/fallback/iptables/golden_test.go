@@ -22,60 +22,20 @@ func freshHooks(tx *xtables.Transaction) error {
 }
 
 func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
-	tests := []struct {
-		name string
-		// cfg.IPv6 renders the IPv6 example (example.Example6 on
-		// example.Node6) instead of the IPv4 one.
-		cfg Config
-		// nodePorts is --nodeport-addresses; unset is every address.
-		nodePorts []string
-		// partial: after the full sync the example churns
-		// (example.Churn); the partial sync's input is checked against
-		// "<name>-partial".
-		partial bool
-	}{
-		{
-			name:    "node-a",
-			cfg:     Config{ClusterCIDR: example.ClusterCIDR},
-			partial: true,
-		},
-		{
-			name: "node-a-masquerade-all",
-			cfg: Config{
-				MasqueradeAll: true,
-				MasqueradeBit: 12,
-			},
-			nodePorts: []string{"192.168.77.0/24", "127.0.0.1/32"},
-		},
-		{
-			name:    "node-a-ipv6",
-			cfg:     Config{IPv6: true, ClusterCIDR: example.ClusterCIDR6},
-			partial: true,
-		},
-		{
-			// ::1 in --nodeport-addresses serves no NodePorts, as
-			// upstream's IPv6 proxier; IPv4 prefixes are ignored.
-			name: "node-a-ipv6-masquerade-all",
-			cfg: Config{
-				IPv6:          true,
-				MasqueradeAll: true,
-				MasqueradeBit: 12,
-			},
-			nodePorts: []string{"fd00:192:168:77::/64", "::1/128", "192.168.77.0/24"},
-		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			src, ex := example.NodeASource(t, tt.cfg.IPv6)
+	for _, sc := range example.Scenarios() {
+		t.Run(sc.Name, func(t *testing.T) {
+			cfg := Config{IPv6: sc.IPv6, ClusterCIDR: sc.ClusterCIDR, MasqueradeAll: sc.MasqueradeAll, MasqueradeBit: sc.MasqueradeBit}
+			src, ex := example.NodeASource(t, sc.IPv6)
 			up := src.Update()
-			cfg := tt.cfg
 			if err := cfg.setDefaults(); err != nil {
 				t.Fatal(err)
 			}
 			p := newPlanner(&cfg)
 			p.r.nodeIPs = up.State.Node.Addrs
-			// Upstream serves localhost NodePorts for IPv4 only.
-			spec, err := model.ParseNodePortSpec(tt.nodePorts, cfg.IPv6, !cfg.IPv6)
+			// Upstream serves localhost NodePorts for IPv4 only: ::1 in
+			// --nodeport-addresses serves none, as upstream's IPv6
+			// proxier; IPv4 prefixes are ignored by the IPv6 dataplane.
+			spec, err := model.ParseNodePortSpec(sc.NodePorts, cfg.IPv6, !cfg.IPv6)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -84,34 +44,44 @@ func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			golden.Check(t, tt.name+"-full", string(pl.tx.Bytes()))
+			golden.Check(t, sc.Name+"-full", string(pl.tx.Bytes()))
 			p.commit(pl)
-			if !tt.partial {
+			if !sc.Partial {
 				return
 			}
 			example.Churn(src, ex)
 			pl = p.partial(src.Update())
-			golden.Check(t, tt.name+"-partial", string(pl.tx.Bytes()))
+			golden.Check(t, sc.Name+"-partial", string(pl.tx.Bytes()))
 		})
 	}
+}
+
+// syncedPlanner returns a planner of the IPv4 dataplane with the example's
+// cluster CIDR that has made and committed the full sync of node-a's
+// example cluster, the Source (for changes) and the pairs it holds, and the
+// state that was synced.
+func syncedPlanner(t *testing.T) (*planner, *example.Source, []example.Pair, *model.State) {
+	t.Helper()
+	src, ex := example.NodeASource(t, false)
+	cfg := Config{ClusterCIDR: example.ClusterCIDR}
+	if err := cfg.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	p := newPlanner(&cfg)
+	state := src.Update().State
+	pl, err := p.full(state, freshHooks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.commit(pl)
+	return p, src, ex, state
 }
 
 // A partial sync followed by a full one must leave the same chains and
 // rules as the full one alone: the planner's memory of what it applied must
 // match what it wrote.
 func TestPartialSyncsKeepTheAppliedStateOfAFullSync(t *testing.T) {
-	ex := example.Example()
-	src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
-	cfg := Config{ClusterCIDR: example.ClusterCIDR}
-	if err := cfg.setDefaults(); err != nil {
-		t.Fatal(err)
-	}
-	p := newPlanner(&cfg)
-	pl, err := p.full(src.Update().State, freshHooks)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.commit(pl)
+	p, src, ex, _ := syncedPlanner(t)
 
 	src.SetSlice(builders.SliceFor(ex[0].Service, example.EndpointsOn(example.PodB1)...))
 	src.DeleteService(ex[4].Service)
@@ -119,7 +89,7 @@ func TestPartialSyncsKeepTheAppliedStateOfAFullSync(t *testing.T) {
 	up := src.Update()
 	p.commit(p.partial(up))
 
-	fresh := newPlanner(&cfg)
+	fresh := newPlanner(p.r.cfg)
 	want, err := fresh.full(up.State, freshHooks)
 	if err != nil {
 		t.Fatal(err)
@@ -171,26 +141,14 @@ func keys(m map[string]bool) []string {
 // A full sync reconciles: unchanged Services are not written again, a
 // change the partial syncs missed is written as a partial sync would.
 func TestReconcileWritesOnlyWhatDiffers(t *testing.T) {
-	ex := example.Example()
-	src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
-	cfg := Config{ClusterCIDR: example.ClusterCIDR}
-	if err := cfg.setDefaults(); err != nil {
-		t.Fatal(err)
-	}
-	p := newPlanner(&cfg)
-	up := src.Update()
-	pl, err := p.full(up.State, freshHooks)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.commit(pl)
-	if pl := p.reconcile(up.State); !pl.tx.Empty() {
+	p, src, ex, state := syncedPlanner(t)
+	if pl := p.reconcile(state); !pl.tx.Empty() {
 		t.Errorf("reconciling an unchanged state writes:\n%s", pl.tx.Bytes())
 	}
 
 	src.SetSlice(builders.SliceFor(ex[0].Service, example.EndpointsOn(example.PodB1)...))
 	src.DeleteService(ex[8].Service)
-	up = src.Update()
+	up := src.Update()
 	want := p.partial(up).tx.Bytes()
 	got := p.reconcile(up.State)
 	// The same lines; the order of Services may differ.

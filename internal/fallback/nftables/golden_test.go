@@ -32,47 +32,15 @@ func run(t *testing.T, fake *knftables.Fake, tx *knftables.Transaction) {
 }
 
 func TestTransactionsMatchGoldenFiles(t *testing.T) {
-	tests := []struct {
-		name string
-		// cfg.IPv6 renders the IPv6 example (example.Example6 on
-		// example.Node6) instead of the IPv4 one.
-		cfg Config
-		// nodePorts is --nodeport-addresses; unset is every address.
-		nodePorts []string
-		// partial: after the full sync the example churns
-		// (example.Churn); the partial sync's transaction is checked
-		// against "<name>-partial".
-		partial bool
-	}{
-		{
-			name:    "node-a",
-			cfg:     Config{ClusterCIDR: example.ClusterCIDR},
-			partial: true,
-		},
-		{
-			// 127.0.0.1 in --nodeport-addresses serves no NodePorts.
-			name:      "node-a-masquerade-all",
-			cfg:       Config{MasqueradeAll: true, MasqueradeBit: 12},
-			nodePorts: []string{"192.168.77.0/24", "127.0.0.1/32"},
-		},
-		{
-			name:    "node-a-ipv6",
-			cfg:     Config{IPv6: true, ClusterCIDR: example.ClusterCIDR6},
-			partial: true,
-		},
-		{
-			name:      "node-a-ipv6-masquerade-all",
-			cfg:       Config{IPv6: true, MasqueradeAll: true, MasqueradeBit: 12},
-			nodePorts: []string{"fd00:192:168:77::/64", "::1/128", "192.168.77.0/24"},
-		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			src, ex := example.NodeASource(t, tt.cfg.IPv6)
+	for _, sc := range example.Scenarios() {
+		t.Run(sc.Name, func(t *testing.T) {
+			cfg := Config{IPv6: sc.IPv6, ClusterCIDR: sc.ClusterCIDR, MasqueradeAll: sc.MasqueradeAll, MasqueradeBit: sc.MasqueradeBit}
+			src, ex := example.NodeASource(t, sc.IPv6)
 			up := src.Update()
-			p, fake := testPlanner(t, tt.cfg)
+			p, fake := testPlanner(t, cfg)
 			p.r.nodeIPs = up.State.Node.Addrs
-			spec, err := model.ParseNodePortSpec(tt.nodePorts, tt.cfg.IPv6, false)
+			// 127.0.0.1 in --nodeport-addresses serves no NodePorts.
+			spec, err := model.ParseNodePortSpec(sc.NodePorts, sc.IPv6, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -81,22 +49,22 @@ func TestTransactionsMatchGoldenFiles(t *testing.T) {
 			local := append([]netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()}, up.State.Node.Addrs...)
 			p.r.nodePorts = spec.Resolve(&up.State.Node, local)
 			pl := p.full(fake.NewTransaction(), up.State)
-			golden.Check(t, tt.name+"-full", pl.tx.String())
+			golden.Check(t, sc.Name+"-full", pl.tx.String())
 			run(t, fake, pl.tx)
 			p.commit(pl)
-			if !tt.partial {
+			if !sc.Partial {
 				return
 			}
 			example.Churn(src, ex)
 			up = src.Update()
 			pl = p.partial(fake.NewTransaction(), up)
-			golden.Check(t, tt.name+"-partial", pl.tx.String())
+			golden.Check(t, sc.Name+"-partial", pl.tx.String())
 			run(t, fake, pl.tx)
 			p.commit(pl)
 
 			// The table after the partial sync is the table a full
 			// sync of the new state writes on a fresh node.
-			fresh, freshFake := testPlanner(t, tt.cfg)
+			fresh, freshFake := testPlanner(t, cfg)
 			fresh.r.nodeIPs, fresh.r.nodePorts = p.r.nodeIPs, p.r.nodePorts
 			run(t, freshFake, fresh.full(freshFake.NewTransaction(), up.State).tx)
 			// The same lines: map elements may come in another order.
