@@ -8,8 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -70,15 +69,6 @@ func describe(f *netlink.ConntrackFlow) string {
 	}
 	return proto + " " + addrPort(f.Forward.SrcIP, f.Forward.SrcPort).String() + "->" + addrPort(f.Forward.DstIP, f.Forward.DstPort).String() +
 		" replied by " + addrPort(f.Reverse.SrcIP, f.Reverse.SrcPort).String()
-}
-
-func counterValue(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
 }
 
 // TestCleanerDeletesInItsNamespace: the Cleaner deletes, in the table of
@@ -143,7 +133,7 @@ func TestCleanerDeletesInItsNamespace(t *testing.T) {
 			if got := entries(t, ns.Netlink(), !tc.ipv6); len(got) != 0 {
 				t.Errorf("the other family's table has entries: %q", got)
 			}
-			if got := counterValue(t, fam.ConntrackReconcilerDeletedEntriesTotal); got != 2 {
+			if got := testutil.ToFloat64(fam.ConntrackReconcilerDeletedEntriesTotal); got != 2 {
 				t.Errorf("kubeproxy_conntrack_reconciler_deleted_entries_total = %v, want 2", got)
 			}
 		})

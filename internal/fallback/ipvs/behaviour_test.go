@@ -365,11 +365,7 @@ func TestCleanupRemovesOnlyOurs(t *testing.T) {
 
 func testCleanupRemovesOnlyOurs(t *testing.T, fam testFamily) {
 	requireIPVS(t)
-	sb := sandbox.ForTest(t)
-	node, err := sb.AddNode(example.NodeA)
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := nodeA(t)
 	h := handle(t, node)
 	// Someone else's virtual server on the node's own address.
 	foreign := ipvsService(vsKey{Addr: fam.hostIP(node.Host), Proto: model.TCP, Port: 8443}, "rr", 0)
@@ -453,11 +449,7 @@ func testExcludedVirtualServersAreKept(t *testing.T, fam testFamily) {
 		{"excluded: kept", []netip.Prefix{serviceCIDR}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sb := sandbox.ForTest(t)
-			node, err := sb.AddNode(example.NodeA)
-			if err != nil {
-				t.Fatal(err)
-			}
+			node := nodeA(t)
 			h := handle(t, node)
 			src := fam.source(t, fam.example()...)
 			first, err := New(behaviour.Context(t), fam.config(node.NS.Path(), Config{}))

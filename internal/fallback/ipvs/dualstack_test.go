@@ -83,11 +83,7 @@ func look(t *testing.T, node *sandbox.Node) kernelView {
 // ipsets as they were; Cleanup then removes both.
 func TestFamiliesShareTheNodeWithoutUndoingEachOther(t *testing.T) {
 	requireIPVS(t)
-	sb := sandbox.ForTest(t)
-	node, err := sb.AddNode(example.NodeA)
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := nodeA(t)
 	ns := node.NS.Path()
 	ctx := behaviour.Context(t)
 	src4 := example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)

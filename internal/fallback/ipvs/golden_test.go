@@ -1,58 +1,14 @@
 package ipvs
 
 import (
-	"flag"
 	"net/netip"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
-
-func checkGolden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("read golden file (run go test -update to create it): %v", err)
-	}
-	if got != string(want) {
-		t.Errorf("%s differs from %s (go test -update rewrites it after review):\n%s", name, path, lineDiff(string(want), got))
-	}
-}
-
-func lineDiff(want, got string) string {
-	w := map[string]bool{}
-	for _, l := range strings.Split(want, "\n") {
-		w[l] = true
-	}
-	g := map[string]bool{}
-	var b strings.Builder
-	for _, l := range strings.Split(got, "\n") {
-		g[l] = true
-		if !w[l] {
-			b.WriteString("+ " + l + "\n")
-		}
-	}
-	for _, l := range strings.Split(want, "\n") {
-		if !g[l] {
-			b.WriteString("- " + l + "\n")
-		}
-	}
-	return b.String()
-}
 
 func freshHooks(tx *xtables.Transaction) error {
 	hs := hooks()
@@ -90,13 +46,10 @@ func TestConfigurationMatchesGoldenFiles(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			src := example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)
-			if tt.cfg.IPv6 {
-				src = example.NewSource6(t, example.Node6(example.NodeA)).Add(example.Example6()...)
-			}
+			src, _ := example.NodeASource(t, tt.cfg.IPv6)
 			up := src.Update()
 			cfg := tt.cfg
-			checkGolden(t, tt.name+"-ipvs", dump(cfg.family(), render(t, cfg, up.State)))
+			golden.Check(t, tt.name+"-ipvs", dump(cfg.family(), render(t, cfg, up.State)))
 			if err := cfg.setDefaults(); err != nil {
 				t.Fatal(err)
 			}
@@ -104,7 +57,7 @@ func TestConfigurationMatchesGoldenFiles(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkGolden(t, tt.name+"-iptables", string(tx.Bytes()))
+			golden.Check(t, tt.name+"-iptables", string(tx.Bytes()))
 		})
 	}
 }

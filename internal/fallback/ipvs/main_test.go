@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
 func TestMain(m *testing.M) {
@@ -37,4 +38,15 @@ func requireIPVS(t *testing.T) {
 	_ = unix.Uname(&uts)
 	t.Skipf("IPVS is not available on this host's kernel %s (%v); test/vmtest runs this test on kernels that have it",
 		unix.ByteSliceToString(uts.Release[:]), err)
+}
+
+// nodeA returns node-a of a sandbox of its own for t, the one node of the
+// tests that drive the dataplane in a node's namespace.
+func nodeA(t *testing.T) *sandbox.Node {
+	t.Helper()
+	node, err := sandbox.ForTest(t).AddNode(example.NodeA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return node
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
@@ -40,11 +39,7 @@ func chainsOf(t *testing.T, ctx context.Context, netns string) []string {
 // the first sync suffices.
 func TestSwitchingModesLeavesNothingOfTheOther(t *testing.T) {
 	requireIPVS(t)
-	sb := sandbox.ForTest(t)
-	node, err := sb.AddNode(example.NodeA)
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := nodeA(t)
 	ns := node.NS.Path()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -2,62 +2,16 @@ package nftables
 
 import (
 	"context"
-	"flag"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"sigs.k8s.io/knftables"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
-
-func checkGolden(t *testing.T, name string, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("read golden file (run go test -update to create it): %v", err)
-	}
-	if got != string(want) {
-		t.Errorf("%s differs from %s (go test -update rewrites it after review):\n%s", name, path, lineDiff(string(want), got))
-	}
-}
-
-// lineDiff lists the lines only in want (-) and only in got (+).
-func lineDiff(want, got string) string {
-	count := map[string]int{}
-	for _, l := range strings.Split(got, "\n") {
-		count[l]++
-	}
-	var b strings.Builder
-	for _, l := range strings.Split(want, "\n") {
-		if count[l] > 0 {
-			count[l]--
-			continue
-		}
-		b.WriteString("- " + l + "\n")
-	}
-	for _, l := range strings.Split(got, "\n") {
-		if count[l] > 0 {
-			count[l]--
-			b.WriteString("+ " + l + "\n")
-		}
-	}
-	return b.String()
-}
 
 // testPlanner returns a planner for cfg and a fake nftables that checks
 // what it is given (every chain, set and map a rule or an element names
@@ -78,66 +32,15 @@ func run(t *testing.T, fake *knftables.Fake, tx *knftables.Transaction) {
 }
 
 func TestTransactionsMatchGoldenFiles(t *testing.T) {
-	tests := []struct {
-		name string
-		// cfg.IPv6 renders the IPv6 example (example.Example6 on
-		// example.Node6) instead of the IPv4 one.
-		cfg Config
-		// nodePorts is --nodeport-addresses; unset is every address.
-		nodePorts []string
-		// change, if set, alters the example after the full sync; the
-		// partial sync's transaction is checked against "<name>-partial".
-		change func(src *example.Source, ex []example.Pair)
-	}{
-		{
-			name: "node-a",
-			cfg:  Config{ClusterCIDR: example.ClusterCIDR},
-			change: func(src *example.Source, ex []example.Pair) {
-				web, empty, hairpin := ex[0], ex[6], ex[8]
-				// web loses a2; empty gets its first endpoint; hairpin
-				// goes away.
-				src.SetSlice(builders.SliceFor(web.Service, example.EndpointsOn(example.PodA1, example.PodB1)...))
-				src.SetSlice(builders.SliceFor(empty.Service, example.EndpointsOn(example.PodB1)...))
-				src.DeleteService(hairpin.Service)
-				src.DeleteSlice(hairpin.Slice)
-			},
-		},
-		{
-			// 127.0.0.1 in --nodeport-addresses serves no NodePorts.
-			name:      "node-a-masquerade-all",
-			cfg:       Config{MasqueradeAll: true, MasqueradeBit: 12},
-			nodePorts: []string{"192.168.77.0/24", "127.0.0.1/32"},
-		},
-		{
-			name: "node-a-ipv6",
-			cfg:  Config{IPv6: true, ClusterCIDR: example.ClusterCIDR6},
-			change: func(src *example.Source, ex []example.Pair) {
-				web, empty, hairpin := ex[0], ex[6], ex[8]
-				src.SetSlice(example.SliceFor(web.Service, example.EndpointsOn(example.PodA1v6, example.PodB1v6)...))
-				src.SetSlice(example.SliceFor(empty.Service, example.EndpointsOn(example.PodB1v6)...))
-				src.DeleteService(hairpin.Service)
-				src.DeleteSlice(hairpin.Slice)
-			},
-		},
-		{
-			name:      "node-a-ipv6-masquerade-all",
-			cfg:       Config{IPv6: true, MasqueradeAll: true, MasqueradeBit: 12},
-			nodePorts: []string{"fd00:192:168:77::/64", "::1/128", "192.168.77.0/24"},
-		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			ex := example.Example()
-			src := example.NewSource(t, example.Node(example.NodeA))
-			if tt.cfg.IPv6 {
-				ex = example.Example6()
-				src = example.NewSource6(t, example.Node6(example.NodeA))
-			}
-			src.Add(ex...)
+	for _, sc := range example.Scenarios() {
+		t.Run(sc.Name, func(t *testing.T) {
+			cfg := Config{IPv6: sc.IPv6, ClusterCIDR: sc.ClusterCIDR, MasqueradeAll: sc.MasqueradeAll, MasqueradeBit: sc.MasqueradeBit}
+			src, ex := example.NodeASource(t, sc.IPv6)
 			up := src.Update()
-			p, fake := testPlanner(t, tt.cfg)
+			p, fake := testPlanner(t, cfg)
 			p.r.nodeIPs = up.State.Node.Addrs
-			spec, err := model.ParseNodePortSpec(tt.nodePorts, tt.cfg.IPv6, false)
+			// 127.0.0.1 in --nodeport-addresses serves no NodePorts.
+			spec, err := model.ParseNodePortSpec(sc.NodePorts, sc.IPv6, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -146,26 +49,26 @@ func TestTransactionsMatchGoldenFiles(t *testing.T) {
 			local := append([]netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()}, up.State.Node.Addrs...)
 			p.r.nodePorts = spec.Resolve(&up.State.Node, local)
 			pl := p.full(fake.NewTransaction(), up.State)
-			checkGolden(t, tt.name+"-full", pl.tx.String())
+			golden.Check(t, sc.Name+"-full", pl.tx.String())
 			run(t, fake, pl.tx)
 			p.commit(pl)
-			if tt.change == nil {
+			if !sc.Partial {
 				return
 			}
-			tt.change(src, ex)
+			example.Churn(src, ex)
 			up = src.Update()
 			pl = p.partial(fake.NewTransaction(), up)
-			checkGolden(t, tt.name+"-partial", pl.tx.String())
+			golden.Check(t, sc.Name+"-partial", pl.tx.String())
 			run(t, fake, pl.tx)
 			p.commit(pl)
 
 			// The table after the partial sync is the table a full
 			// sync of the new state writes on a fresh node.
-			fresh, freshFake := testPlanner(t, tt.cfg)
+			fresh, freshFake := testPlanner(t, cfg)
 			fresh.r.nodeIPs, fresh.r.nodePorts = p.r.nodeIPs, p.r.nodePorts
 			run(t, freshFake, fresh.full(freshFake.NewTransaction(), up.State).tx)
 			// The same lines: map elements may come in another order.
-			if d := lineDiff(freshFake.Dump(), fake.Dump()); d != "" {
+			if d := golden.LineDiff(freshFake.Dump(), fake.Dump()); d != "" {
 				t.Errorf("after the partial sync the table differs from a full sync's:\n%s", d)
 			}
 		})
@@ -204,7 +107,7 @@ func TestFullSyncDeletesWhatNothingWants(t *testing.T) {
 	run(t, fake, q.full(fake.NewTransaction(), up.State).tx)
 	fresh, freshFake := testPlanner(t, Config{ClusterCIDR: example.ClusterCIDR})
 	run(t, freshFake, fresh.full(freshFake.NewTransaction(), up.State).tx)
-	if d := lineDiff(freshFake.Dump(), fake.Dump()); d != "" {
+	if d := golden.LineDiff(freshFake.Dump(), fake.Dump()); d != "" {
 		t.Errorf("a full sync over an earlier table leaves:\n%s", d)
 	}
 	if strings.Contains(fake.Dump(), " affinity-") || strings.Contains(fake.Dump(), " endpoint-") {

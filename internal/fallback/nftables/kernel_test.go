@@ -8,8 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
@@ -18,6 +17,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/golden"
 )
 
 func listTable(t *testing.T, ns, family string) string {
@@ -83,7 +83,7 @@ func TestKernelTablesOfBothFamilies(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := listTable(t, ns, "ip6"); got != ip6Before {
-		t.Errorf("syncs of the IPv4 dataplane changed the IPv6 table:\n%s", lineDiff(ip6Before, got))
+		t.Errorf("syncs of the IPv4 dataplane changed the IPv6 table:\n%s", golden.LineDiff(ip6Before, got))
 	}
 	gotChains, gotSets := kernelNames(t, d4)
 	want := newPlanner(&d4.cfg)
@@ -209,7 +209,7 @@ func TestSyncAfterTheTableWasDeletedRewritesIt(t *testing.T) {
 	if err := d.Sync(up); err == nil {
 		t.Fatalf("a partial sync into a deleted table succeeded")
 	}
-	if got := counterValue(t, m.NFTablesSyncFailuresTotal); got != 1 {
+	if got := testutil.ToFloat64(m.NFTablesSyncFailuresTotal); got != 1 {
 		t.Errorf("nftables sync failures %v, want 1", got)
 	}
 	if present, _ := Present(ctx, ns); len(present) != 0 {
@@ -225,17 +225,8 @@ func TestSyncAfterTheTableWasDeletedRewritesIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := listTable(t, ns, "ip"); got != want {
-		t.Errorf("after the recovery the table differs from the first sync's:\n%s", lineDiff(want, got))
+		t.Errorf("after the recovery the table differs from the first sync's:\n%s", golden.LineDiff(want, got))
 	}
-}
-
-func counterValue(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
 }
 
 // --detect-local-mode=BridgeInterface and InterfaceNamePrefix: the kernel
