@@ -160,3 +160,33 @@ func TestServeOnUnixSocket(t *testing.T) {
 		t.Error("Serve replaced a regular file")
 	}
 }
+
+// Requests read while the sync loops record (go test -race checks the
+// guarding): every answer is one whole update or the other.
+func TestServicesWhileRecording(t *testing.T) {
+	s := NewState()
+	rec := s.Family("IPv4")
+	st, name := webState()
+	empty := &model.State{Node: st.Node, Services: map[model.ServicePortName]*model.Service{}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 500 {
+			if i%2 == 0 {
+				rec.Sync(model.Update{State: st, Full: true})
+			} else {
+				rec.Sync(model.Update{State: empty, Changed: model.ChangeSet{name: {}}})
+			}
+		}
+	}()
+	for {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		if got := s.Services().Services; len(got) > 1 || (len(got) == 1 && len(got[0].Frontends) != 3) {
+			t.Fatalf("a torn answer: %+v", got)
+		}
+	}
+}
