@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dump"
 )
 
 // execute runs the command line args (without the program name) and
@@ -84,19 +85,23 @@ func versionCommand(stdout io.Writer) *cobra.Command {
 }
 
 func dumpCommand(stdout, stderr io.Writer) *cobra.Command {
-	var bpffs string
+	var f dump.Flags
 	cmd := &cobra.Command{
 		Use:   "dump [flags]",
-		Short: "Print the Services, backends and reverse NAT entries of the pinned maps",
+		Short: "Print the Services, their frontends and backends as the pinned maps hold them, named by the agent",
 		Args:  noArgs,
-		RunE: func(*cobra.Command, []string) error {
-			if code := runDump(bpffs, stdout, stderr); code != 0 {
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o, err := dump.ParseOptions(f)
+			if err != nil {
+				return err
+			}
+			if code := dump.Run(cmd.Context(), o, stdout, stderr); code != 0 {
 				return exitError{code: code}
 			}
 			return nil
 		},
 	}
-	addDumpFlags(cmd.Flags(), &bpffs)
+	addDumpFlags(cmd.Flags(), &f)
 	return cmd
 }
 

@@ -127,3 +127,22 @@ func TestStrayArgumentsAreRefused(t *testing.T) {
 		t.Errorf("flags alone: %v", err)
 	}
 }
+
+// dump refuses bad flag values with exit code 2 and says which, before
+// opening any map.
+func TestDumpRefusesBadFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-o", "yaml"}, `-o "yaml"`},
+		{[]string{"--service", "web"}, `--service "web": want namespace/name`},
+		{[]string{"--address", "nope"}, `--address "nope": not an IP address`},
+		{[]string{"--protocol", "icmp"}, `--protocol "icmp": want tcp, udp or sctp`},
+	} {
+		code, out, errOut := runCLI(append([]string{"dump", "--bpffs-path=" + t.TempDir()}, c.args...)...)
+		if code != 2 || out != "" || !strings.Contains(errOut, c.want) {
+			t.Errorf("dump %q: exit %d, stdout %q, stderr %q; want exit 2 and %q", c.args, code, out, errOut, c.want)
+		}
+	}
+}

@@ -1,47 +1,19 @@
 package main
 
 import (
-	"fmt"
-	"io"
-
 	"github.com/spf13/pflag"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/api"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dump"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 )
 
-// addDumpFlags registers dump's flags.
-func addDumpFlags(fs *pflag.FlagSet, bpffs *string) {
-	fs.StringVar(bpffs, "bpffs-path", loader.DefaultBPFFSPath, "Directory on a bpf filesystem where the agent pinned its maps.")
-}
-
-// runDump prints the pinned maps under bpffs in the canonical sorted form,
-// for debugging a node (`ebpf-proxy dump [--bpffs-path DIR]`), and returns
-// the exit code.
-func runDump(bpffs string, stdout, stderr io.Writer) int {
-	sm, err := loader.OpenPinnedSockMaps(bpffs)
-	if err != nil {
-		fmt.Fprintln(stderr, err)
-		return 1
-	}
-	defer sm.Close()
-	lines, err := maps.Dump(maps.KernelMaps(sm))
-	if err != nil {
-		fmt.Fprintln(stderr, err)
-		return 1
-	}
-	// The IPv6 maps number their ids apart from the IPv4 ones: a header
-	// keeps "backend 1" of one family from reading as the other's.
-	lines6, err := maps.Dump6(maps.KernelMaps6(sm))
-	if err != nil {
-		fmt.Fprintln(stderr, err)
-		return 1
-	}
-	if len(lines6) > 0 {
-		lines = append(append(lines, "# IPv6"), lines6...)
-	}
-	for _, l := range lines {
-		fmt.Fprintln(stdout, l)
-	}
-	return 0
+// addDumpFlags registers dump's flags (internal/dump checks them).
+func addDumpFlags(fs *pflag.FlagSet, f *dump.Flags) {
+	fs.StringVar(&f.BPFFSPath, "bpffs-path", loader.DefaultBPFFSPath, "Directory on a bpf filesystem where the agent pinned its maps.")
+	fs.StringVar(&f.APISocket, "api-socket", api.DefaultSocket, "The agent's local API socket, where Service names come from; empty: print the maps' ids only.")
+	fs.StringVarP(&f.Output, "output", "o", dump.OutputTable, "Output format: table, wide (adds ids, policies, flags), json, or entries (every map entry, one per line, with ids only).")
+	fs.StringVar(&f.Service, "service", "", "Only the Service namespace/name.")
+	fs.StringVar(&f.Address, "address", "", "Only the frontends on this IP address or with a backend on it.")
+	fs.StringVar(&f.Protocol, "protocol", "", "Only this protocol: tcp, udp or sctp.")
 }

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/api"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
@@ -112,11 +113,20 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 			s.Close()
 		}
 	}()
+	applied := api.NewState()
+	if o.APISocket != "" {
+		// A debugging aid: without it the node is served all the same.
+		if srv, err := api.Serve(o.APISocket, applied, log); err != nil {
+			log.Error("not serving the local API", zap.Error(err))
+		} else {
+			defer srv.Close()
+		}
+	}
 	var wg sync.WaitGroup
 	firstSyncs := make([]<-chan struct{}, len(dp.Families))
 	for i, f := range dp.Families {
 		cfg := proxier.Config{MinSyncPeriod: minSyncPeriod, SyncPeriod: syncPeriod, IPFamily: f.IPFamily,
-			ServiceHealth: svcHealth[i], LocalAddrs: proxymode.LocalAddrs}
+			ServiceHealth: svcHealth[i], LocalAddrs: proxymode.LocalAddrs, Applied: applied.Family(f.IPFamily)}
 		p := proxier.New(cfg, targets[i].Tracker, f.Dataplane, m, health, log)
 		firstSyncs[i] = p.FirstSync()
 		wg.Add(1)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/api"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
@@ -99,6 +100,7 @@ type Options struct {
 	TerminateSockets bool            // --terminate-removed-backend-sockets
 	CgroupPath       string          // --cgroup-path
 	BPFFSPath        string          // --bpffs-path
+	APISocket        string          // --api-socket
 	MapSizes         loader.MapSizes // --bpf-map-*-max, --maglev-table-size
 
 	Devices       []string // --devices
@@ -127,6 +129,7 @@ func Defaults() *Options {
 		ConfigSyncPeriod:   15 * time.Minute,
 		SyncPeriod:         30 * time.Second,
 		BPFFSPath:          loader.DefaultBPFFSPath,
+		APISocket:          api.DefaultSocket,
 		MapSizes:           loader.DefaultMapSizes,
 		TerminateSockets:   true,
 		ConntrackSize:      loader.DefaultConntrackSize,
@@ -173,6 +176,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Manifests, "manifests", o.Manifests, "Read Services and EndpointSlices from YAML files in this directory (watched for changes) instead of the API server.")
 	fs.StringVar(&o.CgroupPath, "cgroup-path", o.CgroupPath, "The cgroup v2 directory to attach the socket programs to (default: the node's cgroup2 root, mounting cgroup2 under /run/ebpf-proxy when none is mounted).")
 	fs.StringVar(&o.BPFFSPath, "bpffs-path", o.BPFFSPath, "Directory on a bpf filesystem where maps and links are pinned.")
+	fs.StringVar(&o.APISocket, "api-socket", o.APISocket, "Unix socket of the read-only local API (mode 0600) that `ebpf-proxy dump` reads Service names from; empty disables it.")
 	fs.Uint32Var(&o.MapSizes.Services, "bpf-map-services-max", o.MapSizes.Services, "Capacity of the services map: one entry per frontend plus one per backend of each frontend.")
 	fs.Uint32Var(&o.MapSizes.Backends, "bpf-map-backends-max", o.MapSizes.Backends, "Capacity of the backends map.")
 	fs.Uint32Var(&o.MapSizes.RevNat, "bpf-map-revnat-max", o.MapSizes.RevNat, "Capacity of the reverse NAT map: one entry per frontend.")

@@ -122,3 +122,100 @@ func backendFlagString(f uint8) string {
 	}
 	return s
 }
+
+// FrontendEntry is one frontend of the services map as the programs see it:
+// its master entry and the backends its slots name, in slot order.
+type FrontendEntry struct {
+	Frontend Frontend
+	// Flags are the master entry's FLAG_* bits (FlagNames spells them).
+	Flags uint16
+	// SvcID is the ServicePort's id (membership and source range maps),
+	// RevNatID the frontend's reverse NAT id. Both are numbered per IP
+	// family.
+	SvcID, RevNatID uint32
+	// AffinityTimeout is in seconds, 0 without session affinity.
+	AffinityTimeout uint32
+	// Count is the slot count the master entry announces.
+	Count    int
+	Backends []BackendEntry
+}
+
+// BackendEntry is a backend a frontend's slot names.
+type BackendEntry struct {
+	ID uint32
+	// Addr and Port are zero when the backends map lacks the id (Missing).
+	Addr    netip.Addr
+	Port    uint16
+	Flags   uint8
+	Missing bool
+}
+
+// Local reports whether the backend is on this node (BE_F_LOCAL).
+func (b BackendEntry) Local() bool { return b.Flags&BackendFlagLocal != 0 }
+
+// Terminating reports whether the backend is terminating (BE_F_TERMINATING).
+func (b BackendEntry) Terminating() bool { return b.Flags&BackendFlagTerminating != 0 }
+
+// ReadFrontends reads every frontend of the IPv4 maps with its backends,
+// sorted by frontend: the structured form of Dump.
+func ReadFrontends(m Maps) ([]FrontendEntry, error) { return readFrontends(m.coded()) }
+
+// ReadFrontends6 is ReadFrontends for the IPv6 maps; nil maps read as
+// nothing, as in Dump6.
+func ReadFrontends6(m Maps6) ([]FrontendEntry, error) {
+	if m.Services == nil {
+		return nil, nil
+	}
+	return readFrontends(m.coded())
+}
+
+func readFrontends(m familyMaps) ([]FrontendEntry, error) {
+	backends := map[uint32]backendEntry{}
+	err := m.backends.Iterate(func(id uint32, v backendEntry) bool {
+		backends[id] = v
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	masters := map[Frontend]*FrontendEntry{}
+	slots := map[Frontend]map[uint16]uint32{}
+	err = m.services.Iterate(func(k serviceKey, v ServiceValue) bool {
+		if k.slot == 0 {
+			masters[k.fe] = &FrontendEntry{Frontend: k.fe, Flags: v.Flags, SvcID: v.SvcId, RevNatID: v.RevNatId,
+				AffinityTimeout: v.AffinityTimeout, Count: int(v.Count)}
+			return true
+		}
+		if slots[k.fe] == nil {
+			slots[k.fe] = map[uint16]uint32{}
+		}
+		slots[k.fe][k.slot] = v.BackendId
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]FrontendEntry, 0, len(masters))
+	for fe, e := range masters {
+		for slot := 1; slot <= e.Count; slot++ {
+			id, ok := slots[fe][uint16(slot)]
+			if !ok {
+				continue
+			}
+			be := BackendEntry{ID: id}
+			if b, ok := backends[id]; ok {
+				be.Addr, be.Port, be.Flags = b.b.Addr, b.b.Port, b.flags
+			} else {
+				be.Missing = true
+			}
+			e.Backends = append(e.Backends, be)
+		}
+		out = append(out, *e)
+	}
+	slices.SortFunc(out, func(a, b FrontendEntry) int { return a.Frontend.compare(b.Frontend) })
+	return out, nil
+}
+
+// FlagNames spells a master entry's flags as Dump does ("cluster-ip",
+// "node-port,two-scopes", "-" for none).
+func FlagNames(f uint16) string { return serviceFlagString(f) }

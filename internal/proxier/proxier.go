@@ -30,6 +30,11 @@ type ServiceHealth interface {
 	Sync(up model.Update)
 }
 
+// Observer is told every update a dataplane applied.
+type Observer interface {
+	Sync(up model.Update)
+}
+
 // Config tunes the loop.
 type Config struct {
 	// MinSyncPeriod is the least time between two syncs; changes arriving
@@ -47,6 +52,10 @@ type Config struct {
 	// it, whatever the dataplane: as in kube-proxy, the health check node
 	// ports report what is programmed, not what is merely known.
 	ServiceHealth ServiceHealth
+	// Applied, if set, is told every update the dataplane applied, after
+	// ServiceHealth: the local API (internal/api) serves what is
+	// programmed from it.
+	Applied Observer
 	// LocalAddrs, if set, lists the node's interface addresses before
 	// every sync: --nodeport-addresses selects among them (the tracker
 	// resolves State.Node.NodePorts), so that an address the node gains
@@ -207,6 +216,9 @@ func (p *Proxier) syncOnce(full bool) bool {
 	p.health.Updated(p.cfg.IPFamily)
 	if p.cfg.ServiceHealth != nil {
 		p.cfg.ServiceHealth.Sync(up)
+	}
+	if p.cfg.Applied != nil {
+		p.cfg.Applied.Sync(up)
 	}
 	now := p.now()
 	for _, t := range up.TriggerTimes {

@@ -268,3 +268,30 @@ func TestServiceHealthSeesOnlyAppliedUpdates(t *testing.T) {
 		}
 	}
 }
+
+// The local API's recorder (Config.Applied) is told only what a
+// dataplane applied, as the health check node ports are.
+func TestAppliedSeesOnlyAppliedUpdates(t *testing.T) {
+	rec := &fakeServiceHealth{got: make(chan model.Update, 10), at: make(chan int, 10)}
+	l := start(t, Config{SyncPeriod: time.Hour, Applied: rec})
+	rec.dp = l.dp
+	l.dp.fail = 1
+	sp, es := service("a", "10.0.0.1")
+	l.tr.UpdateService(sp[0].Name.ServiceName, sp)
+	l.tr.UpdateEndpointSlice(es)
+	l.tr.SetServicesSynced()
+	l.tr.SetEndpointSlicesSynced()
+	l.waitSync(t) // fails
+	l.waitSync(t) // the full retry succeeds
+	select {
+	case up := <-rec.got:
+		if n := <-rec.at; n != 2 {
+			t.Errorf("Applied got an update after dataplane sync %d, want only after the successful second", n)
+		}
+		if !up.Full || up.State.Services[sp[0].Name] == nil {
+			t.Errorf("Applied got full=%v with %d service ports, want the full State", up.Full, len(up.State.Services))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Applied never got an update")
+	}
+}

@@ -108,7 +108,7 @@ func run(bin, manifests string) (err error) {
 
 	args := []string{"--manifests", dir, "--cgroup-path", sb.Cgroup.Path(), "--bpffs-path", bpffs,
 		"--hostname-override", "node-a", "--healthz-bind-address", "", "--metrics-bind-address", metricsAddr,
-		"--logging-format", "text"}
+		"--api-socket", filepath.Join(dir, "agent.sock"), "--logging-format", "text"}
 	step("starting the agent in node-a's network namespace; to run it by hand:\n    ip netns exec %s %s %s",
 		node.NS.Name(), bin, shellQuote(args))
 	agent := exec.Command(bin, args...)
@@ -152,8 +152,8 @@ func run(bin, manifests string) (err error) {
 		return ctx.Err()
 	}
 
-	step("the BPF maps, as `ebpf-proxy dump` prints them")
-	out, err := exec.Command(bin, "dump", "--bpffs-path", bpffs).CombinedOutput()
+	step("the BPF maps, as `ebpf-proxy dump` prints them (Service names from the agent's API socket)")
+	out, err := exec.Command(bin, "dump", "--bpffs-path", bpffs, "--api-socket", filepath.Join(dir, "agent.sock")).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("dump: %v: %s", err, out)
 	}

@@ -113,9 +113,11 @@ func (e *env) ctx() context.Context {
 // agentArgs are the flags every agent of these tests runs with: the
 // sandbox's cgroup and bpffs, the manifests directory, metrics inside the
 // node's namespace. Sockets of removed backends are not ended: that scans
-// every namespace of the machine, where other tests run.
+// every namespace of the machine, where other tests run. The API socket
+// is the test's, never the host's /run.
 func (e *env) agentArgs(mode string) []string {
 	return []string{"--proxy-mode", mode, "--manifests", e.manifests, "--cgroup-path", e.sb.Cgroup.Path(),
+		"--api-socket", filepath.Join(e.t.TempDir(), "agent.sock"),
 		"--bpffs-path", e.bpffs, "--hostname-override", nodeName, "--cluster-cidr", sandbox.PodCIDR.String(),
 		"--healthz-bind-address", "", "--metrics-bind-address", metricsAddr, "--terminate-removed-backend-sockets=false", "-v", "2"}
 }

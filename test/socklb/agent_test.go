@@ -2,6 +2,7 @@ package socklb_test
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,12 +28,13 @@ const (
 )
 
 // startAgent runs the real agent in the node's namespace against the
-// sandbox's cgroup and bpffs, reading Services from dir, and waits for its
-// first sync. Extra flags follow the defaults.
+// sandbox's cgroup and bpffs, reading Services from dir, with its API
+// socket in a directory of the test (never the host's /run), and waits for
+// its first sync. Extra flags follow the defaults.
 func (e *env) startAgent(t *testing.T, dir string, extra ...string) *agent.Process {
 	t.Helper()
 	args := append([]string{"--manifests", dir, "--cgroup-path", e.sb.Cgroup.Path(),
-		"--bpffs-path", e.bpffs, "--hostname-override", nodeName,
+		"--bpffs-path", e.bpffs, "--hostname-override", nodeName, "--api-socket", filepath.Join(t.TempDir(), "agent.sock"),
 		"--healthz-bind-address", "", "--metrics-bind-address", "", "-v", "2"}, extra...)
 	a := agent.Run(t, agent.Options{Args: args, Netns: e.node.NS.Path()})
 	if err := a.WaitLog(2*time.Minute, []string{"first sync done"}); err != nil {

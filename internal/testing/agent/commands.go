@@ -42,19 +42,26 @@ func runCleanup(ctx context.Context, nsPath string, args ...string) (string, err
 	return out.String(), nil
 }
 
-// Dump runs `ebpf-proxy dump` on the pins under bpffs and returns what it
-// prints.
+// Dump runs `ebpf-proxy dump -o entries` on the pins under bpffs (every
+// map entry, one per line, with ids only: the form to compare across
+// restarts) and returns what it prints.
 func Dump(bpffs string) (string, error) {
+	out, _, err := DumpWith(bpffs, "-o", "entries")
+	return out, err
+}
+
+// DumpWith runs `ebpf-proxy dump --bpffs-path bpffs args...` and returns
+// its stdout and stderr.
+func DumpWith(bpffs string, args ...string) (stdout, stderr string, err error) {
 	bin, err := Binary()
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	var stderr bytes.Buffer
-	cmd := exec.Command(bin, "dump", "--bpffs-path", bpffs)
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return string(out), fmt.Errorf("ebpf-proxy dump: %w: %s", err, stderr.String())
+	var out, errOut bytes.Buffer
+	cmd := exec.Command(bin, append([]string{"dump", "--bpffs-path", bpffs}, args...)...)
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		return out.String(), errOut.String(), fmt.Errorf("ebpf-proxy dump %q: %w: %s", args, err, errOut.String())
 	}
-	return string(out), nil
+	return out.String(), errOut.String(), nil
 }

@@ -180,6 +180,7 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 			"--hostname-override=" + n.Spec.Name,
 			"--cgroup-path=" + n.Cgroup.Path(),
 			"--bpffs-path=" + p.BPFFS,
+			"--api-socket=" + filepath.Join(dir, "agent.sock"),
 			"--metrics-bind-address=" + metricsAddr,
 			"--healthz-bind-address=" + healthzAddr,
 			// As upstream's configuration below.
