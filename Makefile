@@ -34,7 +34,7 @@ include test/e2e/e2e.mk
 include hack/images.mk
 include test/cluster/cluster.mk
 
-.PHONY: all build deps generate check-generated lint monitoring-check unit test test-go bench demo clean
+.PHONY: all build deps generate check-generated lint monitoring-check unit test test-go system-test bench demo clean
 
 all: build
 
@@ -91,7 +91,17 @@ bench: build
 # Every test. The last, cluster-test, is a real node in a 6.12 guest
 # (kubelet, containerd, the control plane): upstream kube-proxy replaced by
 # deploy/ under load, upgraded and restarted; about 9 minutes.
-test: lint monitoring-check check-generated test-go vmtest e2e cluster-test
+test: lint monitoring-check check-generated test-go vmtest system-test
+
+# The end-to-end suite on the host and the cluster test in a VM, side by
+# side: each keeps about one core busy (the differential suite mostly waits
+# on probes), and each target's output is printed whole when it ends.
+# Together they take about as long as the end-to-end suite alone. What
+# they share is installed and built first, one at a time (the package
+# manager's lock, the Kubernetes binaries' cache), so that inside they
+# only find it there.
+system-test: cluster-deps vmtest-deps k8s-binaries node-binaries
+	$(MAKE) -j2 --output-sync=target e2e cluster-test
 
 demo: deps build
 	$(GO) run ./test/demo
