@@ -101,7 +101,30 @@ func dumpCommand(stdout, stderr io.Writer) *cobra.Command {
 			return nil
 		},
 	}
-	addDumpFlags(cmd.Flags(), &f)
+	// The views inherit dump's flags.
+	addDumpFlags(cmd.PersistentFlags(), &f)
+	for _, v := range []struct{ view, short string }{
+		{dump.ViewConntrack, "Print the TC and XDP programs' connection tracking entries, named by Service"},
+		{dump.ViewAffinity, "Print the session affinity entries: client, Service, chosen backend and age"},
+		{dump.ViewMaglev, "Print the Maglev tables: per Service, the table size and the slots each backend holds"},
+		{dump.ViewSourceRanges, "Print the loadBalancerSourceRanges of each LoadBalancer frontend"},
+	} {
+		cmd.AddCommand(&cobra.Command{
+			Use:   v.view + " [flags]",
+			Short: v.short,
+			Args:  noArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				o, err := dump.ParseViewOptions(v.view, f)
+				if err != nil {
+					return err
+				}
+				if code := dump.RunView(cmd.Context(), v.view, o, stdout, stderr); code != 0 {
+					return exitError{code: code}
+				}
+				return nil
+			},
+		})
+	}
 	return cmd
 }
 

@@ -112,7 +112,9 @@ func hasBackend(f Frontend, a netip.Addr) bool {
 }
 
 // WriteJSON writes r as Report's schema, indented.
-func WriteJSON(w io.Writer, r Report) error {
+func WriteJSON(w io.Writer, r Report) error { return writeJSON(w, r) }
+
+func writeJSON(w io.Writer, r any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(r)

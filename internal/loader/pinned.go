@@ -63,3 +63,14 @@ func OpenPinnedSockMaps(bpffsPath string) (*bpfobj.SockMaps, error) {
 	}
 	return &sm, nil
 }
+
+// OpenPinnedMap opens, read-only, the map name an agent pinned under
+// bpffsPath (ebpf-proxy dump's views of the conntrack, affinity and Maglev
+// maps). The caller closes it.
+func OpenPinnedMap(bpffsPath, name string) (*ebpf.Map, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(bpffsPath, "maps", name), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("open pinned map %s: %w", name, err)
+	}
+	return m, nil
+}
