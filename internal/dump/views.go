@@ -110,9 +110,10 @@ func BuildConntrack(cts []CTFamily, fams []Family, names *api.Services, now time
 	return r
 }
 
-// WriteConntrackTable writes one line per entry: the Service, protocol,
-// client, frontend, backend, source NAT, flags and expiry; wide adds the
-// direction, the ids and the age.
+// WriteConntrackTable writes one line per flow: the Service, protocol,
+// client, frontend, backend, source NAT, flags (of both its entries) and
+// expiry (the later of its entries'). wide writes one line per entry
+// instead, with its direction, the ids and its age.
 func WriteConntrackTable(w io.Writer, r ConntrackReport, wide bool) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	head := "SERVICE\tPROTO\tCLIENT\tFRONTEND\tBACKEND\tSNAT\tFLAGS\tEXPIRES"
@@ -120,7 +121,11 @@ func WriteConntrackTable(w io.Writer, r ConntrackReport, wide bool) error {
 		head = "SERVICE\tPROTO\tDIR\tCLIENT\tFRONTEND\tBACKEND\tSNAT\tSVC-ID\tBACKEND-ID\tFLAGS\tEXPIRES\tAGE"
 	}
 	fmt.Fprintln(tw, head)
-	for _, c := range r.Flows {
+	flows := r.Flows
+	if !wide {
+		flows = mergeDirections(flows)
+	}
+	for _, c := range flows {
 		cols := []string{c.Service.String(), c.Protocol}
 		if wide {
 			cols = append(cols, c.Direction)
@@ -136,6 +141,51 @@ func WriteConntrackTable(w io.Writer, r ConntrackReport, wide bool) error {
 		fmt.Fprintln(tw, strings.Join(cols, "\t"))
 	}
 	return tw.Flush()
+}
+
+// mergeDirections folds a flow's reply entry into its original one (they
+// are adjacent in a report's order): the flags of both, the later expiry,
+// the backend of either.
+func mergeDirections(fs []Conntrack) []Conntrack {
+	var out []Conntrack
+	for _, f := range fs {
+		if n := len(out); n > 0 && f.Direction == DirectionReply {
+			p := &out[n-1]
+			if p.Direction == DirectionOriginal && p.IPFamily == f.IPFamily && p.Protocol == f.Protocol &&
+				p.Client == f.Client && p.Frontend == f.Frontend {
+				p.Flags = unionFlags(p.Flags, f.Flags)
+				p.ExpiresInSeconds = max(p.ExpiresInSeconds, f.ExpiresInSeconds)
+				if !p.Backend.IsValid() {
+					p.Backend = f.Backend
+				}
+				p.Direction = ""
+				continue
+			}
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// unionFlags joins two flag lists as CTFlagNames spells them, in the
+// order of maps.CTFlagNames.
+func unionFlags(a, b string) string {
+	var fs []string
+	for _, s := range []string{a, b} {
+		for _, f := range strings.Split(s, ",") {
+			if f != "-" && !slices.Contains(fs, f) {
+				fs = append(fs, f)
+			}
+		}
+	}
+	order := strings.Split(maps.CTFlagNames(^uint16(0)), ",")
+	slices.SortStableFunc(fs, func(x, y string) int {
+		return slices.Index(order, x) - slices.Index(order, y)
+	})
+	if len(fs) == 0 {
+		return "-"
+	}
+	return strings.Join(fs, ",")
 }
 
 func orDash(ap netip.AddrPort) string {

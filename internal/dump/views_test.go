@@ -20,7 +20,7 @@ var cts = []CTFamily{{"IPv4", []maps.CTEntry{
 	{Proto: model.TCP, Client: ap("198.51.100.7:40112"), Frontend: ap("192.0.2.1:30080"), Backend: ap("10.244.1.3:8080"),
 		SNAT: ap("192.0.2.1:61001"), BackendID: 1, SvcID: 2, Expires: 1100, Born: 990, Flags: maps.CTFlagSNAT},
 	{Reply: true, Proto: model.TCP, Client: ap("198.51.100.7:40112"), Frontend: ap("192.0.2.1:30080"), Backend: ap("10.244.1.3:8080"),
-		SNAT: ap("192.0.2.1:61001"), BackendID: 1, SvcID: 2, Expires: 1100, Born: 990, Flags: maps.CTFlagSNAT},
+		SNAT: ap("192.0.2.1:61001"), BackendID: 1, SvcID: 2, Expires: 1100, Born: 990, Flags: maps.CTFlagSNAT | maps.CTFlagFinReply},
 	{Proto: model.TCP, Client: ap("198.51.100.8:5000"), Frontend: ap("10.96.0.99:80"), Backend: ap("10.244.9.9:80"),
 		BackendID: 8, SvcID: 7, Expires: 900, Born: 100, Flags: maps.CTFlagClosing},
 }}}
@@ -47,10 +47,19 @@ func TestConntrackNamesFlowsByFrontend(t *testing.T) {
 	if err := WriteConntrackTable(&buf, r, false); err != nil {
 		t.Fatal(err)
 	}
+	// One line per flow, its two entries' flags together.
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 4 || strings.Join(strings.Fields(lines[1]), " ") != "default/web:http TCP 198.51.100.7:40112 192.0.2.1:30080 10.244.1.3:8080 192.0.2.1:61001 snat 100s" ||
-		!strings.HasSuffix(lines[3], "expired") {
+	if len(lines) != 3 || strings.Join(strings.Fields(lines[1]), " ") != "default/web:http TCP 198.51.100.7:40112 192.0.2.1:30080 10.244.1.3:8080 192.0.2.1:61001 snat,fin-reply 100s" ||
+		!strings.HasSuffix(lines[2], "expired") {
 		t.Errorf("table:\n%s", buf.String())
+	}
+	// wide: one line per entry, with its direction.
+	buf.Reset()
+	if err := WriteConntrackTable(&buf, r, true); err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Split(strings.TrimSpace(buf.String()), "\n"); len(lines) != 4 || !strings.Contains(lines[2], " reply ") {
+		t.Errorf("wide table:\n%s", buf.String())
 	}
 
 	// Filters: by Service, by an address of the flow, by protocol.
