@@ -1,10 +1,13 @@
 package socklb_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dump"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
@@ -153,5 +157,86 @@ func TestAgentDumpNamesServices(t *testing.T) {
 		if !strings.Contains(out, p.IP.String()+":8080 terminating local") {
 			t.Errorf("dump without the agent lacks %s:8080 terminating local (the map's flags):\n%s", p.IP, out)
 		}
+	}
+}
+
+// After connections from a pod to a ClusterIP with session affinity
+// through the real agent's socket programs, `ebpf-proxy dump affinity`
+// shows the pod's entry: its network namespace as the client, the Service
+// by name, and the backend that served every connection.
+func TestAgentDumpAffinityNamesPodClients(t *testing.T) {
+	e := newSandbox(t, 2)
+	dir := t.TempDir()
+	web := builders.Service("default", "web", builders.ClusterIP(webVIP.Addr().String()), builders.Affinity(600),
+		builders.Ports(builders.Port("http", 80, v1.ProtocolTCP, intstr.FromString("http"))))
+	if err := builders.WriteManifest(dir, "web.yaml", web, builders.EndpointSlice("default", "web-1", "web", podEndpoints(e.pods))); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	a := e.startAgent(t, dir, "--api-socket", sock)
+	if err := a.WaitLog(time.Minute, []string{`"ipFamily":"IPv4","servicePorts":1`}); err != nil {
+		t.Fatalf("the agent never synced web: %v", err)
+	}
+
+	rep, err := e.client.TCP(context.Background(), webVIP, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := map[string]bool{}
+	for _, r := range rep.Results {
+		if r.Err != "" {
+			t.Fatalf("connection to %s: %+v", webVIP, r)
+		}
+		served[r.Server] = true
+	}
+	var backend netip.Addr
+	for _, p := range e.pods {
+		if served[p.Name] {
+			backend = p.IP
+		}
+	}
+	if len(served) != 1 || !backend.IsValid() {
+		t.Fatalf("affinity: served by %v, want one pod", served)
+	}
+	var cookie uint64
+	if err := e.client.NS.Do(func() (err error) { cookie, err = loader.NetnsCookie(); return err }); err != nil {
+		t.Fatal(err)
+	}
+
+	out, errOut, err := agent.DumpWith(e.bpffs, "affinity", "--api-socket", sock, "-o", "json")
+	if err != nil || errOut != "" {
+		t.Fatalf("dump affinity: %v %s", err, errOut)
+	}
+	var r dump.AffinityReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("dump affinity -o json: %v\n%s", err, out)
+	}
+	if len(r.Entries) != 1 {
+		t.Fatalf("dump affinity: want the client pod's entry alone:\n%s", out)
+	}
+	en := r.Entries[0]
+	if en.Service.String() != "default/web:http" || en.Protocol != "TCP" || en.NetnsCookie != cookie || en.Client.IsValid() ||
+		en.Backend != netip.AddrPortFrom(backend, tcpPort) || !slices.Contains(en.Frontends, webVIP) || en.AgeSeconds < 0 || en.AgeSeconds > 120 {
+		t.Errorf("affinity entry %+v, want default/web:http for netns %d on %s:%d, used in the last 2 minutes", en, cookie, backend, tcpPort)
+	}
+	table, _, err := agent.DumpWith(e.bpffs, "affinity", "--api-socket", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("dump affinity:\n%s", table)
+	if !strings.Contains(table, "netns:"+strconv.FormatUint(cookie, 10)) || !strings.Contains(table, "default/web:http") {
+		t.Errorf("dump affinity table lacks the pod's netns or web:\n%s", table)
+	}
+
+	// The agent gone, the entry stays (the programs' map) and shows under
+	// web's id, with one line on stderr saying why.
+	a.Terminate(t, 15*time.Second)
+	table, errOut, err = agent.DumpWith(e.bpffs, "affinity", "--api-socket", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(errOut, "no agent answered on "+sock) || strings.Count(errOut, "\n") != 1 ||
+		strings.Contains(table, "default/web") || !strings.Contains(table, "svc=") || !strings.Contains(table, "netns:"+strconv.FormatUint(cookie, 10)) {
+		t.Errorf("dump affinity without the agent: stderr %q, want one line saying no agent answered; table with the id, not the name:\n%s", errOut, table)
 	}
 }
