@@ -142,11 +142,20 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 	}()
 	go removeLeftovers(ctx, firstSyncs, dp, log)
 	go func() {
+		if !allClosed(ctx, firstSyncs) {
+			return
+		}
+		// Every family's Services are programmed: what waits for the
+		// agent to be ready (tests, an operator reading the log) waits
+		// for this line, not for one family's "first sync done".
+		fams := make([]string, len(dp.Families))
+		for i, f := range dp.Families {
+			fams[i] = f.IPFamily
+		}
+		log.Info("first sync done in every IP family", zap.Strings("ipFamilies", fams))
 		// After the first syncs: the fallbacks' rules have loaded
 		// nf_conntrack by then, whose parameters exist only once it is.
-		if allClosed(ctx, firstSyncs) {
-			conntrack.Setup(conntrack.Node, o.Conntrack, dp.Mode != proxymode.EBPF, log) //nolint:errcheck // logged; the node keeps its own values
-		}
+		conntrack.Setup(conntrack.Node, o.Conntrack, dp.Mode != proxymode.EBPF, log) //nolint:errcheck // logged; the node keeps its own values
 	}()
 	select {
 	case err := <-errc:

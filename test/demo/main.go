@@ -138,7 +138,7 @@ func run(bin, manifests string) (err error) {
 		once := false
 		for sc.Scan() {
 			fmt.Println("    agent |", sc.Text())
-			if !once && strings.Contains(sc.Text(), "first sync done") {
+			if !once && strings.Contains(sc.Text(), "first sync done in every IP family") {
 				once = true
 				close(synced)
 			}

@@ -37,7 +37,7 @@ func (e *env) startAgent(t *testing.T, dir string, extra ...string) *agent.Proce
 		"--bpffs-path", e.bpffs, "--hostname-override", nodeName, "--api-socket", filepath.Join(t.TempDir(), "agent.sock"),
 		"--healthz-bind-address", "", "--metrics-bind-address", "", "-v", "2"}, extra...)
 	a := agent.Run(t, agent.Options{Args: args, Netns: e.node.NS.Path()})
-	if err := a.WaitLog(2*time.Minute, []string{"first sync done"}); err != nil {
+	if err := a.WaitLog(2*time.Minute, []string{"first sync done in every IP family"}); err != nil {
 		t.Fatalf("agent did not sync: %v\n%s", err, a.Logs())
 	}
 	return a

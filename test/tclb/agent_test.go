@@ -46,7 +46,7 @@ func (e *env) startAgent(t *testing.T, dir, bpffs string, cg *sandbox.Cgroup, ex
 		"--hostname-override", "node-a", "--healthz-bind-address", "", "--metrics-bind-address", "", "-v", "2",
 		"--api-socket", filepath.Join(t.TempDir(), "agent.sock")}, extra...)
 	a := agent.Run(t, agent.Options{Args: args, Netns: e.nodes[0].NS.Path()})
-	if err := a.WaitLog(2*time.Minute, []string{"first sync done", "TC programs attached"}); err != nil {
+	if err := a.WaitLog(2*time.Minute, []string{"first sync done in every IP family", "TC programs attached"}); err != nil {
 		t.Fatalf("agent did not attach and sync: %v\n%s", err, a.Logs())
 	}
 	return a
