@@ -83,19 +83,23 @@ test-go: deps build
 # written to the package's testdata/fuzz/<target>/, where `go test` replays it
 # from then on): the translator of Services and EndpointSlices, the manifests
 # reader, the --config file and the change tracker. Plain `go test` runs
-# their seed corpora. `make fuzz-short` is the run `make test` makes.
+# their seed corpora. `make fuzz-short` is the run `make test` makes; it
+# also bounds the minimization of each new input (FUZZMINIMIZETIME, Go's
+# 60s by default), which would otherwise take most of a 5s run for the
+# targets that read files.
 FUZZTIME ?= 60s
+FUZZMINIMIZETIME ?= 60s
 FUZZ_TARGETS := ./internal/k8swatch:FuzzTranslateService ./internal/k8swatch:FuzzTranslateEndpointSlice \
 	./internal/k8swatch:FuzzManifests ./internal/config:FuzzConfigFile ./internal/tracker:FuzzTrackerSequence
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$fn ($$pkg) for $(FUZZTIME)"; \
-		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg; \
+		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $$pkg; \
 	done
 
 fuzz-short:
-	@$(MAKE) --no-print-directory fuzz FUZZTIME=5s
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=5s FUZZMINIMIZETIME=1s
 
 # Benchmarks, one run: BenchmarkSync of the BPF maps, nftables, iptables and IPVS (IPVS
 # only where ip_vs loads, i.e. not on this host: run that package in the VM
