@@ -34,7 +34,7 @@ include test/e2e/e2e.mk
 include hack/images.mk
 include test/cluster/cluster.mk
 
-.PHONY: all build deps generate check-generated lint monitoring-check unit test test-go system-test bench demo clean
+.PHONY: all build deps generate check-generated lint monitoring-check unit test test-go fuzz fuzz-short system-test bench demo clean
 
 all: build
 
@@ -79,6 +79,28 @@ unit:
 test-go: deps build
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v -F -x -f <($(GO) list $(PRIVILEGED_PKGS) ./test/e2e/... ./test/cluster))
 
+# The Go fuzz targets, each for FUZZTIME, one at a time (a failing input is
+# written to the package's testdata/fuzz/<target>/, where `go test` replays it
+# from then on): the translator of Services and EndpointSlices, the manifests
+# reader, the --config file and the change tracker. Plain `go test` runs
+# their seed corpora. `make fuzz-short` is the run `make test` makes; it
+# also bounds the minimization of each new input (FUZZMINIMIZETIME, Go's
+# 60s by default), which would otherwise take most of a 5s run for the
+# targets that read files.
+FUZZTIME ?= 60s
+FUZZMINIMIZETIME ?= 60s
+FUZZ_TARGETS := ./internal/k8swatch:FuzzTranslateService ./internal/k8swatch:FuzzTranslateEndpointSlice \
+	./internal/k8swatch:FuzzManifests ./internal/config:FuzzConfigFile ./internal/tracker:FuzzTrackerSequence
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$fn ($$pkg) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $$pkg; \
+	done
+
+fuzz-short:
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=5s FUZZMINIMIZETIME=1s
+
 # Benchmarks, one run: BenchmarkSync of the BPF maps, nftables, iptables and IPVS (IPVS
 # only where ip_vs loads, i.e. not on this host: run that package in the VM
 # runner) for the same states, then the socket load balancer's cost.
@@ -91,7 +113,7 @@ bench: build
 # Every test. The last, cluster-test, is a real node in a 6.12 guest
 # (kubelet, containerd, the control plane): upstream kube-proxy replaced by
 # deploy/ under load, upgraded and restarted; about 9 minutes.
-test: lint monitoring-check check-generated test-go vmtest system-test
+test: lint monitoring-check check-generated test-go fuzz-short vmtest system-test
 
 # The end-to-end suite on the host and the cluster test in a VM, side by
 # side: each keeps about one core busy (the differential suite mostly waits

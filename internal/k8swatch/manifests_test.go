@@ -491,3 +491,52 @@ func mustManifests(t testing.TB, dir string, tr *tracker.Tracker, opts ManifestO
 	}
 	return m
 }
+
+// TestManifestDuplicateKeepsFirstDefinition: a Service or EndpointSlice
+// defined again in another file keeps the definition it had, whether the
+// new file sorts before or after its own; each duplicate is reported once,
+// naming both files, under the metric reason "duplicate object"; removing
+// the duplicates leaves the original in place.
+func TestManifestDuplicateKeepsFirstDefinition(t *testing.T) {
+	dir := t.TempDir()
+	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
+	var r reports
+	m := mustManifests(t, dir, tr, ManifestOptions{Invalid: r.fn})
+	reload := func() []string {
+		t.Helper()
+		if err := m.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		return describe(tr.Apply().State)
+	}
+	orig := []string{line("default/web:http/TCP", "10.96.0.10:80", "10.244.1.1:8080 @node-a")}
+
+	writeFiles(t, dir, map[string]string{"m-web.yaml": svcYAML("", "web", "10.96.0.10") + "---\n" + sliceYAML("", "web-1", "web", "10.244.1.1", "node-a")})
+	checkLines(t, "first read", reload(), orig)
+	checkReports(t, r.take(), nil)
+
+	writeFiles(t, dir, map[string]string{
+		"a-early.yaml": svcYAML("", "web", "10.96.0.98") + "---\n" + sliceYAML("", "web-1", "web", "10.244.9.9", "node-b"),
+		"z-late.yaml":  svcYAML("", "web", "10.96.0.99"),
+	})
+	checkLines(t, "with a copy in a file before and one after", reload(), orig)
+	got := r.take()
+	slices.Sort(got)
+	checkReports(t, got, []string{
+		replaceDir("EndpointSlice default/web-1: duplicate object: defined in %DIR%/m-web.yaml and again in %DIR%/a-early.yaml; the copy in %DIR%/m-web.yaml is used", dir),
+		replaceDir("Service default/web: duplicate object: defined in %DIR%/m-web.yaml and again in %DIR%/a-early.yaml; the copy in %DIR%/m-web.yaml is used", dir),
+		replaceDir("Service default/web: duplicate object: defined in %DIR%/m-web.yaml and again in %DIR%/z-late.yaml; the copy in %DIR%/m-web.yaml is used", dir),
+	})
+	for _, g := range got {
+		if reason := g[strings.Index(g, ": ")+2:]; InvalidReason(reason) != "duplicate object" {
+			t.Errorf("metric reason %q for %q, want \"duplicate object\"", InvalidReason(reason), reason)
+		}
+	}
+
+	checkLines(t, "read again unchanged", reload(), orig)
+	checkReports(t, r.take(), nil)
+
+	writeFiles(t, dir, map[string]string{"a-early.yaml": "", "z-late.yaml": ""})
+	checkLines(t, "the copies removed", reload(), orig)
+	checkReports(t, r.take(), nil)
+}

@@ -220,7 +220,26 @@ func (t *Translator) ServicePorts(svc *v1.Service) []*model.ServicePort {
 				t.report(KindService, ns, name, "invalid nodePort: port %q: %d is not a valid port; no NodePort", p.Name, p.NodePort)
 			}
 		}
-		if j, dup := index[sp.Name]; dup {
+		j, dup := index[sp.Name]
+		clash := false
+		// The API server refuses a Service that lists a port or a node port
+		// twice with one protocol; manifests are not validated, and two
+		// ServicePorts would then claim one frontend: the later is left out.
+		for k, o := range out {
+			switch {
+			case dup && k == j:
+			case o.Port == sp.Port && o.Name.Protocol == proto:
+				t.report(KindService, ns, name, "duplicate port: port %q: %d/%s is already port %q's; port not proxied", p.Name, sp.Port, proto, o.Name.Port)
+				clash = true
+			case sp.NodePort != 0 && o.NodePort == sp.NodePort && o.Name.Protocol == proto:
+				t.report(KindService, ns, name, "duplicate nodePort: port %q: %d/%s is already port %q's; no NodePort", p.Name, sp.NodePort, proto, o.Name.Port)
+				sp.NodePort = 0
+			}
+		}
+		if clash {
+			continue
+		}
+		if dup {
 			// kube-proxy keys ports by name and protocol; the last one wins.
 			t.report(KindService, ns, name, "duplicate port: %q/%s is listed twice; the last entry is used", p.Name, proto)
 			out[j] = &sp

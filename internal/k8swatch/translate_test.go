@@ -339,6 +339,29 @@ func TestServicePorts(t *testing.T) {
 			reports: []string{`duplicate port: "http"/TCP is listed twice`},
 		},
 		{
+			name: "two ports on one port number and protocol (refused by the API server, possible in manifests): the second is left out, reported",
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
+				s.Spec.Ports = []v1.ServicePort{{Name: "http", Port: 80}, {Name: "web", Port: 80}, {Name: "dns", Port: 80, Protocol: v1.ProtocolUDP}}
+			}),
+			want: []*model.ServicePort{
+				wantPort(nil),
+				wantPort(func(sp *model.ServicePort) { sp.Name = spn("ns", "svc", "dns", model.UDP) }),
+			},
+			reports: []string{`duplicate port: port "web": 80/TCP is already port "http"'s; port not proxied`},
+		},
+		{
+			name: "two ports on one node port and protocol: the second has no NodePort, reported",
+			svc: builders.Service("ns", "svc", func(s *v1.Service) {
+				s.Spec.Type = v1.ServiceTypeNodePort
+				s.Spec.Ports = []v1.ServicePort{{Name: "http", Port: 80, NodePort: 30080}, {Name: "alt", Port: 8080, NodePort: 30080}}
+			}),
+			want: []*model.ServicePort{
+				wantPort(func(sp *model.ServicePort) { sp.NodePort = 30080 }),
+				wantPort(func(sp *model.ServicePort) { sp.Name, sp.Port = spn("ns", "svc", "alt", model.TCP), 8080 }),
+			},
+			reports: []string{`duplicate nodePort: port "alt": 30080/TCP is already port "http"'s; no NodePort`},
+		},
+		{
 			name: "an unknown protocol leaves the port out, reported",
 			svc: builders.Service("ns", "svc", func(s *v1.Service) {
 				s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "x", Port: 99, Protocol: "ICMP"})
