@@ -24,13 +24,9 @@ type Health interface {
 	Updated(ipFamily string)
 }
 
-// ServiceHealth is told every State a dataplane applied, to serve the
-// health check node ports from it (healthcheck.ServiceHealthServer).
-type ServiceHealth interface {
-	Sync(up model.Update)
-}
-
-// Observer is told every update a dataplane applied.
+// Observer is told every update a dataplane applied: the health check
+// node ports (healthcheck.ServiceHealthServer) and the local API
+// (internal/api) serve what is programmed from it.
 type Observer interface {
 	Sync(up model.Update)
 }
@@ -51,7 +47,7 @@ type Config struct {
 	// ServiceHealth, if set, gets every update after the dataplane applied
 	// it, whatever the dataplane: as in kube-proxy, the health check node
 	// ports report what is programmed, not what is merely known.
-	ServiceHealth ServiceHealth
+	ServiceHealth Observer
 	// Applied, if set, is told every update the dataplane applied, after
 	// ServiceHealth: the local API (internal/api) serves what is
 	// programmed from it.
