@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -17,13 +18,28 @@ type attempt struct {
 	Server    string
 	Peer      string
 	Error     string
+	Detail    string
 	ElapsedMS float64 `json:"elapsed_ms"`
 }
+
+func (a attempt) String() string {
+	if a.Error == "" {
+		return fmt.Sprintf("%s from %s in %.1f ms", a.Server, a.Peer, a.ElapsedMS)
+	}
+	return fmt.Sprintf("%s after %.0f ms (%s)", a.Error, a.ElapsedMS, a.Detail)
+}
+
+// probeTimeout is the time allowed to each attempt of a probe. As for the
+// connection loops (startLoop), a slow answer is not a lost connection:
+// the emulated guest's one CPU is shared with whatever the node does at
+// that moment (a container torn down, an agent starting), and a SYN lost
+// meanwhile is sent again after 1 s and 3 s, as any client's would be.
+const probeTimeout = 5 * time.Second
 
 // probe runs count attempts of proto from the client pod to addr.
 func (e *env) probe(proto string, count int, addr netip.AddrPort) ([]attempt, error) {
 	out, err := e.n.Kubectl(e.ctx, "", "exec", "client", "--", "/testserver", "probe",
-		"--proto", proto, "--count", strconv.Itoa(count), "--timeout", "2s", addr.String())
+		"--proto", proto, "--count", strconv.Itoa(count), "--timeout", probeTimeout.String(), addr.String())
 	if err != nil {
 		return nil, err
 	}
@@ -36,6 +52,28 @@ func (e *env) probe(proto string, count int, addr netip.AddrPort) ([]attempt, er
 		return nil, fmt.Errorf("probe made %d attempts, want %d", len(res), count)
 	}
 	return res, nil
+}
+
+// failedAttempts describes the failed attempts of res, with their place
+// in the sequence, or returns "" if none failed.
+func failedAttempts(res []attempt) string {
+	var b strings.Builder
+	n := 0
+	for i, a := range res {
+		if a.Error == "" {
+			continue
+		}
+		if n++; n <= 5 {
+			fmt.Fprintf(&b, "; #%d: %s", i+1, a)
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	if n > 5 {
+		fmt.Fprintf(&b, "; and %d more", n-5)
+	}
+	return fmt.Sprintf("%d of %d attempts failed%s", n, len(res), b.String())
 }
 
 // loopResult sums up a connection loop.

@@ -382,12 +382,12 @@ func (e *env) spread(want int) error {
 	if err != nil {
 		return err
 	}
+	if f := failedAttempts(res); f != "" {
+		return errors.New(f)
+	}
 	pods := e.webPods()
 	seen := map[string]int{}
 	for _, r := range res {
-		if r.Error != "" {
-			return fmt.Errorf("a connection failed: %s (results %v)", r.Error, res)
-		}
 		if !pods[r.Server] {
 			return fmt.Errorf("served by %q, not a running web pod (%v)", r.Server, pods)
 		}
@@ -404,10 +404,13 @@ func (e *env) udp() error {
 	if err != nil {
 		return err
 	}
+	if f := failedAttempts(res); f != "" {
+		return errors.New(f)
+	}
 	pods := e.webPods()
 	for _, r := range res {
-		if r.Error != "" || !pods[r.Server] {
-			return fmt.Errorf("datagram answered by %q, error %q", r.Server, r.Error)
+		if !pods[r.Server] {
+			return fmt.Errorf("datagram answered by %q, not a running web pod (%v)", r.Server, pods)
 		}
 	}
 	return nil
@@ -422,7 +425,7 @@ func (e *env) refused() error {
 	}
 	for _, r := range res {
 		if r.Error != "refused" {
-			return fmt.Errorf("connection to a Service without endpoints: error %q after %.0f ms, want refused", r.Error, r.ElapsedMS)
+			return fmt.Errorf("connection to a Service without endpoints: %s, want refused", r)
 		}
 	}
 	return nil
@@ -488,9 +491,12 @@ func (e *env) scaleDown() error {
 	if err != nil {
 		return err
 	}
+	if f := failedAttempts(res); f != "" {
+		return fmt.Errorf("after the scale-down (gone: %v): %s", gone, f)
+	}
 	for _, r := range res {
-		if r.Error != "" || !after[r.Server] {
-			return fmt.Errorf("after the scale-down (gone: %v) a connection got %q, error %q", gone, r.Server, r.Error)
+		if !after[r.Server] {
+			return fmt.Errorf("after the scale-down (gone: %v) a connection reached %q", gone, r.Server)
 		}
 	}
 	return e.spread(2)

@@ -38,11 +38,16 @@ const (
 	envEndpoints    = "EBPF_PROXY_BENCH_ENDPOINTS"     // per Service, default 10
 	envChanges      = "EBPF_PROXY_BENCH_CHANGES"       // endpoint changes timed per proxy, default 100
 	envChangeBudget = "EBPF_PROXY_BENCH_CHANGE_BUDGET" // time for them per proxy, default 10m
-	envKinds        = "EBPF_PROXY_BENCH_PROXIES"       // default "ebpf,iptables,nftables"
+	envKinds        = "EBPF_PROXY_BENCH_PROXIES"       // default "ebpf,iptables,nftables,ebpf-nftables"
 	// envHeapProfile names a file for ebpf-proxy's heap profile (pprof),
 	// taken once all Services are programmed; unset takes none.
 	envHeapProfile = "EBPF_PROXY_BENCH_HEAP_PROFILE"
 )
+
+// benchKinds are the proxies the benchmark knows: upstream kube-proxy's
+// iptables and nftables modes, and ebpf-proxy's BPF mode and fallbacks.
+var benchKinds = []testbed.Kind{testbed.EbpfProxy, testbed.KubeProxyIPTables, testbed.KubeProxyNFTables,
+	testbed.EbpfProxyNFTables, testbed.EbpfProxyIPTables}
 
 type config struct {
 	services, endpoints, changes int
@@ -52,7 +57,7 @@ type config struct {
 
 func configFromEnv() (config, error) {
 	cfg := config{services: 10000, endpoints: 10, changes: 100, changeBudget: 10 * time.Minute,
-		kinds: []testbed.Kind{testbed.EbpfProxy, testbed.KubeProxyIPTables, testbed.KubeProxyNFTables}}
+		kinds: benchKinds[:4]}
 	for _, v := range []struct {
 		env string
 		dst *int
@@ -76,8 +81,8 @@ func configFromEnv() (config, error) {
 		cfg.kinds = nil
 		for _, k := range strings.Split(s, ",") {
 			kind := testbed.Kind(strings.TrimSpace(k))
-			if !slices.Contains([]testbed.Kind{testbed.EbpfProxy, testbed.KubeProxyIPTables, testbed.KubeProxyNFTables}, kind) {
-				return cfg, fmt.Errorf("%s: unknown proxy %q", envKinds, k)
+			if !slices.Contains(benchKinds, kind) {
+				return cfg, fmt.Errorf("%s: unknown proxy %q (known: %v)", envKinds, k, benchKinds)
 			}
 			cfg.kinds = append(cfg.kinds, kind)
 		}
@@ -394,6 +399,10 @@ func summary(cfg config, loadTime time.Duration, rs []result) string {
 			name = "kube-proxy iptables (legacy)"
 		case testbed.KubeProxyNFTables:
 			name = "kube-proxy nftables"
+		case testbed.EbpfProxyNFTables:
+			name = "ebpf-proxy nftables fallback"
+		case testbed.EbpfProxyIPTables:
+			name = "ebpf-proxy iptables fallback"
 		}
 		p50, p99, w50 := "-", "-", "-"
 		if len(r.changes) > 0 {
