@@ -34,7 +34,7 @@ include test/e2e/e2e.mk
 include hack/images.mk
 include test/cluster/cluster.mk
 
-.PHONY: all build deps generate check-generated lint monitoring-check unit test test-go fuzz fuzz-short system-test bench demo clean
+.PHONY: all build deps generate check-generated lint monitoring-check unit test test-go fuzz fuzz-short system-test bench bench-report demo clean
 
 all: build
 
@@ -103,12 +103,44 @@ fuzz-short:
 
 # Benchmarks, one run: BenchmarkSync of the BPF maps, nftables, iptables and IPVS (IPVS
 # only where ip_vs loads, i.e. not on this host: run that package in the VM
-# runner) for the same states, then the socket load balancer's cost.
+# runner) for the same states, then the socket load balancer's cost, then
+# the TC and XDP programs' ns per packet by path (200 runs each: fewer are
+# unstable). Outputs go to $(BENCH_OUT); the run ends with one line per
+# figure that has a target (test/benchreport/figures):
+#   bench: NAME=VALUE UNIT target=T met=yes|no
 # Against upstream kube-proxy on a real API server (test/e2e/e2e.mk):
 # `make e2e-bench` (10,000 Services programmed), `make e2e-bench-rps`
 # (NodePort requests per second through a node to a pod on another).
+# `make bench-report` runs them all and writes docs/benchmarks.md with plots.
+BENCH_OUT ?= $(abspath bin/bench)
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./internal/maps/... ./internal/fallback/nftables/... ./internal/fallback/iptables/... ./internal/fallback/ipvs/... ./test/socklb/...
+	rm -rf $(BENCH_OUT) && mkdir -p $(BENCH_OUT)
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./internal/maps/... ./internal/fallback/nftables/... ./internal/fallback/iptables/... ./internal/fallback/ipvs/... | tee $(BENCH_OUT)/sync.txt; exit $${PIPESTATUS[0]}
+	sh hack/benchmeta.sh $(BENCH_OUT)/sync.meta
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./test/socklb/... | tee $(BENCH_OUT)/sockets.txt; exit $${PIPESTATUS[0]}
+	sh hack/benchmeta.sh $(BENCH_OUT)/sockets.meta
+	$(GO) test -run '^$$' -bench 'Paths' -benchtime 200x -count 1 -timeout 10m ./test/tcpkt/ | tee $(BENCH_OUT)/paths.txt; exit $${PIPESTATUS[0]}
+	sh hack/benchmeta.sh $(BENCH_OUT)/paths.meta
+	$(GO) run ./test/benchreport summary $(BENCH_OUT)
+
+# The benchmark report: make bench, the scale benchmark against upstream
+# kube-proxy at each of BENCH_REPORT_SIZES Services (10 endpoints each;
+# BENCH_REPORT_PROXIES), then docs/benchmarks.md and its plots from what
+# they wrote. About an hour at the default sizes; run it on a quiet
+# machine.
+BENCH_REPORT_SIZES ?= 1000 3000 10000
+BENCH_REPORT_PROXIES ?= ebpf,iptables,nftables,ebpf-nftables
+bench-report: bench k8s-binaries e2e-agent
+	@set -e; for n in $(BENCH_REPORT_SIZES); do \
+		echo "== scale: $$n Services"; \
+		EBPF_PROXY_BENCH_SERVICES=$$n EBPF_PROXY_BENCH_CHANGES=30 EBPF_PROXY_BENCH_PROXIES=$(BENCH_REPORT_PROXIES) \
+		EBPF_PROXY_BENCH_JSON=$(BENCH_OUT)/scale-$$n.json $(MAKE) --no-print-directory e2e-bench >$(BENCH_OUT)/scale-$$n.log 2>&1 \
+			|| { tail -50 $(BENCH_OUT)/scale-$$n.log; exit 1; }; \
+		sh hack/benchmeta.sh $(BENCH_OUT)/scale-$$n.meta; \
+		grep -A12 '^[0-9]* Services ×' $(BENCH_OUT)/scale-$$n.log || true; \
+	done
+	$(GO) run ./test/benchreport report --in $(BENCH_OUT) --out docs
+	$(GO) run ./test/benchreport summary $(BENCH_OUT)
 
 # Every test. The last, cluster-test, is a real node in a 6.12 guest
 # (kubelet, containerd, the control plane): upstream kube-proxy replaced by

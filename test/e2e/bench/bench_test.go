@@ -2,7 +2,9 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"slices"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
+	"github.com/ebpf-proxy/ebpf-proxy/test/benchreport/figures"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/cluster"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
 )
@@ -39,6 +42,9 @@ const (
 	envChanges      = "EBPF_PROXY_BENCH_CHANGES"       // endpoint changes timed per proxy, default 100
 	envChangeBudget = "EBPF_PROXY_BENCH_CHANGE_BUDGET" // time for them per proxy, default 10m
 	envKinds        = "EBPF_PROXY_BENCH_PROXIES"       // default "ebpf,iptables,nftables,ebpf-nftables"
+	// envJSON names a file for the results as JSON (test/benchreport
+	// reads it); unset writes none.
+	envJSON = "EBPF_PROXY_BENCH_JSON"
 	// envHeapProfile names a file for ebpf-proxy's heap profile (pprof),
 	// taken once all Services are programmed; unset takes none.
 	envHeapProfile = "EBPF_PROXY_BENCH_HEAP_PROFILE"
@@ -172,6 +178,74 @@ func BenchmarkScale(b *testing.B) {
 	table := summary(cfg, loadTime, results)
 	b.Log("\n" + table)
 	fmt.Println(table)
+	printFigures(os.Stdout, cfg, results)
+	if path := os.Getenv(envJSON); path != "" {
+		if err := writeJSON(path, cfg, loadTime, results); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// printFigures prints the bench: lines of the figures this run measured:
+// the BPF mode's peak RSS at 10,000 Services, and its figures at 30,000.
+func printFigures(w io.Writer, cfg config, rs []result) {
+	for _, r := range rs {
+		if r.kind != testbed.EbpfProxy || cfg.endpoints != 10 {
+			continue
+		}
+		mib := float64(r.rssEnd) / (1 << 20)
+		switch cfg.services {
+		case 10000:
+			figures.Print(w, "rss_10k", mib)
+		case 30000:
+			figures.Print(w, "svc30k_programmed", r.startToSynced.Seconds())
+			figures.Print(w, "svc30k_rss", mib)
+			if len(r.changes) > 0 {
+				figures.Print(w, "svc30k_change_p99", float64(percentile(r.changes, 99).Microseconds())/1000)
+			}
+		}
+	}
+}
+
+// jsonResult is one proxy's figures in the file envJSON names, read by
+// test/benchreport.
+type jsonResult struct {
+	Proxy         string  `json:"proxy"`
+	StartToSynced float64 `json:"start_to_synced_s"`
+	FirstSync     float64 `json:"first_sync_s"`
+	PeakRSSSynced float64 `json:"peak_rss_synced_mib"`
+	PeakRSSEnd    float64 `json:"peak_rss_end_mib"`
+	ChangeP50     float64 `json:"change_p50_ms,omitempty"`
+	ChangeP99     float64 `json:"change_p99_ms,omitempty"`
+	SyncPerChange float64 `json:"sync_per_change_ms,omitempty"`
+	Changes       int     `json:"changes"`
+	ProgrammedBPF int     `json:"programmed_frontends,omitempty"`
+	Note          string  `json:"note,omitempty"`
+}
+
+// writeJSON writes the run's results to path.
+func writeJSON(path string, cfg config, loadTime time.Duration, rs []result) error {
+	out := struct {
+		Services  int          `json:"services"`
+		Endpoints int          `json:"endpoints"`
+		LoadTime  float64      `json:"load_s"`
+		Results   []jsonResult `json:"results"`
+	}{Services: cfg.services, Endpoints: cfg.endpoints, LoadTime: loadTime.Seconds()}
+	for _, r := range rs {
+		j := jsonResult{Proxy: string(r.kind), StartToSynced: r.startToSynced.Seconds(), FirstSync: r.firstSync.Seconds(),
+			PeakRSSSynced: float64(r.rssSynced) / (1 << 20), PeakRSSEnd: float64(r.rssEnd) / (1 << 20),
+			SyncPerChange: float64(r.partialSync.Microseconds()) / 1000, Changes: len(r.changes), ProgrammedBPF: r.programmed, Note: r.note}
+		if len(r.changes) > 0 {
+			j.ChangeP50 = float64(percentile(r.changes, 50).Microseconds()) / 1000
+			j.ChangeP99 = float64(percentile(r.changes, 99).Microseconds()) / 1000
+		}
+		out.Results = append(out.Results, j)
+	}
+	data, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(data, '\n'), 0o644)
 }
 
 // protobufClient is an admin clientset speaking protobuf, as kube-proxy

@@ -1,0 +1,226 @@
+// Package figures names the benchmark figures that have a target, reads
+// them from `go test -bench` output, and prints them in the one format
+// every benchmark target ends with:
+//
+//	bench: NAME=VALUE UNIT target=T met=yes|no
+//
+// so that a reader sees at a glance what is met. Figures without a target
+// (the trivial path beside the per-packet costs, absolute rates beside a
+// ratio) print without target and met.
+package figures
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Figure is one measured quantity and its target.
+type Figure struct {
+	// Name is the figure's name in bench: lines, e.g. "xdp_miss".
+	Name string
+	// Unit is the value's unit: "ns", "ratio", "MiB", "s", "ms", "pps".
+	Unit string
+	// Target is the bound to meet; 0 means none.
+	Target float64
+	// Higher is true when a value at or above Target meets it, false when
+	// a value at or below it does.
+	Higher bool
+	// Doc says what is measured, for the report.
+	Doc string
+	// Bench and Metric name where the figure is read from in go test
+	// -bench output: the benchmark's full name without the -GOMAXPROCS
+	// suffix, and the metric's unit. Empty for figures another program
+	// prints itself.
+	Bench, Metric string
+	// Source is the make target that measures the figure.
+	Source string
+}
+
+// Met says whether v meets f's target (true for a figure without one).
+func (f Figure) Met(v float64) bool {
+	switch {
+	case f.Target == 0:
+		return true
+	case f.Higher:
+		return v >= f.Target
+	}
+	return v <= f.Target
+}
+
+// Line formats v as f's bench: line.
+func (f Figure) Line(v float64) string {
+	s := fmt.Sprintf("bench: %s=%s %s", f.Name, format(v), f.Unit)
+	if f.Target == 0 {
+		return s
+	}
+	met := "no"
+	if f.Met(v) {
+		met = "yes"
+	}
+	return fmt.Sprintf("%s target=%s met=%s", s, strconv.FormatFloat(f.Target, 'f', -1, 64), met)
+}
+
+// format prints v with the precision its size calls for: ratios with two
+// decimals, large numbers without.
+func format(v float64) string {
+	switch a := math.Abs(v); {
+	case a >= 100:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case a >= 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 2, 64)
+}
+
+const (
+	xdpPaths = "BenchmarkXDPPaths/xdp/"
+	tcPaths  = "BenchmarkPaths/ingress/"
+	tcPaths6 = "BenchmarkPathsIPv6/ingress/"
+)
+
+// All are the figures with targets, in the order they are printed, then
+// the figures printed beside them.
+var All = []Figure{
+	{Name: "xdp_miss", Unit: "ns", Target: 50, Doc: "XDP, a packet to no frontend (what every other packet the node receives pays)",
+		Bench: xdpPaths + "not_a_frontend/IPv4", Metric: "ns/pkt", Source: "make bench"},
+	{Name: "xdp_tracked", Unit: "ns", Target: 150, Doc: "XDP, a packet of a tracked flow to a remote backend (DNAT and SNAT)",
+		Bench: xdpPaths + "tracked_flow,_remote_backend_(SNAT)/IPv4", Metric: "ns/pkt", Source: "make bench"},
+	{Name: "xdp_new", Unit: "ns", Target: 500, Doc: "XDP, the first packet of a flow to a remote backend (verdict, selection, tracking, SNAT port)",
+		Bench: xdpPaths + "new_flow,_remote_backend_(SNAT)/IPv4", Metric: "ns/pkt", Source: "make bench"},
+	{Name: "tc_miss", Unit: "ns", Target: 80, Doc: "TC ingress, a packet to no frontend",
+		Bench: tcPaths + "not_a_frontend", Metric: "ns/pkt", Source: "make bench"},
+	{Name: "tc_tracked", Unit: "ns", Target: 250, Doc: "TC ingress, a packet of a tracked flow to a remote backend (DNAT and SNAT)",
+		Bench: tcPaths + "tracked_flow,_remote_backend_(SNAT)", Metric: "ns/pkt", Source: "make bench"},
+	{Name: "tc_tracked_local", Unit: "ns", Target: 200, Doc: "TC ingress, a packet of a tracked flow to a backend on the node",
+		Bench: tcPaths + "tracked_flow,_local_backend", Metric: "ns/pkt", Source: "make bench"},
+	{Name: "sock_hook", Unit: "ns", Target: 1000, Doc: "socket hooks per connection (connect4 plus getpeername4, the kernel's run-time statistics), 10,000 Services",
+		Bench: "BenchmarkConnectRate/services=10000", Metric: "hook_ns/conn", Source: "make bench"},
+	{Name: "pps_xdp_vs_iptables", Unit: "ratio", Target: 3, Higher: true, Doc: "packets per second forwarded through a NodePort to another node, XDP against upstream iptables",
+		Source: "make bench-pps"},
+	{Name: "pps_tc_vs_iptables", Unit: "ratio", Target: 1.5, Higher: true, Doc: "the same, TC against upstream iptables",
+		Source: "make bench-pps"},
+	{Name: "rss_10k", Unit: "MiB", Target: 128, Doc: "the agent's peak RSS with 10,000 Services of 10 endpoints, default settings",
+		Source: "make e2e-bench"},
+	{Name: "svc30k_programmed", Unit: "s", Target: 3, Doc: "30,000 Services of 10 endpoints: from the agent's start to all programmed",
+		Source: "make e2e-bench EBPF_PROXY_BENCH_SERVICES=30000"},
+	{Name: "svc30k_rss", Unit: "MiB", Target: 300, Doc: "30,000 Services: the agent's peak RSS",
+		Source: "make e2e-bench EBPF_PROXY_BENCH_SERVICES=30000"},
+	{Name: "svc30k_change_p99", Unit: "ms", Target: 20, Doc: "30,000 Services: one endpoint change, API write to the first connection answered by the new endpoint, p99",
+		Source: "make e2e-bench EBPF_PROXY_BENCH_SERVICES=30000"},
+
+	// Beside them, without targets.
+	{Name: "xdp_trivial", Unit: "ns", Doc: "XDP, the trivial path (ARP): the floor of the same run",
+		Bench: xdpPaths + "not_TCP_or_UDP_(ARP,_neighbour_solicitation)/IPv4", Metric: "ns/pkt", Source: "make bench"},
+	{Name: "tc_trivial", Unit: "ns", Doc: "TC ingress, the trivial path (ARP): the floor of the same run",
+		Bench: tcPaths + "not_IPv4", Metric: "ns/pkt", Source: "make bench"},
+	{Name: "xdp_tracked_ipv6", Unit: "ns", Doc: "XDP, tracked flow to a remote backend, IPv6",
+		Bench: xdpPaths + "tracked_flow,_remote_backend_(SNAT)/IPv6", Metric: "ns/pkt", Source: "make bench"},
+	{Name: "tc_tracked_ipv6", Unit: "ns", Doc: "TC ingress, tracked flow to a remote backend, IPv6",
+		Bench: tcPaths6 + "tracked_flow,_remote_backend_(SNAT)", Metric: "ns/pkt", Source: "make bench"},
+}
+
+// ByName returns the figure called name.
+func ByName(name string) (Figure, bool) {
+	for _, f := range All {
+		if f.Name == name {
+			return f, true
+		}
+	}
+	return Figure{}, false
+}
+
+// Print writes name's bench: line for v; it panics on an unknown name, a
+// programming error.
+func Print(w io.Writer, name string, v float64) {
+	f, ok := ByName(name)
+	if !ok {
+		panic("figures: unknown figure " + name)
+	}
+	fmt.Fprintln(w, f.Line(v))
+}
+
+// Result is one benchmark's line of go test -bench output: its name without
+// the -GOMAXPROCS suffix, and its metrics by unit.
+type Result struct {
+	Name    string
+	Metrics map[string]float64
+}
+
+var procSuffix = regexp.MustCompile(`-\d+$`)
+
+// Parse reads go test -bench output and returns every benchmark result in
+// it, in order, and every bench: line a benchmark printed itself, by name.
+// Other lines are skipped.
+func Parse(r io.Reader) ([]Result, map[string]float64, error) {
+	var results []Result
+	printed := map[string]float64{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if name, v, ok := parseLine(line); ok {
+			printed[name] = v
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
+			continue
+		}
+		if _, err := strconv.Atoi(f[1]); err != nil {
+			continue
+		}
+		res := Result{Name: procSuffix.ReplaceAllString(f[0], ""), Metrics: map[string]float64{}}
+		for i := 2; i+1 < len(f); i += 2 {
+			v, err := strconv.ParseFloat(f[i], 64)
+			if err != nil {
+				break
+			}
+			res.Metrics[f[i+1]] = v
+		}
+		results = append(results, res)
+	}
+	return results, printed, sc.Err()
+}
+
+// parseLine reads "bench: NAME=VALUE UNIT ...".
+func parseLine(line string) (string, float64, bool) {
+	rest, ok := strings.CutPrefix(line, "bench: ")
+	if !ok {
+		return "", 0, false
+	}
+	kv, _, _ := strings.Cut(rest, " ")
+	name, val, ok := strings.Cut(kv, "=")
+	if !ok {
+		return "", 0, false
+	}
+	v, err := strconv.ParseFloat(val, 64)
+	if err != nil {
+		return "", 0, false
+	}
+	return name, v, true
+}
+
+// Collect returns the value of every figure found in results (the last
+// result of a benchmark counts) or among the printed lines, by name.
+func Collect(results []Result, printed map[string]float64) map[string]float64 {
+	got := map[string]float64{}
+	for _, f := range All {
+		if v, ok := printed[f.Name]; ok {
+			got[f.Name] = v
+		}
+		if f.Bench == "" {
+			continue
+		}
+		for _, r := range results {
+			if v, ok := r.Metrics[f.Metric]; ok && r.Name == f.Bench {
+				got[f.Name] = v
+			}
+		}
+	}
+	return got
+}

@@ -1,0 +1,76 @@
+package figures
+
+import (
+	"strings"
+	"testing"
+)
+
+const sample = `goos: linux
+BenchmarkXDPPaths/xdp/not_a_frontend/IPv4-2         	     200	    746649 ns/op	       116.0 ns/pkt
+BenchmarkXDPPaths/xdp/not_TCP_or_UDP_(ARP,_neighbour_solicitation)/IPv4-2         	     200	    137174 ns/op	        27.00 ns/pkt
+BenchmarkXDPPaths/xdp/tracked_flow,_remote_backend_(SNAT)/IPv4-2                  	     200	      3186 ns/op	       413.0 ns/pkt	        68.33 overhead-ns
+BenchmarkConnectRate/services=1-2 	1	6000000000 ns/op	1450 clusterip_conn/s	4700 hook_ns/conn
+BenchmarkConnectRate/services=10000-2 	1	6000000000 ns/op	1400 clusterip_conn/s	900.5 hook_ns/conn
+    bench_test.go:12: some log line
+bench: pps_xdp_vs_iptables=3.40 ratio target=3 met=yes
+PASS
+`
+
+func TestParseAndCollect(t *testing.T) {
+	res, printed, err := Parse(strings.NewReader(sample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 5 {
+		t.Fatalf("parsed %d results, want 5: %+v", len(res), res)
+	}
+	got := Collect(res, printed)
+	want := map[string]float64{"xdp_miss": 116, "xdp_trivial": 27, "xdp_tracked": 413, "sock_hook": 900.5, "pps_xdp_vs_iptables": 3.4}
+	if len(got) != len(want) {
+		t.Errorf("collected %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+}
+
+func TestLine(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		v    float64
+		want string
+	}{
+		{"xdp_miss", 116, "bench: xdp_miss=116 ns target=50 met=no"},
+		{"xdp_miss", 50, "bench: xdp_miss=50.0 ns target=50 met=yes"},
+		{"pps_tc_vs_iptables", 1.52, "bench: pps_tc_vs_iptables=1.52 ratio target=1.5 met=yes"},
+		{"pps_tc_vs_iptables", 1.2, "bench: pps_tc_vs_iptables=1.20 ratio target=1.5 met=no"},
+		{"xdp_trivial", 27, "bench: xdp_trivial=27.0 ns"},
+	} {
+		f, ok := ByName(c.name)
+		if !ok {
+			t.Fatalf("no figure %s", c.name)
+		}
+		if got := f.Line(c.v); got != c.want {
+			t.Errorf("Line(%v) = %q, want %q", c.v, got, c.want)
+		}
+		// What a line says can be read back.
+		if name, v, ok := parseLine(f.Line(c.v)); !ok || name != c.name || v != c.v {
+			t.Errorf("parseLine(%q) = %s %v %v", f.Line(c.v), name, v, ok)
+		}
+	}
+}
+
+func TestNamesAreUnique(t *testing.T) {
+	seen := map[string]bool{}
+	for _, f := range All {
+		if seen[f.Name] {
+			t.Errorf("figure %s twice", f.Name)
+		}
+		seen[f.Name] = true
+		if f.Source == "" || f.Doc == "" || f.Unit == "" {
+			t.Errorf("figure %s lacks a source, doc or unit", f.Name)
+		}
+	}
+}

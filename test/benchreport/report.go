@@ -1,0 +1,280 @@
+package main
+
+import (
+	"fmt"
+	"image/color"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+
+	"github.com/ebpf-proxy/ebpf-proxy/test/benchreport/figures"
+)
+
+// pathSeries are the per-packet benchmarks' families, as the chart groups
+// them.
+var pathSeries = []struct {
+	label, prefix, suffix string
+}{
+	{"XDP IPv4", "BenchmarkXDPPaths/xdp/", "/IPv4"},
+	{"XDP IPv6", "BenchmarkXDPPaths/xdp/", "/IPv6"},
+	{"TC IPv4", "BenchmarkPaths/ingress/", ""},
+	{"TC IPv6", "BenchmarkPathsIPv6/ingress/", ""},
+}
+
+// chartPaths are the paths the per-packet chart shows, in order.
+var chartPaths = []string{
+	"not a frontend",
+	"tracked flow, remote backend (SNAT)",
+	"reply from a remote backend (SNAT)",
+	"new flow, remote backend (SNAT)",
+	"tracked flow, local backend",
+}
+
+// pathCost returns a path's ns per packet in series s of run r.
+func pathCost(r runOutput, s int, path string) (float64, bool) {
+	ps := pathSeries[s]
+	name := ps.prefix + strings.ReplaceAll(path, " ", "_") + ps.suffix
+	for _, res := range r.results {
+		if res.Name == name {
+			v, ok := res.Metrics["ns/pkt"]
+			return v, ok
+		}
+	}
+	return 0, false
+}
+
+// writeReport writes out/benchmarks.md and out/benchmarks/*.png.
+func writeReport(d *data, out string) error {
+	imgDir := filepath.Join(out, "benchmarks")
+	if err := os.MkdirAll(imgDir, 0o755); err != nil {
+		return err
+	}
+	var md strings.Builder
+	md.WriteString("# Benchmarks\n\n")
+	md.WriteString("Written by `make bench-report` (test/benchreport) from one run of each benchmark; ")
+	md.WriteString("every section names the run it comes from: its date, kernel, machine and load average ")
+	md.WriteString("when it ended. Ratios compare rows of the same run. Rerun it to replace this page.\n\n")
+
+	md.WriteString("## Targets\n\n| figure | value | target | met | what | from |\n|---|---|---|---|---|---|\n")
+	for _, f := range figures.All {
+		if f.Target == 0 {
+			continue
+		}
+		v, ok := d.figures[f.Name]
+		val, met := "not measured", "-"
+		if ok {
+			val = fmt.Sprintf("%.4g %s", v, f.Unit)
+			met = map[bool]string{true: "yes", false: "**no**"}[f.Met(v)]
+		}
+		cmp := "<="
+		if f.Higher {
+			cmp = ">="
+		}
+		fmt.Fprintf(&md, "| `%s` | %s | %s %g %s | %s | %s | `%s` |\n", f.Name, val, cmp, f.Target, f.Unit, met, f.Doc, f.Source)
+	}
+	md.WriteString("\n")
+
+	if r, ok := d.run("paths"); ok {
+		if err := plotPaths(r, filepath.Join(imgDir, "paths.png")); err != nil {
+			return err
+		}
+		fmt.Fprintf(&md, "## Per-packet cost of the TC and XDP programs\n\n")
+		fmt.Fprintf(&md, "`go test ./test/tcpkt -bench Paths -benchtime 200x`: the kernel's time per packet by BPF_PROG_TEST_RUN. Run: %s.\n\n", r.meta)
+		md.WriteString("![ns per packet by path](benchmarks/paths.png)\n\n")
+		md.WriteString("| path | " + strings.Join(seriesLabels(), " | ") + " |\n|---|---|---|---|---|\n")
+		for _, p := range allPaths(r) {
+			cells := []string{p}
+			for s := range pathSeries {
+				if v, ok := pathCost(r, s, p); ok {
+					cells = append(cells, fmt.Sprintf("%.0f", v))
+				} else {
+					cells = append(cells, "-")
+				}
+			}
+			md.WriteString("| " + strings.Join(cells, " | ") + " |\n")
+		}
+		md.WriteString("\n")
+	}
+
+	if r, ok := d.run("sockets"); ok {
+		fmt.Fprintf(&md, "## Socket load balancing\n\n`go test ./test/socklb -bench ConnectRate`. Run: %s.\n\n", r.meta)
+		md.WriteString("| benchmark | ClusterIP conn/s | direct conn/s | median ratio | hooks ns per connection |\n|---|---|---|---|---|\n")
+		for _, res := range r.results {
+			m := res.Metrics
+			fmt.Fprintf(&md, "| %s | %.0f | %.0f | %.3f | %.0f |\n", res.Name, m["clusterip_conn/s"], m["direct_conn/s"], m["median_ratio"], m["hook_ns/conn"])
+		}
+		md.WriteString("\n")
+	}
+
+	if r, ok := d.run("pps"); ok {
+		rows := ppsRows(r)
+		if len(rows) > 0 {
+			if err := plotPPS(rows, filepath.Join(imgDir, "pps.png")); err != nil {
+				return err
+			}
+			fmt.Fprintf(&md, "## Packets per second through a NodePort\n\n`make bench-pps`: UDP frames generated in the external client's namespace, forwarded by node1 to a pod on node2. Run: %s.\n\n", r.meta)
+			md.WriteString("![packets per second by dataplane](benchmarks/pps.png)\n\n| dataplane | packets/s |\n|---|---|\n")
+			for _, row := range rows {
+				fmt.Fprintf(&md, "| %s | %.0f |\n", row.name, row.v)
+			}
+			md.WriteString("\n")
+		}
+	}
+
+	if len(d.scales) > 0 {
+		if err := plotScale(d.scales, "start → all programmed (s)", func(r scaleResult) float64 { return r.StartToSynced },
+			filepath.Join(imgDir, "programming.png")); err != nil {
+			return err
+		}
+		if err := plotScale(d.scales, "peak RSS (MiB)", func(r scaleResult) float64 { return r.PeakRSSEnd },
+			filepath.Join(imgDir, "rss.png")); err != nil {
+			return err
+		}
+		md.WriteString("## Scale: Services through a real API server\n\n")
+		md.WriteString("`make e2e-bench` (test/e2e/bench BenchmarkScale), once per Service count: the Services and EndpointSlices are created through a real kube-apiserver, then each proxy starts on a fresh node namespace.\n\n")
+		md.WriteString("![time to program every Service](benchmarks/programming.png)\n\n![peak RSS](benchmarks/rss.png)\n\n")
+		md.WriteString("| Services × endpoints | proxy | start → all programmed | first sync | peak RSS | change p50 | change p99 | sync per change | run |\n|---|---|---|---|---|---|---|---|---|\n")
+		for _, s := range d.scales {
+			for _, r := range s.Results {
+				fmt.Fprintf(&md, "| %d × %d | %s | %.2f s | %.2f s | %.0f MiB | %.1f ms | %.1f ms | %.1f ms | %s |\n", s.Services, s.Endpoints,
+					proxyLabel(r.Proxy), r.StartToSynced, r.FirstSync, r.PeakRSSEnd, r.ChangeP50, r.ChangeP99, r.SyncPerChange, s.meta)
+			}
+		}
+		md.WriteString("\n")
+	}
+	return os.WriteFile(filepath.Join(out, "benchmarks.md"), []byte(md.String()), 0o644)
+}
+
+func seriesLabels() []string {
+	var l []string
+	for _, s := range pathSeries {
+		l = append(l, s.label+" ns")
+	}
+	return l
+}
+
+// allPaths lists every path of run r, those of the chart first.
+func allPaths(r runOutput) []string {
+	paths := slices.Clone(chartPaths)
+	for _, res := range r.results {
+		for _, s := range pathSeries {
+			rest, ok := strings.CutPrefix(res.Name, s.prefix)
+			if !ok || !strings.HasSuffix(rest, s.suffix) {
+				continue
+			}
+			p := strings.ReplaceAll(strings.TrimSuffix(rest, s.suffix), "_", " ")
+			if strings.Contains(p, "/") {
+				continue
+			}
+			if !slices.Contains(paths, p) {
+				paths = append(paths, p)
+			}
+		}
+	}
+	return paths
+}
+
+// plotPaths draws the chart's paths as bars grouped by path, one colour per
+// series.
+func plotPaths(r runOutput, file string) error {
+	p := plot.New()
+	p.Title.Text = "ns per packet by path (BPF_PROG_TEST_RUN; " + r.meta["kernel"] + ")"
+	p.Y.Label.Text = "ns per packet"
+	w := vg.Points(14)
+	for s := range pathSeries {
+		vals := make(plotter.Values, len(chartPaths))
+		for i, path := range chartPaths {
+			vals[i], _ = pathCost(r, s, path)
+		}
+		bars, err := plotter.NewBarChart(vals, w)
+		if err != nil {
+			return err
+		}
+		bars.LineStyle.Width = 0
+		bars.Color = plotutil.Color(s)
+		bars.Offset = w * vg.Length(2*s-len(pathSeries)+1) / 2
+		p.Add(bars)
+		p.Legend.Add(pathSeries[s].label, bars)
+	}
+	p.Legend.Top = true
+	labels := make([]string, len(chartPaths))
+	for i, c := range chartPaths {
+		labels[i] = strings.Replace(c, ", ", ",\n", 1)
+	}
+	p.NominalX(labels...)
+	return p.Save(10*vg.Inch, 5*vg.Inch, file)
+}
+
+type ppsRow struct {
+	name string
+	v    float64
+}
+
+// ppsRows are the absolute packet rates the pps run printed (bench:
+// pps_ROW=N pps), without the ratios.
+func ppsRows(r runOutput) []ppsRow {
+	var rows []ppsRow
+	for name, v := range r.printed {
+		row, ok := strings.CutPrefix(name, "pps_")
+		if !ok || strings.Contains(row, "_vs_") {
+			continue
+		}
+		rows = append(rows, ppsRow{row, v})
+	}
+	slices.SortFunc(rows, func(a, b ppsRow) int { return strings.Compare(a.name, b.name) })
+	return rows
+}
+
+func plotPPS(rows []ppsRow, file string) error {
+	p := plot.New()
+	p.Title.Text = "packets per second through a NodePort to another node"
+	p.Y.Label.Text = "packets per second"
+	vals := make(plotter.Values, len(rows))
+	names := make([]string, len(rows))
+	for i, r := range rows {
+		vals[i], names[i] = r.v, r.name
+	}
+	bars, err := plotter.NewBarChart(vals, vg.Points(30))
+	if err != nil {
+		return err
+	}
+	bars.LineStyle.Width = 0
+	bars.Color = color.RGBA{R: 0x33, G: 0x66, B: 0x99, A: 0xff}
+	p.Add(bars)
+	p.NominalX(names...)
+	return p.Save(8*vg.Inch, 4.5*vg.Inch, file)
+}
+
+// plotScale draws one line per proxy: value against the Service count.
+func plotScale(runs []scaleRun, ylabel string, value func(scaleResult) float64, file string) error {
+	p := plot.New()
+	p.Title.Text = ylabel + " against Services (10 endpoints each unless noted)"
+	p.X.Label.Text = "Services"
+	p.Y.Label.Text = ylabel
+	byProxy := map[string]plotter.XYs{}
+	var order []string
+	for _, s := range runs {
+		for _, r := range s.Results {
+			if _, ok := byProxy[r.Proxy]; !ok {
+				order = append(order, r.Proxy)
+			}
+			byProxy[r.Proxy] = append(byProxy[r.Proxy], plotter.XY{X: float64(s.Services), Y: value(r)})
+		}
+	}
+	var args []any
+	for _, proxy := range order {
+		args = append(args, proxyLabel(proxy), byProxy[proxy])
+	}
+	if err := plotutil.AddLinePoints(p, args...); err != nil {
+		return err
+	}
+	p.Legend.Top = true
+	p.Legend.Left = true
+	return p.Save(8*vg.Inch, 4.5*vg.Inch, file)
+}

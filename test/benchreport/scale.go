@@ -1,0 +1,86 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+)
+
+// scaleRun is one run of test/e2e/bench's BenchmarkScale, as it writes
+// it to EBPF_PROXY_BENCH_JSON.
+type scaleRun struct {
+	Services  int           `json:"services"`
+	Endpoints int           `json:"endpoints"`
+	LoadTime  float64       `json:"load_s"`
+	Results   []scaleResult `json:"results"`
+	meta      meta
+}
+
+// scaleResult is one proxy's figures in a scale run.
+type scaleResult struct {
+	Proxy         string  `json:"proxy"`
+	StartToSynced float64 `json:"start_to_synced_s"`
+	FirstSync     float64 `json:"first_sync_s"`
+	PeakRSSSynced float64 `json:"peak_rss_synced_mib"`
+	PeakRSSEnd    float64 `json:"peak_rss_end_mib"`
+	ChangeP50     float64 `json:"change_p50_ms"`
+	ChangeP99     float64 `json:"change_p99_ms"`
+	SyncPerChange float64 `json:"sync_per_change_ms"`
+	Changes       int     `json:"changes"`
+	Note          string  `json:"note"`
+}
+
+func readScale(path string) (scaleRun, error) {
+	var s scaleRun
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return s, err
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		return s, fmt.Errorf("%s: %w", path, err)
+	}
+	if s.Services <= 0 || len(s.Results) == 0 {
+		return s, fmt.Errorf("%s: no Services or no results", path)
+	}
+	return s, nil
+}
+
+// figures are the targets' figures this run measured (the BPF mode's, at
+// 10 endpoints per Service).
+func (s scaleRun) figures() map[string]float64 {
+	got := map[string]float64{}
+	for _, r := range s.Results {
+		if r.Proxy != "ebpf" || s.Endpoints != 10 {
+			continue
+		}
+		switch s.Services {
+		case 10000:
+			got["rss_10k"] = r.PeakRSSEnd
+		case 30000:
+			got["svc30k_programmed"] = r.StartToSynced
+			got["svc30k_rss"] = r.PeakRSSEnd
+			if r.Changes > 0 {
+				got["svc30k_change_p99"] = r.ChangeP99
+			}
+		}
+	}
+	return got
+}
+
+// proxyLabel is how the report names a proxy of the scale and packet rate
+// runs.
+func proxyLabel(p string) string {
+	switch p {
+	case "ebpf":
+		return "ebpf-proxy (BPF)"
+	case "ebpf-nftables":
+		return "ebpf-proxy nftables"
+	case "ebpf-iptables":
+		return "ebpf-proxy iptables"
+	case "iptables":
+		return "kube-proxy iptables"
+	case "nftables":
+		return "kube-proxy nftables"
+	}
+	return p
+}
