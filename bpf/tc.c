@@ -27,8 +27,11 @@
 
 /* tc_send sends a translated packet on (p a struct pkt6 when v6, else a
  * struct pkt4): a source-NATed one (or a reply to a client outside)
- * straight out through the FIB, anything else to the kernel. */
-static __always_inline int tc_send(struct __sk_buff *skb, bool v6, const void *p, bool fib)
+ * straight out through the FIB, anything else to the kernel. e, if not
+ * NULL, is the entry the packet was translated by, which keeps the FIB's
+ * answer for the flow's next packets of second now (fwd.h). */
+static __always_inline int tc_send(struct __sk_buff *skb, bool v6, const void *p, bool fib, void *e,
+				   __u32 now)
 {
 	bool no_route = false;
 	int ret;
@@ -36,18 +39,21 @@ static __always_inline int tc_send(struct __sk_buff *skb, bool v6, const void *p
 	if (!fib)
 		return TC_ACT_OK;
 	if (v6)
-		ret = pkt6_forward(skb, p, &no_route);
+		ret = pkt6_forward(skb, p, e, now, &no_route);
 	else
-		ret = pkt4_forward(skb, p, &no_route);
+		ret = pkt4_forward(skb, p, e, now, &no_route);
 	if (no_route)
 		lb_count(LB_M_TC_NO_ROUTE);
 	return ret;
 }
 
-/* tc_xlate_orig rewrites a client's packet as its flow's entry e says. */
+/* tc_xlate_orig rewrites a client's packet as its flow's entry e says; e
+ * is the map's entry (tracked) or NULL (a new flow's copy is orig). */
 static __always_inline int tc_xlate_orig(struct __sk_buff *skb, struct pkt4 *p,
-					 const struct ct4_entry *e)
+					 struct ct4_entry *tracked, const struct ct4_entry *orig,
+					 __u32 now)
 {
+	const struct ct4_entry *e = tracked ? tracked : orig;
 	__be32 saddr = e->nat_saddr, daddr = e->nat_daddr;
 	__be16 sport = e->nat_sport, dport = e->nat_dport;
 	bool snat = e->flags & CT_F_SNAT;
@@ -56,7 +62,7 @@ static __always_inline int tc_xlate_orig(struct __sk_buff *skb, struct pkt4 *p,
 		return TC_ACT_SHOT;
 	if (snat && pkt4_rewrite(skb, p, true, saddr, sport))
 		return TC_ACT_SHOT;
-	return tc_send(skb, false, p, snat);
+	return tc_send(skb, false, p, snat, tracked, now);
 }
 
 /* tc_new_flow handles the first packet of a flow: a frontend's verdict, a
@@ -93,7 +99,7 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, struct pkt4 *p, __
 	if (np_record(skb, skb->ifindex, p, &c, now, &orig))
 		return TC_ACT_SHOT;
 	lb_count(orig.flags & CT_F_SNAT ? LB_M_TC_NEW_SNAT : LB_M_TC_NEW_LOCAL);
-	return tc_xlate_orig(skb, p, &orig);
+	return tc_xlate_orig(skb, p, NULL, &orig, now);
 }
 
 /* tc_reply rewrites a backend's reply by its entry e: the source becomes
@@ -112,7 +118,7 @@ static __always_inline int tc_reply(struct __sk_buff *skb, struct pkt4 *p, struc
 	if (snat && pkt4_rewrite(skb, p, false, daddr, dport))
 		return TC_ACT_SHOT;
 	lb_count(LB_M_TC_REPLY);
-	return tc_send(skb, false, p, snat);
+	return tc_send(skb, false, p, snat, e, now);
 }
 
 /* tc_icmp_error translates an ICMP error about a tracked flow, so that it
@@ -186,7 +192,7 @@ static __always_inline int tc_icmp_error(struct __sk_buff *skb, bool v6, void *p
 		return TC_ACT_SHOT;
 send:
 	lb_count(LB_M_TC_ICMP_XLATE);
-	return tc_send(skb, v6, p, snat);
+	return tc_send(skb, v6, p, snat, NULL, 0);
 }
 
 /* tc_reset ends the tracked flow of p (its client-side entry e), whose
@@ -224,10 +230,13 @@ static __always_inline int tc_reset(struct __sk_buff *skb, const struct pkt4 *p,
 
 /* tc6_xlate is the rewrite of an IPv6 packet by its flow's entry e: the
  * destination (src false: a client's packet) or the source (a reply) from
- * e's nat_d* or nat_s*, and with source NAT the other side too. */
+ * e's nat_d* or nat_s*, and with source NAT the other side too. e is the
+ * map's entry (tracked) or NULL (a new flow's copy is orig). */
 static __always_inline int tc6_xlate(struct __sk_buff *skb, struct pkt6 *p,
-				     const struct ct6_entry *e, bool reply)
+				     struct ct6_entry *tracked, const struct ct6_entry *orig,
+				     bool reply, __u32 now)
 {
+	const struct ct6_entry *e = tracked ? tracked : orig;
 	bool snat = e->flags & CT_F_SNAT;
 
 	/* e is a map value or on the stack: it stays valid across the
@@ -244,7 +253,7 @@ static __always_inline int tc6_xlate(struct __sk_buff *skb, struct pkt6 *p,
 			return TC_ACT_SHOT;
 		lb_count(LB_M_TC_REPLY);
 	}
-	return tc_send(skb, true, p, snat);
+	return tc_send(skb, true, p, snat, tracked, now);
 }
 
 /* tc6_new_flow is tc_new_flow for IPv6. */
@@ -277,7 +286,7 @@ static __always_inline int tc6_new_flow(struct __sk_buff *skb, struct pkt6 *p, _
 	if (np6_record(skb, skb->ifindex, p, &c, now, &orig))
 		return TC_ACT_SHOT;
 	lb_count(orig.flags & CT_F_SNAT ? LB_M_TC_NEW_SNAT : LB_M_TC_NEW_LOCAL);
-	return tc6_xlate(skb, p, &orig, false);
+	return tc6_xlate(skb, p, NULL, &orig, false, now);
 }
 
 /* tc6_reset is tc_reset for IPv6. */
@@ -323,7 +332,7 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb)
 	e = np6_lookup_tracked(&p, now, &reply);
 	if (e && reply) {
 		ct_refresh_v(e, true, p.proto, p.tcp_flags, now, true);
-		return tc6_xlate(skb, &p, e, true);
+		return tc6_xlate(skb, &p, e, NULL, true, now);
 	}
 	if (reply) {
 		lb_count(LB_M_TC_SNAT_LATE);
@@ -333,7 +342,7 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb)
 		return tc6_reset(skb, &p, e);
 	if (e) {
 		lb_count(LB_M_TC_FWD);
-		return tc6_xlate(skb, &p, e, false);
+		return tc6_xlate(skb, &p, e, NULL, false, now);
 	}
 	return tc6_new_flow(skb, &p, now);
 }
@@ -344,6 +353,7 @@ static __always_inline int tc6_egress(struct __sk_buff *skb)
 	struct pkt6 p = {};
 	struct ct6_key key = {};
 	struct ct6_entry *e;
+	__u32 now;
 
 	switch (pkt6_parse(skb, &p)) {
 	case PKT_OK:
@@ -362,8 +372,9 @@ static __always_inline int tc6_egress(struct __sk_buff *skb)
 	e = bpf_map_lookup_elem(&tc6_ct_v1, &key);
 	if (!e || (e->flags & CT_F_SNAT))
 		return TC_ACT_UNSPEC;
-	ct_refresh_v(e, true, p.proto, p.tcp_flags, ct_now(), true);
-	return tc6_xlate(skb, &p, e, true);
+	now = ct_now();
+	ct_refresh_v(e, true, p.proto, p.tcp_flags, now, true);
+	return tc6_xlate(skb, &p, e, NULL, true, now);
 }
 
 SEC("tc")
@@ -398,7 +409,7 @@ int tc_ingress(struct __sk_buff *skb)
 			return tc_reset(skb, &p, e);
 		if (e) {
 			lb_count(LB_M_TC_FWD);
-			return tc_xlate_orig(skb, &p, e);
+			return tc_xlate_orig(skb, &p, e, NULL, now);
 		}
 	}
 	return tc_new_flow(skb, &p, now);

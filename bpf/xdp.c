@@ -41,14 +41,50 @@ struct {
  * every call, as lib/ct.h's do: p is then a struct pkt6 (else a struct
  * pkt4) and e a struct ct6_entry (else a struct ct4_entry). */
 
+/* xdp_next_hop fills fib with the next hop for the packet p whose flow's
+ * entry e gives its new tuple: the one e keeps from an earlier lookup of
+ * the same second (ct_fib_get), else a FIB lookup's, which e then keeps.
+ * Returns false when the FIB cannot resolve it on its own (no neighbour
+ * entry, no route, too big for the MTU). */
+static __always_inline bool xdp_next_hop(struct xdp_md *ctx, bool v6, const void *p, void *e,
+					 __u32 now, struct bpf_fib_lookup *fib)
+{
+	__u16 len;
+
+	if (v6) {
+		const struct pkt6 *p6 = p;
+		const struct ct6_entry *e6 = e;
+
+		len = sizeof(struct pkt_ipv6hdr) + p6->payload_len;
+		fib->family = PKT_AF_INET6;
+		__builtin_memcpy(fib->ipv6_src, e6->nat_saddr, sizeof(fib->ipv6_src));
+		__builtin_memcpy(fib->ipv6_dst, e6->nat_daddr, sizeof(fib->ipv6_dst));
+	} else {
+		const struct pkt4 *p4 = p;
+		const struct ct4_entry *e4 = e;
+
+		len = p4->tot_len;
+		fib->family = PKT_AF_INET;
+		fib->tos = p4->tos;
+		fib->ipv4_src = e4->nat_saddr;
+		fib->ipv4_dst = e4->nat_daddr;
+	}
+	if (ct_fib_get(e, v6, now, len, fib))
+		return true;
+	fib->tot_len = len;
+	if (bpf_fib_lookup(ctx, fib, sizeof(*fib), 0) != BPF_FIB_LKUP_RET_SUCCESS)
+		return false;
+	ct_fib_put(e, v6, now, len, fib);
+	return true;
+}
+
 /* xdp_send rewrites the frame that p describes to the tuple that the
  * flow's entry e gives its packets (both entries of a source-NATed flow hold
- * all four of it) and sends it to that destination: back out of the device
- * it came in on, or redirected to another device with this program.
- * Anything the FIB cannot resolve on its own (no neighbour entry, no route,
- * too big for the MTU) and any other egress device is passed untouched, for
- * TC to do or drop as it does. */
-static __always_inline int xdp_send(struct xdp_md *ctx, bool v6, const void *p, const void *e)
+ * all four of it) and sends it to that destination (xdp_next_hop): back out
+ * of the device it came in on, or redirected to another device with this
+ * program. Anything the FIB cannot resolve on its own and any other egress
+ * device is passed untouched, for TC to do or drop as it does. */
+static __always_inline int xdp_send(struct xdp_md *ctx, bool v6, const void *p, void *e, __u32 now)
 {
 	struct bpf_fib_lookup fib = {
 		.l4_protocol = PKT_F(p, v6, proto),
@@ -57,32 +93,10 @@ static __always_inline int xdp_send(struct xdp_md *ctx, bool v6, const void *p, 
 		.ifindex = ctx->ingress_ifindex,
 	};
 	__u32 ifindex = ctx->ingress_ifindex;
-	long ret;
 
-	if (v6) {
-		const struct pkt6 *p6 = p;
-		const struct ct6_entry *e6 = e;
-
-		if (p6->hop_limit <= 1)
-			goto pass;
-		fib.family = PKT_AF_INET6;
-		fib.tot_len = sizeof(struct pkt_ipv6hdr) + p6->payload_len;
-		__builtin_memcpy(fib.ipv6_src, e6->nat_saddr, sizeof(fib.ipv6_src));
-		__builtin_memcpy(fib.ipv6_dst, e6->nat_daddr, sizeof(fib.ipv6_dst));
-	} else {
-		const struct pkt4 *p4 = p;
-		const struct ct4_entry *e4 = e;
-
-		if (p4->ttl <= 1)
-			goto pass;
-		fib.family = PKT_AF_INET;
-		fib.tos = p4->tos;
-		fib.tot_len = p4->tot_len;
-		fib.ipv4_src = e4->nat_saddr;
-		fib.ipv4_dst = e4->nat_daddr;
-	}
-	ret = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
-	if (ret != BPF_FIB_LKUP_RET_SUCCESS)
+	if (v6 ? ((const struct pkt6 *)p)->hop_limit <= 1 : ((const struct pkt4 *)p)->ttl <= 1)
+		goto pass;
+	if (!xdp_next_hop(ctx, v6, p, e, now, &fib))
 		goto pass;
 	if (fib.ifindex != ifindex && !bpf_map_lookup_elem(&xdp4_devs_v1, &fib.ifindex))
 		goto pass;
@@ -98,12 +112,12 @@ pass:
 
 /* xdp_orig sends a client's packet of a source-NATed flow on as its entry e
  * says. */
-static __always_inline int xdp_orig(struct xdp_md *ctx, bool v6, const void *p, const void *e,
-				    enum lb_metric m)
+static __always_inline int xdp_orig(struct xdp_md *ctx, bool v6, const void *p, void *e,
+				    enum lb_metric m, __u32 now)
 {
 	int ret;
 
-	ret = xdp_send(ctx, v6, p, e);
+	ret = xdp_send(ctx, v6, p, e, now);
 	if (ret != XDP_PASS)
 		lb_count(m);
 	return ret;
@@ -115,7 +129,7 @@ static __always_inline int xdp_reply(struct xdp_md *ctx, bool v6, const void *p,
 {
 	int ret;
 
-	ret = xdp_send(ctx, v6, p, e);
+	ret = xdp_send(ctx, v6, p, e, now);
 	if (ret != XDP_PASS) {
 		ct_refresh_v(e, v6, PKT_F(p, v6, proto), PKT_F(p, v6, tcp_flags), now, true);
 		lb_count(LB_M_XDP_REPLY);
@@ -165,7 +179,7 @@ static __always_inline int xdp_new_flow(struct xdp_md *ctx, bool v6, void *p, __
 		return XDP_DROP;
 	/* Recorded: should XDP pass it (no neighbour yet), TC finds the flow
 	 * and translates it alike. */
-	return xdp_orig(ctx, v6, p, v6 ? (void *)&orig6 : (void *)&orig, LB_M_XDP_NEW_SNAT);
+	return xdp_orig(ctx, v6, p, v6 ? (void *)&orig6 : (void *)&orig, LB_M_XDP_NEW_SNAT, now);
 }
 
 /* xdp_flow handles a frame of family v6 with p, a zeroed struct pkt6 or
@@ -208,7 +222,7 @@ static __always_inline int xdp_flow(struct xdp_md *ctx, bool v6, void *p)
 			lb_count(LB_M_XDP_TO_TC);
 			return XDP_PASS;
 		}
-		return xdp_orig(ctx, v6, p, e, LB_M_XDP_FWD);
+		return xdp_orig(ctx, v6, p, e, LB_M_XDP_FWD, now);
 	}
 	return xdp_new_flow(ctx, v6, p, now);
 }

@@ -200,6 +200,55 @@ static __always_inline void ct_refresh(struct ct4_entry *e, const struct pkt4 *p
 	ct_refresh_dir(e, p, now, false);
 }
 
+/* ct_fib_get gives fib the next hop that e's flow's last FIB lookup found
+ * (the device and both MAC addresses, struct ct4_entry's fib_*), when that
+ * lookup was made in second now and let a packet of at least len bytes (IP
+ * length) through; else it returns false and the caller looks it up. A
+ * route or neighbour change thus reaches a flow within a second, and the
+ * MTU is checked for every packet longer than those seen. */
+static __always_inline bool ct_fib_get(const void *e, bool v6, __u32 now, __u32 len,
+				       struct bpf_fib_lookup *fib)
+{
+	__u32 ifindex = CT_E(e, v6, fib_ifindex);
+
+	if (!ifindex || CT_E(e, v6, fib_at) != (__u16)now || len > CT_E(e, v6, fib_len))
+		return false;
+	fib->ifindex = ifindex;
+	if (v6) {
+		__builtin_memcpy(fib->dmac, ((const struct ct6_entry *)e)->fib_dmac, ETH_ALEN);
+		__builtin_memcpy(fib->smac, ((const struct ct6_entry *)e)->fib_smac, ETH_ALEN);
+	} else {
+		__builtin_memcpy(fib->dmac, ((const struct ct4_entry *)e)->fib_dmac, ETH_ALEN);
+		__builtin_memcpy(fib->smac, ((const struct ct4_entry *)e)->fib_smac, ETH_ALEN);
+	}
+	return true;
+}
+
+/* ct_fib_put keeps in e the next hop fib that a successful FIB lookup found
+ * in second now for a packet of len bytes. Two CPUs updating one entry at
+ * once write the same next hop, but for a route or neighbour change
+ * between their lookups (then one packet may leave with the older one). */
+static __always_inline void ct_fib_put(void *e, bool v6, __u32 now, __u32 len,
+				       const struct bpf_fib_lookup *fib)
+{
+	__u32 known = 0;
+
+	/* A longer packet of the same second through the same device: the
+	 * shorter ones seen before still pass. */
+	if (CT_E(e, v6, fib_at) == (__u16)now && CT_E(e, v6, fib_ifindex) == fib->ifindex)
+		known = CT_E(e, v6, fib_len);
+	CT_E(e, v6, fib_len) = len > known ? len : known;
+	CT_E(e, v6, fib_at) = (__u16)now;
+	CT_E(e, v6, fib_ifindex) = fib->ifindex;
+	if (v6) {
+		__builtin_memcpy(((struct ct6_entry *)e)->fib_dmac, fib->dmac, ETH_ALEN);
+		__builtin_memcpy(((struct ct6_entry *)e)->fib_smac, fib->smac, ETH_ALEN);
+	} else {
+		__builtin_memcpy(((struct ct4_entry *)e)->fib_dmac, fib->dmac, ETH_ALEN);
+		__builtin_memcpy(((struct ct4_entry *)e)->fib_smac, fib->smac, ETH_ALEN);
+	}
+}
+
 static __always_inline bool ct_expired_v(const void *e, bool v6, __u32 now)
 {
 	__u32 exp = v6 ? ((const struct ct6_entry *)e)->expires

@@ -5,6 +5,7 @@
 
 #include "common.h"
 #include "csum.h"
+#include "ct.h"
 #include "parse.h"
 #include <linux/if_ether.h>
 #include <linux/ip.h>
@@ -16,8 +17,14 @@
  * TTL as a router does. No tot_len is given to the lookup, so that the
  * kernel checks the MTU against the skb, which lets GRO packets through as
  * its forwarding path does. Returns the TC verdict, and sets *no_route when it
- * drops the packet for want of a route or TTL, for the caller to count. */
-static __always_inline int pkt4_forward(struct __sk_buff *skb, const struct pkt4 *p, bool *no_route)
+ * drops the packet for want of a route or TTL, for the caller to count.
+ *
+ * e, when not NULL, is the map entry of the flow whose tuple p now has: the
+ * next hop it keeps from a lookup of the same second serves instead of a
+ * new lookup (ct_fib_get; not for GSO packets, whose MTU check is the
+ * kernel's per segment), and a new lookup's result is kept there. */
+static __always_inline int pkt4_forward(struct __sk_buff *skb, const struct pkt4 *p, void *e,
+					__u32 now, bool *no_route)
 {
 	struct bpf_fib_lookup fib = {
 		.family = PKT_AF_INET,
@@ -30,16 +37,24 @@ static __always_inline int pkt4_forward(struct __sk_buff *skb, const struct pkt4
 		.ifindex = skb->ifindex,
 	};
 	__be16 old_ttl, new_ttl;
+	bool cache;
 	long ret;
 
 	if (p->ttl <= 1) {
 		*no_route = true;
 		return TC_ACT_SHOT;
 	}
-	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
-	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH) {
-		*no_route = true;
-		return TC_ACT_SHOT;
+	cache = e && skb->gso_segs <= 1;
+	if (cache && ct_fib_get(e, false, now, p->tot_len, &fib)) {
+		ret = BPF_FIB_LKUP_RET_SUCCESS;
+	} else {
+		ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+		if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH) {
+			*no_route = true;
+			return TC_ACT_SHOT;
+		}
+		if (cache && ret == BPF_FIB_LKUP_RET_SUCCESS)
+			ct_fib_put(e, false, now, p->tot_len, &fib);
 	}
 	old_ttl = pkt4_ttl_word(p->ttl, p->proto);
 	new_ttl = pkt4_ttl_word(p->ttl - 1, p->proto);
@@ -58,7 +73,8 @@ static __always_inline int pkt4_forward(struct __sk_buff *skb, const struct pkt4
 
 /* pkt6_forward is pkt4_forward for IPv6: the hop limit is decremented
  * (no header checksum; skb->csum follows the store). */
-static __always_inline int pkt6_forward(struct __sk_buff *skb, const struct pkt6 *p, bool *no_route)
+static __always_inline int pkt6_forward(struct __sk_buff *skb, const struct pkt6 *p, void *e,
+					__u32 now, bool *no_route)
 {
 	struct bpf_fib_lookup fib = {
 		.family = PKT_AF_INET6,
@@ -69,6 +85,8 @@ static __always_inline int pkt6_forward(struct __sk_buff *skb, const struct pkt6
 	};
 	/* The next header and the hop limit, one 16-bit word. */
 	__u8 word[2] = { p->proto, p->hop_limit - 1 };
+	bool cache;
+	__u32 len;
 	long ret;
 
 	if (p->hop_limit <= 1) {
@@ -77,10 +95,18 @@ static __always_inline int pkt6_forward(struct __sk_buff *skb, const struct pkt6
 	}
 	__builtin_memcpy(fib.ipv6_src, p->saddr, sizeof(fib.ipv6_src));
 	__builtin_memcpy(fib.ipv6_dst, p->daddr, sizeof(fib.ipv6_dst));
-	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
-	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH) {
-		*no_route = true;
-		return TC_ACT_SHOT;
+	len = sizeof(struct pkt_ipv6hdr) + p->payload_len;
+	cache = e && skb->gso_segs <= 1;
+	if (cache && ct_fib_get(e, true, now, len, &fib)) {
+		ret = BPF_FIB_LKUP_RET_SUCCESS;
+	} else {
+		ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+		if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH) {
+			*no_route = true;
+			return TC_ACT_SHOT;
+		}
+		if (cache && ret == BPF_FIB_LKUP_RET_SUCCESS)
+			ct_fib_put(e, true, now, len, &fib);
 	}
 	if (bpf_skb_store_bytes(skb, ETH_HLEN + pkt_offsetof(struct pkt_ipv6hdr, nexthdr), word,
 				sizeof(word), BPF_F_RECOMPUTE_CSUM))

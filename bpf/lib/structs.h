@@ -365,6 +365,18 @@ struct ct4_entry {
 	/* The low 16 bits of the second the entry was made in (a UDP flow's
 	 * age decides its lifetime). */
 	__u16 born;
+	/* The next hop that XDP's FIB lookup found for the packets this entry
+	 * rewrites (xdp.c xdp_send): the device, the MAC addresses, and the
+	 * largest packet (IP length) the lookup let through. It is used only
+	 * in the second it was found in (fib_at, the low 16 bits of it), so
+	 * that a route or neighbour change takes effect within a second, and
+	 * only for packets up to fib_len, so that the MTU is still checked.
+	 * fib_ifindex 0: none. */
+	__u32 fib_ifindex;
+	__u16 fib_len;
+	__u16 fib_at;
+	__u8 fib_dmac[6];
+	__u8 fib_smac[6];
 };
 
 /* Value of tc4_snat_addrs, keyed by a __u32 ifindex: the address source NAT
@@ -397,6 +409,12 @@ struct ct6_entry {
 	__u32 expires;
 	__u16 flags;
 	__u16 born;
+	/* As in struct ct4_entry. */
+	__u32 fib_ifindex;
+	__u16 fib_len;
+	__u16 fib_at;
+	__u8 fib_dmac[6];
+	__u8 fib_smac[6];
 };
 
 struct tc6_snat_addr {

@@ -14,16 +14,21 @@ import (
 )
 
 type TcCt4Entry struct {
-	_         structs.HostLayout
-	NatSaddr  uint32
-	NatDaddr  uint32
-	NatSport  uint16
-	NatDport  uint16
-	BackendId uint32
-	SvcId     uint32
-	Expires   uint32
-	Flags     uint16
-	Born      uint16
+	_          structs.HostLayout
+	NatSaddr   uint32
+	NatDaddr   uint32
+	NatSport   uint16
+	NatDport   uint16
+	BackendId  uint32
+	SvcId      uint32
+	Expires    uint32
+	Flags      uint16
+	Born       uint16
+	FibIfindex uint32
+	FibLen     uint16
+	FibAt      uint16
+	FibDmac    [6]uint8
+	FibSmac    [6]uint8
 }
 
 type TcCt4Key struct {
@@ -38,16 +43,21 @@ type TcCt4Key struct {
 }
 
 type TcCt6Entry struct {
-	_         structs.HostLayout
-	NatSaddr  [4]uint32
-	NatDaddr  [4]uint32
-	NatSport  uint16
-	NatDport  uint16
-	BackendId uint32
-	SvcId     uint32
-	Expires   uint32
-	Flags     uint16
-	Born      uint16
+	_          structs.HostLayout
+	NatSaddr   [4]uint32
+	NatDaddr   [4]uint32
+	NatSport   uint16
+	NatDport   uint16
+	BackendId  uint32
+	SvcId      uint32
+	Expires    uint32
+	Flags      uint16
+	Born       uint16
+	FibIfindex uint32
+	FibLen     uint16
+	FibAt      uint16
+	FibDmac    [6]uint8
+	FibSmac    [6]uint8
 }
 
 type TcCt6Key struct {

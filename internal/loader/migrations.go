@@ -1,6 +1,8 @@
 package loader
 
 import (
+	"encoding/binary"
+	"fmt"
 	"slices"
 	"sync"
 
@@ -29,10 +31,48 @@ type Migration struct {
 
 var (
 	migrationsMu sync.Mutex
-	// migrations is the registry. It is empty: every layout is still the
-	// first one (_v1). Maps of maps cannot be converted, only resized.
+	// migrations is the registry (see init). Maps of maps cannot be
+	// converted, only resized.
 	migrations []Migration
 )
+
+// The connection tracking entries of the first layout: struct ct4_entry
+// and struct ct6_entry before the next hop (fib_*) was kept in them.
+const (
+	ct4EntryV1Size = 28
+	ct6EntryV1Size = 52
+)
+
+func init() {
+	// Connection tracking entries grew the next hop that XDP and TC keep
+	// for a flow (fib_* in struct ct4_entry and ct6_entry). An earlier
+	// agent's flows are kept, with no next hop yet, which their next
+	// packet looks up: emptying the maps would break every flow through a
+	// NodePort to another node, whose replies need their entry.
+	for _, m := range []struct {
+		name              string
+		key, old, current int
+	}{
+		{bpfobj.TcMapTc4CtV1, binary.Size(bpfobj.TcCt4Key{}), ct4EntryV1Size, binary.Size(bpfobj.TcCt4Entry{})},
+		{bpfobj.TcMapTc6CtV1, binary.Size(bpfobj.TcCt6Key{}), ct6EntryV1Size, binary.Size(bpfobj.TcCt6Entry{})},
+	} {
+		RegisterMigration(Migration{From: m.name, To: m.name, KeySize: uint32(m.key), ValueSize: uint32(m.old),
+			Convert: zeroExtend(m.current)})
+	}
+}
+
+// zeroExtend converts an entry whose value gained fields at its end, zero
+// in the entries converted.
+func zeroExtend(size int) func(key, value []byte) ([]byte, []byte, error) {
+	return func(key, value []byte) ([]byte, []byte, error) {
+		if len(value) > size {
+			return nil, nil, fmt.Errorf("a value of %d bytes does not fit %d", len(value), size)
+		}
+		v := make([]byte, size)
+		copy(v, value)
+		return key, v, nil
+	}
+}
 
 // RegisterMigration adds m to the registry of migrations and returns a
 // function that removes it again. Layout changes register theirs at init;
