@@ -27,8 +27,8 @@ func ParseViewOptions(view string, f Flags) (Options, error) {
 	return ParseOptions(f)
 }
 
-// monotonicNow is CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
-func monotonicNow() (time.Duration, error) {
+// MonotonicNow is CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
+func MonotonicNow() (time.Duration, error) {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		return 0, fmt.Errorf("clock_gettime(CLOCK_MONOTONIC): %w", err)
@@ -79,11 +79,11 @@ func RunView(ctx context.Context, view string, o Options, stdout, stderr io.Writ
 		if err != nil {
 			return fail(err)
 		}
-		now, err := monotonicNow()
+		now, err := MonotonicNow()
 		if err != nil {
 			return fail(err)
 		}
-		r := BuildConntrack(cts, fams, askAgent(ctx, o.APISocket, stderr), now, o)
+		r := BuildConntrack(cts, fams, AskAgent(ctx, o.APISocket, stderr), now, o)
 		report, table = r, func(wide bool) error { return WriteConntrackTable(stdout, r, wide) }
 	case ViewAffinity:
 		var afs []AffinityFamily
@@ -101,11 +101,11 @@ func RunView(ctx context.Context, view string, o Options, stdout, stderr io.Writ
 		if err != nil {
 			return fail(err)
 		}
-		now, err := monotonicNow()
+		now, err := MonotonicNow()
 		if err != nil {
 			return fail(err)
 		}
-		r := BuildAffinity(afs, fams, askAgent(ctx, o.APISocket, stderr), now, o)
+		r := BuildAffinity(afs, fams, AskAgent(ctx, o.APISocket, stderr), now, o)
 		report, table = r, func(wide bool) error { return WriteAffinityTable(stdout, r, wide) }
 	case ViewMaglev:
 		var mfs []MaglevFamily
@@ -117,7 +117,7 @@ func RunView(ctx context.Context, view string, o Options, stdout, stderr io.Writ
 		if err != nil {
 			return fail(err)
 		}
-		r := BuildMaglev(mfs, fams, askAgent(ctx, o.APISocket, stderr), o)
+		r := BuildMaglev(mfs, fams, AskAgent(ctx, o.APISocket, stderr), o)
 		report, table = r, func(wide bool) error { return WriteMaglevTable(stdout, r, wide) }
 	case ViewSourceRanges:
 		r4, err := maps.ReadSourceRanges(maps.KernelMaps(sm))
@@ -128,7 +128,7 @@ func RunView(ctx context.Context, view string, o Options, stdout, stderr io.Writ
 		if err != nil {
 			return fail(err)
 		}
-		r := BuildSourceRanges([]RangeFamily{{"IPv4", r4}, {"IPv6", r6}}, fams, askAgent(ctx, o.APISocket, stderr), o)
+		r := BuildSourceRanges([]RangeFamily{{"IPv4", r4}, {"IPv6", r6}}, fams, AskAgent(ctx, o.APISocket, stderr), o)
 		report, table = r, func(wide bool) error { return WriteSourceRangesTable(stdout, r, wide) }
 	default:
 		return fail(fmt.Errorf("no view %q", view))
