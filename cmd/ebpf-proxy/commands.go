@@ -109,6 +109,7 @@ func dumpCommand(stdout, stderr io.Writer) *cobra.Command {
 		{dump.ViewAffinity, "Print the session affinity entries: client, Service, chosen backend and age"},
 		{dump.ViewMaglev, "Print the Maglev tables: per Service, the table size and the slots each backend holds"},
 		{dump.ViewSourceRanges, "Print the loadBalancerSourceRanges of each LoadBalancer frontend"},
+		{dump.ViewCounters, "Print the BPF programs' event counters: what each counts and how often it happened"},
 	} {
 		cmd.AddCommand(&cobra.Command{
 			Use:   v.view + " [flags]",
