@@ -462,3 +462,51 @@ func (k ctKey) encode6() CT6Key {
 	return CT6Key{Saddr: be128(k.src.Addr()), Daddr: be128(k.dst.Addr()), Sport: be16(k.src.Port()), Dport: be16(k.dst.Port()),
 		Proto: uint8(k.proto), Dir: k.dir}
 }
+
+// FakeProgramMaps are in-memory stand-ins for the maps the programs fill
+// (affinity, conntrack, source NAT addresses), for tests of code that reads
+// them through Lookups; Fakes stand for the Writer's.
+type FakeProgramMaps struct {
+	Affinity  *FakeMap[AffinityKey, AffinityValue]
+	Conntrack *FakeMap[CTKey, CTValue]
+	SNATAddrs *FakeMap[uint32, SNATAddrValue]
+}
+
+// NewFakeProgramMaps returns empty fakes.
+func NewFakeProgramMaps() *FakeProgramMaps {
+	return &FakeProgramMaps{Affinity: NewFakeMap[AffinityKey, AffinityValue](0), Conntrack: NewFakeMap[CTKey, CTValue](0),
+		SNATAddrs: NewFakeMap[uint32, SNATAddrValue](0)}
+}
+
+// PutAffinity records that the client (an address from outside, or else
+// the network namespace cookie) last used backendID for svcID at
+// lastUsedNs, as lb_affinity_record does.
+func (f *FakeProgramMaps) PutAffinity(client netip.Addr, cookie uint64, svcID, backendID uint32, lastUsedNs uint64) {
+	_ = f.Affinity.Put(affinityKey{addr: client, cookie: cookie, svcID: svcID}.encode4(), AffinityValue{LastUsedNs: lastUsedNs, BackendId: backendID})
+}
+
+// PutSNATAddr gives the device ifindex the source NAT address a, as the
+// loader does.
+func (f *FakeProgramMaps) PutSNATAddr(ifindex uint32, a netip.Addr) {
+	_ = f.SNATAddrs.Put(ifindex, SNATAddrValue{Address: be32(a)})
+}
+
+// PutFlow records a flow's client-side entry as np_record does: from
+// client to frontend, translated to backend (id backendID of svcID), under
+// source NAT to snat when it is valid, expiring at the second expires.
+func (f *FakeProgramMaps) PutFlow(proto model.Protocol, client, frontend, backend, snat netip.AddrPort, backendID, svcID, expires uint32) {
+	v := CTValue{NatDaddr: be32(backend.Addr()), NatDport: be16(backend.Port()), BackendId: backendID, SvcId: svcID, Expires: expires}
+	if snat.IsValid() {
+		v.NatSaddr, v.NatSport, v.Flags = be32(snat.Addr()), be16(snat.Port()), CTFlagSNAT
+	}
+	_ = f.Conntrack.Put(ctKey{src: client, dst: frontend, proto: proto, dir: CTDirOrig}.encode4(), v)
+}
+
+// Lookups reads the fakes f and p (IPv4).
+func (f *Fakes) Lookups(p *FakeProgramMaps) *Lookups {
+	m := LookupMaps{Services: f.Services, Backends: f.Backends, Members: f.Members, SourceRanges: f.Ranges, Maglev: f.Maglev}
+	if p != nil {
+		m.Affinity, m.Conntrack, m.SNATAddrs = p.Affinity, p.Conntrack, p.SNATAddrs
+	}
+	return NewLookups(m)
+}

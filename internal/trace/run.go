@@ -201,7 +201,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 
-	env := Env{Route: route, DeviceName: deviceName}
+	env := Env{Route: route}
 	if env.Now, err = dump.MonotonicNow(); err != nil {
 		return fail(err)
 	}

@@ -118,8 +118,6 @@ type Env struct {
 	// packets to dst out of (what bpf_fib_lookup answers); nil or an
 	// error: unknown.
 	Route func(dst netip.Addr) (int, string, error)
-	// DeviceName names an ifindex ("" unknown).
-	DeviceName func(ifindex int) string
 	// Flows lists the client-side conntrack entries of the client's
 	// flows to the destination (used when the source port is unknown);
 	// nil: not looked up.
