@@ -67,7 +67,6 @@ func TestAgentTraceAgreesWithTraffic(t *testing.T) {
 	}
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	a := e.startAgent(t, dir, "--api-socket", sock)
-	defer a.Terminate(t, 15*time.Second)
 	if err := a.WaitLog(time.Minute, []string{`"ipFamily":"IPv4","servicePorts":6`, `"ipFamily":"IPv6","servicePorts":1`}); err != nil {
 		t.Fatalf("the agent never synced the ServicePorts: %v", err)
 	}
@@ -250,6 +249,26 @@ func TestAgentTraceAgreesWithTraffic(t *testing.T) {
 		t.Logf("dump counters:\n%s", table)
 		if !strings.Contains(table, "translated_tcp") || strings.Contains(table, "tc_reset_failed") || !strings.Contains(table, "-o wide shows them") {
 			t.Errorf("dump counters table: want the events that happened only, and a note on the others:\n%s", table)
+		}
+	})
+
+	// The agent gone, trace reads the same maps and shows the ids, saying
+	// why on one line of stderr.
+	t.Run("without the agent: the maps' ids", func(t *testing.T) {
+		a.Terminate(t, 15*time.Second)
+		out, errOut, err := agent.Trace(e.node.NS.Path(), e.bpffs, "--api-socket", sock, "--pod", e.client.IP.String(), "-o", "json", emptyVIP.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r trace.Result
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("trace -o json: %v\n%s", err, out)
+		}
+		if r.Named || r.Frontend == nil || r.Frontend.Service.Name != "" || r.Frontend.Service.ServiceID == 0 || r.Verdict != trace.VerdictReject {
+			t.Errorf("trace without the agent: named %v, frontend %+v, %s; want empty's reject under its id", r.Named, r.Frontend, r.Verdict)
+		}
+		if !strings.Contains(errOut, "no agent answered on "+sock) || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("stderr %q, want one line saying no agent answered", errOut)
 		}
 	})
 }
