@@ -82,15 +82,20 @@ func (t *tracer) external() error {
 		return err
 	}
 	check := fmt.Sprintf("services map: %s, slot 0, external scope", in.Dest)
-	if !ok {
+	if ok {
+		t.frontend(fe, svc)
+		t.step(check, "%s", t.describeMaster(fe, svc))
+	} else {
 		t.step(check, "no entry: not a Service frontend")
+	}
+	// A flow that holds is translated before, and whatever, the services
+	// map says (tc_ingress).
+	if flow != nil {
+		return t.existingFlow(fe, svc, ok, *flow)
+	}
+	if !ok {
 		t.verdict(VerdictUntouched, RuleNoFrontend, "the packet passes to the kernel untranslated")
 		return nil
-	}
-	t.frontend(fe, svc)
-	t.step(check, "%s", t.describeMaster(fe, svc))
-	if flow != nil {
-		return t.existingFlow(fe, svc, *flow)
 	}
 	if svc.Flags&externalFrontend == 0 {
 		t.step("kind", "not a NodePort, ExternalIP or LoadBalancer IP: ClusterIPs are not translated for clients outside the node")
@@ -289,10 +294,13 @@ func (t *tracer) snatRule(extLocal bool) {
 	t.step("source NAT", "a backend on another node: to the address of the device toward it and a free port; one on this node: none unless the agent attached to the device toward it (see each candidate's snat)")
 }
 
-// existingFlow explains a packet that follows its flow's entry e.
-func (t *tracer) existingFlow(fe maps.Frontend, svc maps.ServiceValue, e maps.CTEntry) error {
-	if err := t.candidates(fe, svc); err != nil {
-		return err
+// existingFlow explains a packet that follows its flow's entry e; the
+// frontend's entry, when hasFrontend, lists the candidates.
+func (t *tracer) existingFlow(fe maps.Frontend, svc maps.ServiceValue, hasFrontend bool, e maps.CTEntry) error {
+	if hasFrontend {
+		if err := t.candidates(fe, svc); err != nil {
+			return err
+		}
 	}
 	b, err := t.candidate(e.BackendID)
 	if err != nil {

@@ -146,6 +146,18 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) int {
 		}
 		if in.Client.NetnsCookie == own {
 			in.Client.Kind = ClientNode
+		} else if !in.Client.Addr.IsValid() {
+			// The pod's address: the source its route to the
+			// destination gives, as the kernel picks it.
+			_ = netns.Do(o.NetnsPath, func() error {
+				rs, err := netlink.RouteGet(o.Dest.Addr().AsSlice())
+				if err == nil && len(rs) > 0 && rs[0].Src != nil {
+					if a, ok := netip.AddrFromSlice(rs[0].Src); ok {
+						in.Client.Addr = a.Unmap()
+					}
+				}
+				return nil
+			})
 		}
 	case o.Kind == ClientExternal:
 		ifc, err := net.InterfaceByName(o.Device)

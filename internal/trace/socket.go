@@ -146,6 +146,7 @@ func (t *tracer) socketSourceRange(svc maps.ServiceValue) (bool, error) {
 	}
 	if !in.Client.Addr.IsValid() {
 		t.step(check, "the client's source address is not known: give --pod to check it")
+		// Unknown: the verdict stays what the other maps say.
 		return true, nil
 	}
 	ok, err := m.SourceRangeAdmits(svc.SvcId, in.Client.Addr)
@@ -170,7 +171,7 @@ func (t *tracer) describeMaster(fe maps.Frontend, svc maps.ServiceValue) string 
 	if f.TrafficPolicy != "" {
 		s += ", policy " + f.TrafficPolicy
 	}
-	s += fmt.Sprintf("; flags %s, %d backend slots, ServicePort %d", f.Flags, svc.Count, svc.SvcId)
+	s += fmt.Sprintf("; flags %s, backend slots: %d, ServicePort %d", f.Flags, svc.Count, svc.SvcId)
 	if svc.AffinityTimeout != 0 {
 		s += fmt.Sprintf(", session affinity %ds", svc.AffinityTimeout)
 	}

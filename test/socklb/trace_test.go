@@ -195,6 +195,20 @@ func TestAgentTraceAgreesWithTraffic(t *testing.T) {
 		})
 	}
 
+	t.Run("a pod by its network namespace alone: its address from its route", func(t *testing.T) {
+		out, _, err := agent.Trace(e.node.NS.Path(), e.bpffs, "--api-socket", sock, "--netns", e.client.NS.Path(), "-o", "json", rangedOut.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r trace.Result
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("trace -o json: %v\n%s", err, out)
+		}
+		if r.Client.Kind != trace.ClientPod || r.Client.Address != e.client.IP || r.Client.NetnsCookie == 0 || r.Rule != trace.RuleSourceRange {
+			t.Errorf("client %+v, %s (%s); want the pod %s found by its route, dropped by the source ranges", r.Client, r.Verdict, r.Rule, e.client.IP)
+		}
+	})
+
 	t.Run("session affinity: the pod's entry decides, with its age", func(t *testing.T) {
 		r := traceFrom(t, e.client, stickyVIP)
 		if r.Selection == nil || r.Selection.Method != trace.MethodRandom || r.Selection.AffinityTimeoutSeconds != 600 || r.Selection.AffinityAgeSeconds != nil {

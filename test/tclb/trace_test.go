@@ -43,9 +43,13 @@ func TestAgentTraceAgreesWithTraffic(t *testing.T) {
 	ranged := builders.Service("default", "ranged", builders.ClusterIP("10.96.0.83"), http, builders.LoadBalancer(30083, rangedIP.String()),
 		builders.SourceRanges(netip.PrefixFrom(e.client.IP, 32).String()))
 	ext := builders.Service("default", "ext", builders.ClusterIP("10.96.0.87"), http, builders.ExternalIPs(extIP.String()))
+	dual := builders.Service("default", "dual", builders.ClusterIP("10.96.0.88"), builders.DualStack("fd00:10:96::88"), http, builders.NodePort(30088))
+	ipv6 := func(es *discoveryv1.EndpointSlice) { es.AddressType = discoveryv1.AddressTypeIPv6 }
+	dual6 := builders.EndpointSlice("default", "dual-6", "dual", []discoveryv1.Endpoint{
+		builders.Endpoint(e.pods["pod-a"].IP6.String(), "node-a"), builders.Endpoint(e.pods["pod-b"].IP6.String(), "node-b")}, ipv6)
 	if err := builders.WriteManifest(dir, "more.yaml",
 		both, slice("both", onA, onB), sticky, slice("sticky", onA, onB), noLocal, slice("no-local", onB),
-		empty, slice("empty"), ranged, slice("ranged", onB), ext, slice("ext", onB)); err != nil {
+		empty, slice("empty"), ranged, slice("ranged", onB), ext, slice("ext", onB), dual, slice("dual", onA, onB), dual6); err != nil {
 		t.Fatal(err)
 	}
 	cg, err := e.sb.AddCgroup("agent")
@@ -57,13 +61,17 @@ func TestAgentTraceAgreesWithTraffic(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	a := e.startAgent(t, dir, bpffs, cg, "--api-socket", sock, "--lb-algorithm", "maglev", "--maglev-table-size", "1021")
 	defer a.Terminate(t, 15*time.Second)
-	if err := a.WaitLog(time.Minute, []string{`"ipFamily":"IPv4","servicePorts":8`}); err != nil {
+	if err := a.WaitLog(time.Minute, []string{`"ipFamily":"IPv4","servicePorts":9`, `"ipFamily":"IPv6","servicePorts":1`}); err != nil {
 		t.Fatalf("the agent never synced the IPv4 ServicePorts: %v", err)
 	}
 
 	traceFrom := func(t *testing.T, c *sandbox.Client, port uint16, to netip.AddrPort) *trace.Result {
 		t.Helper()
-		args := []string{"--api-socket", sock, "--source", c.IP.String(), "--device", sandbox.IfaceName}
+		src := c.IP
+		if to.Addr().Is6() {
+			src = c.IP6
+		}
+		args := []string{"--api-socket", sock, "--source", src.String(), "--device", sandbox.IfaceName}
 		if port != 0 {
 			args = append(args, "--source-port", strconv.Itoa(int(port)))
 		}
@@ -81,7 +89,7 @@ func TestAgentTraceAgreesWithTraffic(t *testing.T) {
 		if table, _, err := agent.Trace(node.NS.Path(), bpffs, append(args, to.String())...); err != nil {
 			t.Error(err)
 		} else {
-			t.Logf("trace from %s port %d to %s:\n%s", c.IP, port, to, table)
+			t.Logf("trace from %s port %d to %s:\n%s", src, port, to, table)
 		}
 		return &r
 	}
@@ -93,7 +101,7 @@ func TestAgentTraceAgreesWithTraffic(t *testing.T) {
 		}
 		return r
 	}
-	podNamed := map[netip.Addr]string{podA: "pod-a", podB: "pod-b"}
+	podNamed := map[netip.Addr]string{podA: "pod-a", podB: "pod-b", e.pods["pod-a"].IP6: "pod-a", e.pods["pod-b"].IP6: "pod-b"}
 	// agree checks a forwarded trace against the connection: served by
 	// the backend the trace chose, seeing the source NAT address the trace
 	// gave it (or the client's own).
@@ -104,6 +112,9 @@ func TestAgentTraceAgreesWithTraffic(t *testing.T) {
 		}
 		want := podNamed[r.Selection.Backend.Address]
 		seen := c.IP
+		if r.Destination.Addr().Is6() {
+			seen = c.IP6
+		}
 		if r.SNAT != nil {
 			seen = r.SNAT.Address
 		}
@@ -207,6 +218,28 @@ func TestAgentTraceAgreesWithTraffic(t *testing.T) {
 			}
 		}
 		if predicted["pod-a"] < 2 || predicted["pod-b"] < 2 {
+			t.Errorf("40 source ports predicted %v: want both backends", predicted)
+		}
+	})
+
+	t.Run("IPv6 NodePort: the Maglev slot of the flow's hash, source NAT to the node's IPv6 address", func(t *testing.T) {
+		to := netip.AddrPortFrom(node.IP6, 30088)
+		predicted := map[string]int{}
+		for i := 0; i < 40 && (predicted["pod-a"] < 1 || predicted["pod-b"] < 1); i++ {
+			p := port()
+			r := traceFrom(t, e.client, p, to)
+			if r.IPFamily != "IPv6" || r.Verdict != trace.VerdictForward || r.Selection == nil || r.Selection.Method != trace.MethodMaglev ||
+				r.Selection.Backend == nil || r.Frontend == nil || r.Frontend.Service.Name != "dual" {
+				t.Fatalf("trace from port %d: %s %s, %+v; want dual's IPv6 NodePort forwarded by a Maglev slot", p, r.IPFamily, r.Verdict, r.Selection)
+			}
+			b := podNamed[r.Selection.Backend.Address]
+			predicted[b]++
+			if wantSNAT := b == "pod-b"; (r.SNAT != nil) != wantSNAT || wantSNAT && r.SNAT.Address != node.IP6 {
+				t.Errorf("trace to %s: source NAT %+v; want %s only for the backend on node-b", b, r.SNAT, node.IP6)
+			}
+			agree(t, r, e.client, connect(t, e.client, p, to))
+		}
+		if predicted["pod-a"] < 1 || predicted["pod-b"] < 1 {
 			t.Errorf("40 source ports predicted %v: want both backends", predicted)
 		}
 	})
