@@ -9,6 +9,7 @@ import (
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dump"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/trace"
 )
 
 // execute runs the command line args (without the program name) and
@@ -55,7 +56,7 @@ Without a subcommand it runs the agent, as "ebpf-proxy agent" does.`
 	}
 	root.AddCommand(agentCommand("agent", "Run the agent (the same as no subcommand)", false, config.Defaults()),
 		agentCommand("cleanup", "Remove what every proxy mode created, then exit (kube-proxy's --cleanup)", true, config.Defaults()),
-		versionCommand(stdout), dumpCommand(stdout, stderr))
+		versionCommand(stdout), dumpCommand(stdout, stderr), traceCommand(stdout, stderr))
 	return root
 }
 
@@ -108,6 +109,7 @@ func dumpCommand(stdout, stderr io.Writer) *cobra.Command {
 		{dump.ViewAffinity, "Print the session affinity entries: client, Service, chosen backend and age"},
 		{dump.ViewMaglev, "Print the Maglev tables: per Service, the table size and the slots each backend holds"},
 		{dump.ViewSourceRanges, "Print the loadBalancerSourceRanges of each LoadBalancer frontend"},
+		{dump.ViewCounters, "Print the BPF programs' event counters: what each counts and how often it happened"},
 	} {
 		cmd.AddCommand(&cobra.Command{
 			Use:   v.view + " [flags]",
@@ -125,6 +127,44 @@ func dumpCommand(stdout, stderr io.Writer) *cobra.Command {
 			},
 		})
 	}
+	return cmd
+}
+
+func traceCommand(stdout, stderr io.Writer) *cobra.Command {
+	var f trace.Flags
+	cmd := &cobra.Command{
+		Use:   "trace (--pod IP | --netns PATH | --node | --source IP --device DEV) DESTINATION[/PROTOCOL]",
+		Short: "Explain what the BPF datapath does with a connection from a client to an address:port, step by step",
+		Long: `trace reads the pinned maps as the programs read them and says what the
+datapath does with a new connection from the client to DESTINATION
+(address:port, [IPv6]:port; protocol tcp by default): which frontend
+matches and in which scope, the verdict (forward, reject, drop, untouched)
+and the rule behind it, the candidate backends and how one is chosen
+(random, Maglev slot, session affinity entry and its age), source NAT, and
+an existing connection tracking entry. Run it on the node (in the agent's
+pod): devices and routes are read in its network namespace.`,
+		Example: `  ebpf-proxy trace --pod 10.244.0.5 10.96.0.10:53/udp
+  ebpf-proxy trace --netns /proc/1234/ns/net 10.96.0.80:80
+  ebpf-proxy trace --source 198.51.100.7 --device eth0 --source-port 40112 192.168.1.10:30080 -o json`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return fmt.Errorf("%q takes one destination, address:port[/protocol]; got %d arguments", cmd.CommandPath(), len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f.Dest = args[0]
+			o, err := trace.ParseOptions(f)
+			if err != nil {
+				return err
+			}
+			if code := trace.Run(cmd.Context(), o, stdout, stderr); code != 0 {
+				return exitError{code: code}
+			}
+			return nil
+		},
+	}
+	addTraceFlags(cmd.Flags(), &f)
 	return cmd
 }
 

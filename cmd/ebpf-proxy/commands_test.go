@@ -47,7 +47,7 @@ func TestUnknownCommandsAndStrayWordsAreRefused(t *testing.T) {
 		args []string
 		want string
 	}{
-		{append([]string{"trace"}, safe...), `unknown command "trace" for "ebpf-proxy"`},
+		{append([]string{"monitor"}, safe...), `unknown command "monitor" for "ebpf-proxy"`},
 		{append(safe, "stats"), `unknown command "stats" for "ebpf-proxy"`},
 		{append([]string{"agent"}, append(safe, "now")...), `unexpected argument "now": "ebpf-proxy agent" takes flags only`},
 		{append([]string{"cleanup"}, append(safe, "all")...), `unexpected argument "all": "ebpf-proxy cleanup" takes flags only`},
@@ -59,6 +59,18 @@ func TestUnknownCommandsAndStrayWordsAreRefused(t *testing.T) {
 		{[]string{"dump", "maglev", "--bpffs-path=" + t.TempDir(), "--service", "web"}, `--service "web": want namespace/name`},
 		{[]string{"dump", "source-ranges", "--bpffs-path=" + t.TempDir(), "--address", "10.0.0"}, `--address "10.0.0": not an IP address`},
 		{[]string{"dump", "--bpffs-path=" + t.TempDir(), "conntrack", "-o", "yaml"}, `-o "yaml": want table, wide or json for dump conntrack`},
+		{[]string{"dump", "counters", "--bpffs-path=" + t.TempDir(), "--service", "default/web"}, `--service, --address and --protocol do not apply to dump counters`},
+		{[]string{"trace", "--node", "--bpffs-path=" + t.TempDir()}, `takes one destination, address:port[/protocol]; got 0 arguments`},
+		{[]string{"trace", "--node", "10.96.0.10:53", "now"}, `got 2 arguments`},
+		{[]string{"trace", "--node", "10.96.0.10"}, `destination "10.96.0.10": want address:port[/protocol]`},
+		{[]string{"trace", "--node", "10.96.0.10:53/icmp"}, `protocol "icmp": want tcp, udp or sctp`},
+		{[]string{"trace", "--node", "10.96.0.10:53/udp", "--protocol", "tcp"}, `destination "10.96.0.10:53/udp" and --protocol "tcp" disagree`},
+		{[]string{"trace", "10.96.0.10:53"}, `name the client once`},
+		{[]string{"trace", "--node", "--pod", "10.244.0.5", "10.96.0.10:53"}, `name the client once`},
+		{[]string{"trace", "--source", "198.18.0.2", "10.96.0.10:53"}, `needs both --source (its address) and --device`},
+		{[]string{"trace", "--pod", "fd00:10:244::5", "10.96.0.10:53"}, `are not of one IP family`},
+		{[]string{"trace", "--pod", "10.244.0.5", "--source-port", "4000", "10.96.0.10:53"}, `--source-port applies to a client from outside`},
+		{[]string{"trace", "--node", "-o", "wide", "10.96.0.10:53"}, `-o "wide": want table or json`},
 		{append([]string{"--no-such-flag"}, safe...), "unknown flag: --no-such-flag"},
 		{[]string{"agent", "--proxy-mode"}, "flag needs an argument"},
 	} {
@@ -74,7 +86,7 @@ func TestHelpListsTheSubcommands(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("--help: exit %d", code)
 	}
-	for _, want := range []string{"agent", "cleanup", "dump", "version", "--proxy-mode", "--cleanup", "--vmodule", "--log-flush-frequency"} {
+	for _, want := range []string{"agent", "cleanup", "dump", "trace", "version", "--proxy-mode", "--cleanup", "--vmodule", "--log-flush-frequency"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("--help does not mention %q:\n%s", want, out)
 		}

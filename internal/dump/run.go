@@ -40,7 +40,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
-	names := askAgent(ctx, o.APISocket, stderr)
+	names := AskAgent(ctx, o.APISocket, stderr)
 	r := Filter(Join([]Family{{"IPv4", v4}, {"IPv6", v6}}, names), o)
 	if o.Output == OutputJSON {
 		err = WriteJSON(stdout, r)
@@ -54,8 +54,9 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// askAgent returns the agent's Services, or nil after one line on stderr.
-func askAgent(ctx context.Context, socket string, stderr io.Writer) *api.Services {
+// AskAgent returns the Services of the agent on socket, or nil after one
+// line on stderr saying why (no socket, or no answer within 5 s).
+func AskAgent(ctx context.Context, socket string, stderr io.Writer) *api.Services {
 	if socket == "" {
 		fmt.Fprintln(stderr, "no --api-socket: showing the maps' ids, not Service names")
 		return nil

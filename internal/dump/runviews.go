@@ -17,18 +17,23 @@ import (
 )
 
 // ParseViewOptions checks the flags of a view (dump conntrack, affinity,
-// maglev, source-ranges): ParseOptions' rules, without -o entries.
+// maglev, source-ranges, counters): ParseOptions' rules, without -o
+// entries; counters take no filter.
 func ParseViewOptions(view string, f Flags) (Options, error) {
 	switch f.Output {
 	case OutputTable, OutputWide, OutputJSON:
 	default:
 		return Options{}, fmt.Errorf("-o %q: want table, wide or json for dump %s", f.Output, view)
 	}
-	return ParseOptions(f)
+	o, err := ParseOptions(f)
+	if err == nil && view == ViewCounters && (f.Service != "" || f.Address != "" || f.Protocol != "") {
+		err = fmt.Errorf("--service, --address and --protocol do not apply to dump %s", view)
+	}
+	return o, err
 }
 
-// monotonicNow is CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
-func monotonicNow() (time.Duration, error) {
+// MonotonicNow is CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
+func MonotonicNow() (time.Duration, error) {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		return 0, fmt.Errorf("clock_gettime(CLOCK_MONOTONIC): %w", err)
@@ -36,8 +41,8 @@ func monotonicNow() (time.Duration, error) {
 	return time.Duration(ts.Nano()), nil
 }
 
-// RunView prints the view (ViewConntrack, ViewAffinity, ViewMaglev or
-// ViewSourceRanges) of the maps pinned under o.BPFFSPath, named as Run
+// RunView prints the view (ViewConntrack, ViewAffinity, ViewMaglev,
+// ViewSourceRanges or ViewCounters) of the maps pinned under o.BPFFSPath, named as Run
 // names the Services, and returns the exit code. A view whose maps were
 // never pinned (the TC programs never attached, for conntrack and Maglev)
 // fails with one line saying so.
@@ -45,6 +50,28 @@ func RunView(ctx context.Context, view string, o Options, stdout, stderr io.Writ
 	fail := func(err error) int {
 		fmt.Fprintln(stderr, err)
 		return 1
+	}
+	if view == ViewCounters {
+		// The counters name no Service: no services map, no agent.
+		m, err := loader.OpenPinnedMap(o.BPFFSPath, bpfobj.SockMapLbMetricsV1)
+		if err != nil {
+			return fail(err)
+		}
+		defer m.Close()
+		counts, err := loader.ReadCounters(m)
+		if err != nil {
+			return fail(err)
+		}
+		r := BuildCounters(counts, loader.CounterNames, loader.CounterDescriptions)
+		if o.Output == OutputJSON {
+			err = writeJSON(stdout, r)
+		} else {
+			err = WriteCountersTable(stdout, r, o.Output == OutputWide)
+		}
+		if err != nil {
+			return fail(err)
+		}
+		return 0
 	}
 	sm, err := loader.OpenPinnedSockMaps(o.BPFFSPath)
 	if err != nil {
@@ -79,11 +106,11 @@ func RunView(ctx context.Context, view string, o Options, stdout, stderr io.Writ
 		if err != nil {
 			return fail(err)
 		}
-		now, err := monotonicNow()
+		now, err := MonotonicNow()
 		if err != nil {
 			return fail(err)
 		}
-		r := BuildConntrack(cts, fams, askAgent(ctx, o.APISocket, stderr), now, o)
+		r := BuildConntrack(cts, fams, AskAgent(ctx, o.APISocket, stderr), now, o)
 		report, table = r, func(wide bool) error { return WriteConntrackTable(stdout, r, wide) }
 	case ViewAffinity:
 		var afs []AffinityFamily
@@ -101,11 +128,11 @@ func RunView(ctx context.Context, view string, o Options, stdout, stderr io.Writ
 		if err != nil {
 			return fail(err)
 		}
-		now, err := monotonicNow()
+		now, err := MonotonicNow()
 		if err != nil {
 			return fail(err)
 		}
-		r := BuildAffinity(afs, fams, askAgent(ctx, o.APISocket, stderr), now, o)
+		r := BuildAffinity(afs, fams, AskAgent(ctx, o.APISocket, stderr), now, o)
 		report, table = r, func(wide bool) error { return WriteAffinityTable(stdout, r, wide) }
 	case ViewMaglev:
 		var mfs []MaglevFamily
@@ -117,7 +144,7 @@ func RunView(ctx context.Context, view string, o Options, stdout, stderr io.Writ
 		if err != nil {
 			return fail(err)
 		}
-		r := BuildMaglev(mfs, fams, askAgent(ctx, o.APISocket, stderr), o)
+		r := BuildMaglev(mfs, fams, AskAgent(ctx, o.APISocket, stderr), o)
 		report, table = r, func(wide bool) error { return WriteMaglevTable(stdout, r, wide) }
 	case ViewSourceRanges:
 		r4, err := maps.ReadSourceRanges(maps.KernelMaps(sm))
@@ -128,7 +155,7 @@ func RunView(ctx context.Context, view string, o Options, stdout, stderr io.Writ
 		if err != nil {
 			return fail(err)
 		}
-		r := BuildSourceRanges([]RangeFamily{{"IPv4", r4}, {"IPv6", r6}}, fams, askAgent(ctx, o.APISocket, stderr), o)
+		r := BuildSourceRanges([]RangeFamily{{"IPv4", r4}, {"IPv6", r6}}, fams, AskAgent(ctx, o.APISocket, stderr), o)
 		report, table = r, func(wide bool) error { return WriteSourceRangesTable(stdout, r, wide) }
 	default:
 		return fail(fmt.Errorf("no view %q", view))

@@ -24,6 +24,7 @@ const (
 	ViewAffinity     = "affinity"
 	ViewMaglev       = "maglev"
 	ViewSourceRanges = "source-ranges"
+	ViewCounters     = "counters"
 )
 
 // ConntrackReport is what `ebpf-proxy dump conntrack -o json` prints:
@@ -528,4 +529,63 @@ func WriteSourceRangesTable(w io.Writer, r SourceRangesReport, wide bool) error 
 		fmt.Fprintln(tw, strings.Join(cols, "\t"))
 	}
 	return tw.Flush()
+}
+
+// CountersReport is what `ebpf-proxy dump counters -o json` prints:
+//
+//	{
+//	  "counters": [{                     // every event the programs count, in the programs' order
+//	    "event": "translated_tcp",       // the event label of ebpfproxy_bpf_events_total
+//	    "description": "socket: TCP connect() to a Service translated to a backend",
+//	    "count": 12                      // since the map was made (summed over CPUs)
+//	  }]
+//	}
+type CountersReport struct {
+	Counters []Counter `json:"counters"`
+}
+
+// Counter is one event counter.
+type Counter struct {
+	Event       string `json:"event"`
+	Description string `json:"description"`
+	Count       uint64 `json:"count"`
+}
+
+// BuildCounters names the counts (indexed like names and descriptions).
+func BuildCounters(counts []uint64, names, descriptions []string) CountersReport {
+	r := CountersReport{Counters: []Counter{}}
+	for i, c := range counts {
+		e := Counter{Event: fmt.Sprintf("event_%d", i), Count: c}
+		if i < len(names) {
+			e.Event = names[i]
+		}
+		if i < len(descriptions) {
+			e.Description = descriptions[i]
+		}
+		r.Counters = append(r.Counters, e)
+	}
+	return r
+}
+
+// WriteCountersTable writes one line per event that happened (every event
+// with wide): its name, count and what it counts.
+func WriteCountersTable(w io.Writer, r CountersReport, wide bool) error {
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "EVENT\tCOUNT\tDESCRIPTION")
+	zero := 0
+	for _, c := range r.Counters {
+		if c.Count == 0 && !wide {
+			zero++
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", c.Event, c.Count, c.Description)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if zero > 0 {
+		_, err := fmt.Fprintf(w, "(%d events at 0 not shown; -o wide shows them)\n", zero)
+		return err
+	}
+	return nil
 }

@@ -168,3 +168,31 @@ func TestSourceRangesPerFrontend(t *testing.T) {
 		t.Errorf("table:\n%s", buf.String())
 	}
 }
+
+// The counters are named and described in the programs' order; the table
+// shows those that happened and says how many it left out, wide shows all.
+func TestCountersNamesEveryEvent(t *testing.T) {
+	r := BuildCounters([]uint64{5, 0, 2}, []string{"translated_tcp", "translated_udp"}, []string{"TCP translated", "UDP translated"})
+	if len(r.Counters) != 3 || r.Counters[0] != (Counter{"translated_tcp", "TCP translated", 5}) || r.Counters[2].Event != "event_2" || r.Counters[2].Count != 2 {
+		t.Errorf("counters %+v, want 3 in order, the unnamed one as event_2", r.Counters)
+	}
+	var b bytes.Buffer
+	if err := WriteCountersTable(&b, r, false); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	if !strings.Contains(out, "translated_tcp") || strings.Contains(out, "translated_udp") || !strings.Contains(out, "(1 events at 0 not shown") {
+		t.Errorf("table:\n%s", out)
+	}
+	b.Reset()
+	if err := WriteCountersTable(&b, r, true); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "translated_udp") || strings.Contains(b.String(), "not shown") {
+		t.Errorf("wide table:\n%s", b.String())
+	}
+	js, err := json.Marshal(r)
+	if err != nil || !strings.Contains(string(js), `{"event":"translated_tcp","description":"TCP translated","count":5}`) {
+		t.Errorf("JSON %s %v", js, err)
+	}
+}

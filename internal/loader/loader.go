@@ -490,14 +490,60 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_TC_RESET_FAIL:      "tc_reset_failed",
 }
 
+// CounterDescriptions say in words what each counter of CounterNames
+// counts (the comments of enum lb_metric), in the same order.
+var CounterDescriptions = []string{
+	bpfobj.SockLbMetricLB_M_XLATE_TCP:          "socket: TCP connect() to a Service translated to a backend",
+	bpfobj.SockLbMetricLB_M_XLATE_UDP:          "socket: UDP connect() or sendmsg() to a Service translated",
+	bpfobj.SockLbMetricLB_M_REJECT:             "refused: the Service has no endpoint (ECONNREFUSED, or an ICMP port unreachable at TC)",
+	bpfobj.SockLbMetricLB_M_DROP:               "refused: traffic policy Local and no endpoint on this node",
+	bpfobj.SockLbMetricLB_M_NO_SLOT:            "a master entry without its backend slot (a bug: the writer's order prevents it)",
+	bpfobj.SockLbMetricLB_M_NO_BACKEND:         "a slot naming a missing backend (a bug: the writer's order prevents it)",
+	bpfobj.SockLbMetricLB_M_REVNAT_HIT:         "socket: a reply's or peer's backend address shown as the Service again",
+	bpfobj.SockLbMetricLB_M_REVNAT_STALE:       "socket: a reverse entry of a frontend deleted since, dropped",
+	bpfobj.SockLbMetricLB_M_REVNAT_UPDATE_ERR:  "socket: a reverse entry could not be recorded",
+	bpfobj.SockLbMetricLB_M_AFFINITY_HIT:       "backend chosen by the client's session affinity entry",
+	bpfobj.SockLbMetricLB_M_AFFINITY_STALE:     "session affinity entry expired or its backend gone: chosen again",
+	bpfobj.SockLbMetricLB_M_UDP_STICKY:         "socket: an unconnected UDP socket's datagram kept on its backend",
+	bpfobj.SockLbMetricLB_M_TC_NEW_LOCAL:       "TC: new flow from outside to a backend on this node",
+	bpfobj.SockLbMetricLB_M_TC_NEW_SNAT:        "TC: new flow from outside with source NAT (a backend elsewhere)",
+	bpfobj.SockLbMetricLB_M_TC_FWD:             "TC: packet of a tracked flow translated",
+	bpfobj.SockLbMetricLB_M_TC_REPLY:           "TC: backend's reply translated back",
+	bpfobj.SockLbMetricLB_M_TC_ICMP_FAIL:       "TC: the ICMP port unreachable could not be built",
+	bpfobj.SockLbMetricLB_M_TC_SNAT_NO_PORT:    "TC: no free source NAT port, packet dropped",
+	bpfobj.SockLbMetricLB_M_TC_SNAT_NO_ADDR:    "TC: no source NAT address for the device, packet dropped",
+	bpfobj.SockLbMetricLB_M_TC_NO_ROUTE:        "TC: no route or neighbour for a translated packet, dropped",
+	bpfobj.SockLbMetricLB_M_TC_CT_FULL:         "TC: a flow could not be recorded in the conntrack map, dropped",
+	bpfobj.SockLbMetricLB_M_TC_FRAGMENT:        "TC: a fragment to a frontend passed untranslated",
+	bpfobj.SockLbMetricLB_M_TC_SOURCE_RANGE:    "TC: client outside loadBalancerSourceRanges, dropped",
+	bpfobj.SockLbMetricLB_M_MAGLEV:             "backend chosen by a Maglev table",
+	bpfobj.SockLbMetricLB_M_TC_ICMP_XLATE:      "TC: ICMP error about a tracked flow translated",
+	bpfobj.SockLbMetricLB_M_TC_STALE_REPLY:     "TC: stale reply entry of a reused tuple forgotten",
+	bpfobj.SockLbMetricLB_M_XDP_NEW_SNAT:       "XDP: new flow with source NAT, sent",
+	bpfobj.SockLbMetricLB_M_XDP_FWD:            "XDP: packet of a source-NATed flow translated, sent",
+	bpfobj.SockLbMetricLB_M_XDP_REPLY:          "XDP: reply translated back, sent",
+	bpfobj.SockLbMetricLB_M_XDP_TO_TC:          "XDP: a flow's packet passed to TC (next hop or device)",
+	bpfobj.SockLbMetricLB_M_XDP_MULTIBUF:       "XDP: multi-buffer frame passed to TC",
+	bpfobj.SockLbMetricLB_M_SOCK_SOURCE_RANGE:  "socket: a pod's or the node's packet outside loadBalancerSourceRanges dropped",
+	bpfobj.SockLbMetricLB_M_SOCK_RANGE_TAG_ERR: "socket: a socket could not be tagged for the source range check, refused",
+	bpfobj.SockLbMetricLB_M_TC_SNAT_REUSED:     "TC/XDP: a closed flow's source NAT port reused",
+	bpfobj.SockLbMetricLB_M_TC_SNAT_LATE:       "TC: a backend's late packet of a reused port handed to the stack",
+	bpfobj.SockLbMetricLB_M_TC_RESET:           "TC: TCP flow to a removed backend reset",
+	bpfobj.SockLbMetricLB_M_TC_RESET_FAIL:      "TC: that reset could not be built",
+}
+
 // Counters returns the programs' per-CPU event counters summed over CPUs,
 // indexed like CounterNames.
-func (l *Loaded) Counters() ([]uint64, error) {
+func (l *Loaded) Counters() ([]uint64, error) { return ReadCounters(l.Objects.LbMetricsV1) }
+
+// ReadCounters reads lb_metrics_v1 (loaded, or opened from its pin) as
+// Counters does: every counter the programs know, summed over CPUs.
+func ReadCounters(m *ebpf.Map) ([]uint64, error) {
 	n := int(bpfobj.SockLbMetricLB_M_MAX)
 	out := make([]uint64, n)
 	for i := 0; i < n; i++ {
 		var perCPU []uint64
-		if err := l.Objects.LbMetricsV1.Lookup(uint32(i), &perCPU); err != nil {
+		if err := m.Lookup(uint32(i), &perCPU); err != nil {
 			return nil, fmt.Errorf("read counter %d: %w", i, err)
 		}
 		for _, v := range perCPU {

@@ -157,4 +157,12 @@ func TestCounterNamesCoverEveryCounter(t *testing.T) {
 			t.Errorf("counter %d has no name", i)
 		}
 	}
+	if len(loader.CounterDescriptions) != len(loader.CounterNames) {
+		t.Errorf("%d counter descriptions for %d counters", len(loader.CounterDescriptions), len(loader.CounterNames))
+	}
+	for i, d := range loader.CounterDescriptions {
+		if d == "" {
+			t.Errorf("counter %d (%s) has no description", i, loader.CounterNames[i])
+		}
+	}
 }

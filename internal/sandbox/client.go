@@ -73,6 +73,20 @@ func (c *Client) TCP(ctx context.Context, addr netip.AddrPort, n int) (Report[TC
 	return rep, err
 }
 
+// TCPFrom connects once to addr from the source port localPort, as TCP
+// does: a flow whose tuple the test knows in advance.
+func (c *Client) TCPFrom(ctx context.Context, addr netip.AddrPort, localPort uint16) (TCPResult, error) {
+	var rep Report[TCPResult]
+	err := c.run(ctx, probeRequest{Kind: kindTCP, Addr: addr, Count: 1, LocalPort: localPort}, &rep)
+	if err == nil && len(rep.Results) != 1 {
+		err = fmt.Errorf("tcp probe from port %d: %d results, want 1", localPort, len(rep.Results))
+	}
+	if err != nil {
+		return TCPResult{}, err
+	}
+	return rep.Results[0], nil
+}
+
 // UDP sends n datagrams to addr from unconnected sockets with sendto() and
 // receives each reply with recvfrom().
 func (c *Client) UDP(ctx context.Context, addr netip.AddrPort, n int) (Report[UDPResult], error) {

@@ -60,6 +60,9 @@ type probeRequest struct {
 	Path      string         `json:"path,omitempty"`
 	Count     int            `json:"count"`
 	Connected bool           `json:"connected,omitempty"`
+	// LocalPort is the source port a TCP probe binds (0: the kernel's
+	// choice).
+	LocalPort uint16 `json:"localPort,omitempty"`
 	// OneSocket sends every UDP datagram from one unconnected socket.
 	OneSocket   bool          `json:"oneSocket,omitempty"`
 	Timeout     time.Duration `json:"timeout"`
@@ -172,7 +175,7 @@ func probe(body string, stdin io.Reader, emit func(probeMessage) error) (json.Ra
 	var out any
 	switch req.Kind {
 	case kindTCP:
-		out = Report[TCPResult]{Process: proc, Results: repeat(req.Count, func() TCPResult { return tcpAttempt(req.Addr, req.Timeout) })}
+		out = Report[TCPResult]{Process: proc, Results: repeat(req.Count, func() TCPResult { return tcpAttemptFrom(req.Addr, req.LocalPort, req.Timeout) })}
 	case kindUDP:
 		if req.OneSocket {
 			out = Report[UDPResult]{Process: proc, Results: udpOneSocket(req.Addr, req.Count, req.Timeout)}
@@ -242,7 +245,12 @@ func network(proto string, addr netip.AddrPort) string {
 }
 
 func tcpAttempt(addr netip.AddrPort, timeout time.Duration) TCPResult {
-	r, conn, _ := tcpConnect(addr, timeout)
+	return tcpAttemptFrom(addr, 0, timeout)
+}
+
+// tcpAttemptFrom is tcpAttempt from the source port localPort (0: any).
+func tcpAttemptFrom(addr netip.AddrPort, localPort uint16, timeout time.Duration) TCPResult {
+	r, conn, _ := tcpConnectFrom(addr, localPort, timeout)
 	if conn != nil {
 		conn.Close()
 	}
@@ -253,8 +261,16 @@ func tcpAttempt(addr netip.AddrPort, timeout time.Duration) TCPResult {
 // failed, it returns the connection, still open, and a reader for what
 // follows the line; the caller must close the connection.
 func tcpConnect(addr netip.AddrPort, timeout time.Duration) (TCPResult, net.Conn, *bufio.Reader) {
+	return tcpConnectFrom(addr, 0, timeout)
+}
+
+// tcpConnectFrom is tcpConnect from the source port localPort (0: any).
+func tcpConnectFrom(addr netip.AddrPort, localPort uint16, timeout time.Duration) (TCPResult, net.Conn, *bufio.Reader) {
 	var r TCPResult
 	d := net.Dialer{Timeout: timeout}
+	if localPort != 0 {
+		d.LocalAddr = &net.TCPAddr{Port: int(localPort)}
+	}
 	start := time.Now()
 	var conn net.Conn
 	var err error

@@ -65,3 +65,24 @@ func DumpWith(bpffs string, args ...string) (stdout, stderr string, err error) {
 	}
 	return out.String(), errOut.String(), nil
 }
+
+// Trace runs `ebpf-proxy trace --bpffs-path bpffs args...` inside the
+// network namespace at nsPath (the node's, whose devices and routes trace
+// reads) and returns its stdout and stderr.
+func Trace(nsPath, bpffs string, args ...string) (stdout, stderr string, err error) {
+	bin, err := Binary()
+	if err != nil {
+		return "", "", err
+	}
+	var out, errOut bytes.Buffer
+	cmd := exec.Command(bin, append([]string{"trace", "--bpffs-path", bpffs}, args...)...)
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := netns.Start(nsPath, cmd); err != nil {
+		return "", "", fmt.Errorf("ebpf-proxy trace: %w", err)
+	}
+	if err := cmd.Wait(); err != nil {
+		return out.String(), errOut.String(), fmt.Errorf("ebpf-proxy trace %q: %w: %s", args, err, errOut.String())
+	}
+	return out.String(), errOut.String(), nil
+}
