@@ -11,6 +11,25 @@
 #include <linux/ip.h>
 #include <linux/pkt_cls.h>
 
+/* fwd_fib_lookup is bpf_fib_lookup for a packet of len bytes (IP length)
+ * whose flow's map entry is e, or NULL: the next hop e keeps from a lookup
+ * of the same second serves instead (ct_fib_get; never for GSO packets,
+ * whose MTU the kernel checks per segment), and a successful lookup's is
+ * kept there. */
+static __always_inline long fwd_fib_lookup(struct __sk_buff *skb, bool v6, void *e, __u32 now,
+					   __u32 len, struct bpf_fib_lookup *fib)
+{
+	bool cache = e && skb->gso_segs <= 1;
+	long ret;
+
+	if (cache && ct_fib_get(e, v6, now, len, fib))
+		return BPF_FIB_LKUP_RET_SUCCESS;
+	ret = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+	if (cache && ret == BPF_FIB_LKUP_RET_SUCCESS)
+		ct_fib_put(e, v6, now, len, fib);
+	return ret;
+}
+
 /* pkt4_forward sends a translated packet out of the device the FIB chooses
  * for its new destination, bypassing the kernel's input path: a packet whose
  * source is now a node address would be a martian there. It decrements the
@@ -19,10 +38,8 @@
  * its forwarding path does. Returns the TC verdict, and sets *no_route when it
  * drops the packet for want of a route or TTL, for the caller to count.
  *
- * e, when not NULL, is the map entry of the flow whose tuple p now has: the
- * next hop it keeps from a lookup of the same second serves instead of a
- * new lookup (ct_fib_get; not for GSO packets, whose MTU check is the
- * kernel's per segment), and a new lookup's result is kept there. */
+ * e, when not NULL, is the map entry of the flow whose tuple p now has,
+ * which keeps the flow's next hop (fwd_fib_lookup). */
 static __always_inline int pkt4_forward(struct __sk_buff *skb, const struct pkt4 *p, void *e,
 					__u32 now, bool *no_route)
 {
@@ -37,24 +54,16 @@ static __always_inline int pkt4_forward(struct __sk_buff *skb, const struct pkt4
 		.ifindex = skb->ifindex,
 	};
 	__be16 old_ttl, new_ttl;
-	bool cache;
 	long ret;
 
 	if (p->ttl <= 1) {
 		*no_route = true;
 		return TC_ACT_SHOT;
 	}
-	cache = e && skb->gso_segs <= 1;
-	if (cache && ct_fib_get(e, false, now, p->tot_len, &fib)) {
-		ret = BPF_FIB_LKUP_RET_SUCCESS;
-	} else {
-		ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
-		if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH) {
-			*no_route = true;
-			return TC_ACT_SHOT;
-		}
-		if (cache && ret == BPF_FIB_LKUP_RET_SUCCESS)
-			ct_fib_put(e, false, now, p->tot_len, &fib);
+	ret = fwd_fib_lookup(skb, false, e, now, p->tot_len, &fib);
+	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH) {
+		*no_route = true;
+		return TC_ACT_SHOT;
 	}
 	old_ttl = pkt4_ttl_word(p->ttl, p->proto);
 	new_ttl = pkt4_ttl_word(p->ttl - 1, p->proto);
@@ -85,8 +94,6 @@ static __always_inline int pkt6_forward(struct __sk_buff *skb, const struct pkt6
 	};
 	/* The next header and the hop limit, one 16-bit word. */
 	__u8 word[2] = { p->proto, p->hop_limit - 1 };
-	bool cache;
-	__u32 len;
 	long ret;
 
 	if (p->hop_limit <= 1) {
@@ -95,18 +102,10 @@ static __always_inline int pkt6_forward(struct __sk_buff *skb, const struct pkt6
 	}
 	__builtin_memcpy(fib.ipv6_src, p->saddr, sizeof(fib.ipv6_src));
 	__builtin_memcpy(fib.ipv6_dst, p->daddr, sizeof(fib.ipv6_dst));
-	len = sizeof(struct pkt_ipv6hdr) + p->payload_len;
-	cache = e && skb->gso_segs <= 1;
-	if (cache && ct_fib_get(e, true, now, len, &fib)) {
-		ret = BPF_FIB_LKUP_RET_SUCCESS;
-	} else {
-		ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
-		if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH) {
-			*no_route = true;
-			return TC_ACT_SHOT;
-		}
-		if (cache && ret == BPF_FIB_LKUP_RET_SUCCESS)
-			ct_fib_put(e, true, now, len, &fib);
+	ret = fwd_fib_lookup(skb, true, e, now, sizeof(struct pkt_ipv6hdr) + p->payload_len, &fib);
+	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH) {
+		*no_route = true;
+		return TC_ACT_SHOT;
 	}
 	if (bpf_skb_store_bytes(skb, ETH_HLEN + pkt_offsetof(struct pkt_ipv6hdr, nexthdr), word,
 				sizeof(word), BPF_F_RECOMPUTE_CSUM))

@@ -171,7 +171,7 @@ func Join(fams []Family, names *api.Services) Report {
 func frontend(family string, e maps.FrontendEntry, sp *api.ServicePort) Frontend {
 	f := Frontend{
 		Address: e.Frontend.Addr, Port: e.Frontend.Port, IPFamily: family,
-		Kind: kindOf(e.Flags), Scope: ScopeExternal, Verdict: VerdictForward,
+		Kind: KindOf(e.Flags), Scope: ScopeExternal, Verdict: VerdictForward,
 		AffinityTimeoutSeconds: int(e.AffinityTimeout),
 		ServiceID:              e.SvcID, RevNatID: e.RevNatID, Flags: maps.FlagNames(e.Flags),
 		Count: e.Count, Backends: []Backend{},
@@ -218,8 +218,9 @@ func frontend(family string, e maps.FrontendEntry, sp *api.ServicePort) Frontend
 	return f
 }
 
-// kindOf names the frontend's kind from its flags.
-func kindOf(flags uint16) string {
+// KindOf names a frontend's kind (api.KindClusterIP, ...) from the flags
+// of its master entry in the services map, "-" for none of them.
+func KindOf(flags uint16) string {
 	switch {
 	case flags&maps.FlagClusterIP != 0:
 		return api.KindClusterIP

@@ -301,7 +301,7 @@ func Trace(in Input, env Env) (*Result, error) {
 
 // frontend fills r.Frontend from the entry found and names it.
 func (t *tracer) frontend(fe maps.Frontend, svc maps.ServiceValue) {
-	f := &Frontend{Address: fe.Addr, Port: fe.Port, Kind: kindOf(svc.Flags), Scope: dump.ScopeExternal,
+	f := &Frontend{Address: fe.Addr, Port: fe.Port, Kind: dump.KindOf(svc.Flags), Scope: dump.ScopeExternal,
 		Service: dump.ServiceRef{ServiceID: svc.SvcId}, Flags: maps.FlagNames(svc.Flags), Count: int(svc.Count),
 		AffinityTimeoutSeconds: int(svc.AffinityTimeout)}
 	if fe.Scope == maps.ScopeInternal {
@@ -326,23 +326,6 @@ func (t *tracer) frontend(fe maps.Frontend, svc maps.ServiceValue) {
 		}
 	}
 	t.r.Frontend = f
-}
-
-// kindOf is the frontend kind a master entry's flags say.
-func kindOf(flags uint16) string {
-	switch {
-	case flags&maps.FlagLocalhostNodePort != 0:
-		return api.KindLocalNodePort
-	case flags&maps.FlagNodePort != 0:
-		return api.KindNodePort
-	case flags&maps.FlagExternalIP != 0:
-		return api.KindExternalIP
-	case flags&maps.FlagLoadBalancer != 0:
-		return api.KindLoadBalancer
-	case flags&maps.FlagClusterIP != 0:
-		return api.KindClusterIP
-	}
-	return "unknown"
 }
 
 // candidates reads the frontend's slots 1..count and their backends, as
