@@ -106,7 +106,9 @@ fuzz-short:
 # runner) for the same states, then the socket load balancer's cost.
 # Against upstream kube-proxy on a real API server (test/e2e/e2e.mk):
 # `make e2e-bench` (10,000 Services programmed), `make e2e-bench-rps`
-# (NodePort requests per second through a node to a pod on another).
+# (NodePort requests per second through a node to a pod on another),
+# `make bench-pps` (NodePort packets per second on the same path, frames
+# made by BPF_PROG_TEST_RUN's live-frames mode; ends with `bench:` lines).
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./internal/maps/... ./internal/fallback/nftables/... ./internal/fallback/iptables/... ./internal/fallback/ipvs/... ./test/socklb/...
 
