@@ -459,7 +459,11 @@ func ppsSummary(cfg ppsConfig, rs []ppsResult) string {
 				load = append(load, r.loadBefore+"/"+r.loadAfter)
 			}
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%.1f%%\t%s\t%s\t%s\n", row.label, rate, ratio, 100*median(s.loss),
+		lost := fmt.Sprintf("%.1f%%", 100*median(s.loss))
+		if len(s.loss) > 1 {
+			lost += fmt.Sprintf(" (%.1f–%.1f)", 100*slices.Min(s.loss), 100*slices.Max(s.loss))
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", row.label, rate, ratio, lost,
 			strings.Join(seen, ","), strings.Join(ready, ", "), strings.Join(load, ", "))
 	}
 	w.Flush()
