@@ -110,7 +110,9 @@ fuzz-short:
 #   bench: NAME=VALUE UNIT target=T met=yes|no
 # Against upstream kube-proxy on a real API server (test/e2e/e2e.mk):
 # `make e2e-bench` (10,000 Services programmed), `make e2e-bench-rps`
-# (NodePort requests per second through a node to a pod on another).
+# (NodePort requests per second through a node to a pod on another),
+# `make bench-pps` (NodePort packets per second on the same path, frames
+# made by BPF_PROG_TEST_RUN's live-frames mode; ends with `bench:` lines).
 # `make bench-report` runs them all and writes docs/benchmarks.md with plots.
 BENCH_OUT ?= $(abspath bin/bench)
 bench: build
@@ -126,8 +128,8 @@ bench: build
 # The benchmark report: make bench, the scale benchmark against upstream
 # kube-proxy at each of BENCH_REPORT_SIZES Services (10 endpoints each;
 # BENCH_REPORT_PROXIES), then docs/benchmarks.md and its plots from what
-# they wrote. About an hour at the default sizes; run it on a quiet
-# machine.
+# they wrote, with the packet rates of make bench-pps. About an hour at
+# the default sizes; run it on a quiet machine.
 BENCH_REPORT_SIZES ?= 1000 3000 10000
 BENCH_REPORT_PROXIES ?= ebpf,iptables,nftables,ebpf-nftables
 bench-report: bench k8s-binaries e2e-agent
@@ -139,6 +141,8 @@ bench-report: bench k8s-binaries e2e-agent
 		sh hack/benchmeta.sh $(BENCH_OUT)/scale-$$n.meta; \
 		grep -A12 '^[0-9]* Services ×' $(BENCH_OUT)/scale-$$n.log || true; \
 	done
+	$(MAKE) --no-print-directory bench-pps | tee $(BENCH_OUT)/pps.txt; exit $${PIPESTATUS[0]}
+	sh hack/benchmeta.sh $(BENCH_OUT)/pps.meta
 	$(GO) run ./test/benchreport report --in $(BENCH_OUT) --out docs
 	$(GO) run ./test/benchreport summary $(BENCH_OUT)
 

@@ -88,3 +88,23 @@ e2e-bench-rps: k8s-binaries e2e-agent
 	EBPF_PROXY_CACHE=$(EBPF_PROXY_CACHE) EBPF_PROXY_BIN=$(E2E_AGENT) EBPF_PROXY_REQUIRE_PRIVILEGED=1 \
 	$(GO) test -count=1 -run '^$$' -bench '^BenchmarkNodePortRPS$$' -benchtime 1x -timeout 30m ./test/e2e/bench/ \
 	| grep -v '^[[:space:]]*{"level"' | grep -E -v '^[[:space:]]+[IWE][0-9]{4} '; exit $${PIPESTATUS[0]}
+
+# Packets per second through the same NodePort path, without a NIC: 64-byte
+# UDP frames of one flow made in the external client's namespace by
+# BPF_PROG_TEST_RUN in live-frames mode (an XDP program returning XDP_TX),
+# counted as the pod on node-b receives them, for upstream kube-proxy's
+# iptables mode (the baseline) and nftables mode, ebpf-proxy at TC (XDP
+# off) and with XDP native on the veth, each on a fresh two-node testbed, in
+# interleaved rounds; printed as a table, as ratios against the baseline and
+# as issue 16's `bench:` lines. Not part of make test. Settings:
+#   EBPF_PROXY_BENCH_PPS_FRAMES=2000000  frames per row and round
+#   EBPF_PROXY_BENCH_PPS_LIMIT=30s       time limit of each row's sending
+#   EBPF_PROXY_BENCH_PPS_ROUNDS=3        rounds, interleaved; medians reported
+#   EBPF_PROXY_BENCH_PPS_PROXIES=iptables,nftables,tc,xdp
+#     (also known: iptables-nft, xdp-generic; see ppsRows in test/e2e/bench)
+.PHONY: bench-pps
+bench-pps: k8s-binaries e2e-agent
+	cd $(E2E_ROOT) && \
+	EBPF_PROXY_CACHE=$(EBPF_PROXY_CACHE) EBPF_PROXY_BIN=$(E2E_AGENT) EBPF_PROXY_REQUIRE_PRIVILEGED=1 \
+	$(GO) test -count=1 -run '^$$' -bench '^BenchmarkNodePortPPS$$' -benchtime 1x -timeout 30m ./test/e2e/bench/ \
+	| grep -v '^[[:space:]]*{"level"' | grep -E -v '^[[:space:]]+[IWE][0-9]{4} '; exit $${PIPESTATUS[0]}

@@ -4,7 +4,11 @@
 // (`make -f test/e2e/e2e.mk e2e-bench`). BenchmarkNodePortRPS: requests per
 // second from an external client through a NodePort to a pod on another
 // node, new connections and persistent ones, as ratios against upstream's
-// iptables mode (`make -f test/e2e/e2e.mk e2e-bench-rps`). Both assert
+// iptables mode (`make -f test/e2e/e2e.mk e2e-bench-rps`).
+// BenchmarkNodePortPPS: packets per second on the same path, UDP frames
+// made without a NIC by BPF_PROG_TEST_RUN's live-frames mode, for upstream's
+// iptables and nftables modes and ebpf-proxy at TC and XDP, ending with
+// issue 16's `bench:` lines (`make -f test/e2e/e2e.mk bench-pps`). All assert
 // nothing but that traffic flows, and print a table. The benchmarks are in
 // the package's test files.
 package bench
