@@ -22,6 +22,7 @@ import (
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
+	"github.com/ebpf-proxy/ebpf-proxy/test/benchreport/figures"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/cluster"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
 )
@@ -50,10 +51,6 @@ var ppsRows = []rpsRow{
 }
 
 var ppsDefaultRows = []string{ppsBaseline, "nftables", "tc", "xdp"}
-
-// ppsTargets are the issue's targets for the ratios against the baseline
-// (issue 16): XDP at least 3x upstream iptables, TC at least 1.5x.
-var ppsTargets = map[string]float64{"xdp": 3, "tc": 1.5}
 
 type ppsConfig struct {
 	frames uint64
@@ -474,7 +471,7 @@ func ppsSummary(cfg ppsConfig, rs []ppsResult) string {
 	}
 	for _, row := range cfg.rows {
 		if s := ppsRowStats(rs, row.name); len(s.rates) > 0 {
-			sb.WriteString(benchLine("pps_"+benchName(row.name), fmt.Sprintf("%.0f", median(s.rates)), "pps", 0, nil))
+			sb.WriteString(benchLine("pps_"+benchName(row.name), "pps", median(s.rates)))
 		}
 	}
 	for _, row := range cfg.rows {
@@ -485,30 +482,20 @@ func ppsSummary(cfg ppsConfig, rs []ppsResult) string {
 		if len(s.ratios) == 0 {
 			continue
 		}
-		ratio := median(s.ratios)
-		var met *bool
-		target, ok := ppsTargets[row.name]
-		if ok {
-			m := ratio >= target
-			met = &m
-		}
-		sb.WriteString(benchLine("pps_"+benchName(row.name)+"_vs_"+ppsBaseline, fmt.Sprintf("%.2f", ratio), "ratio", target, met))
+		sb.WriteString(benchLine("pps_"+benchName(row.name)+"_vs_"+ppsBaseline, "ratio", median(s.ratios)))
 	}
 	return sb.String()
 }
 
-// benchLine renders one figure in issue 16's format, "bench: NAME=VALUE
-// UNIT target=T met=yes|no"; met nil (no target) leaves out the target.
-func benchLine(name, value, unit string, target float64, met *bool) string {
-	line := fmt.Sprintf("bench: %s=%s %s", name, value, unit)
-	if met != nil {
-		yes := "no"
-		if *met {
-			yes = "yes"
-		}
-		line += fmt.Sprintf(" target=%s met=%s", strconv.FormatFloat(target, 'f', -1, 64), yes)
+// benchLine renders one figure as a bench: line, with its target when
+// test/benchreport/figures has one (pps_xdp_vs_iptables,
+// pps_tc_vs_iptables).
+func benchLine(name, unit string, v float64) string {
+	f, ok := figures.ByName(name)
+	if !ok {
+		f = figures.Figure{Name: name, Unit: unit}
 	}
-	return line + "\n"
+	return f.Line(v) + "\n"
 }
 
 // benchName makes a row name fit a bench: line's NAME.
