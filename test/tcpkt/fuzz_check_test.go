@@ -69,6 +69,12 @@ func (w *fuzzWorld) match(p prog, in []byte, v view, alts []outcome, res pktest.
 			if o.sticky != "" && o.kind == xlate {
 				w.seen[o.sticky] = o.dsts[0]
 			}
+			if o.svc != "" && o.kind == xlate {
+				if w.chosen[o.svc] == nil {
+					w.chosen[o.svc] = map[netip.AddrPort]int{}
+				}
+				w.chosen[o.svc][o.dsts[0]]++
+			}
 			return o, nil
 		}
 		errs = append(errs, fmt.Sprintf("want %s (%s): %v", o.kind, o.why, err))
@@ -80,8 +86,11 @@ func (w *fuzzWorld) matchOne(p prog, in []byte, v view, o outcome, res pktest.Re
 	if want := o.wantVerdict(p); res.Verdict != want {
 		return fmt.Errorf("verdict %v, want %v", res.Verdict, want)
 	}
-	if ctChanged && !o.ctChanges && o.kind != xlate {
+	switch {
+	case ctChanged && !o.ctChanges && (o.kind != xlate || o.inner != nil):
 		return errors.New("connection tracking changed")
+	case !ctChanged && o.kind == xlate && o.svc != "":
+		return errors.New("new flow translated but not recorded in connection tracking")
 	}
 	switch o.kind {
 	case pass:

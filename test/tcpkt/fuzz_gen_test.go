@@ -511,6 +511,12 @@ func (g *fuzzGen) icmpTracked(fam *fuzzFamily) []byte {
 		if g.chance(0.1) {
 			b = b.WithIPOptions(pktest.IPOptRouterAlert())
 		}
+		switch {
+		case g.chance(0.05):
+			b = b.WithMF() // a first fragment: its ports are there
+		case g.chance(0.05):
+			b = b.WithFragOffset(8 * (1 + g.r.IntN(100))) // a later one: no ports
+		}
 		quoted = b.WithPayload(g.payload()).IPBytes()
 	}
 	// As much as the sender quotes: all of it, the IP header and 8 bytes
@@ -534,6 +540,9 @@ func (g *fuzzGen) icmpTracked(fam *fuzzFamily) []byte {
 	b := pktest.ICMPError(from, to, typ, uint8(g.r.IntN(5)), quoted).WithTTL(g.ttl())
 	if typ == pktest.ICMPDestUnreachable && g.chance(0.5) {
 		b = pktest.ICMPUnreachable(from, to, pktest.ICMPFragNeeded, quoted).WithNextHopMTU(1400).WithTTL(g.ttl())
+	}
+	if g.chance(0.1) {
+		b = b.WithIPOptions(pktest.IPOptRecordRoute(1 + g.r.IntN(8)))
 	}
 	return g.mutate(b.WithMACs(clientMAC, deviceMAC).Bytes())
 }

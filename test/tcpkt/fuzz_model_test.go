@@ -200,6 +200,9 @@ type outcome struct {
 	ctChanges bool
 	// why says which rule of the model decided, for failure reports.
 	why string
+	// svc is the Service a new flow goes to: its first packet must leave
+	// the flow recorded when it is translated.
+	svc string
 	// inner is the packet an ICMP error quotes, and innerSrc and innerDst
 	// what its source and destination become, when the error is
 	// translated (src and dsts[0] are then the outer addresses, ports 0).
@@ -256,13 +259,17 @@ type fuzzWorld struct {
 	remotePods4, remotePods6 netip.Prefix
 	// seen holds sticky choices (outcome.sticky -> backend).
 	seen map[string]netip.AddrPort
+	// chosen counts the backends new flows were translated to, by
+	// Service.
+	chosen map[string]map[netip.AddrPort]int
 }
 
 // newFuzzWorld derives the frontends from st4 and st6 as kube-proxy serves
 // them to external clients: NodePorts on the node's external addresses,
 // ExternalIPs and LoadBalancer IPs, each with the external verdict.
 func newFuzzWorld(sts ...*model.State) *fuzzWorld {
-	w := &fuzzWorld{frontends: map[feKey]*fuzzFrontend{}, seen: map[string]netip.AddrPort{}}
+	w := &fuzzWorld{frontends: map[feKey]*fuzzFrontend{}, seen: map[string]netip.AddrPort{},
+		chosen: map[string]map[netip.AddrPort]int{}}
 	for _, st := range sts {
 		for _, name := range model.SortedNames(st.Services) {
 			svc := st.Services[name]
@@ -459,6 +466,7 @@ func (w *fuzzWorld) newFlow(p prog, v view) []outcome {
 	// Which backend the program chooses is its own (random, or by a
 	// hash); the model says what each choice implies.
 	o.why = "new flow to " + fe.svc
+	o.svc = fe.svc
 	var alts []outcome
 	for _, b := range o.dsts {
 		alts = append(alts, w.forBackend(p, v, o, b))

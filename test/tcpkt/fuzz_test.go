@@ -132,7 +132,10 @@ type pktFuzz struct {
 func newPktFuzz(tb testing.TB) *pktFuzz {
 	tb.Helper()
 	const snatMax = 65535
-	f := newFixture6(tb, loadOptions{snatMin: snatPort, snatMax: snatMax})
+	// Room for every client the affinity Service sees in a long run: an
+	// entry evicted from the LRU would let its client select again, which
+	// the model does not foresee.
+	f := newFixture6(tb, loadOptions{snatMin: snatPort, snatMax: snatMax, affinityEntries: 1 << 17})
 	x := f.loadXDP(tb, f.ifindex)
 	z := &pktFuzz{f: f, progs: [numProgs]*ebpf.Program{f.objs.TcIngress, f.objs.TcEgress, x.XdpNodeport, x.XdpNodeportSkb}}
 	const goneOld, goneNew = 0x30, 0x31
@@ -451,6 +454,14 @@ func TestPacketFuzz(t *testing.T) {
 		for _, k := range []kind{unreach, reset} {
 			if stats[progTCIngress][k] == 0 {
 				t.Errorf("tc_ingress: no frame got a %s", k)
+			}
+		}
+		// Every backend a new flow may get is chosen now and then.
+		for _, fe := range z.w.frontends {
+			for _, b := range fe.backends {
+				if z.w.chosen[fe.svc][b.ap] == 0 {
+					t.Errorf("%s: no new flow went to %v", fe.svc, b.ap)
+				}
 			}
 		}
 	}
