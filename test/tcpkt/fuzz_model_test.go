@@ -262,6 +262,10 @@ type fuzzWorld struct {
 	// chosen counts the backends new flows were translated to, by
 	// Service.
 	chosen map[string]map[netip.AddrPort]int
+	// fromPod says the frame at hand arrives on p0, the pod device, rather
+	// than on n0: what the node forwards still leaves through n0, which
+	// the XDP program redirects it to.
+	fromPod bool
 }
 
 // newFuzzWorld derives the frontends from st4 and st6 as kube-proxy serves
@@ -496,6 +500,11 @@ func (w *fuzzWorld) forBackend(p prog, v view, o outcome, backend netip.AddrPort
 		o.why += ": local backend, destination rewritten"
 		return o
 	}
+	// The source NAT address is that of the device toward the backend,
+	// else that of the device the packet came in on: p0 has none.
+	if notForwarded(v.src) && w.fromPod {
+		return outcome{kind: drop, why: o.why + ": remote backend, no source NAT address for a source the FIB refuses"}
+	}
 	o.snat = w.snatAddr(v.v6)
 	for _, f := range w.flows {
 		if f.snat.IsValid() && f.backend == backend && f.proto == v.proto {
@@ -517,19 +526,20 @@ func (w *fuzzWorld) fwdOutcome(p prog, v view, o outcome) outcome {
 		}
 		return outcome{kind: drop, why: o.why + ": no hop left", ctChanges: true}
 	}
-	// IPv6 never forwards from a multicast, link-local or loopback
-	// source (the kernel's FIB lookup refuses to): an ICMPv6 error that
-	// keeps such a sender's address is TC's to drop.
+	// An ICMPv6 error that keeps such a sender's address is TC's to drop.
 	src := o.src.Addr()
 	if o.snat.IsValid() {
 		src = o.snat
 	}
-	if v.v6 && (src.IsMulticast() || src.IsLinkLocalUnicast() || src.IsLoopback()) {
+	if notForwarded(src) {
 		return outcome{kind: drop, why: o.why + ": IPv6 source not forwarded"}
 	}
 	o.verdict = pktest.TCActRedirect
 	if p.xdp() {
 		o.verdict = pktest.XDPTX
+		if w.fromPod {
+			o.verdict = pktest.XDPRedirect
+		}
 	}
 	return o
 }
@@ -664,4 +674,10 @@ func (w *fuzzWorld) icmpError(p prog, frame []byte, v view) outcome {
 		}
 	}
 	return outcome{why: "ICMP error about no tracked flow"}
+}
+
+// notForwarded says IPv6 never forwards from src, a multicast, link-local
+// or loopback address: the kernel's FIB lookup refuses such a source.
+func notForwarded(src netip.Addr) bool {
+	return src.Is6() && (src.IsMulticast() || src.IsLinkLocalUnicast() || src.IsLoopback())
 }

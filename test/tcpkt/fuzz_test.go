@@ -290,11 +290,16 @@ func restore[K, V comparable](m *ebpf.Map, want map[K]V) (bool, error) {
 // (the caller is in it), judges it by the model and puts connection
 // tracking back. It returns the matching outcome's kind, or an error with
 // the whole story.
-func (z *pktFuzz) runFrame(p prog, frame []byte, linear int) (outcome, error) {
+func (z *pktFuzz) runFrame(p prog, frame []byte, linear int, fromPod bool) (outcome, error) {
+	z.w.fromPod = fromPod
 	v, alts := z.w.decide(p, frame)
 	c := pktest.Case{In: frame}
+	dev := z.f.ifindex
+	if fromPod {
+		dev = z.f.podIfindex
+	}
 	if p.xdp() {
-		c.XDP = &pktest.XDPContext{IngressIfindex: z.f.ifindex}
+		c.XDP = &pktest.XDPContext{IngressIfindex: dev}
 		if p == progXDP && linear > 0 && linear < len(frame) {
 			// A multi-buffer frame, of which the program sees only
 			// the first linear bytes: TC's to translate.
@@ -302,7 +307,7 @@ func (z *pktFuzz) runFrame(p prog, frame []byte, linear int) (outcome, error) {
 			alts = []outcome{{why: "multi-buffer frame"}}
 		}
 	} else {
-		c.SKB = &pktest.SKBContext{Ifindex: z.f.ifindex}
+		c.SKB = &pktest.SKBContext{Ifindex: dev}
 		for _, o := range alts {
 			if o.trims(v, frame) {
 				c.SKBChecksum = pktest.SKBChecksumNone
@@ -390,7 +395,7 @@ func TestPacketFuzz(t *testing.T) {
 				return fmt.Errorf("regression %q: %w", r.name, err)
 			}
 			for p := range numProgs {
-				if _, err := z.runFrame(p, frame, r.linear); err != nil {
+				if _, err := z.runFrame(p, frame, r.linear, r.fromPod); err != nil {
 					failures = append(failures, fmt.Sprintf("regression %q: %v", r.name, err))
 				}
 			}
@@ -405,10 +410,13 @@ func TestPacketFuzz(t *testing.T) {
 			if g.chance(0.03) && len(frame) > pktest.MinFrameLen {
 				linear = pktest.MinFrameLen + g.r.IntN(len(frame)-pktest.MinFrameLen)
 			}
+			// Now and then from a pod, as when the agent attaches to
+			// the pod bridge too.
+			fromPod := g.chance(0.05)
 			for p := range numProgs {
-				o, err := z.runFrame(p, frame, linear)
+				o, err := z.runFrame(p, frame, linear, fromPod)
 				if err != nil {
-					failures = append(failures, fmt.Sprintf("seed %d frame %d (linear part %d): %v", seed, i, linear, err))
+					failures = append(failures, fmt.Sprintf("seed %d frame %d (linear part %d, from p0 %v): %v", seed, i, linear, fromPod, err))
 					if len(failures) >= maxFailures {
 						return nil
 					}
@@ -489,7 +497,7 @@ func FuzzPacketModel(f *testing.F) {
 		}
 		err := z.f.ns.Do(func() error {
 			for p := range numProgs {
-				if _, err := z.runFrame(p, frame, 0); err != nil {
+				if _, err := z.runFrame(p, frame, 0, false); err != nil {
 					return err
 				}
 			}
@@ -508,6 +516,8 @@ var pktFuzzRegressions = []struct {
 	frame string // hex
 	// linear, when set, is the XDP linear part's length.
 	linear int
+	// fromPod runs it on p0 rather than n0.
+	fromPod bool
 }{
 	{
 		// The model had the reset carry the segment's checksum error;
@@ -524,5 +534,14 @@ var pktFuzzRegressions = []struct {
 			"000011040230e8000005006000000000350640fd00007700000000000000000000001120010db8001800000000000000000010" +
 			"753b9c410802ebb68779f0b75012faf069ca00008341c1700b383ee44bf9394f1e9931f9970d357e0da00f0a0c74e6513a4b29" +
 			"34fe",
+	},
+	{
+		// The model source-NATed it; with a source the IPv6 FIB refuses,
+		// only the address of the device it came in on is left, and p0
+		// has none.
+		name: "IPv6 from ::1 on the pod device to a NodePort with a remote backend: dropped, no source NAT address",
+		frame: "02770000001102770000000186dd600000000022064000000000000000000000000000000001fd000077000000000000000000" +
+			"0000119c4b753beed95ff67a533c5e500400091890000080afff6124cf2e8305ee2eab7aaa",
+		fromPod: true,
 	},
 }
