@@ -191,8 +191,7 @@ func (g *fuzzGen) frame() []byte {
 	}
 	t := g.base(fam)
 	var frame []byte
-	macs := func() (src, dst []byte) { return clientMAC, deviceMAC }
-	smac, dmac := macs()
+	smac, dmac := clientMAC, deviceMAC
 	if fam.v6 {
 		var b pktest.Builder6
 		if t.proto == pktest.ProtoTCP {
