@@ -92,14 +92,35 @@ FUZZMINIMIZETIME ?= 60s
 FUZZ_TARGETS := ./internal/k8swatch:FuzzTranslateService ./internal/k8swatch:FuzzTranslateEndpointSlice \
 	./internal/k8swatch:FuzzManifests ./internal/config:FuzzConfigFile ./internal/tracker:FuzzTrackerSequence
 
+#
+# Then, as root, the packet fuzzer (test/tcpkt TestPacketFuzz):
+# PKTFUZZ_PACKETS random and mutated frames through each TC and XDP program
+# by BPF_PROG_TEST_RUN, each judged by a reference model of what the
+# program must do with it; a new seed each run unless PKTFUZZ_SEED says
+# (the run prints it, and a failure the frame). Then FuzzPacketModel, Go's
+# fuzzer mutating raw frames for the same check, for FUZZTIME. The packet
+# fuzzer's short run (50,000 frames a program) is part of the kernel
+# matrix (`make vmtest`), so `make fuzz-short` leaves it out.
+PKTFUZZ_PACKETS ?= 1000000
+ifeq ($(origin PKTFUZZ_SEED),undefined)
+PKTFUZZ_SEED := $(shell date +%s)
+endif
+
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$fn ($$pkg) for $(FUZZTIME)"; \
 		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $$pkg; \
 	done
+	@set -e; if [ "$(PKTFUZZ_PACKETS)" != 0 ]; then \
+		echo "== TestPacketFuzz (./test/tcpkt): $(PKTFUZZ_PACKETS) frames a program, seed $(PKTFUZZ_SEED)"; \
+		EBPF_PROXY_PKTFUZZ_PACKETS=$(PKTFUZZ_PACKETS) EBPF_PROXY_PKTFUZZ_SEED=$(PKTFUZZ_SEED) \
+			$(GO) test -count=1 -timeout 3h -v -run '^TestPacketFuzz$$' ./test/tcpkt/; \
+		echo "== FuzzPacketModel (./test/tcpkt) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz '^FuzzPacketModel$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) -parallel 1 ./test/tcpkt/; \
+	fi
 
 fuzz-short:
-	@$(MAKE) --no-print-directory fuzz FUZZTIME=5s FUZZMINIMIZETIME=1s
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=5s FUZZMINIMIZETIME=1s PKTFUZZ_PACKETS=0
 
 # Benchmarks, one run: BenchmarkSync of the BPF maps, nftables, iptables and IPVS (IPVS
 # only where ip_vs loads, i.e. not on this host: run that package in the VM

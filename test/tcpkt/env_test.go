@@ -74,6 +74,10 @@ type loadOptions struct {
 	// podDevice makes p0 one of the programs' devices, with its address
 	// for source NAT, as when the agent attaches to the pod bridge.
 	podDevice bool
+	// affinityEntries, when set, sizes the session affinity maps (LRU)
+	// instead of the 1024 entries of the other maps, for tests that give
+	// more clients an affinity than that and expect each to keep it.
+	affinityEntries uint32
 }
 
 func newFixture(tb testing.TB, opts loadOptions) *fixture {
@@ -84,9 +88,12 @@ func newFixture(tb testing.TB, opts loadOptions) *fixture {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	for _, m := range spec.Maps {
+	for name, m := range spec.Maps {
 		if m.MaxEntries > 1024 && m.Type != ebpf.PerCPUArray {
 			m.MaxEntries = 1024
+		}
+		if opts.affinityEntries != 0 && (name == bpfobj.TcMapLb4AffinityV1 || name == bpfobj.TcMapLb6AffinityV1) {
+			m.MaxEntries = opts.affinityEntries
 		}
 		// Private maps: never adopt or create pins of a running agent.
 		m.Pinning = ebpf.PinNone
