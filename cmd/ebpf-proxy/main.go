@@ -74,6 +74,8 @@ func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code)
 func newLogger(v int, format string) (*zap.Logger, error) {
 	cfg := zap.NewProductionConfig()
 	cfg.Sampling = nil
+	// An error is one line, as kube-proxy's are: no Go stack trace.
+	cfg.DisableStacktrace = true
 	cfg.EncoderConfig.TimeKey = "time"
 	cfg.EncoderConfig.EncodeTime = zapISOTime
 	if v >= 2 {

@@ -63,7 +63,16 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer dp.Close()
+	// Until the sync loops run, a failure undoes what this start
+	// attached (never what it adopted from an earlier agent).
+	serving := false
+	defer func() {
+		if serving {
+			dp.Close()
+		} else {
+			dp.Abandon(log)
+		}
+	}()
 	m.SetProxyMode(dp.Mode, dp.Reason)
 	o.NoteIgnored(dp.Mode, log)
 	if dp.Mode == proxymode.IPVS && o.IPVSStrictARP {
@@ -135,6 +144,7 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 			p.Run(ctx)
 		}()
 	}
+	serving = true
 	done := make(chan struct{})
 	go func() {
 		wg.Wait()

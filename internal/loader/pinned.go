@@ -2,6 +2,7 @@ package loader
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
@@ -73,4 +74,11 @@ func OpenPinnedMap(bpffsPath, name string) (*ebpf.Map, error) {
 		return nil, fmt.Errorf("open pinned map %s: %w", name, err)
 	}
 	return m, nil
+}
+
+// Pinned says whether bpffsPath holds pinned maps of an agent: an earlier
+// agent's, which a new one adopts.
+func Pinned(bpffsPath string) bool {
+	entries, err := os.ReadDir(mapsDir(bpffsPath))
+	return err == nil && len(entries) > 0
 }

@@ -110,6 +110,11 @@ type Started struct {
 	kubeProxy kubeproxy.Config
 	// close releases handles; what is programmed stays and keeps serving.
 	close func()
+	// undo removes what the start attached and pinned on a node that had
+	// none of it; nil when there is nothing to remove (it adopted an
+	// earlier agent's pins, or the mode writes nothing before its first
+	// sync).
+	undo func() error
 }
 
 // RemoveLeftovers removes what the other modes left on the node, then
@@ -128,6 +133,22 @@ func (s *Started) RemoveLeftovers(ctx context.Context) error {
 // Close releases handles; what is programmed stays and keeps serving until
 // the next agent adopts it.
 func (s *Started) Close() { s.close() }
+
+// Abandon is Close for a start that failed before the agent served: what
+// the start attached and pinned on a node that had none of it is removed,
+// so that a failed start never leaves a half-made node; what it adopted
+// from an earlier agent keeps serving, untouched. It logs what it did.
+func (s *Started) Abandon(log *zap.Logger) {
+	s.close()
+	if s.undo == nil {
+		return
+	}
+	if err := s.undo(); err != nil {
+		log.Error("removing what the failed start attached", zap.String("mode", s.Mode), zap.Error(err))
+		return
+	}
+	log.Info("removed what the failed start attached", zap.String("mode", s.Mode))
+}
 
 // Start starts the dataplane cfg.Mode asks for. Under auto it tries ebpf,
 // then nftables where nft and the kernel's nf_tables work, then iptables
@@ -284,9 +305,15 @@ func perFamily[D dataplane.Dataplane](fams []string, start func(family string) (
 }
 
 func startBPF(ctx context.Context, cfg Config, log *zap.Logger, reason string) (*Started, error) {
+	// A node without our pins gets everything from this start.
+	fresh := !loader.Pinned(cfg.BPF.BPFFSPath)
 	d, err := bpf.New(ctx, cfg.BPF)
 	if err != nil {
 		return nil, err
+	}
+	var undo func() error
+	if fresh {
+		undo = func() error { return cleanupBPF(cfg.BPF.BPFFSPath) }
 	}
 	var fams []Family
 	for _, f := range cfg.Families {
@@ -297,7 +324,7 @@ func startBPF(ctx context.Context, cfg Config, log *zap.Logger, reason string) (
 		}
 		fams = append(fams, Family{IPFamily: f, Dataplane: d})
 	}
-	return &Started{Families: fams, Mode: EBPF, Reason: reason, close: d.Close,
+	return &Started{Families: fams, Mode: EBPF, Reason: reason, close: d.Close, undo: undo,
 		removeLeftovers: func(ctx context.Context) error {
 			// Our iptables chains (every back end) first, then IPVS's
 			// virtual servers, ipsets and dummy interface, then our
