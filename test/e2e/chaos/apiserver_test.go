@@ -82,7 +82,7 @@ func testAPIServerGone(t *testing.T, e *env, s settings) {
 		t.Fatal(err)
 	}
 	back := time.Now()
-	t.Logf("API server back after %s", back.Sub(down).Round(time.Millisecond))
+	t.Logf("API server back after %s, at %s", back.Sub(down).Round(time.Millisecond), back.UTC().Format(time.RFC3339Nano))
 
 	var lags []string
 	for _, w := range []struct {
@@ -113,6 +113,8 @@ func testAPIServerGone(t *testing.T, e *env, s settings) {
 			t.Errorf("the deleted Service went %s after the API server's return; want within %s", lag.Round(time.Millisecond), propagation)
 		}
 	}
+	// A second for the loops on the new endpoints.
+	time.Sleep(time.Second)
 	r := ld.stop(t)
 	if r.tcp.Servers["p2:8080"] == 0 {
 		t.Errorf("the loop never reached the endpoint added while the API server was away: %v", r.tcp.Servers)
