@@ -208,12 +208,13 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		terminated:   newTerminatedCounter(),
 		pins:         loader.NewPinGuard(cfg.BPFFSPath),
 		pinsRestored: newPinsRestoredCounter(),
+		mapFull:      newMapFullCounter(),
 	}
 	if err := d.pins.Refresh(); err != nil {
 		log.Warn("cannot hold every pin under the bpffs path; those not held are not restored if removed", zap.Error(err))
 	}
 	cfg.Metrics.Registry().MustRegister(
-		dataplaneCollectors(newCollector(l, w, w6, tc.published.Load, cfg.MapCountInterval), mig, d.terminated, d.pinsRestored)...)
+		dataplaneCollectors(newCollector(l, w, w6, tc.published.Load, cfg.MapCountInterval), mig, d.terminated, d.pinsRestored, d.mapFull)...)
 	if term != nil {
 		go d.run(ctx)
 	}
@@ -223,6 +224,13 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	}
 	go d.guardPins(ctx, interval)
 	return d, nil
+}
+
+func newMapFullCounter() prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ebpfproxy_bpf_map_full_total",
+		Help: "Syncs of the BPF dataplane that found a map full; the ServicePorts that did not fit were left as they were.",
+	})
 }
 
 func newPinsRestoredCounter() prometheus.Counter {
@@ -282,8 +290,8 @@ func newTerminatedCounter() *prometheus.CounterVec {
 
 // dataplaneCollectors are the collectors New registers on the agent's
 // registry, and DescribeMetrics describes.
-func dataplaneCollectors(c *collector, mig *migrations, terminated *prometheus.CounterVec, pinsRestored prometheus.Counter) []prometheus.Collector {
-	return []prometheus.Collector{c, mig.total, terminated, pinsRestored}
+func dataplaneCollectors(c *collector, mig *migrations, terminated *prometheus.CounterVec, pinsRestored, mapFull prometheus.Counter) []prometheus.Collector {
+	return []prometheus.Collector{c, mig.total, terminated, pinsRestored, mapFull}
 }
 
 // DescribeMetrics sends the descriptors of the metrics the BPF dataplane
@@ -291,7 +299,7 @@ func dataplaneCollectors(c *collector, mig *migrations, terminated *prometheus.C
 // without loading anything: for checks that dashboards and alerts name
 // metrics the agent really exports.
 func DescribeMetrics(ch chan<- *prometheus.Desc) {
-	for _, c := range dataplaneCollectors(newCollector(nil, nil, nil, nil, 0), newMigrations(zap.NewNop()), newTerminatedCounter(), newPinsRestoredCounter()) {
+	for _, c := range dataplaneCollectors(newCollector(nil, nil, nil, nil, 0), newMigrations(zap.NewNop()), newTerminatedCounter(), newPinsRestoredCounter(), newMapFullCounter()) {
 		c.Describe(ch)
 	}
 }
@@ -314,9 +322,11 @@ type Dataplane struct {
 	// behind the agent's back; guarded by syncMu.
 	pins         *loader.PinGuard
 	pinsRestored prometheus.Counter
-	term         *sockterm.Terminator
-	log          *zap.Logger
-	loaded       *loader.Loaded
+	// mapFull counts the syncs that found a map full.
+	mapFull prometheus.Counter
+	term    *sockterm.Terminator
+	log     *zap.Logger
+	loaded  *loader.Loaded
 	// tc attaches the TC and XDP programs once the node's devices are
 	// known.
 	tc *tcAttacher
@@ -349,11 +359,22 @@ func (d *Dataplane) Sync(up model.Update) error {
 		return err
 	}
 	if err := d.Writer.Sync(up); err != nil {
-		return err
+		return d.failed(err)
 	}
 	d.ranges.after(d.Writer, d.w6)
 	d.terminate(d.Writer)
 	return nil
+}
+
+// failed counts a sync that found a map full, and says which flags size
+// the maps.
+func (d *Dataplane) failed(err error) error {
+	if !errors.Is(err, maps.ErrMapFull) {
+		return err
+	}
+	d.mapFull.Inc()
+	return fmt.Errorf("%w (what does not fit is left as it was and retried, the rest is programmed; "+
+		"--bpf-map-services-max, --bpf-map-backends-max and --bpf-map-revnat-max set the maps' capacities)", err)
 }
 
 // terminate hands the backends the last sync of w removed to the goroutine
@@ -468,7 +489,7 @@ func (p ipv6Dataplane) Sync(up model.Update) error {
 		return err
 	}
 	if err := d.w6.Sync(up); err != nil {
-		return err
+		return d.failed(err)
 	}
 	d.ranges.after(d.Writer, d.w6)
 	d.terminate(d.w6)

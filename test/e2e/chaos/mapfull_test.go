@@ -24,8 +24,9 @@ const (
 
 // testMapFull runs the agent with a services map far too small and
 // creates Services past its capacity: the agent must say so (a log line
-// naming the map, ebpfproxy_sync_errors_total, the map's entries at its
-// capacity) and every Service programmed before must keep working, the
+// naming the map, its capacity and the flag that sets it,
+// ebpfproxy_bpf_map_full_total and ebpfproxy_sync_errors_total, the map's
+// entries at its capacity) and every Service programmed before must keep working, the
 // clients' one included; once Services go, the rest fits again.
 func testMapFull(t *testing.T, e *env, s settings) {
 	ctx := t.Context()
@@ -63,7 +64,8 @@ func testMapFull(t *testing.T, e *env, s settings) {
 	var logLine string
 	err := waitUntil(ctx, "the agent reports the full map", func() (bool, error) {
 		for line := range strings.SplitSeq(agent.Log(), "\n") {
-			if strings.Contains(line, servicesMap) && strings.Contains(line, "map is full") {
+			if strings.Contains(line, fmt.Sprintf("%s holds its %d entries: map is full", servicesMap, servicesMax)) &&
+				strings.Contains(line, "--bpf-map-services-max") {
 				logLine = line
 				return true, nil
 			}
@@ -79,11 +81,12 @@ func testMapFull(t *testing.T, e *env, s settings) {
 		t.Fatal(err)
 	}
 	syncErrors, _ := testbed.Gauge(fams, "ebpfproxy_sync_errors_total", map[string]string{"dataplane": "ebpf"})
+	fullSyncs, _ := testbed.Gauge(fams, "ebpfproxy_bpf_map_full_total", nil)
 	entries, _ := testbed.Gauge(fams, "ebpfproxy_bpf_map_entries", map[string]string{"map": servicesMap})
 	capacity, _ := testbed.Gauge(fams, "ebpfproxy_bpf_map_capacity", map[string]string{"map": servicesMap})
-	t.Logf("metrics: ebpfproxy_sync_errors_total %v, %s entries %v of %v", syncErrors, servicesMap, entries, capacity)
-	if syncErrors == 0 {
-		t.Errorf("ebpfproxy_sync_errors_total is 0 with a full map")
+	t.Logf("metrics: ebpfproxy_sync_errors_total %v, ebpfproxy_bpf_map_full_total %v, %s entries %v of %v", syncErrors, fullSyncs, servicesMap, entries, capacity)
+	if syncErrors == 0 || fullSyncs == 0 {
+		t.Errorf("ebpfproxy_sync_errors_total %v, ebpfproxy_bpf_map_full_total %v with a full map; want both counted", syncErrors, fullSyncs)
 	}
 	if capacity != servicesMax || entries > capacity || entries < capacity-4 {
 		t.Errorf("%s: %v entries of %v exported; want the map full, of %d", servicesMap, entries, capacity, servicesMax)
