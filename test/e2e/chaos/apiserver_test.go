@@ -39,6 +39,15 @@ func testAPIServerGone(t *testing.T, e *env, s settings) {
 	}
 	ld := e.startLoad(t, steady, s.apiDown+5*time.Minute)
 
+	// The next scenarios need the API server, also if this one fails
+	// while it is away.
+	t.Cleanup(func() {
+		if e.c.APIServerPID() == 0 {
+			if err := e.c.StartAPIServer(context.Background()); err != nil {
+				t.Errorf("start the API server again: %v", err)
+			}
+		}
+	})
 	down := time.Now()
 	e.node.API.Pause()
 	if err := e.setEndpoints(ctx, "steady", []*sandbox.Pod{e.pod(1), e.pod(2)}, nil); err != nil {
