@@ -21,7 +21,7 @@ const churnEvery = time.Second
 // s.killSpan), starting a new one at once after each kill, while the
 // Service's endpoints change every second among pods that all keep
 // serving: kills land during start-up, restore and syncs. No connection
-// may fail, and the last agent serves the last endpoints.
+// may fail, and the last agent serves a change made after the kills.
 func testKill(t *testing.T, e *env, s settings) {
 	ctx := t.Context()
 	vip := netip.MustParseAddr("10.96.210.1")
@@ -40,7 +40,6 @@ func testKill(t *testing.T, e *env, s settings) {
 	sets := [][]*sandbox.Pod{{e.pod(0), e.pod(1)}, {e.pod(1), e.pod(2)}}
 	churnCtx, stopChurn := context.WithCancel(ctx)
 	churned := make(chan error, 1)
-	last := 0
 	go func() {
 		tick := time.NewTicker(churnEvery)
 		defer tick.Stop()
@@ -55,7 +54,6 @@ func testKill(t *testing.T, e *env, s settings) {
 				churned <- err
 				return
 			}
-			last = i % 2
 		}
 	}()
 
@@ -83,17 +81,20 @@ func testKill(t *testing.T, e *env, s settings) {
 		if err := kill(agent); err != nil {
 			t.Fatalf("kill %d: %v", i+1, err)
 		}
-		last := i == s.kills-1
+		final := i == s.kills-1
 		// The next agent starts at once; the last one is waited for.
-		agent = e.tb.StartProxy(t, e.node, testbed.ProxyOptions{Kind: testbed.EbpfProxy, NoWait: !last})
+		agent = e.tb.StartProxy(t, e.node, testbed.ProxyOptions{Kind: testbed.EbpfProxy, NoWait: !final})
 	}
 	span := time.Since(start)
 	stopChurn()
 	if err := <-churned; err != nil {
 		t.Fatal(err)
 	}
-	// The last agent serves the endpoints set last.
-	for _, p := range sets[last] {
+	// The last agent serves a change made now.
+	if err := e.setEndpoints(ctx, "kill", sets[0], nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range sets[0] {
 		if err := e.waitServes(ctx, vip, p.Name+fmt.Sprintf(":%d", podTCP)); err != nil {
 			t.Errorf("after the last kill: %v\n%s", err, agent.LogTail(20))
 		}
