@@ -44,11 +44,14 @@ type settings struct {
 	apiDown time.Duration
 	// rolling is how long endpoints are replaced, one step a second.
 	rolling time.Duration
+	// fullFor is how long the map stays full, the agent retrying its
+	// syncs, while the clients run.
+	fullFor time.Duration
 }
 
 var (
-	short = settings{kills: 5, killSpan: 20 * time.Second, apiDown: 10 * time.Second, rolling: 15 * time.Second}
-	long  = settings{kills: 20, killSpan: 2 * time.Minute, apiDown: 60 * time.Second, rolling: 2 * time.Minute}
+	short = settings{kills: 5, killSpan: 20 * time.Second, apiDown: 10 * time.Second, rolling: 15 * time.Second, fullFor: 5 * time.Second}
+	long  = settings{kills: 20, killSpan: 2 * time.Minute, apiDown: 60 * time.Second, rolling: 2 * time.Minute, fullFor: 30 * time.Second}
 )
 
 func current() (settings, string) {

@@ -27,7 +27,8 @@ const (
 // naming the map, its capacity and the flag that sets it,
 // ebpfproxy_bpf_map_full_total and ebpfproxy_sync_errors_total, the map's
 // entries at its capacity) and every Service programmed before must keep working, the
-// clients' one included; once Services go, the rest fits again.
+// clients' one included, while the agent retries for s.fullFor; once
+// Services go, the rest fits again.
 func testMapFull(t *testing.T, e *env, s settings) {
 	ctx := t.Context()
 	steady := netip.MustParseAddr("10.96.213.1")
@@ -76,6 +77,8 @@ func testMapFull(t *testing.T, e *env, s settings) {
 		t.Fatalf("%v\n%s", err, agent.LogTail(20))
 	}
 	t.Logf("log: %s", logLine)
+	// The agent retries, writing entry by entry, while the clients run.
+	time.Sleep(s.fullFor)
 	fams, err := agent.Metrics(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +133,7 @@ func testMapFull(t *testing.T, e *env, s settings) {
 		t.Errorf("a Service that fits once the others went: %v\n%s", err, agent.LogTail(20))
 	}
 	r := ld.stop(t)
-	e.report(t, r, false, fmt.Sprintf("capacity=%d over_fitted=%d/%d sync_errors=%v", servicesMax, fitted, overCount, syncErrors))
+	e.report(t, r, false, fmt.Sprintf("capacity=%d over_fitted=%d/%d full_for=%s map_full_syncs=%v", servicesMax, fitted, overCount, s.fullFor, fullSyncs))
 }
 
 // noSyncErrors fails if the agent counted a failed sync.
