@@ -53,9 +53,11 @@ func NewPinGuard(bpffs string) *PinGuard {
 
 // Refresh makes the guarded pins those that exist now: it takes a handle
 // on every pin it does not hold yet and lets go of those whose pins are
-// gone. Call it after the agent pinned or unpinned objects itself, and
-// never between a removal behind its back and Repair, which would then
-// miss it.
+// gone, unless their directory went too (the agent removes pins, never
+// its directories: that was done behind its back, and Repair restores
+// them). Call it after the agent pinned or unpinned objects itself; a
+// single pin removed behind its back between the last Repair and Refresh
+// (during a sync) is taken for one the agent removed and not restored.
 func (g *PinGuard) Refresh() error {
 	seen := map[string]bool{}
 	var errs []error
@@ -99,10 +101,17 @@ func (g *PinGuard) Refresh() error {
 		}
 	}
 	for path, h := range g.held {
-		if !seen[path] {
-			h.close()
-			delete(g.held, path)
+		if seen[path] {
+			continue
 		}
+		if _, err := os.Stat(filepath.Dir(path)); errors.Is(err, os.ErrNotExist) {
+			// Its whole directory went, which the agent never
+			// does: removed behind its back, during the sync that
+			// refreshes, for Repair to restore.
+			continue
+		}
+		h.close()
+		delete(g.held, path)
 	}
 	return errors.Join(errs...)
 }

@@ -72,6 +72,11 @@ func TestPinGuardRestoresRemovedPins(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A refresh meanwhile (a sync that ran while the pins went) keeps
+	// what went with its directory.
+	if err := g.Refresh(); err != nil {
+		t.Fatal(err)
+	}
 	restored, err := g.Repair()
 	if err != nil {
 		t.Fatal(err)
