@@ -51,7 +51,7 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 	}
 	log.Info("starting", zap.String("proxyMode", o.ProxyMode))
 
-	client, host, err := client(o)
+	client, watchClient, host, err := client(o)
 	if err != nil {
 		return err
 	}
@@ -94,7 +94,7 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 	for i, f := range dp.Families {
 		targets[i] = k8swatch.Target{Family: v1.IPFamily(f.IPFamily), Tracker: tracker.New(nodeName, topology, o.NodePorts[f.IPFamily])}
 	}
-	if err := startSource(ctx, o, client, host, nodeName, targets, m, health, log); err != nil {
+	if err := startSource(ctx, o, watchClient, host, nodeName, targets, m, health, log); err != nil {
 		return err
 	}
 

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 
 	"go.uber.org/zap"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
@@ -14,15 +16,18 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 )
 
-// client returns the API server client and its address, nil with
-// --manifests.
-func client(o *config.Options) (kubernetes.Interface, string, error) {
+// client returns the API server client, the informers' client and the
+// API server's address; nils with --manifests. The informers' client waits
+// for an API server that cannot be reached (k8swatch.Redial), so that they
+// resume as soon as it is back; the other fails at once, for the reads at
+// start-up that have a fallback.
+func client(o *config.Options) (kubernetes.Interface, kubernetes.Interface, string, error) {
 	if o.Manifests != "" {
-		return nil, "", nil
+		return nil, nil, "", nil
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags(o.Master, o.Kubeconfig)
 	if err != nil {
-		return nil, "", fmt.Errorf("API server client configuration: %w", err)
+		return nil, nil, "", fmt.Errorf("API server client configuration: %w", err)
 	}
 	cfg.ContentType = o.KubeAPIContentType
 	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
@@ -31,9 +36,15 @@ func client(o *config.Options) (kubernetes.Interface, string, error) {
 	cfg.UserAgent = "ebpf-proxy"
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, "", fmt.Errorf("API server client: %w", err)
+		return nil, nil, "", fmt.Errorf("API server client: %w", err)
 	}
-	return client, cfg.Host, nil
+	watchCfg := rest.CopyConfig(cfg)
+	watchCfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return k8swatch.Redial(rt, k8swatch.RedialInterval) })
+	watch, err := kubernetes.NewForConfig(watchCfg)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("API server client: %w", err)
+	}
+	return client, watch, cfg.Host, nil
 }
 
 // startSource starts the source of Services and EndpointSlices for the

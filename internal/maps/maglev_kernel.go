@@ -45,7 +45,7 @@ func (k *kernelMaglev) Set(svcID uint32, table []uint32, fp uint64) error {
 	}
 	if err := k.outer.Update(svcID, m, ebpf.UpdateAny); err != nil {
 		if isE2BIG(err) || errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("%s: %w", k.outer, ErrMapFull)
+			return fullError(k.outer)
 		}
 		return fmt.Errorf("update %s: %w", k.outer, err)
 	}

@@ -11,6 +11,7 @@ package maps
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/cilium/ebpf"
 
@@ -100,6 +101,18 @@ type Maps struct {
 // ErrMapFull is returned (wrapped) when a map has no room for a new entry.
 var ErrMapFull = errors.New("map is full")
 
+// fullError says that m has no room left: its name and capacity, which
+// its --bpf-map-*-max flag sets, wrapping ErrMapFull.
+func fullError(m *ebpf.Map) error {
+	name := m.String()
+	// "Hash(lb4_services_v1)#15": the name as loaded, which the kernel's
+	// copy would truncate to 15 bytes.
+	if _, rest, ok := strings.Cut(name, "("); ok {
+		name, _, _ = strings.Cut(rest, ")")
+	}
+	return fmt.Errorf("%s holds its %d entries: %w", name, m.MaxEntries(), ErrMapFull)
+}
+
 // kernelMap adapts an *ebpf.Map.
 type kernelMap[K comparable, V any] struct{ m *ebpf.Map }
 
@@ -109,7 +122,7 @@ func FromKernel[K comparable, V any](m *ebpf.Map) Map[K, V] { return kernelMap[K
 func (k kernelMap[K, V]) Put(key K, v V) error {
 	if err := k.m.Update(&key, &v, ebpf.UpdateAny); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) || isE2BIG(err) {
-			return fmt.Errorf("%s: %w", k.m, ErrMapFull)
+			return fullError(k.m)
 		}
 		return fmt.Errorf("update %s: %w", k.m, err)
 	}
@@ -120,7 +133,7 @@ func (k kernelMap[K, V]) PutBatch(ks []K, vs []V) (int, error) {
 	n, err := k.m.BatchUpdate(ks, vs, nil)
 	if err != nil {
 		if isE2BIG(err) || errors.Is(err, ebpf.ErrKeyNotExist) {
-			return n, fmt.Errorf("%s: %w", k.m, ErrMapFull)
+			return n, fullError(k.m)
 		}
 		return n, fmt.Errorf("batch update %s: %w", k.m, err)
 	}

@@ -396,13 +396,15 @@ type Loop struct {
 	s *session
 }
 
-// StartLoop starts a probe that connects to addr over TCP again and again,
-// reading the server's line each time, until Stop or a bound in opts. It
+// StartLoop starts a probe that connects to addr over TCP (UDP with
+// opts.UDP) again and again, reading the server's line each time, until Stop
+// or a bound in opts. It
 // returns once the first attempt has finished, so that whatever the test
 // does next happens while the loop runs. The sandbox stops the loop on Close
 // if the test does not.
 func (c *Client) StartLoop(ctx context.Context, addr netip.AddrPort, opts LoopOptions) (*Loop, error) {
-	req := probeRequest{Kind: kindLoop, Addr: addr, Count: opts.MaxAttempts, Interval: opts.Interval, MaxDuration: opts.MaxDuration}
+	req := probeRequest{Kind: kindLoop, Addr: addr, Count: opts.MaxAttempts, Interval: opts.Interval, MaxDuration: opts.MaxDuration,
+		Connected: opts.UDP}
 	s, _, err := c.startRepeating(ctx, req, defaultInterval, opts.Timeout)
 	if err != nil {
 		return nil, err

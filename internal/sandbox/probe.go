@@ -55,11 +55,13 @@ const (
 )
 
 type probeRequest struct {
-	Kind      string         `json:"kind"`
-	Addr      netip.AddrPort `json:"addr"`
-	Path      string         `json:"path,omitempty"`
-	Count     int            `json:"count"`
-	Connected bool           `json:"connected,omitempty"`
+	Kind  string         `json:"kind"`
+	Addr  netip.AddrPort `json:"addr"`
+	Path  string         `json:"path,omitempty"`
+	Count int            `json:"count"`
+	// Connected makes a UDP probe connect its sockets; a loop probe with
+	// it exchanges UDP datagrams on a new connected socket per attempt.
+	Connected bool `json:"connected,omitempty"`
 	// LocalPort is the source port a TCP probe binds (0: the kernel's
 	// choice).
 	LocalPort uint16 `json:"localPort,omitempty"`
@@ -431,7 +433,9 @@ func httpAttempt(addr netip.AddrPort, path string, timeout time.Duration) HTTPRe
 	return r
 }
 
-// loop connects to req.Addr until stdin is closed or a bound is reached.
+// loop connects to req.Addr until stdin is closed or a bound is reached:
+// over TCP, or with req.Connected a UDP exchange on a new connected socket
+// each time.
 func loop(req probeRequest, stdin io.Reader, emit func(probeMessage) error) (LoopResult, error) {
 	stop := make(chan struct{})
 	go func() {
@@ -441,14 +445,24 @@ func loop(req probeRequest, stdin io.Reader, emit func(probeMessage) error) (Loo
 	res := LoopResult{Errors: map[string]int{}, Servers: map[string]int{}}
 	start := time.Now()
 	deadline := start.Add(req.MaxDuration)
-	for res.Attempts < req.Count && time.Now().Before(deadline) {
+	attempt := func() (server, failure string) {
 		r := tcpAttempt(req.Addr, req.Timeout)
+		return r.Server, r.Err
+	}
+	if req.Connected {
+		attempt = func() (server, failure string) {
+			r := udpAttempt(req.Addr, true, req.Timeout)
+			return r.Server, r.Err
+		}
+	}
+	for res.Attempts < req.Count && time.Now().Before(deadline) {
+		server, failure := attempt()
 		res.Attempts++
-		if r.Err != "" {
+		if failure != "" {
 			res.Failures++
-			res.Errors[r.Err]++
+			res.Errors[failure]++
 		} else {
-			res.Servers[r.Server]++
+			res.Servers[server]++
 		}
 		if res.Attempts == 1 {
 			if err := emit(probeMessage{Ready: true}); err != nil {

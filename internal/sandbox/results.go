@@ -84,6 +84,11 @@ type HTTPResult struct {
 
 // LoopOptions bound a connection loop. Zero fields take the defaults.
 type LoopOptions struct {
+	// UDP makes each attempt a UDP exchange instead of a TCP connection: a
+	// new connected UDP socket sends one datagram and reads the answer, so
+	// that every attempt goes through the load balancer's choice again as
+	// a new TCP connection does.
+	UDP bool
 	// Timeout bounds each connection attempt (default 2s).
 	Timeout time.Duration
 	// Interval is the pause between attempts (default 10ms).

@@ -343,6 +343,34 @@ func TestLoopRunsInsideCgroupAndNetns(t *testing.T) {
 	}
 }
 
+func TestUDPLoopExchangesDatagrams(t *testing.T) {
+	sandbox.RequireRoot(t)
+	c := newCluster(t)
+	loop, err := c.client.StartLoop(t.Context(), ap(podAIP, 8080), sandbox.LoopOptions{UDP: true, MaxAttempts: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := loop.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Attempts < 1 || res.Failures != 0 || res.Servers["pod-a"] != res.Attempts {
+		t.Errorf("loop result %+v, want every attempt answered by pod-a", res)
+	}
+	// Nothing listens on UDP 8081: every attempt fails (the port
+	// unreachable answer, or no answer in time).
+	loop, err = c.client.StartLoop(t.Context(), ap(podAIP, 8081), sandbox.LoopOptions{UDP: true, MaxAttempts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err = loop.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if res.Attempts < 1 || res.Failures != res.Attempts {
+		t.Errorf("loop to a closed UDP port: %+v, want every attempt failed", res)
+	}
+}
+
 func TestHeldConnectionCarriesDataUntilClosed(t *testing.T) {
 	sandbox.RequireRoot(t)
 	c := newCluster(t)

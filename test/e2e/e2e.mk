@@ -37,15 +37,17 @@ e2e-agent:
 # The end-to-end suite as root: the harness, the testbed, the agent against
 # a real API server, and the differential run of every scenario against
 # upstream kube-proxy (iptables, nftables) and ebpf-proxy (BPF mode and the
-# iptables fallback). Packages run one at a time: each starts its own control
+# iptables fallback), and the short chaos run (test/e2e/chaos: about a
+# minute and a half). Packages run one at a time: each starts its own control
 # plane, and the machine has two cores. The differential report goes to
-# $(E2E_OUT)/report.txt; the last lines printed are the differential summary,
-# one line per fallback mode, then the BPF mode's line.
+# $(E2E_OUT)/report.txt; the last lines printed are the chaos summary, one
+# line per scenario, then the differential summary, one line per fallback
+# mode, then the BPF mode's line.
 #   EBPF_PROXY_E2E_PENDING=1 also runs the scenarios of known differences.
 .PHONY: e2e
 e2e: k8s-binaries e2e-agent
 	@mkdir -p $(E2E_OUT)
-	@rm -f $(E2E_OUT)/summary.txt $(E2E_OUT)/report.txt
+	@rm -f $(E2E_OUT)/summary.txt $(E2E_OUT)/report.txt $(E2E_OUT)/chaos.txt
 	@cd $(E2E_ROOT) && \
 	EBPF_PROXY_CACHE=$(EBPF_PROXY_CACHE) EBPF_PROXY_BIN=$(E2E_AGENT) EBPF_PROXY_E2E_OUT=$(E2E_OUT) \
 	EBPF_PROXY_REQUIRE_PRIVILEGED=1 \
@@ -53,8 +55,34 @@ e2e: k8s-binaries e2e-agent
 	status=$$?; \
 	grep -v '^[[:space:]]*{"level"' $(E2E_OUT)/go-test.log | grep -E -v '^[[:space:]]+[IWE][0-9]{4} ' ; \
 	echo "full log: $(E2E_OUT)/go-test.log; differential report: $(E2E_OUT)/report.txt"; \
+	if [ -s $(E2E_OUT)/chaos.txt ]; then cat $(E2E_OUT)/chaos.txt; \
+	else echo "chaos: did not complete (see $(E2E_OUT)/go-test.log)"; status=1; fi; \
 	if [ -s $(E2E_OUT)/summary.txt ]; then cat $(E2E_OUT)/summary.txt; \
 	else echo "differential: did not complete (see $(E2E_OUT)/go-test.log)"; status=1; fi; \
+	exit $$status
+
+# The long chaos run (not part of make test; `make e2e` runs the short one):
+# with TCP and UDP clients running and every failed connection counted, the
+# agent SIGKILLed 20 times in about 2 minutes, the API server gone for 60 s
+# with Services and endpoints changed meanwhile, endpoints replaced in a
+# rolling fashion every second for 2 minutes, maps filled past their
+# capacity, the bpffs pins removed behind the agent's back. Prints one line
+# per scenario (chaos: scenario=... attempts=N failed=F ...), also written to
+# $(E2E_OUT)/chaos.txt; the whole log goes to $(E2E_OUT)/chaos.log. About 8
+# minutes.
+.PHONY: chaos
+chaos: k8s-binaries e2e-agent
+	@mkdir -p $(E2E_OUT)
+	@rm -f $(E2E_OUT)/chaos.txt
+	@cd $(E2E_ROOT) && \
+	EBPF_PROXY_CACHE=$(EBPF_PROXY_CACHE) EBPF_PROXY_BIN=$(E2E_AGENT) EBPF_PROXY_E2E_OUT=$(E2E_OUT) \
+	EBPF_PROXY_REQUIRE_PRIVILEGED=1 EBPF_PROXY_CHAOS=long \
+	$(GO) test -count=1 -v -timeout 30m -run '^TestChaos$$' ./test/e2e/chaos/ > $(E2E_OUT)/chaos.log 2>&1; \
+	status=$$?; \
+	grep -v '^[[:space:]]*{"level"' $(E2E_OUT)/chaos.log | grep -E -v '^[[:space:]]+[IWE][0-9]{4} ' | grep -v '^chaos: scenario='; \
+	echo "full log: $(E2E_OUT)/chaos.log"; \
+	if [ -s $(E2E_OUT)/chaos.txt ]; then cat $(E2E_OUT)/chaos.txt; \
+	else echo "chaos: did not complete"; status=1; fi; \
 	exit $$status
 
 # Scale benchmarks (not part of make test): 10,000 Services of 10 endpoints

@@ -73,7 +73,15 @@ type Config struct {
 	// DefaultMapCountInterval. Counting reads the whole map, so it bounds
 	// what frequent scrapes cost.
 	MapCountInterval time.Duration
+	// PinCheckInterval is how often the pins under BPFFSPath are checked
+	// and those removed behind the agent's back pinned again (every sync
+	// checks them too); 0 means DefaultPinCheckInterval.
+	PinCheckInterval time.Duration
 }
+
+// DefaultPinCheckInterval is how often the dataplane checks its pins: a
+// few stat calls each time.
+const DefaultPinCheckInterval = time.Second
 
 // ValidateAttach checks --tc-attach and --xdp.
 func ValidateAttach(tcAttach, xdp string) error {
@@ -196,15 +204,81 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		zap.Int("restoredIPv6Frontends", fe6), zap.Int("restoredIPv6Backends", be6))
 
 	d := &Dataplane{Writer: w, w6: w6, term: term, log: log, loaded: l, tc: tc, wake: make(chan struct{}, 1),
-		ranges:     &sourceRangeCheck{set: l.SetSourceRangeCheck, on: l.SourceRangeCheck, log: log},
-		terminated: newTerminatedCounter(),
+		ranges:       &sourceRangeCheck{set: l.SetSourceRangeCheck, on: l.SourceRangeCheck, log: log},
+		terminated:   newTerminatedCounter(),
+		pins:         loader.NewPinGuard(cfg.BPFFSPath),
+		pinsRestored: newPinsRestoredCounter(),
+		mapFull:      newMapFullCounter(),
+	}
+	if err := d.pins.Refresh(); err != nil {
+		log.Warn("cannot hold every pin under the bpffs path; those not held are not restored if removed", zap.Error(err))
 	}
 	cfg.Metrics.Registry().MustRegister(
-		dataplaneCollectors(newCollector(l, w, w6, tc.published.Load, cfg.MapCountInterval), mig, d.terminated)...)
+		dataplaneCollectors(newCollector(l, w, w6, tc.published.Load, cfg.MapCountInterval), mig, d.terminated, d.pinsRestored, d.mapFull)...)
 	if term != nil {
 		go d.run(ctx)
 	}
+	interval := cfg.PinCheckInterval
+	if interval <= 0 {
+		interval = DefaultPinCheckInterval
+	}
+	go d.guardPins(ctx, interval)
 	return d, nil
+}
+
+func newMapFullCounter() prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ebpfproxy_bpf_map_full_total",
+		Help: "Syncs of the BPF dataplane that found a map full; the ServicePorts that did not fit were left as they were.",
+	})
+}
+
+func newPinsRestoredCounter() prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ebpfproxy_bpf_pins_restored_total",
+		Help: "Pins of maps and links under the bpffs path that were removed behind the agent's back and pinned again.",
+	})
+}
+
+// guardPins checks the pins every interval until ctx is done.
+func (d *Dataplane) guardPins(ctx context.Context, interval time.Duration) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		d.syncMu.Lock()
+		if !d.closed {
+			d.repairPins()
+		}
+		d.syncMu.Unlock()
+	}
+}
+
+// repairPins pins again what was unpinned behind the agent's back, and
+// says so. Called with syncMu held.
+func (d *Dataplane) repairPins() {
+	restored, err := d.pins.Repair()
+	if len(restored) > 0 {
+		d.pinsRestored.Add(float64(len(restored)))
+		d.log.Warn("pins removed behind the agent's back were restored: the programs kept running, and an agent restarted now adopts them",
+			zap.Int("pins", len(restored)), zap.Strings("paths", restored))
+	}
+	if err != nil {
+		d.log.Error("cannot restore pins removed behind the agent's back: a restarted agent would start without them", zap.Error(err))
+	}
+}
+
+// refreshPins makes the pins that exist after a sync, which may have
+// attached or detached programs, the ones to guard. Called with syncMu
+// held.
+func (d *Dataplane) refreshPins() {
+	if err := d.pins.Refresh(); err != nil {
+		d.log.Warn("cannot hold every pin under the bpffs path; those not held are not restored if removed", zap.Error(err))
+	}
 }
 
 func newTerminatedCounter() *prometheus.CounterVec {
@@ -216,8 +290,8 @@ func newTerminatedCounter() *prometheus.CounterVec {
 
 // dataplaneCollectors are the collectors New registers on the agent's
 // registry, and DescribeMetrics describes.
-func dataplaneCollectors(c *collector, mig *migrations, terminated *prometheus.CounterVec) []prometheus.Collector {
-	return []prometheus.Collector{c, mig.total, terminated}
+func dataplaneCollectors(c *collector, mig *migrations, terminated *prometheus.CounterVec, pinsRestored, mapFull prometheus.Counter) []prometheus.Collector {
+	return []prometheus.Collector{c, mig.total, terminated, pinsRestored, mapFull}
 }
 
 // DescribeMetrics sends the descriptors of the metrics the BPF dataplane
@@ -225,7 +299,7 @@ func dataplaneCollectors(c *collector, mig *migrations, terminated *prometheus.C
 // without loading anything: for checks that dashboards and alerts name
 // metrics the agent really exports.
 func DescribeMetrics(ch chan<- *prometheus.Desc) {
-	for _, c := range dataplaneCollectors(newCollector(nil, nil, nil, nil, 0), newMigrations(zap.NewNop()), newTerminatedCounter()) {
+	for _, c := range dataplaneCollectors(newCollector(nil, nil, nil, nil, 0), newMigrations(zap.NewNop()), newTerminatedCounter(), newPinsRestoredCounter(), newMapFullCounter()) {
 		c.Describe(ch)
 	}
 }
@@ -240,11 +314,19 @@ type Dataplane struct {
 	// w6 writes the IPv6 maps, for the dataplane IPv6 returns.
 	w6 *maps.Writer
 	// syncMu serialises the syncs of both families, which share the
-	// source range check.
+	// source range check, and the checks of the pins.
 	syncMu sync.Mutex
-	term   *sockterm.Terminator
-	log    *zap.Logger
-	loaded *loader.Loaded
+	// closed is set under syncMu by Close.
+	closed bool
+	// pins holds the pinned maps and links, to pin again those removed
+	// behind the agent's back; guarded by syncMu.
+	pins         *loader.PinGuard
+	pinsRestored prometheus.Counter
+	// mapFull counts the syncs that found a map full.
+	mapFull prometheus.Counter
+	term    *sockterm.Terminator
+	log     *zap.Logger
+	loaded  *loader.Loaded
 	// tc attaches the TC and XDP programs once the node's devices are
 	// known.
 	tc *tcAttacher
@@ -268,6 +350,8 @@ func (d *Dataplane) Name() string { return Name }
 func (d *Dataplane) Sync(up model.Update) error {
 	d.syncMu.Lock()
 	defer d.syncMu.Unlock()
+	d.repairPins()
+	defer d.refreshPins()
 	if err := d.tc.prepare(&up.State.Node, false); err != nil {
 		return err
 	}
@@ -275,11 +359,22 @@ func (d *Dataplane) Sync(up model.Update) error {
 		return err
 	}
 	if err := d.Writer.Sync(up); err != nil {
-		return err
+		return d.failed(err)
 	}
 	d.ranges.after(d.Writer, d.w6)
 	d.terminate(d.Writer)
 	return nil
+}
+
+// failed counts a sync that found a map full, and says which flags size
+// the maps.
+func (d *Dataplane) failed(err error) error {
+	if !errors.Is(err, maps.ErrMapFull) {
+		return err
+	}
+	d.mapFull.Inc()
+	return fmt.Errorf("%w (what does not fit is left as it was and retried, the rest is programmed; "+
+		"--bpf-map-services-max, --bpf-map-backends-max and --bpf-map-revnat-max set the maps' capacities)", err)
 }
 
 // terminate hands the backends the last sync of w removed to the goroutine
@@ -385,6 +480,8 @@ func (p ipv6Dataplane) Sync(up model.Update) error {
 	d := p.d
 	d.syncMu.Lock()
 	defer d.syncMu.Unlock()
+	d.repairPins()
+	defer d.refreshPins()
 	if err := d.tc.prepare(&up.State.Node, true); err != nil {
 		return err
 	}
@@ -392,7 +489,7 @@ func (p ipv6Dataplane) Sync(up model.Update) error {
 		return err
 	}
 	if err := d.w6.Sync(up); err != nil {
-		return err
+		return d.failed(err)
 	}
 	d.ranges.after(d.Writer, d.w6)
 	d.terminate(d.w6)
@@ -402,6 +499,10 @@ func (p ipv6Dataplane) Sync(up model.Update) error {
 // Close releases the dataplane's handles. The programs stay attached and
 // the maps pinned: they keep serving until the next agent adopts them.
 func (d *Dataplane) Close() {
+	d.syncMu.Lock()
+	d.closed = true
+	d.pins.Close()
+	d.syncMu.Unlock()
 	d.tc.close()
 	d.loaded.Close()
 }

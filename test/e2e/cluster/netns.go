@@ -210,6 +210,22 @@ func (f *Forwarder) close() {
 	f.wg.Wait()
 }
 
+// Pause cuts the namespace off the API server, as StopAPIServer does for
+// every namespace: the forwarder stops listening and drops every relayed
+// connection (watches included), so clients in the namespace see the API
+// server go away while it keeps serving everyone else. Resume, or the next
+// StartAPIServer, undoes it.
+func (f *Forwarder) Pause() { f.pause() }
+
+// Resume makes the forwarder listen again after Pause; while the API server
+// is stopped it leaves it to the next StartAPIServer.
+func (f *Forwarder) Resume() error {
+	if f.cluster.APIServerPID() == 0 {
+		return nil
+	}
+	return f.listen()
+}
+
 // Close stops forwarding and closes every relayed connection. It is
 // idempotent.
 func (f *Forwarder) Close() error {

@@ -83,9 +83,12 @@ type Testbed struct {
 	// Options.ExternalClients.
 	External []*sandbox.Client
 
+	opts    Options
 	mu      sync.Mutex
 	names   map[netip.Addr]string
 	proxies []*Proxy
+	// servers are the servers of each pod, for StopServing.
+	servers map[*sandbox.Pod][]*sandbox.Server
 }
 
 // Node is a node of the testbed.
@@ -103,6 +106,9 @@ type Node struct {
 	Client *sandbox.Client
 	// Self runs probes in the node's own network namespace.
 	Self *sandbox.Client
+	// API is how the node's proxies reach the API server; pausing it cuts
+	// the node off the API server alone.
+	API *cluster.Forwarder
 
 	tb *Testbed
 }
@@ -120,7 +126,7 @@ func New(t testing.TB, c *cluster.Cluster, opts Options) *Testbed {
 	if err != nil {
 		t.Fatalf("create sandbox: %v", err)
 	}
-	tb := &Testbed{Cluster: c, Sandbox: sb, names: map[netip.Addr]string{}}
+	tb := &Testbed{Cluster: c, Sandbox: sb, opts: opts, names: map[netip.Addr]string{}, servers: map[*sandbox.Pod][]*sandbox.Server{}}
 	var closeOnce sync.Once
 	teardown := func() {
 		closeOnce.Do(func() {
@@ -310,15 +316,8 @@ func (tb *Testbed) addNode(t testing.TB, spec NodeSpec, opts Options) (*Node, er
 		if err := setSysctls(pod.NS, podSysctls); err != nil {
 			return nil, err
 		}
-		for _, port := range opts.TCPPorts {
-			if _, err := pod.StartTCPServerNamed(port, fmt.Sprintf("%s:%d", name, port)); err != nil {
-				return nil, err
-			}
-		}
-		for _, port := range opts.UDPPorts {
-			if _, err := pod.StartUDPServerNamed(port, fmt.Sprintf("%s:%d", name, port)); err != nil {
-				return nil, err
-			}
+		if err := tb.StartServing(pod); err != nil {
+			return nil, err
 		}
 		n.Pods = append(n.Pods, pod)
 	}
@@ -345,7 +344,51 @@ func (tb *Testbed) addNode(t testing.TB, spec NodeSpec, opts Options) (*Node, er
 		return nil, err
 	}
 	t.Cleanup(func() { _ = f.Close() })
+	n.API = f
 	return n, nil
+}
+
+// StartServing starts pod's servers, one on every port of Options.TCPPorts
+// and Options.UDPPorts, answering as "<pod>:<port>"; New starts them for
+// every pod, and StartServing again after StopServing, as a pod that was
+// replaced by one with the same name and address.
+func (tb *Testbed) StartServing(pod *sandbox.Pod) error {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if len(tb.servers[pod]) > 0 {
+		return fmt.Errorf("pod %s is serving already", pod.Name)
+	}
+	var srvs []*sandbox.Server
+	for _, port := range tb.opts.TCPPorts {
+		srv, err := pod.StartTCPServerNamed(port, fmt.Sprintf("%s:%d", pod.Name, port))
+		if err != nil {
+			return err
+		}
+		srvs = append(srvs, srv)
+	}
+	for _, port := range tb.opts.UDPPorts {
+		srv, err := pod.StartUDPServerNamed(port, fmt.Sprintf("%s:%d", pod.Name, port))
+		if err != nil {
+			return err
+		}
+		srvs = append(srvs, srv)
+	}
+	tb.servers[pod] = srvs
+	return nil
+}
+
+// StopServing closes pod's servers, as a pod that ended: new connections
+// to it are refused and its open ones end.
+func (tb *Testbed) StopServing(pod *sandbox.Pod) error {
+	tb.mu.Lock()
+	srvs := tb.servers[pod]
+	delete(tb.servers, pod)
+	tb.mu.Unlock()
+	var errs []error
+	for _, srv := range srvs {
+		errs = append(errs, srv.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // setHairpin turns on hairpin mode on every port of the node's bridge, as
