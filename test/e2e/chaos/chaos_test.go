@@ -107,7 +107,7 @@ type env struct {
 }
 
 // podNames are the pods of every scenario's node.
-var podNames = []string{"p0", "p1", "p2", "p3", "p4", "p5"}
+var podNames = []string{"p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7"}
 
 func newEnv(t *testing.T, c *cluster.Cluster, scenario string) *env {
 	tb := testbed.New(t, c, testbed.Options{
