@@ -3,12 +3,12 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -64,24 +64,9 @@ type config struct {
 func configFromEnv() (config, error) {
 	cfg := config{services: 10000, endpoints: 10, changes: 100, changeBudget: 10 * time.Minute,
 		kinds: benchKinds[:4]}
-	for _, v := range []struct {
-		env string
-		dst *int
-	}{{envServices, &cfg.services}, {envEndpoints, &cfg.endpoints}, {envChanges, &cfg.changes}} {
-		if s := os.Getenv(v.env); s != "" {
-			n, err := strconv.Atoi(s)
-			if err != nil || n < 1 {
-				return cfg, fmt.Errorf("%s=%q: want a positive number", v.env, s)
-			}
-			*v.dst = n
-		}
-	}
-	if s := os.Getenv(envChangeBudget); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil || d <= 0 {
-			return cfg, fmt.Errorf("%s=%q: want a positive duration", envChangeBudget, s)
-		}
-		cfg.changeBudget = d
+	if err := errors.Join(envInt(envServices, &cfg.services, 1, 1<<20), envInt(envEndpoints, &cfg.endpoints, 1, 1<<10),
+		envInt(envChanges, &cfg.changes, 1, 1<<20), envDuration(envChangeBudget, &cfg.changeBudget, 24*time.Hour)); err != nil {
+		return cfg, err
 	}
 	if s := os.Getenv(envKinds); s != "" {
 		cfg.kinds = nil

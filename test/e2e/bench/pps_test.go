@@ -8,7 +8,6 @@ import (
 	"os"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"text/tabwriter"
@@ -61,46 +60,16 @@ type ppsConfig struct {
 
 func ppsConfigFromEnv() (ppsConfig, error) {
 	cfg := ppsConfig{frames: 2_000_000, limit: 30 * time.Second, rounds: 3}
-	if s := os.Getenv(envPPSFrames); s != "" {
-		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil || n < 1000 || n > 1_000_000_000 {
-			return cfg, fmt.Errorf("%s=%q: want a number in [1000, 1e9]", envPPSFrames, s)
-		}
-		cfg.frames = n
+	frames := int(cfg.frames)
+	err := errors.Join(envInt(envPPSFrames, &frames, 1000, 1_000_000_000),
+		envDuration(envPPSLimit, &cfg.limit, 10*time.Minute),
+		envInt(envPPSRounds, &cfg.rounds, 1, 20))
+	if err != nil {
+		return cfg, err
 	}
-	if s := os.Getenv(envPPSLimit); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil || d <= 0 || d > 10*time.Minute {
-			return cfg, fmt.Errorf("%s=%q: want a duration in (0, 10m]", envPPSLimit, s)
-		}
-		cfg.limit = d
-	}
-	if s := os.Getenv(envPPSRounds); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > 20 {
-			return cfg, fmt.Errorf("%s=%q: want a number in [1, 20]", envPPSRounds, s)
-		}
-		cfg.rounds = n
-	}
-	names := ppsDefaultRows
-	if s := os.Getenv(envPPSRows); s != "" {
-		names = nil
-		for n := range strings.SplitSeq(s, ",") {
-			names = append(names, strings.TrimSpace(n))
-		}
-	}
-	for _, n := range names {
-		i := slices.IndexFunc(ppsRows, func(r rpsRow) bool { return r.name == n })
-		if i < 0 {
-			var known []string
-			for _, r := range ppsRows {
-				known = append(known, r.name)
-			}
-			return cfg, fmt.Errorf("%s: unknown proxy %q (known: %s)", envPPSRows, n, strings.Join(known, ", "))
-		}
-		cfg.rows = append(cfg.rows, ppsRows[i])
-	}
-	return cfg, nil
+	cfg.frames = uint64(frames)
+	cfg.rows, err = envRows(envPPSRows, ppsDefaultRows, ppsRows)
+	return cfg, err
 }
 
 // The benchmark's Service, its address plan and its bounds.

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -12,7 +13,6 @@ import (
 	"runtime"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -83,46 +83,14 @@ type rpsConfig struct {
 
 func rpsConfigFromEnv() (rpsConfig, error) {
 	cfg := rpsConfig{duration: 5 * time.Second, workers: 8, rounds: 1}
-	if s := os.Getenv(envRPSDuration); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil || d <= 0 || d > 10*time.Minute {
-			return cfg, fmt.Errorf("%s=%q: want a duration in (0, 10m]", envRPSDuration, s)
-		}
-		cfg.duration = d
+	err := errors.Join(envDuration(envRPSDuration, &cfg.duration, 10*time.Minute),
+		envInt(envRPSWorkers, &cfg.workers, 1, 256),
+		envInt(envRPSRounds, &cfg.rounds, 1, 20))
+	if err != nil {
+		return cfg, err
 	}
-	if s := os.Getenv(envRPSWorkers); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > 256 {
-			return cfg, fmt.Errorf("%s=%q: want a number in [1, 256]", envRPSWorkers, s)
-		}
-		cfg.workers = n
-	}
-	if s := os.Getenv(envRPSRounds); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > 20 {
-			return cfg, fmt.Errorf("%s=%q: want a number in [1, 20]", envRPSRounds, s)
-		}
-		cfg.rounds = n
-	}
-	names := rpsDefaultRows
-	if s := os.Getenv(envRPSRows); s != "" {
-		names = nil
-		for n := range strings.SplitSeq(s, ",") {
-			names = append(names, strings.TrimSpace(n))
-		}
-	}
-	for _, n := range names {
-		i := slices.IndexFunc(rpsRows, func(r rpsRow) bool { return r.name == n })
-		if i < 0 {
-			var known []string
-			for _, r := range rpsRows {
-				known = append(known, r.name)
-			}
-			return cfg, fmt.Errorf("%s: unknown proxy %q (known: %s)", envRPSRows, n, strings.Join(known, ", "))
-		}
-		cfg.rows = append(cfg.rows, rpsRows[i])
-	}
-	return cfg, nil
+	cfg.rows, err = envRows(envRPSRows, rpsDefaultRows, rpsRows)
+	return cfg, err
 }
 
 // The benchmark's Service and its address plan.
