@@ -66,31 +66,11 @@ func slice(svc string, annotations map[string]string, pods ...*sandbox.Pod) *dis
 
 // Bounds of the waits below; they are not speed assertions.
 const (
-	pollInterval = 50 * time.Millisecond
-	waitBound    = 60 * time.Second
+	waitBound = 60 * time.Second
 )
 
 // waitAnswer waits, bounded, until server answers on dst from c.
 func waitAnswer(ctx context.Context, c *sandbox.Client, dst netip.AddrPort, server string) error {
 	return c.AwaitServer(ctx, dst, sandbox.WaitOptions{Server: server, Timeout: time.Second, Interval: 5 * time.Millisecond,
 		MaxDuration: waitBound})
-}
-
-// waitFor polls cond, bounded.
-func waitFor(ctx context.Context, what string, cond func() (bool, error)) error {
-	deadline := time.Now().Add(waitBound)
-	var last error
-	for time.Now().Before(deadline) {
-		ok, err := cond()
-		if ok {
-			return nil
-		}
-		last = err
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(pollInterval):
-		}
-	}
-	return fmt.Errorf("%s: not within %s (last error: %v)", what, waitBound, last)
 }

@@ -105,7 +105,7 @@ func TestNewServiceIsProgrammedWithinASecond(t *testing.T) {
 			// began: the slices before it added none.
 			var count uint64
 			var sum float64
-			if err := waitFor(ctx, "observation of the annotated slice", func() (bool, error) {
+			if err := testbed.Poll(ctx, "observation of the annotated slice", waitBound, func() (bool, error) {
 				count, sum = histogram(t, proxy)
 				return count >= before+uint64(observed), nil
 			}); err != nil {

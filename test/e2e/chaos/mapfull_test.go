@@ -63,7 +63,7 @@ func testMapFull(t *testing.T, e *env, s settings) {
 		}
 	}
 	var logLine string
-	err := waitUntil(ctx, "the agent reports the full map", func() (bool, error) {
+	err := testbed.Poll(ctx, "the agent reports the full map", waitBound, func() (bool, error) {
 		for line := range strings.SplitSeq(agent.Log(), "\n") {
 			if strings.Contains(line, fmt.Sprintf("%s holds its %d entries: map is full", servicesMap, servicesMax)) &&
 				strings.Contains(line, "--bpf-map-services-max") {
@@ -146,23 +146,4 @@ func (e *env) noSyncErrors(ctx context.Context, agent *testbed.Proxy) error {
 		return fmt.Errorf("%v failed syncs before the map is full:\n%s", n, agent.LogTail(20))
 	}
 	return nil
-}
-
-// waitUntil polls cond, bounded by waitBound.
-func waitUntil(ctx context.Context, what string, cond func() (bool, error)) error {
-	deadline := time.Now().Add(waitBound)
-	var last error
-	for time.Now().Before(deadline) {
-		ok, err := cond()
-		if ok {
-			return nil
-		}
-		last = err
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("%s: not within %s (last error: %v)", what, waitBound, last)
 }

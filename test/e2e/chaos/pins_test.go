@@ -43,7 +43,7 @@ func testPinsRemoved(t *testing.T, e *env, s settings) {
 
 	removed := time.Now()
 	removePins(t, agent.BPFFS)
-	if err := waitUntil(ctx, "the agent restores its pins", func() (bool, error) {
+	if err := testbed.Poll(ctx, "the agent restores its pins", waitBound, func() (bool, error) {
 		return strings.Contains(agent.Log(), restoredLog), nil
 	}); err != nil {
 		t.Fatalf("%v\n%s", err, agent.LogTail(20))
