@@ -197,14 +197,11 @@ func NewLookups(m LookupMaps) *Lookups {
 		members:  lookupWith(m.Members, same[MemberKey], valueOnly[MemberKey, uint8]),
 		ranges:   lookupWith(m.SourceRanges, rangeKey.encode4, valueOnly[SourceRangeKey, uint8]),
 		affinity: lookupWith(m.Affinity, affinityKey.encode4, valueOnly[AffinityKey, AffinityValue]),
-		ct: lookupWith(m.Conntrack, ctKey.encode4, func(k CTKey, v CTValue) CTEntry {
-			return ctEntry(addrFromBE32(k.Saddr), addrFromBE32(k.Daddr), k.Sport, k.Dport, k.Proto, k.Dir,
-				addrFromBE32(v.NatSaddr), addrFromBE32(v.NatDaddr), v.NatSport, v.NatDport, v)
-		}),
-		snat:    lookupWith(m.SNATAddrs, same[uint32], func(_ uint32, v SNATAddrValue) netip.Addr { return addrFromBE32(v.Address) }),
-		maglev:  m.Maglev,
-		hasCT:   m.Conntrack != nil,
-		hasSNAT: m.SNATAddrs != nil,
+		ct:       lookupWith(m.Conntrack, ctKey.encode4, decodeCT4),
+		snat:     lookupWith(m.SNATAddrs, same[uint32], func(_ uint32, v SNATAddrValue) netip.Addr { return addrFromBE32(v.Address) }),
+		maglev:   m.Maglev,
+		hasCT:    m.Conntrack != nil,
+		hasSNAT:  m.SNATAddrs != nil,
 	}
 }
 
@@ -217,15 +214,11 @@ func NewLookups6(m LookupMaps6) *Lookups {
 		members:  lookupWith(m.Members, same[MemberKey], valueOnly[MemberKey, uint8]),
 		ranges:   lookupWith(m.SourceRanges, rangeKey.encode6, valueOnly[SourceRange6Key, uint8]),
 		affinity: lookupWith(m.Affinity, affinityKey.encode6, valueOnly[Affinity6Key, AffinityValue]),
-		ct: lookupWith(m.Conntrack, ctKey.encode6, func(k CT6Key, v CT6Value) CTEntry {
-			v4 := CTValue{BackendId: v.BackendId, SvcId: v.SvcId, Expires: v.Expires, Born: v.Born, Flags: v.Flags}
-			return ctEntry(addrFromBE128(k.Saddr), addrFromBE128(k.Daddr), k.Sport, k.Dport, k.Proto, k.Dir,
-				addrFromBE128(v.NatSaddr), addrFromBE128(v.NatDaddr), v.NatSport, v.NatDport, v4)
-		}),
-		snat:    lookupWith(m.SNATAddrs, same[uint32], func(_ uint32, v SNAT6AddrValue) netip.Addr { return addrFromBE128(v.Address) }),
-		maglev:  m.Maglev,
-		hasCT:   m.Conntrack != nil,
-		hasSNAT: m.SNATAddrs != nil,
+		ct:       lookupWith(m.Conntrack, ctKey.encode6, decodeCT6),
+		snat:     lookupWith(m.SNATAddrs, same[uint32], func(_ uint32, v SNAT6AddrValue) netip.Addr { return addrFromBE128(v.Address) }),
+		maglev:   m.Maglev,
+		hasCT:    m.Conntrack != nil,
+		hasSNAT:  m.SNATAddrs != nil,
 	}
 }
 

@@ -147,8 +147,7 @@ func ctEntry(saddr, daddr netip.Addr, sport, dport uint16, proto, dir uint8,
 func ReadConntrack(m Reader[CTKey, CTValue]) ([]CTEntry, error) {
 	var out []CTEntry
 	err := m.Iterate(func(k CTKey, v CTValue) bool {
-		out = append(out, ctEntry(addrFromBE32(k.Saddr), addrFromBE32(k.Daddr), k.Sport, k.Dport, k.Proto, k.Dir,
-			addrFromBE32(v.NatSaddr), addrFromBE32(v.NatDaddr), v.NatSport, v.NatDport, v))
+		out = append(out, decodeCT4(k, v))
 		return true
 	})
 	sortCT(out)
@@ -159,13 +158,25 @@ func ReadConntrack(m Reader[CTKey, CTValue]) ([]CTEntry, error) {
 func ReadConntrack6(m Reader[CT6Key, CT6Value]) ([]CTEntry, error) {
 	var out []CTEntry
 	err := m.Iterate(func(k CT6Key, v CT6Value) bool {
-		v4 := CTValue{BackendId: v.BackendId, SvcId: v.SvcId, Expires: v.Expires, Born: v.Born, Flags: v.Flags}
-		out = append(out, ctEntry(addrFromBE128(k.Saddr), addrFromBE128(k.Daddr), k.Sport, k.Dport, k.Proto, k.Dir,
-			addrFromBE128(v.NatSaddr), addrFromBE128(v.NatDaddr), v.NatSport, v.NatDport, v4))
+		out = append(out, decodeCT6(k, v))
 		return true
 	})
 	sortCT(out)
 	return out, err
+}
+
+// decodeCT4 is an IPv4 connection tracking entry as CTEntry.
+func decodeCT4(k CTKey, v CTValue) CTEntry {
+	return ctEntry(addrFromBE32(k.Saddr), addrFromBE32(k.Daddr), k.Sport, k.Dport, k.Proto, k.Dir,
+		addrFromBE32(v.NatSaddr), addrFromBE32(v.NatDaddr), v.NatSport, v.NatDport, v)
+}
+
+// decodeCT6 is an IPv6 connection tracking entry as CTEntry; the fields
+// both families share are read as an IPv4 entry's.
+func decodeCT6(k CT6Key, v CT6Value) CTEntry {
+	v4 := CTValue{BackendId: v.BackendId, SvcId: v.SvcId, Expires: v.Expires, Born: v.Born, Flags: v.Flags}
+	return ctEntry(addrFromBE128(k.Saddr), addrFromBE128(k.Daddr), k.Sport, k.Dport, k.Proto, k.Dir,
+		addrFromBE128(v.NatSaddr), addrFromBE128(v.NatDaddr), v.NatSport, v.NatDport, v4)
 }
 
 func sortCT(es []CTEntry) {
