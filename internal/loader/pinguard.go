@@ -57,7 +57,9 @@ func NewPinGuard(bpffs string) *PinGuard {
 // its directories: that was done behind its back, and Repair restores
 // them). Call it after the agent pinned or unpinned objects itself; a
 // single pin removed behind its back between the last Repair and Refresh
-// (during a sync) is taken for one the agent removed and not restored.
+// (during a sync) is taken for one the agent removed and not restored,
+// and a pin the agent made and that was removed before the next Refresh
+// is not known to it.
 func (g *PinGuard) Refresh() error {
 	seen := map[string]bool{}
 	var errs []error

@@ -85,6 +85,12 @@ type loopResult struct {
 	Started      time.Time
 	FirstFailure *time.Time `json:"first_failure"`
 	LastFailure  *time.Time `json:"last_failure"`
+	// FailedAttempts are the first failed attempts (the loop keeps ten),
+	// each with when it started.
+	FailedAttempts []struct {
+		At time.Time
+		attempt
+	} `json:"failed_attempts"`
 }
 
 func (r loopResult) String() string {
@@ -93,6 +99,12 @@ func (r loopResult) String() string {
 		s += fmt.Sprintf(", failures from %.1fs to %.1fs after the loop began (%s to %s)",
 			r.FirstFailure.Sub(r.Started).Seconds(), r.LastFailure.Sub(r.Started).Seconds(),
 			r.FirstFailure.Format("15:04:05.0"), r.LastFailure.Format("15:04:05.0"))
+	}
+	for i, a := range r.FailedAttempts {
+		s += fmt.Sprintf("; failed #%d at %.1fs: %s", i+1, a.At.Sub(r.Started).Seconds(), a.attempt)
+	}
+	if n := r.Failures - len(r.FailedAttempts); n > 0 && len(r.FailedAttempts) > 0 {
+		s += fmt.Sprintf("; and %d more", n)
 	}
 	return s
 }

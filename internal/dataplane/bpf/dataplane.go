@@ -347,22 +347,36 @@ func (d *Dataplane) Name() string { return Name }
 // longer name the removed backends, so a reconnecting client cannot land on
 // them again, and outside the sync loop, which must not wait for a scan of
 // every network namespace.
-func (d *Dataplane) Sync(up model.Update) error {
+func (d *Dataplane) Sync(up model.Update) error { return d.sync(up, false) }
+
+// sync writes up, a model of the family v6 says, to that family's maps.
+func (d *Dataplane) sync(up model.Update, v6 bool) error {
+	w := d.Writer
+	if v6 {
+		w = d.w6
+	}
 	d.syncMu.Lock()
 	defer d.syncMu.Unlock()
 	d.repairPins()
 	defer d.refreshPins()
-	if err := d.tc.prepare(&up.State.Node, false); err != nil {
+	attached := d.tc.loaded != nil
+	err := d.tc.prepare(&up.State.Node, v6)
+	if !attached && d.tc.loaded != nil {
+		// The TC (and XDP) programs were attached just now: their pins
+		// are guarded from here on, not only once the maps are written.
+		d.refreshPins()
+	}
+	if err != nil {
 		return err
 	}
 	if err := d.ranges.before(up); err != nil {
 		return err
 	}
-	if err := d.Writer.Sync(up); err != nil {
+	if err := w.Sync(up); err != nil {
 		return d.failed(err)
 	}
 	d.ranges.after(d.Writer, d.w6)
-	d.terminate(d.Writer)
+	d.terminate(w)
 	return nil
 }
 
@@ -476,25 +490,7 @@ func (p ipv6Dataplane) Name() string { return Name }
 // Sync implements dataplane.Dataplane: it writes up, an IPv6 model, to
 // the IPv6 maps, with the source range check attached around it as for
 // IPv4.
-func (p ipv6Dataplane) Sync(up model.Update) error {
-	d := p.d
-	d.syncMu.Lock()
-	defer d.syncMu.Unlock()
-	d.repairPins()
-	defer d.refreshPins()
-	if err := d.tc.prepare(&up.State.Node, true); err != nil {
-		return err
-	}
-	if err := d.ranges.before(up); err != nil {
-		return err
-	}
-	if err := d.w6.Sync(up); err != nil {
-		return d.failed(err)
-	}
-	d.ranges.after(d.Writer, d.w6)
-	d.terminate(d.w6)
-	return nil
-}
+func (p ipv6Dataplane) Sync(up model.Update) error { return p.d.sync(up, true) }
 
 // Close releases the dataplane's handles. The programs stay attached and
 // the maps pinned: they keep serving until the next agent adopts them.

@@ -174,10 +174,20 @@ func (n *Node) setupNetwork(ctx context.Context) error {
 			return err
 		}
 	}
+	// The guest's vCPU is emulated, and the host may not run it for a
+	// second or more; its timers then fire in a burst once it runs, and a
+	// neighbour resolution that sends 3 probes a second apart gives up
+	// (EHOSTUNREACH) before the answer to the first was processed, which
+	// no real node does. Ten probes outlast a client's 5 s; the defaults
+	// apply to the devices made after (the bridge, every pod's veth).
 	for key, val := range map[string]string{
-		"net/ipv4/ip_forward":                 "1",
-		"net/bridge/bridge-nf-call-iptables":  "1",
-		"net/bridge/bridge-nf-call-ip6tables": "1",
+		"net/ipv4/ip_forward":                  "1",
+		"net/bridge/bridge-nf-call-iptables":   "1",
+		"net/bridge/bridge-nf-call-ip6tables":  "1",
+		"net/ipv4/neigh/default/mcast_solicit": "10",
+		"net/ipv4/neigh/default/ucast_solicit": "10",
+		"net/ipv6/neigh/default/mcast_solicit": "10",
+		"net/ipv6/neigh/default/ucast_solicit": "10",
 	} {
 		if err := os.WriteFile(filepath.Join("/proc/sys", key), []byte(val), 0o644); err != nil {
 			return fmt.Errorf("sysctl %s: %w", key, err)

@@ -20,13 +20,26 @@ type LoopReport struct {
 	FirstFailure *time.Time `json:"first_failure,omitempty"`
 	LastFailure  *time.Time `json:"last_failure,omitempty"`
 	// LastError is the text of the last failure.
-	LastError string    `json:"last_error,omitempty"`
-	Started   time.Time `json:"started"`
-	Ended     time.Time `json:"ended"`
+	LastError string `json:"last_error,omitempty"`
+	// FailedAttempts are the first maxFailedAttempts failed attempts,
+	// each with when it started: how long one took tells a refusal from a
+	// neighbour resolution that gave up or a timeout.
+	FailedAttempts []TimedAttempt `json:"failed_attempts,omitempty"`
+	Started        time.Time      `json:"started"`
+	Ended          time.Time      `json:"ended"`
 	// Stopped says why the loop ended: "stdin" (EOF), "max-duration" or
 	// "signal" (its context ended).
 	Stopped string `json:"stopped"`
 }
+
+// TimedAttempt is an attempt and when it started.
+type TimedAttempt struct {
+	At time.Time `json:"at"`
+	Attempt
+}
+
+// maxFailedAttempts bounds LoopReport.FailedAttempts.
+const maxFailedAttempts = 10
 
 // Loop connects to addr over TCP every interval (or right after the last
 // attempt, if that took longer), each attempt within timeout, until stop is
@@ -81,6 +94,9 @@ func Loop(ctx context.Context, addr string, interval, timeout, maxDuration time.
 			}
 			r.LastFailure = &t
 			r.LastError = a.Detail
+			if len(r.FailedAttempts) < maxFailedAttempts {
+				r.FailedAttempts = append(r.FailedAttempts, TimedAttempt{At: start, Attempt: a})
+			}
 		}
 		next.Reset(max(0, interval-time.Since(start)))
 	}

@@ -225,6 +225,11 @@ func TestLoop(t *testing.T) {
 		if r.FirstFailure == nil || r.LastFailure == nil || !r.LastFailure.After(*r.FirstFailure) {
 			t.Errorf("first failure %v, last %v", r.FirstFailure, r.LastFailure)
 		}
+		if want := min(r.Failures, maxFailedAttempts); len(r.FailedAttempts) != want {
+			t.Errorf("%d failed attempts kept, want %d", len(r.FailedAttempts), want)
+		} else if f := r.FailedAttempts[0]; f.Error != KindRefused || !f.At.Equal(*r.FirstFailure) {
+			t.Errorf("first failed attempt %+v, want refused at %v", f, *r.FirstFailure)
+		}
 		if d := r.Ended.Sub(r.Started); d < 200*time.Millisecond || d > 2*time.Second {
 			t.Errorf("ran %v for a max duration of 200ms", d)
 		}
