@@ -397,7 +397,17 @@ func loadPinned(spec *ebpf.CollectionSpec, objs interface{ Close() error }, opts
 	if errors.As(err, &verr) {
 		return fmt.Errorf("verifier rejected %s: %+v", program, verr)
 	}
-	return fmt.Errorf("load %s: %w", objects, err)
+	return fmt.Errorf("load %s: %w%s", objects, err, memoryHint(err))
+}
+
+// memoryHint explains an ENOMEM from the kernel as what it is on a node:
+// the agent's container is out of memory.
+func memoryHint(err error) string {
+	if !errors.Is(err, unix.ENOMEM) {
+		return ""
+	}
+	return " (the BPF maps and programs are charged to the memory of the agent's cgroup, its container's: " +
+		"raise its memory limit, or make the maps smaller with the --bpf-map-*-max flags)"
 }
 
 // pruneKeys deletes the entries of m, a map keyed by uint32, whose keys are

@@ -119,5 +119,5 @@ func maglevMapErr(bpffs string, err error) error {
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		return fmt.Errorf("%w under %s (run with --cleanup to start afresh): %w", ErrPinnedMapMismatch, mapsDir(bpffs), err)
 	}
-	return fmt.Errorf("maglev maps: %w", err)
+	return fmt.Errorf("maglev maps: %w%s", err, memoryHint(err))
 }

@@ -2,11 +2,13 @@ package loader
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
 )
@@ -115,5 +117,17 @@ func TestEveryStateMapCanBeMigrated(t *testing.T) {
 				t.Errorf("%s: %s of %s holds state but cannot be copied: add it to rebuiltMaps or teach copyEntries its type", obj, name, ms.Type)
 			}
 		}
+	}
+}
+
+// TestMemoryHint: a map or program the kernel could not allocate is
+// explained as the container's memory limit, and nothing else is.
+func TestMemoryHint(t *testing.T) {
+	oom := fmt.Errorf("map create: %w", unix.ENOMEM)
+	if h := memoryHint(oom); !strings.Contains(h, "memory limit") || !strings.Contains(h, "--bpf-map-") {
+		t.Errorf("hint for %v: %q, want the memory limit and the map size flags named", oom, h)
+	}
+	if h := memoryHint(fmt.Errorf("map create: %w", unix.EPERM)); h != "" {
+		t.Errorf("hint for EPERM: %q, want none", h)
 	}
 }

@@ -64,6 +64,9 @@ type env struct {
 	phases []string
 	// loops are the connection loops' results by step.
 	migration, upgrade, restart loopResult
+	// agentPeak is the peak memory of the first agent's container, whose
+	// cgroup the BPF maps it made are charged to.
+	agentPeak uint64
 }
 
 // errorf records a failure and goes on.
@@ -82,7 +85,7 @@ func (e *env) fatalf(format string, args ...any) {
 
 // summary prints the line make cluster-test's callers read:
 //
-//	cluster: ready=R checks=N passed=P migration_failed=F upgrade_failed=U restart_failed=S
+//	cluster: ready=R checks=N passed=P migration_failed=F upgrade_failed=U restart_failed=S agent_memory_peak_mib=M
 //
 // and, for a failed run, the steps reached and every failure, last.
 func (e *env) summary() {
@@ -96,8 +99,8 @@ func (e *env) summary() {
 		}
 		e.t.Logf("failures (%d, in full above):\n  %s", len(e.failures), strings.Join(short, "\n  "))
 	}
-	fmt.Printf("cluster: ready=%d checks=%d passed=%d migration_failed=%d upgrade_failed=%d restart_failed=%d\n",
-		ready, e.checks, e.passed, e.migration.Failures, e.upgrade.Failures, e.restart.Failures)
+	fmt.Printf("cluster: ready=%d checks=%d passed=%d migration_failed=%d upgrade_failed=%d restart_failed=%d agent_memory_peak_mib=%d\n",
+		ready, e.checks, e.passed, e.migration.Failures, e.upgrade.Failures, e.restart.Failures, e.agentPeak>>20)
 }
 
 // brief is a failure's first line, cut to 300 bytes, for the list at the
@@ -194,6 +197,9 @@ func TestCluster(t *testing.T) {
 	e.check("a Service without endpoints is refused", e.refused)
 	e.check("the NodePort answers on the node's own address", e.nodePortFromNode)
 	e.check("a scale-down is followed: the gone pod is never chosen", e.scaleDown)
+	// The first agent made the maps: their memory is charged to its
+	// container, at its peak now.
+	e.check("the agent's memory stays within its DaemonSet limit, with room", e.memoryWithinLimit)
 
 	// An upgrade to another image of the same binary, under load.
 	loop = e.startLoop(webTCP)
@@ -507,17 +513,13 @@ func (e *env) scaleDown() error {
 func (e *env) killAgent() {
 	e.t.Helper()
 	cs := e.n.Clientset()
-	pods, err := cs.CoreV1().Pods("kube-system").List(e.ctx, metav1.ListOptions{LabelSelector: "k8s-app=ebpf-proxy"})
-	if err != nil || len(pods.Items) != 1 || len(pods.Items[0].Status.ContainerStatuses) != 1 {
-		e.fatalf("want one agent pod with one container: %v", err)
-	}
-	pod := pods.Items[0]
+	pod := e.agentPod()
 	st := pod.Status.ContainerStatuses[0]
 	id := strings.TrimPrefix(st.ContainerID, "containerd://")
 	if _, err := e.n.Ctr(e.ctx, "tasks", "kill", "--signal", "SIGKILL", id); err != nil {
 		e.fatalf("%v", err)
 	}
-	err = eventually(3*time.Minute, func() error {
+	err := eventually(3*time.Minute, func() error {
 		p, err := cs.CoreV1().Pods("kube-system").Get(e.ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
 			return err

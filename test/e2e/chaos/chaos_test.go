@@ -47,11 +47,16 @@ type settings struct {
 	// fullFor is how long the map stays full, the agent retrying its
 	// syncs, while the clients run.
 	fullFor time.Duration
+	// churn is how long Services are made, changed and deleted while
+	// the agent's resources are watched.
+	churn time.Duration
 }
 
 var (
-	short = settings{kills: 5, killSpan: 20 * time.Second, apiDown: 10 * time.Second, rolling: 15 * time.Second, fullFor: 5 * time.Second}
-	long  = settings{kills: 20, killSpan: 2 * time.Minute, apiDown: 60 * time.Second, rolling: 2 * time.Minute, fullFor: 30 * time.Second}
+	short = settings{kills: 5, killSpan: 20 * time.Second, apiDown: 10 * time.Second, rolling: 15 * time.Second,
+		fullFor: 5 * time.Second, churn: 30 * time.Second}
+	long = settings{kills: 20, killSpan: 2 * time.Minute, apiDown: 60 * time.Second, rolling: 2 * time.Minute,
+		fullFor: 30 * time.Second, churn: 10 * time.Minute}
 )
 
 func current() (settings, string) {
@@ -88,6 +93,7 @@ func TestChaos(t *testing.T) {
 		{"rolling", testRolling},
 		{"mapfull", testMapFull},
 		{"pins", testPinsRemoved},
+		{"churn", testChurn},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
 			sc.run(t, newEnv(t, c, sc.name), s)
@@ -144,10 +150,15 @@ func (e *env) startAgent(t *testing.T, args ...string) *testbed.Proxy {
 	return e.tb.StartProxy(t, e.node, testbed.ProxyOptions{Kind: testbed.EbpfProxy, Args: args})
 }
 
-// createService creates Service name at ClusterIP ip with a TCP and a UDP
-// port, and its EndpointSlice with the pods as ready endpoints.
+// createService creates Service name at ClusterIP ip (the API server
+// allocates one when ip is the zero Addr) with a TCP and a UDP port, and
+// its EndpointSlice with the pods as ready endpoints.
 func (e *env) createService(ctx context.Context, name string, ip netip.Addr, pods ...*sandbox.Pod) error {
-	svc := builders.Service(e.ns, name, builders.ClusterIP(ip.String()), builders.Ports(
+	clusterIP := ""
+	if ip.IsValid() {
+		clusterIP = ip.String()
+	}
+	svc := builders.Service(e.ns, name, builders.ClusterIP(clusterIP), builders.Ports(
 		builders.Port("tcp", svcTCP, corev1.ProtocolTCP, intstr.FromInt32(podTCP)),
 		builders.Port("udp", svcUDP, corev1.ProtocolUDP, intstr.FromInt32(podUDP))))
 	if _, err := e.cs.CoreV1().Services(e.ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {

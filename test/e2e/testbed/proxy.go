@@ -430,21 +430,12 @@ func (p *Proxy) WaitFirstSync(ctx context.Context) error {
 
 // PeakRSS returns the proxy's peak resident set size (VmHWM) in bytes.
 func (p *Proxy) PeakRSS() (uint64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID()))
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.SplitSeq(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("parse VmHWM %q: %w", rest, err)
-			}
-			return kb << 10, nil
-		}
-	}
-	return 0, errors.New("no VmHWM in /proc/<pid>/status")
+	u, err := p.Usage()
+	return u.PeakRSS, err
 }
+
+// Usage returns what the proxy holds of the node's resources now.
+func (p *Proxy) Usage() (Usage, error) { return ProcessUsage(p.PID()) }
 
 // Dump runs `ebpf-proxy dump` on the proxy's pins.
 func (p *Proxy) Dump() (string, error) {

@@ -1,0 +1,127 @@
+package testbed
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Usage is what a process holds of the node's resources at one moment, as
+// a DaemonSet's requests and limits count them.
+type Usage struct {
+	// RSS and PeakRSS are the resident set size now and its peak
+	// (VmRSS, VmHWM), in bytes.
+	RSS, PeakRSS uint64
+	// FDs is the number of open file descriptors.
+	FDs int
+	// Threads is the number of threads.
+	Threads int
+	// CPU is the processor time used so far, user and system.
+	CPU time.Duration
+	// MapBytes is the kernel memory of the BPF maps the process holds a
+	// descriptor of (their memlock), each map counted once: on a node
+	// with cgroup v2 it is charged to the cgroup of the process that made
+	// the map, the agent's container.
+	MapBytes uint64
+	// Maps is the number of those maps.
+	Maps int
+}
+
+// clockTicks is USER_HZ, the unit of the times in /proc/<pid>/stat: 100 on
+// every architecture Linux runs on today.
+const clockTicks = 100
+
+// ProcessUsage reads the usage of process pid from /proc.
+func ProcessUsage(pid int) (Usage, error) {
+	var u Usage
+	dir := fmt.Sprintf("/proc/%d", pid)
+	status, err := os.ReadFile(filepath.Join(dir, "status"))
+	if err != nil {
+		return u, err
+	}
+	fields := map[string]*uint64{"VmRSS:": &u.RSS, "VmHWM:": &u.PeakRSS}
+	found := 0
+	for line := range strings.SplitSeq(string(status), "\n") {
+		key, rest, _ := strings.Cut(line, "\t")
+		if dst, ok := fields[key]; ok {
+			kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err != nil {
+				return u, fmt.Errorf("parse %s %q: %w", key, rest, err)
+			}
+			*dst = kb << 10
+			found++
+		}
+		if key == "Threads:" {
+			if u.Threads, err = strconv.Atoi(strings.TrimSpace(rest)); err != nil {
+				return u, fmt.Errorf("parse Threads %q: %w", rest, err)
+			}
+		}
+	}
+	if found != len(fields) {
+		return u, fmt.Errorf("no VmRSS or VmHWM in %s/status", dir)
+	}
+	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
+	if err != nil {
+		return u, err
+	}
+	// The command name, in parentheses, may hold spaces: the fields
+	// that follow it are counted from its closing parenthesis; utime
+	// and stime are the 14th and 15th fields of the line.
+	i := strings.LastIndexByte(string(stat), ')')
+	f := strings.Fields(string(stat[i+1:]))
+	if i < 0 || len(f) < 13 {
+		return u, fmt.Errorf("parse %s/stat: %q", dir, stat)
+	}
+	for _, s := range f[11:13] {
+		ticks, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return u, fmt.Errorf("parse %s/stat: %w", dir, err)
+		}
+		u.CPU += time.Duration(ticks) * time.Second / clockTicks
+	}
+	fds, err := os.ReadDir(filepath.Join(dir, "fd"))
+	if err != nil {
+		return u, err
+	}
+	u.FDs = len(fds)
+	seen := map[string]bool{}
+	for _, fd := range fds {
+		info, err := os.ReadFile(filepath.Join(dir, "fdinfo", fd.Name()))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // closed meanwhile
+		}
+		if err != nil {
+			return u, err
+		}
+		id, memlock := fdinfoField(info, "map_id:"), fdinfoField(info, "memlock:")
+		if id == "" || memlock == "" || seen[id] {
+			continue
+		}
+		seen[id] = true
+		n, err := strconv.ParseUint(memlock, 10, 64)
+		if err != nil {
+			return u, fmt.Errorf("parse memlock %q of fd %s: %w", memlock, fd.Name(), err)
+		}
+		u.MapBytes += n
+	}
+	u.Maps = len(seen)
+	return u, nil
+}
+
+// fdinfoField returns the value of field key ("map_id:") of an fdinfo
+// file, or "".
+func fdinfoField(info []byte, key string) string {
+	for line := range strings.SplitSeq(string(info), "\n") {
+		if rest, ok := strings.CutPrefix(line, key); ok {
+			return strings.TrimSpace(rest)
+		}
+	}
+	return ""
+}
+
+// MiB renders a size in bytes in mebibytes, one decimal.
+func MiB(n uint64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) }
