@@ -1,12 +1,17 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/api"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dump"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/trace"
@@ -56,7 +61,7 @@ Without a subcommand it runs the agent, as "ebpf-proxy agent" does.`
 	}
 	root.AddCommand(agentCommand("agent", "Run the agent (the same as no subcommand)", false, config.Defaults()),
 		agentCommand("cleanup", "Remove what every proxy mode created, then exit (kube-proxy's --cleanup)", true, config.Defaults()),
-		versionCommand(stdout), dumpCommand(stdout, stderr), traceCommand(stdout, stderr))
+		versionCommand(stdout), dumpCommand(stdout, stderr), traceCommand(stdout, stderr), probeCommand(stdout, stderr))
 	return root
 }
 
@@ -73,6 +78,52 @@ func agentCommand(use, short string, cleanup bool, opts *config.Options) *cobra.
 		},
 	}
 	opts.AddFlags(cmd.Flags())
+	return cmd
+}
+
+// probeCommand asks the running agent for its health through its local API
+// socket: the DaemonSet's liveness and readiness probes, which must reach
+// this agent's verdict even while another proxy holds the health check
+// port (kube-proxy, during a migration).
+func probeCommand(stdout, stderr io.Writer) *cobra.Command {
+	socket := api.DefaultSocket
+	timeout := 5 * time.Second
+	paths := map[string]string{"livez": api.LivezPath, "healthz": api.HealthzPath}
+	cmd := &cobra.Command{
+		Use:   "probe (livez|healthz) [flags]",
+		Short: "Ask the running agent whether it is live (livez) or ready (healthz), as its /livez and /healthz answer; exits 0 if so, 1 if not",
+		Long: `probe asks the agent on this node, through its local API socket, what its
+/livez or /healthz on the health check port would answer, and prints the
+answer. It exits 0 when the agent answers 200, 1 otherwise (503, or no
+agent listening). The DaemonSet's liveness and readiness probes run it:
+during a migration kube-proxy still holds the health check port, and an
+HTTP probe there would ask kube-proxy.`,
+		ValidArgs: []string{"livez", "healthz"},
+		Args:      cobra.MatchAll(cobra.ExactArgs(1), cobra.OnlyValidArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if socket == "" {
+				return errors.New("--api-socket is empty: probe needs the agent's socket")
+			}
+			if timeout <= 0 {
+				return fmt.Errorf("--timeout %s: want a positive duration", timeout)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			code, body, err := api.Probe(ctx, socket, paths[args[0]])
+			if err != nil {
+				fmt.Fprintf(stderr, "probe %s: no answer from the agent at %s: %v\n", args[0], socket, err)
+				return exitError{code: 1}
+			}
+			fmt.Fprintln(stdout, strings.TrimSpace(body))
+			if code != http.StatusOK {
+				fmt.Fprintf(stderr, "probe %s: the agent answers %d %s\n", args[0], code, http.StatusText(code))
+				return exitError{code: 1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&socket, "api-socket", socket, "The agent's local API socket (its --api-socket).")
+	cmd.Flags().DurationVar(&timeout, "timeout", timeout, "How long to wait for the answer.")
 	return cmd
 }
 

@@ -2,10 +2,16 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"net/http"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
 
+	"go.uber.org/zap"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/api"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 )
@@ -86,7 +92,7 @@ func TestHelpListsTheSubcommands(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("--help: exit %d", code)
 	}
-	for _, want := range []string{"agent", "cleanup", "dump", "trace", "version", "--proxy-mode", "--cleanup", "--vmodule", "--log-flush-frequency"} {
+	for _, want := range []string{"agent", "cleanup", "dump", "trace", "probe", "version", "--proxy-mode", "--cleanup", "--vmodule", "--log-flush-frequency"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("--help does not mention %q:\n%s", want, out)
 		}
@@ -111,6 +117,45 @@ func TestDumpWithoutPinsFails(t *testing.T) {
 	code, out, errOut := runCLI("dump", "--bpffs-path="+t.TempDir())
 	if code != 1 || out != "" || errOut == "" {
 		t.Errorf("dump of an empty directory: exit %d, stdout %q, stderr %q; want exit 1 and an error", code, out, errOut)
+	}
+}
+
+// probe answers as the agent's health does: 0 for 200, 1 for 503 or no
+// agent, 2 for a command line it cannot run.
+func TestProbeAsksTheAgentsSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	if code, _, errOut := runCLI("probe", "livez", "--api-socket", sock, "--timeout", "2s"); code != 1 || !strings.Contains(errOut, "no answer") {
+		t.Errorf("probe with no agent: exit %d, stderr %q; want 1 and no answer", code, errOut)
+	}
+	live := true
+	health := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == api.LivezPath && live {
+			fmt.Fprintln(w, `{"healthy":true}`)
+			return
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, `{"healthy":false}`)
+	})
+	srv, err := api.Serve(sock, api.NewState(), health, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	for _, c := range []struct {
+		args     []string
+		code     int
+		out, err string
+	}{
+		{[]string{"livez"}, 0, `{"healthy":true}`, ""},
+		{[]string{"healthz"}, 1, `{"healthy":false}`, "503"},
+		{[]string{"readyz"}, 2, "", `invalid argument "readyz"`},
+		{[]string{}, 2, "", "accepts 1 arg"},
+		{[]string{"livez", "--timeout", "0s"}, 2, "", "positive duration"},
+	} {
+		code, out, errOut := runCLI(append([]string{"probe", "--api-socket", sock}, c.args...)...)
+		if code != c.code || strings.TrimSpace(out) != c.out || !strings.Contains(errOut, c.err) {
+			t.Errorf("probe %q: exit %d, stdout %q, stderr %q; want %d, %q, stderr with %q", c.args, code, out, errOut, c.code, c.out, c.err)
+		}
 	}
 }
 

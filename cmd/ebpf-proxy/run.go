@@ -124,8 +124,10 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 	}()
 	applied := api.NewState()
 	if o.APISocket != "" {
-		// A debugging aid: without it the node is served all the same.
-		if srv, err := api.Serve(o.APISocket, applied, log); err != nil {
+		// dump's Service names, and the health that `ebpf-proxy probe`
+		// (the DaemonSet's probes) reads; without it the node is served
+		// all the same, and probes through it fail, which says so.
+		if srv, err := api.Serve(o.APISocket, applied, health.Handler(), log); err != nil {
 			log.Error("not serving the local API", zap.Error(err))
 		} else {
 			defer srv.Close()

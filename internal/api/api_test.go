@@ -124,7 +124,7 @@ func TestServeOnUnixSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	stale.Close() // leaves the socket file, as a killed agent does
-	srv, err := Serve(path, s, zap.NewNop())
+	srv, err := Serve(path, s, nil, zap.NewNop())
 	if err != nil {
 		t.Fatalf("serve over a stale socket: %v", err)
 	}
@@ -156,7 +156,7 @@ func TestServeOnUnixSocket(t *testing.T) {
 	if err := os.WriteFile(regular, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Serve(regular, s, zap.NewNop()); err == nil {
+	if _, err := Serve(regular, s, nil, zap.NewNop()); err == nil {
 		t.Error("Serve replaced a regular file")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -18,8 +19,17 @@ import (
 // DefaultSocket is --api-socket's default.
 const DefaultSocket = "/run/ebpf-proxy/agent.sock"
 
-// Handler serves the API of st.
-func Handler(st *State) http.Handler {
+// The agent's own health on the socket: what its /livez and /healthz say
+// on the health check port, which another proxy may still hold (kube-proxy,
+// during a migration), so that the kubelet's probes reach this agent's.
+const (
+	LivezPath   = "/livez"
+	HealthzPath = "/healthz"
+)
+
+// Handler serves the API of st, and health's /livez and /healthz when
+// health is not nil.
+func Handler(st *State, health http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+ServicesPath, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -27,6 +37,10 @@ func Handler(st *State) http.Handler {
 		enc.SetIndent("", "  ")
 		enc.Encode(st.Services()) //nolint:errcheck // the client went away
 	})
+	if health != nil {
+		mux.Handle("GET "+LivezPath, health)
+		mux.Handle("GET "+HealthzPath, health)
+	}
 	return mux
 }
 
@@ -69,14 +83,15 @@ type Server struct {
 	srv  *http.Server
 }
 
-// Serve serves st on the unix socket path until Close. It returns once the
-// socket is listening, or with the error that kept it from listening.
-func Serve(path string, st *State, log *zap.Logger) (*Server, error) {
+// Serve serves st (and health, see Handler) on the unix socket path until
+// Close. It returns once the socket is listening, or with the error that
+// kept it from listening.
+func Serve(path string, st *State, health http.Handler, log *zap.Logger) (*Server, error) {
 	l, err := Listen(path)
 	if err != nil {
 		return nil, fmt.Errorf("--api-socket %s: %w", path, err)
 	}
-	s := &Server{path: path, srv: &http.Server{Handler: Handler(st), ReadHeaderTimeout: 10 * time.Second}}
+	s := &Server{path: path, srv: &http.Server{Handler: Handler(st, health), ReadHeaderTimeout: 10 * time.Second}}
 	go func() {
 		if err := s.srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("local API server", zap.String("socket", path), zap.Error(err))
@@ -94,20 +109,42 @@ func (s *Server) Close() {
 	os.Remove(s.path)   //nolint:errcheck // best effort
 }
 
-// Get asks the agent listening on the unix socket path for its Services.
-func Get(ctx context.Context, path string) (*Services, error) {
+// get asks the agent listening on the unix socket path for what it serves
+// at urlPath; the caller closes the response's body.
+func get(ctx context.Context, path, urlPath string) (*http.Response, error) {
 	c := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", path)
 		},
+		DisableKeepAlives: true,
 	}}
-	defer c.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent"+ServicesPath, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent"+urlPath, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.Do(req)
+	return c.Do(req)
+}
+
+// Probe asks the agent listening on the unix socket path for its health
+// at urlPath (LivezPath or HealthzPath) and returns the answer's status
+// code and body.
+func Probe(ctx context.Context, path, urlPath string) (int, string, error) {
+	resp, err := get(ctx, path, urlPath)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return 0, "", fmt.Errorf("%s: %w", urlPath, err)
+	}
+	return resp.StatusCode, string(body), nil
+}
+
+// Get asks the agent listening on the unix socket path for its Services.
+func Get(ctx context.Context, path string) (*Services, error) {
+	resp, err := get(ctx, path, ServicesPath)
 	if err != nil {
 		return nil, err
 	}

@@ -50,7 +50,7 @@ const (
 	defaultMaxAttempts = 100000
 	maxAttempts        = 1000000
 	defaultMaxDuration = 2 * time.Minute
-	maxDuration        = 10 * time.Minute
+	maxDuration        = 15 * time.Minute // the 10-minute churn of make chaos, and its setup
 	maxReply           = 4096
 )
 

@@ -200,6 +200,7 @@ func TestCluster(t *testing.T) {
 	// The first agent made the maps: their memory is charged to its
 	// container, at its peak now.
 	e.check("the agent's memory stays within its DaemonSet limit, with room", e.memoryWithinLimit)
+	e.check("the agent was not restarted: its probes reach it while kube-proxy runs", e.notRestarted)
 
 	// An upgrade to another image of the same binary, under load.
 	loop = e.startLoop(webTCP)

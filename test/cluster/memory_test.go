@@ -15,21 +15,24 @@ import (
 // at its peak: what is left is for a cluster larger than the test's.
 const memoryRoom = 0.8
 
-// containerMemory is the memory of a container as its cgroup counts it,
-// which is what its limit applies to, in bytes.
-type containerMemory struct {
+// podMemory is the memory of the agent's pod as its cgroup counts
+// it, which is what the container's limit applies to (the pod has one
+// container), in bytes.
+type podMemory struct {
 	current, peak uint64
 	// anon is the processes' own memory; kernel is the kernel's memory
 	// charged to the cgroup, the BPF maps the agent made among it.
 	anon, kernel uint64
 	// limit is the container's memory limit, 0 if it has none.
-	limit uint64
+	// restarts is how often the container restarted.
+	limit    uint64
+	restarts int32
 }
 
-func (m containerMemory) String() string {
+func (m podMemory) String() string {
 	mib := func(n uint64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) }
-	return fmt.Sprintf("current %s MiB, peak %s MiB (anonymous %s MiB, kernel %s MiB), limit %s MiB",
-		mib(m.current), mib(m.peak), mib(m.anon), mib(m.kernel), mib(m.limit))
+	return fmt.Sprintf("current %s MiB, peak %s MiB (anonymous %s MiB, kernel %s MiB), limit %s MiB, %d restarts",
+		mib(m.current), mib(m.peak), mib(m.anon), mib(m.kernel), mib(m.limit), m.restarts)
 }
 
 // agentPod returns the agent's one pod, whose one container has started.
@@ -42,14 +45,17 @@ func (e *env) agentPod() corev1.Pod {
 	return pods.Items[0]
 }
 
-// agentMemory reads the memory of the agent's container from its cgroup
-// (the test runs on the node, as root).
-func (e *env) agentMemory() (containerMemory, error) {
-	var m containerMemory
+// agentMemory reads the memory of the agent's pod from its cgroup (the
+// test runs on the node, as root): the pod's, the parent of its
+// container's, which keeps the charge of the maps a container made after
+// that container is gone (a restart, a liveness probe's kill).
+func (e *env) agentMemory() (podMemory, error) {
+	var m podMemory
 	pod := e.agentPod()
 	if l, ok := pod.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory]; ok {
 		m.limit = uint64(l.Value())
 	}
+	m.restarts = pod.Status.ContainerStatuses[0].RestartCount
 	id := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
 	out, err := e.n.Ctr(e.ctx, "tasks", "ls")
 	if err != nil {
@@ -72,7 +78,7 @@ func (e *env) agentMemory() (containerMemory, error) {
 	if !ok {
 		return m, fmt.Errorf("not a cgroup v2 membership: %q", cg)
 	}
-	dir := filepath.Join("/sys/fs/cgroup", path)
+	dir := filepath.Dir(filepath.Join("/sys/fs/cgroup", path))
 	for name, dst := range map[string]*uint64{"memory.current": &m.current, "memory.peak": &m.peak} {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
@@ -116,6 +122,17 @@ func (e *env) memoryWithinLimit() error {
 	}
 	if float64(m.peak) > memoryRoom*float64(m.limit) {
 		return fmt.Errorf("the agent's container peaked at more than %.0f%% of its limit: %s", memoryRoom*100, m)
+	}
+	return nil
+}
+
+// notRestarted checks that the agent's container has not restarted: its
+// probes ask the agent itself, also while kube-proxy still holds the
+// health check port.
+func (e *env) notRestarted() error {
+	pod := e.agentPod()
+	if n := pod.Status.ContainerStatuses[0].RestartCount; n != 0 {
+		return fmt.Errorf("the agent's container restarted %d times (last state %+v)", n, pod.Status.ContainerStatuses[0].LastTerminationState)
 	}
 	return nil
 }

@@ -61,7 +61,7 @@ func testChurn(t *testing.T, e *env, s settings) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ld := e.startLoad(t, vip, s.churn+5*time.Minute)
+	ld := e.startLoad(t, vip, s.churn+3*time.Minute)
 	start := time.Now()
 	var samples []sample
 	changes := 0

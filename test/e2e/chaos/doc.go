@@ -2,8 +2,9 @@
 // Services, and counts every connection that fails: the agent SIGKILLed at
 // random moments, the API server gone for a while with Services and
 // endpoints changed meanwhile, endpoints replaced in a rolling fashion
-// every second, maps filled past their capacity, and its bpffs pins
-// removed behind its back.
+// every second, maps filled past their capacity, its bpffs pins removed
+// behind its back, and Services made, moved and deleted for minutes while
+// its memory, descriptors and goroutines must stay bounded.
 //
 // Each scenario runs on its own testbed (one node, real API server) with a
 // TCP and a UDP client loop running from a pod of the node to a ClusterIP
