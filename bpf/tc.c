@@ -48,12 +48,13 @@ static __always_inline int tc_send(struct __sk_buff *skb, bool v6, const void *p
 }
 
 /* tc_xlate_orig rewrites a client's packet as its flow's entry e says; e
- * is the map's entry (tracked) or NULL (a new flow's copy is orig). */
+ * is the map's entry (tracked) or NULL (a new flow's copy is orig, which
+ * keeps the route that chose its source NAT address, np_snat_addr). */
 static __always_inline int tc_xlate_orig(struct __sk_buff *skb, struct pkt4 *p,
-					 struct ct4_entry *tracked, const struct ct4_entry *orig,
+					 struct ct4_entry *tracked, struct ct4_entry *orig,
 					 __u32 now)
 {
-	const struct ct4_entry *e = tracked ? tracked : orig;
+	struct ct4_entry *e = tracked ? tracked : orig;
 	__be32 saddr = e->nat_saddr, daddr = e->nat_daddr;
 	__be16 sport = e->nat_sport, dport = e->nat_dport;
 	bool snat = e->flags & CT_F_SNAT;
@@ -62,7 +63,7 @@ static __always_inline int tc_xlate_orig(struct __sk_buff *skb, struct pkt4 *p,
 		return TC_ACT_SHOT;
 	if (snat && pkt4_rewrite(skb, p, true, saddr, sport))
 		return TC_ACT_SHOT;
-	return tc_send(skb, false, p, snat, tracked, now);
+	return tc_send(skb, false, p, snat, e, now);
 }
 
 /* tc_new_flow handles the first packet of a flow: a frontend's verdict, a
@@ -231,12 +232,13 @@ static __always_inline int tc_reset(struct __sk_buff *skb, const struct pkt4 *p,
 /* tc6_xlate is the rewrite of an IPv6 packet by its flow's entry e: the
  * destination (src false: a client's packet) or the source (a reply) from
  * e's nat_d* or nat_s*, and with source NAT the other side too. e is the
- * map's entry (tracked) or NULL (a new flow's copy is orig). */
+ * map's entry (tracked) or NULL (a new flow's copy is orig, which keeps the
+ * route that chose its source NAT address, np6_snat_addr). */
 static __always_inline int tc6_xlate(struct __sk_buff *skb, struct pkt6 *p,
-				     struct ct6_entry *tracked, const struct ct6_entry *orig,
-				     bool reply, __u32 now)
+				     struct ct6_entry *tracked, struct ct6_entry *orig, bool reply,
+				     __u32 now)
 {
-	const struct ct6_entry *e = tracked ? tracked : orig;
+	struct ct6_entry *e = tracked ? tracked : orig;
 	bool snat = e->flags & CT_F_SNAT;
 
 	/* e is a map value or on the stack: it stays valid across the
@@ -253,7 +255,7 @@ static __always_inline int tc6_xlate(struct __sk_buff *skb, struct pkt6 *p,
 			return TC_ACT_SHOT;
 		lb_count(LB_M_TC_REPLY);
 	}
-	return tc_send(skb, true, p, snat, tracked, now);
+	return tc_send(skb, true, p, snat, e, now);
 }
 
 /* tc6_new_flow is tc_new_flow for IPv6. */

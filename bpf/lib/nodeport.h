@@ -71,25 +71,52 @@ static __always_inline bool np_orig_valid(struct ct4_entry *e, const struct pkt4
 	return !bpf_map_update_elem(&tc4_ct_v1, &rkey, &rval, BPF_NOEXIST);
 }
 
-/* np_snat_addr is the address source NAT gives a packet to dst that came in
- * on ifindex: that of the device the FIB sends it out of, else (unless
- * egress_only) that of the device it came in on. 0 if the agent configured
- * none of them. ctx is the program's context (skb or xdp_md). */
+/* np_snat_lookup is the FIB lookup that chooses a new flow's source NAT
+ * address (fib's input filled in, of a packet of len bytes, IP length): the
+ * kernel's own for the packet kube-proxy DNATs, from the client to the
+ * backend, on the device it came in on. The route it finds is the one the
+ * packet takes, as the kernel routes before it masquerades; the flow's entry
+ * e keeps it (ct_fib_put), which spares the forwarding a second lookup. A
+ * packet too big for the route's MTU is looked up again without its length,
+ * for the address alone: the forwarding then finds it too big. */
+static __always_inline long np_snat_lookup(void *ctx, bool v6, struct bpf_fib_lookup *fib,
+					   __u32 len, void *e, __u32 now)
+{
+	long ret;
+
+	fib->tot_len = len;
+	ret = bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
+	if (ret == BPF_FIB_LKUP_RET_SUCCESS)
+		ct_fib_put(e, v6, now, len, fib);
+	if (ret != BPF_FIB_LKUP_RET_FRAG_NEEDED)
+		return ret;
+	fib->tot_len = 0;
+	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
+}
+
+/* np_snat_addr is the address source NAT gives a packet p to backend be
+ * that came in on ifindex: that of the device the FIB sends it out of, else
+ * (unless egress_only) that of the device it came in on. 0 if the agent
+ * configured none of them. ctx is the program's context (skb or xdp_md);
+ * orig, the flow's entry, keeps the route (np_snat_lookup). */
 static __always_inline __be32 np_snat_addr(void *ctx, __u32 ifindex, const struct pkt4 *p,
-					   __be32 dst, bool egress_only)
+					   const struct lb4_backend *be, bool egress_only,
+					   struct ct4_entry *orig, __u32 now)
 {
 	struct bpf_fib_lookup fib = {
 		.family = PKT_AF_INET,
 		.tos = p->tos,
 		.l4_protocol = p->proto,
+		.sport = p->sport,
+		.dport = be->port,
 		.ipv4_src = p->saddr,
-		.ipv4_dst = dst,
+		.ipv4_dst = be->address,
 		.ifindex = ifindex,
 	};
 	struct tc4_snat_addr *a = NULL;
 	long ret;
 
-	ret = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
+	ret = np_snat_lookup(ctx, false, &fib, p->tot_len, orig, now);
 	if (ret == BPF_FIB_LKUP_RET_SUCCESS || ret == BPF_FIB_LKUP_RET_NO_NEIGH)
 		a = bpf_map_lookup_elem(&tc4_snat_addrs_v1, &fib.ifindex);
 	if (!a && !egress_only)
@@ -210,7 +237,7 @@ static __always_inline int np_record(void *ctx, __u32 ifindex, const struct pkt4
 	rkey.dir = CT_DIR_REPLY;
 
 	if (!(be->flags & BE_F_LOCAL)) {
-		snat_addr = np_snat_addr(ctx, ifindex, p, be->address, false);
+		snat_addr = np_snat_addr(ctx, ifindex, p, be, false, orig, now);
 		if (!snat_addr) {
 			lb_count(LB_M_TC_SNAT_NO_ADDR);
 			return -1;
@@ -221,7 +248,7 @@ static __always_inline int np_record(void *ctx, __u32 ifindex, const struct pkt4
 		 * toward the pod. Its replies must then meet a program on that
 		 * device: only when the agent attached there (its address is
 		 * known) does the pod see the node; else it sees the client. */
-		snat_addr = np_snat_addr(ctx, ifindex, p, be->address, true);
+		snat_addr = np_snat_addr(ctx, ifindex, p, be, true, orig, now);
 	}
 
 	if (!snat_addr) {
@@ -389,19 +416,23 @@ static __always_inline bool np6_orig_valid(struct ct6_entry *e, const struct pkt
 /* np6_snat_addr is np_snat_addr for IPv6: it copies the address into out
  * and returns 0, or returns -1 when the agent configured none. */
 static __always_inline int np6_snat_addr(void *ctx, __u32 ifindex, const struct pkt6 *p,
-					 const __be32 *dst, bool egress_only, __be32 *out)
+					 const struct lb6_backend *be, bool egress_only,
+					 struct ct6_entry *orig, __u32 now, __be32 *out)
 {
 	struct bpf_fib_lookup fib = {
 		.family = PKT_AF_INET6,
 		.l4_protocol = p->proto,
+		.sport = p->sport,
+		.dport = be->port,
 		.ifindex = ifindex,
 	};
 	struct tc6_snat_addr *a = NULL;
 	long ret;
 
 	__builtin_memcpy(fib.ipv6_src, p->saddr, sizeof(fib.ipv6_src));
-	__builtin_memcpy(fib.ipv6_dst, dst, sizeof(fib.ipv6_dst));
-	ret = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
+	__builtin_memcpy(fib.ipv6_dst, be->address, sizeof(fib.ipv6_dst));
+	ret = np_snat_lookup(ctx, true, &fib, sizeof(struct pkt_ipv6hdr) + p->payload_len, orig,
+			     now);
 	if (ret == BPF_FIB_LKUP_RET_SUCCESS || ret == BPF_FIB_LKUP_RET_NO_NEIGH)
 		a = bpf_map_lookup_elem(&tc6_snat_addrs_v1, &fib.ifindex);
 	if (!a && !egress_only)
@@ -512,13 +543,13 @@ static __always_inline int np6_record(void *ctx, __u32 ifindex, const struct pkt
 	rkey.dir = CT_DIR_REPLY;
 
 	if (!(be->flags & BE_F_LOCAL)) {
-		snat = np6_snat_addr(ctx, ifindex, p, be->address, false, snat_addr);
+		snat = np6_snat_addr(ctx, ifindex, p, be, false, orig, now, snat_addr);
 		if (snat) {
 			lb_count(LB_M_TC_SNAT_NO_ADDR);
 			return -1;
 		}
 	} else if (!(c->svc->flags & SVC_F_EXT_LOCAL)) {
-		snat = np6_snat_addr(ctx, ifindex, p, be->address, true, snat_addr);
+		snat = np6_snat_addr(ctx, ifindex, p, be, true, orig, now, snat_addr);
 	}
 
 	if (snat) {
