@@ -6,7 +6,7 @@
  * The services, backends and reverse NAT maps are preallocated: an insert
  * then takes no allocation, which makes programming 10,000 Services several
  * times faster, at the price of their full size in kernel memory up front
- * (about 45 MiB at the default sizes; the agent's flags shrink them). */
+ * (109 MiB for both families at the default sizes; the flags shrink them). */
 #ifndef EBPF_PROXY_MAPS_H
 #define EBPF_PROXY_MAPS_H
 
