@@ -26,7 +26,7 @@ cluster-deps:
 # The test binary runs in the guest as root; the guest reads the archives of
 # `make cluster-images` and the binaries of `make k8s-binaries node-binaries`
 # through its view of this machine. Its last line is the summary:
-#   cluster: ready=1 checks=N passed=N migration_failed=F upgrade_failed=U restart_failed=R agent_memory_peak_mib=M
+#   cluster: ready=1 checks=N passed=N migration_failed=F upgrade_failed=U restart_failed=R
 cluster-test: cluster-deps vmtest-deps k8s-binaries node-binaries cluster-images
 	rm -rf $(CLUSTER_OUT) && mkdir -p $(CLUSTER_OUT)/logs
 	$(GO) test -c -o $(CLUSTER_OUT)/cluster.test ./$(CLUSTER_DIR)

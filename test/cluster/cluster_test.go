@@ -64,9 +64,6 @@ type env struct {
 	phases []string
 	// loops are the connection loops' results by step.
 	migration, upgrade, restart loopResult
-	// agentPeak is the peak memory of the first agent's container, whose
-	// cgroup the BPF maps it made are charged to.
-	agentPeak uint64
 }
 
 // errorf records a failure and goes on.
@@ -85,7 +82,7 @@ func (e *env) fatalf(format string, args ...any) {
 
 // summary prints the line make cluster-test's callers read:
 //
-//	cluster: ready=R checks=N passed=P migration_failed=F upgrade_failed=U restart_failed=S agent_memory_peak_mib=M
+//	cluster: ready=R checks=N passed=P migration_failed=F upgrade_failed=U restart_failed=S
 //
 // and, for a failed run, the steps reached and every failure, last.
 func (e *env) summary() {
@@ -99,8 +96,8 @@ func (e *env) summary() {
 		}
 		e.t.Logf("failures (%d, in full above):\n  %s", len(e.failures), strings.Join(short, "\n  "))
 	}
-	fmt.Printf("cluster: ready=%d checks=%d passed=%d migration_failed=%d upgrade_failed=%d restart_failed=%d agent_memory_peak_mib=%d\n",
-		ready, e.checks, e.passed, e.migration.Failures, e.upgrade.Failures, e.restart.Failures, e.agentPeak>>20)
+	fmt.Printf("cluster: ready=%d checks=%d passed=%d migration_failed=%d upgrade_failed=%d restart_failed=%d\n",
+		ready, e.checks, e.passed, e.migration.Failures, e.upgrade.Failures, e.restart.Failures)
 }
 
 // brief is a failure's first line, cut to 300 bytes, for the list at the
