@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/test/benchreport/figures"
@@ -321,7 +322,7 @@ func measure(b *testing.B, c *cluster.Cluster, cs kubernetes.Interface, kind tes
 	// Upstream with iptables-legacy, as the notes advise for a fair
 	// comparison at this size (iptables-nft-restore is quadratic here).
 	// Verbosity 1: no line per Service.
-	p := tb.StartProxy(b, node, testbed.ProxyOptions{Kind: kind, LegacyIPTables: true, Verbosity: 1, NoWait: true, Args: profilingArgs(kind)})
+	p := tb.StartProxy(b, node, testbed.ProxyOptions{Kind: kind, LegacyIPTables: true, Verbosity: 1, NoWait: true, Args: agentArgs(kind, cfg)})
 	syncCtx, cancel := context.WithTimeout(ctx, firstSyncBound)
 	defer cancel()
 	if err := p.WaitFirstSync(syncCtx); err != nil {
@@ -479,11 +480,27 @@ func summary(cfg config, loadTime time.Duration, rs []result) string {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
 
-// profilingArgs turn on ebpf-proxy's /debug/pprof when a heap profile is
-// asked for.
-func profilingArgs(k testbed.Kind) []string {
-	if k == testbed.EbpfProxy && os.Getenv(envHeapProfile) != "" {
-		return []string{"--profiling"}
+// agentArgs are the flags ebpf-proxy runs with: /debug/pprof when a heap
+// profile is asked for (envHeapProfile), and maps large enough for the run.
+func agentArgs(k testbed.Kind, cfg config) []string {
+	if k != testbed.EbpfProxy {
+		return nil
 	}
-	return nil
+	var args []string
+	if os.Getenv(envHeapProfile) != "" {
+		args = append(args, "--profiling")
+	}
+	// The services map holds an entry per Service and one per endpoint of
+	// it, the backends map one per endpoint (the probe and the cluster's
+	// kubernetes Service besides): past the default sizes (about 23,000
+	// Services of 10 endpoints), the run sizes them with a quarter of room,
+	// as an operator of such a cluster does.
+	grow := func(flag string, need int, def uint32) {
+		if need += need / 4; need > int(def) {
+			args = append(args, fmt.Sprintf("--%s=%d", flag, need))
+		}
+	}
+	grow("bpf-map-services-max", (cfg.services+2)*(cfg.endpoints+1), loader.DefaultMapSizes.Services)
+	grow("bpf-map-backends-max", (cfg.services+2)*cfg.endpoints, loader.DefaultMapSizes.Backends)
+	return args
 }
