@@ -37,7 +37,7 @@ func readSysctl(key string) (string, error) {
 // all kinds of clients and pods, the node settings a kube-proxy node has,
 // and an answer at once for traffic no proxy handled.
 func TestTopology(t *testing.T) {
-	keys := []string{"net/bridge/bridge-nf-call-iptables", "net/ipv4/icmp_ratemask", "net/ipv4/conf/all/send_redirects"}
+	keys := []string{"net/bridge/bridge-nf-call-iptables", "net/ipv4/icmp_ratemask", "net/ipv6/icmp/ratemask", "net/ipv4/conf/all/send_redirects"}
 	rootBefore := map[string]string{}
 	for _, k := range keys {
 		v, err := readSysctl(k)
@@ -53,7 +53,7 @@ func TestTopology(t *testing.T) {
 	a1, b1 := a.Pods[0], b.Pods[0]
 
 	t.Run("node settings, in the nodes only", func(t *testing.T) {
-		want := map[string]string{"net/bridge/bridge-nf-call-iptables": "1", "net/ipv4/icmp_ratemask": "0", "net/ipv4/conf/all/send_redirects": "0"}
+		want := map[string]string{"net/bridge/bridge-nf-call-iptables": "1", "net/ipv4/icmp_ratemask": "0", "net/ipv6/icmp/ratemask": "", "net/ipv4/conf/all/send_redirects": "0"}
 		for _, n := range tb.Nodes {
 			err := n.NS.Do(func() error {
 				for k, v := range want {
