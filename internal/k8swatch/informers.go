@@ -9,10 +9,12 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -93,15 +95,29 @@ func Watch(ctx context.Context, client kubernetes.Interface, nodeName string, ta
 
 	// Headless Services are also left out at the API server by field, as
 	// kube-proxy does: they can be many, and the proxy never uses them.
+	svcTweak := func(o *metav1.ListOptions) {
+		o.LabelSelector = proxied
+		o.FieldSelector = fields.OneTermNotEqualSelector("spec.clusterIP", v1.ClusterIPNone).String()
+	}
+	sliceTweak := func(o *metav1.ListOptions) { o.LabelSelector = proxied }
 	svcFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = proxied
-			o.FieldSelector = fields.OneTermNotEqualSelector("spec.clusterIP", v1.ClusterIPNone).String()
-		}),
-		informers.WithTransform(strip))
+		informers.WithTweakListOptions(svcTweak), informers.WithTransform(strip))
 	sliceFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = proxied }),
-		informers.WithTransform(h.sliceTransform))
+		informers.WithTweakListOptions(sliceTweak), informers.WithTransform(h.sliceTransform))
+	// Their lists are decoded one item at a time (listStream) where the
+	// client can stream them; the fake clients of unit tests cannot.
+	if rc := restClient(client.CoreV1().RESTClient()); rc != nil {
+		svcFactory.InformerFor(&v1.Service{}, streamedInformer[v1.Service](rc, "services", svcTweak, strip,
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return client.CoreV1().Services(metav1.NamespaceAll).Watch(ctx, o)
+			}))
+	}
+	if rc := restClient(client.DiscoveryV1().RESTClient()); rc != nil {
+		sliceFactory.InformerFor(&discoveryv1.EndpointSlice{}, streamedInformer[discoveryv1.EndpointSlice](rc, "endpointslices", sliceTweak, h.sliceTransform,
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return client.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).Watch(ctx, o)
+			}))
+	}
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
