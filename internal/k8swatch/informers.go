@@ -101,13 +101,13 @@ func Watch(ctx context.Context, client kubernetes.Interface, nodeName string, ta
 	}
 	sliceTweak := func(o *metav1.ListOptions) { o.LabelSelector = proxied }
 	svcFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
-		informers.WithTweakListOptions(svcTweak), informers.WithTransform(strip))
+		informers.WithTweakListOptions(svcTweak), informers.WithTransform(h.serviceTransform))
 	sliceFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
 		informers.WithTweakListOptions(sliceTweak), informers.WithTransform(h.sliceTransform))
 	// Their lists are decoded one item at a time (listStream) where the
 	// client can stream them; the fake clients of unit tests cannot.
 	if rc := restClient(client.CoreV1().RESTClient()); rc != nil {
-		svcFactory.InformerFor(&v1.Service{}, streamedInformer[v1.Service](rc, "services", svcTweak, strip,
+		svcFactory.InformerFor(&v1.Service{}, streamedInformer[v1.Service](rc, "services", svcTweak, h.serviceTransform,
 			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 				return client.CoreV1().Services(metav1.NamespaceAll).Watch(ctx, o)
 			}))
@@ -180,11 +180,10 @@ func markSynced(ctx context.Context, reg cache.ResourceEventHandlerRegistration,
 
 // handlers turn informer events into tracker changes. Updates that change
 // nothing the proxy uses (resyncs, relists, status and annotation churn)
-// are dropped, as kube-proxy's change trackers do: a Service handler
-// translates both the old and the new object, the old one with reports off
-// so that a problem is reported once per object version; EndpointSlices
-// arrive translated (sliceTransform) and their problems are reported when
-// a new version reaches the handler. Every object is translated for each
+// are dropped, as kube-proxy's change trackers do: Services and
+// EndpointSlices arrive translated (serviceTransform, sliceTransform), and
+// their problems are reported when a new version reaches the handler, once
+// per object version. Every object is translated for each
 // family's lane and a change goes to the tracker of the lane it changes.
 type handlers struct {
 	lanes      []lane
@@ -220,31 +219,32 @@ func (h *handlers) servicePorts(invalid InvalidFunc, svc *v1.Service) [][]*model
 }
 
 func (h *handlers) addService(obj any) {
-	svc, ok := obj.(*v1.Service)
+	c, ok := h.cachedSvc(obj)
 	if !ok {
 		return
 	}
-	for i, ports := range h.servicePorts(h.invalid, svc) {
+	h.report(c.problems)
+	for i, ports := range c.ports {
 		if ports != nil {
-			h.lanes[i].tr.UpdateService(ServiceName(svc), ports)
+			h.lanes[i].tr.UpdateService(c.name(), ports)
 		}
 	}
 }
 
 func (h *handlers) updateService(oldObj, newObj any) {
-	oldSvc, ok1 := oldObj.(*v1.Service)
-	newSvc, ok2 := newObj.(*v1.Service)
-	if !ok1 || !ok2 || unchanged(oldSvc, newSvc) {
+	oldC, ok1 := h.cachedSvc(oldObj)
+	newC, ok2 := h.cachedSvc(newObj)
+	if !ok1 || !ok2 || unchanged(oldC, newC) {
 		return
 	}
-	oldPorts := h.servicePorts(nil, oldSvc)
-	for i, newPorts := range h.servicePorts(h.invalid, newSvc) {
+	h.report(newC.problems)
+	for i, newPorts := range newC.ports {
 		switch {
-		case reflect.DeepEqual(oldPorts[i], newPorts):
+		case reflect.DeepEqual(oldC.ports[i], newPorts):
 		case newPorts == nil:
-			h.lanes[i].tr.DeleteService(ServiceName(newSvc))
+			h.lanes[i].tr.DeleteService(newC.name())
 		default:
-			h.lanes[i].tr.UpdateService(ServiceName(newSvc), newPorts)
+			h.lanes[i].tr.UpdateService(newC.name(), newPorts)
 		}
 	}
 }
@@ -253,9 +253,9 @@ func (h *handlers) updateService(oldObj, newObj any) {
 // API server reports a Service that stops matching the selector as deleted,
 // and what the object says then is not what the tracker was given.
 func (h *handlers) deleteService(obj any) {
-	if svc, ok := tombstone(obj).(*v1.Service); ok {
+	if c, ok := h.cachedSvc(obj); ok {
 		for _, l := range h.lanes {
-			l.tr.DeleteService(ServiceName(svc))
+			l.tr.DeleteService(c.name())
 		}
 	}
 }
@@ -265,7 +265,7 @@ func (h *handlers) addSlice(obj any) {
 	if !ok {
 		return
 	}
-	h.report(c)
+	h.report(c.problems)
 	for i, s := range c.slices {
 		if s != nil {
 			h.lanes[i].tr.UpdateEndpointSlice(s)
@@ -279,7 +279,7 @@ func (h *handlers) updateSlice(oldObj, newObj any) {
 	if !ok1 || !ok2 || unchanged(oldC, newC) {
 		return
 	}
-	h.report(newC)
+	h.report(newC.problems)
 	for i := range h.lanes {
 		applySlice(h.lanes[i].tr, oldC.slices[i], newC.slices[i])
 	}

@@ -64,12 +64,12 @@ func (h *handlers) cacheSlice(es *discoveryv1.EndpointSlice) *cachedSlice {
 	return c
 }
 
-// report passes on the problems found in c's translation.
-func (h *handlers) report(c *cachedSlice) {
+// report passes on the problems found in a translation.
+func (h *handlers) report(problems []problem) {
 	if h.invalid == nil {
 		return
 	}
-	for _, p := range c.problems {
+	for _, p := range problems {
 		h.invalid(p.kind, p.namespace, p.name, p.reason)
 	}
 }

@@ -3,25 +3,20 @@ package k8swatch
 import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// strip is the Service and Node informers' transform: it drops everything
-// the translation does not read before the object enters the informer's
-// cache, so that the cache of 10,000 Services holds only what the proxy uses
-// (the EndpointSlice informer keeps translations: sliceTransform).
-// managedFields and last-applied-configuration annotations alone are often
-// larger than the rest of an object.
+// strip is the Node informer's transform: it drops everything the
+// translation does not read before the object enters the informer's cache
+// (the Service and EndpointSlice informers keep translations instead:
+// serviceTransform, sliceTransform). managedFields and the status (images,
+// conditions, volumes) are most of a Node.
 //
 // It mutates in place (client-go allows that since 1.27, objects are fresh
 // from the decoder) and is idempotent, as client-go requires. Objects of
 // other types, tombstones included, pass through untouched.
 func strip(obj any) (any, error) {
-	switch o := obj.(type) {
-	case *v1.Service:
-		stripService(o)
-	case *v1.Node:
-		stripNode(o)
+	if n, ok := obj.(*v1.Node); ok {
+		stripNode(n)
 	}
 	return obj, nil
 }
@@ -50,37 +45,8 @@ func keepOnly(m map[string]string, keys []string) map[string]string {
 	return out
 }
 
-// The filter labels are kept although the API server selects on them: they
-// let the handlers check the selection themselves (Proxied).
-var (
-	serviceLabels = []string{LabelServiceProxyName, LabelHeadless}
-	// serviceAnnotations are ebpf-proxy's own settings of a Service.
-	serviceAnnotations = []string{AnnotationLBAlgorithm}
-	// nodeLabels are the labels endpoint selection reads.
-	nodeLabels = []string{v1.LabelTopologyZone}
-)
-
-func stripService(s *v1.Service) {
-	stripMeta(&s.ObjectMeta, serviceLabels, serviceAnnotations)
-	// Endpoints come from EndpointSlices: the selector and target ports
-	// matter only to the EndpointSlice controller.
-	s.Spec.Selector = nil
-	s.Spec.ExternalName = ""
-	s.Spec.LoadBalancerIP = ""
-	s.Spec.LoadBalancerClass = nil
-	s.Spec.AllocateLoadBalancerNodePorts = nil
-	s.Spec.IPFamilyPolicy = nil
-	for i := range s.Spec.Ports {
-		s.Spec.Ports[i].TargetPort = intstr.IntOrString{}
-		s.Spec.Ports[i].AppProtocol = nil
-	}
-	s.Status.Conditions = nil
-	for i := range s.Status.LoadBalancer.Ingress {
-		ing := &s.Status.LoadBalancer.Ingress[i]
-		ing.Hostname = ""
-		ing.Ports = nil
-	}
-}
+// nodeLabels are the labels endpoint selection reads.
+var nodeLabels = []string{v1.LabelTopologyZone}
 
 // stripNode keeps the spec (pod CIDRs, taints, unschedulable are small and
 // may serve local traffic detection and health checks) and of the status

@@ -1,7 +1,6 @@
 package k8swatch
 
 import (
-	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -11,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/utils/ptr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 )
@@ -47,40 +45,6 @@ func TestStrip(t *testing.T) {
 		gone func(obj runtime.Object) []string
 	}{
 		{
-			name: "Service",
-			obj: builders.Service("ns", "web", func(s *v1.Service) {
-				bulkyMeta(&s.ObjectMeta)
-				s.Annotations[AnnotationLBAlgorithm] = "maglev"
-				s.Spec.Type = v1.ServiceTypeLoadBalancer
-				s.Spec.Selector = map[string]string{"app": "web"}
-				s.Spec.Ports[0].NodePort = 30080
-				s.Spec.ExternalIPs = []string{"198.19.0.1"}
-				s.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/24"}
-				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
-				s.Spec.HealthCheckNodePort = 32000
-				s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
-				s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](60)}}
-				s.Spec.InternalTrafficPolicy = ptr.To(v1.ServiceInternalTrafficPolicyLocal)
-				s.Spec.TrafficDistribution = ptr.To(v1.ServiceTrafficDistributionPreferClose)
-				s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "198.19.0.10", Hostname: "lb", IPMode: ptr.To(v1.LoadBalancerIPModeVIP)}}
-				s.Status.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionTrue}}
-			}),
-			gone: func(obj runtime.Object) []string {
-				s := obj.(*v1.Service)
-				var bad []string
-				if s.ManagedFields != nil || s.Labels != nil || s.OwnerReferences != nil || s.Finalizers != nil {
-					bad = append(bad, "metadata kept")
-				}
-				if len(s.Annotations) != 1 || s.Annotations[AnnotationLBAlgorithm] != "maglev" {
-					bad = append(bad, fmt.Sprintf("annotations %v, want only %s", s.Annotations, AnnotationLBAlgorithm))
-				}
-				if s.Spec.Selector != nil || s.Status.Conditions != nil {
-					bad = append(bad, "selector or conditions kept")
-				}
-				return bad
-			},
-		},
-		{
 			name: "Node",
 			obj: func() runtime.Object {
 				n := builders.Node("node-a", builders.NodeZone("zone-a"), builders.NodeAddresses(v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.168.77.10"}))
@@ -107,12 +71,9 @@ func TestStrip(t *testing.T) {
 		},
 	}
 	translate := func(obj runtime.Object) any {
-		tl := Translator{}
-		switch o := obj.(type) {
-		case *v1.Service:
-			return tl.ServicePorts(o)
-		case *v1.Node:
-			return tl.Node(o)
+		if n, ok := obj.(*v1.Node); ok {
+			tl := Translator{}
+			return tl.Node(n)
 		}
 		return nil
 	}

@@ -68,8 +68,20 @@ type frontendChange struct {
 	prev, next *appliedFrontend
 }
 
-// reset empties p for the next sync, keeping its memory.
+// planKeepEntries is the number of entries up to which a plan keeps its
+// memory for the next sync. A larger plan, such as the first sync of
+// 10,000 Services (about 12 MiB of entries), is let go: later syncs are
+// mostly small, and would otherwise keep that memory for the agent's life.
+const planKeepEntries = 1 << 14
+
+// reset empties p for the next sync, keeping its memory unless it held
+// more than planKeepEntries entries.
 func (p *plan) reset() {
+	if len(p.servicePuts.keys)+len(p.backendPuts.keys)+len(p.memberPuts.keys)+len(p.serviceDels)+
+		len(p.memberDels)+len(p.changes) > planKeepEntries {
+		*p = plan{}
+		return
+	}
 	p.rangePuts = p.rangePuts[:0]
 	p.backendPuts.reset()
 	p.revNatPuts.reset()

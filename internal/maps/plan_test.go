@@ -440,3 +440,25 @@ func TestPlanAfterRestartKeepsIDs(t *testing.T) {
 		},
 	}})
 }
+
+// TestPlanLetsGoOfALargeSync: a plan keeps its memory for the next sync,
+// unless it was large (a first sync of thousands of Services), whose memory
+// would otherwise stay with the agent for good.
+func TestPlanLetsGoOfALargeSync(t *testing.T) {
+	var p plan
+	fill := func(n int) {
+		for i := range n {
+			p.putBackend(uint32(i+1), Backend{Addr: netip.MustParseAddr("10.244.0.1"), Port: uint16(i)}, 0)
+		}
+	}
+	fill(10)
+	p.reset()
+	if len(p.backendPuts.keys) != 0 || cap(p.backendPuts.keys) == 0 {
+		t.Errorf("a small plan: %d entries and capacity %d after reset, want 0 and its memory kept", len(p.backendPuts.keys), cap(p.backendPuts.keys))
+	}
+	fill(planKeepEntries + 1)
+	p.reset()
+	if cap(p.backendPuts.keys) != 0 || cap(p.backendPuts.values) != 0 {
+		t.Errorf("a plan of %d entries kept capacity %d after reset", planKeepEntries+1, cap(p.backendPuts.keys))
+	}
+}
