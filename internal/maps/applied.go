@@ -12,10 +12,14 @@ import (
 // the Writer restores it from the maps before the next sync.
 type applied struct {
 	frontends map[Frontend]*appliedFrontend
-	byOwner   map[model.ServicePortName][]Frontend
-	backends  map[Backend]*appliedBackend
-	byID      map[uint32]Backend
-	revNats   map[revNatKey]*appliedRevNat
+	// serviceEntries counts the services map entries of the frontends
+	// (their master entries and filled slots), kept as they change so
+	// that a sync does not count every frontend again.
+	serviceEntries int
+	byOwner        map[model.ServicePortName][]Frontend
+	backends       map[Backend]*appliedBackend
+	byID           map[uint32]Backend
+	revNats        map[revNatKey]*appliedRevNat
 	// gc holds backends and reverse-NAT entries that may have lost their
 	// last user, so a sync need not scan every backend.
 	gcBackends map[Backend]struct{}
@@ -71,6 +75,21 @@ type appliedFrontend struct {
 	matchIDs []uint32
 }
 
+// entries counts f's entries in the services map: its master entry and its
+// filled slots (restored slots past the count included).
+func (f *appliedFrontend) entries() int {
+	n := 0
+	if f.hasMaster {
+		n++
+	}
+	for _, id := range f.slots {
+		if id != 0 {
+			n++
+		}
+	}
+	return n
+}
+
 type appliedBackend struct {
 	id    uint32
 	flags uint8
@@ -110,6 +129,7 @@ func newApplied(fam family, lim Limits, rangesOn bool, maglevSize int) applied {
 // reset forgets everything, keeping the capacities.
 func (a *applied) reset() {
 	a.frontends = map[Frontend]*appliedFrontend{}
+	a.serviceEntries = 0
 	a.byOwner = map[model.ServicePortName][]Frontend{}
 	a.backends = map[Backend]*appliedBackend{}
 	a.byID = map[uint32]Backend{}

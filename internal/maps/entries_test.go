@@ -38,6 +38,16 @@ func TestWriterEntriesFollowTheMaps(t *testing.T) {
 	if got := w.Entries(); got.Services != 7 || got.Backends != 5 || got.RevNat != 2 || got.Members != 5 {
 		t.Errorf("two Services: Entries %+v, want 7 services, 5 backends, 2 reverse NAT, 5 members", got)
 	}
+	grown := web
+	grown.eps = append(slices.Clone(web.eps), "10.244.4.3:8080", "10.244.5.3:8080")
+	if err := w.Sync(partial(buildState(grown, dns), spn("default", "web", model.TCP))); err != nil {
+		t.Fatal(err)
+	}
+	check("web grown by two endpoints")
+	if err := w.Sync(partial(buildState(web, dns), spn("default", "web", model.TCP))); err != nil {
+		t.Fatal(err)
+	}
+	check("web shrunk back")
 	if err := w.Sync(partial(buildState(dns), spn("default", "web", model.TCP))); err != nil {
 		t.Fatal(err)
 	}

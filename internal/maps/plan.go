@@ -357,6 +357,7 @@ func (a *applied) upsert(p *plan, d desiredFrontend) error {
 		svcID: svc, matchIDs: slices.Clone(match),
 	}
 	a.frontends[d.fe] = next
+	a.serviceEntries += next.entries() - cur.entries()
 	if change.puts[0] != change.puts[1] || change.dels[0] != change.dels[1] {
 		change.next = next
 		p.changes = append(p.changes, change)
@@ -474,6 +475,7 @@ func (a *applied) deleteFrontend(p *plan, fe Frontend) {
 		}
 	}
 	delete(a.frontends, fe)
+	a.serviceEntries -= cur.entries()
 	p.stats.Frontends++
 }
 

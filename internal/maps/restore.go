@@ -98,6 +98,7 @@ func (a *applied) restore(m familyMaps) error {
 		for len(af.slots) < af.count {
 			af.slots = append(af.slots, 0)
 		}
+		a.serviceEntries += af.entries()
 		for i, id := range af.slots {
 			b, ok := a.byID[id]
 			if !ok || i >= af.count {

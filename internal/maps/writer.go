@@ -133,20 +133,12 @@ func (w *Writer) Sync(up model.Update) error {
 // system call.
 func (w *Writer) Entries() Entries { return *w.entries.Load() }
 
-// publishEntries counts the applied state's entries for Entries: one pass
-// over the frontends, small next to the sync that precedes it.
+// publishEntries publishes the applied state's entry counts for Entries.
+// They are kept as the state changes: a sync that changes one Service
+// costs no pass over every frontend.
 func (w *Writer) publishEntries() {
-	e := Entries{Backends: len(w.backends), RevNat: len(w.revNats) + len(w.orphanRevNats), Members: len(w.matchRefs)}
-	for _, f := range w.frontends {
-		if f.hasMaster {
-			e.Services++
-		}
-		for _, id := range f.slots {
-			if id != 0 {
-				e.Services++
-			}
-		}
-	}
+	e := Entries{Backends: len(w.backends), RevNat: len(w.revNats) + len(w.orphanRevNats), Members: len(w.matchRefs),
+		Services: w.serviceEntries}
 	w.entries.Store(&e)
 }
 
