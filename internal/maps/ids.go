@@ -26,6 +26,13 @@ func newIDAllocator(max uint32) *idAllocator {
 
 func (a *idAllocator) reserve(id uint32) { a.used[id] = struct{}{} }
 
+// presize makes room for n ids when none is in use yet.
+func (a *idAllocator) presize(n int) {
+	if len(a.used) == 0 {
+		a.used = make(map[uint32]struct{}, n)
+	}
+}
+
 func (a *idAllocator) release(id uint32) {
 	if _, ok := a.used[id]; !ok {
 		return
