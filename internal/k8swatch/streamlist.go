@@ -50,26 +50,34 @@ var protoPrefix = []byte{0x6b, 0x38, 0x73, 0x00}
 const maxItemBytes = 64 << 20
 
 // streamedInformer is an informer constructor for the factory (InformerFor)
-// whose lists come from listStream, each item transformed as it is decoded;
-// the factory sets the same transform on the informer, which passes the
-// transformed items through (transforms are idempotent). watchFn watches
-// with the options the reflector gives, tweaked.
+// whose lists come from listStream (streamedListWatch); the factory sets the
+// same transform on the informer, which passes the transformed items
+// through (transforms are idempotent).
 func streamedInformer[T any, PT protoItem[T]](rc rest.Interface, resource string, tweak func(*metav1.ListOptions),
 	transform cache.TransformFunc, watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error),
 ) func(kubernetes.Interface, time.Duration) cache.SharedIndexInformer {
 	return func(client kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		list := func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			tweak(&opts)
-			return listStream[T, PT](ctx, rc, resource, opts, transform)
-		}
-		watchCtx := func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			tweak(&opts)
-			return watchFn(ctx, opts)
-		}
-		// The reflector calls the context variants alone.
-		lw := &cache.ListWatch{ListWithContextFunc: list, WatchFuncWithContext: watchCtx}
+		lw := streamedListWatch[T, PT](rc, resource, tweak, transform, watchFn)
 		return cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client),
 			PT(new(T)), cache.SharedIndexInformerOptions{ResyncPeriod: resync})
+	}
+}
+
+// streamedListWatch lists resource with listStream, each item transformed
+// as it is decoded, and watches with watchFn; both with the reflector's
+// options, tweaked. The reflector calls the context variants alone.
+func streamedListWatch[T any, PT protoItem[T]](rc rest.Interface, resource string, tweak func(*metav1.ListOptions),
+	transform cache.TransformFunc, watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error),
+) *cache.ListWatch {
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			tweak(&opts)
+			return listStream[T, PT](ctx, rc, resource, opts, transform)
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			tweak(&opts)
+			return watchFn(ctx, opts)
+		},
 	}
 }
 

@@ -262,9 +262,9 @@ func (s *fakeAPIServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// informerOf makes the EndpointSlice informer that Watch makes, against
-// srv, and returns its list function as the reflector calls it.
-func informerOf(t *testing.T, srv *httptest.Server, contentType string, transform cache.TransformFunc) func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+// listOf is the list function of the EndpointSlice informer that Watch
+// makes (selecting "selected"), against srv, as the reflector calls it.
+func listOf(t *testing.T, srv *httptest.Server, contentType string, transform cache.TransformFunc) func(context.Context, metav1.ListOptions) (runtime.Object, error) {
 	t.Helper()
 	cfg := &rest.Config{Host: srv.URL, ContentConfig: rest.ContentConfig{ContentType: contentType,
 		AcceptContentTypes: contentType + ",application/json"}}
@@ -276,15 +276,9 @@ func informerOf(t *testing.T, srv *httptest.Server, contentType string, transfor
 	if rc == nil {
 		t.Fatal("a real client has no REST client")
 	}
-	newInformer := streamedInformer[discoveryv1.EndpointSlice](rc, "endpointslices", func(o *metav1.ListOptions) { o.LabelSelector = "selected" },
+	lw := streamedListWatch[discoveryv1.EndpointSlice](rc, "endpointslices", func(o *metav1.ListOptions) { o.LabelSelector = "selected" },
 		transform, func(context.Context, metav1.ListOptions) (watch.Interface, error) { return watch.NewEmptyWatch(), nil })
-	if inf := newInformer(client, 0); inf == nil {
-		t.Fatal("no informer")
-	}
-	return func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-		opts.LabelSelector = "selected"
-		return listStream[discoveryv1.EndpointSlice](ctx, rc, "endpointslices", opts, transform)
-	}
+	return lw.ListWithContext
 }
 
 // TestListStreamFromAServer lists through a REST client as the informer's
@@ -306,7 +300,7 @@ func TestListStreamFromAServer(t *testing.T) {
 			srv := httptest.NewServer(fake)
 			defer srv.Close()
 			var k keep
-			list := informerOf(t, srv, tc.contentType, k.transform)
+			list := listOf(t, srv, tc.contentType, k.transform)
 			p := pager.New(pager.SimplePageFunc(func(opts metav1.ListOptions) (runtime.Object, error) {
 				return list(context.Background(), opts)
 			}))
@@ -336,7 +330,7 @@ func TestListStreamFromAServer(t *testing.T) {
 		srv := httptest.NewServer(&fakeAPIServer{t: t, forbid: true})
 		defer srv.Close()
 		var k keep
-		_, err := informerOf(t, srv, "application/vnd.kubernetes.protobuf", k.transform)(context.Background(), metav1.ListOptions{})
+		_, err := listOf(t, srv, "application/vnd.kubernetes.protobuf", k.transform)(context.Background(), metav1.ListOptions{})
 		if err == nil || !strings.Contains(err.Error(), "forbidden") {
 			t.Fatalf("got %v, want the server's reason", err)
 		}
