@@ -20,13 +20,32 @@ type attempt struct {
 	Error     string
 	Detail    string
 	ElapsedMS float64 `json:"elapsed_ms"`
+	// StalledMS is the part of ElapsedMS in which the client did not run;
+	// an attempt's timeout counts the time it ran.
+	StalledMS float64 `json:"stalled_ms"`
+	// Socket is what the client's kernel said of a failed TCP attempt.
+	Socket *socketInfo
+}
+
+// socketInfo is the test server's SocketInfo.
+type socketInfo struct {
+	LocalPort      int `json:"local_port"`
+	State          string
+	Retransmits    int
+	TotalRetrans   int `json:"total_retrans"`
+	LastDataRecvMS int `json:"last_data_recv_ms"`
 }
 
 func (a attempt) String() string {
 	if a.Error == "" {
 		return fmt.Sprintf("%s from %s in %.1f ms", a.Server, a.Peer, a.ElapsedMS)
 	}
-	return fmt.Sprintf("%s after %.0f ms (%s)", a.Error, a.ElapsedMS, a.Detail)
+	s := fmt.Sprintf("%s after %.0f ms, %.0f of them stalled (%s)", a.Error, a.ElapsedMS, a.StalledMS, a.Detail)
+	if k := a.Socket; k != nil {
+		s += fmt.Sprintf(" [local port %d, %s, %d retransmitted, %d in all, last data %d ms before]",
+			k.LocalPort, k.State, k.Retransmits, k.TotalRetrans, k.LastDataRecvMS)
+	}
+	return s
 }
 
 // probeTimeout is the time allowed to each attempt of a probe. As for the
@@ -78,11 +97,15 @@ func failedAttempts(res []attempt) string {
 
 // loopResult sums up a connection loop.
 type loopResult struct {
-	Attempts     int
-	Failures     int
-	Errors       map[string]int
-	Servers      map[string]int
-	Started      time.Time
+	Attempts int
+	Failures int
+	Errors   map[string]int
+	Servers  map[string]int
+	Started  time.Time
+	// Stalled counts the attempts whose client did not run for a while;
+	// MaxStalledMS is the longest such time.
+	Stalled      int
+	MaxStalledMS float64    `json:"max_stalled_ms"`
 	FirstFailure *time.Time `json:"first_failure"`
 	LastFailure  *time.Time `json:"last_failure"`
 	// FailedAttempts are the first failed attempts (the loop keeps ten),
@@ -91,10 +114,15 @@ type loopResult struct {
 		At time.Time
 		attempt
 	} `json:"failed_attempts"`
+	// Evidence is what the node said of the failures (gather).
+	Evidence loopEvidence `json:"-"`
 }
 
 func (r loopResult) String() string {
 	s := fmt.Sprintf("%d connections, %d failed %v, servers %v", r.Attempts, r.Failures, r.Errors, r.Servers)
+	if r.Stalled > 0 {
+		s += fmt.Sprintf(", %d with the client stalled (at most %.1f s)", r.Stalled, r.MaxStalledMS/1000)
+	}
 	if r.FirstFailure != nil && r.LastFailure != nil {
 		s += fmt.Sprintf(", failures from %.1fs to %.1fs after the loop began (%s to %s)",
 			r.FirstFailure.Sub(r.Started).Seconds(), r.LastFailure.Sub(r.Started).Seconds(),
@@ -102,9 +130,15 @@ func (r loopResult) String() string {
 	}
 	for i, a := range r.FailedAttempts {
 		s += fmt.Sprintf("; failed #%d at %.1fs: %s", i+1, a.At.Sub(r.Started).Seconds(), a.attempt)
+		if i < len(r.Evidence.Attempts) {
+			s += "; " + r.Evidence.Attempts[i]
+		}
 	}
 	if n := r.Failures - len(r.FailedAttempts); n > 0 && len(r.FailedAttempts) > 0 {
 		s += fmt.Sprintf("; and %d more", n)
+	}
+	if r.Evidence.Conntrack != "" {
+		s += "; node conntrack during the loop: " + r.Evidence.Conntrack
 	}
 	return s
 }
@@ -116,21 +150,28 @@ type loop struct {
 	stdin io.WriteCloser
 	// out is the loop's report (stdout); errOut is kubectl's stderr.
 	out, errOut bytes.Buffer
+	// conntrack is the node's conntrack statistics at the start.
+	conntrack map[string]uint64
 }
 
 // startLoop starts connecting from the client pod to addr every 20 ms until
-// stop. A connection fails when it errors or has no answer within 5 s, as
-// a client would give up: the emulated guest has one CPU, which a starting
-// agent (program verification) holds for a second or more, and a slow
-// answer is not a lost connection.
+// stop. A connection fails when it errors or has no answer within 5 s of
+// the time the client ran, as a client would give up: the emulated guest
+// has one CPU, which a starting agent (program verification) holds for a
+// second or more, the host may not run the guest for seconds, and a slow
+// answer is not a lost connection. The attempts report how long their
+// client did not run.
 func (e *env) startLoop(addr netip.AddrPort) *loop {
 	e.t.Helper()
 	l := &loop{e: e}
+	var err error
+	if l.conntrack, err = conntrackStats(); err != nil {
+		e.t.Logf("conntrack statistics: %v", err)
+	}
 	l.cmd = e.n.KubectlCommand(e.ctx, "exec", "-i", "client", "--", "/testserver", "loop",
 		"--interval", "20ms", "--timeout", "5s", "--max-duration", "10m", addr.String())
 	l.cmd.Stdout = &l.out
 	l.cmd.Stderr = &l.errOut
-	var err error
 	if l.stdin, err = l.cmd.StdinPipe(); err != nil {
 		e.fatalf("%v", err)
 	}
@@ -150,7 +191,7 @@ func (e *env) startLoop(addr netip.AddrPort) *loop {
 // the command ends), which is logged, not counted as lost connections. A
 // missing or incomplete report fails the test, with a short message and
 // kubectl's output logged before it.
-func (l *loop) stop() loopResult {
+func (l *loop) stop(step string) loopResult {
 	l.e.t.Helper()
 	// Let the last step's effects meet a few more connections.
 	time.Sleep(2 * time.Second)
@@ -177,6 +218,10 @@ func (l *loop) stop() loopResult {
 	if waitErr != nil {
 		l.e.t.Logf("connection loop: kubectl exited with %v after a complete report; stderr: %s", waitErr, bytes.TrimSpace(l.errOut.Bytes()))
 	}
+	if r.Failures > 0 {
+		r.Evidence = l.e.gather(r.loopResult, l.conntrack)
+	}
+	l.e.saveAgentLog(step, r.loopResult)
 	return r.loopResult
 }
 

@@ -64,6 +64,8 @@ type env struct {
 	phases []string
 	// loops are the connection loops' results by step.
 	migration, upgrade, restart loopResult
+	// stalls are the times the guest did not run the test.
+	stalls *stallWatch
 }
 
 // errorf records a failure and goes on.
@@ -143,7 +145,8 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(n.Stop)
-	e := &env{t: t, ctx: ctx, n: n}
+	e := &env{t: t, ctx: ctx, n: n, stalls: startStallWatch()}
+	t.Cleanup(e.stalls.Stop)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("component logs:\n%s", n.LogTails(25))
@@ -185,7 +188,7 @@ func TestCluster(t *testing.T) {
 	e.kubectl("", "-n", "kube-system", "delete", "daemonset", "kube-proxy", "--wait=true")
 	e.waitGone("k8s-app=kube-proxy")
 	e.check("kube-proxy's rules are removed once it has stopped", e.waitNoKubeProxyRules)
-	e.migration = loop.stop()
+	e.migration = loop.stop("migration")
 	phase(fmt.Sprintf("migrated: %s", e.migration))
 
 	// What a user checks once ebpf-proxy serves.
@@ -203,13 +206,13 @@ func TestCluster(t *testing.T) {
 	loop = e.startLoop(webTCP)
 	e.kubectl("", "-n", "kube-system", "set", "image", "daemonset/ebpf-proxy", "ebpf-proxy="+agentImages[1])
 	e.rollout("daemonset/ebpf-proxy", "kube-system")
-	e.upgrade = loop.stop()
+	e.upgrade = loop.stop("upgrade")
 	phase(fmt.Sprintf("upgraded: %s", e.upgrade))
 
 	// The agent killed; the kubelet restarts its container.
 	loop = e.startLoop(webTCP)
 	e.killAgent()
-	e.restart = loop.stop()
+	e.restart = loop.stop("restart")
 	phase(fmt.Sprintf("agent restarted: %s", e.restart))
 	e.check("the ClusterIP still spreads over the pods after the restart", func() error { return e.spread(2) })
 

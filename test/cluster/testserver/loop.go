@@ -19,6 +19,10 @@ type LoopReport struct {
 	// attempt started; nil when none failed.
 	FirstFailure *time.Time `json:"first_failure,omitempty"`
 	LastFailure  *time.Time `json:"last_failure,omitempty"`
+	// Stalled counts the attempts in which the client did not run for a
+	// while (Attempt.StalledMS), and MaxStalledMS is the longest such time.
+	Stalled      int     `json:"stalled"`
+	MaxStalledMS float64 `json:"max_stalled_ms"`
 	// LastError is the text of the last failure.
 	LastError string `json:"last_error,omitempty"`
 	// FailedAttempts are the first maxFailedAttempts failed attempts,
@@ -83,6 +87,10 @@ func Loop(ctx context.Context, addr string, interval, timeout, maxDuration time.
 			continue
 		}
 		r.Attempts++
+		if a.StalledMS > 0 {
+			r.Stalled++
+			r.MaxStalledMS = max(r.MaxStalledMS, a.StalledMS)
+		}
 		if a.Error == "" {
 			r.Servers[a.Server]++
 		} else {

@@ -4,12 +4,15 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The kinds of failure an attempt reports, in Attempt.Error.
@@ -47,6 +50,11 @@ type Attempt struct {
 	// ElapsedMS is the time from the start of the attempt to the answer
 	// or the failure, in milliseconds.
 	ElapsedMS float64 `json:"elapsed_ms"`
+	// StalledMS is the part of ElapsedMS in which the client did not run
+	// (see watchdog), in milliseconds.
+	StalledMS float64 `json:"stalled_ms,omitempty"`
+	// Socket is what the kernel said of a failed TCP attempt's socket.
+	Socket *SocketInfo `json:"socket,omitempty"`
 }
 
 // ProbeReport is what `probe` prints.
@@ -74,22 +82,25 @@ func Probe(ctx context.Context, proto, addr string, count int, timeout time.Dura
 	return r
 }
 
-// attempt connects (TCP) or sends a datagram (UDP) and reads the answer.
+// attempt connects (TCP) or sends a datagram (UDP) and reads the answer,
+// within timeout of the time it ran (see watchdog).
 func attempt(ctx context.Context, proto, addr string, timeout time.Duration) Attempt {
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stopWatch := watchdog(timeout, func() { cancel(errNoAnswer) })
+	// A failed TCP attempt is described by its socket, read through a
+	// second descriptor: the dial's own is closed when the dial fails.
+	kept := -1
 	a := func() Attempt {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, proto, addr)
+		c, k, err := dialKept(ctx, proto, addr)
+		kept = k
 		if err != nil {
 			return failed(err)
 		}
 		defer c.Close()
-		deadline, _ := ctx.Deadline()
-		_ = c.SetDeadline(deadline)
 		// A read does not watch ctx: a deadline in the past ends it when
-		// the caller gives up before the timeout.
+		// the time is up or the caller gives up.
 		defer context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })()
 		if proto == "udp" {
 			if _, err := c.Write([]byte("probe\n")); err != nil {
@@ -113,10 +124,24 @@ func attempt(ctx context.Context, proto, addr string, timeout time.Duration) Att
 		}
 		return Attempt{Error: KindBadAnswer, Detail: "incomplete answer " + quote(line) + ": " + err.Error()}
 	}()
-	if a.Error != "" && errors.Is(context.Cause(ctx), context.Canceled) {
-		a.Error = KindCanceled
+	stalled := stopWatch()
+	if kept >= 0 {
+		if a.Error != "" {
+			a.Socket = socketInfo(kept)
+		}
+		_ = unix.Close(kept)
+	}
+	if a.Error != "" {
+		switch cause := context.Cause(ctx); {
+		case errors.Is(cause, errNoAnswer):
+			a.Error = KindTimeout
+			a.Detail = fmt.Sprintf("no answer in %v of running time: %s", timeout, a.Detail)
+		case errors.Is(cause, context.Canceled):
+			a.Error = KindCanceled
+		}
 	}
 	a.ElapsedMS = float64(time.Since(start).Microseconds()) / 1000
+	a.StalledMS = float64(stalled.Microseconds()) / 1000
 	return a
 }
 

@@ -120,16 +120,18 @@ func TestProbe(t *testing.T) {
 	tests := []struct {
 		name, proto, addr string
 		wantError         string
+		// wantState is the TCP state a failed attempt's socket was in.
+		wantState string
 	}{
-		{"tcp: the server's name and the client's address", "tcp", tcp, ""},
-		{"udp: the server's name and the client's address", "udp", udp, ""},
-		{"tcp: nothing listening is refused", "tcp", closedPort(t, "tcp"), KindRefused},
-		{"udp: nothing listening is refused (port unreachable)", "udp", closedPort(t, "udp"), KindRefused},
-		{"tcp: no answer is a timeout", "tcp", silentTCP, KindTimeout},
-		{"udp: no answer is a timeout", "udp", silentUDP, KindTimeout},
-		{"tcp: closed before the answer", "tcp", oneShot(t, ""), KindEOF},
-		{"tcp: an answer of one word is not a server's", "tcp", oneShot(t, "hello\n"), KindBadAnswer},
-		{"tcp: an answer without its newline is incomplete", "tcp", oneShot(t, "pod-b 127.0.0.1:1"), KindBadAnswer},
+		{"tcp: the server's name and the client's address", "tcp", tcp, "", ""},
+		{"udp: the server's name and the client's address", "udp", udp, "", ""},
+		{"tcp: nothing listening is refused", "tcp", closedPort(t, "tcp"), KindRefused, "CLOSE"},
+		{"udp: nothing listening is refused (port unreachable)", "udp", closedPort(t, "udp"), KindRefused, ""},
+		{"tcp: no answer is a timeout", "tcp", silentTCP, KindTimeout, "ESTABLISHED"},
+		{"udp: no answer is a timeout", "udp", silentUDP, KindTimeout, ""},
+		{"tcp: closed before the answer", "tcp", oneShot(t, ""), KindEOF, "CLOSE_WAIT"},
+		{"tcp: an answer of one word is not a server's", "tcp", oneShot(t, "hello\n"), KindBadAnswer, "CLOSE_WAIT"},
+		{"tcp: an answer without its newline is incomplete", "tcp", oneShot(t, "pod-b 127.0.0.1:1"), KindBadAnswer, "CLOSE_WAIT"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -140,6 +142,14 @@ func TestProbe(t *testing.T) {
 			for _, a := range r.Attempts {
 				if a.Error != tt.wantError {
 					t.Errorf("error %q (%s), want %q", a.Error, a.Detail, tt.wantError)
+				}
+				switch {
+				case tt.wantState == "" && a.Socket != nil:
+					t.Errorf("socket %s, want none described", a.Socket)
+				case tt.wantState != "" && a.Socket == nil:
+					t.Errorf("failed TCP attempt without its socket")
+				case tt.wantState != "" && (a.Socket.State != tt.wantState || a.Socket.LocalPort == 0):
+					t.Errorf("socket %s, want %s and its local port", a.Socket, tt.wantState)
 				}
 				if tt.wantError != "" {
 					continue
@@ -391,5 +401,61 @@ func TestReap(t *testing.T) {
 	reap()
 	if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); !os.IsNotExist(err) {
 		t.Errorf("child %d still exists after reap: %v", pid, err)
+	}
+}
+
+// TestProbeTimeoutCountsRunningTime checks that an attempt's time is the
+// time its client ran: a client stopped for longer than its timeout (1 s)
+// still gets an answer that comes 3 s after the connection, and the same
+// client, not stopped, times out.
+func TestProbeTimeoutCountsRunningTime(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				time.Sleep(3 * time.Second)
+				_, _ = c.Write([]byte("pod-slow 127.0.0.1:1\n"))
+			}()
+		}
+	}()
+	probe := func(stop time.Duration) Attempt {
+		t.Helper()
+		cmd := exec.Command(os.Args[0], "probe", "--timeout", "1s", ln.Addr().String())
+		cmd.Env = append(os.Environ(), "TESTSERVER_RUN_MAIN=1", "GORACE=atexit_sleep_ms=0")
+		var out bytes.Buffer
+		cmd.Stdout = &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if stop > 0 {
+			// Past the start, into the attempt, then not run for stop.
+			time.Sleep(200 * time.Millisecond)
+			_ = cmd.Process.Signal(syscall.SIGSTOP)
+			time.Sleep(stop)
+			_ = cmd.Process.Signal(syscall.SIGCONT)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("probe: %v", err)
+		}
+		var r ProbeReport
+		if err := json.Unmarshal(out.Bytes(), &r); err != nil || len(r.Attempts) != 1 {
+			t.Fatalf("probe report %q: %v", out.String(), err)
+		}
+		return r.Attempts[0]
+	}
+	if a := probe(0); a.Error != KindTimeout || a.StalledMS != 0 {
+		t.Errorf("running client: %+v, want a timeout and no stall", a)
+	}
+	if a := probe(2500 * time.Millisecond); a.Error != "" || a.Server != "pod-slow" || a.StalledMS < 2000 {
+		t.Errorf("client stopped for 2.5 s: %+v, want pod-slow's answer and a stall of at least 2 s", a)
 	}
 }
