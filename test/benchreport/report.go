@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"image/color"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -105,11 +106,30 @@ func writeReport(d *data, out string) error {
 	if r, ok := d.run("sockets"); ok {
 		fmt.Fprintf(&md, "## Socket load balancing\n\n`go test ./test/socklb -bench ConnectRate`. Run: %s.\n\n", r.meta)
 		md.WriteString("| benchmark | ClusterIP conn/s | direct conn/s | median ratio | hooks ns per connection |\n|---|---|---|---|---|\n")
+		var others []figures.Result
 		for _, res := range r.results {
 			m := res.Metrics
+			if _, ok := m["direct_conn/s"]; !ok {
+				others = append(others, res)
+				continue
+			}
 			fmt.Fprintf(&md, "| %s | %.0f | %.0f | %.3f | %.0f |\n", res.Name, m["clusterip_conn/s"], m["direct_conn/s"], m["median_ratio"], m["hook_ns/conn"])
 		}
 		md.WriteString("\n")
+		// The other socket benchmarks report metrics of their own.
+		if len(others) > 0 {
+			md.WriteString("| benchmark | metrics |\n|---|---|\n")
+			for _, res := range others {
+				var parts []string
+				for _, u := range slices.Sorted(maps.Keys(res.Metrics)) {
+					if u != "ns/op" { // the whole benchmark's time
+						parts = append(parts, fmt.Sprintf("%.4g %s", res.Metrics[u], u))
+					}
+				}
+				fmt.Fprintf(&md, "| %s | %s |\n", res.Name, strings.Join(parts, ", "))
+			}
+			md.WriteString("\n")
+		}
 	}
 
 	if r, ok := d.run("pps"); ok {
@@ -202,7 +222,14 @@ func plotPaths(r runOutput, file string) error {
 		p.Add(bars)
 		p.Legend.Add(pathSeries[s].label, bars)
 	}
+	// The legend at the top left, over the cheap paths; room above the
+	// tallest bar and beside the outer groups.
 	p.Legend.Top = true
+	p.Legend.Left = true
+	p.Legend.XOffs = vg.Points(40)
+	p.Y.Max *= 1.1
+	p.X.Min -= 0.6
+	p.X.Max += 0.6
 	labels := make([]string, len(chartPaths))
 	for i, c := range chartPaths {
 		labels[i] = strings.Replace(c, ", ", ",\n", 1)
