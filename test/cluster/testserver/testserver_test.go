@@ -95,6 +95,11 @@ func silent(t *testing.T) (tcp, udp string) {
 // oneShot returns the address of a TCP server that answers every connection
 // with reply (nothing when empty) and closes it.
 func oneShot(t *testing.T, reply string) string {
+	return answering(t, 0, reply)
+}
+
+// answering is oneShot with each answer delay after the connection.
+func answering(t *testing.T, delay time.Duration, reply string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -107,8 +112,11 @@ func oneShot(t *testing.T, reply string) string {
 			if err != nil {
 				return
 			}
-			_, _ = c.Write([]byte(reply))
-			c.Close()
+			go func() {
+				defer c.Close()
+				time.Sleep(delay)
+				_, _ = c.Write([]byte(reply))
+			}()
 		}
 	}()
 	return ln.Addr().String()
@@ -409,27 +417,10 @@ func TestReap(t *testing.T) {
 // still gets an answer that comes 3 s after the connection, and the same
 // client, not stopped, times out.
 func TestProbeTimeoutCountsRunningTime(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				time.Sleep(3 * time.Second)
-				_, _ = c.Write([]byte("pod-slow 127.0.0.1:1\n"))
-			}()
-		}
-	}()
+	addr := answering(t, 3*time.Second, "pod-slow 127.0.0.1:1\n")
 	probe := func(stop time.Duration) Attempt {
 		t.Helper()
-		cmd := exec.Command(os.Args[0], "probe", "--timeout", "1s", ln.Addr().String())
+		cmd := exec.Command(os.Args[0], "probe", "--timeout", "1s", addr)
 		cmd.Env = append(os.Environ(), "TESTSERVER_RUN_MAIN=1", "GORACE=atexit_sleep_ms=0")
 		var out bytes.Buffer
 		cmd.Stdout = &out
