@@ -219,7 +219,7 @@ func (l *loop) stop(step string) loopResult {
 		l.e.t.Logf("connection loop: kubectl exited with %v after a complete report; stderr: %s", waitErr, bytes.TrimSpace(l.errOut.Bytes()))
 	}
 	if r.Failures > 0 {
-		r.Evidence = l.e.gather(r.loopResult, l.conntrack)
+		r.Evidence = gather(r.loopResult, l.conntrack)
 	}
 	l.e.saveAgentLog(step, r.loopResult)
 	return r.loopResult

@@ -64,8 +64,6 @@ type env struct {
 	phases []string
 	// loops are the connection loops' results by step.
 	migration, upgrade, restart loopResult
-	// stalls are the times the guest did not run the test.
-	stalls *stallWatch
 }
 
 // errorf records a failure and goes on.
@@ -145,8 +143,7 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(n.Stop)
-	e := &env{t: t, ctx: ctx, n: n, stalls: startStallWatch()}
-	t.Cleanup(e.stalls.Stop)
+	e := &env{t: t, ctx: ctx, n: n}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("component logs:\n%s", n.LogTails(25))

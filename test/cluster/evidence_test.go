@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -17,69 +16,9 @@ import (
 // What the node itself says about a connection loop's failed attempts, so
 // that a failure in CI tells a handover gap (a SYN the node dropped, a
 // conntrack entry in the way) from an emulated guest that did not run for
-// seconds. The test binary runs in the guest's own network namespace, the
+// seconds (which each attempt reports itself: its StalledMS). The test
+// binary runs in the guest's own network namespace, the
 // node's, where the pods' traffic is bridged and tracked.
-
-// stallWatch records the times the test process did not run for a while:
-// a tick every stallTick that comes more than stallMin late.
-type stallWatch struct {
-	mu     sync.Mutex
-	stalls []stall
-	stop   chan struct{}
-}
-
-// stall is a span in which the guest ran nothing of the test process.
-type stall struct{ from, to time.Time }
-
-const (
-	stallTick = 100 * time.Millisecond
-	stallMin  = 500 * time.Millisecond
-	// maxStalls bounds what the watch keeps (the latest are kept).
-	maxStalls = 1000
-)
-
-func startStallWatch() *stallWatch {
-	w := &stallWatch{stop: make(chan struct{})}
-	go func() {
-		t := time.NewTicker(stallTick)
-		defer t.Stop()
-		prev := time.Now()
-		for {
-			select {
-			case <-w.stop:
-				return
-			case <-t.C:
-				// When the process ran again, not when the tick was due.
-				now := time.Now()
-				if now.Sub(prev) > stallTick+stallMin {
-					w.mu.Lock()
-					w.stalls = append(w.stalls, stall{prev, now})
-					if len(w.stalls) > maxStalls {
-						w.stalls = w.stalls[len(w.stalls)-maxStalls:]
-					}
-					w.mu.Unlock()
-				}
-				prev = now
-			}
-		}
-	}()
-	return w
-}
-
-func (w *stallWatch) Stop() { close(w.stop) }
-
-// longest returns the longest stall overlapping [from, to], 0 if none.
-func (w *stallWatch) longest(from, to time.Time) time.Duration {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var d time.Duration
-	for _, s := range w.stalls {
-		if s.to.After(from) && s.from.Before(to) {
-			d = max(d, s.to.Sub(s.from))
-		}
-	}
-	return d
-}
 
 // conntrackStats sums the node's conntrack statistics over its CPUs
 // (/proc/net/stat/nf_conntrack: a header, then a line of hex per CPU).
@@ -147,13 +86,13 @@ func conntrackOfPort(port int) string {
 type loopEvidence struct {
 	// Conntrack is how conntrack's drop counters grew during the loop.
 	Conntrack string
-	// Attempts says, for each failed attempt kept, the longest stall of
-	// the guest during it and the attempt's conntrack entries.
+	// Attempts says, for each failed attempt kept with its socket, the
+	// attempt's conntrack entries.
 	Attempts []string
 }
 
 // gather collects the evidence of r's failed attempts.
-func (e *env) gather(r loopResult, ctBefore map[string]uint64) loopEvidence {
+func gather(r loopResult, ctBefore map[string]uint64) loopEvidence {
 	var v loopEvidence
 	if ctAfter, err := conntrackStats(); err == nil && ctBefore != nil {
 		v.Conntrack = conntrackDelta(ctBefore, ctAfter)
@@ -161,10 +100,9 @@ func (e *env) gather(r loopResult, ctBefore map[string]uint64) loopEvidence {
 		v.Conntrack = err.Error()
 	}
 	for _, a := range r.FailedAttempts {
-		end := a.At.Add(time.Duration(a.ElapsedMS * float64(time.Millisecond)))
-		s := fmt.Sprintf("guest stalled %.1f s at most during it", e.stalls.longest(a.At, end).Seconds())
+		s := "no socket described"
 		if a.Socket != nil {
-			s += "; " + conntrackOfPort(a.Socket.LocalPort)
+			s = conntrackOfPort(a.Socket.LocalPort)
 		}
 		v.Attempts = append(v.Attempts, s)
 	}
@@ -173,7 +111,7 @@ func (e *env) gather(r loopResult, ctBefore map[string]uint64) loopEvidence {
 
 // saveAgentLog writes the agent's log so far to the log directory as
 // agent-<step>.log (the kubelet removes a replaced pod's log), and logs its
-// lines from 10 s before r's first failure to 5 s after its last.
+// lines from 10 s before r's first failure to 15 s after its last.
 func (e *env) saveAgentLog(step string, r loopResult) {
 	out, err := e.n.Kubectl(e.ctx, "", "-n", "kube-system", "logs", "-l", "k8s-app=ebpf-proxy",
 		"--tail=-1", "--timestamps", "--prefix")

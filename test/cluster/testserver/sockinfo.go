@@ -47,7 +47,9 @@ func socketInfo(fd int) *SocketInfo {
 	} else {
 		s.State = fmt.Sprintf("state %d", ti.State)
 	}
-	switch sa := must(unix.Getsockname(fd)).(type) {
+	// A socket without a name (an error) keeps LocalPort 0.
+	sa, _ := unix.Getsockname(fd)
+	switch sa := sa.(type) {
 	case *unix.SockaddrInet4:
 		s.LocalPort = sa.Port
 	case *unix.SockaddrInet6:
@@ -55,8 +57,6 @@ func socketInfo(fd int) *SocketInfo {
 	}
 	return s
 }
-
-func must[T any](v T, _ error) T { return v }
 
 // dialKept dials like net.Dialer but keeps a second descriptor of the
 // socket, so that when the dial fails (a timeout closes the dialer's own)
