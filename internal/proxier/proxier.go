@@ -78,6 +78,10 @@ type Proxier struct {
 	noLocalExternal map[model.ServicePortName]bool
 
 	synced chan struct{}
+
+	// afterSync, set only by tests, runs when a sync that reached the
+	// dataplane has recorded everything it records (metrics, health).
+	afterSync func()
 }
 
 // New returns a sync loop feeding dp from tr.
@@ -194,6 +198,9 @@ func (p *Proxier) syncOnce(full bool) bool {
 	}
 
 	err := p.dp.Sync(up)
+	if p.afterSync != nil {
+		defer p.afterSync()
+	}
 	elapsed := p.now().Sub(start)
 	p.fam.SyncProxyRulesDuration.Observe(elapsed.Seconds())
 	if up.Full {

@@ -22,7 +22,6 @@ type fakeDataplane struct {
 	mu      sync.Mutex
 	updates []model.Update
 	fail    int
-	got     chan struct{}
 }
 
 func (f *fakeDataplane) Name() string { return "fake" }
@@ -31,7 +30,6 @@ func (f *fakeDataplane) Sync(up model.Update) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.updates = append(f.updates, up)
-	defer func() { f.got <- struct{}{} }()
 	if f.fail > 0 {
 		f.fail--
 		return errors.New("injected failure")
@@ -64,8 +62,11 @@ func service(name string, eps ...string) ([]*model.ServicePort, *model.EndpointS
 }
 
 type loop struct {
-	tr     *tracker.Tracker
-	dp     *fakeDataplane
+	tr *tracker.Tracker
+	dp *fakeDataplane
+	// synced gets one value per sync that reached the dataplane, once the
+	// loop has recorded it.
+	synced chan struct{}
 	health *fakeHealth
 	m      *metrics.Metrics
 	p      *Proxier
@@ -75,11 +76,13 @@ func start(t *testing.T, cfg Config) *loop {
 	t.Helper()
 	l := &loop{
 		tr:     tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{}),
-		dp:     &fakeDataplane{got: make(chan struct{}, 100)},
+		dp:     &fakeDataplane{},
+		synced: make(chan struct{}, 100),
 		health: &fakeHealth{},
 		m:      metrics.New(metrics.IPv4),
 	}
 	l.p = New(cfg, l.tr, l.dp, l.m, l.health, zap.NewNop())
+	l.p.afterSync = func() { l.synced <- struct{}{} }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { l.p.Run(ctx); close(done) }()
@@ -90,7 +93,7 @@ func start(t *testing.T, cfg Config) *loop {
 func (l *loop) waitSync(t *testing.T) model.Update {
 	t.Helper()
 	select {
-	case <-l.dp.got:
+	case <-l.synced:
 		return l.dp.last()
 	case <-time.After(10 * time.Second):
 		t.Fatal("no sync")
@@ -101,7 +104,7 @@ func (l *loop) waitSync(t *testing.T) model.Update {
 func (l *loop) noSync(t *testing.T, d time.Duration) {
 	t.Helper()
 	select {
-	case <-l.dp.got:
+	case <-l.synced:
 		t.Fatalf("unexpected sync: %+v", l.dp.last())
 	case <-time.After(d):
 	}
