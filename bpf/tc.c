@@ -330,6 +330,8 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb)
 	default:
 		return TC_ACT_UNSPEC;
 	}
+	if (!np_port_wanted(true, &p))
+		return TC_ACT_UNSPEC;
 	now = ct_now();
 	e = np6_lookup_tracked(&p, now, &reply);
 	if (e && reply) {
@@ -398,6 +400,10 @@ int tc_ingress(struct __sk_buff *skb)
 	default:
 		return TC_ACT_UNSPEC;
 	}
+	/* A fragment without ports (not the first) is passed here too: its
+	 * port is 0, no frontend's. */
+	if (!np_port_wanted(false, &p))
+		return TC_ACT_UNSPEC;
 	now = ct_now();
 	if (!p.fragment) {
 		e = np_lookup_tracked(&p, now, &reply);

@@ -199,6 +199,8 @@ static __always_inline int xdp_flow(struct xdp_md *ctx, bool v6, void *p)
 	default:
 		return XDP_PASS;
 	}
+	if (!np_port_wanted(v6, p))
+		return XDP_PASS;
 	now = ct_now();
 	if (v6)
 		e = np6_lookup_tracked(p, now, &reply);

@@ -169,6 +169,32 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb6_source_ranges_v1 SEC(".maps");
 
+/* The ports that external frontends (NodePorts, ExternalIPs, LoadBalancer
+ * IPs) of a family use or used, a bit per port (bit port % 32 of word
+ * port / 32), so that TC and XDP pass a packet to any other port after one
+ * array lookup, before connection tracking. Ports are only ever added: a
+ * flow to a frontend lives on after the frontend goes (as conntrack keeps
+ * kube-proxy's flows), so its port stays. The Writer adds a frontend's port
+ * before it writes the frontend; the agent adds the ports of the flows
+ * connection tracking holds before it attaches the programs. */
+#define LB_PORT_WORDS (65536 / 32)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, LB_PORT_WORDS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb4_ext_ports_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, LB_PORT_WORDS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb6_ext_ports_v1 SEC(".maps");
+
 #define LB_METRICS_SLOTS 128
 _Static_assert(LB_M_MAX <= LB_METRICS_SLOTS, "lb_metrics_v1 has no room for every counter");
 

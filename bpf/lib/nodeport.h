@@ -22,6 +22,32 @@ volatile const __u16 snat_port_max = 65535;
 
 #define EXTERNAL_FRONTEND (SVC_F_NODE_PORT | SVC_F_EXTERNAL_IP | SVC_F_LOAD_BALANCER)
 
+/* np_port_wanted says whether p, a TCP or UDP packet from outside (a
+ * struct pkt6 when v6, else a struct pkt4), may be of a flow this file
+ * decides: its destination port is, or was, an external frontend's
+ * (lb4_ext_ports_v1), or in the source NAT range, where the replies of
+ * source-NATed flows come back, or it is a TCP SYN, which may reuse the
+ * tuple of a flow to a local backend (np_forget_stale_reply). Any other
+ * packet, most of what a node receives, is passed at the cost of one array
+ * lookup. */
+static __always_inline bool np_port_wanted(bool v6, const void *p)
+{
+	__u16 port = bpf_ntohs(PKT_F(p, v6, dport));
+	__u32 word = port / 32;
+	__u32 *bits;
+
+	if (port >= snat_port_min && port <= snat_port_max)
+		return true;
+	if (PKT_F(p, v6, proto) == IPPROTO_TCP &&
+	    (PKT_F(p, v6, tcp_flags) & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		return true;
+	if (v6)
+		bits = bpf_map_lookup_elem(&lb6_ext_ports_v1, &word);
+	else
+		bits = bpf_map_lookup_elem(&lb4_ext_ports_v1, &word);
+	return bits && (*bits & (1U << (port % 32)));
+}
+
 /* np_orig_valid says whether the tracked flow e still holds for p. A flow
  * lives until it expires; a new TCP connection or a UDP datagram also needs
  * its backend to still be one the ServicePort may choose (kube-proxy

@@ -269,12 +269,14 @@ type SockSock6UdpKey struct {
 const (
 	SockMapLb4AffinityV1     = "lb4_affinity_v1"
 	SockMapLb4BackendsV1     = "lb4_backends_v1"
+	SockMapLb4ExtPortsV1     = "lb4_ext_ports_v1"
 	SockMapLb4MembersV1      = "lb4_members_v1"
 	SockMapLb4RevnatV1       = "lb4_revnat_v1"
 	SockMapLb4ServicesV1     = "lb4_services_v1"
 	SockMapLb4SourceRangesV1 = "lb4_source_ranges_v1"
 	SockMapLb6AffinityV1     = "lb6_affinity_v1"
 	SockMapLb6BackendsV1     = "lb6_backends_v1"
+	SockMapLb6ExtPortsV1     = "lb6_ext_ports_v1"
 	SockMapLb6MembersV1      = "lb6_members_v1"
 	SockMapLb6RevnatV1       = "lb6_revnat_v1"
 	SockMapLb6ServicesV1     = "lb6_services_v1"
@@ -358,12 +360,14 @@ type SockProgramSpecs struct {
 type SockMapSpecs struct {
 	Lb4AffinityV1     *ebpf.MapSpec `ebpf:"lb4_affinity_v1"`
 	Lb4BackendsV1     *ebpf.MapSpec `ebpf:"lb4_backends_v1"`
+	Lb4ExtPortsV1     *ebpf.MapSpec `ebpf:"lb4_ext_ports_v1"`
 	Lb4MembersV1      *ebpf.MapSpec `ebpf:"lb4_members_v1"`
 	Lb4RevnatV1       *ebpf.MapSpec `ebpf:"lb4_revnat_v1"`
 	Lb4ServicesV1     *ebpf.MapSpec `ebpf:"lb4_services_v1"`
 	Lb4SourceRangesV1 *ebpf.MapSpec `ebpf:"lb4_source_ranges_v1"`
 	Lb6AffinityV1     *ebpf.MapSpec `ebpf:"lb6_affinity_v1"`
 	Lb6BackendsV1     *ebpf.MapSpec `ebpf:"lb6_backends_v1"`
+	Lb6ExtPortsV1     *ebpf.MapSpec `ebpf:"lb6_ext_ports_v1"`
 	Lb6MembersV1      *ebpf.MapSpec `ebpf:"lb6_members_v1"`
 	Lb6RevnatV1       *ebpf.MapSpec `ebpf:"lb6_revnat_v1"`
 	Lb6ServicesV1     *ebpf.MapSpec `ebpf:"lb6_services_v1"`
@@ -407,12 +411,14 @@ func (o *SockObjects) Close() error {
 type SockMaps struct {
 	Lb4AffinityV1     *ebpf.Map `ebpf:"lb4_affinity_v1"`
 	Lb4BackendsV1     *ebpf.Map `ebpf:"lb4_backends_v1"`
+	Lb4ExtPortsV1     *ebpf.Map `ebpf:"lb4_ext_ports_v1"`
 	Lb4MembersV1      *ebpf.Map `ebpf:"lb4_members_v1"`
 	Lb4RevnatV1       *ebpf.Map `ebpf:"lb4_revnat_v1"`
 	Lb4ServicesV1     *ebpf.Map `ebpf:"lb4_services_v1"`
 	Lb4SourceRangesV1 *ebpf.Map `ebpf:"lb4_source_ranges_v1"`
 	Lb6AffinityV1     *ebpf.Map `ebpf:"lb6_affinity_v1"`
 	Lb6BackendsV1     *ebpf.Map `ebpf:"lb6_backends_v1"`
+	Lb6ExtPortsV1     *ebpf.Map `ebpf:"lb6_ext_ports_v1"`
 	Lb6MembersV1      *ebpf.Map `ebpf:"lb6_members_v1"`
 	Lb6RevnatV1       *ebpf.Map `ebpf:"lb6_revnat_v1"`
 	Lb6ServicesV1     *ebpf.Map `ebpf:"lb6_services_v1"`
@@ -430,12 +436,14 @@ func (m *SockMaps) Close() error {
 	return _SockClose(
 		m.Lb4AffinityV1,
 		m.Lb4BackendsV1,
+		m.Lb4ExtPortsV1,
 		m.Lb4MembersV1,
 		m.Lb4RevnatV1,
 		m.Lb4ServicesV1,
 		m.Lb4SourceRangesV1,
 		m.Lb6AffinityV1,
 		m.Lb6BackendsV1,
+		m.Lb6ExtPortsV1,
 		m.Lb6MembersV1,
 		m.Lb6RevnatV1,
 		m.Lb6ServicesV1,

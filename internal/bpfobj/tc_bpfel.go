@@ -287,6 +287,7 @@ type TcTc6SnatAddr struct {
 const (
 	TcMapLb4AffinityV1     = "lb4_affinity_v1"
 	TcMapLb4BackendsV1     = "lb4_backends_v1"
+	TcMapLb4ExtPortsV1     = "lb4_ext_ports_v1"
 	TcMapLb4MaglevFpV1     = "lb4_maglev_fp_v1"
 	TcMapLb4MaglevV1       = "lb4_maglev_v1"
 	TcMapLb4MembersV1      = "lb4_members_v1"
@@ -295,6 +296,7 @@ const (
 	TcMapLb4SourceRangesV1 = "lb4_source_ranges_v1"
 	TcMapLb6AffinityV1     = "lb6_affinity_v1"
 	TcMapLb6BackendsV1     = "lb6_backends_v1"
+	TcMapLb6ExtPortsV1     = "lb6_ext_ports_v1"
 	TcMapLb6MaglevFpV1     = "lb6_maglev_fp_v1"
 	TcMapLb6MaglevV1       = "lb6_maglev_v1"
 	TcMapLb6MembersV1      = "lb6_members_v1"
@@ -369,6 +371,7 @@ type TcProgramSpecs struct {
 type TcMapSpecs struct {
 	Lb4AffinityV1     *ebpf.MapSpec `ebpf:"lb4_affinity_v1"`
 	Lb4BackendsV1     *ebpf.MapSpec `ebpf:"lb4_backends_v1"`
+	Lb4ExtPortsV1     *ebpf.MapSpec `ebpf:"lb4_ext_ports_v1"`
 	Lb4MaglevFpV1     *ebpf.MapSpec `ebpf:"lb4_maglev_fp_v1"`
 	Lb4MaglevV1       *ebpf.MapSpec `ebpf:"lb4_maglev_v1"`
 	Lb4MembersV1      *ebpf.MapSpec `ebpf:"lb4_members_v1"`
@@ -377,6 +380,7 @@ type TcMapSpecs struct {
 	Lb4SourceRangesV1 *ebpf.MapSpec `ebpf:"lb4_source_ranges_v1"`
 	Lb6AffinityV1     *ebpf.MapSpec `ebpf:"lb6_affinity_v1"`
 	Lb6BackendsV1     *ebpf.MapSpec `ebpf:"lb6_backends_v1"`
+	Lb6ExtPortsV1     *ebpf.MapSpec `ebpf:"lb6_ext_ports_v1"`
 	Lb6MaglevFpV1     *ebpf.MapSpec `ebpf:"lb6_maglev_fp_v1"`
 	Lb6MaglevV1       *ebpf.MapSpec `ebpf:"lb6_maglev_v1"`
 	Lb6MembersV1      *ebpf.MapSpec `ebpf:"lb6_members_v1"`
@@ -425,6 +429,7 @@ func (o *TcObjects) Close() error {
 type TcMaps struct {
 	Lb4AffinityV1     *ebpf.Map `ebpf:"lb4_affinity_v1"`
 	Lb4BackendsV1     *ebpf.Map `ebpf:"lb4_backends_v1"`
+	Lb4ExtPortsV1     *ebpf.Map `ebpf:"lb4_ext_ports_v1"`
 	Lb4MaglevFpV1     *ebpf.Map `ebpf:"lb4_maglev_fp_v1"`
 	Lb4MaglevV1       *ebpf.Map `ebpf:"lb4_maglev_v1"`
 	Lb4MembersV1      *ebpf.Map `ebpf:"lb4_members_v1"`
@@ -433,6 +438,7 @@ type TcMaps struct {
 	Lb4SourceRangesV1 *ebpf.Map `ebpf:"lb4_source_ranges_v1"`
 	Lb6AffinityV1     *ebpf.Map `ebpf:"lb6_affinity_v1"`
 	Lb6BackendsV1     *ebpf.Map `ebpf:"lb6_backends_v1"`
+	Lb6ExtPortsV1     *ebpf.Map `ebpf:"lb6_ext_ports_v1"`
 	Lb6MaglevFpV1     *ebpf.Map `ebpf:"lb6_maglev_fp_v1"`
 	Lb6MaglevV1       *ebpf.Map `ebpf:"lb6_maglev_v1"`
 	Lb6MembersV1      *ebpf.Map `ebpf:"lb6_members_v1"`
@@ -454,6 +460,7 @@ func (m *TcMaps) Close() error {
 	return _TcClose(
 		m.Lb4AffinityV1,
 		m.Lb4BackendsV1,
+		m.Lb4ExtPortsV1,
 		m.Lb4MaglevFpV1,
 		m.Lb4MaglevV1,
 		m.Lb4MembersV1,
@@ -462,6 +469,7 @@ func (m *TcMaps) Close() error {
 		m.Lb4SourceRangesV1,
 		m.Lb6AffinityV1,
 		m.Lb6BackendsV1,
+		m.Lb6ExtPortsV1,
 		m.Lb6MaglevFpV1,
 		m.Lb6MaglevV1,
 		m.Lb6MembersV1,

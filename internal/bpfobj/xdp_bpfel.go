@@ -287,6 +287,7 @@ type XdpTc6SnatAddr struct {
 const (
 	XdpMapLb4AffinityV1     = "lb4_affinity_v1"
 	XdpMapLb4BackendsV1     = "lb4_backends_v1"
+	XdpMapLb4ExtPortsV1     = "lb4_ext_ports_v1"
 	XdpMapLb4MaglevFpV1     = "lb4_maglev_fp_v1"
 	XdpMapLb4MaglevV1       = "lb4_maglev_v1"
 	XdpMapLb4MembersV1      = "lb4_members_v1"
@@ -295,6 +296,7 @@ const (
 	XdpMapLb4SourceRangesV1 = "lb4_source_ranges_v1"
 	XdpMapLb6AffinityV1     = "lb6_affinity_v1"
 	XdpMapLb6BackendsV1     = "lb6_backends_v1"
+	XdpMapLb6ExtPortsV1     = "lb6_ext_ports_v1"
 	XdpMapLb6MaglevFpV1     = "lb6_maglev_fp_v1"
 	XdpMapLb6MaglevV1       = "lb6_maglev_v1"
 	XdpMapLb6MembersV1      = "lb6_members_v1"
@@ -370,6 +372,7 @@ type XdpProgramSpecs struct {
 type XdpMapSpecs struct {
 	Lb4AffinityV1     *ebpf.MapSpec `ebpf:"lb4_affinity_v1"`
 	Lb4BackendsV1     *ebpf.MapSpec `ebpf:"lb4_backends_v1"`
+	Lb4ExtPortsV1     *ebpf.MapSpec `ebpf:"lb4_ext_ports_v1"`
 	Lb4MaglevFpV1     *ebpf.MapSpec `ebpf:"lb4_maglev_fp_v1"`
 	Lb4MaglevV1       *ebpf.MapSpec `ebpf:"lb4_maglev_v1"`
 	Lb4MembersV1      *ebpf.MapSpec `ebpf:"lb4_members_v1"`
@@ -378,6 +381,7 @@ type XdpMapSpecs struct {
 	Lb4SourceRangesV1 *ebpf.MapSpec `ebpf:"lb4_source_ranges_v1"`
 	Lb6AffinityV1     *ebpf.MapSpec `ebpf:"lb6_affinity_v1"`
 	Lb6BackendsV1     *ebpf.MapSpec `ebpf:"lb6_backends_v1"`
+	Lb6ExtPortsV1     *ebpf.MapSpec `ebpf:"lb6_ext_ports_v1"`
 	Lb6MaglevFpV1     *ebpf.MapSpec `ebpf:"lb6_maglev_fp_v1"`
 	Lb6MaglevV1       *ebpf.MapSpec `ebpf:"lb6_maglev_v1"`
 	Lb6MembersV1      *ebpf.MapSpec `ebpf:"lb6_members_v1"`
@@ -427,6 +431,7 @@ func (o *XdpObjects) Close() error {
 type XdpMaps struct {
 	Lb4AffinityV1     *ebpf.Map `ebpf:"lb4_affinity_v1"`
 	Lb4BackendsV1     *ebpf.Map `ebpf:"lb4_backends_v1"`
+	Lb4ExtPortsV1     *ebpf.Map `ebpf:"lb4_ext_ports_v1"`
 	Lb4MaglevFpV1     *ebpf.Map `ebpf:"lb4_maglev_fp_v1"`
 	Lb4MaglevV1       *ebpf.Map `ebpf:"lb4_maglev_v1"`
 	Lb4MembersV1      *ebpf.Map `ebpf:"lb4_members_v1"`
@@ -435,6 +440,7 @@ type XdpMaps struct {
 	Lb4SourceRangesV1 *ebpf.Map `ebpf:"lb4_source_ranges_v1"`
 	Lb6AffinityV1     *ebpf.Map `ebpf:"lb6_affinity_v1"`
 	Lb6BackendsV1     *ebpf.Map `ebpf:"lb6_backends_v1"`
+	Lb6ExtPortsV1     *ebpf.Map `ebpf:"lb6_ext_ports_v1"`
 	Lb6MaglevFpV1     *ebpf.Map `ebpf:"lb6_maglev_fp_v1"`
 	Lb6MaglevV1       *ebpf.Map `ebpf:"lb6_maglev_v1"`
 	Lb6MembersV1      *ebpf.Map `ebpf:"lb6_members_v1"`
@@ -457,6 +463,7 @@ func (m *XdpMaps) Close() error {
 	return _XdpClose(
 		m.Lb4AffinityV1,
 		m.Lb4BackendsV1,
+		m.Lb4ExtPortsV1,
 		m.Lb4MaglevFpV1,
 		m.Lb4MaglevV1,
 		m.Lb4MembersV1,
@@ -465,6 +472,7 @@ func (m *XdpMaps) Close() error {
 		m.Lb4SourceRangesV1,
 		m.Lb6AffinityV1,
 		m.Lb6BackendsV1,
+		m.Lb6ExtPortsV1,
 		m.Lb6MaglevFpV1,
 		m.Lb6MaglevV1,
 		m.Lb6MembersV1,

@@ -75,6 +75,11 @@ type TCConfig struct {
 	SNATPortMin, SNATPortMax uint16
 	// Migrated is as Config.Migrated.
 	Migrated func(MapMigration)
+	// BeforeAttach, when set, is called with the loaded objects before any
+	// program is attached or replaced: the port filter gets the ports of
+	// the flows connection tracking holds (the programs pass packets to
+	// other ports). Its error fails LoadTC, leaving attached what was.
+	BeforeAttach func(*bpfobj.TcObjects) error
 }
 
 // TCLoaded are the TC programs in the kernel and what holds them attached.
@@ -117,6 +122,12 @@ func LoadTC(cfg TCConfig) (*TCLoaded, error) {
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: mapsDir(cfg.BPFFSPath)}}
 	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "a TC program", "TC objects", cfg.Migrated); err != nil {
 		return nil, err
+	}
+	if cfg.BeforeAttach != nil {
+		if err := cfg.BeforeAttach(&l.Objects); err != nil {
+			l.Close()
+			return nil, err
+		}
 	}
 	if err := l.attach(cfg); err != nil {
 		l.Close()

@@ -54,6 +54,9 @@ type applied struct {
 	// ranges trie, and the Maglev tables with their size (0: none).
 	rangesOn   bool
 	maglevSize int
+	// portsOn says the port filter map exists; ports is its copy.
+	portsOn bool
+	ports   portFilter
 }
 
 type appliedFrontend struct {

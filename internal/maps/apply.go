@@ -46,6 +46,7 @@ func applyBatched(m familyMaps, p *plan) error {
 		what string
 		do   func() error
 	}{
+		{"port filter", func() error { return putBatches(m.ports, &p.portPuts) }},
 		{"backends", func() error { return putBatches(m.backends, &p.backendPuts) }},
 		{"reverse NAT", func() error { return putBatches(m.revNat, &p.revNatPuts) }},
 		{"members", func() error { return putBatches(m.members, &p.memberPuts) }},
@@ -124,6 +125,13 @@ func (f *failures) keep(prev *appliedFrontend) {
 func applyUnbatched(m familyMaps, p *plan) []error {
 	var errs []error
 	var f failures
+	// A word that fails leaves its new frontends unreachable from outside
+	// until the retry, and nothing that worked before.
+	for i, w := range p.portPuts.keys {
+		if err := m.ports.Put(w, p.portPuts.values[i]); err != nil {
+			errs = append(errs, fmt.Errorf("port filter word %d: %w", w, err))
+		}
+	}
 	for i, id := range p.backendPuts.keys {
 		v := p.backendPuts.values[i]
 		if err := m.backends.Put(id, v); err != nil {

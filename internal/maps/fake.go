@@ -101,6 +101,8 @@ type Fakes struct {
 	// Ranges stands for the LPM trie of source ranges, as a plain map of
 	// its keys.
 	Ranges *FakeMap[SourceRangeKey, uint8]
+	// Ports stands for the port filter array, holding the words written.
+	Ports *FakeMap[uint32, uint32]
 }
 
 // NewFakes returns empty fakes; a zero capacity is unlimited.
@@ -112,12 +114,13 @@ func NewFakes(services, backends, revnat int) *Fakes {
 		Members:  NewFakeMap[MemberKey, uint8](0),
 		Maglev:   NewFakeMaglev(FakeMaglevSize),
 		Ranges:   NewFakeMap[SourceRangeKey, uint8](0),
+		Ports:    NewFakeMap[uint32, uint32](PortFilterWords),
 	}
 }
 
 // Maps returns the fakes as the Writer's Maps.
 func (f *Fakes) Maps() Maps {
-	return Maps{Services: f.Services, Backends: f.Backends, RevNat: f.RevNat, Members: f.Members, Maglev: f.Maglev, SourceRanges: f.Ranges}
+	return Maps{Services: f.Services, Backends: f.Backends, RevNat: f.RevNat, Members: f.Members, Maglev: f.Maglev, SourceRanges: f.Ranges, PortFilter: f.Ports}
 }
 
 // FakeMaglevSize is the table size of the fakes: a small prime keeps

@@ -41,6 +41,8 @@ type Maps6 struct {
 	// SourceRanges holds the IPv6 loadBalancerSourceRanges; nil leaves
 	// them unwritten.
 	SourceRanges Map[SourceRange6Key, uint8]
+	// PortFilter is lb6_ext_ports_v1 (see Maps.PortFilter).
+	PortFilter Map[uint32, uint32]
 }
 
 // KernelMaps6 wraps the loaded IPv6 maps of the socket programs. A nil
@@ -58,6 +60,9 @@ func KernelMaps6(m *bpfobj.SockMaps) Maps6 {
 	}
 	if m.Lb6SourceRangesV1 != nil {
 		km.SourceRanges = FromKernel[SourceRange6Key, uint8](m.Lb6SourceRangesV1)
+	}
+	if m.Lb6ExtPortsV1 != nil {
+		km.PortFilter = FromKernel[uint32, uint32](m.Lb6ExtPortsV1)
 	}
 	return km
 }
@@ -116,6 +121,8 @@ type familyMaps struct {
 	// maglev is nil without Maglev tables, ranges nil without the trie.
 	maglev MaglevTables
 	ranges Map[rangeKey, uint8]
+	// ports is the port filter; nil leaves it unwritten.
+	ports Map[uint32, uint32]
 }
 
 // codedMap is a Map of the Writer's values over a Map of a family's
@@ -169,6 +176,7 @@ func (m Maps) coded() familyMaps {
 		revNat:   coded(m.RevNat, same[uint32], same[uint32], encodeRevNat4, decodeRevNat4),
 		members:  m.Members,
 		maglev:   m.Maglev,
+		ports:    m.PortFilter,
 	}
 	if m.SourceRanges != nil {
 		fm.ranges = coded(m.SourceRanges, rangeKey.encode4, decodeRangeKey4, same[uint8], same[uint8])
@@ -184,6 +192,7 @@ func (m Maps6) coded() familyMaps {
 		revNat:   coded(m.RevNat, same[uint32], same[uint32], encodeRevNat6, decodeRevNat6),
 		members:  m.Members,
 		maglev:   m.Maglev,
+		ports:    m.PortFilter,
 	}
 	if m.SourceRanges != nil {
 		fm.ranges = coded(m.SourceRanges, rangeKey.encode6, decodeRangeKey6, same[uint8], same[uint8])

@@ -96,6 +96,12 @@ type Maps struct {
 	// whose LoadBalancer IPs have them (an LPM trie); nil leaves them
 	// unwritten, for tests of the other maps.
 	SourceRanges Map[SourceRangeKey, uint8]
+	// PortFilter holds a bit per port that an external frontend uses or
+	// used (lb4_ext_ports_v1, PortFilterWords words): the TC and XDP
+	// programs pass packets to other ports early. nil leaves it
+	// unwritten, for tests of the other maps; the TC and XDP programs
+	// then translate nothing.
+	PortFilter Map[uint32, uint32]
 }
 
 // ErrMapFull is returned (wrapped) when a map has no room for a new entry.
@@ -188,6 +194,9 @@ func KernelMaps(m *bpfobj.SockMaps) Maps {
 	}
 	if m.Lb4SourceRangesV1 != nil {
 		km.SourceRanges = FromKernel[SourceRangeKey, uint8](m.Lb4SourceRangesV1)
+	}
+	if m.Lb4ExtPortsV1 != nil {
+		km.PortFilter = FromKernel[uint32, uint32](m.Lb4ExtPortsV1)
 	}
 	return km
 }

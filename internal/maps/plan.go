@@ -16,6 +16,7 @@ import (
 // then the deletions (a removed frontend's master entry before its slots),
 // and last the deletion of what no service entry points at any more.
 type plan struct {
+	portPuts    entries[uint32, uint32]
 	rangePuts   []rangeKey
 	backendPuts entries[uint32, backendEntry]
 	revNatPuts  entries[uint32, netip.AddrPort]
@@ -87,6 +88,7 @@ func (p *plan) reset() {
 		*p = plan{}
 		return
 	}
+	p.portPuts.reset()
 	p.rangePuts = p.rangePuts[:0]
 	p.backendPuts.reset()
 	p.revNatPuts.reset()
@@ -321,6 +323,7 @@ func (a *applied) upsert(p *plan, d desiredFrontend) error {
 	if len(d.backends) > MaxBackendsPerFrontend {
 		return fmt.Errorf("%d endpoints, more than the %d a frontend can hold", len(d.backends), MaxBackendsPerFrontend)
 	}
+	a.planPort(p, d.fe, d.flags)
 	prev := a.frontends[d.fe]
 	cur := prev
 	if cur == nil {

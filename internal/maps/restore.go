@@ -140,5 +140,8 @@ func (a *applied) restore(m familyMaps) error {
 			a.orphanRevNats = append(a.orphanRevNats, id)
 		}
 	}
+	if m.ports != nil {
+		return a.restorePorts(m.ports)
+	}
 	return nil
 }

@@ -85,6 +85,7 @@ func newFamilyWriter(m familyMaps, fam family, lim Limits) (*Writer, error) {
 		maglevSize = m.maglev.Size()
 	}
 	w := &Writer{applied: newApplied(fam, lim, m.ranges != nil, maglevSize), m: m}
+	w.portsOn = m.ports != nil
 	if err := w.restore(m); err != nil {
 		return nil, err
 	}

@@ -146,6 +146,7 @@ func newFixture(tb testing.TB, opts loadOptions) *fixture {
 		Members:  maps.FromKernel[maps.MemberKey, uint8](f.objs.Lb4MembersV1),
 
 		SourceRanges: maps.FromKernel[maps.SourceRangeKey, uint8](f.objs.Lb4SourceRangesV1),
+		PortFilter:   maps.FromKernel[uint32, uint32](f.objs.Lb4ExtPortsV1),
 		Maglev:       maps.KernelMaglev(f.objs.Lb4MaglevV1, f.objs.Lb4MaglevFpV1, spec.Maps[bpfobj.TcMapLb4MaglevV1].InnerMap),
 	}, maps.Limits{Backends: 1024, RevNat: 1024})
 	if err != nil {

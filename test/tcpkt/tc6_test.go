@@ -87,6 +87,7 @@ func newFixture6(tb testing.TB, opts loadOptions) *fixture6 {
 		RevNat:       maps.FromKernel[uint32, maps.RevNat6Value](f.objs.Lb6RevnatV1),
 		Members:      maps.FromKernel[maps.MemberKey, uint8](f.objs.Lb6MembersV1),
 		SourceRanges: maps.FromKernel[maps.SourceRange6Key, uint8](f.objs.Lb6SourceRangesV1),
+		PortFilter:   maps.FromKernel[uint32, uint32](f.objs.Lb6ExtPortsV1),
 		Maglev:       maps.KernelMaglev(f.objs.Lb6MaglevV1, f.objs.Lb6MaglevFpV1, f.maglevTable6),
 	}, maps.Limits{Backends: 1024, RevNat: 1024})
 	if err != nil {

@@ -97,13 +97,10 @@ func TestMapFillMetrics(t *testing.T) {
 		MaglevTable: loader.DefaultMapSizes.MaglevTable}
 	const conntrack = 8192
 	m := metrics.New(metrics.IPv4)
-	// The socket programs on a cgroup of the node's own, so that the
+	// The socket programs on the node's cgroup (u.cg), so that the
 	// external client's connections reach the TC programs, which track
 	// them, rather than being translated by its socket.
-	cg, err := u.sb.AddCgroup("node1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cg := u.cg
 	var d *bpf.Dataplane
 	if err := u.node.NS.Do(func() (err error) {
 		d, err = bpf.New(context.Background(), bpf.Config{

@@ -192,7 +192,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	if !l.Features.SetRetval {
 		log.Warn("kernel lacks bpf_set_retval in cgroup programs: connections to Services without endpoints fail with EPERM instead of ECONNREFUSED")
 	}
-	tc, err := newTCAttacher(cfg, log, mig.report)
+	tc, err := newTCAttacher(cfg, log, mig.report, addTrackedPorts(w, w6, log))
 	if err != nil {
 		l.Close()
 		return nil, err

@@ -10,7 +10,9 @@ import (
 	vnetns "github.com/vishvananda/netns"
 	"go.uber.org/zap"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
@@ -83,7 +85,9 @@ type tcAttacher struct {
 	nl    *netlink.Handle
 }
 
-func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)) (*tcAttacher, error) {
+// newTCAttacher returns the attacher of the TC and XDP programs;
+// beforeAttach is loader.TCConfig.BeforeAttach.
+func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration), beforeAttach func(*bpfobj.TcObjects) error) (*tcAttacher, error) {
 	if err := checkSNATPortRange(c.SNATPorts, c.SNATPortRangeForce, ephemeralPortsFile, reservedPortsFile, log); err != nil {
 		return nil, err
 	}
@@ -108,6 +112,7 @@ func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)
 		cfg: loader.TCConfig{
 			BPFFSPath: c.BPFFSPath, Sizes: c.Sizes, ConntrackSize: c.ConntrackSize, Attach: c.TCAttach,
 			SNATPortMin: c.SNATPorts.Min, SNATPortMax: c.SNATPorts.Max, Migrated: migrated,
+			BeforeAttach: beforeAttach,
 		},
 		devices: c.Devices,
 		log:     log,
@@ -341,5 +346,31 @@ func (a *tcAttacher) close() {
 	}
 	if a.loaded != nil {
 		a.loaded.Close()
+	}
+}
+
+// addTrackedPorts returns what LoadTC calls before it attaches: the
+// frontend ports of the flows connection tracking holds go into the port
+// filters of w4 and w6, so that the new programs keep translating a flow
+// whose frontend is gone (deleted while an agent without the filter ran,
+// say), as they did before.
+func addTrackedPorts(w4, w6 *maps.Writer, log *zap.Logger) func(*bpfobj.TcObjects) error {
+	return func(o *bpfobj.TcObjects) error {
+		p4, err := maps.TrackedPorts(maps.FromKernel[maps.CTKey, maps.CTValue](o.Tc4CtV1))
+		if err != nil {
+			return fmt.Errorf("read the tracked IPv4 flows: %w", err)
+		}
+		p6, err := maps.TrackedPorts6(maps.FromKernel[maps.CT6Key, maps.CT6Value](o.Tc6CtV1))
+		if err != nil {
+			return fmt.Errorf("read the tracked IPv6 flows: %w", err)
+		}
+		if err := w4.AddPorts(p4); err != nil {
+			return err
+		}
+		if err := w6.AddPorts(p6); err != nil {
+			return err
+		}
+		log.Info("port filter holds the ports of the tracked flows", zap.Int("ipv4Ports", len(p4)), zap.Int("ipv6Ports", len(p6)))
+		return nil
 	}
 }

@@ -38,7 +38,11 @@ const upgradeNodePort = 30080
 // whose sockets the socket programs translate, and a client outside the
 // cluster whose NodePort traffic the TC programs translate.
 type upgradeNode struct {
-	sb       *sandbox.Sandbox
+	sb *sandbox.Sandbox
+	// cg is the node's cgroup, where the socket programs attach and the
+	// client pod runs; the external client runs outside it, so that only
+	// the TC programs translate its traffic.
+	cg       *sandbox.Cgroup
 	node     *sandbox.Node
 	pod, ext *sandbox.Client
 	bpffs    string
@@ -57,9 +61,13 @@ func newUpgradeNode(t *testing.T) *upgradeNode {
 			t.Fatal(err)
 		}
 	}
+	if u.cg, err = u.sb.AddCgroup("node1"); err != nil {
+		t.Fatal(err)
+	}
 	if u.pod, err = u.sb.AddClient(u.node, "client", netip.MustParseAddr("10.244.1.100")); err != nil {
 		t.Fatal(err)
 	}
+	u.pod = u.pod.InCgroup(u.cg)
 	if u.ext, err = u.sb.AddExternalClient("ext", netip.MustParseAddr("198.18.0.10")); err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +103,7 @@ func (u *upgradeNode) start(t *testing.T, sizes loader.MapSizes, conntrack uint3
 	var d *bpf.Dataplane
 	if err := u.node.NS.Do(func() (err error) {
 		d, err = bpf.New(context.Background(), bpf.Config{
-			CgroupPath: u.sb.Cgroup.Path(), BPFFSPath: u.bpffs, Sizes: sizes, ConntrackSize: conntrack,
+			CgroupPath: u.cg.Path(), BPFFSPath: u.bpffs, Sizes: sizes, ConntrackSize: conntrack,
 			Devices: []string{sandbox.IfaceName, sandbox.BridgeName}, XDP: loader.XDPOff,
 			SNATPorts: bpf.DefaultSNATPortRange, Metrics: m, Logger: log,
 		})
@@ -340,4 +348,66 @@ func TestAnUpgradeToMapsTooSmallKeepsTheOldMaps(t *testing.T) {
 		t.Errorf("maps:\n%s\nwant them untouched:\n%s", strings.Join(got, "\n"), strings.Join(before, "\n"))
 	}
 	u.checkTraffic(t, "with the old maps kept")
+}
+
+// An upgrade from a release without the port filter (lb4_ext_ports_v1)
+// keeps a NodePort connection whose Service was deleted before it: the new
+// programs pass packets to ports not in the filter, and the deleted
+// frontend is not restored, so the port comes from the tracked flow.
+func TestAnUpgradeKeepsTheFlowsOfDeletedServicesThroughThePortFilter(t *testing.T) {
+	u := newUpgradeNode(t)
+	// A second Service keeps web's pods as backends once web is gone: a
+	// flow whose backend is removed is reset (tc.c tc_reset).
+	web := u.state.Services[model.ServicePortName{ServiceName: model.ServiceName{Namespace: "default", Name: "web"}, Protocol: model.TCP}]
+	keep := builders.ModelServicePort("default", "web-keep", model.TCP, netip.MustParseAddr("10.96.0.12"), 80)
+	u.state.Services[keep.Name] = builders.ModelService(keep, web.Endpoints, &u.state.Node)
+	old, _ := u.start(t, loader.DefaultMapSizes, loader.DefaultConntrackSize, zap.NewNop())
+	if err := old.Sync(model.Update{State: u.state, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	held, err := u.ext.Hold(ctx, netip.AddrPortFrom(u.node.IP, upgradeNodePort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if held.First.Err != "" {
+		t.Fatalf("connect to the NodePort: %s", held.First.Err)
+	}
+	ping := func(when string) {
+		t.Helper()
+		if err := held.Ping(); err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+	}
+	ping("before the Service is deleted")
+	for name, svc := range u.state.Services {
+		if svc.Port.NodePort == upgradeNodePort {
+			delete(u.state.Services, name)
+		}
+	}
+	if err := old.Sync(model.Update{State: u.state, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	ping("after the Service is deleted (its flow lives on, as under kube-proxy's conntrack)")
+	old.Close()
+	// The release before the filter never created it.
+	if err := os.Remove(u.pin(bpfobj.SockMapLb4ExtPortsV1)); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	d, _ := u.start(t, loader.DefaultMapSizes, loader.DefaultConntrackSize, zap.New(core))
+	defer d.Close()
+	ping("after the upgrade")
+	if err := d.Sync(model.Update{State: u.state, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	ping("after the upgrade's first sync")
+	if !d.HasPort(upgradeNodePort) {
+		t.Errorf("port %d of the tracked flow is not in the new port filter", upgradeNodePort)
+	}
+	if lines := logs.FilterMessage("port filter holds the ports of the tracked flows").All(); len(lines) != 1 || lines[0].ContextMap()["ipv4Ports"] != int64(1) {
+		t.Errorf("log lines about the tracked flows' ports: %v, want one with ipv4Ports=1", lines)
+	}
 }
