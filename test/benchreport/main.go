@@ -162,6 +162,7 @@ func load(dir string) (*data, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
+		res = figures.Medians(res)
 		r := runOutput{name: name, results: res, printed: printed, meta: readMeta(dir, name)}
 		d.runs = append(d.runs, r)
 		for k, v := range figures.Collect(res, printed) {

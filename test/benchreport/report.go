@@ -86,7 +86,8 @@ func writeReport(d *data, out string) error {
 			return err
 		}
 		fmt.Fprintf(&md, "## Per-packet cost of the TC and XDP programs\n\n")
-		fmt.Fprintf(&md, "`go test ./test/tcpkt -bench Paths -benchtime 200x`: the kernel's time per packet by BPF_PROG_TEST_RUN. Run: %s.\n\n", r.meta)
+		fmt.Fprintf(&md, "`go test ./test/tcpkt -bench Paths -benchtime 200x -count %d`: the kernel's time per packet by BPF_PROG_TEST_RUN, the median of %d runs. Run: %s.\n\n",
+			r.runsOf(), r.runsOf(), r.meta)
 		md.WriteString("![ns per packet by path](benchmarks/paths.png)\n\n")
 		md.WriteString("| path | " + strings.Join(seriesLabels(), " | ") + " |\n|---|---|---|---|---|\n")
 		for _, p := range allPaths(r) {
@@ -304,4 +305,14 @@ func plotScale(runs []scaleRun, ylabel string, value func(scaleResult) float64, 
 	p.Legend.Top = true
 	p.Legend.Left = true
 	return p.Save(8*vg.Inch, 4.5*vg.Inch, file)
+}
+
+// runsOf is how many runs each benchmark of r was the median of (1 when
+// they ran once).
+func (r runOutput) runsOf() int {
+	n := 1
+	for _, res := range r.results {
+		n = max(n, res.Runs)
+	}
+	return n
 }

@@ -113,10 +113,15 @@ func (e *env) connectRate(b *testing.B, vip, direct netip.AddrPort, progs []*ebp
 	// direct rounds run connect4 too (a miss), which is not what a
 	// connection through a ClusterIP costs.
 	var hookTime time.Duration
+	perProg := make([]ebpf.ProgramStats, len(progs))
 	viaVIPRound := func() float64 {
-		t0 := hookRuntime(b, progs)
+		s0 := progStats(b, progs)
 		v := e.rate(b, vip, each)
-		hookTime += hookRuntime(b, progs) - t0
+		for i, st := range progStats(b, progs) {
+			perProg[i].Runtime += st.Runtime - s0[i].Runtime
+			perProg[i].RunCount += st.RunCount - s0[i].RunCount
+			hookTime += st.Runtime - s0[i].Runtime
+		}
 		return v
 	}
 	for range b.N {
@@ -143,17 +148,48 @@ func (e *env) connectRate(b *testing.B, vip, direct netip.AddrPort, progs []*ebp
 	b.ReportMetric(viaPod/runs, "direct_conn/s")
 	b.ReportMetric(ratios[len(ratios)/2], "median_ratio")
 	b.ReportMetric(float64(hookTime.Nanoseconds())/vipConns, "hook_ns/conn")
+	// Each program's own share: its runs per connection and the time of
+	// one run, which tell a program that runs more often than it should
+	// from one that is slow.
+	for i, p := range progs {
+		name := progName(b, p)
+		st := perProg[i]
+		b.ReportMetric(float64(st.RunCount)/vipConns, name+"_runs/conn")
+		if st.RunCount > 0 {
+			b.ReportMetric(float64(st.Runtime.Nanoseconds())/float64(st.RunCount), name+"_ns/run")
+		}
+	}
+}
+
+// progStats reads the kernel's run statistics of progs.
+func progStats(b *testing.B, progs []*ebpf.Program) []ebpf.ProgramStats {
+	b.Helper()
+	out := make([]ebpf.ProgramStats, len(progs))
+	for i, p := range progs {
+		st, err := p.Stats()
+		if err != nil {
+			b.Fatal(err)
+		}
+		out[i] = *st
+	}
+	return out
+}
+
+// progName is the name the program was loaded with.
+func progName(b *testing.B, p *ebpf.Program) string {
+	b.Helper()
+	info, err := p.Info()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return info.Name
 }
 
 // hookRuntime sums the run time the kernel recorded for progs.
 func hookRuntime(b *testing.B, progs []*ebpf.Program) time.Duration {
 	b.Helper()
 	var total time.Duration
-	for _, p := range progs {
-		st, err := p.Stats()
-		if err != nil {
-			b.Fatal(err)
-		}
+	for _, st := range progStats(b, progs) {
 		total += st.Runtime
 	}
 	return total

@@ -15,6 +15,7 @@ import (
 	"io"
 	"math"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -149,6 +150,9 @@ func Print(w io.Writer, name string, v float64) {
 type Result struct {
 	Name    string
 	Metrics map[string]float64
+	// Runs is how many runs Medians folded into the result (0: one,
+	// as parsed).
+	Runs int
 }
 
 var procSuffix = regexp.MustCompile(`-\d+$`)
@@ -185,6 +189,43 @@ func Parse(r io.Reader) ([]Result, map[string]float64, error) {
 		results = append(results, res)
 	}
 	return results, printed, sc.Err()
+}
+
+// Medians folds the results of a benchmark run several times (-count N)
+// into one, each metric the median of its runs (the mean of the middle two
+// for an even count): single runs of the per-packet paths vary by up to
+// 1.5x between runs on a shared machine. Results keep the order of each
+// benchmark's first run; Runs says how many each folded.
+func Medians(results []Result) []Result {
+	var order []string
+	runs := map[string][]Result{}
+	for _, r := range results {
+		if _, ok := runs[r.Name]; !ok {
+			order = append(order, r.Name)
+		}
+		runs[r.Name] = append(runs[r.Name], r)
+	}
+	out := make([]Result, 0, len(order))
+	for _, name := range order {
+		rs := runs[name]
+		m := Result{Name: name, Metrics: map[string]float64{}, Runs: len(rs)}
+		vals := map[string][]float64{}
+		for _, r := range rs {
+			for k, v := range r.Metrics {
+				vals[k] = append(vals[k], v)
+			}
+		}
+		for k, vs := range vals {
+			slices.Sort(vs)
+			n := len(vs)
+			m.Metrics[k] = vs[n/2]
+			if n%2 == 0 {
+				m.Metrics[k] = (vs[n/2-1] + vs[n/2]) / 2
+			}
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 // parseLine reads "bench: NAME=VALUE UNIT ...".

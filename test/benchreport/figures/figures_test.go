@@ -74,3 +74,26 @@ func TestNamesAreUnique(t *testing.T) {
 		}
 	}
 }
+
+func TestMediansFoldRepeatedRuns(t *testing.T) {
+	const runs = `BenchmarkPaths/ingress/not_a_frontend-2 	200	1 ns/op	76.00 ns/pkt
+BenchmarkPaths/ingress/tracked-2 	200	1 ns/op	700 ns/pkt
+BenchmarkPaths/ingress/not_a_frontend-2 	200	1 ns/op	142.0 ns/pkt
+BenchmarkPaths/ingress/tracked-2 	200	1 ns/op	600 ns/pkt
+BenchmarkPaths/ingress/not_a_frontend-2 	200	1 ns/op	75.00 ns/pkt
+`
+	res, _, err := Parse(strings.NewReader(runs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := Medians(res)
+	if len(got) != 2 || got[0].Name != "BenchmarkPaths/ingress/not_a_frontend" || got[1].Name != "BenchmarkPaths/ingress/tracked" {
+		t.Fatalf("folded into %+v, want the two benchmarks in their first run's order", got)
+	}
+	if v := got[0].Metrics["ns/pkt"]; v != 76 || got[0].Runs != 3 {
+		t.Errorf("median of 76, 142, 75 over %d runs = %v, want 76 over 3", got[0].Runs, v)
+	}
+	if v := got[1].Metrics["ns/pkt"]; v != 650 {
+		t.Errorf("median of two runs, 700 and 600 = %v, want their mean 650", v)
+	}
+}
