@@ -113,6 +113,7 @@ static __always_inline int tc_reply(struct __sk_buff *skb, struct pkt4 *p, struc
 	__be16 sport = e->nat_sport, dport = e->nat_dport;
 	bool snat = e->flags & CT_F_SNAT;
 
+	np_reply_seen(e, false, p);
 	ct_refresh_dir(e, p, now, true);
 	if (pkt4_rewrite(skb, p, true, saddr, sport))
 		return TC_ACT_SHOT;
@@ -335,6 +336,7 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb)
 	now = ct_now();
 	e = np6_lookup_tracked(&p, now, &reply);
 	if (e && reply) {
+		np_reply_seen(e, true, &p);
 		ct_refresh_v(e, true, p.proto, p.tcp_flags, now, true);
 		return tc6_xlate(skb, &p, e, NULL, true, now);
 	}
@@ -342,7 +344,7 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb)
 		lb_count(LB_M_TC_SNAT_LATE);
 		return TC_ACT_UNSPEC;
 	}
-	if (e && np6_backend_gone(e, &p))
+	if (e && np6_backend_gone(e, &p, now))
 		return tc6_reset(skb, &p, e);
 	if (e) {
 		lb_count(LB_M_TC_FWD);
@@ -413,7 +415,7 @@ int tc_ingress(struct __sk_buff *skb)
 			lb_count(LB_M_TC_SNAT_LATE);
 			return TC_ACT_UNSPEC;
 		}
-		if (e && np_backend_gone(e, &p))
+		if (e && np_backend_gone(e, &p, now))
 			return tc_reset(skb, &p, e);
 		if (e) {
 			lb_count(LB_M_TC_FWD);

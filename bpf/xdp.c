@@ -129,6 +129,7 @@ static __always_inline int xdp_reply(struct xdp_md *ctx, bool v6, const void *p,
 {
 	int ret;
 
+	np_reply_seen(e, v6, p);
 	ret = xdp_send(ctx, v6, p, e, now);
 	if (ret != XDP_PASS) {
 		ct_refresh_v(e, v6, PKT_F(p, v6, proto), PKT_F(p, v6, tcp_flags), now, true);
@@ -220,7 +221,7 @@ static __always_inline int xdp_flow(struct xdp_md *ctx, bool v6, void *p)
 		 * ends the flow (tc.c tc_reset). Building the reset here too
 		 * would duplicate that for one packet per dead flow; what
 		 * matters is that nothing goes on to the dead pod. */
-		if (v6 ? np6_backend_gone(e, p) : np_backend_gone(e, p)) {
+		if (v6 ? np6_backend_gone(e, p, now) : np_backend_gone(e, p, now)) {
 			lb_count(LB_M_XDP_TO_TC);
 			return XDP_PASS;
 		}

@@ -88,7 +88,7 @@ static __always_inline void *ct_map(bool v6)
 /* The TCP state flags, which a new connection on the tuple starts over. */
 #define CT_F_TCP_STATE                                                                             \
 	(CT_F_CLOSING | CT_F_FIN_ORIG | CT_F_FIN_REPLY | CT_F_FIN_REPLY_FIRST | CT_F_CLOSED |      \
-	 CT_F_SYN_WAIT)
+	 CT_F_SYN_WAIT | CT_F_REPLY_CLOSING)
 
 /* How many random source NAT ports are tried for a new flow. */
 #define SNAT_TRIES 16

@@ -48,6 +48,71 @@ static __always_inline bool np_port_wanted(bool v6, const void *p)
 	return bits && (*bits & (1U << (port % 32)));
 }
 
+/* np_orig_fresh says whether e, the client-side entry of a source-NATed
+ * flow of family v6, was checked in full in this second (np_orig_valid,
+ * np_backend_gone), so that p, a packet of the flow, needs no check: the
+ * entry's next hop was found in this second (fib_at), which happens only
+ * when a packet is forwarded after the checks, and p is a UDP datagram or a
+ * TCP segment without SYN, FIN or RST, which changes no state the checks
+ * follow, of a flow neither side has begun to close (CT_F_CLOSING: the
+ * client's FIN; CT_F_REPLY_CLOSING: the backend's, np_reply_seen), whose
+ * every packet is checked, as its source NAT port may soon serve another. What the checks
+ * would catch in between (a removed backend, an expired entry) is caught at
+ * the flow's first packet of the next second: a tracked packet then costs
+ * one hash lookup, as in Katran. */
+static __always_inline bool np_orig_fresh(const void *e, bool v6, const void *p, __u32 now)
+{
+	__u16 f = CT_E(e, v6, flags);
+
+	if ((f & (CT_F_SNAT | CT_F_CLOSING | CT_F_REPLY_CLOSING)) != CT_F_SNAT ||
+	    !CT_E(e, v6, fib_ifindex) || CT_E(e, v6, fib_at) != (__u16)now)
+		return false;
+	return PKT_F(p, v6, proto) == IPPROTO_UDP ||
+	       !(PKT_F(p, v6, tcp_flags) & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST));
+}
+
+/* np_reply_seen is told of p, a backend's packet of family v6 that the
+ * reply entry r of a source-NATed flow translates: after a FIN or an RST,
+ * which may close the flow, the client-side entry is marked
+ * CT_F_REPLY_CLOSING, so that the client's packets are checked in full
+ * (np_orig_fresh) and refresh r, which follows the close. */
+static __always_inline void np_reply_seen(const void *r, bool v6, const void *p)
+{
+	struct ct4_key k4 = {};
+	struct ct6_key k6 = {};
+	void *e;
+
+	if (PKT_F(p, v6, proto) != IPPROTO_TCP ||
+	    !(PKT_F(p, v6, tcp_flags) & (TCP_FLAG_FIN | TCP_FLAG_RST)) ||
+	    !(CT_E(r, v6, flags) & CT_F_SNAT))
+		return;
+	/* The client-side key: the client is where r sends replies, the
+	 * frontend where they come from. */
+	if (v6) {
+		const struct ct6_entry *r6 = r;
+
+		__builtin_memcpy(k6.saddr, r6->nat_daddr, sizeof(k6.saddr));
+		__builtin_memcpy(k6.daddr, r6->nat_saddr, sizeof(k6.daddr));
+		k6.sport = r6->nat_dport;
+		k6.dport = r6->nat_sport;
+		k6.proto = IPPROTO_TCP;
+		k6.dir = CT_DIR_ORIG;
+		e = bpf_map_lookup_elem(&tc6_ct_v1, &k6);
+	} else {
+		const struct ct4_entry *r4 = r;
+
+		k4.saddr = r4->nat_daddr;
+		k4.daddr = r4->nat_saddr;
+		k4.sport = r4->nat_dport;
+		k4.dport = r4->nat_sport;
+		k4.proto = IPPROTO_TCP;
+		k4.dir = CT_DIR_ORIG;
+		e = bpf_map_lookup_elem(&tc4_ct_v1, &k4);
+	}
+	if (e && !(CT_E(e, v6, flags) & CT_F_REPLY_CLOSING))
+		CT_E(e, v6, flags) |= CT_F_REPLY_CLOSING;
+}
+
 /* np_orig_valid says whether the tracked flow e still holds for p. A flow
  * lives until it expires; a new TCP connection or a UDP datagram also needs
  * its backend to still be one the ServicePort may choose (kube-proxy
@@ -350,6 +415,10 @@ static __always_inline struct ct4_entry *np_lookup_tracked(const struct pkt4 *p,
 
 	ct_orig_key(&key, p);
 	e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
+	if (e && np_orig_fresh(e, false, p, now)) {
+		*reply = false;
+		return e;
+	}
 	if (e && np_orig_valid(e, p, now)) {
 		ct_refresh(e, p, now);
 		*reply = false;
@@ -380,12 +449,13 @@ static __always_inline struct ct4_entry *np_lookup_tracked(const struct pkt4 *p,
  * new SYN on the tuple is a new connection, which np_orig_valid already
  * sends to a backend the ServicePort may choose; UDP flows move there too.
  * Such a flow is reset by TC (tc.c tc_reset); XDP hands its packets over. */
-static __always_inline bool np_backend_gone(const struct ct4_entry *e, const struct pkt4 *p)
+static __always_inline bool np_backend_gone(const struct ct4_entry *e, const struct pkt4 *p,
+					    __u32 now)
 {
 	struct lb4_backend *be;
 	__u32 id = e->backend_id;
 
-	if (p->proto != IPPROTO_TCP ||
+	if (np_orig_fresh(e, false, p, now) || p->proto != IPPROTO_TCP ||
 	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
 		return false;
 	be = bpf_map_lookup_elem(&lb4_backends_v1, &id);
@@ -619,6 +689,10 @@ static __always_inline struct ct6_entry *np6_lookup_tracked(const struct pkt6 *p
 
 	ct6_orig_key(&key, p);
 	e = bpf_map_lookup_elem(&tc6_ct_v1, &key);
+	if (e && np_orig_fresh(e, true, p, now)) {
+		*reply = false;
+		return e;
+	}
 	if (e && np6_orig_valid(e, p, now)) {
 		ct_refresh_v(e, true, p->proto, p->tcp_flags, now, false);
 		*reply = false;
@@ -656,12 +730,13 @@ static __always_inline struct ct6_entry *np6_lookup_tracked(const struct pkt6 *p
 }
 
 /* np6_backend_gone is np_backend_gone for IPv6. */
-static __always_inline bool np6_backend_gone(const struct ct6_entry *e, const struct pkt6 *p)
+static __always_inline bool np6_backend_gone(const struct ct6_entry *e, const struct pkt6 *p,
+					     __u32 now)
 {
 	struct lb6_backend *be;
 	__u32 id = e->backend_id;
 
-	if (p->proto != IPPROTO_TCP ||
+	if (np_orig_fresh(e, true, p, now) || p->proto != IPPROTO_TCP ||
 	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
 		return false;
 	be = bpf_map_lookup_elem(&lb6_backends_v1, &id);

@@ -343,6 +343,10 @@ enum {
 	 * active 2 s after it began), as conntrack's SEEN_REPLY and ASSURED. */
 	CT_F_UDP_REPLIED = 1 << 7,
 	CT_F_UDP_STREAM = 1 << 8,
+	/* On the client-side entry of a source-NATed TCP flow: the backend
+	 * sent a FIN or an RST (seen by the reply entry), so the client's
+	 * packets are checked in full (nodeport.h np_orig_fresh). */
+	CT_F_REPLY_CLOSING = 1 << 9,
 };
 
 /* Value of tc4_ct: how packets with the key's tuple are rewritten. A zero

@@ -55,7 +55,8 @@ const (
 	CTFlagSynWait        uint16 = 1 << 6
 	CTFlagUDPReplied     uint16 = 1 << 7
 	CTFlagUDPStream      uint16 = 1 << 8
-	ctFlagNamesKnownMask uint16 = 1<<9 - 1
+	CTFlagReplyClosing   uint16 = 1 << 9
+	ctFlagNamesKnownMask uint16 = 1<<10 - 1
 	// affinityClientAddr is AFFINITY_CLIENT_ADDR (else a netns cookie).
 	affinityClientAddr uint8 = 1
 )
@@ -73,6 +74,7 @@ var ctFlagNames = []struct {
 	{CTFlagSynWait, "syn-wait"},
 	{CTFlagUDPReplied, "replied"},
 	{CTFlagUDPStream, "stream"},
+	{CTFlagReplyClosing, "reply-closing"},
 }
 
 // CTFlagNames spells a conntrack entry's flags ("snat,closing", "-" for

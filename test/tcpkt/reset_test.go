@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
@@ -95,6 +97,7 @@ func TestResetWhenTheBackendIsRemoved(t *testing.T) {
 			f.sync(t, web(c.backend, c.node))
 			f.open(t, fromOutside(pktest.TCP(client, fe, pktest.SYN)))
 			f.sync(t, web(c.next, c.node))
+			f.checkedEarlier(t)
 			reset, resetOK := f.counted(bpfobj.TcLbMetricLB_M_TC_RESET, c.resets)
 			pc := pktest.Case{
 				Name: c.name, In: c.in.Bytes(), Verdict: c.verdict,
@@ -275,6 +278,7 @@ func testXDPHandsRemovedBackendFlowsToTC(t *testing.T, fam string) {
 	noReset, noResetOK := f.counted(bpfobj.TcLbMetricLB_M_TC_RESET, 0)
 	resetN, resetOK := f.counted(bpfobj.TcLbMetricLB_M_TC_RESET, 1)
 	x.sync(t, web([]netip.AddrPort{next}))
+	f.checkedEarlier(t)
 	f.runXDP(t, xo, []xrow{
 		{Case: pktest.Case{
 			Name: "backend removed: XDP passes the segment untouched, entries kept for TC", In: seg.Bytes(),
@@ -339,4 +343,62 @@ func gopacketChecksums(frame []byte) error {
 			ip.Checksum, tcp.Checksum, buf.Bytes(), frame[len(eth.Contents):])
 	}
 	return nil
+}
+
+// TestARemovedBackendIsSeenAtTheFlowsNextSecond: a tracked source-NATed
+// flow's packets are checked in full (np_orig_valid, np_backend_gone) once
+// a second; in between they cost one lookup. So a segment in the second the
+// flow was last forwarded in still goes to its removed backend, and the
+// flow's first segment of a later second is answered with the reset.
+func TestARemovedBackendIsSeenAtTheFlowsNextSecond(t *testing.T) {
+	f := newFixture(t, loadOptions{})
+	remote := netip.MustParseAddrPort("10.244.2.20:8080")
+	next := netip.MustParseAddrPort("10.244.2.21:8080")
+	web := func(ep netip.AddrPort) *model.State {
+		return state(service{name: "web", clusterIP: "10.96.0.10", port: 80, proto: model.TCP, nodePort: npWebLocal, endpoints: []string{at(ep, otherNode)}})
+	}
+	fe := np(npWebLocal)
+	seg := fromOutside(pktest.TCP(client, fe, pktest.ACK).WithSeq(1000).WithAck(5000))
+	f.sync(t, web(remote))
+	f.open(t, fromOutside(pktest.TCP(client, fe, pktest.SYN)))
+	f.sync(t, web(next))
+
+	fwd, fwdOK := f.counted(bpfobj.TcLbMetricLB_M_TC_FWD, 1)
+	noReset, noResetOK := f.counted(bpfobj.TcLbMetricLB_M_TC_RESET, 0)
+	f.checkedNow(t)
+	f.run(t, []row{{Case: pktest.Case{
+		Name: "in the second the flow was last forwarded in: still to its backend", In: seg.Bytes(),
+		Verdict: pktest.TCActRedirect,
+		Out:     toNodeB(pktest.TCP(snatSrc, remote, pktest.ACK).WithSeq(1000).WithAck(5000).WithTTL(63)).Bytes(),
+		Setup:   func(tb testing.TB) { fwd(tb); noReset(tb) },
+		Check:   func(tb testing.TB, r pktest.Result) { fwdOK(tb, r); noResetOK(tb, r) },
+	}}})
+	reset, resetOK := f.counted(bpfobj.TcLbMetricLB_M_TC_RESET, 1)
+	f.checkedEarlier(t)
+	f.run(t, []row{{Case: pktest.Case{
+		Name: "the flow's first segment of a later second: a reset from the NodePort", In: seg.Bytes(),
+		Verdict: pktest.TCActRedirect, Out: rst(fe, client, pktest.RST, 5000, 0).Bytes(),
+		Setup: reset, Check: resetOK,
+	}}})
+}
+
+// checkedNow makes every tracked flow's next hop, and with it the full
+// check of its entry, as of the current second (see checkedEarlier), with
+// at least half of the second left for the test's next packets.
+func (f *fixture) checkedNow(tb testing.TB) {
+	tb.Helper()
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		tb.Fatal(err)
+	}
+	if ts.Nsec > 500_000_000 {
+		time.Sleep(time.Duration(1_000_000_000-ts.Nsec) + time.Millisecond)
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	updateCT(tb, f.objs.Tc4CtV1, func(_ *bpfobj.TcCt4Key, v *bpfobj.TcCt4Entry) bool {
+		v.FibAt = uint16(ts.Sec)
+		return true
+	})
 }

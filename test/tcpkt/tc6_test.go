@@ -349,9 +349,11 @@ func TestResetIPv6(t *testing.T) {
 		Name: "IPv6 NodePort, remote backend: a flow begins", In: syn.Bytes(),
 		Verdict: pktest.TCActRedirect, Out: toNodeB(syn.WithSrc(snatSrc6).WithDst(remoteWeb6).WithHopLimit(63)).Bytes(),
 	}}})
-	// The endpoint goes: the next segment is answered with a reset from
-	// the NodePort, <SEQ=SEG.ACK><CTL=RST>, and the flow forgotten.
+	// The endpoint goes: the next segment (in a later second than the
+	// flow's last) is answered with a reset from the NodePort,
+	// <SEQ=SEG.ACK><CTL=RST>, and the flow forgotten.
 	f.sync6(t, fixtureState6WithoutRemoteWeb())
+	f.checkedEarlier(t)
 	f.run(t, []row{{Case: pktest.Case{
 		Name: "IPv6 segment of a flow whose backend was removed: a reset from the NodePort", In: data.Bytes(),
 		Verdict: pktest.TCActRedirect,
@@ -372,6 +374,7 @@ func TestResetIPv6(t *testing.T) {
 		Verdict: pktest.TCActRedirect, Out: toNodeB(syn2.WithSrc(snatSrc6).WithDst(second).WithHopLimit(63)).Bytes(),
 	}}})
 	f.sync6(t, fixtureState6())
+	f.checkedEarlier(t)
 	ack := fromOutside(pktest.TCP6(client6b, np6(npWebRemote), pktest.ACK).WithSeq(5000, 9000))
 	f.run(t, []row{{Case: pktest.Case{
 		Name: "IPv6 bare ACK of a flow whose backend was removed: a reset, checksums kept", In: ack.Bytes(),
