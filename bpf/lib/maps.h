@@ -195,6 +195,24 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb6_ext_ports_v1 SEC(".maps");
 
+/* The second (of CLOCK_MONOTONIC, bpf_ktime_get_ns's clock) in which the
+ * Writer last deleted a backend or a backend's membership of a ServicePort,
+ * by family (LB_REMOVED_AT_IPV4, _IPV6): a check of a tracked flow made
+ * before a removal says nothing after it, so the TC and XDP programs check
+ * every flow's packets in full in that second (nodeport.h np_orig_fresh). */
+enum {
+	LB_REMOVED_AT_IPV4 = 0,
+	LB_REMOVED_AT_IPV6 = 1,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 2);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_removed_at_v1 SEC(".maps");
+
 #define LB_METRICS_SLOTS 128
 _Static_assert(LB_M_MAX <= LB_METRICS_SLOTS, "lb_metrics_v1 has no room for every counter");
 

@@ -56,16 +56,22 @@ static __always_inline bool np_port_wanted(bool v6, const void *p)
  * TCP segment without SYN, FIN or RST, which changes no state the checks
  * follow, of a flow neither side has begun to close (CT_F_CLOSING: the
  * client's FIN; CT_F_REPLY_CLOSING: the backend's, np_reply_seen), whose
- * every packet is checked, as its source NAT port may soon serve another. What the checks
- * would catch in between (a removed backend, an expired entry) is caught at
- * the flow's first packet of the next second: a tracked packet then costs
- * one hash lookup, as in Katran. */
+ * every packet is checked, as its source NAT port may soon serve another,
+ * and no backend was removed in this second (lb_removed_at_v1): a check
+ * made before the removal no longer holds. What the checks would catch
+ * otherwise (an expired entry) is caught at the flow's first packet of the
+ * next second, and a tracked packet costs one hash lookup, as in Katran. */
 static __always_inline bool np_orig_fresh(const void *e, bool v6, const void *p, __u32 now)
 {
+	__u32 fam = v6 ? LB_REMOVED_AT_IPV6 : LB_REMOVED_AT_IPV4;
 	__u16 f = CT_E(e, v6, flags);
+	__u32 *removed;
 
 	if ((f & (CT_F_SNAT | CT_F_CLOSING | CT_F_REPLY_CLOSING)) != CT_F_SNAT ||
 	    !CT_E(e, v6, fib_ifindex) || CT_E(e, v6, fib_at) != (__u16)now)
+		return false;
+	removed = bpf_map_lookup_elem(&lb_removed_at_v1, &fam);
+	if (!removed || *removed == now)
 		return false;
 	return PKT_F(p, v6, proto) == IPPROTO_UDP ||
 	       !(PKT_F(p, v6, tcp_flags) & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST));

@@ -282,6 +282,7 @@ const (
 	SockMapLb6ServicesV1     = "lb6_services_v1"
 	SockMapLb6SourceRangesV1 = "lb6_source_ranges_v1"
 	SockMapLbMetricsV1       = "lb_metrics_v1"
+	SockMapLbRemovedAtV1     = "lb_removed_at_v1"
 	SockMapSock4RangeTagsV1  = "sock4_range_tags_v1"
 	SockMapSock4RevnatV1     = "sock4_revnat_v1"
 	SockMapSock4UdpFwdV1     = "sock4_udp_fwd_v1"
@@ -373,6 +374,7 @@ type SockMapSpecs struct {
 	Lb6ServicesV1     *ebpf.MapSpec `ebpf:"lb6_services_v1"`
 	Lb6SourceRangesV1 *ebpf.MapSpec `ebpf:"lb6_source_ranges_v1"`
 	LbMetricsV1       *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
+	LbRemovedAtV1     *ebpf.MapSpec `ebpf:"lb_removed_at_v1"`
 	Sock4RangeTagsV1  *ebpf.MapSpec `ebpf:"sock4_range_tags_v1"`
 	Sock4RevnatV1     *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
 	Sock4UdpFwdV1     *ebpf.MapSpec `ebpf:"sock4_udp_fwd_v1"`
@@ -424,6 +426,7 @@ type SockMaps struct {
 	Lb6ServicesV1     *ebpf.Map `ebpf:"lb6_services_v1"`
 	Lb6SourceRangesV1 *ebpf.Map `ebpf:"lb6_source_ranges_v1"`
 	LbMetricsV1       *ebpf.Map `ebpf:"lb_metrics_v1"`
+	LbRemovedAtV1     *ebpf.Map `ebpf:"lb_removed_at_v1"`
 	Sock4RangeTagsV1  *ebpf.Map `ebpf:"sock4_range_tags_v1"`
 	Sock4RevnatV1     *ebpf.Map `ebpf:"sock4_revnat_v1"`
 	Sock4UdpFwdV1     *ebpf.Map `ebpf:"sock4_udp_fwd_v1"`
@@ -449,6 +452,7 @@ func (m *SockMaps) Close() error {
 		m.Lb6ServicesV1,
 		m.Lb6SourceRangesV1,
 		m.LbMetricsV1,
+		m.LbRemovedAtV1,
 		m.Sock4RangeTagsV1,
 		m.Sock4RevnatV1,
 		m.Sock4UdpFwdV1,

@@ -304,6 +304,7 @@ const (
 	TcMapLb6ServicesV1     = "lb6_services_v1"
 	TcMapLb6SourceRangesV1 = "lb6_source_ranges_v1"
 	TcMapLbMetricsV1       = "lb_metrics_v1"
+	TcMapLbRemovedAtV1     = "lb_removed_at_v1"
 	TcMapSock4RevnatV1     = "sock4_revnat_v1"
 	TcMapSock4UdpFwdV1     = "sock4_udp_fwd_v1"
 	TcMapSock6RevnatV1     = "sock6_revnat_v1"
@@ -388,6 +389,7 @@ type TcMapSpecs struct {
 	Lb6ServicesV1     *ebpf.MapSpec `ebpf:"lb6_services_v1"`
 	Lb6SourceRangesV1 *ebpf.MapSpec `ebpf:"lb6_source_ranges_v1"`
 	LbMetricsV1       *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
+	LbRemovedAtV1     *ebpf.MapSpec `ebpf:"lb_removed_at_v1"`
 	Sock4RevnatV1     *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
 	Sock4UdpFwdV1     *ebpf.MapSpec `ebpf:"sock4_udp_fwd_v1"`
 	Sock6RevnatV1     *ebpf.MapSpec `ebpf:"sock6_revnat_v1"`
@@ -446,6 +448,7 @@ type TcMaps struct {
 	Lb6ServicesV1     *ebpf.Map `ebpf:"lb6_services_v1"`
 	Lb6SourceRangesV1 *ebpf.Map `ebpf:"lb6_source_ranges_v1"`
 	LbMetricsV1       *ebpf.Map `ebpf:"lb_metrics_v1"`
+	LbRemovedAtV1     *ebpf.Map `ebpf:"lb_removed_at_v1"`
 	Sock4RevnatV1     *ebpf.Map `ebpf:"sock4_revnat_v1"`
 	Sock4UdpFwdV1     *ebpf.Map `ebpf:"sock4_udp_fwd_v1"`
 	Sock6RevnatV1     *ebpf.Map `ebpf:"sock6_revnat_v1"`
@@ -477,6 +480,7 @@ func (m *TcMaps) Close() error {
 		m.Lb6ServicesV1,
 		m.Lb6SourceRangesV1,
 		m.LbMetricsV1,
+		m.LbRemovedAtV1,
 		m.Sock4RevnatV1,
 		m.Sock4UdpFwdV1,
 		m.Sock6RevnatV1,

@@ -304,6 +304,7 @@ const (
 	XdpMapLb6ServicesV1     = "lb6_services_v1"
 	XdpMapLb6SourceRangesV1 = "lb6_source_ranges_v1"
 	XdpMapLbMetricsV1       = "lb_metrics_v1"
+	XdpMapLbRemovedAtV1     = "lb_removed_at_v1"
 	XdpMapSock4RevnatV1     = "sock4_revnat_v1"
 	XdpMapSock4UdpFwdV1     = "sock4_udp_fwd_v1"
 	XdpMapSock6RevnatV1     = "sock6_revnat_v1"
@@ -389,6 +390,7 @@ type XdpMapSpecs struct {
 	Lb6ServicesV1     *ebpf.MapSpec `ebpf:"lb6_services_v1"`
 	Lb6SourceRangesV1 *ebpf.MapSpec `ebpf:"lb6_source_ranges_v1"`
 	LbMetricsV1       *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
+	LbRemovedAtV1     *ebpf.MapSpec `ebpf:"lb_removed_at_v1"`
 	Sock4RevnatV1     *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
 	Sock4UdpFwdV1     *ebpf.MapSpec `ebpf:"sock4_udp_fwd_v1"`
 	Sock6RevnatV1     *ebpf.MapSpec `ebpf:"sock6_revnat_v1"`
@@ -448,6 +450,7 @@ type XdpMaps struct {
 	Lb6ServicesV1     *ebpf.Map `ebpf:"lb6_services_v1"`
 	Lb6SourceRangesV1 *ebpf.Map `ebpf:"lb6_source_ranges_v1"`
 	LbMetricsV1       *ebpf.Map `ebpf:"lb_metrics_v1"`
+	LbRemovedAtV1     *ebpf.Map `ebpf:"lb_removed_at_v1"`
 	Sock4RevnatV1     *ebpf.Map `ebpf:"sock4_revnat_v1"`
 	Sock4UdpFwdV1     *ebpf.Map `ebpf:"sock4_udp_fwd_v1"`
 	Sock6RevnatV1     *ebpf.Map `ebpf:"sock6_revnat_v1"`
@@ -480,6 +483,7 @@ func (m *XdpMaps) Close() error {
 		m.Lb6ServicesV1,
 		m.Lb6SourceRangesV1,
 		m.LbMetricsV1,
+		m.LbRemovedAtV1,
 		m.Sock4RevnatV1,
 		m.Sock4UdpFwdV1,
 		m.Sock6RevnatV1,

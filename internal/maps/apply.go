@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
 
@@ -17,7 +19,11 @@ var errNeedsUnwritten = errors.New("left as it was: an entry it needs could not 
 // writes entry by entry and goes on after a failure, leaving as they were
 // only the frontends that need what could not be written: one Service that
 // does not fit fails alone.
-func apply(m familyMaps, p *plan, batched bool) error {
+func apply(m familyMaps, p *plan, batched bool) (err error) {
+	if len(p.backendDels)+len(p.memberDels) > 0 {
+		// After the deletions, also those of a failed apply.
+		defer func() { err = errors.Join(err, stampRemoval(m)) }()
+	}
 	// The LPM trie takes no batches: single writes, before the
 	// frontends that use them.
 	var errs []error
@@ -234,4 +240,22 @@ func applyUnbatched(m familyMaps, p *plan) []error {
 		}
 	}
 	return errs
+}
+
+// stampRemoval records in m's removal map that backends or memberships
+// were deleted in this second: the TC and XDP programs then check every
+// tracked flow in full for the rest of it, so that a flow to a removed
+// backend is reset at its next packet (bpf/lib/nodeport.h np_orig_fresh).
+func stampRemoval(m familyMaps) error {
+	if m.removedAt == nil {
+		return nil
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return fmt.Errorf("read the clock for the removal stamp: %w", err)
+	}
+	if err := m.removedAt.Put(m.removedKey, uint32(ts.Sec)); err != nil {
+		return fmt.Errorf("removal stamp: %w", err)
+	}
+	return nil
 }

@@ -103,6 +103,8 @@ type Fakes struct {
 	Ranges *FakeMap[SourceRangeKey, uint8]
 	// Ports stands for the port filter array, holding the words written.
 	Ports *FakeMap[uint32, uint32]
+	// RemovedAt stands for the removal stamps' array.
+	RemovedAt *FakeMap[uint32, uint32]
 }
 
 // NewFakes returns empty fakes; a zero capacity is unlimited.
@@ -115,12 +117,15 @@ func NewFakes(services, backends, revnat int) *Fakes {
 		Maglev:   NewFakeMaglev(FakeMaglevSize),
 		Ranges:   NewFakeMap[SourceRangeKey, uint8](0),
 		Ports:    NewFakeMap[uint32, uint32](PortFilterWords),
+
+		RemovedAt: NewFakeMap[uint32, uint32](2),
 	}
 }
 
 // Maps returns the fakes as the Writer's Maps.
 func (f *Fakes) Maps() Maps {
-	return Maps{Services: f.Services, Backends: f.Backends, RevNat: f.RevNat, Members: f.Members, Maglev: f.Maglev, SourceRanges: f.Ranges, PortFilter: f.Ports}
+	return Maps{Services: f.Services, Backends: f.Backends, RevNat: f.RevNat, Members: f.Members, Maglev: f.Maglev, SourceRanges: f.Ranges, PortFilter: f.Ports,
+		RemovedAt: f.RemovedAt}
 }
 
 // FakeMaglevSize is the table size of the fakes: a small prime keeps

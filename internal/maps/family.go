@@ -43,6 +43,9 @@ type Maps6 struct {
 	SourceRanges Map[SourceRange6Key, uint8]
 	// PortFilter is lb6_ext_ports_v1 (see Maps.PortFilter).
 	PortFilter Map[uint32, uint32]
+	// RemovedAt is lb_removed_at_v1 (see Maps.RemovedAt); the IPv6
+	// Writer stamps RemovedAtIPv6.
+	RemovedAt Map[uint32, uint32]
 }
 
 // KernelMaps6 wraps the loaded IPv6 maps of the socket programs. A nil
@@ -63,6 +66,9 @@ func KernelMaps6(m *bpfobj.SockMaps) Maps6 {
 	}
 	if m.Lb6ExtPortsV1 != nil {
 		km.PortFilter = FromKernel[uint32, uint32](m.Lb6ExtPortsV1)
+	}
+	if m.LbRemovedAtV1 != nil {
+		km.RemovedAt = FromKernel[uint32, uint32](m.LbRemovedAtV1)
 	}
 	return km
 }
@@ -123,6 +129,10 @@ type familyMaps struct {
 	ranges Map[rangeKey, uint8]
 	// ports is the port filter; nil leaves it unwritten.
 	ports Map[uint32, uint32]
+	// removedAt is the removal stamps' map (nil: none), removedKey this
+	// family's entry in it.
+	removedAt  Map[uint32, uint32]
+	removedKey uint32
 }
 
 // codedMap is a Map of the Writer's values over a Map of a family's
@@ -177,6 +187,9 @@ func (m Maps) coded() familyMaps {
 		members:  m.Members,
 		maglev:   m.Maglev,
 		ports:    m.PortFilter,
+
+		removedAt:  m.RemovedAt,
+		removedKey: RemovedAtIPv4,
 	}
 	if m.SourceRanges != nil {
 		fm.ranges = coded(m.SourceRanges, rangeKey.encode4, decodeRangeKey4, same[uint8], same[uint8])
@@ -193,6 +206,9 @@ func (m Maps6) coded() familyMaps {
 		members:  m.Members,
 		maglev:   m.Maglev,
 		ports:    m.PortFilter,
+
+		removedAt:  m.RemovedAt,
+		removedKey: RemovedAtIPv6,
 	}
 	if m.SourceRanges != nil {
 		fm.ranges = coded(m.SourceRanges, rangeKey.encode6, decodeRangeKey6, same[uint8], same[uint8])

@@ -102,7 +102,19 @@ type Maps struct {
 	// unwritten, for tests of the other maps; the TC and XDP programs
 	// then translate nothing.
 	PortFilter Map[uint32, uint32]
+	// RemovedAt holds, by family (RemovedAtIPv4, RemovedAtIPv6), the
+	// second of CLOCK_MONOTONIC in which the Writer last deleted a
+	// backend or a membership (lb_removed_at_v1): the TC and XDP
+	// programs check tracked flows in full in that second. nil leaves it
+	// unwritten; tracked flows then see a removal up to a second late.
+	RemovedAt Map[uint32, uint32]
 }
+
+// Keys of the removal stamps' map (LB_REMOVED_AT_*).
+const (
+	RemovedAtIPv4 uint32 = 0
+	RemovedAtIPv6 uint32 = 1
+)
 
 // ErrMapFull is returned (wrapped) when a map has no room for a new entry.
 var ErrMapFull = errors.New("map is full")
@@ -197,6 +209,9 @@ func KernelMaps(m *bpfobj.SockMaps) Maps {
 	}
 	if m.Lb4ExtPortsV1 != nil {
 		km.PortFilter = FromKernel[uint32, uint32](m.Lb4ExtPortsV1)
+	}
+	if m.LbRemovedAtV1 != nil {
+		km.RemovedAt = FromKernel[uint32, uint32](m.LbRemovedAtV1)
 	}
 	return km
 }

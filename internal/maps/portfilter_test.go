@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
 
@@ -99,5 +101,42 @@ func TestPortFilterFilledFromTheFrontendsOfAnAgentWithoutIt(t *testing.T) {
 		if !inMap(f, port) {
 			t.Errorf("port %d not in the filter after AddPorts", port)
 		}
+	}
+}
+
+func monotonicSeconds(t *testing.T) uint32 {
+	t.Helper()
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Fatal(err)
+	}
+	return uint32(ts.Sec)
+}
+
+// The Writer stamps the second in which it deletes a backend, so that the
+// TC and XDP programs check every tracked flow in full in it, and only then.
+func TestWriterStampsBackendRemovals(t *testing.T) {
+	f := NewFakes(0, 0, 0)
+	w := newWriter(t, f.Maps())
+	st := buildState(web)
+	if err := w.Sync(full(st)); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.RemovedAt.Entries) != 0 {
+		t.Fatalf("stamped %v after a sync that removed nothing", f.RemovedAt.Entries)
+	}
+	less := web
+	less.eps = less.eps[1:]
+	before := monotonicSeconds(t)
+	if err := w.Sync(full(buildState(less))); err != nil {
+		t.Fatal(err)
+	}
+	after := monotonicSeconds(t)
+	got, ok := f.RemovedAt.Entries[RemovedAtIPv4]
+	if !ok || got < before || got > after {
+		t.Errorf("stamp after an endpoint's removal: %d (set %v), want the second of the sync, %d to %d", got, ok, before, after)
+	}
+	if _, ok := f.RemovedAt.Entries[RemovedAtIPv6]; ok {
+		t.Error("the IPv4 Writer stamped the IPv6 entry")
 	}
 }

@@ -145,6 +145,7 @@ func (e *env) attach(n *node, mode string, bridge bool) {
 
 		SourceRanges: maps.FromKernel[maps.SourceRangeKey, uint8](o.Lb4SourceRangesV1),
 		PortFilter:   maps.FromKernel[uint32, uint32](o.Lb4ExtPortsV1),
+		RemovedAt:    maps.FromKernel[uint32, uint32](o.LbRemovedAtV1),
 	}, maps.Limits{Backends: small.Backends, RevNat: small.RevNat})
 	if err != nil {
 		t.Fatal(err)
@@ -156,6 +157,7 @@ func (e *env) attach(n *node, mode string, bridge bool) {
 		Members:      maps.FromKernel[maps.MemberKey, uint8](o.Lb6MembersV1),
 		SourceRanges: maps.FromKernel[maps.SourceRange6Key, uint8](o.Lb6SourceRangesV1),
 		PortFilter:   maps.FromKernel[uint32, uint32](o.Lb6ExtPortsV1),
+		RemovedAt:    maps.FromKernel[uint32, uint32](o.LbRemovedAtV1),
 	}, maps.Limits{Backends: small.Backends, RevNat: small.RevNat})
 	if err != nil {
 		t.Fatal(err)

@@ -147,6 +147,7 @@ func newFixture(tb testing.TB, opts loadOptions) *fixture {
 
 		SourceRanges: maps.FromKernel[maps.SourceRangeKey, uint8](f.objs.Lb4SourceRangesV1),
 		PortFilter:   maps.FromKernel[uint32, uint32](f.objs.Lb4ExtPortsV1),
+		RemovedAt:    maps.FromKernel[uint32, uint32](f.objs.LbRemovedAtV1),
 		Maglev:       maps.KernelMaglev(f.objs.Lb4MaglevV1, f.objs.Lb4MaglevFpV1, spec.Maps[bpfobj.TcMapLb4MaglevV1].InnerMap),
 	}, maps.Limits{Backends: 1024, RevNat: 1024})
 	if err != nil {
@@ -308,9 +309,6 @@ func countEntries[K, V any](tb testing.TB, m *ebpf.Map) int {
 	return n
 }
 
-// be16 is port as a __be16 field reads on this little-endian host.
-func be16(port uint16) uint16 { return port>>8 | port<<8 }
-
 func be32(a netip.Addr) uint32 {
 	b := a.As4()
 	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
@@ -379,27 +377,6 @@ func state(svcs ...service) *model.State {
 // everyAddress is --nodeport-addresses unset, with
 // --iptables-localhost-nodeports (the agent's defaults).
 var everyAddress, _ = model.ParseNodePortSpec(nil, false, true)
-
-// checkedEarlier makes every tracked flow's next hop, and with it the full
-// check of its client-side entry, two seconds old: the flow's next packet
-// is checked in full (a removed backend seen, nodeport.h np_orig_fresh),
-// as the first packet of any later second is. Within the second a flow was
-// last forwarded in, its packets skip that check.
-func (f *fixture) checkedEarlier(tb testing.TB) { f.checkedEarlierTo(tb, 0) }
-
-// checkedEarlierTo is checkedEarlier for the flows to frontend port only
-// (0: every flow).
-func (f *fixture) checkedEarlierTo(tb testing.TB, port uint16) {
-	tb.Helper()
-	updateCT(tb, f.objs.Tc4CtV1, func(k *bpfobj.TcCt4Key, v *bpfobj.TcCt4Entry) bool {
-		v.FibAt -= 2
-		return port == 0 || (k.Dir == maps.CTDirOrig && k.Dport == be16(port))
-	})
-	updateCT(tb, f.objs.Tc6CtV1, func(k *bpfobj.TcCt6Key, v *bpfobj.TcCt6Entry) bool {
-		v.FibAt -= 2
-		return port == 0 || (k.Dir == maps.CTDirOrig && k.Dport == be16(port))
-	})
-}
 
 // updateCT writes back every entry of the connection tracking map m that
 // fn changed and returns true for.

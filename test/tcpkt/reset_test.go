@@ -97,7 +97,6 @@ func TestResetWhenTheBackendIsRemoved(t *testing.T) {
 			f.sync(t, web(c.backend, c.node))
 			f.open(t, fromOutside(pktest.TCP(client, fe, pktest.SYN)))
 			f.sync(t, web(c.next, c.node))
-			f.checkedEarlier(t)
 			reset, resetOK := f.counted(bpfobj.TcLbMetricLB_M_TC_RESET, c.resets)
 			pc := pktest.Case{
 				Name: c.name, In: c.in.Bytes(), Verdict: c.verdict,
@@ -278,7 +277,6 @@ func testXDPHandsRemovedBackendFlowsToTC(t *testing.T, fam string) {
 	noReset, noResetOK := f.counted(bpfobj.TcLbMetricLB_M_TC_RESET, 0)
 	resetN, resetOK := f.counted(bpfobj.TcLbMetricLB_M_TC_RESET, 1)
 	x.sync(t, web([]netip.AddrPort{next}))
-	f.checkedEarlier(t)
 	f.runXDP(t, xo, []xrow{
 		{Case: pktest.Case{
 			Name: "backend removed: XDP passes the segment untouched, entries kept for TC", In: seg.Bytes(),
@@ -345,46 +343,52 @@ func gopacketChecksums(frame []byte) error {
 	return nil
 }
 
-// TestARemovedBackendIsSeenAtTheFlowsNextSecond: a tracked source-NATed
-// flow's packets are checked in full (np_orig_valid, np_backend_gone) once
-// a second; in between they cost one lookup. So a segment in the second the
-// flow was last forwarded in still goes to its removed backend, and the
-// flow's first segment of a later second is answered with the reset.
-func TestARemovedBackendIsSeenAtTheFlowsNextSecond(t *testing.T) {
+// TestATrackedFlowSeesARemovedBackendAtOnce: a tracked source-NATed flow's
+// packets are checked in full (np_orig_valid, np_backend_gone) once a
+// second and skip the checks for the rest of it (np_orig_fresh), except in
+// a second in which the Writer removed a backend (lb_removed_at_v1): the
+// flow's next segment after its backend's removal is reset, also when the
+// flow was checked earlier in the same second.
+func TestATrackedFlowSeesARemovedBackendAtOnce(t *testing.T) {
 	f := newFixture(t, loadOptions{})
 	remote := netip.MustParseAddrPort("10.244.2.20:8080")
 	next := netip.MustParseAddrPort("10.244.2.21:8080")
-	web := func(ep netip.AddrPort) *model.State {
-		return state(service{name: "web", clusterIP: "10.96.0.10", port: 80, proto: model.TCP, nodePort: npWebLocal, endpoints: []string{at(ep, otherNode)}})
+	web := func(eps ...netip.AddrPort) *model.State {
+		var names []string
+		for _, ep := range eps {
+			names = append(names, at(ep, otherNode))
+		}
+		return state(service{name: "web", clusterIP: "10.96.0.10", port: 80, proto: model.TCP, nodePort: npWebLocal, endpoints: names})
 	}
 	fe := np(npWebLocal)
 	seg := fromOutside(pktest.TCP(client, fe, pktest.ACK).WithSeq(1000).WithAck(5000))
 	f.sync(t, web(remote))
 	f.open(t, fromOutside(pktest.TCP(client, fe, pktest.SYN)))
-	f.sync(t, web(next))
+	// Another endpoint joins: nothing is removed, the flow stays.
+	f.sync(t, web(remote, next))
 
 	fwd, fwdOK := f.counted(bpfobj.TcLbMetricLB_M_TC_FWD, 1)
-	noReset, noResetOK := f.counted(bpfobj.TcLbMetricLB_M_TC_RESET, 0)
 	f.checkedNow(t)
 	f.run(t, []row{{Case: pktest.Case{
-		Name: "in the second the flow was last forwarded in: still to its backend", In: seg.Bytes(),
+		Name: "a segment of the flow, checked in this second: to its backend", In: seg.Bytes(),
 		Verdict: pktest.TCActRedirect,
 		Out:     toNodeB(pktest.TCP(snatSrc, remote, pktest.ACK).WithSeq(1000).WithAck(5000).WithTTL(63)).Bytes(),
-		Setup:   func(tb testing.TB) { fwd(tb); noReset(tb) },
-		Check:   func(tb testing.TB, r pktest.Result) { fwdOK(tb, r); noResetOK(tb, r) },
+		Setup:   fwd, Check: fwdOK,
 	}}})
+	// Checked in this second, and then, within it, the backend removed.
+	f.checkedNow(t)
+	f.sync(t, web(next))
 	reset, resetOK := f.counted(bpfobj.TcLbMetricLB_M_TC_RESET, 1)
-	f.checkedEarlier(t)
 	f.run(t, []row{{Case: pktest.Case{
-		Name: "the flow's first segment of a later second: a reset from the NodePort", In: seg.Bytes(),
+		Name: "its backend removed in the same second: the next segment is reset", In: seg.Bytes(),
 		Verdict: pktest.TCActRedirect, Out: rst(fe, client, pktest.RST, 5000, 0).Bytes(),
 		Setup: reset, Check: resetOK,
 	}}})
 }
 
 // checkedNow makes every tracked flow's next hop, and with it the full
-// check of its entry, as of the current second (see checkedEarlier), with
-// at least half of the second left for the test's next packets.
+// check of its entry (np_orig_fresh), as of the current second, with at
+// least half of the second left for the test's next packets.
 func (f *fixture) checkedNow(tb testing.TB) {
 	tb.Helper()
 	var ts unix.Timespec
