@@ -93,9 +93,14 @@ static __always_inline void *ct_map(bool v6)
 /* How many random source NAT ports are tried for a new flow. */
 #define SNAT_TRIES 16
 
+/* ct_now is the second of CLOCK_MONOTONIC the packet is in, as of the last
+ * tick: the coarse clock reads a value the tick keeps, where the fine one
+ * reads the TSC (a few tens of ns a packet), and every use here counts
+ * whole seconds. The Writer's removal stamps read the same clock
+ * (CLOCK_MONOTONIC_COARSE). */
 static __always_inline __u32 ct_now(void)
 {
-	return bpf_ktime_get_ns() / 1000000000ULL;
+	return bpf_ktime_get_coarse_ns() / 1000000000ULL;
 }
 
 /* ct_tcp_track_v follows a TCP flow's close in e's flags, for a packet with

@@ -195,7 +195,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb6_ext_ports_v1 SEC(".maps");
 
-/* The second (of CLOCK_MONOTONIC, bpf_ktime_get_ns's clock) in which the
+/* The second (of CLOCK_MONOTONIC_COARSE, ct.h ct_now's clock) in which the
  * Writer last deleted a backend or a backend's membership of a ServicePort,
  * by family (LB_REMOVED_AT_IPV4, _IPV6): a check of a tracked flow made
  * before a removal says nothing after it, so the TC and XDP programs check

@@ -103,7 +103,7 @@ type Maps struct {
 	// then translate nothing.
 	PortFilter Map[uint32, uint32]
 	// RemovedAt holds, by family (RemovedAtIPv4, RemovedAtIPv6), the
-	// second of CLOCK_MONOTONIC in which the Writer last deleted a
+	// second of CLOCK_MONOTONIC_COARSE in which the Writer last deleted a
 	// backend or a membership (lb_removed_at_v1): the TC and XDP
 	// programs check tracked flows in full in that second. nil leaves it
 	// unwritten; tracked flows then see a removal up to a second late.
