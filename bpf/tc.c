@@ -59,9 +59,8 @@ static __always_inline int tc_xlate_orig(struct __sk_buff *skb, struct pkt4 *p,
 	__be16 sport = e->nat_sport, dport = e->nat_dport;
 	bool snat = e->flags & CT_F_SNAT;
 
-	if (pkt4_rewrite(skb, p, false, daddr, dport))
-		return TC_ACT_SHOT;
-	if (snat && pkt4_rewrite(skb, p, true, saddr, sport))
+	if (snat ? pkt4_rewrite_both(skb, p, saddr, sport, daddr, dport)
+		 : pkt4_rewrite(skb, p, false, daddr, dport))
 		return TC_ACT_SHOT;
 	return tc_send(skb, false, p, snat, e, now);
 }
@@ -115,9 +114,8 @@ static __always_inline int tc_reply(struct __sk_buff *skb, struct pkt4 *p, struc
 
 	np_reply_seen(e, false, p);
 	ct_refresh_dir(e, p, now, true);
-	if (pkt4_rewrite(skb, p, true, saddr, sport))
-		return TC_ACT_SHOT;
-	if (snat && pkt4_rewrite(skb, p, false, daddr, dport))
+	if (snat ? pkt4_rewrite_both(skb, p, saddr, sport, daddr, dport)
+		 : pkt4_rewrite(skb, p, true, saddr, sport))
 		return TC_ACT_SHOT;
 	lb_count(LB_M_TC_REPLY);
 	return tc_send(skb, false, p, snat, e, now);
@@ -244,18 +242,18 @@ static __always_inline int tc6_xlate(struct __sk_buff *skb, struct pkt6 *p,
 
 	/* e is a map value or on the stack: it stays valid across the
 	 * helpers that change the packet. */
-	if (!reply) {
-		if (pkt6_rewrite(skb, p, false, e->nat_daddr, e->nat_dport))
+	if (snat) {
+		/* Both directions: the source becomes nat_s*, the
+		 * destination nat_d*. */
+		if (pkt6_rewrite_both(skb, p, e->nat_saddr, e->nat_sport, e->nat_daddr,
+				      e->nat_dport))
 			return TC_ACT_SHOT;
-		if (snat && pkt6_rewrite(skb, p, true, e->nat_saddr, e->nat_sport))
-			return TC_ACT_SHOT;
-	} else {
-		if (pkt6_rewrite(skb, p, true, e->nat_saddr, e->nat_sport))
-			return TC_ACT_SHOT;
-		if (snat && pkt6_rewrite(skb, p, false, e->nat_daddr, e->nat_dport))
-			return TC_ACT_SHOT;
-		lb_count(LB_M_TC_REPLY);
+	} else if (reply ? pkt6_rewrite(skb, p, true, e->nat_saddr, e->nat_sport)
+			 : pkt6_rewrite(skb, p, false, e->nat_daddr, e->nat_dport)) {
+		return TC_ACT_SHOT;
 	}
+	if (reply)
+		lb_count(LB_M_TC_REPLY);
 	return tc_send(skb, true, p, snat, e, now);
 }
 

@@ -62,6 +62,22 @@ static __always_inline __u16 pkt_csum_replace_n(__u16 check, const __be32 *from,
 	return (__u16)~sum;
 }
 
+/* pkt_csum_diff_n is the ones' complement sum of the change from n 32-bit
+ * words to n others, what bpf_csum_diff returns, without a helper call: a
+ * __wsum for the checksum helpers' by-difference mode (size 0). */
+static __always_inline __u32 pkt_csum_diff_n(const __be32 *from, const __be32 *to, int n)
+{
+	__u64 sum = 0;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < n; i++)
+		sum += (__u64)(__u32)~from[i] + to[i];
+	sum = (sum & 0xffffffff) + (sum >> 32);
+	sum = (sum & 0xffffffff) + (sum >> 32);
+	return (__u32)sum;
+}
+
 /* pkt4_ttl_word is the 16-bit word of the IP header that a TTL change
  * alters: the IP checksum sums the TTL together with the protocol. */
 static __always_inline __be16 pkt4_ttl_word(__u16 ttl, __u8 proto)

@@ -30,6 +30,17 @@ static __always_inline long fwd_fib_lookup(struct __sk_buff *skb, bool v6, void 
 	return ret;
 }
 
+/* fwd_store_macs writes the Ethernet addresses the FIB found for the next
+ * hop, destination and source, in one store. */
+static __always_inline long fwd_store_macs(struct __sk_buff *skb, const struct bpf_fib_lookup *fib)
+{
+	__u8 macs[2 * ETH_ALEN];
+
+	__builtin_memcpy(macs, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(macs + ETH_ALEN, fib->smac, ETH_ALEN);
+	return bpf_skb_store_bytes(skb, 0, macs, sizeof(macs), 0);
+}
+
 /* pkt4_forward sends a translated packet out of the device the FIB chooses
  * for its new destination, bypassing the kernel's input path: a packet whose
  * source is now a node address would be a martian there. It decrements the
@@ -74,8 +85,7 @@ static __always_inline int pkt4_forward(struct __sk_buff *skb, const struct pkt4
 		return TC_ACT_SHOT;
 	if (ret == BPF_FIB_LKUP_RET_NO_NEIGH)
 		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
-	if (bpf_skb_store_bytes(skb, 0, fib.dmac, ETH_ALEN, 0) ||
-	    bpf_skb_store_bytes(skb, ETH_ALEN, fib.smac, ETH_ALEN, 0))
+	if (fwd_store_macs(skb, &fib))
 		return TC_ACT_SHOT;
 	return bpf_redirect(fib.ifindex, 0);
 }
@@ -112,8 +122,7 @@ static __always_inline int pkt6_forward(struct __sk_buff *skb, const struct pkt6
 		return TC_ACT_SHOT;
 	if (ret == BPF_FIB_LKUP_RET_NO_NEIGH)
 		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
-	if (bpf_skb_store_bytes(skb, 0, fib.dmac, ETH_ALEN, 0) ||
-	    bpf_skb_store_bytes(skb, ETH_ALEN, fib.smac, ETH_ALEN, 0))
+	if (fwd_store_macs(skb, &fib))
 		return TC_ACT_SHOT;
 	return bpf_redirect(fib.ifindex, 0);
 }

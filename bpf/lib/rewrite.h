@@ -68,6 +68,54 @@ static __always_inline int pkt4_rewrite(struct __sk_buff *skb, struct pkt4 *p, b
 	return 0;
 }
 
+/* pkt_ports_word is a packet's source and destination ports as the one
+ * 32-bit word they are in its L4 header. */
+static __always_inline __be32 pkt_ports_word(__be16 sport, __be16 dport)
+{
+	__be16 ports[2] = { sport, dport };
+	__be32 w;
+
+	__builtin_memcpy(&w, ports, sizeof(w));
+	return w;
+}
+
+/* pkt4_rewrite_both is pkt4_rewrite for both sides at once, as a source-NATed
+ * flow's packets need: the two addresses are one store and one change of
+ * each checksum, and so are the two ports (five helper calls, not ten). */
+static __always_inline int pkt4_rewrite_both(struct __sk_buff *skb, struct pkt4 *p, __be32 saddr,
+					     __be16 sport, __be32 daddr, __be16 dport)
+{
+	__be32 old_addrs[2] = { p->saddr, p->daddr }, addrs[2] = { saddr, daddr };
+	__be32 old_ports = pkt_ports_word(p->sport, p->dport), ports = pkt_ports_word(sport, dport);
+	__u32 addr_diff = pkt_csum_diff_n(old_addrs, addrs, 2);
+	__u32 port_diff = pkt_csum_diff_n(&old_ports, &ports, 1);
+	__u64 l4_flags = 0, port_flags = 0;
+	__sum16 l4_csum;
+
+	if (p->proto == IPPROTO_UDP) {
+		/* As in pkt4_rewrite: no checksum stays none. */
+		l4_flags = BPF_F_MARK_MANGLED_0;
+		if (bpf_skb_load_bytes(skb, p->csum_off, &l4_csum, sizeof(l4_csum)))
+			return -1;
+		if (!l4_csum)
+			port_flags = BPF_F_RECOMPUTE_CSUM;
+	}
+	if (bpf_l4_csum_replace(skb, p->csum_off, 0, addr_diff, l4_flags | BPF_F_PSEUDO_HDR) ||
+	    bpf_l3_csum_replace(skb, ETH_HLEN + pkt_offsetof(struct iphdr, check), 0, addr_diff,
+				0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + pkt_offsetof(struct iphdr, saddr), addrs,
+				sizeof(addrs), 0))
+		return -1;
+	if (bpf_l4_csum_replace(skb, p->csum_off, 0, port_diff, l4_flags) ||
+	    bpf_skb_store_bytes(skb, p->l4_off, &ports, sizeof(ports), port_flags))
+		return -1;
+	p->saddr = saddr;
+	p->daddr = daddr;
+	p->sport = sport;
+	p->dport = dport;
+	return 0;
+}
+
 /* pkt6_rewrite_addr changes the source (src) or the destination address of
  * p to addr; the checksum at p->csum_off, whose pseudo-header holds it
  * (TCP's, UDP's, ICMPv6's), follows with l4_flags, and so does a
@@ -122,6 +170,40 @@ static __always_inline int pkt6_rewrite(struct __sk_buff *skb, struct pkt6 *p, b
 		else
 			p->dport = port;
 	}
+	return 0;
+}
+
+/* pkt6_rewrite_both is pkt6_rewrite for both sides at once: the two
+ * addresses, 32 bytes in a row, are one store and one change of the L4
+ * checksum, and so are the two ports. */
+static __always_inline int pkt6_rewrite_both(struct __sk_buff *skb, struct pkt6 *p,
+					     const __be32 *saddr, __be16 sport, const __be32 *daddr,
+					     __be16 dport)
+{
+	__be32 old_addrs[8], addrs[8];
+	__be32 old_ports = pkt_ports_word(p->sport, p->dport), ports = pkt_ports_word(sport, dport);
+	__u64 l4_flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	__u32 addr_diff, port_diff;
+
+	__builtin_memcpy(old_addrs, p->saddr, 16);
+	__builtin_memcpy(old_addrs + 4, p->daddr, 16);
+	__builtin_memcpy(addrs, saddr, 16);
+	__builtin_memcpy(addrs + 4, daddr, 16);
+	addr_diff = pkt_csum_diff_n(old_addrs, addrs, 8);
+	port_diff = pkt_csum_diff_n(&old_ports, &ports, 1);
+	/* As in pkt6_rewrite_addr: the store moves skb->csum, the checksum
+	 * field's change reported for the pseudo-header cancels it. */
+	if (bpf_l4_csum_replace(skb, p->csum_off, 0, addr_diff, l4_flags | BPF_F_PSEUDO_HDR) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + pkt_offsetof(struct pkt_ipv6hdr, saddr), addrs,
+				sizeof(addrs), BPF_F_RECOMPUTE_CSUM))
+		return -1;
+	if (bpf_l4_csum_replace(skb, p->csum_off, 0, port_diff, l4_flags) ||
+	    bpf_skb_store_bytes(skb, p->l4_off, &ports, sizeof(ports), 0))
+		return -1;
+	__builtin_memcpy(p->saddr, saddr, 16);
+	__builtin_memcpy(p->daddr, daddr, 16);
+	p->sport = sport;
+	p->dport = dport;
 	return 0;
 }
 
