@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Reading IPv4 and IPv6 TCP and UDP headers into struct pkt4 and struct
- * pkt6, which every other packet header takes: from skbs through
- * bpf_skb_load_bytes (so that paged skbs need no pull), from XDP buffers
+ * pkt6, which every other packet header takes: from skbs straight from the
+ * linear part where the headers are, else through bpf_skb_load_bytes (so
+ * that paged skbs need no pull), from XDP buffers
  * with direct packet access, and the packet that an ICMP or ICMPv6 error
  * quotes. The wire definitions the vendored UAPI headers lack are here too. */
 #ifndef EBPF_PROXY_PARSE_H
@@ -31,6 +32,23 @@ struct pkt_icmphdr {
 #define ICMP_DEST_UNREACH  3
 #define ICMP_PORT_UNREACH  3
 #define ICMP_TIME_EXCEEDED 11
+
+/* pkt_skb_load copies len bytes at off (from the Ethernet header) of skb to
+ * to: read in place when they are in the linear part, as a packet's headers
+ * almost always are (a helper call costs more than the copy), else with
+ * bpf_skb_load_bytes. len is a constant at every call. */
+static __always_inline long pkt_skb_load(struct __sk_buff *skb, __u32 off, void *to,
+					 const __u32 len)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+
+	if (off <= 0xff && data + off + len <= end) {
+		__builtin_memcpy(to, data + off, len);
+		return 0;
+	}
+	return bpf_skb_load_bytes(skb, off, to, len);
+}
 
 /* What the parser found in a frame. Offsets are from the start of the
  * Ethernet header. */
@@ -74,7 +92,7 @@ static __always_inline enum pkt_parse pkt4_parse(struct __sk_buff *skb, struct p
 
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return PKT_OTHER;
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)))
+	if (pkt_skb_load(skb, ETH_HLEN, &ip, sizeof(ip)))
 		return PKT_OTHER;
 	ihl = ip.ihl * 4;
 	tot_len = bpf_ntohs(ip.tot_len);
@@ -118,13 +136,13 @@ static __always_inline enum pkt_parse pkt4_parse(struct __sk_buff *skb, struct p
 	}
 	if (tot_len - ihl < hlen)
 		return PKT_OTHER;
-	if (bpf_skb_load_bytes(skb, p->l4_off, ports, sizeof(ports)))
+	if (pkt_skb_load(skb, p->l4_off, ports, sizeof(ports)))
 		return PKT_OTHER;
 	p->sport = ports[0];
 	p->dport = ports[1];
 	p->tcp_flags = 0;
 	if (p->proto == IPPROTO_TCP &&
-	    bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, sizeof(p->tcp_flags)))
+	    pkt_skb_load(skb, p->l4_off + 13, &p->tcp_flags, sizeof(p->tcp_flags)))
 		return PKT_OTHER;
 	return PKT_OK;
 }
@@ -189,7 +207,7 @@ static __always_inline enum pkt_parse pkt6_parse(struct __sk_buff *skb, struct p
 
 	if (skb->protocol != bpf_htons(ETH_P_IPV6))
 		return PKT_OTHER;
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)))
+	if (pkt_skb_load(skb, ETH_HLEN, &ip, sizeof(ip)))
 		return PKT_OTHER;
 	plen = bpf_ntohs(ip.payload_len);
 	barrier_var(plen);
@@ -222,11 +240,11 @@ static __always_inline enum pkt_parse pkt6_parse(struct __sk_buff *skb, struct p
 		p->payload_len = plen;
 		return PKT_ICMP;
 	}
-	if (bpf_skb_load_bytes(skb, p->l4_off, hdr, sizeof(hdr)))
+	if (pkt_skb_load(skb, p->l4_off, hdr, sizeof(hdr)))
 		return PKT_OTHER;
 	p->tcp_flags = 0;
 	if (ip.nexthdr == IPPROTO_TCP) {
-		if (bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, sizeof(p->tcp_flags)))
+		if (pkt_skb_load(skb, p->l4_off + 13, &p->tcp_flags, sizeof(p->tcp_flags)))
 			return PKT_OTHER;
 	} else if (!hdr[3]) {
 		return PKT_OTHER;
