@@ -15,6 +15,28 @@
 #include <linux/tcp.h>
 #include <linux/udp.h>
 
+/* pkt4_csum_flags sets the flags of p's L4 checksum changes and of its
+ * port stores. A UDP datagram without checksum keeps none (RFC 768), and a
+ * computed zero is sent as all ones. Without a checksum field to cancel the
+ * port change in, skb->csum must follow the store itself. Returns 0 or a
+ * negative error. */
+static __always_inline int pkt4_csum_flags(struct __sk_buff *skb, const struct pkt4 *p,
+					   __u64 *l4_flags, __u64 *port_flags)
+{
+	__sum16 l4_csum;
+
+	*l4_flags = 0;
+	*port_flags = 0;
+	if (p->proto != IPPROTO_UDP)
+		return 0;
+	*l4_flags = BPF_F_MARK_MANGLED_0;
+	if (pkt_skb_load(skb, p->csum_off, &l4_csum, sizeof(l4_csum)))
+		return -1;
+	if (!l4_csum)
+		*port_flags = BPF_F_RECOMPUTE_CSUM;
+	return 0;
+}
+
 /* pkt4_rewrite changes one side of the packet (the source when src, else
  * the destination) from (p's address, p's port) to (addr, port), keeping the
  * IP and L4 checksums and a CHECKSUM_COMPLETE skb->csum right, and updates p.
@@ -28,20 +50,10 @@ static __always_inline int pkt4_rewrite(struct __sk_buff *skb, struct pkt4 *p, b
 	__u32 port_off = p->l4_off + (src ? 0 : sizeof(__be16));
 	__be32 old_addr = src ? p->saddr : p->daddr;
 	__be16 old_port = src ? p->sport : p->dport;
-	__u64 l4_flags = 0, port_flags = 0;
-	__sum16 l4_csum;
+	__u64 l4_flags, port_flags;
 
-	if (p->proto == IPPROTO_UDP) {
-		/* A UDP datagram without checksum keeps none (RFC 768), and
-		 * a computed zero is sent as all ones. Without a checksum
-		 * field to cancel the port change in, skb->csum must follow
-		 * the store itself. */
-		l4_flags = BPF_F_MARK_MANGLED_0;
-		if (bpf_skb_load_bytes(skb, p->csum_off, &l4_csum, sizeof(l4_csum)))
-			return -1;
-		if (!l4_csum)
-			port_flags = BPF_F_RECOMPUTE_CSUM;
-	}
+	if (pkt4_csum_flags(skb, p, &l4_flags, &port_flags))
+		return -1;
 	if (old_addr != addr) {
 		if (bpf_l4_csum_replace(skb, p->csum_off, old_addr, addr,
 					l4_flags | BPF_F_PSEUDO_HDR | sizeof(addr)))
@@ -89,17 +101,10 @@ static __always_inline int pkt4_rewrite_both(struct __sk_buff *skb, struct pkt4 
 	__be32 old_ports = pkt_ports_word(p->sport, p->dport), ports = pkt_ports_word(sport, dport);
 	__u32 addr_diff = pkt_csum_diff_n(old_addrs, addrs, 2);
 	__u32 port_diff = pkt_csum_diff_n(&old_ports, &ports, 1);
-	__u64 l4_flags = 0, port_flags = 0;
-	__sum16 l4_csum;
+	__u64 l4_flags, port_flags;
 
-	if (p->proto == IPPROTO_UDP) {
-		/* As in pkt4_rewrite: no checksum stays none. */
-		l4_flags = BPF_F_MARK_MANGLED_0;
-		if (bpf_skb_load_bytes(skb, p->csum_off, &l4_csum, sizeof(l4_csum)))
-			return -1;
-		if (!l4_csum)
-			port_flags = BPF_F_RECOMPUTE_CSUM;
-	}
+	if (pkt4_csum_flags(skb, p, &l4_flags, &port_flags))
+		return -1;
 	if (bpf_l4_csum_replace(skb, p->csum_off, 0, addr_diff, l4_flags | BPF_F_PSEUDO_HDR) ||
 	    bpf_l3_csum_replace(skb, ETH_HLEN + pkt_offsetof(struct iphdr, check), 0, addr_diff,
 				0) ||

@@ -14,9 +14,8 @@ func inMap(f *Fakes, port uint16) bool {
 	return f.Ports.Entries[uint32(port/32)]&(1<<(port%32)) != 0
 }
 
-// externalWeb is the state of web with a NodePort, an ExternalIP and a
-// LoadBalancer IP on ports no other frontend uses, beside dns (ClusterIP
-// only).
+// externalWeb is the state of web with a NodePort and an ExternalIP, beside
+// dns (ClusterIP only).
 func externalWeb() (*model.State, model.ServicePortName) {
 	st := buildState(dns, web)
 	st.Node.Addrs = []netip.Addr{netip.MustParseAddr("192.168.77.11")}
