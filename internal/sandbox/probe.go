@@ -38,6 +38,7 @@ const (
 	// kindUDPStream is a long-lived connected UDP client; see
 	// Client.StartUDPStream.
 	kindUDPStream = "udpstream"
+	kindConnects  = "connects"
 )
 
 // Bounds for probes: a test asks for a handful of attempts, the bounds keep a
@@ -109,9 +110,9 @@ func (r *probeRequest) validate() error {
 	switch {
 	case !r.Addr.IsValid() || r.Addr.Port() == 0:
 		return fmt.Errorf("probe address %q is not ip:port", r.Addr)
-	case r.Kind != kindLoop && r.Kind != kindWait && r.Kind != kindUDPStream && (r.Count < 1 || r.Count > maxCount):
+	case r.Kind != kindLoop && r.Kind != kindWait && r.Kind != kindUDPStream && r.Kind != kindConnects && (r.Count < 1 || r.Count > maxCount):
 		return fmt.Errorf("probe count %d is not in [1, %d]", r.Count, maxCount)
-	case (r.Kind == kindLoop || r.Kind == kindWait || r.Kind == kindUDPStream) && (r.Count < 1 || r.Count > maxAttempts):
+	case (r.Kind == kindLoop || r.Kind == kindWait || r.Kind == kindUDPStream || r.Kind == kindConnects) && (r.Count < 1 || r.Count > maxAttempts):
 		return fmt.Errorf("%s attempts %d is not in [1, %d]", r.Kind, r.Count, maxAttempts)
 	case r.Timeout <= 0 || r.Timeout > maxTimeout:
 		return fmt.Errorf("probe timeout %s is not in (0, %s]", r.Timeout, maxTimeout)
@@ -121,7 +122,7 @@ func (r *probeRequest) validate() error {
 		return fmt.Errorf("%s duration %s is not in (0, %s]", r.Kind, r.MaxDuration, maxDuration)
 	}
 	switch r.Kind {
-	case kindTCP, kindUDP, kindHTTP, kindLoop, kindHold, kindWait:
+	case kindTCP, kindUDP, kindHTTP, kindLoop, kindHold, kindWait, kindConnects:
 		return nil
 	case kindUDPStream:
 		return validateStreamAddrs(r.Addr, r.Addrs)
@@ -205,6 +206,10 @@ func probe(body string, stdin io.Reader, emit func(probeMessage) error) (json.Ra
 		if err != nil {
 			return nil, err
 		}
+		out = res
+	case kindConnects:
+		res := udpConnects(req.Addr, req.Count)
+		res.Process = proc
 		out = res
 	case kindHold:
 		res, err := hold(req, proc, stdin, emit)

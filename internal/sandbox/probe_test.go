@@ -37,6 +37,7 @@ func TestProbeRequestsAreChecked(t *testing.T) {
 		{"no timeout", func(r *probeRequest) { r.Timeout = 0 }, "timeout 0s"},
 		{"unbounded loop", func(r *probeRequest) { r.Kind = kindLoop }, "loop duration 0s"},
 		{"unbounded hold", func(r *probeRequest) { r.Kind = kindHold }, "hold duration 0s"},
+		{"too many connects", func(r *probeRequest) { r.Kind, r.Count = kindConnects, maxAttempts+1 }, "not in [1, 1000000]"},
 		{"unknown kind", func(r *probeRequest) { r.Kind = "sctp" }, `unknown probe kind "sctp"`},
 	}
 	for _, tt := range tests {

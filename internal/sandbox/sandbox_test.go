@@ -653,3 +653,15 @@ func TestCloseLeavesNothingBehind(t *testing.T) {
 		t.Errorf("cgroup %s left behind (stat: %v)", cgroupName, err)
 	}
 }
+
+func TestUDPConnectsCallsConnectNTimes(t *testing.T) {
+	sandbox.RequireRoot(t)
+	c := newCluster(t)
+	res, err := c.client.UDPConnects(t.Context(), ap(podAIP, 8080), 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Connects != 1000 || res.Err != "" || res.Elapsed <= 0 {
+		t.Errorf("1000 connects to a pod: %+v, want all of them, timed", res)
+	}
+}

@@ -246,3 +246,51 @@ func BenchmarkAffinityConnectCost(b *testing.B) {
 	b.ReportMetric(float64(plainHook.Nanoseconds())/plainConns, "plain_hook_ns/conn")
 	b.ReportMetric(float64(affHook.Nanoseconds())/affConns, "affinity_hook_ns/conn")
 }
+
+// BenchmarkConnectHookWarm is what the connect hook costs when nothing
+// else runs between two of its runs: connect() on one UDP socket, again
+// and again, with no packet sent, to a UDP ClusterIP (translated) and to an
+// address that is no Service (a miss), with 1 and with 10,000 Services
+// programmed. BenchmarkConnectRate's hook_ns/conn is the same program
+// between real connections, whose work in the kernel leaves its maps and
+// code out of the caches; the difference between the two is that.
+func BenchmarkConnectHookWarm(b *testing.B) {
+	for _, n := range []int{1, 10000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			e := newEnv(b, 1)
+			e.setService(makeService("dns", dnsVIP.Addr().String(), int32(dnsVIP.Port()), v1.ProtocolUDP, intstr.FromInt32(udpPort)))
+			e.setSlice(makeSlice("dns", "dns-1", udpPort, v1.ProtocolUDP, e.podEPs(0)...))
+			e.loadServices(n)
+			stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer stats.Close()
+			prog := []*ebpf.Program{e.loaded.Objects.CgConnect4}
+			const calls = 200000
+			for _, c := range []struct {
+				name string
+				to   netip.AddrPort
+			}{
+				{"clusterip", dnsVIP},
+				{"miss", netip.AddrPortFrom(e.pods[0].IP, udpPort)},
+			} {
+				var runs, runtime float64
+				for range b.N {
+					s0 := progStats(b, prog)[0]
+					res, err := e.client.UDPConnects(e.ctx(), c.to, calls)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if res.Err != "" || res.Connects != calls {
+						b.Fatalf("%d of %d connect() calls to %s returned, then %s", res.Connects, calls, c.to, res.Err)
+					}
+					s1 := progStats(b, prog)[0]
+					runs += float64(s1.RunCount - s0.RunCount)
+					runtime += float64((s1.Runtime - s0.Runtime).Nanoseconds())
+				}
+				b.ReportMetric(runtime/runs, c.name+"_connect4_ns/run")
+			}
+		})
+	}
+}

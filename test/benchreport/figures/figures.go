@@ -123,6 +123,8 @@ var All = []Figure{
 		Bench: xdpPaths + "tracked_flow,_remote_backend_(SNAT)/IPv6", Metric: "ns/pkt", Source: "make bench"},
 	{Name: "tc_tracked_ipv6", Unit: "ns", Doc: "TC ingress, tracked flow to a remote backend, IPv6",
 		Bench: tcPaths6 + "tracked_flow,_remote_backend_(SNAT)", Metric: "ns/pkt", Source: "make bench"},
+	{Name: "sock_connect_warm", Unit: "ns", Doc: "connect4 to a ClusterIP run back to back (connect() on one UDP socket, no packet), 10,000 Services: the hook without the cache misses a connection's other work causes",
+		Bench: "BenchmarkConnectHookWarm/services=10000", Metric: "clusterip_connect4_ns/run", Source: "make bench"},
 }
 
 // ByName returns the figure called name.
