@@ -345,6 +345,7 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb)
 	if (e && np6_backend_gone(e, &p, now))
 		return tc6_reset(skb, &p, e);
 	if (e) {
+		np_checked(e, true, now);
 		lb_count(LB_M_TC_FWD);
 		return tc6_xlate(skb, &p, e, NULL, false, now);
 	}
@@ -416,6 +417,7 @@ int tc_ingress(struct __sk_buff *skb)
 		if (e && np_backend_gone(e, &p, now))
 			return tc_reset(skb, &p, e);
 		if (e) {
+			np_checked(e, false, now);
 			lb_count(LB_M_TC_FWD);
 			return tc_xlate_orig(skb, &p, e, NULL, now);
 		}

@@ -48,33 +48,53 @@ static __always_inline bool np_port_wanted(bool v6, const void *p)
 	return bits && (*bits & (1U << (port % 32)));
 }
 
-/* np_orig_fresh says whether e, the client-side entry of a source-NATed
- * flow of family v6, was checked in full in this second (np_orig_valid,
- * np_backend_gone), so that p, a packet of the flow, needs no check: the
- * entry's next hop was found in this second (fib_at), which happens only
- * when a packet is forwarded after the checks, and p is a UDP datagram or a
- * TCP segment without SYN, FIN or RST, which changes no state the checks
- * follow, of a flow neither side has begun to close (CT_F_CLOSING: the
- * client's FIN; CT_F_REPLY_CLOSING: the backend's, np_reply_seen), whose
- * every packet is checked, as its source NAT port may soon serve another,
- * and no backend was removed in this second (lb_removed_at_v1): a check
- * made before the removal no longer holds. What the checks would catch
- * otherwise (an expired entry) is caught at the flow's first packet of the
- * next second, and a tracked packet costs one hash lookup, as in Katran. */
+/* np_orig_fresh says whether e, the client-side entry of a flow of family
+ * v6, was checked in full in this second (np_orig_valid, np_backend_gone),
+ * so that p, a packet of the flow, needs no check and no refresh:
+ *  - the checks were made in this second (fib_at): a source-NATed flow's
+ *    next hop was found then (fib_ifindex set), which happens only when a
+ *    packet is forwarded after the checks; a flow to a local backend, which
+ *    keeps no next hop, was stamped then (np_checked);
+ *  - p is a UDP datagram or a TCP segment without SYN, FIN or RST, which
+ *    changes no state the checks follow, and the entry already has the
+ *    lifetime p would give it: a TCP flow an established connection's (a
+ *    SYN's shorter one is extended by the check of the segment after), a
+ *    UDP flow at least the shorter of its two;
+ *  - neither side has begun to close (CT_F_CLOSING: the client's FIN;
+ *    CT_F_REPLY_CLOSING: the backend's, np_reply_seen): every packet of a
+ *    closing flow is checked, as its source NAT port may soon serve another;
+ *  - no backend was removed in this second (lb_removed_at_v1): a check made
+ *    before the removal no longer holds.
+ * What the checks would catch otherwise (an expired entry) is caught at the
+ * flow's first packet of the next second, and a tracked packet costs one
+ * hash lookup, as in Katran. */
 static __always_inline bool np_orig_fresh(const void *e, bool v6, const void *p, __u32 now)
 {
 	__u32 fam = v6 ? LB_REMOVED_AT_IPV6 : LB_REMOVED_AT_IPV4;
-	__u16 f = CT_E(e, v6, flags);
+	__u16 f = CT_E(e, v6, flags) & (CT_F_SNAT | CT_F_CLOSING | CT_F_REPLY_CLOSING);
+	bool snat = f & CT_F_SNAT, tcp = PKT_F(p, v6, proto) == IPPROTO_TCP;
 	__u32 *removed;
 
-	if ((f & (CT_F_SNAT | CT_F_CLOSING | CT_F_REPLY_CLOSING)) != CT_F_SNAT ||
-	    !CT_E(e, v6, fib_ifindex) || CT_E(e, v6, fib_at) != (__u16)now)
+	if (f != (snat ? CT_F_SNAT : 0) || snat != (CT_E(e, v6, fib_ifindex) != 0) ||
+	    CT_E(e, v6, fib_at) != (__u16)now)
+		return false;
+	if (tcp && (PKT_F(p, v6, tcp_flags) & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST)))
+		return false;
+	if (CT_E(e, v6, expires) < now + (tcp ? CT_LIFETIME_TCP : CT_LIFETIME_UDP_SHORT))
 		return false;
 	removed = bpf_map_lookup_elem(&lb_removed_at_v1, &fam);
-	if (!removed || *removed == now)
-		return false;
-	return PKT_F(p, v6, proto) == IPPROTO_UDP ||
-	       !(PKT_F(p, v6, tcp_flags) & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST));
+	return removed && *removed != now;
+}
+
+/* np_checked stamps e, the client-side entry of a flow to a local backend,
+ * as checked in full in second now, once a packet of the flow passed
+ * np_orig_valid and np_backend_gone: the flow's other packets of that second
+ * skip them (np_orig_fresh). Such a flow keeps no next hop, so the stamp is
+ * fib_at; a source-NATed flow's is its next hop's (ct_fib_put). */
+static __always_inline void np_checked(void *e, bool v6, __u32 now)
+{
+	if (!(CT_E(e, v6, flags) & CT_F_SNAT) && CT_E(e, v6, fib_at) != (__u16)now)
+		CT_E(e, v6, fib_at) = (__u16)now;
 }
 
 /* np_reply_seen is told of p, a backend's packet of family v6 that the

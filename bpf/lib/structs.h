@@ -375,7 +375,9 @@ struct ct4_entry {
 	 * in the second it was found in (fib_at, the low 16 bits of it), so
 	 * that a route or neighbour change takes effect within a second, and
 	 * only for packets up to fib_len, so that the MTU is still checked.
-	 * fib_ifindex 0: none. */
+	 * fib_ifindex 0: none; a flow to a local backend keeps none, and its
+	 * fib_at is the second its checks were last made in (nodeport.h
+	 * np_checked). */
 	__u32 fib_ifindex;
 	__u16 fib_len;
 	__u16 fib_at;

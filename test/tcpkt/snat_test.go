@@ -357,3 +357,92 @@ func TestSNATUDPLifetimes(t *testing.T) {
 		}},
 	})
 }
+
+// TestAHandshakeLeavesTheEstablishedLifetime: the three packets of a TCP
+// handshake, in one second, leave the flow's entries with the lifetime of
+// an established connection (a day, as conntrack's
+// nf_conntrack_tcp_timeout_established), not a SYN's 60 s, also when the
+// flow's later packets of that second skip the checks (np_orig_fresh): a
+// connection that idles as soon as it is open lives on. Source-NATed
+// flows through tc_ingress and XDP, and flows to a local backend through
+// tc_ingress (XDP hands those to TC; their reply entry, which the backend's
+// packets refresh at egress, holds as long as the LRU keeps it), both
+// families.
+func TestAHandshakeLeavesTheEstablishedLifetime(t *testing.T) {
+	const established = 86400
+	for _, fam := range families {
+		for _, hook := range []string{"tc", "xdp"} {
+			t.Run(fam+"/"+hook+"/source NAT", func(t *testing.T) {
+				xf := newXFam(t, fam, loadOptions{})
+				var x *bpfobj.XdpObjects
+				if hook == "xdp" {
+					x = xf.f.loadXDP(t, xf.f.ifindex)
+				}
+				xf.sync(t, xf.fixtureState())
+				s := seq{xf}
+				xf.f.runSteps(t, x, []step{
+					s.fromClient("SYN", xf.client, pktest.SYN, sent),
+					s.fromBackend("SYN-ACK", xf.client, pktest.SYN|pktest.ACK, sent),
+					s.fromClient("ACK", xf.client, pktest.ACK, sent).with(nil, xf.liveFor(2, established, false)),
+					s.fromClient("data", xf.client, pktest.ACK|pktest.PSH, sent).with(nil, xf.liveFor(2, established, false)),
+				})
+			})
+		}
+		t.Run(fam+"/tc/local backend", func(t *testing.T) {
+			xf := newXFam(t, fam, loadOptions{})
+			xf.sync(t, xf.fixtureState())
+			in := func(fl pktest.TCPFlags) []byte {
+				return xf.tcp(xf.client, xf.np(npWebLocal), fl).fromOutside().Bytes()
+			}
+			out := func(fl pktest.TCPFlags) []byte {
+				return xf.tcp(xf.client, xf.localWeb, fl).fromOutside().Bytes()
+			}
+			for _, c := range []pktest.Case{
+				{Name: "SYN", In: in(pktest.SYN), Verdict: pktest.TCActOK, Out: out(pktest.SYN)},
+				{Name: "ACK", In: in(pktest.ACK), Verdict: pktest.TCActOK, Out: out(pktest.ACK), Check: xf.liveFor(1, established, true)},
+				{Name: "data", In: in(pktest.ACK | pktest.PSH), Verdict: pktest.TCActOK, Out: out(pktest.ACK | pktest.PSH),
+					Check: xf.liveFor(1, established, true)},
+			} {
+				c.Do, c.SKB = xf.f.ns.Do, &pktest.SKBContext{Ifindex: xf.f.ifindex}
+				t.Run(c.Name, func(t *testing.T) { pktest.RunCase(t, xf.f.objs.TcIngress, c) })
+			}
+		})
+	}
+}
+
+// liveFor checks that the family's connection tracking holds n entries
+// (with clientSide, n of the clients' direction), each living want seconds
+// from now (one second either way: the clock may tick between the program
+// and the read).
+func (x *xfam) liveFor(n int, want int64, clientSide bool) func(testing.TB, pktest.Result) {
+	return func(tb testing.TB, _ pktest.Result) {
+		tb.Helper()
+		var expires []uint32
+		if x.v6 {
+			var k bpfobj.TcCt6Key
+			var v bpfobj.TcCt6Entry
+			for it := x.f.objs.Tc6CtV1.Iterate(); it.Next(&k, &v); {
+				if !clientSide || k.Dir == 0 {
+					expires = append(expires, v.Expires)
+				}
+			}
+		} else {
+			var k bpfobj.TcCt4Key
+			var v bpfobj.TcCt4Entry
+			for it := x.f.objs.Tc4CtV1.Iterate(); it.Next(&k, &v); {
+				if !clientSide || k.Dir == 0 {
+					expires = append(expires, v.Expires)
+				}
+			}
+		}
+		if len(expires) != n {
+			tb.Fatalf("%d tracked entries, want %d", len(expires), n)
+		}
+		now := int64(monoNow(tb))
+		for _, e := range expires {
+			if got := int64(e) - now; got < want-1 || got > want+1 {
+				tb.Errorf("an entry lives %d s more, want %d", got, want)
+			}
+		}
+	}
+}
