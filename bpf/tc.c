@@ -29,9 +29,14 @@
  * struct pkt4): a source-NATed one (or a reply to a client outside)
  * straight out through the FIB, anything else to the kernel. e, if not
  * NULL, is the entry the packet was translated by, which keeps the FIB's
- * answer for the flow's next packets of second now (fwd.h). */
-static __always_inline int tc_send(struct __sk_buff *skb, bool v6, const void *p, bool fib, void *e,
-				   __u32 now)
+ * answer for the flow's next packets of second now (fwd.h).
+ *
+ * direct lets the rewrite store in place (rewrite.h): the ingress program
+ * does, where every packet the node receives passes; the egress program
+ * does not, as it would make the kernel unclone every cloned skb the node
+ * sends (TCP keeps a clone of each segment) before the program runs. */
+static __always_inline int tc_send(struct __sk_buff *skb, bool direct, bool v6, const void *p,
+				   bool fib, void *e, __u32 now)
 {
 	bool no_route = false;
 	int ret;
@@ -39,9 +44,9 @@ static __always_inline int tc_send(struct __sk_buff *skb, bool v6, const void *p
 	if (!fib)
 		return TC_ACT_OK;
 	if (v6)
-		ret = pkt6_forward(skb, p, e, now, &no_route);
+		ret = pkt6_forward(skb, direct, p, e, now, &no_route);
 	else
-		ret = pkt4_forward(skb, p, e, now, &no_route);
+		ret = pkt4_forward(skb, direct, p, e, now, &no_route);
 	if (no_route)
 		lb_count(LB_M_TC_NO_ROUTE);
 	return ret;
@@ -59,10 +64,10 @@ static __always_inline int tc_xlate_orig(struct __sk_buff *skb, struct pkt4 *p,
 	__be16 sport = e->nat_sport, dport = e->nat_dport;
 	bool snat = e->flags & CT_F_SNAT;
 
-	if (snat ? pkt4_rewrite_both(skb, p, saddr, sport, daddr, dport)
-		 : pkt4_rewrite(skb, p, false, daddr, dport))
+	if (snat ? pkt4_rewrite_both(skb, true, p, saddr, sport, daddr, dport)
+		 : pkt4_rewrite(skb, true, p, false, daddr, dport))
 		return TC_ACT_SHOT;
-	return tc_send(skb, false, p, snat, e, now);
+	return tc_send(skb, true, false, p, snat, e, now);
 }
 
 /* tc_new_flow handles the first packet of a flow: a frontend's verdict, a
@@ -105,8 +110,8 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, struct pkt4 *p, __
 /* tc_reply rewrites a backend's reply by its entry e: the source becomes
  * the frontend again, and for a source-NATed flow the destination becomes
  * the client, which the packet is then forwarded to. */
-static __always_inline int tc_reply(struct __sk_buff *skb, struct pkt4 *p, struct ct4_entry *e,
-				    __u32 now)
+static __always_inline int tc_reply(struct __sk_buff *skb, bool direct, struct pkt4 *p,
+				    struct ct4_entry *e, __u32 now)
 {
 	__be32 saddr = e->nat_saddr, daddr = e->nat_daddr;
 	__be16 sport = e->nat_sport, dport = e->nat_dport;
@@ -114,11 +119,11 @@ static __always_inline int tc_reply(struct __sk_buff *skb, struct pkt4 *p, struc
 
 	np_reply_seen(e, false, p);
 	ct_refresh_dir(e, p, now, true);
-	if (snat ? pkt4_rewrite_both(skb, p, saddr, sport, daddr, dport)
-		 : pkt4_rewrite(skb, p, true, saddr, sport))
+	if (snat ? pkt4_rewrite_both(skb, direct, p, saddr, sport, daddr, dport)
+		 : pkt4_rewrite(skb, direct, p, true, saddr, sport))
 		return TC_ACT_SHOT;
 	lb_count(LB_M_TC_REPLY);
-	return tc_send(skb, false, p, snat, e, now);
+	return tc_send(skb, direct, false, p, snat, e, now);
 }
 
 /* tc_icmp_error translates an ICMP error about a tracked flow, so that it
@@ -192,7 +197,7 @@ static __always_inline int tc_icmp_error(struct __sk_buff *skb, bool v6, void *p
 		return TC_ACT_SHOT;
 send:
 	lb_count(LB_M_TC_ICMP_XLATE);
-	return tc_send(skb, v6, p, snat, NULL, 0);
+	return tc_send(skb, false, v6, p, snat, NULL, 0);
 }
 
 /* tc_reset ends the tracked flow of p (its client-side entry e), whose
@@ -233,7 +238,7 @@ static __always_inline int tc_reset(struct __sk_buff *skb, const struct pkt4 *p,
  * e's nat_d* or nat_s*, and with source NAT the other side too. e is the
  * map's entry (tracked) or NULL (a new flow's copy is orig, which keeps the
  * route that chose its source NAT address, np6_snat_addr). */
-static __always_inline int tc6_xlate(struct __sk_buff *skb, struct pkt6 *p,
+static __always_inline int tc6_xlate(struct __sk_buff *skb, bool direct, struct pkt6 *p,
 				     struct ct6_entry *tracked, struct ct6_entry *orig, bool reply,
 				     __u32 now)
 {
@@ -245,16 +250,16 @@ static __always_inline int tc6_xlate(struct __sk_buff *skb, struct pkt6 *p,
 	if (snat) {
 		/* Both directions: the source becomes nat_s*, the
 		 * destination nat_d*. */
-		if (pkt6_rewrite_both(skb, p, e->nat_saddr, e->nat_sport, e->nat_daddr,
+		if (pkt6_rewrite_both(skb, direct, p, e->nat_saddr, e->nat_sport, e->nat_daddr,
 				      e->nat_dport))
 			return TC_ACT_SHOT;
-	} else if (reply ? pkt6_rewrite(skb, p, true, e->nat_saddr, e->nat_sport)
-			 : pkt6_rewrite(skb, p, false, e->nat_daddr, e->nat_dport)) {
+	} else if (reply ? pkt6_rewrite(skb, direct, p, true, e->nat_saddr, e->nat_sport)
+			 : pkt6_rewrite(skb, direct, p, false, e->nat_daddr, e->nat_dport)) {
 		return TC_ACT_SHOT;
 	}
 	if (reply)
 		lb_count(LB_M_TC_REPLY);
-	return tc_send(skb, true, p, snat, e, now);
+	return tc_send(skb, direct, true, p, snat, e, now);
 }
 
 /* tc6_new_flow is tc_new_flow for IPv6. */
@@ -287,7 +292,7 @@ static __always_inline int tc6_new_flow(struct __sk_buff *skb, struct pkt6 *p, _
 	if (np6_record(skb, skb->ifindex, p, &c, now, &orig))
 		return TC_ACT_SHOT;
 	lb_count(orig.flags & CT_F_SNAT ? LB_M_TC_NEW_SNAT : LB_M_TC_NEW_LOCAL);
-	return tc6_xlate(skb, p, NULL, &orig, false, now);
+	return tc6_xlate(skb, true, p, NULL, &orig, false, now);
 }
 
 /* tc6_reset is tc_reset for IPv6. */
@@ -336,7 +341,7 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb)
 	if (e && reply) {
 		np_reply_seen(e, true, &p);
 		ct_refresh_v(e, true, p.proto, p.tcp_flags, now, true);
-		return tc6_xlate(skb, &p, e, NULL, true, now);
+		return tc6_xlate(skb, true, &p, e, NULL, true, now);
 	}
 	if (reply) {
 		lb_count(LB_M_TC_SNAT_LATE);
@@ -347,7 +352,7 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb)
 	if (e) {
 		np_checked(e, true, now);
 		lb_count(LB_M_TC_FWD);
-		return tc6_xlate(skb, &p, e, NULL, false, now);
+		return tc6_xlate(skb, true, &p, e, NULL, false, now);
 	}
 	return tc6_new_flow(skb, &p, now);
 }
@@ -379,7 +384,7 @@ static __always_inline int tc6_egress(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	now = ct_now();
 	ct_refresh_v(e, true, p.proto, p.tcp_flags, now, true);
-	return tc6_xlate(skb, &p, e, NULL, true, now);
+	return tc6_xlate(skb, false, &p, e, NULL, true, now);
 }
 
 SEC("tc")
@@ -409,7 +414,7 @@ int tc_ingress(struct __sk_buff *skb)
 	if (!p.fragment) {
 		e = np_lookup_tracked(&p, now, &reply);
 		if (e && reply)
-			return tc_reply(skb, &p, e, now);
+			return tc_reply(skb, true, &p, e, now);
 		if (reply) {
 			lb_count(LB_M_TC_SNAT_LATE);
 			return TC_ACT_UNSPEC;
@@ -453,7 +458,7 @@ int tc_egress(struct __sk_buff *skb)
 	e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
 	if (!e || (e->flags & CT_F_SNAT))
 		return TC_ACT_UNSPEC;
-	return tc_reply(skb, &p, e, ct_now());
+	return tc_reply(skb, false, &p, e, ct_now());
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

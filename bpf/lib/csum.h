@@ -78,6 +78,13 @@ static __always_inline __u32 pkt_csum_diff_n(const __be32 *from, const __be32 *t
 	return (__u32)sum;
 }
 
+/* pkt_csum_diff16 is pkt_csum_diff_n for one 16-bit field at an even
+ * offset (a port, an IPv6 header's next header and hop limit). */
+static __always_inline __u32 pkt_csum_diff16(__be16 from, __be16 to)
+{
+	return (__u32)(__u16)~from + to;
+}
+
 /* pkt4_ttl_word is the 16-bit word of the IP header that a TTL change
  * alters: the IP checksum sums the TTL together with the protocol. */
 static __always_inline __be16 pkt4_ttl_word(__u16 ttl, __u8 proto)

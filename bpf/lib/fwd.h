@@ -31,14 +31,76 @@ static __always_inline long fwd_fib_lookup(struct __sk_buff *skb, bool v6, void 
 }
 
 /* fwd_store_macs writes the Ethernet addresses the FIB found for the next
- * hop, destination and source, in one store. */
-static __always_inline long fwd_store_macs(struct __sk_buff *skb, const struct bpf_fib_lookup *fib)
+ * hop, destination and source: in place when direct (rewrite.h), else in
+ * one store. */
+static __always_inline long fwd_store_macs(struct __sk_buff *skb, bool direct,
+					   const struct bpf_fib_lookup *fib)
 {
 	__u8 macs[2 * ETH_ALEN];
 
+	if (direct) {
+		struct ethhdr *eth = pkt_skb_at(skb, 0, sizeof(*eth));
+
+		if (eth) {
+			__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
+			__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
+			return 0;
+		}
+	}
 	__builtin_memcpy(macs, fib->dmac, ETH_ALEN);
 	__builtin_memcpy(macs + ETH_ALEN, fib->smac, ETH_ALEN);
 	return bpf_skb_store_bytes(skb, 0, macs, sizeof(macs), 0);
+}
+
+/* pkt4_store_ttl decrements p's TTL, and the IP checksum with it. */
+static __always_inline int pkt4_store_ttl(struct __sk_buff *skb, bool direct, const struct pkt4 *p)
+{
+	__be16 old_ttl = pkt4_ttl_word(p->ttl, p->proto),
+	       new_ttl = pkt4_ttl_word(p->ttl - 1, p->proto);
+	__u8 ttl = p->ttl - 1;
+
+	if (direct) {
+		struct iphdr *ip = pkt_skb_at(skb, ETH_HLEN, sizeof(*ip));
+
+		if (ip) {
+			ip->check = pkt_csum_replace(ip->check, old_ttl, new_ttl);
+			ip->ttl = ttl;
+			return 0;
+		}
+	}
+	if (bpf_l3_csum_replace(skb, ETH_HLEN + pkt_offsetof(struct iphdr, check), old_ttl, new_ttl,
+				sizeof(new_ttl)) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + pkt_offsetof(struct iphdr, ttl), &ttl, sizeof(ttl),
+				0))
+		return -1;
+	return 0;
+}
+
+/* pkt6_store_hop_limit decrements p's hop limit: no header checksum, and
+ * skb->csum follows the change. pkt6_parse admits no extension header, so
+ * the next header is p's protocol: the two are one 16-bit word. */
+static __always_inline int pkt6_store_hop_limit(struct __sk_buff *skb, bool direct,
+						const struct pkt6 *p)
+{
+	__u8 old_word[2] = { p->proto, p->hop_limit }, new_word[2] = { p->proto, p->hop_limit - 1 };
+
+	if (direct) {
+		struct pkt_ipv6hdr *ip = pkt_skb_at(skb, ETH_HLEN, sizeof(*ip));
+
+		if (ip) {
+			__be16 from, to;
+
+			__builtin_memcpy(&from, old_word, sizeof(from));
+			__builtin_memcpy(&to, new_word, sizeof(to));
+			ip->hop_limit = new_word[1];
+			bpf_csum_update(skb, pkt_csum_diff16(from, to));
+			return 0;
+		}
+	}
+	if (bpf_skb_store_bytes(skb, ETH_HLEN + pkt_offsetof(struct pkt_ipv6hdr, nexthdr), new_word,
+				sizeof(new_word), BPF_F_RECOMPUTE_CSUM))
+		return -1;
+	return 0;
 }
 
 /* pkt4_forward sends a translated packet out of the device the FIB chooses
@@ -50,9 +112,10 @@ static __always_inline long fwd_store_macs(struct __sk_buff *skb, const struct b
  * drops the packet for want of a route or TTL, for the caller to count.
  *
  * e, when not NULL, is the map entry of the flow whose tuple p now has,
- * which keeps the flow's next hop (fwd_fib_lookup). */
-static __always_inline int pkt4_forward(struct __sk_buff *skb, const struct pkt4 *p, void *e,
-					__u32 now, bool *no_route)
+ * which keeps the flow's next hop (fwd_fib_lookup); direct lets it store
+ * in place (rewrite.h). */
+static __always_inline int pkt4_forward(struct __sk_buff *skb, bool direct, const struct pkt4 *p,
+					void *e, __u32 now, bool *no_route)
 {
 	struct bpf_fib_lookup fib = {
 		.family = PKT_AF_INET,
@@ -64,7 +127,6 @@ static __always_inline int pkt4_forward(struct __sk_buff *skb, const struct pkt4
 		.ipv4_dst = p->daddr,
 		.ifindex = skb->ifindex,
 	};
-	__be16 old_ttl, new_ttl;
 	long ret;
 
 	if (p->ttl <= 1) {
@@ -76,24 +138,19 @@ static __always_inline int pkt4_forward(struct __sk_buff *skb, const struct pkt4
 		*no_route = true;
 		return TC_ACT_SHOT;
 	}
-	old_ttl = pkt4_ttl_word(p->ttl, p->proto);
-	new_ttl = pkt4_ttl_word(p->ttl - 1, p->proto);
-	if (bpf_l3_csum_replace(skb, ETH_HLEN + pkt_offsetof(struct iphdr, check), old_ttl, new_ttl,
-				sizeof(new_ttl)) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + pkt_offsetof(struct iphdr, ttl), &new_ttl,
-				sizeof(__u8), 0))
+	if (pkt4_store_ttl(skb, direct, p))
 		return TC_ACT_SHOT;
 	if (ret == BPF_FIB_LKUP_RET_NO_NEIGH)
 		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
-	if (fwd_store_macs(skb, &fib))
+	if (fwd_store_macs(skb, direct, &fib))
 		return TC_ACT_SHOT;
 	return bpf_redirect(fib.ifindex, 0);
 }
 
 /* pkt6_forward is pkt4_forward for IPv6: the hop limit is decremented
  * (no header checksum; skb->csum follows the store). */
-static __always_inline int pkt6_forward(struct __sk_buff *skb, const struct pkt6 *p, void *e,
-					__u32 now, bool *no_route)
+static __always_inline int pkt6_forward(struct __sk_buff *skb, bool direct, const struct pkt6 *p,
+					void *e, __u32 now, bool *no_route)
 {
 	struct bpf_fib_lookup fib = {
 		.family = PKT_AF_INET6,
@@ -102,8 +159,6 @@ static __always_inline int pkt6_forward(struct __sk_buff *skb, const struct pkt6
 		.dport = p->dport,
 		.ifindex = skb->ifindex,
 	};
-	/* The next header and the hop limit, one 16-bit word. */
-	__u8 word[2] = { p->proto, p->hop_limit - 1 };
 	long ret;
 
 	if (p->hop_limit <= 1) {
@@ -117,12 +172,11 @@ static __always_inline int pkt6_forward(struct __sk_buff *skb, const struct pkt6
 		*no_route = true;
 		return TC_ACT_SHOT;
 	}
-	if (bpf_skb_store_bytes(skb, ETH_HLEN + pkt_offsetof(struct pkt_ipv6hdr, nexthdr), word,
-				sizeof(word), BPF_F_RECOMPUTE_CSUM))
+	if (pkt6_store_hop_limit(skb, direct, p))
 		return TC_ACT_SHOT;
 	if (ret == BPF_FIB_LKUP_RET_NO_NEIGH)
 		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
-	if (fwd_store_macs(skb, &fib))
+	if (fwd_store_macs(skb, direct, &fib))
 		return TC_ACT_SHOT;
 	return bpf_redirect(fib.ifindex, 0);
 }

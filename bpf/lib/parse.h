@@ -33,6 +33,24 @@ struct pkt_icmphdr {
 #define ICMP_PORT_UNREACH  3
 #define ICMP_TIME_EXCEEDED 11
 
+/* pkt_skb_bounds reads skb->data and skb->data_end. Each is one load from
+ * the context itself: the verifier rejects a load through a context pointer
+ * moved to the field, which the compiler otherwise makes when it keeps the
+ * fields' addresses in registers across many reads. */
+static __always_inline void *pkt_skb_bounds(struct __sk_buff *skb, void **end)
+{
+	void *data, *data_end;
+
+	asm volatile("%0 = *(u32 *)(%1 + %2)"
+		     : "=r"(data)
+		     : "r"(skb), "i"(pkt_offsetof(struct __sk_buff, data)));
+	asm volatile("%0 = *(u32 *)(%1 + %2)"
+		     : "=r"(data_end)
+		     : "r"(skb), "i"(pkt_offsetof(struct __sk_buff, data_end)));
+	*end = data_end;
+	return data;
+}
+
 /* pkt_skb_load copies len bytes at off (from the Ethernet header) of skb to
  * to: read in place when they are in the linear part, as a packet's headers
  * almost always are (a helper call costs more than the copy), else with
@@ -40,8 +58,7 @@ struct pkt_icmphdr {
 static __always_inline long pkt_skb_load(struct __sk_buff *skb, __u32 off, void *to,
 					 const __u32 len)
 {
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
+	void *end, *data = pkt_skb_bounds(skb, &end);
 
 	if (off <= 0xff && data + off + len <= end) {
 		__builtin_memcpy(to, data + off, len);
@@ -49,6 +66,33 @@ static __always_inline long pkt_skb_load(struct __sk_buff *skb, __u32 off, void 
 	}
 	return bpf_skb_load_bytes(skb, off, to, len);
 }
+
+/* pkt_skb_at returns where the len bytes at off (from the Ethernet header,
+ * below 256) of skb are, for a store in place, or NULL when they are not all
+ * in the linear part (the caller then stores through the helpers). A store
+ * in place costs no helper call, but makes the kernel unclone every cloned
+ * skb the program sees (the verifier's prologue): only the ingress program
+ * does (the direct argument of rewrite.h and fwd.h). off is bounded in the
+ * register that is added (the asm): the compiler may otherwise add a
+ * register that holds the same value but whose bounds 6.1's verifier does
+ * not know. len is a constant at every call. */
+static __always_inline void *pkt_skb_at(struct __sk_buff *skb, __u32 off, const __u32 len)
+{
+	void *end, *at = pkt_skb_bounds(skb, &end);
+	__u64 o = off;
+
+	asm volatile("%0 &= 0xff" : "+r"(o));
+	at += o;
+	if (at + len > end)
+		return NULL;
+	return at;
+}
+
+/* Where the L4 header of a frame with the usual IP header is: after an
+ * IPv4 header without options, or an IPv6 header (pkt6_parse admits no
+ * extension header). */
+#define PKT4_L4_OFF (ETH_HLEN + sizeof(struct iphdr))
+#define PKT6_L4_OFF (ETH_HLEN + sizeof(struct pkt_ipv6hdr))
 
 /* What the parser found in a frame. Offsets are from the start of the
  * Ethernet header. */
@@ -265,8 +309,8 @@ static __always_inline enum pkt_parse pkt6_parse(struct __sk_buff *skb, struct p
  * TC programs, so the headers it reads sit at fixed offsets: Ethernet, then
  * a 20-byte IPv4 header or a 40-byte IPv6 one. */
 #define XDP_IP_OFF  ETH_HLEN
-#define XDP_L4_OFF  (ETH_HLEN + sizeof(struct iphdr))
-#define XDP_L4_OFF6 (ETH_HLEN + sizeof(struct pkt_ipv6hdr))
+#define XDP_L4_OFF  PKT4_L4_OFF
+#define XDP_L4_OFF6 PKT6_L4_OFF
 
 /* PKT_F names a field that struct pkt4 and struct pkt6 share, of p, a
  * struct pkt6 when v6 (a constant at every call), as CT_E does for the

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Address and port translation of a parsed packet (parse.h) with every
- * checksum kept right: of an skb through the kernel's checksum helpers,
- * which also keep a CHECKSUM_COMPLETE skb->csum right; of an ICMP or ICMPv6
+ * checksum kept right: of an skb in place or through the kernel's helpers,
+ * keeping a CHECKSUM_COMPLETE skb->csum right too; of an ICMP or ICMPv6
  * error and the packet it quotes; and of an XDP buffer, by hand. */
 #ifndef EBPF_PROXY_REWRITE_H
 #define EBPF_PROXY_REWRITE_H
@@ -37,17 +37,100 @@ static __always_inline int pkt4_csum_flags(struct __sk_buff *skb, const struct p
 	return 0;
 }
 
+/* The stores of a rewrite are made in place when direct and the headers
+ * are in the linear part (pkt_skb_at), else through the helpers; either
+ * way a CHECKSUM_COMPLETE skb->csum stays right. The L4 checksum always
+ * changes through bpf_l4_csum_replace: only the kernel knows whether it is
+ * a CHECKSUM_PARTIAL skb's pseudo-header sum, which a port change leaves
+ * alone. */
+
+/* pkt4_store_addrs writes n (1 or 2) consecutive addresses at off of the IP
+ * header, and its checksum for the change diff (pkt_csum_diff_n). The
+ * header's sum stays the same, so skb->csum does too. */
+static __always_inline int pkt4_store_addrs(struct __sk_buff *skb, bool direct, __u32 off,
+					    const __be32 *addrs, const int n, __u32 diff)
+{
+	if (direct) {
+		struct iphdr *ip = pkt_skb_at(skb, ETH_HLEN, sizeof(*ip));
+
+		if (ip) {
+			__be32 *at = (void *)ip + off;
+
+			ip->check = pkt_csum_add(ip->check, diff);
+			at[0] = addrs[0];
+			if (n == 2)
+				at[1] = addrs[1];
+			return 0;
+		}
+	}
+	if (bpf_l3_csum_replace(skb, ETH_HLEN + pkt_offsetof(struct iphdr, check), 0, diff, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + off, addrs, n * sizeof(__be32), 0))
+		return -1;
+	return 0;
+}
+
+/* pkt6_store_addrs writes n (4 or 8) words of addresses at off of the IPv6
+ * header, whose sum changes by diff: skb->csum follows (the L4 checksum's
+ * pseudo-header change, which bpf_l4_csum_replace reports, cancels it). */
+static __always_inline int pkt6_store_addrs(struct __sk_buff *skb, bool direct, __u32 off,
+					    const __be32 *addrs, const int n, __u32 diff)
+{
+	if (direct) {
+		struct pkt_ipv6hdr *ip = pkt_skb_at(skb, ETH_HLEN, sizeof(*ip));
+
+		if (ip) {
+			__builtin_memcpy((void *)ip + off, addrs, n * sizeof(__be32));
+			bpf_csum_update(skb, diff);
+			return 0;
+		}
+	}
+	if (bpf_skb_store_bytes(skb, ETH_HLEN + off, addrs, n * sizeof(__be32),
+				BPF_F_RECOMPUTE_CSUM))
+		return -1;
+	return 0;
+}
+
+/* pkt_store_ports writes n (1 or 2) port fields at first (0: the source
+ * port, 2: the destination's) of the L4 header at l4_off (from the frame
+ * start). In place only when the header is at usual, the family's offset
+ * without IP options: a constant offset, which every kernel's verifier
+ * bounds. Their change is cancelled in skb->csum by the L4 checksum's,
+ * except for a UDP datagram without checksum (recompute), where skb->csum
+ * follows the change diff. */
+static __always_inline int pkt_store_ports(struct __sk_buff *skb, bool direct, __u32 l4_off,
+					   const __u32 usual, const __u32 first,
+					   const __be16 *ports, const int n, bool recompute,
+					   __u32 diff)
+{
+	if (direct && l4_off == usual) {
+		__be16 *at = pkt_skb_at(skb, usual + first, n * sizeof(__be16));
+
+		if (at) {
+			at[0] = ports[0];
+			if (n == 2)
+				at[1] = ports[1];
+			if (recompute)
+				bpf_csum_update(skb, diff);
+			return 0;
+		}
+	}
+	if (bpf_skb_store_bytes(skb, l4_off + first, ports, n * sizeof(__be16),
+				recompute ? BPF_F_RECOMPUTE_CSUM : 0))
+		return -1;
+	return 0;
+}
+
 /* pkt4_rewrite changes one side of the packet (the source when src, else
  * the destination) from (p's address, p's port) to (addr, port), keeping the
  * IP and L4 checksums and a CHECKSUM_COMPLETE skb->csum right, and updates p.
  * Returns 0 or a negative error (the packet may then be half rewritten and
  * must be dropped). */
-static __always_inline int pkt4_rewrite(struct __sk_buff *skb, struct pkt4 *p, bool src,
-					__be32 addr, __be16 port)
+static __always_inline int pkt4_rewrite(struct __sk_buff *skb, bool direct, struct pkt4 *p,
+					bool src, __be32 addr, __be16 port)
 {
-	__u32 addr_off = ETH_HLEN + (src ? pkt_offsetof(struct iphdr, saddr)
-					 : pkt_offsetof(struct iphdr, daddr));
-	__u32 port_off = p->l4_off + (src ? 0 : sizeof(__be16));
+	__u32 addr_off =
+		src ? pkt_offsetof(struct iphdr, saddr) : pkt_offsetof(struct iphdr, daddr);
+	__u32 first = src ? 0 : sizeof(__be16);
 	__be32 old_addr = src ? p->saddr : p->daddr;
 	__be16 old_port = src ? p->sport : p->dport;
 	__u64 l4_flags, port_flags;
@@ -55,19 +138,16 @@ static __always_inline int pkt4_rewrite(struct __sk_buff *skb, struct pkt4 *p, b
 	if (pkt4_csum_flags(skb, p, &l4_flags, &port_flags))
 		return -1;
 	if (old_addr != addr) {
-		if (bpf_l4_csum_replace(skb, p->csum_off, old_addr, addr,
-					l4_flags | BPF_F_PSEUDO_HDR | sizeof(addr)))
-			return -1;
-		if (bpf_l3_csum_replace(skb, ETH_HLEN + pkt_offsetof(struct iphdr, check), old_addr,
-					addr, sizeof(addr)))
-			return -1;
-		if (bpf_skb_store_bytes(skb, addr_off, &addr, sizeof(addr), 0))
+		__u32 diff = pkt_csum_diff_n(&old_addr, &addr, 1);
+
+		if (pkt4_store_addrs(skb, direct, addr_off, &addr, 1, diff) ||
+		    bpf_l4_csum_replace(skb, p->csum_off, 0, diff, l4_flags | BPF_F_PSEUDO_HDR))
 			return -1;
 	}
 	if (old_port != port) {
-		if (bpf_l4_csum_replace(skb, p->csum_off, old_port, port, l4_flags | sizeof(port)))
-			return -1;
-		if (bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), port_flags))
+		if (pkt_store_ports(skb, direct, p->l4_off, PKT4_L4_OFF, first, &port, 1,
+				    port_flags, pkt_csum_diff16(old_port, port)) ||
+		    bpf_l4_csum_replace(skb, p->csum_off, old_port, port, l4_flags | sizeof(port)))
 			return -1;
 	}
 	if (src) {
@@ -80,39 +160,26 @@ static __always_inline int pkt4_rewrite(struct __sk_buff *skb, struct pkt4 *p, b
 	return 0;
 }
 
-/* pkt_ports_word is a packet's source and destination ports as the one
- * 32-bit word they are in its L4 header. */
-static __always_inline __be32 pkt_ports_word(__be16 sport, __be16 dport)
-{
-	__be16 ports[2] = { sport, dport };
-	__be32 w;
-
-	__builtin_memcpy(&w, ports, sizeof(w));
-	return w;
-}
-
 /* pkt4_rewrite_both is pkt4_rewrite for both sides at once, as a source-NATed
  * flow's packets need: the two addresses are one store and one change of
- * each checksum, and so are the two ports (five helper calls, not ten). */
-static __always_inline int pkt4_rewrite_both(struct __sk_buff *skb, struct pkt4 *p, __be32 saddr,
-					     __be16 sport, __be32 daddr, __be16 dport)
+ * each checksum, and so are the two ports. */
+static __always_inline int pkt4_rewrite_both(struct __sk_buff *skb, bool direct, struct pkt4 *p,
+					     __be32 saddr, __be16 sport, __be32 daddr, __be16 dport)
 {
 	__be32 old_addrs[2] = { p->saddr, p->daddr }, addrs[2] = { saddr, daddr };
-	__be32 old_ports = pkt_ports_word(p->sport, p->dport), ports = pkt_ports_word(sport, dport);
+	__be16 old_ports[2] = { p->sport, p->dport }, ports[2] = { sport, dport };
 	__u32 addr_diff = pkt_csum_diff_n(old_addrs, addrs, 2);
-	__u32 port_diff = pkt_csum_diff_n(&old_ports, &ports, 1);
+	__u32 port_diff =
+		pkt_csum_diff16(old_ports[0], ports[0]) + pkt_csum_diff16(old_ports[1], ports[1]);
 	__u64 l4_flags, port_flags;
 
 	if (pkt4_csum_flags(skb, p, &l4_flags, &port_flags))
 		return -1;
-	if (bpf_l4_csum_replace(skb, p->csum_off, 0, addr_diff, l4_flags | BPF_F_PSEUDO_HDR) ||
-	    bpf_l3_csum_replace(skb, ETH_HLEN + pkt_offsetof(struct iphdr, check), 0, addr_diff,
-				0) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + pkt_offsetof(struct iphdr, saddr), addrs,
-				sizeof(addrs), 0))
-		return -1;
-	if (bpf_l4_csum_replace(skb, p->csum_off, 0, port_diff, l4_flags) ||
-	    bpf_skb_store_bytes(skb, p->l4_off, &ports, sizeof(ports), port_flags))
+	if (pkt4_store_addrs(skb, direct, pkt_offsetof(struct iphdr, saddr), addrs, 2, addr_diff) ||
+	    pkt_store_ports(skb, direct, p->l4_off, PKT4_L4_OFF, 0, ports, 2, port_flags,
+			    port_diff) ||
+	    bpf_l4_csum_replace(skb, p->csum_off, 0, addr_diff, l4_flags | BPF_F_PSEUDO_HDR) ||
+	    bpf_l4_csum_replace(skb, p->csum_off, 0, port_diff, l4_flags))
 		return -1;
 	p->saddr = saddr;
 	p->daddr = daddr;
@@ -124,28 +191,22 @@ static __always_inline int pkt4_rewrite_both(struct __sk_buff *skb, struct pkt4 
 /* pkt6_rewrite_addr changes the source (src) or the destination address of
  * p to addr; the checksum at p->csum_off, whose pseudo-header holds it
  * (TCP's, UDP's, ICMPv6's), follows with l4_flags, and so does a
- * CHECKSUM_COMPLETE skb->csum. There is no IP checksum: the address store
- * itself moves skb->csum, and the checksum field's change, which
- * bpf_l4_csum_replace reports to skb->csum for a pseudo-header change,
- * cancels it. */
-static __always_inline int pkt6_rewrite_addr(struct __sk_buff *skb, struct pkt6 *p, bool src,
-					     const __be32 *addr, __u64 l4_flags)
+ * CHECKSUM_COMPLETE skb->csum (pkt6_store_addrs). */
+static __always_inline int pkt6_rewrite_addr(struct __sk_buff *skb, bool direct, struct pkt6 *p,
+					     bool src, const __be32 *addr, __u64 l4_flags)
 {
-	__u32 addr_off = ETH_HLEN + (src ? pkt_offsetof(struct pkt_ipv6hdr, saddr)
-					 : pkt_offsetof(struct pkt_ipv6hdr, daddr));
+	__u32 addr_off = src ? pkt_offsetof(struct pkt_ipv6hdr, saddr)
+			     : pkt_offsetof(struct pkt_ipv6hdr, daddr);
 	__be32 *old_addr = src ? p->saddr : p->daddr;
 	__be32 new_addr[4];
-	__s64 diff;
+	__u32 diff;
 
 	__builtin_memcpy(new_addr, addr, sizeof(new_addr));
 	if (pkt6_addr_eq(old_addr, new_addr))
 		return 0;
-	diff = bpf_csum_diff(old_addr, 16, new_addr, 16, 0);
-	if (diff < 0)
-		return -1;
-	if (bpf_l4_csum_replace(skb, p->csum_off, 0, (__u32)diff, l4_flags | BPF_F_PSEUDO_HDR))
-		return -1;
-	if (bpf_skb_store_bytes(skb, addr_off, new_addr, sizeof(new_addr), BPF_F_RECOMPUTE_CSUM))
+	diff = pkt_csum_diff_n(old_addr, new_addr, 4);
+	if (bpf_l4_csum_replace(skb, p->csum_off, 0, diff, l4_flags | BPF_F_PSEUDO_HDR) ||
+	    pkt6_store_addrs(skb, direct, addr_off, new_addr, 4, diff))
 		return -1;
 	__builtin_memcpy(old_addr, new_addr, sizeof(new_addr));
 	return 0;
@@ -156,19 +217,19 @@ static __always_inline int pkt6_rewrite_addr(struct __sk_buff *skb, struct pkt6 
  * IPv6 pseudo-header, pkt6_rewrite_addr) and so does a CHECKSUM_COMPLETE
  * skb->csum. pkt6_parse admits no UDP datagram without checksum; a
  * computed zero is sent as all ones. */
-static __always_inline int pkt6_rewrite(struct __sk_buff *skb, struct pkt6 *p, bool src,
-					const __be32 *addr, __be16 port)
+static __always_inline int pkt6_rewrite(struct __sk_buff *skb, bool direct, struct pkt6 *p,
+					bool src, const __be32 *addr, __be16 port)
 {
-	__u32 port_off = p->l4_off + (src ? 0 : sizeof(__be16));
+	__u32 first = src ? 0 : sizeof(__be16);
 	__be16 old_port = src ? p->sport : p->dport;
 	__u64 l4_flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 
-	if (pkt6_rewrite_addr(skb, p, src, addr, l4_flags))
+	if (pkt6_rewrite_addr(skb, direct, p, src, addr, l4_flags))
 		return -1;
 	if (old_port != port) {
-		if (bpf_l4_csum_replace(skb, p->csum_off, old_port, port, l4_flags | sizeof(port)))
-			return -1;
-		if (bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), 0))
+		if (pkt_store_ports(skb, direct, p->l4_off, PKT6_L4_OFF, first, &port, 1, false,
+				    0) ||
+		    bpf_l4_csum_replace(skb, p->csum_off, old_port, port, l4_flags | sizeof(port)))
 			return -1;
 		if (src)
 			p->sport = port;
@@ -181,12 +242,12 @@ static __always_inline int pkt6_rewrite(struct __sk_buff *skb, struct pkt6 *p, b
 /* pkt6_rewrite_both is pkt6_rewrite for both sides at once: the two
  * addresses, 32 bytes in a row, are one store and one change of the L4
  * checksum, and so are the two ports. */
-static __always_inline int pkt6_rewrite_both(struct __sk_buff *skb, struct pkt6 *p,
+static __always_inline int pkt6_rewrite_both(struct __sk_buff *skb, bool direct, struct pkt6 *p,
 					     const __be32 *saddr, __be16 sport, const __be32 *daddr,
 					     __be16 dport)
 {
 	__be32 old_addrs[8], addrs[8];
-	__be32 old_ports = pkt_ports_word(p->sport, p->dport), ports = pkt_ports_word(sport, dport);
+	__be16 old_ports[2] = { p->sport, p->dport }, ports[2] = { sport, dport };
 	__u64 l4_flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 	__u32 addr_diff, port_diff;
 
@@ -195,15 +256,13 @@ static __always_inline int pkt6_rewrite_both(struct __sk_buff *skb, struct pkt6 
 	__builtin_memcpy(addrs, saddr, 16);
 	__builtin_memcpy(addrs + 4, daddr, 16);
 	addr_diff = pkt_csum_diff_n(old_addrs, addrs, 8);
-	port_diff = pkt_csum_diff_n(&old_ports, &ports, 1);
-	/* As in pkt6_rewrite_addr: the store moves skb->csum, the checksum
-	 * field's change reported for the pseudo-header cancels it. */
-	if (bpf_l4_csum_replace(skb, p->csum_off, 0, addr_diff, l4_flags | BPF_F_PSEUDO_HDR) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + pkt_offsetof(struct pkt_ipv6hdr, saddr), addrs,
-				sizeof(addrs), BPF_F_RECOMPUTE_CSUM))
-		return -1;
-	if (bpf_l4_csum_replace(skb, p->csum_off, 0, port_diff, l4_flags) ||
-	    bpf_skb_store_bytes(skb, p->l4_off, &ports, sizeof(ports), 0))
+	port_diff =
+		pkt_csum_diff16(old_ports[0], ports[0]) + pkt_csum_diff16(old_ports[1], ports[1]);
+	if (pkt6_store_addrs(skb, direct, pkt_offsetof(struct pkt_ipv6hdr, saddr), addrs, 8,
+			     addr_diff) ||
+	    pkt_store_ports(skb, direct, p->l4_off, PKT6_L4_OFF, 0, ports, 2, false, 0) ||
+	    bpf_l4_csum_replace(skb, p->csum_off, 0, addr_diff, l4_flags | BPF_F_PSEUDO_HDR) ||
+	    bpf_l4_csum_replace(skb, p->csum_off, 0, port_diff, l4_flags))
 		return -1;
 	__builtin_memcpy(p->saddr, saddr, 16);
 	__builtin_memcpy(p->daddr, daddr, 16);
@@ -241,7 +300,7 @@ static __always_inline int pkt_icmp_rewrite_outer(struct __sk_buff *skb, bool v6
 						  const __be32 *addr)
 {
 	if (v6)
-		return pkt6_rewrite_addr(skb, p, src, addr, 0);
+		return pkt6_rewrite_addr(skb, false, p, src, addr, 0);
 	return pkt4_icmp_rewrite_outer(skb, p, src, *addr);
 }
 
