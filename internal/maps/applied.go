@@ -40,9 +40,10 @@ type applied struct {
 	// orphanRanges are trie entries found in the kernel and not claimed
 	// since; the next full sync deletes those no ServicePort wants.
 	orphanRanges map[rangeKey]struct{}
-	// held are the backends each ServicePort keeps for the endpoints its
-	// EndpointSlices list (see hold).
-	held map[model.ServicePortName][]Backend
+	// held are the ids of the backends each ServicePort keeps for the
+	// endpoints its EndpointSlices list (see hold): ids, an eighth of the
+	// memory of the backends themselves.
+	held map[model.ServicePortName][]uint32
 	// maglev are the fingerprints of the Maglev tables by ServicePort id.
 	maglev map[uint32]uint64
 
@@ -147,7 +148,7 @@ func (a *applied) reset() {
 	a.gcMatch = map[MemberKey]struct{}{}
 	a.ranges = map[model.ServicePortName]*appliedRanges{}
 	a.orphanRanges = map[rangeKey]struct{}{}
-	a.held = map[model.ServicePortName][]Backend{}
+	a.held = map[model.ServicePortName][]uint32{}
 	a.maglev = map[uint32]uint64{}
 	a.backendIDs = newIDAllocator(a.backendIDs.max)
 	a.revNatIDs = newIDAllocator(a.revNatIDs.max)

@@ -15,9 +15,9 @@ import (
 // planned after owner's frontends, so that a backend that moves from a slot
 // to being only held keeps its id; svc nil releases what owner held.
 func (a *applied) hold(p *plan, owner model.ServicePortName, svc *model.Service, node string) error {
-	var want []Backend
+	var want []uint32
 	if svc != nil {
-		want = make([]Backend, 0, len(svc.Endpoints))
+		want = make([]uint32, 0, len(svc.Endpoints))
 		for _, ep := range svc.Endpoints {
 			if !a.fam.holds(ep.Addr) {
 				continue
@@ -33,12 +33,13 @@ func (a *applied) hold(p *plan, owner model.ServicePortName, svc *model.Service,
 			if node != "" && ep.NodeName == node {
 				f |= BackendFlagLocal
 			}
-			if _, err := a.ensureBackend(p, b, f); err != nil {
+			id, err := a.ensureBackend(p, b, f)
+			if err != nil {
 				a.releaseHeld(want)
 				return fmt.Errorf("backend %s: %w", b, err)
 			}
 			a.backends[b].refs++
-			want = append(want, b)
+			want = append(want, id)
 		}
 	}
 	a.releaseHeld(a.held[owner])
@@ -50,9 +51,9 @@ func (a *applied) hold(p *plan, owner model.ServicePortName, svc *model.Service,
 	return nil
 }
 
-// releaseHeld drops one reference to each of bs.
-func (a *applied) releaseHeld(bs []Backend) {
-	for _, b := range bs {
-		a.unrefBackend(b)
+// releaseHeld drops one reference to each backend of ids.
+func (a *applied) releaseHeld(ids []uint32) {
+	for _, id := range ids {
+		a.unrefBackendID(id)
 	}
 }

@@ -63,6 +63,28 @@ func TestIDAllocator(t *testing.T) {
 	}
 }
 
+// TestIDAllocatorIdsAboveMax: an id above max restored from larger maps
+// counts as in use until released, is never handed out, and does not grow
+// the bitmap however large it is.
+func TestIDAllocatorIdsAboveMax(t *testing.T) {
+	a := newIDAllocator(2)
+	a.reserve(1 << 31)
+	if _, err := a.alloc(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.alloc(); !errors.Is(err, ErrMapFull) {
+		t.Fatalf("ids 1 and 1<<31 in use, max 2: got %v, want ErrMapFull", err)
+	}
+	if len(a.used) > 1 {
+		t.Errorf("the bitmap grew to %d words for an id above max", len(a.used))
+	}
+	a.release(1 << 31)
+	id, err := a.alloc()
+	if err != nil || id != 2 {
+		t.Fatalf("after releasing it: got %d, %v, want 2", id, err)
+	}
+}
+
 // BenchmarkIDAllocatorChurn replaces one id among 100,000 in use, as a sync
 // that moves one endpoint does: the cost must not grow with the ids in use.
 func BenchmarkIDAllocatorChurn(b *testing.B) {

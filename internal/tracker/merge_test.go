@@ -18,21 +18,21 @@ func TestMergeUsesAListAsItIsOnlyWhenItIsTheMergedOne(t *testing.T) {
 	http := model.EndpointPort{Name: "http", Port: 8080, Protocol: model.TCP}
 	tests := []struct {
 		name   string
-		slices map[string]*model.EndpointSlice
+		slices sliceSet
 		asIs   bool
 	}{
-		{"one slice of one port", map[string]*model.EndpointSlice{"a": {Ports: []model.EndpointPort{http},
+		{"one slice of one port", sliceSet{{Name: "a", Ports: []model.EndpointPort{http},
 			Endpoints: []model.Endpoint{ep("10.0.0.1", 8080, true), ep("10.0.0.2", 8080, true)}}}, true},
-		{"an address twice", map[string]*model.EndpointSlice{"a": {Ports: []model.EndpointPort{http},
+		{"an address twice", sliceSet{{Name: "a", Ports: []model.EndpointPort{http},
 			Endpoints: []model.Endpoint{ep("10.0.0.1", 8080, false), ep("10.0.0.1", 8080, true)}}}, false},
-		{"another port name", map[string]*model.EndpointSlice{"a": {Ports: []model.EndpointPort{{Name: "dns", Port: 8080, Protocol: model.TCP}},
+		{"another port name", sliceSet{{Name: "a", Ports: []model.EndpointPort{{Name: "dns", Port: 8080, Protocol: model.TCP}},
 			Endpoints: []model.Endpoint{ep("10.0.0.1", 8080, true)}}}, false},
-		{"two ports", map[string]*model.EndpointSlice{"a": {Ports: []model.EndpointPort{http, {Name: "dns", Port: 53, Protocol: model.UDP}},
+		{"two ports", sliceSet{{Name: "a", Ports: []model.EndpointPort{http, {Name: "dns", Port: 53, Protocol: model.UDP}},
 			Endpoints: []model.Endpoint{ep("10.0.0.1", 0, true)}}}, false},
-		{"two slices", map[string]*model.EndpointSlice{
-			"a": {Ports: []model.EndpointPort{http}, Endpoints: []model.Endpoint{ep("10.0.0.2", 8080, true)}},
-			"b": {Ports: []model.EndpointPort{http}, Endpoints: []model.Endpoint{ep("10.0.0.1", 8080, true)}}}, false},
-		{"unsorted", map[string]*model.EndpointSlice{"a": {Ports: []model.EndpointPort{http},
+		{"two slices", sliceSet{
+			{Name: "a", Ports: []model.EndpointPort{http}, Endpoints: []model.Endpoint{ep("10.0.0.2", 8080, true)}},
+			{Name: "b", Ports: []model.EndpointPort{http}, Endpoints: []model.Endpoint{ep("10.0.0.1", 8080, true)}}}, false},
+		{"unsorted", sliceSet{{Name: "a", Ports: []model.EndpointPort{http},
 			Endpoints: []model.Endpoint{ep("10.0.0.2", 8080, true), ep("10.0.0.1", 8080, true)}}}, false},
 	}
 	for _, tt := range tests {
@@ -50,5 +50,37 @@ func TestMergeUsesAListAsItIsOnlyWhenItIsTheMergedOne(t *testing.T) {
 				t.Errorf("a shared list can be appended into (cap %d, len %d)", cap(got), len(got))
 			}
 		})
+	}
+}
+
+// A Service's slices stay in name order as they are added, replaced and
+// removed, which is the order merging visits them in.
+func TestSliceSetKeepsNameOrder(t *testing.T) {
+	mk := func(name string, n int) *model.EndpointSlice {
+		return &model.EndpointSlice{Name: name, Endpoints: make([]model.Endpoint, n)}
+	}
+	names := func(ss sliceSet) (out []string) {
+		for _, s := range ss {
+			out = append(out, s.Name)
+		}
+		return out
+	}
+	var ss sliceSet
+	for _, n := range []string{"web-c", "web-a", "web-b"} {
+		ss = ss.put(mk(n, 1))
+	}
+	if got := names(ss); !reflect.DeepEqual(got, []string{"web-a", "web-b", "web-c"}) {
+		t.Fatalf("after adding: %v", got)
+	}
+	ss = ss.put(mk("web-b", 5))
+	if got := names(ss); len(ss) != 3 || len(ss[1].Endpoints) != 5 || !reflect.DeepEqual(got, []string{"web-a", "web-b", "web-c"}) {
+		t.Fatalf("after replacing web-b: %v (%d endpoints)", got, len(ss[1].Endpoints))
+	}
+	ss = ss.remove("web-a").remove("web-x")
+	if got := names(ss); !reflect.DeepEqual(got, []string{"web-b", "web-c"}) {
+		t.Fatalf("after removing web-a and an unknown slice: %v", got)
+	}
+	if ss = ss.remove("web-b").remove("web-c"); len(ss) != 0 {
+		t.Fatalf("after removing all: %v", names(ss))
 	}
 }

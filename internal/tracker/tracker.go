@@ -8,6 +8,7 @@ package tracker
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
@@ -38,7 +39,7 @@ type Tracker struct {
 
 	// Owned by the Apply goroutine.
 	services map[model.ServiceName][]*model.ServicePort
-	slices   map[model.ServiceName]map[string]*model.EndpointSlice
+	slices   map[model.ServiceName]sliceSet
 	state    *model.State
 	// inState indexes the ServicePorts of each Service in state, so that a
 	// change touches only its own Service.
@@ -61,7 +62,7 @@ func New(nodeName string, opts model.Options, nodePorts model.NodePortSpec) *Tra
 		pendingServices: map[model.ServiceName][]*model.ServicePort{},
 		pendingSlices:   map[sliceKey]*model.EndpointSlice{},
 		services:        map[model.ServiceName][]*model.ServicePort{},
-		slices:          map[model.ServiceName]map[string]*model.EndpointSlice{},
+		slices:          map[model.ServiceName]sliceSet{},
 		inState:         map[model.ServiceName][]model.ServicePortName{},
 		state: &model.State{
 			Node:     node,
@@ -211,18 +212,14 @@ func (t *Tracker) Apply() model.Update {
 		dirty[name] = struct{}{}
 	}
 	for key, s := range pendingSlices {
-		bySvc := t.slices[key.svc]
 		if s == nil {
-			delete(bySvc, key.name)
-			if len(bySvc) == 0 {
+			if bySvc := t.slices[key.svc].remove(key.name); len(bySvc) > 0 {
+				t.slices[key.svc] = bySvc
+			} else {
 				delete(t.slices, key.svc)
 			}
 		} else {
-			if bySvc == nil {
-				bySvc = map[string]*model.EndpointSlice{}
-				t.slices[key.svc] = bySvc
-			}
-			bySvc[key.name] = s
+			t.slices[key.svc] = t.slices[key.svc].put(s)
 			if !s.TriggerTime.IsZero() {
 				up.TriggerTimes = append(up.TriggerTimes, s.TriggerTime)
 			}
@@ -283,7 +280,7 @@ func sameNode(a, b *model.Node) bool {
 // upstream does since 1.36, and among equals the copy on this node, as
 // upstream did before; upstream visits slices in map order, we in name
 // order, so that the outcome is deterministic.
-func mergeEndpoints(sp *model.ServicePort, bySlice map[string]*model.EndpointSlice, node string) []model.Endpoint {
+func mergeEndpoints(sp *model.ServicePort, bySlice sliceSet, node string) []model.Endpoint {
 	if len(bySlice) == 0 {
 		return nil
 	}
@@ -294,16 +291,10 @@ func mergeEndpoints(sp *model.ServicePort, bySlice map[string]*model.EndpointSli
 }
 
 // mergeAll is mergeEndpoints building a new list.
-func mergeAll(sp *model.ServicePort, bySlice map[string]*model.EndpointSlice, node string) []model.Endpoint {
-	names := make([]string, 0, len(bySlice))
-	for n := range bySlice {
-		names = append(names, n)
-	}
-	slices.Sort(names)
+func mergeAll(sp *model.ServicePort, bySlice sliceSet, node string) []model.Endpoint {
 	seen := map[netip.AddrPort]int{}
 	var out []model.Endpoint
-	for _, n := range names {
-		s := bySlice[n]
+	for _, s := range bySlice {
 		for _, p := range s.Ports {
 			if p.Name != sp.Name.Port || p.Protocol != sp.Name.Protocol || p.Port == 0 {
 				continue
@@ -330,26 +321,51 @@ func mergeAll(sp *model.ServicePort, bySlice map[string]*model.EndpointSlice, no
 // already what mergeEndpoints would build for sp: one port, sp's, and no
 // address twice. The list is shared, capped so that appending copies;
 // endpoint lists are never changed once built.
-func asIs(sp *model.ServicePort, bySlice map[string]*model.EndpointSlice) ([]model.Endpoint, bool) {
+func asIs(sp *model.ServicePort, bySlice sliceSet) ([]model.Endpoint, bool) {
 	if len(bySlice) != 1 {
 		return nil, false
 	}
-	for _, s := range bySlice {
-		if len(s.Ports) != 1 {
-			return nil, false
-		}
-		p := s.Ports[0]
-		if p.Name != sp.Name.Port || p.Protocol != sp.Name.Protocol || p.Port == 0 {
-			return nil, false
-		}
-		for i := range s.Endpoints {
-			if s.Endpoints[i].Port != p.Port || i > 0 && s.Endpoints[i-1].Addr.Compare(s.Endpoints[i].Addr) >= 0 {
-				return nil, false
-			}
-		}
-		return s.Endpoints[:len(s.Endpoints):len(s.Endpoints)], true
+	s := bySlice[0]
+	if len(s.Ports) != 1 {
+		return nil, false
 	}
-	return nil, false
+	p := s.Ports[0]
+	if p.Name != sp.Name.Port || p.Protocol != sp.Name.Protocol || p.Port == 0 {
+		return nil, false
+	}
+	for i := range s.Endpoints {
+		if s.Endpoints[i].Port != p.Port || i > 0 && s.Endpoints[i-1].Addr.Compare(s.Endpoints[i].Addr) >= 0 {
+			return nil, false
+		}
+	}
+	return s.Endpoints[:len(s.Endpoints):len(s.Endpoints)], true
+}
+
+// sliceSet is a Service's EndpointSlices in name order. Most Services have
+// one, which a map by name would hold in ten times the memory (about 4 MiB
+// at 10,000 Services).
+type sliceSet []*model.EndpointSlice
+
+func (ss sliceSet) find(name string) (int, bool) {
+	return slices.BinarySearchFunc(ss, name, func(s *model.EndpointSlice, n string) int { return strings.Compare(s.Name, n) })
+}
+
+// put returns ss with s in place of the slice of its name, or added.
+func (ss sliceSet) put(s *model.EndpointSlice) sliceSet {
+	i, ok := ss.find(s.Name)
+	if ok {
+		ss[i] = s
+		return ss
+	}
+	return slices.Insert(ss, i, s)
+}
+
+// remove returns ss without the slice named name.
+func (ss sliceSet) remove(name string) sliceSet {
+	if i, ok := ss.find(name); ok {
+		return slices.Delete(ss, i, i+1)
+	}
+	return ss
 }
 
 // better reports whether duplicate a should replace b.
