@@ -277,14 +277,11 @@ static __always_inline int pkt4_icmp_rewrite_outer(struct __sk_buff *skb, struct
 						   __be32 addr)
 {
 	__be32 old = src ? p->saddr : p->daddr;
-	__u32 off = ETH_HLEN +
-		    (src ? pkt_offsetof(struct iphdr, saddr) : pkt_offsetof(struct iphdr, daddr));
+	__u32 off = src ? pkt_offsetof(struct iphdr, saddr) : pkt_offsetof(struct iphdr, daddr);
 
 	if (old == addr)
 		return 0;
-	if (bpf_l3_csum_replace(skb, ETH_HLEN + pkt_offsetof(struct iphdr, check), old, addr,
-				sizeof(addr)) ||
-	    bpf_skb_store_bytes(skb, off, &addr, sizeof(addr), 0))
+	if (pkt4_store_addrs(skb, false, off, &addr, 1, pkt_csum_diff_n(&old, &addr, 1)))
 		return -1;
 	if (src)
 		p->saddr = addr;
