@@ -168,7 +168,11 @@ static __always_inline __u32 ct_udp_life(void *e, bool v6, bool reply, __u32 now
  * proto, TCP flags tcp_flags), from the backend when reply, and follows the
  * flow's state. A new entry (expires
  * still 0) is born now. The entry is written only when something moves:
- * the expiry at most once a second. */
+ * the expiry at most once a second. A SYN on an open flow (the backend's
+ * SYN-ACK sent again after the client's ACK, a client's SYN crossing it)
+ * never shortens the flow's lifetime, as conntrack ignores it on an
+ * established connection: only a new connection on the tuple, which
+ * ct_tcp_track_v starts over from a closing flow, takes a SYN's lifetime. */
 static __always_inline void ct_refresh_v(void *e, bool v6, __u8 proto, __u8 tcp_flags, __u32 now,
 					 bool reply)
 {
@@ -180,10 +184,12 @@ static __always_inline void ct_refresh_v(void *e, bool v6, __u8 proto, __u8 tcp_
 		ct_tcp_track_v(e, v6, tcp_flags, reply);
 		if (CT_E(e, v6, flags) & CT_F_CLOSING)
 			life = CT_LIFETIME_TCP_CLOSE;
-		else if (tcp_flags & TCP_FLAG_SYN)
-			life = CT_LIFETIME_TCP_SYN;
-		else
+		else if (!(tcp_flags & TCP_FLAG_SYN))
 			life = CT_LIFETIME_TCP;
+		else if (CT_E(e, v6, expires) > now + CT_LIFETIME_TCP_SYN)
+			return;
+		else
+			life = CT_LIFETIME_TCP_SYN;
 	} else if (CT_E(e, v6, flags) & CT_F_SNAT) {
 		life = ct_udp_life(e, v6, reply, now);
 	}

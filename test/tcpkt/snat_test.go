@@ -410,6 +410,36 @@ func TestAHandshakeLeavesTheEstablishedLifetime(t *testing.T) {
 	}
 }
 
+// TestARetransmittedSynAckKeepsTheEstablishedLifetime: the backend's SYN-ACK
+// sent again after the client's ACK (the ACK was lost or crossed it) does
+// not cut an open flow's entries back to a SYN's 60 s, as conntrack ignores
+// a SYN-ACK on an established connection; the client's packets of that
+// second, which skip the refresh, would otherwise leave the reply entry to
+// expire a minute into an idle connection while its port looks free.
+func TestARetransmittedSynAckKeepsTheEstablishedLifetime(t *testing.T) {
+	const established = 86400
+	for _, fam := range families {
+		for _, hook := range []string{"tc", "xdp"} {
+			t.Run(fam+"/"+hook, func(t *testing.T) {
+				xf := newXFam(t, fam, loadOptions{})
+				var x *bpfobj.XdpObjects
+				if hook == "xdp" {
+					x = xf.f.loadXDP(t, xf.f.ifindex)
+				}
+				xf.sync(t, xf.fixtureState())
+				s := seq{xf}
+				xf.f.runSteps(t, x, []step{
+					s.fromClient("SYN", xf.client, pktest.SYN, sent),
+					s.fromBackend("SYN-ACK", xf.client, pktest.SYN|pktest.ACK, sent),
+					s.fromClient("ACK", xf.client, pktest.ACK, sent),
+					s.fromBackend("SYN-ACK again", xf.client, pktest.SYN|pktest.ACK, sent).with(nil, xf.liveFor(2, established, false)),
+					s.fromClient("data", xf.client, pktest.ACK|pktest.PSH, sent).with(nil, xf.liveFor(2, established, false)),
+				})
+			})
+		}
+	}
+}
+
 // liveFor checks that the family's connection tracking holds n entries
 // (with clientSide, n of the clients' direction), each living want seconds
 // from now (one second either way: the clock may tick between the program
