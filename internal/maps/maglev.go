@@ -112,55 +112,55 @@ func maglevFingerprint(bs []Backend, m int) uint64 {
 	return h.Sum64()
 }
 
-// planMaglev plans the table changes of a sync. before holds the
-// ServicePort ids the synced owners had before it; after a full sync every
-// table not wanted is deleted.
-func (a *applied) planMaglev(p *plan, owners []model.ServicePortName, up model.Update, before map[model.ServicePortName]uint32, full bool) {
+// planMaglevOwner plans the Maglev table of owner, planned with svc, and
+// adds its ServicePort id to wanted. A ServicePort left without frontends
+// has none: its id goes with them (finishSync).
+func (a *applied) planMaglevOwner(p *plan, owner model.ServicePortName, svc *model.Service, hasFrontends bool,
+	wanted map[uint32]bool) {
+	if a.maglevSize == 0 || !hasFrontends {
+		return
+	}
+	bs := maglevBackends(svc)
+	id := a.ownerSvc[owner]
+	if len(bs) == 0 || id == 0 {
+		return
+	}
+	wanted[id] = true
+	fp := maglevFingerprint(bs, a.maglevSize)
+	if cur, ok := a.maglev[id]; ok && cur == fp {
+		return
+	}
+	ids := make([]uint32, len(bs))
+	for i, b := range bs {
+		ab := a.backends[b]
+		if ab == nil {
+			p.errs = append(p.errs, fmt.Errorf("%s: maglev table of service %d: backend %s has no id", owner, id, b))
+			return
+		}
+		ids[i] = ab.id
+	}
+	p.maglevSets = append(p.maglevSets, maglevTable{owner: owner, svcID: id, fingerprint: fp, backends: bs, ids: ids})
+	a.maglev[id] = fp
+}
+
+// planMaglevStale plans, once every ServicePort of r is planned, the
+// deletion of the Maglev tables no ServicePort wants: with a full sync
+// every table not planned, otherwise those of the synced ServicePorts that
+// no longer have one.
+func (a *applied) planMaglevStale(p *plan, r *syncRun) {
 	if a.maglevSize == 0 {
 		return
 	}
-	wanted := map[uint32]bool{}
-	for _, owner := range owners {
-		svc := up.State.Services[owner]
-		if svc == nil {
-			continue
-		}
-		bs := maglevBackends(svc)
-		id := a.ownerSvc[owner]
-		if len(bs) == 0 || id == 0 {
-			continue
-		}
-		wanted[id] = true
-		fp := maglevFingerprint(bs, a.maglevSize)
-		if cur, ok := a.maglev[id]; ok && cur == fp {
-			continue
-		}
-		ids := make([]uint32, len(bs))
-		for i, b := range bs {
-			ab := a.backends[b]
-			if ab == nil {
-				p.errs = append(p.errs, fmt.Errorf("%s: maglev table of service %d: backend %s has no id", owner, id, b))
-				ids = nil
-				break
-			}
-			ids[i] = ab.id
-		}
-		if ids == nil {
-			continue
-		}
-		p.maglevSets = append(p.maglevSets, maglevTable{owner: owner, svcID: id, fingerprint: fp, backends: bs, ids: ids})
-		a.maglev[id] = fp
-	}
 	var stale []uint32
-	if full {
+	if r.full {
 		for id := range a.maglev {
-			if !wanted[id] {
+			if !r.maglevWanted[id] {
 				stale = append(stale, id)
 			}
 		}
 	} else {
-		for _, owner := range owners {
-			if id, ok := before[owner]; ok && !wanted[id] {
+		for _, owner := range r.owners {
+			if id, ok := r.svcBefore[owner]; ok && !r.maglevWanted[id] {
 				if _, has := a.maglev[id]; has {
 					stale = append(stale, id)
 				}

@@ -80,11 +80,24 @@ type frontendChange struct {
 // mostly small, and would otherwise keep that memory for the agent's life.
 const planKeepEntries = 1 << 14
 
+// syncChunkEntries is the size of plan past which Writer.Sync writes the
+// ServicePorts planned so far before it plans more: a first sync of
+// 10,000 Services would otherwise hold a plan of all of their entries at
+// once, the largest part of the agent's peak memory. Half of
+// planKeepEntries, so that a chunk that ends with a large Service still
+// keeps its memory for the next chunk.
+const syncChunkEntries = planKeepEntries / 2
+
+// size counts p's entries, the large parts of its memory.
+func (p *plan) size() int {
+	return len(p.servicePuts.keys) + len(p.backendPuts.keys) + len(p.memberPuts.keys) + len(p.serviceDels) +
+		len(p.memberDels) + len(p.changes)
+}
+
 // reset empties p for the next sync, keeping its memory unless it held
 // more than planKeepEntries entries.
 func (p *plan) reset() {
-	if len(p.servicePuts.keys)+len(p.backendPuts.keys)+len(p.memberPuts.keys)+len(p.serviceDels)+
-		len(p.memberDels)+len(p.changes) > planKeepEntries {
+	if p.size() > planKeepEntries {
 		*p = plan{}
 		return
 	}
@@ -166,65 +179,105 @@ func (p *plan) deleteRange(k rangeKey) {
 // planSync adds to p the writes that bring the maps from the applied state
 // to the desired state of up, and records them as applied. With full every
 // ServicePort is planned and every entry no ServicePort wants is deleted;
-// otherwise only the ServicePorts in up.Changed are.
+// otherwise only the ServicePorts in up.Changed are. It is one plan for the
+// whole sync; Writer.Sync writes a large sync in chunks instead (syncRun).
 func (a *applied) planSync(p *plan, up model.Update, full bool) {
-	owners := a.owners(up, full)
+	r := a.beginSync(p, up, full)
+	for _, owner := range r.owners {
+		a.planOwner(p, &r, owner)
+	}
+	a.finishSync(p, &r)
+}
+
+// syncRun is what one sync's planning carries from a ServicePort to the
+// next, and across the chunks Writer.Sync writes it in: each chunk's plan
+// holds the writes of some ServicePorts, and only the last one the
+// deletions of what no ServicePort wants (finishSync). Until then nothing
+// that a frontend of an earlier chunk points at is deleted: a backend the
+// first chunk wrote stays for the later chunks that share it, and a
+// frontend that moves from one ServicePort to another is taken over where
+// it stands. So every chunk is make-before-break as a whole plan is.
+type syncRun struct {
+	up     model.Update
+	full   bool
+	owners []model.ServicePortName
+	// svcBefore are the ServicePort ids of the owners as the sync began.
+	svcBefore map[model.ServicePortName]uint32
+	// desired are the frontends planned so far; newOwned the owners'.
+	desired  map[Frontend]bool
+	newOwned map[model.ServicePortName][]Frontend
+	// maglevWanted are the ServicePort ids that have a Maglev table.
+	maglevWanted map[uint32]bool
+}
+
+// beginSync starts planning a sync of up into p.
+func (a *applied) beginSync(p *plan, up model.Update, full bool) syncRun {
+	r := syncRun{up: up, full: full, owners: a.owners(up, full),
+		desired: map[Frontend]bool{}, newOwned: map[model.ServicePortName][]Frontend{},
+		maglevWanted: map[uint32]bool{}}
 	if full && len(a.frontends) == 0 {
 		a.presize(p, up)
 	}
-	svcBefore := make(map[model.ServicePortName]uint32, len(owners))
-	for _, owner := range owners {
+	r.svcBefore = make(map[model.ServicePortName]uint32, len(r.owners))
+	for _, owner := range r.owners {
 		if id, ok := a.ownerSvc[owner]; ok {
-			svcBefore[owner] = id
+			r.svcBefore[owner] = id
 		}
 	}
+	return r
+}
 
-	desired := map[Frontend]bool{}
-	newOwned := map[model.ServicePortName][]Frontend{}
-	for _, owner := range owners {
-		svc := up.State.Services[owner]
-		if svc == nil {
-			a.planRanges(p, owner, nil, nil)
-			a.hold(p, owner, nil, "")
+// planOwner adds to p the writes of one ServicePort of r: its frontends,
+// the backends it holds, its source ranges and its Maglev table.
+func (a *applied) planOwner(p *plan, r *syncRun, owner model.ServicePortName) {
+	up := r.up
+	svc := up.State.Services[owner]
+	if svc == nil {
+		a.planRanges(p, owner, nil, nil)
+		a.hold(p, owner, nil, "")
+		return
+	}
+	ds := frontendsOf(svc, &up.State.Node, a.fam)
+	sortFrontends(ds)
+	for _, d := range ds {
+		if r.desired[d.fe] {
+			p.errs = append(p.errs, fmt.Errorf("%s: frontend %s is already used by another Service port", owner, d.fe))
 			continue
 		}
-		ds := frontendsOf(svc, &up.State.Node, a.fam)
-		sortFrontends(ds)
-		for _, d := range ds {
-			if desired[d.fe] {
-				p.errs = append(p.errs, fmt.Errorf("%s: frontend %s is already used by another Service port", owner, d.fe))
+		if cur := a.frontends[d.fe]; cur != nil && cur.owner != (model.ServicePortName{}) && cur.owner != owner {
+			if _, stillThere := up.State.Services[cur.owner]; stillThere && !slices.Contains(r.owners, cur.owner) {
+				p.errs = append(p.errs, fmt.Errorf("%s: frontend %s is already used by %s", owner, d.fe, cur.owner))
 				continue
 			}
-			if cur := a.frontends[d.fe]; cur != nil && cur.owner != (model.ServicePortName{}) && cur.owner != owner {
-				if _, stillThere := up.State.Services[cur.owner]; stillThere && !slices.Contains(owners, cur.owner) {
-					p.errs = append(p.errs, fmt.Errorf("%s: frontend %s is already used by %s", owner, d.fe, cur.owner))
-					continue
-				}
-			}
-			desired[d.fe] = true
-			newOwned[owner] = append(newOwned[owner], d.fe)
-			if err := a.upsert(p, d); err != nil {
-				p.errs = append(p.errs, fmt.Errorf("%s: frontend %s: %w", owner, d.fe, err))
-			}
 		}
-		if err := a.hold(p, owner, svc, up.State.Node.Name); err != nil {
-			p.errs = append(p.errs, fmt.Errorf("%s: %w", owner, err))
+		r.desired[d.fe] = true
+		r.newOwned[owner] = append(r.newOwned[owner], d.fe)
+		if err := a.upsert(p, d); err != nil {
+			p.errs = append(p.errs, fmt.Errorf("%s: frontend %s: %w", owner, d.fe, err))
 		}
-		a.planRanges(p, owner, svc, &up.State.Node)
 	}
+	if err := a.hold(p, owner, svc, up.State.Node.Name); err != nil {
+		p.errs = append(p.errs, fmt.Errorf("%s: %w", owner, err))
+	}
+	a.planRanges(p, owner, svc, &up.State.Node)
+	a.planMaglevOwner(p, owner, svc, len(r.newOwned[owner]) > 0, r.maglevWanted)
+}
 
-	// Break after make: remove what the synced ServicePorts no longer have.
+// finishSync adds to p, after the writes of every ServicePort of r, the
+// deletions: break after make, what the synced ServicePorts no longer have
+// and what no service entry points at any more.
+func (a *applied) finishSync(p *plan, r *syncRun) {
 	var stale []Frontend
-	if full {
+	if r.full {
 		for fe := range a.frontends {
-			if !desired[fe] {
+			if !r.desired[fe] {
 				stale = append(stale, fe)
 			}
 		}
 	} else {
-		for _, owner := range owners {
+		for _, owner := range r.owners {
 			for _, fe := range a.byOwner[owner] {
-				if !desired[fe] && a.frontends[fe] != nil && a.frontends[fe].owner == owner {
+				if !r.desired[fe] && a.frontends[fe] != nil && a.frontends[fe].owner == owner {
 					stale = append(stale, fe)
 				}
 			}
@@ -234,16 +287,16 @@ func (a *applied) planSync(p *plan, up model.Update, full bool) {
 	for _, fe := range stale {
 		a.deleteFrontend(p, fe)
 	}
-	for _, owner := range owners {
-		if fes := newOwned[owner]; len(fes) > 0 {
+	for _, owner := range r.owners {
+		if fes := r.newOwned[owner]; len(fes) > 0 {
 			a.byOwner[owner] = fes
 		} else {
 			delete(a.byOwner, owner)
 		}
 	}
 	a.collectGarbage(p)
-	a.planMaglev(p, owners, up, svcBefore, full)
-	if full {
+	a.planMaglevStale(p, r)
+	if r.full {
 		a.planOrphanRanges(p)
 	}
 }
@@ -287,11 +340,11 @@ func (a *applied) presize(p *plan, up model.Update) {
 	for _, svc := range up.State.Services {
 		eps += len(svc.Endpoints)
 	}
-	p.servicePuts.grow(svcs + eps)
-	p.backendPuts.grow(eps)
-	p.memberPuts.grow(eps)
-	p.revNatPuts.grow(svcs)
-	p.changes = slices.Grow(p.changes, svcs)
+	p.servicePuts.grow(min(svcs+eps, syncChunkEntries))
+	p.backendPuts.grow(min(eps, syncChunkEntries))
+	p.memberPuts.grow(min(eps, syncChunkEntries))
+	p.revNatPuts.grow(min(svcs, syncChunkEntries))
+	p.changes = slices.Grow(p.changes, min(svcs, syncChunkEntries))
 	sized(&a.frontends, svcs)
 	sized(&a.byOwner, svcs)
 	sized(&a.held, svcs)
@@ -365,6 +418,14 @@ func (a *applied) upsert(p *plan, d desiredFrontend) error {
 
 	change := frontendChange{fe: d.fe, owner: d.owner, prev: prev}
 	change.puts[0] = len(p.servicePuts.keys)
+	if cur.hasMaster && cur.affinity != 0 && cur.svcID != svc {
+		// The frontend moves to another ServicePort (its ClusterIP or
+		// port given to a new Service in the same sync): the new slots
+		// name backends that are no members of the old ServicePort, so
+		// affinity is off until the master entry names the new one.
+		p.putService(d.fe.key(0), ServiceValue{Count: uint16(min(cur.count, len(cur.slots))), Flags: cur.flags,
+			RevNatId: cur.revNat, SvcId: cur.svcID})
+	}
 	slots := arrangeSlots(cur.slots[:min(cur.count, len(cur.slots))], ids)
 	for i, id := range slots {
 		if i < len(cur.slots) && cur.slots[i] == id && cur.revNat == revNat {

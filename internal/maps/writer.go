@@ -36,6 +36,9 @@ type Writer struct {
 	// unbatched makes the next sync write entry by entry: after a map ran
 	// full, so that one Service that does not fit fails alone.
 	unbatched bool
+	// chunkEntries is the plan size past which a sync is written in
+	// chunks (syncChunkEntries; tests make it small).
+	chunkEntries int
 	// entries is what Entries returns: published after every restore and
 	// every successful Sync, read by metrics scrapes on other goroutines.
 	entries atomic.Pointer[Entries]
@@ -84,7 +87,7 @@ func newFamilyWriter(m familyMaps, fam family, lim Limits) (*Writer, error) {
 	if m.maglev != nil {
 		maglevSize = m.maglev.Size()
 	}
-	w := &Writer{applied: newApplied(fam, lim, m.ranges != nil, maglevSize), m: m}
+	w := &Writer{applied: newApplied(fam, lim, m.ranges != nil, maglevSize), m: m, chunkEntries: syncChunkEntries}
 	w.portsOn = m.ports != nil
 	if err := w.restore(m); err != nil {
 		return nil, err
@@ -113,8 +116,7 @@ func (w *Writer) Sync(up model.Update) error {
 		w.needRestore = false
 		full = true
 	}
-	w.planSync(&w.plan, up, full)
-	err := errors.Join(append(w.plan.errs, apply(w.m, &w.plan, !w.unbatched))...)
+	err := w.planAndApply(up, full)
 	w.unbatched = false
 	if err != nil {
 		w.needRestore = true
@@ -124,6 +126,44 @@ func (w *Writer) Sync(up model.Update) error {
 	}
 	w.publishEntries()
 	return nil
+}
+
+// planAndApply plans the sync of up and writes it, in chunks: whenever the
+// plan holds chunkEntries entries, the ServicePorts planned so far are
+// written and the plan starts over, and the last chunk also holds the
+// deletions (see syncRun). It stops at the first chunk that fails to be
+// written; the ServicePorts of the later chunks keep what they had. The
+// plan ends with the statistics and planning errors of the whole sync.
+// An unbatched sync (the retry after a map ran full) is one chunk: it goes
+// on past what fails, so that one Service that does not fit fails alone,
+// which a later chunk could not do once an earlier one left out an entry
+// it needs.
+func (w *Writer) planAndApply(up model.Update, full bool) error {
+	p := &w.plan
+	r := w.beginSync(p, up, full)
+	var stats SyncStats
+	var errs []error
+	for i, owner := range r.owners {
+		w.planOwner(p, &r, owner)
+		if w.unbatched || p.size() < w.chunkEntries || i == len(r.owners)-1 {
+			continue
+		}
+		err := apply(w.m, p, !w.unbatched)
+		stats.Frontends += p.stats.Frontends
+		stats.Writes += p.stats.Writes
+		errs = append(errs, p.errs...)
+		if err != nil {
+			p.stats, p.errs = stats, errs
+			return errors.Join(append(errs, err)...)
+		}
+		p.reset()
+	}
+	w.finishSync(p, &r)
+	err := apply(w.m, p, !w.unbatched)
+	p.stats.Frontends += stats.Frontends
+	p.stats.Writes += stats.Writes
+	p.errs = append(errs, p.errs...)
+	return errors.Join(append(p.errs, err)...)
 }
 
 // Entries returns how many entries the Writer's maps hold as of its last

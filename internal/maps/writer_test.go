@@ -333,6 +333,46 @@ func TestWriterDeletesServices(t *testing.T) {
 	}
 }
 
+// TestWriterMovesAFrontendBetweenServices: a Service with ClientIP affinity
+// is deleted and a new one takes its ClusterIP in the same sync (a
+// frontend moving to another ServicePort). The frontend is never missing,
+// and affinity never names a backend that is no member of the ServicePort
+// the master entry names at that moment.
+func TestWriterMovesAFrontendBetweenServices(t *testing.T) {
+	f := newFakes(0, 0, 0)
+	f.watchConsistency(t)
+	w := newWriter(t, f.m)
+	sticky := web
+	sticky.affinity = 3 * time.Hour
+	if err := w.Sync(full(buildState(sticky, dns))); err != nil {
+		t.Fatal(err)
+	}
+	master := func() (ServiceValue, bool) {
+		for k, v := range f.services.Entries {
+			if k.Slot == 0 && k.Dport == 80<<8 {
+				return v, true
+			}
+		}
+		return ServiceValue{}, false
+	}
+	check := f.services.OnChange
+	f.services.OnChange = func() {
+		check()
+		if _, ok := master(); !ok {
+			t.Fatal("the moving frontend is missing between two writes")
+		}
+	}
+	next := svcSpec{ns: "default", name: "next", clusterIP: web.clusterIP, port: 80, proto: model.TCP,
+		eps: []string{"10.244.7.1:8080", "10.244.7.2:8080"}}
+	if err := w.Sync(full(buildState(next, dns))); err != nil {
+		t.Fatal(err)
+	}
+	v, _ := master()
+	if v.Count != 2 || v.AffinityTimeout != 0 || v.SvcId != w.ownerSvc[spn("default", "next", model.TCP)] {
+		t.Errorf("the frontend's master entry is %+v, want next's two endpoints without affinity", v)
+	}
+}
+
 func TestWriterFullMapKeepsWhatWorked(t *testing.T) {
 	// Room for the two Services' five backends and one more.
 	f := newFakes(0, 6, 0)
