@@ -48,6 +48,9 @@ type applied struct {
 	maglev map[uint32]uint64
 
 	backendIDs, revNatIDs, svcIDs *idAllocator
+	// scratch is upsert's list of its frontend's backends, kept for the
+	// next frontend's.
+	scratch []*appliedBackend
 
 	// fam is the family of the maps' addresses.
 	fam family

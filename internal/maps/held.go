@@ -33,13 +33,13 @@ func (a *applied) hold(p *plan, owner model.ServicePortName, svc *model.Service,
 			if node != "" && ep.NodeName == node {
 				f |= BackendFlagLocal
 			}
-			id, err := a.ensureBackend(p, b, f)
+			ab, err := a.ensureBackend(p, b, f)
 			if err != nil {
 				a.releaseHeld(want)
 				return fmt.Errorf("backend %s: %w", b, err)
 			}
-			a.backends[b].refs++
-			want = append(want, id)
+			ab.refs++
+			want = append(want, ab.id)
 		}
 	}
 	a.releaseHeld(a.held[owner])

@@ -373,6 +373,20 @@ func sized[K comparable, V any](m *map[K]V, n int) {
 // surplus slots. A lookup at any moment sees either the old or the new
 // backend set, never a slot pointing nowhere.
 func (a *applied) upsert(p *plan, d desiredFrontend) error {
+	err := a.upsertFrontend(p, d)
+	if err != nil {
+		// The backends it made that nothing holds go with this sync's
+		// garbage (ensureBackend leaves them to the caller).
+		for _, b := range d.backends {
+			if ab := a.backends[b]; ab != nil && ab.refs <= 0 {
+				a.gcBackends[b] = struct{}{}
+			}
+		}
+	}
+	return err
+}
+
+func (a *applied) upsertFrontend(p *plan, d desiredFrontend) error {
 	if len(d.backends) > MaxBackendsPerFrontend {
 		return fmt.Errorf("%d endpoints, more than the %d a frontend can hold", len(d.backends), MaxBackendsPerFrontend)
 	}
@@ -384,12 +398,15 @@ func (a *applied) upsert(p *plan, d desiredFrontend) error {
 	}
 
 	ids := make([]uint32, len(d.backends))
+	abs := a.scratch[:0]
+	defer func() { clear(abs); a.scratch = abs[:0] }()
 	for i, b := range d.backends {
-		id, err := a.ensureBackend(p, b, d.bflags[i])
+		ab, err := a.ensureBackend(p, b, d.bflags[i])
 		if err != nil {
 			return fmt.Errorf("backend %s: %w", b, err)
 		}
-		ids[i] = id
+		ids[i] = ab.id
+		abs = append(abs, ab)
 	}
 
 	revNat := cur.revNat
@@ -449,8 +466,8 @@ func (a *applied) upsert(p *plan, d desiredFrontend) error {
 			a.unrefBackendID(id)
 		}
 	}
-	for _, b := range d.backends {
-		a.backends[b].refs++
+	for _, ab := range abs {
+		ab.refs++
 	}
 	if !cur.hasMaster || cur.revNat != revNat {
 		a.revNats[revNatKey{d.fe.Addr, d.fe.Port, d.fe.Proto}].refs++
@@ -509,26 +526,28 @@ func arrangeSlots(old, ids []uint32) []uint32 {
 	return out
 }
 
-// ensureBackend returns the id of b, planning its entry when it is new or
-// its flags changed.
-func (a *applied) ensureBackend(p *plan, b Backend, flags uint8) (uint32, error) {
+// ensureBackend returns b's state (its id), planning its entry when it is new or
+// its flags changed. A new backend starts without references: the caller
+// takes one (upsert, hold), or, when it fails first, hands it to the
+// garbage collection. A first sync of 100,000 backends thus does not list
+// every one of them as a candidate for deletion.
+func (a *applied) ensureBackend(p *plan, b Backend, flags uint8) (*appliedBackend, error) {
 	ab := a.backends[b]
 	if ab != nil && ab.flags == flags {
-		return ab.id, nil
+		return ab, nil
 	}
 	if ab == nil {
 		id, err := a.backendIDs.alloc()
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		ab = &appliedBackend{id: id}
 		a.backends[b] = ab
 		a.byID[id] = b
-		a.gcBackends[b] = struct{}{}
 	}
 	p.putBackend(ab.id, b, flags)
 	ab.flags = flags
-	return ab.id, nil
+	return ab, nil
 }
 
 // ensureRevNat returns the reverse-NAT id of fe's address, port and

@@ -462,3 +462,33 @@ func TestPlanLetsGoOfALargeSync(t *testing.T) {
 		t.Errorf("a plan of %d entries kept capacity %d after reset", planKeepEntries+1, cap(p.backendPuts.keys))
 	}
 }
+
+// TestPlanOfAFailedFrontendLeavesNoBackends: a frontend that cannot be
+// planned (no reverse-NAT id left) after its backends got ids hands them to
+// the sync's garbage collection: nothing else holds them, and neither the
+// maps nor the ids keep them.
+func TestPlanOfAFailedFrontendLeavesNoBackends(t *testing.T) {
+	a := newApplied(ipv4, Limits{Backends: 10, RevNat: 1}, false, 0)
+	var p plan
+	owner := spn("default", "web", model.TCP)
+	fe := func(ip string) Frontend {
+		return Frontend{Addr: netip.MustParseAddr(ip), Port: 80, Proto: model.TCP}
+	}
+	bs := []Backend{{Addr: netip.MustParseAddr("10.244.1.3"), Port: 8080, Proto: model.TCP},
+		{Addr: netip.MustParseAddr("10.244.2.3"), Port: 8080, Proto: model.TCP}}
+	if err := a.upsert(&p, desiredFrontend{fe: fe("10.96.0.20"), owner: owner, backends: bs[:1], bflags: []uint8{0}}); err != nil {
+		t.Fatal(err)
+	}
+	err := a.upsert(&p, desiredFrontend{fe: fe("10.96.0.21"), owner: owner, backends: bs, bflags: []uint8{0, 0}})
+	if err == nil || !strings.Contains(err.Error(), "reverse NAT") {
+		t.Fatalf("upsert: %v, want a reverse-NAT error", err)
+	}
+	a.collectGarbage(&p)
+	if _, ok := a.backends[bs[1]]; ok || len(p.backendDels) != 1 || a.backendIDs.n != 1 {
+		t.Errorf("after the failure: backend %s known %v, %d deletions planned, %d ids in use; want it gone, 1, 1",
+			bs[1], ok, len(p.backendDels), a.backendIDs.n)
+	}
+	if ab := a.backends[bs[0]]; ab == nil || ab.refs != 1 {
+		t.Errorf("the first frontend's backend: %+v, want one reference", ab)
+	}
+}
