@@ -78,8 +78,11 @@ type ServiceHealthServer struct {
 	closed      bool
 	resolved    bool
 	listenAddrs []netip.Addr
-	// members indexes the ServicePorts of each Service in the State, so
-	// that a partial sync revisits only the Services it changed.
+	// members indexes the ServicePorts of each Service in the State that
+	// has a health check node port (a Service field: all of its ports
+	// carry it or none does), so that a partial sync revisits only the
+	// Services it changed. The others, most Services, are not indexed:
+	// a set per Service costs half a kilobyte.
 	members map[model.ServiceName]map[model.ServicePortName]struct{}
 	// wanted is the health check node port of every Service that has one.
 	wanted map[model.ServiceName]uint16
@@ -140,20 +143,13 @@ func (s *ServiceHealthServer) Sync(up model.Update) {
 			affected[name] = struct{}{}
 		}
 		clear(s.members)
-		for spn := range st.Services {
-			s.addMember(spn)
+		for spn, svc := range st.Services {
+			s.setMember(spn, svc)
 			affected[spn.ServiceName] = struct{}{}
 		}
 	} else {
 		for spn := range up.Changed {
-			if _, ok := st.Services[spn]; ok {
-				s.addMember(spn)
-			} else if m := s.members[spn.ServiceName]; m != nil {
-				delete(m, spn)
-				if len(m) == 0 {
-					delete(s.members, spn.ServiceName)
-				}
-			}
+			s.setMember(spn, st.Services[spn])
 			affected[spn.ServiceName] = struct{}{}
 		}
 	}
@@ -170,8 +166,19 @@ func (s *ServiceHealthServer) Sync(up model.Update) {
 	s.recordGauges()
 }
 
-func (s *ServiceHealthServer) addMember(spn model.ServicePortName) {
+// setMember indexes spn as svc (nil: gone from the State) has it: when it
+// has a health check node port, else not at all.
+func (s *ServiceHealthServer) setMember(spn model.ServicePortName, svc *model.Service) {
 	m := s.members[spn.ServiceName]
+	if svc == nil || svc.Port.HealthCheckNodePort == 0 {
+		if m != nil {
+			delete(m, spn)
+			if len(m) == 0 {
+				delete(s.members, spn.ServiceName)
+			}
+		}
+		return
+	}
 	if m == nil {
 		m = map[model.ServicePortName]struct{}{}
 		s.members[spn.ServiceName] = m

@@ -47,7 +47,8 @@ const (
 	// reads it); unset writes none.
 	envJSON = "EBPF_PROXY_BENCH_JSON"
 	// envHeapProfile names a file for ebpf-proxy's heap profile (pprof),
-	// taken once all Services are programmed; unset takes none.
+	// taken once all Services are programmed, after a collection; unset
+	// takes none.
 	envHeapProfile = "EBPF_PROXY_BENCH_HEAP_PROFILE"
 )
 
@@ -339,7 +340,11 @@ func measure(b *testing.B, c *cluster.Cluster, cs kubernetes.Interface, kind tes
 		b.Fatal(err)
 	}
 	if path := os.Getenv(envHeapProfile); path != "" && kind == testbed.EbpfProxy {
-		prof, err := p.Get(ctx, "/debug/pprof/heap")
+		// gc=1: the profile of the live heap now; without it the
+		// runtime gives the one of its last collections, which may
+		// predate the first sync (a profiled run's later RSS figures
+		// then follow that collection).
+		prof, err := p.Get(ctx, "/debug/pprof/heap?gc=1")
 		if err == nil {
 			err = os.WriteFile(path, prof, 0o644)
 		}
