@@ -18,8 +18,12 @@ type applied struct {
 	serviceEntries int
 	byOwner        map[model.ServicePortName][]Frontend
 	backends       map[Backend]*appliedBackend
-	byID           map[uint32]Backend
-	revNats        map[revNatKey]*appliedRevNat
+	// byID are the same backends by id (nil: no backend), for ids up to
+	// the allocator's max: 8 bytes an id where a map took 50. An id above
+	// max, restored from larger maps, is in byIDOver.
+	byID     []*appliedBackend
+	byIDOver map[uint32]*appliedBackend
+	revNats  map[revNatKey]*appliedRevNat
 	// gc holds backends and reverse-NAT entries that may have lost their
 	// last user, so a sync need not scan every backend.
 	gcBackends map[Backend]struct{}
@@ -98,9 +102,42 @@ func (f *appliedFrontend) entries() int {
 }
 
 type appliedBackend struct {
+	b     Backend
 	id    uint32
 	flags uint8
-	refs  int
+	refs  int32
+}
+
+// backendByID returns the backend with id, or nil.
+func (a *applied) backendByID(id uint32) *appliedBackend {
+	if int(id) < len(a.byID) {
+		return a.byID[id]
+	}
+	return a.byIDOver[id]
+}
+
+// indexBackend makes ab found by its id.
+func (a *applied) indexBackend(ab *appliedBackend) {
+	if ab.id > a.backendIDs.max {
+		if a.byIDOver == nil {
+			a.byIDOver = map[uint32]*appliedBackend{}
+		}
+		a.byIDOver[ab.id] = ab
+		return
+	}
+	for len(a.byID) <= int(ab.id) {
+		a.byID = append(a.byID, nil)
+	}
+	a.byID[ab.id] = ab
+}
+
+// unindexBackend forgets id's backend.
+func (a *applied) unindexBackend(id uint32) {
+	if int(id) < len(a.byID) {
+		a.byID[id] = nil
+		return
+	}
+	delete(a.byIDOver, id)
 }
 
 type revNatKey struct {
@@ -139,7 +176,7 @@ func (a *applied) reset() {
 	a.serviceEntries = 0
 	a.byOwner = map[model.ServicePortName][]Frontend{}
 	a.backends = map[Backend]*appliedBackend{}
-	a.byID = map[uint32]Backend{}
+	a.byID, a.byIDOver = nil, nil
 	a.revNats = map[revNatKey]*appliedRevNat{}
 	a.gcBackends = map[Backend]struct{}{}
 	a.gcRevNats = map[revNatKey]struct{}{}
@@ -161,11 +198,9 @@ func (a *applied) reset() {
 // unrefBackendID drops one reference to the backend with id, which the
 // next collectGarbage deletes when it was the last.
 func (a *applied) unrefBackendID(id uint32) {
-	b, ok := a.byID[id]
-	if !ok {
-		return
+	if ab := a.backendByID(id); ab != nil {
+		a.unrefBackend(ab.b)
 	}
-	a.unrefBackend(b)
 }
 
 func (a *applied) unrefBackend(b Backend) {

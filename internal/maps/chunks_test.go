@@ -163,7 +163,7 @@ func TestWriterWritesALargeSyncInChunks(t *testing.T) {
 
 // TestAFirstSyncHoldsAChunkAtATime: the first sync of 1,000 Services of ten
 // endpoints (about 32,000 entries) never holds a plan much larger than a
-// chunk, and programs every Service.
+// chunk, lets the plan's memory go once done, and programs every Service.
 func TestAFirstSyncHoldsAChunkAtATime(t *testing.T) {
 	var specs []svcSpec
 	for i := range 1000 {
@@ -188,6 +188,9 @@ func TestAFirstSyncHoldsAChunkAtATime(t *testing.T) {
 	// 32 entries here.
 	if largest > syncChunkEntries+32 {
 		t.Errorf("the plan held %d entries at once, want at most a chunk (%d)", largest, syncChunkEntries+32)
+	}
+	if c := cap(w.plan.servicePuts.keys) + cap(w.plan.changes); c != 0 {
+		t.Errorf("after the sync the plan keeps room for %d entries, want its memory let go", c)
 	}
 	if got := strings.Count(dump(t, f.m), " count=10 "); got != 1000 {
 		t.Errorf("%d Services programmed with their ten endpoints, want 1000", got)

@@ -353,7 +353,9 @@ func (a *applied) presize(p *plan, up model.Update) {
 	sized(&a.svcRefs, svcs)
 	sized(&a.revNats, svcs)
 	sized(&a.backends, eps)
-	sized(&a.byID, eps)
+	if len(a.byID) == 0 {
+		a.byID = make([]*appliedBackend, 0, min(eps, int(a.backendIDs.max))+1)
+	}
 	sized(&a.matchRefs, eps)
 	a.svcIDs.presize(svcs)
 	a.revNatIDs.presize(svcs)
@@ -541,9 +543,9 @@ func (a *applied) ensureBackend(p *plan, b Backend, flags uint8) (*appliedBacken
 		if err != nil {
 			return nil, err
 		}
-		ab = &appliedBackend{id: id}
+		ab = &appliedBackend{b: b, id: id}
 		a.backends[b] = ab
-		a.byID[id] = b
+		a.indexBackend(ab)
 	}
 	p.putBackend(ab.id, b, flags)
 	ab.flags = flags
@@ -619,7 +621,7 @@ func (a *applied) collectGarbage(p *plan) {
 		if ab := a.backends[b]; ab != nil && ab.refs <= 0 {
 			p.deleteBackend(ab.id, b)
 			a.backendIDs.release(ab.id)
-			delete(a.byID, ab.id)
+			a.unindexBackend(ab.id)
 			delete(a.backends, b)
 		}
 	}

@@ -13,9 +13,10 @@ func (a *applied) restore(m familyMaps) error {
 	a.reset()
 	err := m.backends.Iterate(func(id uint32, v backendEntry) bool {
 		b := v.b
-		a.backends[b] = &appliedBackend{id: id, flags: v.flags}
+		ab := &appliedBackend{b: b, id: id, flags: v.flags}
+		a.backends[b] = ab
 		a.backendIDs.reserve(id)
-		a.byID[id] = b
+		a.indexBackend(ab)
 		a.gcBackends[b] = struct{}{}
 		return true
 	})
@@ -100,11 +101,11 @@ func (a *applied) restore(m familyMaps) error {
 		}
 		a.serviceEntries += af.entries()
 		for i, id := range af.slots {
-			b, ok := a.byID[id]
-			if !ok || i >= af.count {
+			rec := a.backendByID(id)
+			if rec == nil || i >= af.count {
 				continue
 			}
-			a.backends[b].refs++
+			a.backends[rec.b].refs++
 		}
 		if af.svcID != 0 {
 			a.svcIDs.reserve(af.svcID)

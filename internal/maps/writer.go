@@ -143,6 +143,7 @@ func (w *Writer) planAndApply(up model.Update, full bool) error {
 	r := w.beginSync(p, up, full)
 	var stats SyncStats
 	var errs []error
+	chunks := 0
 	for i, owner := range r.owners {
 		w.planOwner(p, &r, owner)
 		if w.unbatched || p.size() < w.chunkEntries || i == len(r.owners)-1 {
@@ -157,12 +158,19 @@ func (w *Writer) planAndApply(up model.Update, full bool) error {
 			return errors.Join(append(errs, err)...)
 		}
 		p.reset()
+		chunks++
 	}
 	w.finishSync(p, &r)
 	err := apply(w.m, p, !w.unbatched)
 	p.stats.Frontends += stats.Frontends
 	p.stats.Writes += stats.Writes
 	p.errs = append(errs, p.errs...)
+	if chunks > 0 {
+		// A sync of several chunks (a first sync, a node change) is
+		// rare: the later ones are small and need not keep a chunk's
+		// memory for the agent's life.
+		*p = plan{removed: p.removed, stats: p.stats, errs: p.errs}
+	}
 	return errors.Join(append(p.errs, err)...)
 }
 

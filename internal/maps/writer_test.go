@@ -299,6 +299,37 @@ func TestWriterRestoresIDsFromTheMaps(t *testing.T) {
 	}
 }
 
+// TestWriterRestoresIDsAboveItsLimit: an agent restarted with smaller map
+// limits finds backends whose ids exceed them (the maps of the earlier
+// size): it keeps them as they are while their Services want them, and
+// deletes them with their Services.
+func TestWriterRestoresIDsAboveItsLimit(t *testing.T) {
+	f := newFakes(0, 0, 0)
+	w := newWriter(t, f.m)
+	if err := w.Sync(full(buildState(web, dns))); err != nil {
+		t.Fatal(err)
+	}
+	before := dump(t, f.m)
+	small, err := NewWriter(f.m, Limits{Backends: 2, RevNat: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writes := f.writes()
+	if err := small.Sync(full(buildState(web, dns))); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.writes() - writes; n != 0 || dump(t, f.m) != before {
+		t.Errorf("the restored state was rewritten (%d writes):\n%s\nwant:\n%s", n, dump(t, f.m), before)
+	}
+	if err := small.Sync(partial(buildState(dns), spn("default", "web", model.TCP))); err != nil {
+		t.Fatal(err)
+	}
+	got := dump(t, f.m)
+	if strings.Contains(got, "8080") || len(f.backends.Entries) != 2 {
+		t.Errorf("web's backends (ids 1 to 3, two of them above the limit) not all deleted:\n%s", got)
+	}
+}
+
 func TestWriterRestartRemovesServicesDeletedWhileDown(t *testing.T) {
 	f := newFakes(0, 0, 0)
 	w := newWriter(t, f.m)
