@@ -100,9 +100,12 @@ func newFamilyWriter(m familyMaps, fam family, lim Limits) (*Writer, error) {
 // frontend is reconciled and any entry no ServicePort wants is removed;
 // otherwise only the ServicePorts in up.Changed are.
 //
-// Errors of one frontend do not stop the others; they are joined in the
-// returned error. After an error the Writer re-reads the kernel maps on the
-// next Sync, which must then be a full one.
+// A large sync is written in chunks of ServicePorts, each make-before-break
+// (planAndApply). Errors of one frontend do not stop the others; they are
+// joined in the returned error. A chunk that the kernel refuses stops the
+// sync: the ServicePorts of later chunks keep what they had. After an
+// error the Writer re-reads the kernel maps on the next Sync, which must
+// then be a full one.
 func (w *Writer) Sync(up model.Update) error {
 	w.plan.reset()
 	full := up.Full
