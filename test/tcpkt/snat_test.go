@@ -373,18 +373,13 @@ func TestAHandshakeLeavesTheEstablishedLifetime(t *testing.T) {
 	for _, fam := range families {
 		for _, hook := range []string{"tc", "xdp"} {
 			t.Run(fam+"/"+hook+"/source NAT", func(t *testing.T) {
-				xf := newXFam(t, fam, loadOptions{})
-				var x *bpfobj.XdpObjects
-				if hook == "xdp" {
-					x = xf.f.loadXDP(t, xf.f.ifindex)
-				}
-				xf.sync(t, xf.fixtureState())
-				s := seq{xf}
-				xf.f.runSteps(t, x, []step{
-					s.fromClient("SYN", xf.client, pktest.SYN, sent),
-					s.fromBackend("SYN-ACK", xf.client, pktest.SYN|pktest.ACK, sent),
-					s.fromClient("ACK", xf.client, pktest.ACK, sent).with(nil, xf.liveFor(2, established, false)),
-					s.fromClient("data", xf.client, pktest.ACK|pktest.PSH, sent).with(nil, xf.liveFor(2, established, false)),
+				runFixtureSteps(t, fam, hook, func(xf *xfam, s seq) []step {
+					return []step{
+						s.fromClient("SYN", xf.client, pktest.SYN, sent),
+						s.fromBackend("SYN-ACK", xf.client, pktest.SYN|pktest.ACK, sent),
+						s.fromClient("ACK", xf.client, pktest.ACK, sent).with(nil, xf.liveFor(2, established, false)),
+						s.fromClient("data", xf.client, pktest.ACK|pktest.PSH, sent).with(nil, xf.liveFor(2, established, false)),
+					}
 				})
 			})
 		}
@@ -421,23 +416,32 @@ func TestARetransmittedSynAckKeepsTheEstablishedLifetime(t *testing.T) {
 	for _, fam := range families {
 		for _, hook := range []string{"tc", "xdp"} {
 			t.Run(fam+"/"+hook, func(t *testing.T) {
-				xf := newXFam(t, fam, loadOptions{})
-				var x *bpfobj.XdpObjects
-				if hook == "xdp" {
-					x = xf.f.loadXDP(t, xf.f.ifindex)
-				}
-				xf.sync(t, xf.fixtureState())
-				s := seq{xf}
-				xf.f.runSteps(t, x, []step{
-					s.fromClient("SYN", xf.client, pktest.SYN, sent),
-					s.fromBackend("SYN-ACK", xf.client, pktest.SYN|pktest.ACK, sent),
-					s.fromClient("ACK", xf.client, pktest.ACK, sent),
-					s.fromBackend("SYN-ACK again", xf.client, pktest.SYN|pktest.ACK, sent).with(nil, xf.liveFor(2, established, false)),
-					s.fromClient("data", xf.client, pktest.ACK|pktest.PSH, sent).with(nil, xf.liveFor(2, established, false)),
+				runFixtureSteps(t, fam, hook, func(xf *xfam, s seq) []step {
+					return []step{
+						s.fromClient("SYN", xf.client, pktest.SYN, sent),
+						s.fromBackend("SYN-ACK", xf.client, pktest.SYN|pktest.ACK, sent),
+						s.fromClient("ACK", xf.client, pktest.ACK, sent),
+						s.fromBackend("SYN-ACK again", xf.client, pktest.SYN|pktest.ACK, sent).with(nil, xf.liveFor(2, established, false)),
+						s.fromClient("data", xf.client, pktest.ACK|pktest.PSH, sent).with(nil, xf.liveFor(2, established, false)),
+					}
 				})
 			})
 		}
 	}
+}
+
+// runFixtureSteps runs the steps that steps makes, on a fresh fixture of
+// family fam with its Services synced, through tc_ingress (hook "tc") or
+// the XDP program ("xdp").
+func runFixtureSteps(t *testing.T, fam, hook string, steps func(xf *xfam, s seq) []step) {
+	t.Helper()
+	xf := newXFam(t, fam, loadOptions{})
+	var x *bpfobj.XdpObjects
+	if hook == "xdp" {
+		x = xf.f.loadXDP(t, xf.f.ifindex)
+	}
+	xf.sync(t, xf.fixtureState())
+	xf.f.runSteps(t, x, steps(xf, seq{xf}))
 }
 
 // liveFor checks that the family's connection tracking holds n entries
