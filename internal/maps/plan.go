@@ -176,19 +176,6 @@ func (p *plan) deleteRange(k rangeKey) {
 	p.rangeDels = append(p.rangeDels, k)
 }
 
-// planSync adds to p the writes that bring the maps from the applied state
-// to the desired state of up, and records them as applied. With full every
-// ServicePort is planned and every entry no ServicePort wants is deleted;
-// otherwise only the ServicePorts in up.Changed are. It is one plan for the
-// whole sync; Writer.Sync writes a large sync in chunks instead (syncRun).
-func (a *applied) planSync(p *plan, up model.Update, full bool) {
-	r := a.beginSync(p, up, full)
-	for _, owner := range r.owners {
-		a.planOwner(p, &r, owner)
-	}
-	a.finishSync(p, &r)
-}
-
 // syncRun is what one sync's planning carries from a ServicePort to the
 // next, and across the chunks Writer.Sync writes it in: each chunk's plan
 // holds the writes of some ServicePorts, and only the last one the
@@ -197,6 +184,8 @@ func (a *applied) planSync(p *plan, up model.Update, full bool) {
 // first chunk wrote stays for the later chunks that share it, and a
 // frontend that moves from one ServicePort to another is taken over where
 // it stands. So every chunk is make-before-break as a whole plan is.
+// Writer.planAndApply drives it: beginSync, planOwner for each owner, and
+// finishSync.
 type syncRun struct {
 	up     model.Update
 	full   bool

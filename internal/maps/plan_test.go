@@ -492,3 +492,16 @@ func TestPlanOfAFailedFrontendLeavesNoBackends(t *testing.T) {
 		t.Errorf("the first frontend's backend: %+v, want one reference", ab)
 	}
 }
+
+// planSync adds to p the writes that bring the maps from the applied state
+// to the desired state of up, and records them as applied. With full every
+// ServicePort is planned and every entry no ServicePort wants is deleted;
+// otherwise only the ServicePorts in up.Changed are: one plan for the whole
+// sync, which the tests read, where Writer.Sync writes it in chunks.
+func (a *applied) planSync(p *plan, up model.Update, full bool) {
+	r := a.beginSync(p, up, full)
+	for _, owner := range r.owners {
+		a.planOwner(p, &r, owner)
+	}
+	a.finishSync(p, &r)
+}
