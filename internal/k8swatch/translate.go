@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unique"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -444,10 +445,9 @@ func (t *Translator) EndpointSlice(es *discoveryv1.EndpointSlice) *model.Endpoin
 			Terminating: c.Terminating != nil && *c.Terminating,
 		}
 		if ep.NodeName != nil {
-			m.NodeName = *ep.NodeName
-		}
-		if ep.Zone != nil {
-			m.Zone = *ep.Zone
+			// Interned: a cluster's 100,000s of endpoints name a few
+			// hundred nodes, and each decoded name is its own copy.
+			m.NodeName = unique.Make(*ep.NodeName).Value()
 		}
 		if ep.Hints != nil && (len(ep.Hints.ForZones) > 0 || len(ep.Hints.ForNodes) > 0) {
 			m.Hints = &model.Hints{}

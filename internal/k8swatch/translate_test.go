@@ -430,7 +430,7 @@ func TestEndpointSlice(t *testing.T) {
 				Ports: []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.TCP}},
 				Endpoints: []model.Endpoint{
 					{
-						Addr: addrs.Parse("10.244.1.1")[0], Port: 8080, Serving: true, Terminating: true, NodeName: "node-a", Zone: "zone-a",
+						Addr: addrs.Parse("10.244.1.1")[0], Port: 8080, Serving: true, Terminating: true, NodeName: "node-a",
 						Hints: &model.Hints{Zones: []string{"zone-a", "zone-b"}, Nodes: []string{"node-a"}},
 					},
 					{Addr: addrs.Parse("10.244.1.2")[0], Port: 8080, NodeName: "node-b"},

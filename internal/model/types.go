@@ -199,8 +199,9 @@ type Endpoint struct {
 	// the EndpointSlice controller already marks such endpoints ready.
 	Ready, Serving, Terminating bool
 
+	// NodeName is the endpoint's nodeName. Its zone is not kept: like
+	// kube-proxy, topology routing reads only the hints and the node's zone.
 	NodeName string
-	Zone     string
 	// Hints are the endpoint's topology hints, nil when it has none (a
 	// pointer: most endpoints have none, and there are 100,000s of them).
 	Hints *Hints

@@ -78,7 +78,6 @@ func (o *ops) slice(svc model.ServiceName, name string) *model.EndpointSlice {
 			Serving:     c&16 == 0,
 			Terminating: c&32 != 0,
 			NodeName:    o.pick("node-a", "node-b", ""),
-			Zone:        o.pick("zone-a", "zone-b"),
 		}
 		if c&64 != 0 {
 			ep.Hints = &model.Hints{Zones: []string{o.pick("zone-a", "zone-b")}}
