@@ -7,10 +7,10 @@ import (
 
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/kubeapi"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
 )
@@ -25,7 +25,7 @@ const nodeLookupTimeout = 10 * time.Second
 // names an address, else of the Node's first address, else (no API
 // server, or no Node registered) of the interfaces' addresses, else IPv4.
 // Each family gets its own dataplane and sync loop.
-func families(o *config.Options, ctx context.Context, client kubernetes.Interface, nodeName string, log *zap.Logger) (serve, node []string) {
+func families(o *config.Options, ctx context.Context, client *kubeapi.Client, nodeName string, log *zap.Logger) (serve, node []string) {
 	var found []v1.IPFamily
 	from := "Node"
 	if client != nil {

@@ -7,11 +7,11 @@ import (
 
 	"go.uber.org/zap"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/healthcheck"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/kubeapi"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 )
 
@@ -24,7 +24,7 @@ const eventsComponent = "ebpf-proxy"
 // node port cannot be bound, so that `kubectl describe service` shows it.
 // Without an API server (--manifests) it returns nil: there is nothing to
 // record on. The broadcaster stops with ctx.
-func healthCheckEvents(ctx context.Context, o *config.Options) (healthcheck.ListenFailureRecorder, error) {
+func healthCheckEvents(ctx context.Context, o *config.Options, log *zap.Logger) (healthcheck.ListenFailureRecorder, error) {
 	if o.Manifests != "" {
 		return nil, nil
 	}
@@ -33,11 +33,11 @@ func healthCheckEvents(ctx context.Context, o *config.Options) (healthcheck.List
 		return nil, fmt.Errorf("API server client configuration for events: %w", err)
 	}
 	cfg.UserAgent = eventsComponent
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := kubeapi.NewClient(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("API server client for events: %w", err)
 	}
-	return healthcheck.ListenFailureEvents(ctx, client, eventsComponent), nil
+	return healthcheck.ListenFailureEvents(ctx, client.Events, eventsComponent, log), nil
 }
 
 // newServiceHealthServers builds the health check node port servers of
@@ -46,7 +46,7 @@ func healthCheckEvents(ctx context.Context, o *config.Options) (healthcheck.List
 // and it listens where --nodeport-addresses says (the State's NodePort
 // addresses of that family), as kube-proxy's does.
 func newServiceHealthServers(ctx context.Context, o *config.Options, nodeName string, fams []string, health healthcheck.HealthReporter, m *metrics.Metrics, log *zap.Logger) ([]*healthcheck.ServiceHealthServer, error) {
-	events, err := healthCheckEvents(ctx, o)
+	events, err := healthCheckEvents(ctx, o, log.Named("events"))
 	if err != nil {
 		return nil, err
 	}

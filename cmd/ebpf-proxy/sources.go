@@ -6,13 +6,13 @@ import (
 	"net/http"
 
 	"go.uber.org/zap"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/healthcheck"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/kubeapi"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 )
 
@@ -21,7 +21,7 @@ import (
 // for an API server that cannot be reached (k8swatch.Redial), so that they
 // resume as soon as it is back; the other fails at once, for the reads at
 // start-up that have a fallback.
-func client(o *config.Options) (kubernetes.Interface, kubernetes.Interface, string, error) {
+func client(o *config.Options) (*kubeapi.Client, *kubeapi.Client, string, error) {
 	if o.Manifests != "" {
 		return nil, nil, "", nil
 	}
@@ -34,13 +34,13 @@ func client(o *config.Options) (kubernetes.Interface, kubernetes.Interface, stri
 	cfg.QPS = o.KubeAPIQPS
 	cfg.Burst = int(o.KubeAPIBurst)
 	cfg.UserAgent = "ebpf-proxy"
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := kubeapi.NewClient(cfg)
 	if err != nil {
 		return nil, nil, "", fmt.Errorf("API server client: %w", err)
 	}
 	watchCfg := rest.CopyConfig(cfg)
 	watchCfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return k8swatch.Redial(rt, k8swatch.RedialInterval) })
-	watch, err := kubernetes.NewForConfig(watchCfg)
+	watch, err := kubeapi.NewClient(watchCfg)
 	if err != nil {
 		return nil, nil, "", fmt.Errorf("API server client: %w", err)
 	}
@@ -50,7 +50,7 @@ func client(o *config.Options) (kubernetes.Interface, kubernetes.Interface, stri
 // startSource starts the source of Services and EndpointSlices for the
 // trackers of targets: the manifests directory when --manifests is set,
 // else the API server through client.
-func startSource(ctx context.Context, o *config.Options, client kubernetes.Interface, host, nodeName string, targets []k8swatch.Target, m *metrics.Metrics, health *healthcheck.ProxyHealthServer, log *zap.Logger) error {
+func startSource(ctx context.Context, o *config.Options, client *kubeapi.Client, host, nodeName string, targets []k8swatch.Target, m *metrics.Metrics, health *healthcheck.ProxyHealthServer, log *zap.Logger) error {
 	invalid := func(kind, namespace, name, reason string) {
 		m.InvalidObjectsTotal.WithLabelValues(kind, k8swatch.InvalidReason(reason)).Inc()
 		log.Warn("ignoring invalid input", zap.String("kind", kind), zap.String("namespace", namespace),
@@ -76,7 +76,7 @@ func startSource(ctx context.Context, o *config.Options, client kubernetes.Inter
 	}
 
 	go func() {
-		err := k8swatch.Watch(ctx, client, nodeName, targets, k8swatch.WatchOptions{
+		err := k8swatch.Watch(ctx, k8swatch.APISource(client), nodeName, targets, k8swatch.WatchOptions{
 			LBAlgorithm:  o.LB,
 			ResyncPeriod: o.ConfigSyncPeriod,
 			NodeIP:       o.NodeIP,

@@ -76,7 +76,7 @@ func TestWatchDualStack(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
-		done <- Watch(ctx, client, "node-a", []Target{{Family: v1.IPv4Protocol, Tracker: tr4}, {Family: v1.IPv6Protocol, Tracker: tr6}},
+		done <- Watch(ctx, fakeSource{client}, "node-a", []Target{{Family: v1.IPv4Protocol, Tracker: tr4}, {Family: v1.IPv6Protocol, Tracker: tr6}},
 			WatchOptions{Invalid: r.fn})
 	}()
 	t.Cleanup(func() {
@@ -171,7 +171,7 @@ func TestTargetsChecked(t *testing.T) {
 		if _, err := NewManifests(t.TempDir(), "node-a", targets, ManifestOptions{}); err == nil {
 			t.Errorf("%s: NewManifests accepted %v", name, targets)
 		}
-		if err := Watch(t.Context(), fake.NewClientset(), "node-a", targets, WatchOptions{}); err == nil {
+		if err := Watch(t.Context(), fakeSource{fake.NewClientset()}, "node-a", targets, WatchOptions{}); err == nil {
 			t.Errorf("%s: Watch accepted %v", name, targets)
 		}
 	}

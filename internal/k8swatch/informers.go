@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -13,10 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
@@ -73,7 +72,7 @@ func ProxiedSelector() labels.Selector {
 // answers, and they resume (relisting if needed) after it restarts. It
 // returns nil when ctx is done, after the informers have stopped, and an
 // error only for a setup mistake.
-func Watch(ctx context.Context, client kubernetes.Interface, nodeName string, targets []Target, opts WatchOptions) error {
+func Watch(ctx context.Context, src Source, nodeName string, targets []Target, opts WatchOptions) error {
 	if nodeName == "" {
 		return errors.New("k8swatch: node name is empty")
 	}
@@ -100,38 +99,31 @@ func Watch(ctx context.Context, client kubernetes.Interface, nodeName string, ta
 		o.FieldSelector = fields.OneTermNotEqualSelector("spec.clusterIP", v1.ClusterIPNone).String()
 	}
 	sliceTweak := func(o *metav1.ListOptions) { o.LabelSelector = proxied }
-	svcFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
-		informers.WithTweakListOptions(svcTweak), informers.WithTransform(h.serviceTransform))
-	sliceFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
-		informers.WithTweakListOptions(sliceTweak), informers.WithTransform(h.sliceTransform))
-	// Their lists are decoded one item at a time (listStream) where the
-	// client can stream them; the fake clients of unit tests cannot.
-	if rc := restClient(client.CoreV1().RESTClient()); rc != nil {
-		svcFactory.InformerFor(&v1.Service{}, streamedInformer[v1.Service](rc, "services", svcTweak, h.serviceTransform,
-			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				return client.CoreV1().Services(metav1.NamespaceAll).Watch(ctx, o)
-			}))
+	nodeTweak := func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 	}
-	if rc := restClient(client.DiscoveryV1().RESTClient()); rc != nil {
-		sliceFactory.InformerFor(&discoveryv1.EndpointSlice{}, streamedInformer[discoveryv1.EndpointSlice](rc, "endpointslices", sliceTweak, h.sliceTransform,
-			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				return client.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).Watch(ctx, o)
-			}))
-	}
-	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
-		}),
-		informers.WithTransform(strip))
-	factories := []informers.SharedInformerFactory{svcFactory, sliceFactory, nodeFactory}
-	// Shutdown also covers informers that were never started.
-	defer func() {
-		for _, f := range factories {
-			f.Shutdown()
+	informer := func(resource string, obj runtime.Object, tweak func(*metav1.ListOptions), transform cache.TransformFunc) (cache.SharedIndexInformer, error) {
+		inf := cache.NewSharedIndexInformerWithOptions(src.ListWatch(resource, tweak, transform), obj,
+			cache.SharedIndexInformerOptions{ResyncPeriod: resync})
+		if err := inf.SetTransform(transform); err != nil {
+			return nil, fmt.Errorf("k8swatch: the %s informer's transform: %w", resource, err)
 		}
-	}()
+		return inf, nil
+	}
+	svcInf, err := informer(ResourceServices, &v1.Service{}, svcTweak, h.serviceTransform)
+	if err != nil {
+		return err
+	}
+	sliceInf, err := informer(ResourceEndpointSlices, &discoveryv1.EndpointSlice{}, sliceTweak, h.sliceTransform)
+	if err != nil {
+		return err
+	}
+	nodeInf, err := informer(ResourceNodes, &v1.Node{}, nodeTweak, strip)
+	if err != nil {
+		return err
+	}
 
-	svcReg, err := svcFactory.Core().V1().Services().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	svcReg, err := svcInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    h.addService,
 		UpdateFunc: h.updateService,
 		DeleteFunc: h.deleteService,
@@ -139,7 +131,7 @@ func Watch(ctx context.Context, client kubernetes.Interface, nodeName string, ta
 	if err != nil {
 		return fmt.Errorf("k8swatch: registering the Service handler: %w", err)
 	}
-	sliceReg, err := sliceFactory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	sliceReg, err := sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    h.addSlice,
 		UpdateFunc: h.updateSlice,
 		DeleteFunc: h.deleteSlice,
@@ -147,7 +139,7 @@ func Watch(ctx context.Context, client kubernetes.Interface, nodeName string, ta
 	if err != nil {
 		return fmt.Errorf("k8swatch: registering the EndpointSlice handler: %w", err)
 	}
-	if _, err := nodeFactory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    h.addNode,
 		UpdateFunc: h.updateNode,
 		DeleteFunc: h.deleteNode,
@@ -155,8 +147,11 @@ func Watch(ctx context.Context, client kubernetes.Interface, nodeName string, ta
 		return fmt.Errorf("k8swatch: registering the Node handler: %w", err)
 	}
 
-	for _, f := range factories {
-		f.StartWithContext(ctx)
+	// Watch returns only once the informers have stopped.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, inf := range []cache.SharedIndexInformer{svcInf, sliceInf, nodeInf} {
+		wg.Go(func() { inf.RunWithContext(ctx) })
 	}
 	// The registration's checker, unlike the informer's HasSynced, is done
 	// only once every object of the initial list has reached the handler,

@@ -33,7 +33,7 @@ func startWatch(t *testing.T, client *fake.Clientset, tr *tracker.Tracker, r *re
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Watch(ctx, client, "node-a", []Target{{Tracker: tr}}, WatchOptions{Invalid: r.fn})
+		done <- Watch(ctx, fakeSource{client}, "node-a", []Target{{Tracker: tr}}, WatchOptions{Invalid: r.fn})
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -376,7 +376,7 @@ func TestWatchReportsNodeEligibility(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Watch(ctx, client, "node-a", []Target{{Tracker: tr}}, WatchOptions{NodeStatus: func(known, deleting bool, taints []string) {
+		done <- Watch(ctx, fakeSource{client}, "node-a", []Target{{Tracker: tr}}, WatchOptions{NodeStatus: func(known, deleting bool, taints []string) {
 			got <- status{known, deleting, strings.Join(taints, ",")}
 		}})
 	}()

@@ -22,9 +22,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/json"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/kubernetes/scheme"
 	sigsyaml "sigs.k8s.io/yaml"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/kubeapi"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
@@ -140,7 +140,7 @@ func NewManifests(dir, nodeName string, targets []Target, opts ManifestOptions) 
 		interval: interval,
 		// Strict, so that a misspelt field (clusterIp) is reported; the
 		// object is still used, as kubectl would warn and go on.
-		decoder: json.NewSerializerWithOptions(json.DefaultMetaFactory, scheme.Scheme, scheme.Scheme,
+		decoder: json.NewSerializerWithOptions(json.DefaultMetaFactory, kubeapi.Scheme, kubeapi.Scheme,
 			json.SerializerOptions{Strict: true}),
 		files:      map[string]*manifestFile{},
 		given:      g,
@@ -323,6 +323,10 @@ func (m *Manifests) decode(f *manifestFile, path, where string, raw []byte) bool
 	obj, gvk, err := m.decoder.Decode(js, nil, nil)
 	switch {
 	case err == nil:
+	case runtime.IsNotRegisteredError(err) && gvk != nil && builtinGroup(gvk.Group) && !kubeapi.Scheme.IsVersionRegistered(gvk.GroupVersion()):
+		// A built-in kind of an API group the proxy does not read (a
+		// Deployment next to its Service): not ours, see below.
+		obj = nil
 	case runtime.IsNotRegisteredError(err):
 		// A kind of no API the proxy knows (a custom resource, or a
 		// misspelt kind) cannot be one of its objects: said, not kept.
@@ -558,4 +562,11 @@ func (m *Manifests) pushLane(tr *tracker.Tracker, g *given, i int, services map[
 		tr.UpdateNode(model.Node{Name: m.nodeName})
 		g.node = nil
 	}
+}
+
+// builtinGroup reports whether group is one of Kubernetes' own API groups:
+// the core group, a group without a dot (apps, batch, policy) or one under
+// k8s.io. Custom resources' groups are DNS names of their owners.
+func builtinGroup(group string) bool {
+	return !strings.Contains(group, ".") || strings.HasSuffix(group, ".k8s.io")
 }

@@ -198,7 +198,9 @@ spec:
 					"---\napiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n" +
 					"---\nkind: Lost\n" +
 					"--- junk after separator\n" +
-					sliceYAML("", "web-1", "web", "10.244.1.1", "node-a"),
+					sliceYAML("", "web-1", "web", "10.244.1.1", "node-a") +
+					// A misspelt kind of an API the proxy reads.
+					"---\napiVersion: v1\nkind: Servce\nmetadata: {name: typo}\n",
 			},
 			want: []string{line("default/web:http/TCP", "10.96.0.10:80", "10.244.1.1:8080 @node-a")},
 			reports: []string{
@@ -207,6 +209,7 @@ spec:
 				`Manifest /%DIR%/web.yaml: unknown kind: document 4: no kind "Widget" is registered for version "example.com/v1"`,
 				// The reader drops the document before a bad separator.
 				"Manifest /%DIR%/web.yaml: undecodable document: document 5: invalid Yaml document separator",
+				`Manifest /%DIR%/web.yaml: unknown kind: document 7: no kind "Servce" is registered for version "v1"`,
 			},
 		},
 		{

@@ -9,8 +9,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/kubeapi"
 )
 
 // NodeName is the name of the node the agent runs on: --hostname-override,
@@ -67,8 +67,8 @@ func NodeFamilies(n *v1.Node) []v1.IPFamily {
 
 // GetNode reads the Node named name once, for the IP families the node
 // serves before the watch starts. Not found is (nil, nil).
-func GetNode(ctx context.Context, client kubernetes.Interface, name string) (*v1.Node, error) {
-	n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+func GetNode(ctx context.Context, client *kubeapi.Client, name string) (*v1.Node, error) {
+	n, err := client.GetNode(ctx, name)
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}

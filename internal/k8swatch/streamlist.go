@@ -8,15 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/kubeapi"
 )
 
 // A list of 10,000 Services or EndpointSlices, decoded as client-go does,
@@ -49,20 +48,6 @@ var protoPrefix = []byte{0x6b, 0x38, 0x73, 0x00}
 // is a corrupt stream, refused before it allocates.
 const maxItemBytes = 64 << 20
 
-// streamedInformer is an informer constructor for the factory (InformerFor)
-// whose lists come from listStream (streamedListWatch); the factory sets the
-// same transform on the informer, which passes the transformed items
-// through (transforms are idempotent).
-func streamedInformer[T any, PT protoItem[T]](rc rest.Interface, resource string, tweak func(*metav1.ListOptions),
-	transform cache.TransformFunc, watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error),
-) func(kubernetes.Interface, time.Duration) cache.SharedIndexInformer {
-	return func(client kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		lw := streamedListWatch[T, PT](rc, resource, tweak, transform, watchFn)
-		return cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client),
-			PT(new(T)), cache.SharedIndexInformerOptions{ResyncPeriod: resync})
-	}
-}
-
 // streamedListWatch lists resource with listStream, each item transformed
 // as it is decoded, and watches with watchFn; both with the reflector's
 // options, tweaked. The reflector calls the context variants alone.
@@ -81,22 +66,13 @@ func streamedListWatch[T any, PT protoItem[T]](rc rest.Interface, resource strin
 	}
 }
 
-// restClient is c as a REST client that can stream a list, or nil (the
-// fake clientsets of unit tests have none).
-func restClient(c rest.Interface) rest.Interface {
-	if rc, ok := c.(*rest.RESTClient); !ok || rc == nil {
-		return nil
-	}
-	return c
-}
-
 // listStream lists resource (cluster-wide) with opts and returns a
 // metav1.List of its items, each passed through transform as soon as it is
 // decoded, and the list's metadata (resource version, continue token).
 func listStream[T any, PT protoItem[T]](ctx context.Context, rc rest.Interface, resource string, opts metav1.ListOptions,
 	transform cache.TransformFunc,
 ) (runtime.Object, error) {
-	body, err := rc.Get().Resource(resource).VersionedParams(&opts, scheme.ParameterCodec).Stream(ctx)
+	body, err := rc.Get().Resource(resource).VersionedParams(&opts, kubeapi.ParameterCodec).Stream(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +95,7 @@ func decodeWhole(r io.Reader, resource string) (runtime.Object, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing %s: %w", resource, err)
 	}
-	obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(data, nil, nil)
+	obj, _, err := kubeapi.Codecs.UniversalDeserializer().Decode(data, nil, nil)
 	if err != nil {
 		return nil, fmt.Errorf("listing %s: decoding the response: %w", resource, err)
 	}
@@ -192,7 +168,7 @@ func decodeListStream[T any, PT protoItem[T]](r *bufio.Reader, transform cache.T
 
 // listKind is the kind of a list of Ts ("EndpointSliceList").
 func listKind[T any, PT protoItem[T]]() string {
-	gvks, _, err := scheme.Scheme.ObjectKinds(PT(new(T)))
+	gvks, _, err := kubeapi.Scheme.ObjectKinds(PT(new(T)))
 	if err != nil || len(gvks) == 0 {
 		return "List" // not registered: no list kind matches
 	}

@@ -21,14 +21,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/json"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/pager"
 	"k8s.io/utils/ptr"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/kubeapi"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
@@ -69,7 +67,7 @@ func sliceList(items []discoveryv1.EndpointSlice, rv, cont string) *discoveryv1.
 func encodeProto(t testing.TB, obj runtime.Object) []byte {
 	t.Helper()
 	var b bytes.Buffer
-	if err := protobuf.NewSerializer(scheme.Scheme, scheme.Scheme).Encode(obj, &b); err != nil {
+	if err := protobuf.NewSerializer(kubeapi.Scheme, kubeapi.Scheme).Encode(obj, &b); err != nil {
 		t.Fatal(err)
 	}
 	return b.Bytes()
@@ -257,7 +255,7 @@ func (s *fakeAPIServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	if err := json.NewSerializerWithOptions(json.DefaultMetaFactory, scheme.Scheme, scheme.Scheme, json.SerializerOptions{}).Encode(list, w); err != nil {
+	if err := json.NewSerializerWithOptions(json.DefaultMetaFactory, kubeapi.Scheme, kubeapi.Scheme, json.SerializerOptions{}).Encode(list, w); err != nil {
 		s.t.Error(err)
 	}
 }
@@ -268,17 +266,12 @@ func listOf(t *testing.T, srv *httptest.Server, contentType string, transform ca
 	t.Helper()
 	cfg := &rest.Config{Host: srv.URL, ContentConfig: rest.ContentConfig{ContentType: contentType,
 		AcceptContentTypes: contentType + ",application/json"}}
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := kubeapi.NewClient(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := restClient(client.DiscoveryV1().RESTClient())
-	if rc == nil {
-		t.Fatal("a real client has no REST client")
-	}
-	lw := streamedListWatch[discoveryv1.EndpointSlice](rc, "endpointslices", func(o *metav1.ListOptions) { o.LabelSelector = "selected" },
-		transform, func(context.Context, metav1.ListOptions) (watch.Interface, error) { return watch.NewEmptyWatch(), nil })
-	return lw.ListWithContext
+	lw := APISource(client).ListWatch(ResourceEndpointSlices, func(o *metav1.ListOptions) { o.LabelSelector = "selected" }, transform)
+	return lw.(cache.ListerWatcherWithContext).ListWithContext
 }
 
 // TestListStreamFromAServer lists through a REST client as the informer's
@@ -335,11 +328,4 @@ func TestListStreamFromAServer(t *testing.T) {
 			t.Fatalf("got %v, want the server's reason", err)
 		}
 	})
-}
-
-func TestRestClientOfFakes(t *testing.T) {
-	var nilClient *rest.RESTClient
-	if restClient(nilClient) != nil {
-		t.Error("a nil REST client (the fake clientset's) counts as one")
-	}
 }
