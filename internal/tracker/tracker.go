@@ -40,10 +40,9 @@ type Tracker struct {
 	// Owned by the Apply goroutine.
 	services map[model.ServiceName][]*model.ServicePort
 	slices   map[model.ServiceName]sliceSet
-	state    *model.State
-	// inState indexes the ServicePorts of each Service in state, so that a
+	// state holds, for each Service of services, exactly its ports: a
 	// change touches only its own Service.
-	inState map[model.ServiceName][]model.ServicePortName
+	state *model.State
 	// local are the node's interface addresses, which --nodeport-addresses
 	// selects among.
 	local []netip.Addr
@@ -63,7 +62,6 @@ func New(nodeName string, opts model.Options, nodePorts model.NodePortSpec) *Tra
 		pendingSlices:   map[sliceKey]*model.EndpointSlice{},
 		services:        map[model.ServiceName][]*model.ServicePort{},
 		slices:          map[model.ServiceName]sliceSet{},
-		inState:         map[model.ServiceName][]model.ServicePortName{},
 		state: &model.State{
 			Node:     node,
 			Services: map[model.ServicePortName]*model.Service{},
@@ -204,6 +202,12 @@ func (t *Tracker) Apply() model.Update {
 
 	dirty := map[model.ServiceName]struct{}{}
 	for name, ports := range pendingServices {
+		// The State holds the ports the Service had: they go first, since
+		// a port that was renamed or removed must disappear from it.
+		for _, sp := range t.services[name] {
+			delete(t.state.Services, sp.Name)
+			up.Changed[sp.Name] = struct{}{}
+		}
 		if len(ports) == 0 {
 			delete(t.services, name)
 		} else {
@@ -246,18 +250,8 @@ func (t *Tracker) Apply() model.Update {
 		}
 	}
 
-	// Drop the ports of dirty Services first: a port that was renamed or
-	// removed must disappear from the State.
-	for name := range dirty {
-		for _, spn := range t.inState[name] {
-			delete(t.state.Services, spn)
-			up.Changed[spn] = struct{}{}
-		}
-		delete(t.inState, name)
-	}
 	for name := range dirty {
 		for _, sp := range t.services[name] {
-			t.inState[name] = append(t.inState[name], sp.Name)
 			eps := mergeEndpoints(sp, t.slices[name], t.state.Node.Name)
 			t.state.Services[sp.Name] = &model.Service{
 				Port:      sp,
