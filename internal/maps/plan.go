@@ -369,8 +369,9 @@ func (a *applied) upsert(p *plan, d desiredFrontend) error {
 		// The backends it made that nothing holds go with this sync's
 		// garbage (ensureBackend leaves them to the caller).
 		for _, b := range d.backends {
-			if ab := a.backends[b]; ab != nil && ab.refs <= 0 {
-				a.gcBackends[b] = struct{}{}
+			k := keyOf(b)
+			if ab := a.backends[k]; ab != nil && ab.refs <= 0 {
+				a.gcBackends[k] = struct{}{}
 			}
 		}
 	}
@@ -523,7 +524,8 @@ func arrangeSlots(old, ids []uint32) []uint32 {
 // garbage collection. A first sync of 100,000 backends thus does not list
 // every one of them as a candidate for deletion.
 func (a *applied) ensureBackend(p *plan, b Backend, flags uint8) (*appliedBackend, error) {
-	ab := a.backends[b]
+	k := keyOf(b)
+	ab := a.backends[k]
 	if ab != nil && ab.flags == flags {
 		return ab, nil
 	}
@@ -532,8 +534,8 @@ func (a *applied) ensureBackend(p *plan, b Backend, flags uint8) (*appliedBacken
 		if err != nil {
 			return nil, err
 		}
-		ab = &appliedBackend{b: b, id: id}
-		a.backends[b] = ab
+		ab = &appliedBackend{k: k, id: id}
+		a.backends[k] = ab
 		a.indexBackend(ab)
 	}
 	p.putBackend(ab.id, b, flags)
@@ -606,12 +608,12 @@ func (a *applied) deleteFrontend(p *plan, fe Frontend) {
 // and memberships that lost their last user, and frees their ids: they go
 // after every service entry that named them.
 func (a *applied) collectGarbage(p *plan) {
-	for b := range a.gcBackends {
-		if ab := a.backends[b]; ab != nil && ab.refs <= 0 {
-			p.deleteBackend(ab.id, b)
+	for k := range a.gcBackends {
+		if ab := a.backends[k]; ab != nil && ab.refs <= 0 {
+			p.deleteBackend(ab.id, k.backend())
 			a.backendIDs.release(ab.id)
 			a.unindexBackend(ab.id)
-			delete(a.backends, b)
+			delete(a.backends, k)
 		}
 	}
 	for k := range a.gcRevNats {
@@ -635,7 +637,7 @@ func (a *applied) collectGarbage(p *plan) {
 	// Every candidate was handled: start afresh, because a Go map keeps
 	// the buckets of its largest size and a full sync fills these with
 	// every new backend.
-	a.gcBackends = map[Backend]struct{}{}
+	a.gcBackends = map[backendKey]struct{}{}
 	a.gcRevNats = map[revNatKey]struct{}{}
 	a.gcMatch = map[MemberKey]struct{}{}
 }

@@ -12,12 +12,12 @@ import (
 func (a *applied) restore(m familyMaps) error {
 	a.reset()
 	err := m.backends.Iterate(func(id uint32, v backendEntry) bool {
-		b := v.b
-		ab := &appliedBackend{b: b, id: id, flags: v.flags}
-		a.backends[b] = ab
+		k := keyOf(v.b)
+		ab := &appliedBackend{k: k, id: id, flags: v.flags}
+		a.backends[k] = ab
 		a.backendIDs.reserve(id)
 		a.indexBackend(ab)
-		a.gcBackends[b] = struct{}{}
+		a.gcBackends[k] = struct{}{}
 		return true
 	})
 	if err != nil {
@@ -105,7 +105,7 @@ func (a *applied) restore(m familyMaps) error {
 			if rec == nil || i >= af.count {
 				continue
 			}
-			a.backends[rec.b].refs++
+			a.backends[rec.k].refs++
 		}
 		if af.svcID != 0 {
 			a.svcIDs.reserve(af.svcID)

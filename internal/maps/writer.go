@@ -211,7 +211,7 @@ func (w *Writer) Counts() (frontends, backends int) { return len(w.frontends), l
 
 // BackendID returns the id of a programmed backend, for tests and dumps.
 func (w *Writer) BackendID(b Backend) (uint32, bool) {
-	ab, ok := w.backends[b]
+	ab, ok := w.backends[keyOf(b)]
 	if !ok {
 		return 0, false
 	}
