@@ -163,8 +163,14 @@ func writeReport(d *data, out string) error {
 		md.WriteString("| Services × endpoints | proxy | start → all programmed | first sync | peak RSS | change p50 | change p99 | sync per change | run |\n|---|---|---|---|---|---|---|---|---|\n")
 		for _, s := range d.scales {
 			for _, r := range s.Results {
-				fmt.Fprintf(&md, "| %d × %d | %s | %.2f s | %.2f s | %.0f MiB | %.1f ms | %.1f ms | %.1f ms | %s |\n", s.Services, s.Endpoints,
-					proxyLabel(r.Proxy), r.StartToSynced, r.FirstSync, r.PeakRSSEnd, r.ChangeP50, r.ChangeP99, r.SyncPerChange, s.meta)
+				// No first sync is the proxy's metric not read (its
+				// metrics server did not answer in time), not zero.
+				firstSync := "-"
+				if r.FirstSync > 0 {
+					firstSync = fmt.Sprintf("%.2f s", r.FirstSync)
+				}
+				fmt.Fprintf(&md, "| %d × %d | %s | %.2f s | %s | %.0f MiB | %.1f ms | %.1f ms | %.1f ms | %s |\n", s.Services, s.Endpoints,
+					proxyLabel(r.Proxy), r.StartToSynced, firstSync, r.PeakRSSEnd, r.ChangeP50, r.ChangeP99, r.SyncPerChange, s.meta)
 			}
 		}
 		md.WriteString("\n")
