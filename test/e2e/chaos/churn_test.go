@@ -53,6 +53,23 @@ func testChurn(t *testing.T, e *env, s settings) {
 	if err := e.waitServes(ctx, vip, ""); err != nil {
 		t.Fatal(err)
 	}
+	// The IPv4 Service answers once the IPv4 family has synced; the IPv6
+	// family's first sync may still be opening its programs and maps, and
+	// the descriptors counted from the first cycle must not include them.
+	if err := testbed.Poll(ctx, "every family's first sync", waitBound, func() (bool, error) {
+		fams, err := agent.Metrics(ctx)
+		if err != nil {
+			return false, err
+		}
+		for _, f := range []string{"IPv4", "IPv6"} {
+			if n, _, ok := testbed.Histogram(fams, "kubeproxy_sync_proxy_rules_duration_seconds", map[string]string{"ip_family": f}); !ok || n == 0 {
+				return false, nil
+			}
+		}
+		return true, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	base, err := mapEntries(ctx, agent)
 	if err != nil {
 		t.Fatal(err)
