@@ -34,14 +34,5 @@ func (s fakeSource) ListWatch(resource string, tweak func(*metav1.ListOptions), 
 	default:
 		panic("fakeSource: no " + resource)
 	}
-	return cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			tweak(&o)
-			return list(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			tweak(&o)
-			return watchFn(ctx, o)
-		},
-	}, s.c)
+	return cache.ToListWatcherWithWatchListSemantics(tweaked(tweak, list, watchFn), s.c)
 }

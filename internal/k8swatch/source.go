@@ -46,23 +46,33 @@ func (s apiSource) ListWatch(resource string, tweak func(*metav1.ListOptions), t
 	default:
 		panic("k8swatch: no source of " + resource) // Watch asks for the three above only
 	}
+	return tweaked(tweak, func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		list := &v1.NodeList{}
+		if err := kubeapi.List(ctx, s.c.Core, resource, opts, list); err != nil {
+			return nil, err
+		}
+		return list, nil
+	}, watchOf(s.c.Core, resource))
+}
+
+// tweaked is a list-watcher of list and watchFn whose options pass through
+// tweak first. The reflector calls the context variants alone.
+func tweaked(tweak func(*metav1.ListOptions), list func(context.Context, metav1.ListOptions) (runtime.Object, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error),
+) *cache.ListWatch {
 	return &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			tweak(&opts)
-			list := &v1.NodeList{}
-			if err := kubeapi.List(ctx, s.c.Core, resource, opts, list); err != nil {
-				return nil, err
-			}
-			return list, nil
+			return list(ctx, opts)
 		},
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			tweak(&opts)
-			return watchOf(s.c.Core, resource)(ctx, opts)
+			return watchFn(ctx, opts)
 		},
 	}
 }
 
-// watch watches resource of rc with the reflector's (tweaked) options.
+// watchOf watches resource of rc with the reflector's (tweaked) options.
 func watchOf(rc rest.Interface, resource string) func(context.Context, metav1.ListOptions) (watch.Interface, error) {
 	return func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 		return kubeapi.Watch(ctx, rc, resource, opts)

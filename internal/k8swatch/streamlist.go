@@ -50,20 +50,13 @@ const maxItemBytes = 64 << 20
 
 // streamedListWatch lists resource with listStream, each item transformed
 // as it is decoded, and watches with watchFn; both with the reflector's
-// options, tweaked. The reflector calls the context variants alone.
+// options, tweaked.
 func streamedListWatch[T any, PT protoItem[T]](rc rest.Interface, resource string, tweak func(*metav1.ListOptions),
 	transform cache.TransformFunc, watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error),
 ) *cache.ListWatch {
-	return &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			tweak(&opts)
-			return listStream[T, PT](ctx, rc, resource, opts, transform)
-		},
-		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			tweak(&opts)
-			return watchFn(ctx, opts)
-		},
-	}
+	return tweaked(tweak, func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		return listStream[T, PT](ctx, rc, resource, opts, transform)
+	}, watchFn)
 }
 
 // listStream lists resource (cluster-wide) with opts and returns a

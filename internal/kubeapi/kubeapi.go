@@ -101,21 +101,23 @@ func NewClient(cfg *rest.Config) (*Client, error) {
 // Watch watches resource of rc cluster-wide with opts, as a generated
 // client does: a watch request whose server-side timeout is the options'.
 func Watch(ctx context.Context, rc rest.Interface, resource string, opts metav1.ListOptions) (watch.Interface, error) {
-	var timeout time.Duration
-	if opts.TimeoutSeconds != nil {
-		timeout = time.Duration(*opts.TimeoutSeconds) * time.Second
-	}
 	opts.Watch = true
-	return rc.Get().Resource(resource).VersionedParams(&opts, ParameterCodec).Timeout(timeout).Watch(ctx)
+	return get(rc, resource, &opts).Watch(ctx)
 }
 
 // List lists resource of rc cluster-wide with opts into into, decoded whole.
 func List(ctx context.Context, rc rest.Interface, resource string, opts metav1.ListOptions, into runtime.Object) error {
+	return get(rc, resource, &opts).Do(ctx).Into(into)
+}
+
+// get is the cluster-wide GET of resource with opts as query parameters
+// and the options' timeout as the request's.
+func get(rc rest.Interface, resource string, opts *metav1.ListOptions) *rest.Request {
 	var timeout time.Duration
 	if opts.TimeoutSeconds != nil {
 		timeout = time.Duration(*opts.TimeoutSeconds) * time.Second
 	}
-	return rc.Get().Resource(resource).VersionedParams(&opts, ParameterCodec).Timeout(timeout).Do(ctx).Into(into)
+	return rc.Get().Resource(resource).VersionedParams(opts, ParameterCodec).Timeout(timeout)
 }
 
 // GetNode reads the Node named name.
