@@ -151,7 +151,7 @@ func Load(cfg Config) (*Loaded, error) {
 	if l.Maglev, l.Maglev6, err = loadMaglevMaps(cfg.BPFFSPath, sizes, cfg.Migrated); err != nil {
 		return nil, err
 	}
-	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "a program", "BPF objects", cfg.Migrated); err != nil {
+	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "a program", "BPF objects", cfg.Migrated, false); err != nil {
 		l.Maglev.Close()
 		l.Maglev6.Close()
 		return nil, err
@@ -372,9 +372,11 @@ func unpinLinks(bpffs, prefix string, keep map[string]bool, names ...string) err
 // Pinned maps of another size or an older layout are migrated first (see
 // migratePins): the programs load with the new maps, which then replace
 // the old pins; migrated reports each. If anything fails before that, the
-// old pins are left as they were.
-func loadPinned(spec *ebpf.CollectionSpec, objs interface{ Close() error }, opts *ebpf.CollectionOptions, bpffs, program, objects string, migrated func(MapMigration)) error {
-	mig, err := migratePins(spec, mapsDir(bpffs))
+// old pins are left as they were. With adoptOnly nothing migrates: a pinned
+// map that would makes it return errMigrationPending, having changed
+// nothing.
+func loadPinned(spec *ebpf.CollectionSpec, objs interface{ Close() error }, opts *ebpf.CollectionOptions, bpffs, program, objects string, migrated func(MapMigration), adoptOnly bool) error {
+	mig, err := migratePins(spec, mapsDir(bpffs), adoptOnly)
 	if err != nil {
 		return err
 	}

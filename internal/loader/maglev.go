@@ -85,7 +85,7 @@ func loadMaglevMaps(bpffs string, sizes MapSizes, migrated func(MapMigration)) (
 			sub.Maps[name] = spec.Maps[name]
 		}
 	}
-	mig, err := migratePins(sub, mapsDir(bpffs))
+	mig, err := migratePins(sub, mapsDir(bpffs), false)
 	if err != nil {
 		return out[0], out[1], err
 	}

@@ -211,6 +211,10 @@ type pinMigration struct {
 	reports []MapMigration
 }
 
+// errMigrationPending is migratePins' answer, asked to adopt only, when a
+// pinned map must migrate.
+var errMigrationPending = errors.New("pinned maps must migrate")
+
 // tempPin is where a migrated map waits for its programs to load: a name
 // no map has (a C identifier has no "-"; bpffs refuses names with ".").
 func tempPin(dir, name string) string { return filepath.Join(dir, "migrating-"+name) }
@@ -221,8 +225,9 @@ func tempPin(dir, name string) string { return filepath.Join(dir, "migrating-"+n
 // entries into new maps. A state map whose entries do not fit its new
 // size is kept as it is: spec is patched to its old size, and the report
 // says so. The caller commits after loading with the replacements, or
-// aborts.
-func migratePins(spec *ebpf.CollectionSpec, dir string) (*pinMigration, error) {
+// aborts. With adoptOnly, a map that would migrate (or a stale pin to
+// remove) makes it return errMigrationPending having changed nothing.
+func migratePins(spec *ebpf.CollectionSpec, dir string, adoptOnly bool) (*pinMigration, error) {
 	reg := registeredMigrations()
 	pm := &pinMigration{dir: dir, replacements: map[string]*ebpf.Map{}, temps: map[string]string{}}
 	open := map[string]*ebpf.Map{}
@@ -287,6 +292,9 @@ func migratePins(spec *ebpf.CollectionSpec, dir string) (*pinMigration, error) {
 		if old, ok := pins[p.name]; ok && p.action != recreate {
 			plans[i] = migratePlan{name: p.name, action: recreate, from: p.name, old: old, new: p.new, stale: p.stale}
 		}
+	}
+	if adoptOnly && slices.ContainsFunc(plans, func(p migratePlan) bool { return p.action != adopt || len(p.stale) > 0 }) {
+		return nil, errMigrationPending
 	}
 	for _, p := range plans {
 		pm.remove = append(pm.remove, p.stale...)

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -89,6 +90,10 @@ type TCLoaded struct {
 	// TCAttachClsact.
 	Mode  string
 	links []link.Link
+	// unpinned are the maps a preload made, none being pinned under the
+	// bpffs path then: they are pinned when the programs attach, so that
+	// programs never attached leave no pin behind.
+	unpinned []string
 }
 
 // ErrNoSuchDevice is returned (wrapped) when a configured device does not
@@ -97,14 +102,37 @@ var ErrNoSuchDevice = errors.New("no such network device")
 
 // LoadTC loads the TC programs with the maps pinned under cfg.BPFFSPath
 // (shared with the socket programs) and attaches them at ingress and egress
-// of every device in cfg.Devices, replacing programs an earlier agent
-// attached there in place: tcx links are pinned and updated, clsact filters
-// are replaced at the same priority and handle. Devices it attached to
-// before and that are no longer configured are detached, in either mode.
-//
-// It runs in the network namespace of the calling thread: devices are
-// looked up and attached there.
+// of every device in cfg.Devices (AttachDevices).
 func LoadTC(cfg TCConfig) (*TCLoaded, error) {
+	l, err := loadTC(cfg, false)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.AttachDevices(cfg); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// PreloadTC is the first half of LoadTC, the one the verifier takes its
+// time over, for an agent that learns its devices later (at its first sync):
+// the programs are loaded and the pinned maps adopted, nothing is attached
+// and nothing pinned (the maps it makes are pinned by AttachDevices, so
+// that an agent that never attaches leaves none); AttachDevices is the
+// second half. When a pinned map must
+// migrate (an upgrade), it loads nothing and returns nil and no error: the
+// migration is left to LoadTC, so that the earlier agent's programs serve
+// from the old maps until the moment the new ones attach, as they do
+// without a preload.
+func PreloadTC(cfg TCConfig) (*TCLoaded, error) {
+	l, err := loadTC(cfg, true)
+	if errors.Is(err, errMigrationPending) {
+		return nil, nil
+	}
+	return l, err
+}
+
+func loadTC(cfg TCConfig, adoptOnly bool) (*TCLoaded, error) {
 	if err := ensureBPFFS(cfg.BPFFSPath); err != nil {
 		return nil, err
 	}
@@ -119,21 +147,76 @@ func LoadTC(cfg TCConfig) (*TCLoaded, error) {
 		return nil, err
 	}
 	l := &TCLoaded{}
+	if adoptOnly {
+		for name, ms := range spec.Maps {
+			if ms.Pinning != ebpf.PinByName {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join(mapsDir(cfg.BPFFSPath), name)); errors.Is(err, os.ErrNotExist) {
+				ms.Pinning = ebpf.PinNone
+				l.unpinned = append(l.unpinned, name)
+			}
+		}
+	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: mapsDir(cfg.BPFFSPath)}}
-	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "a TC program", "TC objects", cfg.Migrated); err != nil {
+	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "a TC program", "TC objects", cfg.Migrated, adoptOnly); err != nil {
 		return nil, err
+	}
+	return l, nil
+}
+
+// pinPreloaded pins the maps a preload made (unpinned) under bpffs.
+func (l *TCLoaded) pinPreloaded(bpffs string) error {
+	if len(l.unpinned) == 0 {
+		return nil
+	}
+	byName := map[string]*ebpf.Map{}
+	v := reflect.ValueOf(&l.Objects.TcMaps).Elem()
+	for i := range v.NumField() {
+		if m, ok := v.Field(i).Interface().(*ebpf.Map); ok {
+			byName[v.Type().Field(i).Tag.Get("ebpf")] = m
+		}
+	}
+	for len(l.unpinned) > 0 {
+		name := l.unpinned[0]
+		m := byName[name]
+		if m == nil {
+			return fmt.Errorf("pin %s: not one of the TC maps", name)
+		}
+		if err := m.Pin(filepath.Join(mapsDir(bpffs), name)); err != nil {
+			return fmt.Errorf("pin %s: %w", name, err)
+		}
+		l.unpinned = l.unpinned[1:]
+	}
+	return nil
+}
+
+// AttachDevices calls cfg.BeforeAttach and attaches l's programs at ingress
+// and egress of every device in cfg.Devices, replacing programs an earlier
+// agent attached there in place: tcx links are pinned and updated, clsact
+// filters are replaced at the same priority and handle. Devices it attached
+// to before and that are no longer configured are detached, in either mode.
+// cfg must be the configuration l was loaded with, but for its devices. On
+// failure l is closed.
+//
+// It runs in the network namespace of the calling thread: devices are
+// looked up and attached there.
+func (l *TCLoaded) AttachDevices(cfg TCConfig) error {
+	if err := l.pinPreloaded(cfg.BPFFSPath); err != nil {
+		l.Close()
+		return err
 	}
 	if cfg.BeforeAttach != nil {
 		if err := cfg.BeforeAttach(&l.Objects); err != nil {
 			l.Close()
-			return nil, err
+			return err
 		}
 	}
 	if err := l.attach(cfg); err != nil {
 		l.Close()
-		return nil, err
+		return err
 	}
-	return l, nil
+	return nil
 }
 
 // patchNodePort sets the sizes of the maps and the source NAT port range

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 )
@@ -228,4 +230,80 @@ func equalIDs(a, b map[string][]ebpf.ProgramID) bool {
 		}
 	}
 	return true
+}
+
+// TestTCPreload: the programs an agent preloads before it knows its
+// devices attach nowhere and pin nothing until AttachDevices, which pins
+// their maps and attaches them as LoadTC would; closed before, they leave
+// nothing behind. When a pinned map must migrate, the preload loads
+// nothing and leaves the pin alone: the migration happens at LoadTC, when
+// the programs attach.
+func TestTCPreload(t *testing.T) {
+	f := newTCFixture(t)
+	cfg := loader.TCConfig{BPFFSPath: f.bpffs, Sizes: smallSizes, ConntrackSize: 1024, Attach: loader.TCAttachClsact}
+	pin := filepath.Join(f.bpffs, "maps", bpfobj.TcMapTc4CtV1)
+	preload := func() *loader.TCLoaded {
+		t.Helper()
+		l, err := loader.PreloadTC(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l == nil {
+			t.Fatal("nothing preloaded from an empty bpffs")
+		}
+		if got := f.attachedTC(t); len(got) != 0 {
+			t.Fatalf("preloaded programs attached to %v", got)
+		}
+		if _, err := os.Stat(pin); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("the preload pinned %s: %v", pin, err)
+		}
+		return l
+	}
+	preload().Close()
+	l := preload()
+	ids := []ebpf.ProgramID{progID(t, l.Objects.TcIngress), progID(t, l.Objects.TcEgress)}
+	cfg.Devices = []loader.TCDevice{{Name: "dev0", SNAT: netip.MustParseAddr("192.168.77.11")}}
+	if err := f.ns.Do(func() error { return l.AttachDevices(cfg) }); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]ebpf.ProgramID{"dev0/ingress": {ids[0]}, "dev0/egress": {ids[1]}}
+	if got := f.attachedTC(t); !equalIDs(got, want) {
+		t.Fatalf("attached %v, want the preloaded programs %v", got, want)
+	}
+	before := pinnedMapID(t, pin)
+	if id := mapID(t, l.Objects.Tc4CtV1); id != before {
+		t.Fatalf("%s pins map %d, want the preloaded map %d", pin, before, id)
+	}
+	l.Close()
+
+	// A larger connection tracking size migrates the pinned maps.
+	cfg.ConntrackSize = 2048
+	migrated := 0
+	cfg.Migrated = func(loader.MapMigration) { migrated++ }
+	pre, err := loader.PreloadTC(cfg)
+	if err != nil || pre != nil {
+		t.Fatalf("preload with a map to migrate: loaded %t, error %v; want nothing loaded", pre != nil, err)
+	}
+	if after := pinnedMapID(t, pin); after != before || migrated != 0 {
+		t.Fatalf("the preload migrated: map %d, was %d; %d reported", after, before, migrated)
+	}
+	var l2 *loader.TCLoaded
+	if err := f.ns.Do(func() (err error) { l2, err = loader.LoadTC(cfg); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if l2.Objects.Tc4CtV1.MaxEntries() != 2048 || pinnedMapID(t, pin) == before || migrated == 0 {
+		t.Errorf("LoadTC after the preload: %d entries, map %d (was %d), %d migrations reported; want 2048, a new map, some",
+			l2.Objects.Tc4CtV1.MaxEntries(), pinnedMapID(t, pin), before, migrated)
+	}
+}
+
+func pinnedMapID(t *testing.T, pin string) ebpf.MapID {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(pin, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	return mapID(t, m)
 }

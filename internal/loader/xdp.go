@@ -105,7 +105,7 @@ func LoadXDP(cfg XDPConfig) (*XDPLoaded, error) {
 	}
 	l := &XDPLoaded{Mode: cfg.Mode, Failed: map[string]error{}}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: mapsDir(cfg.BPFFSPath)}}
-	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "the XDP program", "XDP objects", cfg.Migrated); err != nil {
+	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "the XDP program", "XDP objects", cfg.Migrated, false); err != nil {
 		return nil, err
 	}
 	wanted := map[string]bool{}

@@ -49,7 +49,10 @@ const (
 // tcAttacher attaches the TC programs to the node's devices once it knows
 // them: at start-up with --devices, else at the first sync that knows some
 // of the node's addresses, of either family (the devices carrying them), so
-// that an IPv6-only node is served as a dual-stack or IPv4 one is.
+// that an IPv6-only node is served as a dual-stack or IPv4 one is. In the
+// latter case the programs are loaded (verified) in the background from
+// start-up, while the agent lists the API, and that sync only attaches
+// them.
 type tcAttacher struct {
 	cfg     loader.TCConfig
 	devices []string
@@ -83,6 +86,17 @@ type tcAttacher struct {
 	snat  [2]map[string]netip.Addr
 	ns    vnetns.NsHandle
 	nl    *netlink.Handle
+	// preloaded gives, once, the TC programs loaded in the background
+	// from start-up, when the devices are known only at the first sync:
+	// that sync then attaches them, not waiting for the verifier. nil
+	// once taken, or with --devices.
+	preloaded chan tcPreload
+}
+
+// tcPreload is what loader.PreloadTC gave.
+type tcPreload struct {
+	l   *loader.TCLoaded
+	err error
 }
 
 // newTCAttacher returns the attacher of the TC and XDP programs;
@@ -126,8 +140,35 @@ func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)
 			a.close()
 			return nil, err
 		}
+		return a, nil
 	}
+	a.preloaded = make(chan tcPreload, 1)
+	go func() {
+		l, err := loader.PreloadTC(a.cfg)
+		a.preloaded <- tcPreload{l, err}
+	}()
 	return a, nil
+}
+
+// load gives the TC programs attached to cfg's devices: those preloaded at
+// start-up, the first time, else (a preload that found pinned maps to
+// migrate, a later attempt) loaded now. A failed preload fails this
+// attempt as a load now would; the next one loads again.
+func (a *tcAttacher) load(cfg loader.TCConfig) (*loader.TCLoaded, error) {
+	if a.preloaded != nil {
+		p := <-a.preloaded
+		a.preloaded = nil
+		if p.err != nil {
+			return nil, p.err
+		}
+		if p.l != nil {
+			if err := p.l.AttachDevices(cfg); err != nil {
+				return nil, err
+			}
+			return p.l, nil
+		}
+	}
+	return loader.LoadTC(cfg)
 }
 
 // prepare is called before every sync of a family (v6 for IPv6) with the
@@ -237,7 +278,7 @@ func (a *tcAttacher) attach() error {
 	}
 	cfg := a.cfg
 	cfg.Devices = devs
-	l, err := loader.LoadTC(cfg)
+	l, err := a.load(cfg)
 	if err != nil {
 		return fmt.Errorf("attach the TC programs: %w", err)
 	}
@@ -338,6 +379,11 @@ func snatAddress(nl *netlink.Handle, dev string, v6 bool, nodeAddrs []netip.Addr
 }
 
 func (a *tcAttacher) close() {
+	if a.preloaded != nil {
+		if p := <-a.preloaded; p.l != nil {
+			p.l.Close()
+		}
+	}
 	a.published.Store(nil)
 	a.nl.Close()
 	a.ns.Close()
