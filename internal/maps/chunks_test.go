@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"regexp"
@@ -163,7 +164,8 @@ func TestWriterWritesALargeSyncInChunks(t *testing.T) {
 
 // TestAFirstSyncHoldsAChunkAtATime: the first sync of 1,000 Services of ten
 // endpoints (about 32,000 entries) never holds a plan much larger than a
-// chunk, lets the plan's memory go once done, and programs every Service.
+// chunk (two of them: one is written while the next is planned), lets the
+// plans' memory go once done, and programs every Service.
 func TestAFirstSyncHoldsAChunkAtATime(t *testing.T) {
 	var specs []svcSpec
 	for i := range 1000 {
@@ -179,18 +181,21 @@ func TestAFirstSyncHoldsAChunkAtATime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	largest := 0
-	f.services.OnChange = func() { largest = max(largest, w.plan.size()) }
+	largest, chunks := 0, 0
+	w.onChunk = func(n int) { largest, chunks = max(largest, n), chunks+1 }
 	if err := w.Sync(full(buildState(specs...))); err != nil {
 		t.Fatal(err)
 	}
 	// A chunk ends with the Service that takes it past syncChunkEntries:
-	// 32 entries here.
-	if largest > syncChunkEntries+32 {
-		t.Errorf("the plan held %d entries at once, want at most a chunk (%d)", largest, syncChunkEntries+32)
+	// 32 entries here. One is written while the next is planned: two
+	// chunks at once.
+	if largest > syncChunkEntries+32 || chunks < 2 {
+		t.Errorf("%d chunks, the largest of %d entries, want several of at most %d", chunks, largest, syncChunkEntries+32)
 	}
-	if c := cap(w.plan.servicePuts.keys) + cap(w.plan.changes); c != 0 {
-		t.Errorf("after the sync the plan keeps room for %d entries, want its memory let go", c)
+	for _, p := range []*plan{&w.plan, &w.written} {
+		if c := cap(p.servicePuts.keys) + cap(p.changes); c != 0 {
+			t.Errorf("after the sync a plan keeps room for %d entries, want its memory let go", c)
+		}
 	}
 	if got := strings.Count(dump(t, f.m), " count=10 "); got != 1000 {
 		t.Errorf("%d Services programmed with their ten endpoints, want 1000", got)
@@ -215,4 +220,49 @@ func withoutIDs(d string) string {
 	lines := strings.Split(dumpIDs.ReplaceAllString(d, "$1"), "\n")
 	slices.Sort(lines)
 	return strings.Join(lines, "\n")
+}
+
+// TestAChunkThatFailsStopsTheSync: when the kernel refuses a write of one
+// chunk, nothing is written after it, not the chunk planned meanwhile
+// either; the error is returned, and the next sync (which re-reads the
+// maps) leaves them as a sync that never failed does.
+func TestAChunkThatFailsStopsTheSync(t *testing.T) {
+	up := full(chunkedState(span(0, 40), 8080, func(int) bool { return true }, func(i int) int { return i }))
+	f, whole := newFakes(0, 0, 0), newFakes(0, 0, 0)
+	w, ww := newWriter(t, f.m), newWriter(t, whole.m)
+	w.chunkEntries = 24
+	chunks := 0
+	w.onChunk = func(int) { chunks++ }
+	puts, atFailure := 0, -1
+	f.services.Fail = func(op string, _ ServiceKey) error {
+		if op != "put" {
+			return nil
+		}
+		if puts++; puts == 60 {
+			atFailure = f.writes()
+			return errors.New("refused")
+		}
+		return nil
+	}
+	err := w.Sync(up)
+	if err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("sync: %v, want the refused write", err)
+	}
+	if atFailure < 0 || chunks < 3 {
+		t.Fatalf("the write failed at %d, after %d chunks: the test wants it in a later chunk", atFailure, chunks)
+	}
+	if got := f.writes(); got != atFailure {
+		t.Errorf("%d writes after the refused one, want none", got-atFailure)
+	}
+
+	f.services.Fail = nil
+	if err := w.Sync(up); err != nil {
+		t.Fatal(err)
+	}
+	if err := ww.Sync(up); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := withoutIDs(dump(t, f.m)), withoutIDs(dump(t, whole.m)); got != want {
+		t.Errorf("after the failed sync and another, the maps hold\n%s\nwant, as a sync that never failed:\n%s", got, want)
+	}
 }

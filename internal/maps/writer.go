@@ -30,15 +30,20 @@ type Writer struct {
 	applied
 	m familyMaps
 
-	// plan is the last sync's plan; its memory is reused.
+	// plan is the last sync's plan; its memory is reused. written is
+	// the other plan of a sync in chunks, which holds the chunk being
+	// written while plan takes the next.
 	plan        plan
+	written     plan
 	needRestore bool
 	// unbatched makes the next sync write entry by entry: after a map ran
 	// full, so that one Service that does not fit fails alone.
 	unbatched bool
 	// chunkEntries is the plan size past which a sync is written in
-	// chunks (syncChunkEntries; tests make it small).
+	// chunks (syncChunkEntries; tests make it small). onChunk, set by
+	// tests, is told the size of each chunk handed over for writing.
 	chunkEntries int
+	onChunk      func(size int)
 	// entries is what Entries returns: published after every restore and
 	// every successful Sync, read by metrics scrapes on other goroutines.
 	entries atomic.Pointer[Entries]
@@ -134,25 +139,45 @@ func (w *Writer) Sync(up model.Update) error {
 // planAndApply plans the sync of up and writes it, in chunks: whenever the
 // plan holds chunkEntries entries, the ServicePorts planned so far are
 // written and the plan starts over, and the last chunk also holds the
-// deletions (see syncRun). It stops at the first chunk that fails to be
-// written; the ServicePorts of the later chunks keep what they had. The
-// plan ends with the statistics and planning errors of the whole sync.
+// deletions (see syncRun). A chunk is written while the next one is
+// planned, one chunk at a time and in order: in a first sync the kernel's
+// writes take about as long as the planning, which the other CPU then
+// does meanwhile. It stops at the first chunk that fails to be written;
+// the ServicePorts of the later chunks keep what they had (the one
+// planned meanwhile is not written), and the next Sync re-reads the maps.
+// The plan ends with the statistics and planning errors of the whole sync.
 // An unbatched sync (the retry after a map ran full) is one chunk: it goes
 // on past what fails, so that one Service that does not fit fails alone,
 // which a later chunk could not do once an earlier one left out an entry
 // it needs.
 func (w *Writer) planAndApply(up model.Update, full bool) error {
-	p := &w.plan
+	p, next := &w.plan, &w.written
+	// w.plan is the sync's plan when it returns: the last chunk's.
+	defer func() {
+		if p != &w.plan {
+			w.plan, w.written = w.written, w.plan
+		}
+	}()
 	r := w.beginSync(p, up, full)
 	var stats SyncStats
 	var errs []error
+	var writing chan error
+	// wrote waits for the chunk being written, if any.
+	wrote := func() error {
+		if writing == nil {
+			return nil
+		}
+		err := <-writing
+		writing = nil
+		return err
+	}
 	chunks := 0
 	for i, owner := range r.owners {
 		w.planOwner(p, &r, owner)
 		if w.unbatched || p.size() < w.chunkEntries || i == len(r.owners)-1 {
 			continue
 		}
-		err := apply(w.m, p, !w.unbatched)
+		err := wrote()
 		stats.Frontends += p.stats.Frontends
 		stats.Writes += p.stats.Writes
 		errs = append(errs, p.errs...)
@@ -160,8 +185,20 @@ func (w *Writer) planAndApply(up model.Update, full bool) error {
 			p.stats, p.errs = stats, errs
 			return errors.Join(append(errs, err)...)
 		}
+		if w.onChunk != nil {
+			w.onChunk(p.size())
+		}
+		writing = make(chan error, 1)
+		go func(p *plan, done chan<- error) { done <- apply(w.m, p, true) }(p, writing)
+		p, next = next, p
 		p.reset()
 		chunks++
+	}
+	if err := wrote(); err != nil {
+		stats.Frontends += p.stats.Frontends
+		stats.Writes += p.stats.Writes
+		p.stats, p.errs = stats, append(errs, p.errs...)
+		return errors.Join(append(p.errs, err)...)
 	}
 	w.finishSync(p, &r)
 	err := apply(w.m, p, !w.unbatched)
@@ -173,6 +210,7 @@ func (w *Writer) planAndApply(up model.Update, full bool) error {
 		// rare: the later ones are small and need not keep a chunk's
 		// memory for the agent's life.
 		*p = plan{removed: p.removed, stats: p.stats, errs: p.errs}
+		*next = plan{}
 	}
 	return errors.Join(append(p.errs, err)...)
 }
