@@ -152,11 +152,13 @@ func (w *Writer) Sync(up model.Update) error {
 // it needs.
 func (w *Writer) planAndApply(up model.Update, full bool) error {
 	p, next := &w.plan, &w.written
-	// w.plan is the sync's plan when it returns: the last chunk's.
+	// w.plan is the sync's plan when it returns: the last chunk's. The
+	// other one serves only within a sync in chunks.
 	defer func() {
 		if p != &w.plan {
 			w.plan, w.written = w.written, w.plan
 		}
+		w.written = plan{}
 	}()
 	r := w.beginSync(p, up, full)
 	var stats SyncStats
@@ -210,7 +212,6 @@ func (w *Writer) planAndApply(up model.Update, full bool) error {
 		// rare: the later ones are small and need not keep a chunk's
 		// memory for the agent's life.
 		*p = plan{removed: p.removed, stats: p.stats, errs: p.errs}
-		*next = plan{}
 	}
 	return errors.Join(append(p.errs, err)...)
 }
