@@ -117,13 +117,12 @@ func LoadTC(cfg TCConfig) (*TCLoaded, error) {
 // PreloadTC is the first half of LoadTC, the one the verifier takes its
 // time over, for an agent that learns its devices later (at its first sync):
 // the programs are loaded and the pinned maps adopted, nothing is attached
-// and nothing pinned (the maps it makes are pinned by AttachDevices, so
-// that an agent that never attaches leaves none); AttachDevices is the
-// second half. When a pinned map must
-// migrate (an upgrade), it loads nothing and returns nil and no error: the
-// migration is left to LoadTC, so that the earlier agent's programs serve
-// from the old maps until the moment the new ones attach, as they do
-// without a preload.
+// and nothing pinned (the maps it makes are pinned by AttachDevices, the
+// second half, so that an agent that never attaches leaves none). When a
+// pinned map must migrate (an upgrade), it loads nothing and returns nil
+// and no error: the migration is left to LoadTC, so that the earlier
+// agent's programs serve from the old maps until the moment the new ones
+// attach, as they do without a preload.
 func PreloadTC(cfg TCConfig) (*TCLoaded, error) {
 	l, err := loadTC(cfg, true)
 	if errors.Is(err, errMigrationPending) {
@@ -177,8 +176,7 @@ func (l *TCLoaded) pinPreloaded(bpffs string) error {
 			byName[v.Type().Field(i).Tag.Get("ebpf")] = m
 		}
 	}
-	for len(l.unpinned) > 0 {
-		name := l.unpinned[0]
+	for _, name := range l.unpinned {
 		m := byName[name]
 		if m == nil {
 			return fmt.Errorf("pin %s: not one of the TC maps", name)
@@ -186,8 +184,8 @@ func (l *TCLoaded) pinPreloaded(bpffs string) error {
 		if err := m.Pin(filepath.Join(mapsDir(bpffs), name)); err != nil {
 			return fmt.Errorf("pin %s: %w", name, err)
 		}
-		l.unpinned = l.unpinned[1:]
 	}
+	l.unpinned = nil
 	return nil
 }
 

@@ -161,8 +161,19 @@ func (w *Writer) planAndApply(up model.Update, full bool) error {
 		w.written = plan{}
 	}()
 	r := w.beginSync(p, up, full)
+	// The sync's statistics and planning errors, of the chunks counted
+	// so far; ended gives them to the plan it returns in, with err.
 	var stats SyncStats
 	var errs []error
+	count := func() {
+		stats.Frontends += p.stats.Frontends
+		stats.Writes += p.stats.Writes
+		errs = append(errs, p.errs...)
+	}
+	ended := func(err error) error {
+		p.stats, p.errs = stats, errs
+		return errors.Join(append(errs, err)...)
+	}
 	var writing chan error
 	// wrote waits for the chunk being written, if any.
 	wrote := func() error {
@@ -179,13 +190,9 @@ func (w *Writer) planAndApply(up model.Update, full bool) error {
 		if w.unbatched || p.size() < w.chunkEntries || i == len(r.owners)-1 {
 			continue
 		}
-		err := wrote()
-		stats.Frontends += p.stats.Frontends
-		stats.Writes += p.stats.Writes
-		errs = append(errs, p.errs...)
-		if err != nil {
-			p.stats, p.errs = stats, errs
-			return errors.Join(append(errs, err)...)
+		count()
+		if err := wrote(); err != nil {
+			return ended(err)
 		}
 		if w.onChunk != nil {
 			w.onChunk(p.size())
@@ -197,23 +204,20 @@ func (w *Writer) planAndApply(up model.Update, full bool) error {
 		chunks++
 	}
 	if err := wrote(); err != nil {
-		stats.Frontends += p.stats.Frontends
-		stats.Writes += p.stats.Writes
-		p.stats, p.errs = stats, append(errs, p.errs...)
-		return errors.Join(append(p.errs, err)...)
+		count()
+		return ended(err)
 	}
 	w.finishSync(p, &r)
 	err := apply(w.m, p, !w.unbatched)
-	p.stats.Frontends += stats.Frontends
-	p.stats.Writes += stats.Writes
-	p.errs = append(errs, p.errs...)
+	count()
+	err = ended(err)
 	if chunks > 0 {
 		// A sync of several chunks (a first sync, a node change) is
 		// rare: the later ones are small and need not keep a chunk's
 		// memory for the agent's life.
 		*p = plan{removed: p.removed, stats: p.stats, errs: p.errs}
 	}
-	return errors.Join(append(p.errs, err)...)
+	return err
 }
 
 // Entries returns how many entries the Writer's maps hold as of its last
