@@ -52,6 +52,43 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tc6_snat_addrs_v1 SEC(".maps");
 
+/* The next hops of new flows (nexthop.h): per CPU, a direct-mapped cache
+ * of NH_SLOTS slots indexed by a hash of the key; a slot holds the last
+ * key that hashed there. The IPv6 twin is tc6_nexthop_v1. */
+#ifndef NH_SLOTS
+#define NH_SLOTS 1024
+#endif
+_Static_assert((NH_SLOTS & (NH_SLOTS - 1)) == 0, "NH_SLOTS is a power of two");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct nh4_slot);
+	__uint(max_entries, NH_SLOTS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tc4_nexthop_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct nh6_slot);
+	__uint(max_entries, NH_SLOTS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tc6_nexthop_v1 SEC(".maps");
+
+/* By family (NH_SHARE_IPV4, NH_SHARE_IPV6): NH_SHARE_ON where the agent
+ * found that a client's port cannot change its route (no multipath hash
+ * over ports, no routing rule on the source port), written before every
+ * sync of the family; NH_SHARE_OFF, as a new map starts, makes every new
+ * flow look its route up. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 2);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tc_nexthop_share_v1 SEC(".maps");
+
 /* The flow tracking below is written once for both families, as lb.h: v6
  * is a constant at every call and says whether an entry is a struct
  * ct6_entry or a struct ct4_entry, a key a struct ct6_key or a struct

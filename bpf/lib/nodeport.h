@@ -11,6 +11,7 @@
 #include "lb.h"
 #include "ct.h"
 #include "maglev.h"
+#include "nexthop.h"
 #include "parse.h"
 
 /* Source NAT ports: above the kernel's default ephemeral range
@@ -193,18 +194,29 @@ static __always_inline bool np_orig_valid(struct ct4_entry *e, const struct pkt4
  * kernel's own for the packet kube-proxy DNATs, from the client to the
  * backend, on the device it came in on. The route it finds is the one the
  * packet takes, as the kernel routes before it masquerades; the flow's entry
- * e keeps it (ct_fib_put), which spares the forwarding a second lookup. A
- * packet too big for the route's MTU is looked up again without its length,
- * for the address alone: the forwarding then finds it too big. */
+ * e keeps it (ct_fib_put), which spares the forwarding a second lookup.
+ * Where the agent lets them, the client's new flows to the backend in the
+ * same second share the next hop found for the first (nexthop.h). A packet
+ * too big for the route's MTU is looked up again without its length, for
+ * the address alone: the forwarding then finds it too big. */
 static __always_inline long np_snat_lookup(void *ctx, bool v6, struct bpf_fib_lookup *fib,
 					   __u32 len, void *e, __u32 now)
 {
+	void *slot = nh_shared(v6) ? nh_slot(v6, fib) : NULL;
 	long ret;
 
+	if (slot && nh_get(v6, slot, now, len, fib)) {
+		lb_count(LB_M_TC_NEXTHOP_SHARED);
+		ct_fib_put(e, v6, now, len, fib);
+		return BPF_FIB_LKUP_RET_SUCCESS;
+	}
 	fib->tot_len = len;
 	ret = bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
-	if (ret == BPF_FIB_LKUP_RET_SUCCESS)
+	if (ret == BPF_FIB_LKUP_RET_SUCCESS) {
 		ct_fib_put(e, v6, now, len, fib);
+		if (slot)
+			nh_put(v6, slot, e);
+	}
 	if (ret != BPF_FIB_LKUP_RET_FRAG_NEEDED)
 		return ret;
 	fib->tot_len = 0;

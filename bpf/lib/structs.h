@@ -427,6 +427,63 @@ struct tc6_snat_addr {
 	__be32 address[4];
 };
 
+/* A slot of tc4_nexthop (a per-CPU array, nexthop.h): the next hop that
+ * the FIB lookup of a new flow's first packet (nodeport.h np_snat_lookup)
+ * found, and the key it serves, everything that lookup is given but the
+ * client's port: the client, the backend and its port, the protocol, the
+ * TOS and the device the flow came in on. The agent lets a client's flows
+ * share a next hop only where the client's port cannot change the route
+ * (tc_nexthop_share). */
+struct nh4_key {
+	__be32 saddr;
+	__be32 daddr;
+	__u32 ifindex;
+	__be16 dport;
+	__u8 proto;
+	__u8 tos;
+};
+
+/* struct nh4_key for IPv6 (no TOS: the lookup is given no traffic class or
+ * flow label). */
+struct nh6_key {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__u32 ifindex;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad;
+};
+
+/* The next hop of a slot, as struct ct4_entry's fib_* fields keep a
+ * flow's (the same layout): the device (0: none), the largest packet (IP
+ * length) the lookup let through, the low 16 bits of the second it was
+ * made in (only that second's new flows take it) and the MAC addresses. */
+struct nh_entry {
+	__u32 ifindex;
+	__u16 len;
+	__u16 at;
+	__u8 dmac[6];
+	__u8 smac[6];
+};
+
+struct nh4_slot {
+	struct nh4_key key;
+	struct nh_entry nh;
+};
+
+struct nh6_slot {
+	struct nh6_key key;
+	struct nh_entry nh;
+};
+
+/* Values of tc_nexthop_share, by family (NH_SHARE_IPV4, NH_SHARE_IPV6). */
+enum {
+	NH_SHARE_IPV4 = 0,
+	NH_SHARE_IPV6 = 1,
+	NH_SHARE_OFF = 0, /* every new flow is looked up (the default) */
+	NH_SHARE_ON = 1,  /* a client's new flows share a next hop (nexthop.h) */
+};
+
 /* Indices of lb_metrics: per-CPU packet and event counters. */
 enum lb_metric {
 	LB_M_XLATE_TCP = 0,	/* TCP connect translated */
@@ -466,6 +523,7 @@ enum lb_metric {
 	LB_M_TC_SNAT_LATE,	 /* TC: backend's late packet of a reused port, to the stack */
 	LB_M_TC_RESET,		 /* TC: TCP flow to a removed backend reset */
 	LB_M_TC_RESET_FAIL,	 /* TC: could not build that reset */
+	LB_M_TC_NEXTHOP_SHARED,	 /* TC/XDP: new flow's next hop from the client's earlier flow */
 	LB_M_MAX,
 };
 

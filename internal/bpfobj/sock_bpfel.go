@@ -156,7 +156,8 @@ const (
 	SockLbMetricLB_M_TC_SNAT_LATE       SockLbMetric = 34
 	SockLbMetricLB_M_TC_RESET           SockLbMetric = 35
 	SockLbMetricLB_M_TC_RESET_FAIL      SockLbMetric = 36
-	SockLbMetricLB_M_MAX                SockLbMetric = 37
+	SockLbMetricLB_M_TC_NEXTHOP_SHARED  SockLbMetric = 37
+	SockLbMetricLB_M_MAX                SockLbMetric = 38
 )
 
 type SockSock4RangeTag struct {

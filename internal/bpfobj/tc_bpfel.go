@@ -214,8 +214,50 @@ const (
 	TcLbMetricLB_M_TC_SNAT_LATE       TcLbMetric = 34
 	TcLbMetricLB_M_TC_RESET           TcLbMetric = 35
 	TcLbMetricLB_M_TC_RESET_FAIL      TcLbMetric = 36
-	TcLbMetricLB_M_MAX                TcLbMetric = 37
+	TcLbMetricLB_M_TC_NEXTHOP_SHARED  TcLbMetric = 37
+	TcLbMetricLB_M_MAX                TcLbMetric = 38
 )
+
+type TcNh4Key struct {
+	_       structs.HostLayout
+	Saddr   uint32
+	Daddr   uint32
+	Ifindex uint32
+	Dport   uint16
+	Proto   uint8
+	Tos     uint8
+}
+
+type TcNh4Slot struct {
+	_   structs.HostLayout
+	Key TcNh4Key
+	Nh  TcNhEntry
+}
+
+type TcNh6Key struct {
+	_       structs.HostLayout
+	Saddr   [4]uint32
+	Daddr   [4]uint32
+	Ifindex uint32
+	Dport   uint16
+	Proto   uint8
+	Pad     uint8
+}
+
+type TcNh6Slot struct {
+	_   structs.HostLayout
+	Key TcNh6Key
+	Nh  TcNhEntry
+}
+
+type TcNhEntry struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Len     uint16
+	At      uint16
+	Dmac    [6]uint8
+	Smac    [6]uint8
+}
 
 type TcSock4Revnat struct {
 	_        structs.HostLayout
@@ -310,9 +352,12 @@ const (
 	TcMapSock6RevnatV1     = "sock6_revnat_v1"
 	TcMapSock6UdpFwdV1     = "sock6_udp_fwd_v1"
 	TcMapTc4CtV1           = "tc4_ct_v1"
+	TcMapTc4NexthopV1      = "tc4_nexthop_v1"
 	TcMapTc4SnatAddrsV1    = "tc4_snat_addrs_v1"
 	TcMapTc6CtV1           = "tc6_ct_v1"
+	TcMapTc6NexthopV1      = "tc6_nexthop_v1"
 	TcMapTc6SnatAddrsV1    = "tc6_snat_addrs_v1"
+	TcMapTcNexthopShareV1  = "tc_nexthop_share_v1"
 	TcProgTcEgress         = "tc_egress"
 	TcProgTcIngress        = "tc_ingress"
 	TcVarMaglevTableSize   = "maglev_table_size"
@@ -395,9 +440,12 @@ type TcMapSpecs struct {
 	Sock6RevnatV1     *ebpf.MapSpec `ebpf:"sock6_revnat_v1"`
 	Sock6UdpFwdV1     *ebpf.MapSpec `ebpf:"sock6_udp_fwd_v1"`
 	Tc4CtV1           *ebpf.MapSpec `ebpf:"tc4_ct_v1"`
+	Tc4NexthopV1      *ebpf.MapSpec `ebpf:"tc4_nexthop_v1"`
 	Tc4SnatAddrsV1    *ebpf.MapSpec `ebpf:"tc4_snat_addrs_v1"`
 	Tc6CtV1           *ebpf.MapSpec `ebpf:"tc6_ct_v1"`
+	Tc6NexthopV1      *ebpf.MapSpec `ebpf:"tc6_nexthop_v1"`
 	Tc6SnatAddrsV1    *ebpf.MapSpec `ebpf:"tc6_snat_addrs_v1"`
+	TcNexthopShareV1  *ebpf.MapSpec `ebpf:"tc_nexthop_share_v1"`
 }
 
 // TcVariableSpecs contains global variables before they are loaded into the kernel.
@@ -454,9 +502,12 @@ type TcMaps struct {
 	Sock6RevnatV1     *ebpf.Map `ebpf:"sock6_revnat_v1"`
 	Sock6UdpFwdV1     *ebpf.Map `ebpf:"sock6_udp_fwd_v1"`
 	Tc4CtV1           *ebpf.Map `ebpf:"tc4_ct_v1"`
+	Tc4NexthopV1      *ebpf.Map `ebpf:"tc4_nexthop_v1"`
 	Tc4SnatAddrsV1    *ebpf.Map `ebpf:"tc4_snat_addrs_v1"`
 	Tc6CtV1           *ebpf.Map `ebpf:"tc6_ct_v1"`
+	Tc6NexthopV1      *ebpf.Map `ebpf:"tc6_nexthop_v1"`
 	Tc6SnatAddrsV1    *ebpf.Map `ebpf:"tc6_snat_addrs_v1"`
+	TcNexthopShareV1  *ebpf.Map `ebpf:"tc_nexthop_share_v1"`
 }
 
 func (m *TcMaps) Close() error {
@@ -486,9 +537,12 @@ func (m *TcMaps) Close() error {
 		m.Sock6RevnatV1,
 		m.Sock6UdpFwdV1,
 		m.Tc4CtV1,
+		m.Tc4NexthopV1,
 		m.Tc4SnatAddrsV1,
 		m.Tc6CtV1,
+		m.Tc6NexthopV1,
 		m.Tc6SnatAddrsV1,
+		m.TcNexthopShareV1,
 	)
 }
 

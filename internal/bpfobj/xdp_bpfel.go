@@ -214,8 +214,51 @@ const (
 	XdpLbMetricLB_M_TC_SNAT_LATE       XdpLbMetric = 34
 	XdpLbMetricLB_M_TC_RESET           XdpLbMetric = 35
 	XdpLbMetricLB_M_TC_RESET_FAIL      XdpLbMetric = 36
-	XdpLbMetricLB_M_MAX                XdpLbMetric = 37
+	XdpLbMetricLB_M_TC_NEXTHOP_SHARED  XdpLbMetric = 37
+	XdpLbMetricLB_M_MAX                XdpLbMetric = 38
 )
+
+type XdpNh4Slot struct {
+	_   structs.HostLayout
+	Key struct {
+		_       structs.HostLayout
+		Saddr   uint32
+		Daddr   uint32
+		Ifindex uint32
+		Dport   uint16
+		Proto   uint8
+		Tos     uint8
+	}
+	Nh struct {
+		_       structs.HostLayout
+		Ifindex uint32
+		Len     uint16
+		At      uint16
+		Dmac    [6]uint8
+		Smac    [6]uint8
+	}
+}
+
+type XdpNh6Slot struct {
+	_   structs.HostLayout
+	Key struct {
+		_       structs.HostLayout
+		Saddr   [4]uint32
+		Daddr   [4]uint32
+		Ifindex uint32
+		Dport   uint16
+		Proto   uint8
+		Pad     uint8
+	}
+	Nh struct {
+		_       structs.HostLayout
+		Ifindex uint32
+		Len     uint16
+		At      uint16
+		Dmac    [6]uint8
+		Smac    [6]uint8
+	}
+}
 
 type XdpSock4Revnat struct {
 	_        structs.HostLayout
@@ -310,9 +353,12 @@ const (
 	XdpMapSock6RevnatV1     = "sock6_revnat_v1"
 	XdpMapSock6UdpFwdV1     = "sock6_udp_fwd_v1"
 	XdpMapTc4CtV1           = "tc4_ct_v1"
+	XdpMapTc4NexthopV1      = "tc4_nexthop_v1"
 	XdpMapTc4SnatAddrsV1    = "tc4_snat_addrs_v1"
 	XdpMapTc6CtV1           = "tc6_ct_v1"
+	XdpMapTc6NexthopV1      = "tc6_nexthop_v1"
 	XdpMapTc6SnatAddrsV1    = "tc6_snat_addrs_v1"
+	XdpMapTcNexthopShareV1  = "tc_nexthop_share_v1"
 	XdpMapXdp4DevsV1        = "xdp4_devs_v1"
 	XdpProgXdpNodeport      = "xdp_nodeport"
 	XdpProgXdpNodeportSkb   = "xdp_nodeport_skb"
@@ -396,9 +442,12 @@ type XdpMapSpecs struct {
 	Sock6RevnatV1     *ebpf.MapSpec `ebpf:"sock6_revnat_v1"`
 	Sock6UdpFwdV1     *ebpf.MapSpec `ebpf:"sock6_udp_fwd_v1"`
 	Tc4CtV1           *ebpf.MapSpec `ebpf:"tc4_ct_v1"`
+	Tc4NexthopV1      *ebpf.MapSpec `ebpf:"tc4_nexthop_v1"`
 	Tc4SnatAddrsV1    *ebpf.MapSpec `ebpf:"tc4_snat_addrs_v1"`
 	Tc6CtV1           *ebpf.MapSpec `ebpf:"tc6_ct_v1"`
+	Tc6NexthopV1      *ebpf.MapSpec `ebpf:"tc6_nexthop_v1"`
 	Tc6SnatAddrsV1    *ebpf.MapSpec `ebpf:"tc6_snat_addrs_v1"`
+	TcNexthopShareV1  *ebpf.MapSpec `ebpf:"tc_nexthop_share_v1"`
 	Xdp4DevsV1        *ebpf.MapSpec `ebpf:"xdp4_devs_v1"`
 }
 
@@ -456,9 +505,12 @@ type XdpMaps struct {
 	Sock6RevnatV1     *ebpf.Map `ebpf:"sock6_revnat_v1"`
 	Sock6UdpFwdV1     *ebpf.Map `ebpf:"sock6_udp_fwd_v1"`
 	Tc4CtV1           *ebpf.Map `ebpf:"tc4_ct_v1"`
+	Tc4NexthopV1      *ebpf.Map `ebpf:"tc4_nexthop_v1"`
 	Tc4SnatAddrsV1    *ebpf.Map `ebpf:"tc4_snat_addrs_v1"`
 	Tc6CtV1           *ebpf.Map `ebpf:"tc6_ct_v1"`
+	Tc6NexthopV1      *ebpf.Map `ebpf:"tc6_nexthop_v1"`
 	Tc6SnatAddrsV1    *ebpf.Map `ebpf:"tc6_snat_addrs_v1"`
+	TcNexthopShareV1  *ebpf.Map `ebpf:"tc_nexthop_share_v1"`
 	Xdp4DevsV1        *ebpf.Map `ebpf:"xdp4_devs_v1"`
 }
 
@@ -489,9 +541,12 @@ func (m *XdpMaps) Close() error {
 		m.Sock6RevnatV1,
 		m.Sock6UdpFwdV1,
 		m.Tc4CtV1,
+		m.Tc4NexthopV1,
 		m.Tc4SnatAddrsV1,
 		m.Tc6CtV1,
+		m.Tc6NexthopV1,
 		m.Tc6SnatAddrsV1,
+		m.TcNexthopShareV1,
 		m.Xdp4DevsV1,
 	)
 }

@@ -500,6 +500,7 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_TC_SNAT_LATE:       "tc_snat_late_packet_to_stack",
 	bpfobj.SockLbMetricLB_M_TC_RESET:           "tc_reset_backend_removed",
 	bpfobj.SockLbMetricLB_M_TC_RESET_FAIL:      "tc_reset_failed",
+	bpfobj.SockLbMetricLB_M_TC_NEXTHOP_SHARED:  "tc_nexthop_shared",
 }
 
 // CounterDescriptions say in words what each counter of CounterNames
@@ -542,6 +543,7 @@ var CounterDescriptions = []string{
 	bpfobj.SockLbMetricLB_M_TC_SNAT_LATE:       "TC: a backend's late packet of a reused port handed to the stack",
 	bpfobj.SockLbMetricLB_M_TC_RESET:           "TC: TCP flow to a removed backend reset",
 	bpfobj.SockLbMetricLB_M_TC_RESET_FAIL:      "TC: that reset could not be built",
+	bpfobj.SockLbMetricLB_M_TC_NEXTHOP_SHARED:  "TC/XDP: a new flow's next hop taken from the client's earlier flow of the second, not looked up",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,

@@ -125,6 +125,9 @@ var rebuiltMaps = map[string]bool{
 	bpfobj.TcMapTc4SnatAddrsV1:     true,
 	bpfobj.TcMapTc6CtV1:            true,
 	bpfobj.TcMapTc6SnatAddrsV1:     true,
+	bpfobj.TcMapTc4NexthopV1:       true,
+	bpfobj.TcMapTc6NexthopV1:       true,
+	bpfobj.TcMapTcNexthopShareV1:   true,
 	bpfobj.XdpMapXdp4DevsV1:        true,
 }
 

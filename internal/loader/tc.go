@@ -466,6 +466,26 @@ func (l *TCLoaded) SetIPv6SNAT(addrs map[int]netip.Addr) error {
 		func(a netip.Addr) bpfobj.TcTc6SnatAddr { return bpfobj.TcTc6SnatAddr{Address: be32Addr6(a)} })
 }
 
+// SetNexthopSharing says whether a client's new flows of a family (v6 for
+// IPv6) share the next hop the first of them found in the same second
+// (bpf/lib/nexthop.h), in tc_nexthop_share_v1: only where the client's
+// port cannot change the route, which the caller judges. Until it is
+// called the programs look up every new flow.
+func (l *TCLoaded) SetNexthopSharing(v6, on bool) error {
+	// The keys and values are bpf/lib/structs.h's NH_SHARE_*.
+	fam, val := uint32(0), uint32(0)
+	if v6 {
+		fam = 1
+	}
+	if on {
+		val = 1
+	}
+	if err := l.Objects.TcNexthopShareV1.Put(fam, val); err != nil {
+		return fmt.Errorf("next hop sharing of family %d: %w", fam, err)
+	}
+	return nil
+}
+
 // setSNAT writes addrs (ifindex -> address of the family, which is checks)
 // to m, a source NAT address map, and removes every other device's entry.
 func setSNAT[V any](m *ebpf.Map, addrs map[int]netip.Addr, family string, is func(netip.Addr) bool, enc func(netip.Addr) V) error {

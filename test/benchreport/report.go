@@ -34,6 +34,7 @@ var chartPaths = []string{
 	"tracked flow, remote backend (SNAT)",
 	"reply from a remote backend (SNAT)",
 	"new flow, remote backend (SNAT)",
+	"new flow of a new client, remote backend (SNAT)",
 	"tracked flow, local backend",
 }
 

@@ -13,12 +13,21 @@ import (
 // programs (pktest.BenchWith: repeated runs where the packet comes out
 // unchanged, single runs on fresh copies where it is rewritten). "new flow"
 // paths forget the flow before every run, outside the timed part; the
-// others run against a flow set up once.
+// others run against a flow set up once. Next hops are shared between a
+// client's new flows, as the agent lets them be on this routing
+// (bpf/lib/nexthop.h): "new flow" is a known client's, "new flow of a new
+// client" forgets the shared next hops too and pays the FIB lookup.
 func BenchmarkPaths(b *testing.B) {
 	f := newFixture(b, loadOptions{snatMin: 61000, snatMax: 65535})
 	f.sync(b, fixtureState())
+	f.shareNexthops(b, false, true)
 	reset := func() error {
 		f.resetCT(b)
+		return nil
+	}
+	resetAll := func() error {
+		f.resetCT(b)
+		f.forgetNexthop(b, loopbackIfindex, client.Addr(), remoteWeb)
 		return nil
 	}
 	synLocal := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.SYN)).Bytes()
@@ -31,6 +40,7 @@ func BenchmarkPaths(b *testing.B) {
 		{name: "egress/not a reply", frame: toRouter(pktest.TCP(np(22), client, pktest.ACK)).Bytes()},
 		{name: "ingress/new flow, local backend", frame: synLocal, beforeRun: reset},
 		{name: "ingress/new flow, remote backend (SNAT)", frame: synRemote, beforeRun: reset},
+		{name: "ingress/new flow of a new client, remote backend (SNAT)", frame: synRemote, beforeRun: resetAll},
 		{name: "ingress/tracked flow, local backend", frame: ackLocal, prime: [][]byte{synLocal}},
 		{name: "ingress/tracked flow, remote backend (SNAT)", frame: ackRemote, prime: [][]byte{synRemote}},
 		{name: "egress/reply from a local backend", egress: true, frame: toRouter(pktest.TCP(localWeb, client, pktest.ACK)).Bytes(), prime: [][]byte{synLocal}},
@@ -76,6 +86,7 @@ func BenchmarkXDPPaths(b *testing.B) {
 		x := newXFam(b, name, loadOptions{snatMin: 61000, snatMax: 65535})
 		xo := x.f.loadXDP(b, x.f.ifindex)
 		x.sync(b, x.fixtureState())
+		x.f.shareNexthops(b, x.v6, true)
 		fams = append(fams, fam{x, xo})
 	}
 	type path struct {
@@ -102,6 +113,13 @@ func BenchmarkXDPPaths(b *testing.B) {
 		{"xdp/new flow, remote backend (SNAT)", func(x *xfam) path {
 			return path{frame: x.tcp(x.client, x.np(npWebRemote), pktest.SYN).fromOutside().Bytes(), beforeRun: resetter(b, x)}
 		}},
+		{"xdp/new flow of a new client, remote backend (SNAT)", func(x *xfam) path {
+			return path{frame: x.tcp(x.client, x.np(npWebRemote), pktest.SYN).fromOutside().Bytes(), beforeRun: func() error {
+				x.resetCT(b)
+				x.f.forgetNexthop(b, loopbackIfindex, x.client.Addr(), x.remoteWeb)
+				return nil
+			}}
+		}},
 		{"xdp/tracked flow, remote backend (SNAT)", func(x *xfam) path {
 			return path{
 				frame: x.tcp(x.client, x.np(npWebRemote), pktest.ACK).fromOutside().Bytes(),
@@ -122,7 +140,7 @@ func BenchmarkXDPPaths(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				pktest.BenchWith(b, fm.xo.XdpNodeport, pp.frame, pktest.BenchOptions{Do: x.f.ns.Do, BeforeRun: pp.beforeRun})
+				pktest.BenchWith(b, fm.xo.XdpNodeport, pp.frame, pktest.BenchOptions{Do: onOneCPU(x.f.ns.Do), BeforeRun: pp.beforeRun})
 			})
 		}
 	}
@@ -168,8 +186,14 @@ func resetter(tb testing.TB, x *xfam) func() error {
 func BenchmarkPathsIPv6(b *testing.B) {
 	f := newFixture6(b, loadOptions{})
 	f.sync6(b, fixtureState6())
+	f.shareNexthops(b, true, true)
 	reset := func() error {
 		f.resetCT6(b)
+		return nil
+	}
+	resetAll := func() error {
+		f.resetCT6(b)
+		f.forgetNexthop(b, loopbackIfindex, client6.Addr(), remoteWeb6)
 		return nil
 	}
 	synLocal := fromOutside(pktest.TCP6(client6, np6(npWebLocal), pktest.SYN)).Bytes()
@@ -181,6 +205,7 @@ func BenchmarkPathsIPv6(b *testing.B) {
 		{name: "egress/not a reply", frame: toRouter(pktest.TCP6(np6(22), client6, pktest.ACK)).Bytes()},
 		{name: "ingress/new flow, local backend", frame: synLocal, beforeRun: reset},
 		{name: "ingress/new flow, remote backend (SNAT)", frame: synRemote, beforeRun: reset},
+		{name: "ingress/new flow of a new client, remote backend (SNAT)", frame: synRemote, beforeRun: resetAll},
 		{name: "ingress/tracked flow, local backend", frame: ackLocal, prime: [][]byte{synLocal}},
 		{name: "ingress/tracked flow, remote backend (SNAT)", frame: ackRemote, prime: [][]byte{synRemote}},
 		{name: "egress/reply from a local backend", egress: true, frame: toRouter(pktest.TCP6(localWeb6, client6, pktest.ACK)).Bytes(), prime: [][]byte{synLocal}},
@@ -188,6 +213,11 @@ func BenchmarkPathsIPv6(b *testing.B) {
 		{name: "ingress/policy Local, none here: drop", frame: fromOutside(pktest.TCP6(client6, np6(npElsewhere), pktest.SYN)).Bytes()},
 	})
 }
+
+// loopbackIfindex is the device the kernel's benchmark runs give a frame
+// as the one it came in on (BPF_PROG_TEST_RUN without a context): the
+// namespace's loopback.
+const loopbackIfindex = 1
 
 // benchPath is one path of the TC programs to time.
 type benchPath struct {
@@ -214,7 +244,7 @@ func benchPaths(b *testing.B, f *fixture, reset func(testing.TB), paths []benchP
 					b.Fatal(err)
 				}
 			}
-			pktest.BenchWith(b, prog, p.frame, pktest.BenchOptions{Do: f.ns.Do, BeforeRun: p.beforeRun})
+			pktest.BenchWith(b, prog, p.frame, pktest.BenchOptions{Do: onOneCPU(f.ns.Do), BeforeRun: p.beforeRun})
 		})
 	}
 }

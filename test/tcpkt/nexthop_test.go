@@ -1,14 +1,19 @@
 package tcpkt_test
 
 import (
+	"math/bits"
 	"net"
+	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
 )
 
@@ -103,4 +108,145 @@ func waitNextSecond(tb testing.TB) {
 		tb.Fatal(err)
 	}
 	time.Sleep(time.Second - time.Duration(ts.Nsec) + 10*time.Millisecond)
+}
+
+// TestNewFlowsShareAClientsNextHop: where the agent lets them
+// (tc_nexthop_share_v1), a client's new flows to a backend take the next
+// hop its earlier flow found in the same second instead of looking it up,
+// by the tracked flows' rule: a changed neighbour reaches the client's new
+// flows from the next second on, another client's at once, and a packet
+// longer than the shared lookup let through is looked up. With sharing
+// off, every new flow is looked up.
+func TestNewFlowsShareAClientsNextHop(t *testing.T) {
+	for _, hook := range []struct {
+		name string
+		tc   bool
+		sent pktest.Verdict
+	}{
+		{name: "XDP", sent: pktest.XDPTX},
+		{name: "TC", tc: true, sent: pktest.TCActRedirect},
+	} {
+		t.Run(hook.name, func(t *testing.T) {
+			eachFamily(t, func(t *testing.T, fam string) {
+				x := newXFam(t, fam, loadOptions{})
+				f := x.f
+				xo := f.loadXDP(t, f.ifindex)
+				x.sync(t, x.fixtureState())
+				share := func(on bool) { f.shareNexthops(t, x.v6, on) }
+				nodeB := nodeBAddr
+				if x.v6 {
+					nodeB = nodeB6
+				}
+				setMAC := func(mac net.HardwareAddr) {
+					t.Helper()
+					if err := f.ns.Netlink().NeighSet(&netlink.Neigh{LinkIndex: int(f.ifindex), Family: family(x.v6), State: netlink.NUD_PERMANENT,
+						IP: nodeB.AsSlice(), HardwareAddr: mac}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				moved := net.HardwareAddr{0x02, 0x77, 0x00, 0x00, 0x00, 0x99}
+				syn := func(client netip.AddrPort) xpkt { return x.tcp(client, x.np(npWebRemote), pktest.SYN) }
+				sent := func(mac net.HardwareAddr) []byte {
+					return x.tcp(x.snatSrc(), x.remoteWeb, pktest.SYN).forwarded().WithMACs(deviceMAC, mac).Bytes()
+				}
+				// Each row is a new flow: the fixture has one source NAT
+				// port, free again once the flows are forgotten.
+				run := func(name string, in xpkt, out []byte, shared uint64) {
+					t.Helper()
+					x.resetCT(t)
+					setup, check := f.counted(bpfobj.TcLbMetricLB_M_TC_NEXTHOP_SHARED, shared)
+					r := xrow{tc: hook.tc, Case: pktest.Case{Name: name, In: in.fromOutside().Bytes(), Verdict: hook.sent, Out: out, Setup: setup, Check: check}}
+					f.runXDP(t, xo, []xrow{r})
+				}
+
+				share(true)
+				waitNextSecond(t)
+				run("a client's first flow looks its next hop up", syn(x.client), sent(nodeBMAC), 0)
+				setMAC(moved)
+				run("its next flow of the second shares that next hop", syn(x.client), sent(nodeBMAC), 1)
+				f.forgetNexthop(t, f.ifindex, x.client.Addr(), x.remoteWeb)
+				run("a client whose slot another key took is looked up", syn(x.client), sent(moved), 0)
+				setMAC(nodeBMAC)
+				run("another client's flow is looked up: node-b's MAC now", syn(x.client2), sent(nodeBMAC), 0)
+				setMAC(moved)
+				run("a longer packet than the shared lookup's is looked up", syn(x.client).WithPayload(make([]byte, 200)),
+					x.tcp(x.snatSrc(), x.remoteWeb, pktest.SYN).WithPayload(make([]byte, 200)).forwarded().WithMACs(deviceMAC, moved).Bytes(), 0)
+				waitNextSecond(t)
+				run("from the next second on, the client's flows take the new MAC", syn(x.client), sent(moved), 0)
+
+				share(false)
+				setMAC(nodeBMAC)
+				run("sharing off: the client's next flow of the second is looked up", syn(x.client), sent(nodeBMAC), 0)
+			})
+		})
+	}
+}
+
+// shareNexthops turns the sharing of next hops between a client's new
+// flows of a family (v6 for IPv6) on or off, as the agent does
+// (internal/dataplane/bpf nexthop.go: on, on the fixture's routing).
+func (f *fixture) shareNexthops(tb testing.TB, v6, on bool) {
+	tb.Helper()
+	key, val := uint32(0), uint32(0)
+	if v6 {
+		key = 1
+	}
+	if on {
+		val = 1
+	}
+	if err := f.objs.TcNexthopShareV1.Put(key, val); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// forgetNexthop empties, on every CPU, the slot of the next hop cache
+// that a new flow from client to backend through device ifindex takes
+// (bpf/lib/nexthop.h nh_slot), so that the flow's lookup misses as a new
+// client's does, touching nothing else.
+func (f *fixture) forgetNexthop(tb testing.TB, ifindex uint32, client netip.Addr, backend netip.AddrPort) {
+	tb.Helper()
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	// nh_slot hashes the device's index where a flow hash has the source
+	// port, in network order.
+	dev := netip.AddrPortFrom(client, bits.ReverseBytes16(uint16(ifindex)))
+	if client.Is4() {
+		l := maps.NewLookups(maps.LookupMaps{})
+		idx := l.FlowHash(dev, backend, model.TCP) & (f.objs.Tc4NexthopV1.MaxEntries() - 1)
+		err = f.objs.Tc4NexthopV1.Put(idx, make([]bpfobj.TcNh4Slot, cpus))
+	} else {
+		l := maps.NewLookups6(maps.LookupMaps6{})
+		idx := l.FlowHash(dev, backend, model.TCP) & (f.objs.Tc6NexthopV1.MaxEntries() - 1)
+		err = f.objs.Tc6NexthopV1.Put(idx, make([]bpfobj.TcNh6Slot, cpus))
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// onOneCPU wraps do (a fixture namespace's Do) so that the runs it wraps
+// stay on one CPU, the first the thread may use: the next hop cache is per
+// CPU, and a run that moved to another CPU would find that CPU's.
+func onOneCPU(do func(func() error) error) func(func() error) error {
+	return func(run func() error) error {
+		return do(func() error {
+			var old, one unix.CPUSet
+			if err := unix.SchedGetaffinity(0, &old); err != nil {
+				return err
+			}
+			for c := range 1024 {
+				if old.IsSet(c) {
+					one.Set(c)
+					break
+				}
+			}
+			if err := unix.SchedSetaffinity(0, &one); err != nil {
+				return err
+			}
+			defer unix.SchedSetaffinity(0, &old) //nolint:errcheck // the thread's own mask, as it was
+			return run()
+		})
+	}
 }

@@ -212,7 +212,7 @@ func (f *fixture) runXDP(t *testing.T, x *bpfobj.XdpObjects, rows []xrow) {
 	t.Helper()
 	for _, r := range rows {
 		c := r.Case
-		c.Do = f.ns.Do
+		c.Do = onOneCPU(f.ns.Do)
 		idx := f.ifindex
 		if r.ifindex != 0 {
 			idx = r.ifindex

@@ -3,11 +3,15 @@ package bpf_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"testing"
+
+	"github.com/cilium/ebpf"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
@@ -62,8 +66,54 @@ func start(t *testing.T, node *behaviour.Node, devices []string) *bpf.Dataplane 
 // TestTrafficFollowsTheModelVerdicts runs the behaviour table, the one the
 // fallback dataplanes run, with real traffic through the BPF dataplane.
 func TestTrafficFollowsTheModelVerdicts(t *testing.T) {
-	e := behaviour.NewEnv(t, factory)
+	var pins []string
+	e := behaviour.NewEnv(t, func(t *testing.T, node *behaviour.Node) dataplane.Dataplane {
+		pins = append(pins, node.BPFFS)
+		return factory(t, node)
+	})
 	behaviour.Run(t, e, behaviour.Cases())
+	checkNexthopsShared(t, pins, false)
+}
+
+// checkNexthopsShared checks that the dataplanes pinned under pins let a
+// client's new flows of the family (v6 for IPv6) share their next hop, as
+// the sandbox's routing allows (nexthop.go), and that the table's clients
+// from outside took a shared next hop at least once.
+func checkNexthopsShared(t *testing.T, pins []string, v6 bool) {
+	t.Helper()
+	key := uint32(0)
+	if v6 {
+		key = 1
+	}
+	var shared uint64
+	for _, bpffs := range pins {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(bpffs, "maps", bpfobj.TcMapTcNexthopShareV1), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var on uint32
+		err = m.Lookup(key, &on)
+		m.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if on != 1 {
+			t.Errorf("%s: next hop sharing of family %d is %d, want 1", bpffs, key, on)
+		}
+		counters, err := ebpf.LoadPinnedMap(filepath.Join(bpffs, "maps", bpfobj.SockMapLbMetricsV1), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := loader.ReadCounters(counters)
+		counters.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		shared += n[bpfobj.SockLbMetricLB_M_TC_NEXTHOP_SHARED]
+	}
+	if shared == 0 {
+		t.Errorf("no new flow from outside took a shared next hop")
+	}
 }
 
 // factory6 starts the BPF dataplane as factory does and returns its IPv6
@@ -77,8 +127,13 @@ func factory6(t *testing.T, node *behaviour.Node) dataplane.Dataplane {
 // socket programs for clients on a node, the TC programs for traffic from
 // outside the cluster.
 func TestIPv6TrafficFollowsTheModelVerdicts(t *testing.T) {
-	e := behaviour.NewEnv6(t, factory6)
+	var pins []string
+	e := behaviour.NewEnv6(t, func(t *testing.T, node *behaviour.Node) dataplane.Dataplane {
+		pins = append(pins, node.BPFFS)
+		return factory6(t, node)
+	})
 	behaviour.Run(t, e, behaviour.Cases())
+	checkNexthopsShared(t, pins, true)
 }
 
 // TestIPv6OnlyNodeFindsItsDevicesByItsIPv6Addresses starts the BPF

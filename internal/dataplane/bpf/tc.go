@@ -16,6 +16,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sysctl"
 )
 
 // localAddrs are the addresses of both families of the node's devices,
@@ -86,6 +87,12 @@ type tcAttacher struct {
 	snat  [2]map[string]netip.Addr
 	ns    vnetns.NsHandle
 	nl    *netlink.Handle
+	// share is each family's next hop sharing as last written (0 not
+	// yet, 1 on, -1 off, shareWhy why off), sys where its parameters are
+	// read (nexthopSharing).
+	share    [2]int8
+	shareWhy [2]string
+	sys      sysctl.Sysctl
 	// preloaded gives, once, the TC programs loaded in the background
 	// from start-up, when the devices are known only at the first sync:
 	// that sync then attaches them, not waiting for the verifier. nil
@@ -134,6 +141,7 @@ func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)
 		xdpMode: c.XDP,
 		metrics: c.Metrics,
 		strays:  map[netip.Addr]bool{},
+		sys:     sysctl.Default,
 	}
 	if len(a.devices) > 0 {
 		if err := a.attach(); err != nil {
@@ -188,6 +196,9 @@ func (a *tcAttacher) prepare(node *model.Node, v6 bool) error {
 		}
 	}
 	a.warnStrays(node.Addrs)
+	if err := a.shareNexthops(f, v6); err != nil {
+		return err
+	}
 	next := map[string]netip.Addr{}
 	addrs := map[int]netip.Addr{}
 	changed := false
@@ -215,6 +226,44 @@ func (a *tcAttacher) prepare(node *model.Node, v6 bool) error {
 		return err
 	}
 	a.snat[f] = next
+	return nil
+}
+
+// shareNexthops tells the programs whether a client's new flows of
+// family f share their next hop (nexthopSharing), when that changed since
+// the last sync of the family, and logs the change. What cannot be read
+// turns sharing off, which is always correct, rather than failing the sync.
+func (a *tcAttacher) shareNexthops(f int, v6 bool) error {
+	var on bool
+	var why string
+	err := netns.DoHandle(a.ns, func() error {
+		var err error
+		on, why, err = nexthopSharing(a.nl, a.sys, v6)
+		return err
+	})
+	if err != nil {
+		on, why = false, err.Error()
+	}
+	state := int8(-1)
+	if on {
+		state = 1
+	}
+	if a.share[f] == state && a.shareWhy[f] == why {
+		return nil
+	}
+	if err := a.loaded.SetNexthopSharing(v6, on); err != nil {
+		return err
+	}
+	family := "IPv4"
+	if v6 {
+		family = "IPv6"
+	}
+	if on {
+		a.log.Info("a client's new flows to a backend share the next hop found in the same second", zap.String("family", family))
+	} else {
+		a.log.Info("every new flow's next hop is looked up", zap.String("family", family), zap.String("reason", why))
+	}
+	a.share[f], a.shareWhy[f] = state, why
 	return nil
 }
 

@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The next hop of a new flow from a client's earlier flow to the same
+ * backend (tc4_nexthop_v1, tc6_nexthop_v1): a new flow's FIB lookup is
+ * the most expensive step of its first packet (about 200 ns over IPv4 and
+ * 450 over IPv6 on 6.18), and a client opening connection after connection
+ * to a NodePort (a load balancer's health checks, its few source
+ * addresses in front of many users) asks the same question every time.
+ *
+ * A next hop found in one second serves the new flows of that second
+ * only, by the rule a flow's own next hop follows (ct.h ct_fib_get): a
+ * route or neighbour change reaches new flows within a second, and a
+ * packet longer than the lookup let through is looked up, so that the MTU
+ * is still checked. The key holds everything the lookup is given but the
+ * client's port, which changes the route only under a multipath hash over
+ * ports or a routing rule on the source port: where the agent sees either,
+ * it turns sharing off for the family (tc_nexthop_share_v1) and every new
+ * flow is looked up as before.
+ *
+ * The cache is a per-CPU array of slots indexed by a hash of the key,
+ * each holding the last key that hashed there: a lookup is an array
+ * access and a comparison, a miss overwrites the slot, with no allocation
+ * or lock (an LRU map's insert costs a new client's first flow about
+ * 200 ns). A program runs on one CPU to its end, and no other program of
+ * this cache runs on that CPU meanwhile, so a slot is never read half
+ * written. */
+#ifndef EBPF_PROXY_NEXTHOP_H
+#define EBPF_PROXY_NEXTHOP_H
+
+#include "ct.h"
+#include "maglev.h"
+
+/* nh_put takes a flow entry's fib_* fields as a struct nh_entry. */
+#define NH_AT(t, f) (__builtin_offsetof(struct t, f) - __builtin_offsetof(struct t, fib_ifindex))
+_Static_assert(NH_AT(ct4_entry, fib_smac) == __builtin_offsetof(struct nh_entry, smac) &&
+		       NH_AT(ct6_entry, fib_smac) == __builtin_offsetof(struct nh_entry, smac) &&
+		       NH_AT(ct4_entry, fib_dmac) == __builtin_offsetof(struct nh_entry, dmac) &&
+		       NH_AT(ct4_entry, fib_at) == __builtin_offsetof(struct nh_entry, at) &&
+		       NH_AT(ct4_entry, fib_len) == __builtin_offsetof(struct nh_entry, len),
+	       "struct nh_entry is not the layout of a flow entry's next hop");
+
+/* nh_shared says whether the agent lets a client's new flows of family v6
+ * share their next hop. */
+static __always_inline bool nh_shared(bool v6)
+{
+	__u32 fam = v6 ? NH_SHARE_IPV6 : NH_SHARE_IPV4;
+	__u32 *on = bpf_map_lookup_elem(&tc_nexthop_share_v1, &fam);
+
+	return on && *on == NH_SHARE_ON;
+}
+
+/* nh_slot is this CPU's slot (a struct nh6_slot when v6, else a struct
+ * nh4_slot) for the key of fib, the input of a new flow's lookup, or NULL:
+ * the key's slot, whatever key it holds. */
+static __always_inline void *nh_slot(bool v6, const struct bpf_fib_lookup *fib)
+{
+	__u32 i;
+
+	if (v6) {
+		i = flow_hash6(fib->ipv6_src, fib->ipv6_dst, (__u16)fib->ifindex, fib->dport,
+			       fib->l4_protocol);
+		i &= NH_SLOTS - 1;
+		return bpf_map_lookup_elem(&tc6_nexthop_v1, &i);
+	}
+	i = flow_hash(fib->ipv4_src, fib->ipv4_dst, (__u16)fib->ifindex, fib->dport,
+		      fib->l4_protocol ^ fib->tos);
+	i &= NH_SLOTS - 1;
+	return bpf_map_lookup_elem(&tc4_nexthop_v1, &i);
+}
+
+/* nh_holds says whether slot s holds the key of fib (the lookup's input). */
+static __always_inline bool nh_holds(bool v6, const void *s, const struct bpf_fib_lookup *fib)
+{
+	if (v6) {
+		const struct nh6_key *k = &((const struct nh6_slot *)s)->key;
+
+		return k->ifindex == fib->ifindex && k->dport == fib->dport &&
+		       k->proto == fib->l4_protocol && pkt6_addr_eq(k->daddr, fib->ipv6_dst) &&
+		       pkt6_addr_eq(k->saddr, fib->ipv6_src);
+	}
+	const struct nh4_key *k = &((const struct nh4_slot *)s)->key;
+
+	return k->saddr == fib->ipv4_src && k->daddr == fib->ipv4_dst &&
+	       k->ifindex == fib->ifindex && k->dport == fib->dport &&
+	       k->proto == fib->l4_protocol && k->tos == fib->tos;
+}
+
+static __always_inline struct nh_entry *nh_of(bool v6, void *s)
+{
+	return v6 ? &((struct nh6_slot *)s)->nh : &((struct nh4_slot *)s)->nh;
+}
+
+/* nh_get gives fib the next hop of slot s when s holds fib's key and a
+ * next hop found in second now that let a packet of at least len bytes (IP
+ * length) through; else it makes s the key's, with no next hop yet, and
+ * returns false: the caller looks the route up and keeps the answer in s
+ * (nh_put). To be called before the lookup, which overwrites its input's
+ * device (and, over IPv4, its destination with the gateway). */
+static __always_inline bool nh_get(bool v6, void *s, __u32 now, __u32 len,
+				   struct bpf_fib_lookup *fib)
+{
+	struct nh_entry *n = nh_of(v6, s);
+
+	if (nh_holds(v6, s, fib)) {
+		if (!n->ifindex || n->at != (__u16)now || len > n->len)
+			return false;
+		fib->ifindex = n->ifindex;
+		__builtin_memcpy(fib->dmac, n->dmac, ETH_ALEN);
+		__builtin_memcpy(fib->smac, n->smac, ETH_ALEN);
+		return true;
+	}
+	if (v6) {
+		struct nh6_key *k = &((struct nh6_slot *)s)->key;
+
+		__builtin_memcpy(k->saddr, fib->ipv6_src, sizeof(k->saddr));
+		__builtin_memcpy(k->daddr, fib->ipv6_dst, sizeof(k->daddr));
+		k->ifindex = fib->ifindex;
+		k->dport = fib->dport;
+		k->proto = fib->l4_protocol;
+		k->pad = 0;
+	} else {
+		struct nh4_key *k = &((struct nh4_slot *)s)->key;
+
+		k->saddr = fib->ipv4_src;
+		k->daddr = fib->ipv4_dst;
+		k->ifindex = fib->ifindex;
+		k->dport = fib->dport;
+		k->proto = fib->l4_protocol;
+		k->tos = fib->tos;
+	}
+	n->ifindex = 0;
+	return false;
+}
+
+/* nh_put keeps in slot s, which nh_get made its key's, the next hop that a
+ * successful lookup found, as the new flow's entry e keeps it after
+ * ct_fib_put: struct nh_entry is the layout of e's fib_* fields. A longer
+ * packet of the same second through the same device leaves the length
+ * the shorter ones were let through at. */
+static __always_inline void nh_put(bool v6, void *s, const void *e)
+{
+	const struct nh_entry *v = (const void *)&CT_E(e, v6, fib_ifindex);
+	struct nh_entry *n = nh_of(v6, s);
+	__u16 len = v->len;
+
+	if (n->ifindex == v->ifindex && n->at == v->at && n->len > len)
+		len = n->len;
+	__builtin_memcpy(n, v, sizeof(*v));
+	n->len = len;
+}
+
+#endif /* EBPF_PROXY_NEXTHOP_H */
