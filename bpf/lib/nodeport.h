@@ -346,6 +346,7 @@ static __always_inline int np_record(void *ctx, __u32 ifindex, const struct pkt4
 	struct lb4_backend *be = c->be;
 	struct ct4_entry rval = {};
 	struct ct4_key okey = {}, rkey = {};
+	bool local = be->flags & BE_F_LOCAL;
 	__be32 snat_addr = 0;
 
 	orig->nat_daddr = be->address;
@@ -365,19 +366,18 @@ static __always_inline int np_record(void *ctx, __u32 ifindex, const struct pkt4
 	rkey.proto = p->proto;
 	rkey.dir = CT_DIR_REPLY;
 
-	if (!(be->flags & BE_F_LOCAL)) {
-		snat_addr = np_snat_addr(ctx, ifindex, p, be, false, orig, now);
-		if (!snat_addr) {
+	/* kube-proxy masquerades externalTrafficPolicy=Cluster traffic to
+	 * endpoints on the node too, to the address of the device toward the
+	 * pod. Its replies must then meet a program on that device: only when
+	 * the agent attached there (its address is known) does the pod see
+	 * the node; else it sees the client. One call for both cases keeps
+	 * one copy of the lookup in the program. */
+	if (!local || !(c->svc->flags & SVC_F_EXT_LOCAL)) {
+		snat_addr = np_snat_addr(ctx, ifindex, p, be, local, orig, now);
+		if (!snat_addr && !local) {
 			lb_count(LB_M_TC_SNAT_NO_ADDR);
 			return -1;
 		}
-	} else if (!(c->svc->flags & SVC_F_EXT_LOCAL)) {
-		/* kube-proxy masquerades externalTrafficPolicy=Cluster traffic
-		 * to endpoints on the node too, to the address of the device
-		 * toward the pod. Its replies must then meet a program on that
-		 * device: only when the agent attached there (its address is
-		 * known) does the pod see the node; else it sees the client. */
-		snat_addr = np_snat_addr(ctx, ifindex, p, be, true, orig, now);
 	}
 
 	if (!snat_addr) {
@@ -656,6 +656,7 @@ static __always_inline int np6_record(void *ctx, __u32 ifindex, const struct pkt
 	struct lb6_backend *be = c->be;
 	struct ct6_entry rval = {};
 	struct ct6_key okey = {}, rkey = {};
+	bool local = be->flags & BE_F_LOCAL;
 	__be32 snat_addr[4] = {};
 	int snat = -1;
 
@@ -676,14 +677,12 @@ static __always_inline int np6_record(void *ctx, __u32 ifindex, const struct pkt
 	rkey.proto = p->proto;
 	rkey.dir = CT_DIR_REPLY;
 
-	if (!(be->flags & BE_F_LOCAL)) {
-		snat = np6_snat_addr(ctx, ifindex, p, be, false, orig, now, snat_addr);
-		if (snat) {
+	if (!local || !(c->svc->flags & SVC_F_EXT_LOCAL)) {
+		snat = np6_snat_addr(ctx, ifindex, p, be, local, orig, now, snat_addr);
+		if (snat && !local) {
 			lb_count(LB_M_TC_SNAT_NO_ADDR);
 			return -1;
 		}
-	} else if (!(c->svc->flags & SVC_F_EXT_LOCAL)) {
-		snat = np6_snat_addr(ctx, ifindex, p, be, true, orig, now, snat_addr);
 	}
 
 	if (snat) {

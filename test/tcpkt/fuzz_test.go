@@ -141,6 +141,11 @@ func newPktFuzz(tb testing.TB) *pktFuzz {
 	const goneOld, goneNew = 0x30, 0x31
 	f.sync(tb, fuzzState(fuzzAddrs[0], goneOld))
 	f.sync6(tb, fuzzState6(goneOld))
+	// As the agent lets them on this routing: new flows of a client take
+	// the next hop of its earlier ones (bpf/lib/nexthop.h), which must
+	// change nothing the model foresees.
+	f.shareNexthops(tb, false, true)
+	f.shareNexthops(tb, true, true)
 
 	// The established flows, made by their packets through the programs.
 	var flows []trackedFlow
