@@ -21,8 +21,9 @@
  * access and a comparison, a miss overwrites the slot, with no allocation
  * or lock (an LRU map's insert costs a new client's first flow about
  * 200 ns). A program runs on one CPU to its end, and no other program of
- * this cache runs on that CPU meanwhile, so a slot is never read half
- * written. */
+ * this cache runs on that CPU meanwhile (softirq, or bottom halves off), so
+ * a slot is never read half written; on a PREEMPT_RT kernel, where that
+ * does not hold, the agent leaves sharing off. */
 #ifndef EBPF_PROXY_NEXTHOP_H
 #define EBPF_PROXY_NEXTHOP_H
 

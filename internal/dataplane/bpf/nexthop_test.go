@@ -1,6 +1,8 @@
 package bpf
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -19,6 +21,7 @@ func TestNextHopsAreSharedOnlyWhereTheClientsPortCannotChangeTheRoute(t *testing
 		name   string
 		policy map[string]int // fib_multipath_hash_policy by family
 		rule   int            // family of a rule on source ports, 0 none
+		rt     string         // what /sys/kernel/realtime says, "" absent
 		want4  bool
 		want6  bool
 		why    string
@@ -28,9 +31,18 @@ func TestNextHopsAreSharedOnlyWhereTheClientsPortCannotChangeTheRoute(t *testing
 		{name: "IPv6 multipath over custom fields", policy: map[string]int{"ipv6": 3}, want4: true, why: "chosen by ports"},
 		{name: "IPv4 multipath over addresses: shared", policy: map[string]int{"ipv4": 0, "ipv6": 2}, want4: true, want6: true},
 		{name: "an IPv6 rule on source ports", rule: netlink.FAMILY_V6, want4: true, why: "matches source ports"},
+		{name: "a PREEMPT_RT kernel: neither family", rt: "1\n", why: "PREEMPT_RT"},
+		{name: "a kernel saying it is not PREEMPT_RT: shared", rt: "0\n", want4: true, want6: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := sandbox.TestNetns(t, "nh")
+			realtimeFile = filepath.Join(t.TempDir(), "realtime")
+			t.Cleanup(func() { realtimeFile = "/sys/kernel/realtime" })
+			if tc.rt != "" {
+				if err := os.WriteFile(realtimeFile, []byte(tc.rt), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
 			for fam, v := range tc.policy {
 				if err := ns.Do(func() error {
 					_, err := sysctl.Default.SetInt("net/"+fam+"/fib_multipath_hash_policy", v)
