@@ -468,22 +468,50 @@ func (l *TCLoaded) SetIPv6SNAT(addrs map[int]netip.Addr) error {
 
 // SetNexthopSharing says whether a client's new flows of a family (v6 for
 // IPv6) share the next hop the first of them found in the same second
-// (bpf/lib/nexthop.h), in tc_nexthop_share_v1: only where the client's
-// port cannot change the route, which the caller judges. Until it is
-// called the programs look up every new flow.
+// (bpf/lib/nexthop.h): only where the client's port cannot change the
+// route, which the caller judges. Until it is called the programs look up
+// every new flow.
 func (l *TCLoaded) SetNexthopSharing(v6, on bool) error {
-	// The keys and values are bpf/lib/structs.h's NH_SHARE_*.
-	fam, val := uint32(0), uint32(0)
-	if v6 {
-		fam = 1
-	}
+	return SetNexthopSharing(l.Objects.TcNexthopShareV1, v6, on)
+}
+
+// SetNexthopSharing writes a family's next hop sharing to m, a
+// tc_nexthop_share_v1 (loaded, or opened from its pin).
+func SetNexthopSharing(m *ebpf.Map, v6, on bool) error {
+	val := uint32(nexthopShareOff)
 	if on {
-		val = 1
+		val = nexthopShareOn
 	}
-	if err := l.Objects.TcNexthopShareV1.Put(fam, val); err != nil {
-		return fmt.Errorf("next hop sharing of family %d: %w", fam, err)
+	if err := m.Put(nexthopShareKey(v6), val); err != nil {
+		return fmt.Errorf("next hop sharing of family %d: %w", nexthopShareKey(v6), err)
 	}
 	return nil
+}
+
+// NexthopSharing reads a family's next hop sharing from m, as
+// SetNexthopSharing wrote it.
+func NexthopSharing(m *ebpf.Map, v6 bool) (bool, error) {
+	var val uint32
+	if err := m.Lookup(nexthopShareKey(v6), &val); err != nil {
+		return false, fmt.Errorf("next hop sharing of family %d: %w", nexthopShareKey(v6), err)
+	}
+	return val == nexthopShareOn, nil
+}
+
+// The keys and values of tc_nexthop_share_v1: bpf/lib/structs.h's
+// NH_SHARE_* (an enum the programs' BTF does not carry).
+const (
+	nexthopShareIPv4 uint32 = 0
+	nexthopShareIPv6 uint32 = 1
+	nexthopShareOff  uint32 = 0
+	nexthopShareOn   uint32 = 1
+)
+
+func nexthopShareKey(v6 bool) uint32 {
+	if v6 {
+		return nexthopShareIPv6
+	}
+	return nexthopShareIPv4
 }
 
 // setSNAT writes addrs (ifindex -> address of the family, which is checks)

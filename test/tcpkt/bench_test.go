@@ -16,7 +16,7 @@ import (
 // others run against a flow set up once. Next hops are shared between a
 // client's new flows, as the agent lets them be on this routing
 // (bpf/lib/nexthop.h): "new flow" is a known client's, "new flow of a new
-// client" forgets the shared next hops too and pays the FIB lookup.
+// client" empties the client's slot too and pays the FIB lookup.
 func BenchmarkPaths(b *testing.B) {
 	f := newFixture(b, loadOptions{snatMin: 61000, snatMax: 65535})
 	f.sync(b, fixtureState())

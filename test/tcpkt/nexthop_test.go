@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
@@ -187,14 +188,7 @@ func TestNewFlowsShareAClientsNextHop(t *testing.T) {
 // (internal/dataplane/bpf nexthop.go: on, on the fixture's routing).
 func (f *fixture) shareNexthops(tb testing.TB, v6, on bool) {
 	tb.Helper()
-	key, val := uint32(0), uint32(0)
-	if v6 {
-		key = 1
-	}
-	if on {
-		val = 1
-	}
-	if err := f.objs.TcNexthopShareV1.Put(key, val); err != nil {
+	if err := loader.SetNexthopSharing(f.objs.TcNexthopShareV1, v6, on); err != nil {
 		tb.Fatal(err)
 	}
 }

@@ -81,24 +81,19 @@ func TestTrafficFollowsTheModelVerdicts(t *testing.T) {
 // from outside took a shared next hop at least once.
 func checkNexthopsShared(t *testing.T, pins []string, v6 bool) {
 	t.Helper()
-	key := uint32(0)
-	if v6 {
-		key = 1
-	}
 	var shared uint64
 	for _, bpffs := range pins {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(bpffs, "maps", bpfobj.TcMapTcNexthopShareV1), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var on uint32
-		err = m.Lookup(key, &on)
+		on, err := loader.NexthopSharing(m, v6)
 		m.Close()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if on != 1 {
-			t.Errorf("%s: next hop sharing of family %d is %d, want 1", bpffs, key, on)
+		if !on {
+			t.Errorf("%s: next hop sharing (IPv6 %v) is off, want on", bpffs, v6)
 		}
 		counters, err := ebpf.LoadPinnedMap(filepath.Join(bpffs, "maps", bpfobj.SockMapLbMetricsV1), nil)
 		if err != nil {

@@ -87,12 +87,12 @@ type tcAttacher struct {
 	snat  [2]map[string]netip.Addr
 	ns    vnetns.NsHandle
 	nl    *netlink.Handle
-	// share is each family's next hop sharing as last written (0 not
-	// yet, 1 on, -1 off, shareWhy why off), sys where its parameters are
+	// shareWritten says that a family's next hop sharing was written,
+	// shareWhy why it is off ("": on); sys is where its parameters are
 	// read (nexthopSharing).
-	share    [2]int8
-	shareWhy [2]string
-	sys      sysctl.Sysctl
+	shareWritten [2]bool
+	shareWhy     [2]string
+	sys          sysctl.Sysctl
 	// preloaded gives, once, the TC programs loaded in the background
 	// from start-up, when the devices are known only at the first sync:
 	// that sync then attaches them, not waiting for the verifier. nil
@@ -244,11 +244,7 @@ func (a *tcAttacher) shareNexthops(f int, v6 bool) error {
 	if err != nil {
 		on, why = false, err.Error()
 	}
-	state := int8(-1)
-	if on {
-		state = 1
-	}
-	if a.share[f] == state && a.shareWhy[f] == why {
+	if a.shareWritten[f] && a.shareWhy[f] == why {
 		return nil
 	}
 	if err := a.loaded.SetNexthopSharing(v6, on); err != nil {
@@ -263,7 +259,7 @@ func (a *tcAttacher) shareNexthops(f int, v6 bool) error {
 	} else {
 		a.log.Info("every new flow's next hop is looked up", zap.String("family", family), zap.String("reason", why))
 	}
-	a.share[f], a.shareWhy[f] = state, why
+	a.shareWritten[f], a.shareWhy[f] = true, why
 	return nil
 }
 
