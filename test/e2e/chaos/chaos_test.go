@@ -222,6 +222,20 @@ func (e *env) waitServes(ctx context.Context, ip netip.Addr, server string) erro
 		Timeout: time.Second, Interval: 5 * time.Millisecond, MaxDuration: waitBound})
 }
 
+// waitAttached waits, bounded, until agent has attached its TC programs.
+// They attach at the sync that first knows the node's addresses, which may
+// follow the one that serves (the Node arriving after the Services): a
+// scenario that counts what the agent holds, or removes it, starts once it
+// is settled.
+func waitAttached(t *testing.T, agent *testbed.Proxy) {
+	t.Helper()
+	if err := testbed.Poll(t.Context(), "the agent attaches its TC programs", waitBound, func() (bool, error) {
+		return strings.Contains(agent.Log(), "TC programs attached"), nil
+	}); err != nil {
+		t.Fatalf("%v\n%s", err, agent.LogTail(20))
+	}
+}
+
 // load is a scenario's clients: a TCP and a UDP loop from the node's
 // client pod to one Service, a new connection (a new socket) each attempt.
 type load struct {

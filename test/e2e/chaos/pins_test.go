@@ -38,15 +38,9 @@ func testPinsRemoved(t *testing.T, e *env, s settings) {
 	if err := e.waitServes(ctx, vip, ""); err != nil {
 		t.Fatal(err)
 	}
-	// Pins are removed once the agent is settled: its TC programs attach
-	// at the sync that first knows the node's addresses, which may follow
-	// the one that serves (the Node arriving after the Services), and a
-	// pin made and removed within one sync is not guarded (PinGuard).
-	if err := testbed.Poll(ctx, "the agent attaches its TC programs", waitBound, func() (bool, error) {
-		return strings.Contains(agent.Log(), "TC programs attached"), nil
-	}); err != nil {
-		t.Fatalf("%v\n%s", err, agent.LogTail(20))
-	}
+	// Pins are removed once the agent is settled: a pin made and removed
+	// within one sync is not guarded (PinGuard).
+	waitAttached(t, agent)
 	before := pinsOf(t, agent.BPFFS)
 	ld := e.startLoad(t, vip, 10*time.Minute)
 

@@ -1,13 +1,17 @@
 package testbed
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cilium/ebpf"
 )
 
 // Usage is what a process holds of the node's resources at one moment, as
@@ -18,6 +22,10 @@ type Usage struct {
 	RSS, PeakRSS uint64
 	// FDs is the number of open file descriptors.
 	FDs int
+	// FDKinds counts the open descriptors by what they are: a file's path,
+	// or the kind of an anonymous one ("socket", "pipe",
+	// "anon_inode:bpf-map"), without the inode number.
+	FDKinds map[string]int
 	// Threads is the number of threads.
 	Threads int
 	// CPU is the processor time used so far, user and system.
@@ -88,6 +96,7 @@ func ProcessUsage(pid int) (Usage, error) {
 		return u, err
 	}
 	u.FDs = len(fds)
+	u.FDKinds = map[string]int{}
 	seen := map[string]bool{}
 	for _, fd := range fds {
 		info, err := os.ReadFile(filepath.Join(dir, "fdinfo", fd.Name()))
@@ -96,6 +105,9 @@ func ProcessUsage(pid int) (Usage, error) {
 		}
 		if err != nil {
 			return u, err
+		}
+		if target, err := os.Readlink(filepath.Join(dir, "fd", fd.Name())); err == nil {
+			u.FDKinds[fdKind(target, info)]++
 		}
 		id, memlock := fdinfoField(info, "map_id:"), fdinfoField(info, "memlock:")
 		if id == "" || memlock == "" || seen[id] {
@@ -110,6 +122,57 @@ func ProcessUsage(pid int) (Usage, error) {
 	}
 	u.Maps = len(seen)
 	return u, nil
+}
+
+// fdKind is what the target of a /proc/<pid>/fd link names, without the
+// inode number of an anonymous one ("socket:[1234]" is "socket"), and for
+// a BPF map, program or link, with its name or type from the kernel
+// ("anon_inode:bpf-map lb4_services_v1"), so that a leak says what leaks.
+func fdKind(target string, info []byte) string {
+	if i := strings.Index(target, ":["); i > 0 && strings.HasSuffix(target, "]") {
+		return target[:i]
+	}
+	if id, err := strconv.ParseUint(fdinfoField(info, "map_id:"), 10, 32); err == nil {
+		if m, err := ebpf.NewMapFromID(ebpf.MapID(id)); err == nil {
+			defer m.Close()
+			if mi, err := m.Info(); err == nil {
+				return target + " " + mi.Name
+			}
+		}
+	}
+	if id, err := strconv.ParseUint(fdinfoField(info, "prog_id:"), 10, 32); err == nil {
+		if p, err := ebpf.NewProgramFromID(ebpf.ProgramID(id)); err == nil {
+			defer p.Close()
+			if pi, err := p.Info(); err == nil {
+				return target + " " + pi.Name
+			}
+		}
+	}
+	if lt := fdinfoField(info, "link_type:"); lt != "" {
+		return target + " " + lt
+	}
+	return target
+}
+
+// FDGrowth lists the kinds of descriptors of which later holds more than
+// earlier, as "kind +n", most first.
+func FDGrowth(earlier, later Usage) []string {
+	type grown struct {
+		kind string
+		n    int
+	}
+	var gs []grown
+	for k, n := range later.FDKinds {
+		if d := n - earlier.FDKinds[k]; d > 0 {
+			gs = append(gs, grown{k, d})
+		}
+	}
+	slices.SortFunc(gs, func(a, b grown) int { return cmp.Or(b.n-a.n, strings.Compare(a.kind, b.kind)) })
+	out := make([]string, len(gs))
+	for i, g := range gs {
+		out[i] = fmt.Sprintf("%s +%d", g.kind, g.n)
+	}
+	return out
 }
 
 // fdinfoField returns the value of field key ("map_id:") of an fdinfo

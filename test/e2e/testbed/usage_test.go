@@ -2,6 +2,7 @@ package testbed_test
 
 import (
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -21,7 +22,7 @@ func TestProcessUsage(t *testing.T) {
 	if before.RSS == 0 || before.PeakRSS < before.RSS || before.FDs < 3 || before.Threads < 1 {
 		t.Fatalf("usage %+v: want a resident set, a peak at least as large, stdin/out/err and a thread", before)
 	}
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 8, ValueSize: 64, MaxEntries: 4096})
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: "usage_probe", Type: ebpf.Hash, KeySize: 8, ValueSize: 64, MaxEntries: 4096})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,5 +44,9 @@ func TestProcessUsage(t *testing.T) {
 	}
 	if after.FDs < before.FDs+2 {
 		t.Errorf("%d descriptors after opening two, had %d", after.FDs, before.FDs)
+	}
+	// A leak is told by what leaks: the map's two descriptors by its name.
+	if got, want := testbed.FDGrowth(before, after), "anon_inode:bpf-map usage_probe +2"; !slices.Contains(got, want) {
+		t.Errorf("growth %q, want it to hold %q", got, want)
 	}
 }
