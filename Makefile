@@ -11,7 +11,7 @@ BPF_CFLAGS := -O2 -g -Wall -Werror -nostdinc -Ibpf/include
 
 # Packages whose tests need root and a BPF-capable kernel. They run in the
 # kernel matrix: Debian's 6.1 and 6.12 in QEMU, and this machine's kernel.
-PRIVILEGED_PKGS ?= ./internal/dataplane/... ./internal/fallback/... ./internal/loader/... ./internal/netns/... ./internal/pktest/... ./internal/sandbox/... ./internal/sockterm/... ./test/modes/... ./test/socklb/... ./test/tclb/... ./test/tcpkt/... ./test/vmtest/...
+PRIVILEGED_PKGS ?= ./internal/dataplane/... ./internal/fallback/... ./internal/loader/... ./internal/netns/... ./internal/pktest/... ./internal/sandbox/... ./internal/sockterm/... ./test/modes/... ./test/socklb/... ./test/tclb/... ./test/tcpkt/... ./test/vmtest/ipvs ./test/vmtest/kernel ./test/vmtest/smoke
 
 export EBPF_PROXY_CACHE ?= /var/cache/ebpf-proxy
 # Static binaries run unchanged in the VMs; one build cache for everything.
@@ -99,7 +99,8 @@ FUZZ_TARGETS := ./internal/k8swatch:FuzzTranslateService ./internal/k8swatch:Fuz
 # program must do with it; a new seed each run unless PKTFUZZ_SEED says
 # (the run prints it, and a failure the frame). Then FuzzPacketModel, Go's
 # fuzzer mutating raw frames for the same check, for FUZZTIME. The packet
-# fuzzer's short run (50,000 frames a program) is part of the kernel
+# fuzzer's short run (50,000 frames a program on the host,
+# 20,000 in the emulated guests) is part of the kernel
 # matrix (`make vmtest`), so `make fuzz-short` leaves it out.
 PKTFUZZ_PACKETS ?= 1000000
 ifeq ($(origin PKTFUZZ_SEED),undefined)
@@ -168,16 +169,16 @@ bench-report: bench k8s-binaries e2e-agent
 	$(GO) run ./test/benchreport report --in $(BENCH_OUT) --out docs
 	$(GO) run ./test/benchreport summary $(BENCH_OUT)
 
-# Every test. The last, cluster-test, is a real node in a 6.12 guest
-# (kubelet, containerd, the control plane): upstream kube-proxy replaced by
-# deploy/ under load, upgraded and restarted; about 9 minutes.
+# Every test. The last, cluster-test, is a real worker node in a 6.12 guest
+# (kubelet, containerd) with its control plane on this machine: upstream
+# kube-proxy replaced by deploy/ under load, upgraded and restarted; about
+# 11 minutes.
 test: lint monitoring-check check-generated test-go fuzz-short vmtest system-test
 
 # The end-to-end suite on the host and the cluster test in a VM, side by
 # side: each keeps about one core busy (the differential suite mostly waits
 # on probes), and each target's output is printed whole when it ends.
-# Together they take about as long as the end-to-end suite alone. What
-# they share is installed and built first, one at a time (the package
+# What they share is installed and built first, one at a time (the package
 # manager's lock, the Kubernetes binaries' cache), so that inside they
 # only find it there.
 system-test: cluster-deps vmtest-deps k8s-binaries node-binaries

@@ -138,18 +138,36 @@ static __always_inline int xdp_reply(struct xdp_md *ctx, bool v6, const void *p,
 	return ret;
 }
 
+/* xdp_record records a new flow p to a backend on another node, chosen in
+ * c (a struct np6_choice when v6, else a struct np_choice), and sends it
+ * on. */
+static __always_inline int xdp_record(struct xdp_md *ctx, bool v6, void *p, const void *c,
+				      __u32 now)
+{
+	struct ct4_entry orig = {};
+	struct ct6_entry orig6 = {};
+	int err;
+
+	if (v6)
+		err = np6_record(ctx, ctx->ingress_ifindex, p, c, now, &orig6);
+	else
+		err = np_record(ctx, ctx->ingress_ifindex, p, c, now, &orig);
+	if (err)
+		return XDP_DROP;
+	/* Recorded: should XDP pass it (no neighbour yet), TC finds the flow
+	 * and translates it alike. */
+	return xdp_orig(ctx, v6, p, v6 ? (void *)&orig6 : (void *)&orig, LB_M_XDP_NEW_SNAT, now);
+}
+
 /* xdp_new_flow decides a flow's first packet as tc.c does. It acts only on
  * drops and on flows source-NATed to another node; the others are TC's. */
 static __always_inline int xdp_new_flow(struct xdp_md *ctx, bool v6, void *p, __u32 now)
 {
 	/* Of the family's pair, the other is never used: the compiler drops
-	 * it. */
-	struct ct4_entry orig = {};
-	struct ct6_entry orig6 = {};
+	 * it. The flow's entries are zeroed only for a flow XDP records. */
 	struct np_choice c = {};
 	struct np6_choice c6 = {};
 	enum np_verdict verdict;
-	int err;
 
 	verdict = v6 ? np6_decide(p, &c6, false) : np_decide(p, &c, false);
 	switch (verdict) {
@@ -172,15 +190,7 @@ static __always_inline int xdp_new_flow(struct xdp_md *ctx, bool v6, void *p, __
 	 * affinity's choice. */
 	if ((v6 ? c6.be->flags : c.be->flags) & BE_F_LOCAL)
 		return XDP_PASS;
-	if (v6)
-		err = np6_record(ctx, ctx->ingress_ifindex, p, &c6, now, &orig6);
-	else
-		err = np_record(ctx, ctx->ingress_ifindex, p, &c, now, &orig);
-	if (err)
-		return XDP_DROP;
-	/* Recorded: should XDP pass it (no neighbour yet), TC finds the flow
-	 * and translates it alike. */
-	return xdp_orig(ctx, v6, p, v6 ? (void *)&orig6 : (void *)&orig, LB_M_XDP_NEW_SNAT, now);
+	return xdp_record(ctx, v6, p, v6 ? (void *)&c6 : (void *)&c, now);
 }
 
 /* xdp_flow handles a frame of family v6 with p, a zeroed struct pkt6 or

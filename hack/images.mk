@@ -16,8 +16,9 @@
 IMAGES_DIR ?= bin/images
 # The agent's tag: $(VERSION) if given, else what git says of the tree.
 IMAGE_TAG ?= $(or $(VERSION),$(shell git describe --always --dirty 2>/dev/null),dev)
-# A second agent image for upgrade tests: the same binary under another
-# tag and version label, so a rollout from one to the other replaces pods.
+# The agent's second reference for upgrade tests: the cluster test names the
+# agent's image so in its guest (no second archive), and a rollout from one
+# reference to the other replaces the pods.
 IMAGE_TAG_NEXT ?= $(IMAGE_TAG)-next
 TESTSERVER_TAG ?= $(IMAGE_TAG)
 # The sandbox image the cluster test's containerd is configured with.
@@ -30,7 +31,7 @@ KUBE_PROXY_IMAGE ?= registry.k8s.io/kube-proxy:$(K8S_VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 IMAGE_REVISION = $(shell git rev-parse HEAD 2>/dev/null)
 
-CLUSTER_IMAGE_FILES = ebpf-proxy-$(IMAGE_TAG).tar ebpf-proxy-$(IMAGE_TAG_NEXT).tar \
+CLUSTER_IMAGE_FILES = ebpf-proxy-$(IMAGE_TAG).tar \
 	kube-proxy-$(K8S_VERSION).tar testserver-$(TESTSERVER_TAG).tar pause.tar
 
 IMAGE_BUILD := $(IMAGES_DIR)/.build
@@ -79,7 +80,6 @@ image: image-tools image-rootfs
 
 # kube-proxy at the path kubeadm's DaemonSet runs it from.
 cluster-images: image k8s-binaries
-	$(call agent_image,$(IMAGE_TAG_NEXT))
 	$(MKIMAGE) -o $(IMAGES_DIR)/kube-proxy-$(K8S_VERSION).tar -t $(KUBE_PROXY_IMAGE) \
 		--base $$(cat $(IMAGE_BUILD)/rootfs.path) \
 		--file $(EBPF_PROXY_CACHE)/k8s/$(K8S_VERSION)/kube-proxy:/usr/local/bin/kube-proxy:0755 \
@@ -91,9 +91,8 @@ cluster-images: image k8s-binaries
 	$(MKIMAGE) -o $(IMAGES_DIR)/pause.tar -t $(PAUSE_IMAGE) \
 		--file $(IMAGE_BUILD)/testserver:/testserver:0755 \
 		--entrypoint /testserver --entrypoint pause $(call ours_labels,$(TESTSERVER_TAG)) --require /testserver
-	@printf '{\n  "agent": {"image": "%s", "file": "%s"},\n  "agent_next": {"image": "%s", "file": "%s"},\n  "kube_proxy": {"image": "%s", "file": "%s"},\n  "testserver": {"image": "%s", "file": "%s"},\n  "pause": {"image": "%s", "file": "%s"}\n}\n' \
+	@printf '{\n  "agent": {"image": "%s", "file": "%s"},\n  "kube_proxy": {"image": "%s", "file": "%s"},\n  "testserver": {"image": "%s", "file": "%s"},\n  "pause": {"image": "%s", "file": "%s"}\n}\n' \
 		ebpf-proxy:$(IMAGE_TAG) ebpf-proxy-$(IMAGE_TAG).tar \
-		ebpf-proxy:$(IMAGE_TAG_NEXT) ebpf-proxy-$(IMAGE_TAG_NEXT).tar \
 		$(KUBE_PROXY_IMAGE) kube-proxy-$(K8S_VERSION).tar \
 		ebpf-proxy-testserver:$(TESTSERVER_TAG) testserver-$(TESTSERVER_TAG).tar \
 		$(PAUSE_IMAGE) pause.tar > $(IMAGES_DIR)/images.json

@@ -78,9 +78,10 @@ struct {
 
 /* By family (NH_SHARE_IPV4, NH_SHARE_IPV6): NH_SHARE_ON where the agent
  * found that a client's port cannot change its route (no multipath hash
- * over ports, no routing rule on the source port), written before every
- * sync of the family; NH_SHARE_OFF, as a new map starts, makes every new
- * flow look its route up. */
+ * over ports, no routing rule on the source port), NH_SHARE_ALL where its
+ * address cannot either (nexthop.h), written before every sync of the
+ * family; NH_SHARE_OFF, as a new map starts, makes every new flow look
+ * its route up. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);

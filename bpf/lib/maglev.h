@@ -148,19 +148,20 @@ static __always_inline __u32 flow_hash(__be32 saddr, __be32 daddr, __be16 sport,
 			     flow_word(sport, dport, proto) + init);
 }
 
-/* flow_hash6 hashes an IPv6 flow: the two addresses' eight words, then
- * the ports and protocol, nine words in all. */
-static __always_inline __u32 flow_hash6(const __be32 *saddr, const __be32 *daddr, __be16 sport,
-					__be16 dport, __u8 proto)
+/* flow_hash6_masked is flow_hash6 of the source address's words ANDed
+ * with smask: all ones hashes the address, 0 the unspecified one. */
+static __always_inline __u32 flow_hash6_masked(const __be32 *saddr, __be32 smask,
+					       const __be32 *daddr, __be16 sport, __be16 dport,
+					       __u8 proto)
 {
 	__u32 a, b, c;
 
 	a = b = c = LOOKUP3_INIT + 9 * 4;
-	a += saddr[0];
-	b += saddr[1];
-	c += saddr[2];
+	a += saddr[0] & smask;
+	b += saddr[1] & smask;
+	c += saddr[2] & smask;
 	lookup3_mix(&a, &b, &c);
-	a += saddr[3];
+	a += saddr[3] & smask;
 	b += daddr[0];
 	c += daddr[1];
 	lookup3_mix(&a, &b, &c);
@@ -168,6 +169,14 @@ static __always_inline __u32 flow_hash6(const __be32 *saddr, const __be32 *daddr
 	b += daddr[3];
 	c += flow_word(sport, dport, proto);
 	return lookup3_final(a, b, c);
+}
+
+/* flow_hash6 hashes an IPv6 flow: the two addresses' eight words, then
+ * the ports and protocol, nine words in all. */
+static __always_inline __u32 flow_hash6(const __be32 *saddr, const __be32 *daddr, __be16 sport,
+					__be16 dport, __u8 proto)
+{
+	return flow_hash6_masked(saddr, ~(__be32)0, daddr, sport, dport, proto);
 }
 
 /* lb_maglev_backend_id returns the backend id the Maglev table of the

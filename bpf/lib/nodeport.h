@@ -195,17 +195,20 @@ static __always_inline bool np_orig_valid(struct ct4_entry *e, const struct pkt4
  * backend, on the device it came in on. The route it finds is the one the
  * packet takes, as the kernel routes before it masquerades; the flow's entry
  * e keeps it (ct_fib_put), which spares the forwarding a second lookup.
- * Where the agent lets them, the client's new flows to the backend in the
- * same second share the next hop found for the first (nexthop.h). A packet
+ * Where the agent lets them, new flows to the backend in the same second
+ * share the next hop found for the first: the client's, or every
+ * client's (nexthop.h). A packet
  * too big for the route's MTU is looked up again without its length, for
  * the address alone: the forwarding then finds it too big. */
 static __always_inline long np_snat_lookup(void *ctx, bool v6, struct bpf_fib_lookup *fib,
 					   __u32 len, void *e, __u32 now)
 {
-	void *slot = nh_shared(v6) ? nh_slot(v6, fib) : NULL;
+	__u32 share = nh_share(v6);
+	__be32 smask = nh_key_mask(share);
+	void *slot = share != NH_SHARE_OFF ? nh_slot(v6, fib, smask) : NULL;
 	long ret;
 
-	if (slot && nh_get(v6, slot, now, len, fib)) {
+	if (slot && nh_get(v6, slot, now, len, fib, smask)) {
 		lb_count(LB_M_TC_NEXTHOP_SHARED);
 		ct_fib_put(e, v6, now, len, fib);
 		return BPF_FIB_LKUP_RET_SUCCESS;
@@ -302,7 +305,7 @@ static __always_inline enum np_verdict np_decide(struct pkt4 *p, struct np_choic
 	};
 	struct lb4_service *svc;
 	struct lb4_backend *be;
-	__u32 backend_id = 0, maglev_id;
+	__u32 backend_id = 0, maglev_id = 0;
 
 	svc = lb4_lookup_service(&lkey, LB_SCOPE_EXT);
 	if (!svc || !(svc->flags & EXTERNAL_FRONTEND))
@@ -321,8 +324,10 @@ static __always_inline enum np_verdict np_decide(struct pkt4 *p, struct np_choic
 		return NP_SRC_RANGE;
 	if (!select_local && (svc->flags & SVC_F_EXT_LOCAL))
 		return NP_LOCAL_POLICY;
-	maglev_id = lb_maglev_backend_id(
-		false, svc->svc_id, flow_hash(p->saddr, p->daddr, p->sport, p->dport, p->proto));
+	if (svc->flags & SVC_F_MAGLEV)
+		maglev_id = lb_maglev_backend_id(
+			false, svc->svc_id,
+			flow_hash(p->saddr, p->daddr, p->sport, p->dport, p->proto));
 	/* External clients are told apart by address, as kube-proxy does;
 	 * svc_id, and with it the affinity, is shared with the ClusterIP. */
 	be = lb4_choose_backend(&lkey, svc, p->saddr, AFFINITY_CLIENT_ADDR, maglev_id, &backend_id);
@@ -592,19 +597,15 @@ struct np6_choice {
 static __always_inline enum np_verdict np6_decide(struct pkt6 *p, struct np6_choice *c,
 						  bool select_local)
 {
+	/* The keys that only some frontends need are built in their
+	 * branches: zeroing 40-byte keys up front cost every packet. */
 	struct lb6_key lkey = {
 		.dport = p->dport,
 		.proto = p->proto,
 	};
-	struct lb6_src_range_key rkey = {
-		.prefixlen = 160,
-	};
-	struct lb6_affinity_key akey = {
-		.client_kind = AFFINITY_CLIENT_ADDR,
-	};
 	struct lb4_service *svc;
 	struct lb6_backend *be;
-	__u32 backend_id = 0, maglev_id;
+	__u32 backend_id = 0, maglev_id = 0;
 	__u64 now;
 
 	__builtin_memcpy(lkey.address, p->daddr, sizeof(lkey.address));
@@ -616,23 +617,33 @@ static __always_inline enum np_verdict np6_decide(struct pkt6 *p, struct np6_cho
 	if ((svc->flags & SVC_F_REJECT) || svc->count == 0)
 		return NP_REJECT;
 	if (svc->flags & SVC_F_SOURCE_RANGES) {
-		rkey.svc_id = svc->svc_id;
+		struct lb6_src_range_key rkey = {
+			.prefixlen = 160,
+			.svc_id = svc->svc_id,
+		};
+
 		__builtin_memcpy(rkey.address, p->saddr, sizeof(rkey.address));
 		if (!bpf_map_lookup_elem(&lb6_source_ranges_v1, &rkey))
 			return NP_SRC_RANGE;
 	}
 	if (!select_local && (svc->flags & SVC_F_EXT_LOCAL))
 		return NP_LOCAL_POLICY;
-	maglev_id = lb_maglev_backend_id(
-		true, svc->svc_id, flow_hash6(p->saddr, p->daddr, p->sport, p->dport, p->proto));
+	if (svc->flags & SVC_F_MAGLEV)
+		maglev_id = lb_maglev_backend_id(
+			true, svc->svc_id,
+			flow_hash6(p->saddr, p->daddr, p->sport, p->dport, p->proto));
 	/* Affinity is keyed on the client's whole address, shared with the
 	 * ClusterIP through svc_id (lb_choose_backend takes one word: the
 	 * affinity is looked up here with lb.h's helpers instead). */
 	if (!svc->affinity_timeout) {
 		be = lb_new_backend(&lkey, true, svc, maglev_id, &backend_id);
 	} else {
+		struct lb6_affinity_key akey = {
+			.svc_id = svc->svc_id,
+			.client_kind = AFFINITY_CLIENT_ADDR,
+		};
+
 		__builtin_memcpy(akey.client, p->saddr, sizeof(akey.client));
-		akey.svc_id = svc->svc_id;
 		now = bpf_ktime_get_ns();
 		be = lb_affinity_backend(true, &akey, svc, now, &backend_id);
 		if (!be) {

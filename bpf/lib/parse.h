@@ -110,6 +110,12 @@ struct pkt4 {
 	__u32 l4_off;
 	__u32 csum_off; /* of the L4 checksum, from the frame start */
 	bool fragment;
+	/* The UDP checksum as received (0: none, RFC 768); 0 for TCP. Kept
+	 * here, not read again at csum_off when the packet is rewritten: a
+	 * read at csum_off, whose range depends on the IP options, makes the
+	 * verifier track that range exactly on every path from the parse to
+	 * the rewrite, and not merge paths whose ranges differ. */
+	__sum16 udp_csum;
 };
 
 #define TCP_FLAG_FIN 0x01
@@ -132,7 +138,7 @@ static __always_inline enum pkt_parse pkt4_parse(struct __sk_buff *skb, struct p
 {
 	struct iphdr ip;
 	__u32 ihl, tot_len, hlen;
-	__be16 ports[2];
+	__be16 hdr[4];
 
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return PKT_OTHER;
@@ -180,10 +186,13 @@ static __always_inline enum pkt_parse pkt4_parse(struct __sk_buff *skb, struct p
 	}
 	if (tot_len - ihl < hlen)
 		return PKT_OTHER;
-	if (pkt_skb_load(skb, p->l4_off, ports, sizeof(ports)))
+	/* The first 8 bytes of the L4 header, which TCP's and UDP's both
+	 * have: the ports and UDP's checksum. */
+	if (pkt_skb_load(skb, p->l4_off, hdr, sizeof(hdr)))
 		return PKT_OTHER;
-	p->sport = ports[0];
-	p->dport = ports[1];
+	p->sport = hdr[0];
+	p->dport = hdr[1];
+	p->udp_csum = p->proto == IPPROTO_UDP ? hdr[3] : 0;
 	p->tcp_flags = 0;
 	if (p->proto == IPPROTO_TCP &&
 	    pkt_skb_load(skb, p->l4_off + 13, &p->tcp_flags, sizeof(p->tcp_flags)))

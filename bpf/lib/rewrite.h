@@ -23,16 +23,12 @@
 static __always_inline int pkt4_csum_flags(struct __sk_buff *skb, const struct pkt4 *p,
 					   __u64 *l4_flags, __u64 *port_flags)
 {
-	__sum16 l4_csum;
-
 	*l4_flags = 0;
 	*port_flags = 0;
 	if (p->proto != IPPROTO_UDP)
 		return 0;
 	*l4_flags = BPF_F_MARK_MANGLED_0;
-	if (pkt_skb_load(skb, p->csum_off, &l4_csum, sizeof(l4_csum)))
-		return -1;
-	if (!l4_csum)
+	if (!p->udp_csum)
 		*port_flags = BPF_F_RECOMPUTE_CSUM;
 	return 0;
 }

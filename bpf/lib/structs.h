@@ -30,6 +30,9 @@ enum {
 	SVC_F_SOURCE_RANGES = 1 << 7, /* lb4_source_ranges says who may connect */
 	SVC_F_EXT_LOCAL = 1 << 8,     /* externalTrafficPolicy=Local: no SNAT */
 	SVC_F_LOCALHOST = 1 << 9,     /* a NodePort on 127.0.0.1: the node's sockets only */
+	/* The ServicePort has a Maglev table: only then do TC and XDP hash
+	 * a new flow and look the table up. */
+	SVC_F_MAGLEV = 1 << 10,
 };
 
 /* Key of lb4_services. slot 0 is the master entry of a frontend; slots
@@ -482,6 +485,7 @@ enum {
 	NH_SHARE_IPV6 = 1,
 	NH_SHARE_OFF = 0, /* every new flow is looked up (the default) */
 	NH_SHARE_ON = 1,  /* a client's new flows share a next hop (nexthop.h) */
+	NH_SHARE_ALL = 2, /* so do different clients' (the route ignores the source) */
 };
 
 /* Indices of lb_metrics: per-CPU packet and event counters. */

@@ -48,7 +48,7 @@ func TestVersionSaysWhatWasBuilt(t *testing.T) {
 // mistake fails at once (exit 1) rather than attach anywhere.
 func TestUnknownCommandsAndStrayWordsAreRefused(t *testing.T) {
 	safe := []string{"--proxy-mode=ebpf", "--cgroup-path=/nonexistent/ebpf-proxy-test", "--bpffs-path=" + t.TempDir(),
-		"--manifests=" + t.TempDir(), "--healthz-bind-address=", "--metrics-bind-address="}
+		"--manifests=" + t.TempDir(), "--healthz-bind-address=", "--metrics-bind-address=", "--probe-bind-address="}
 	for _, tt := range []struct {
 		args []string
 		want string

@@ -98,9 +98,14 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 		return err
 	}
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	if o.HealthzBindAddress != "" {
 		go serve(ctx, "healthz", o.HealthzBindAddress, health.Handler(), o.BindAddrHardFail, errc, log)
+	}
+	if o.ProbeBindAddress != "" {
+		// The kubelet's probes: the same answers as --healthz-bind-address,
+		// on a port kube-proxy does not hold.
+		go serve(ctx, "probe", o.ProbeBindAddress, health.Handler(), o.BindAddrHardFail, errc, log)
 	}
 	if o.MetricsBindAddress != "" {
 		mux := metrics.NewServerMux(m, dp.Mode)

@@ -101,6 +101,7 @@ type Options struct {
 	CgroupPath       string          // --cgroup-path
 	BPFFSPath        string          // --bpffs-path
 	APISocket        string          // --api-socket
+	ProbeBindAddress string          // --probe-bind-address
 	MapSizes         loader.MapSizes // --bpf-map-*-max, --maglev-table-size
 
 	Devices       []string // --devices
@@ -117,6 +118,11 @@ type Options struct {
 	LB model.LBAlgorithm
 }
 
+// DefaultProbeBindAddress is --probe-bind-address's default: loopback
+// only, where a host-network pod's HTTP probes with host 127.0.0.1 reach
+// it, on a port no Kubernetes component uses.
+const DefaultProbeBindAddress = "127.0.0.1:10266"
+
 // Defaults are the settings when no flag is given: kube-proxy's defaults
 // for its flags.
 func Defaults() *Options {
@@ -130,6 +136,7 @@ func Defaults() *Options {
 		SyncPeriod:         30 * time.Second,
 		BPFFSPath:          loader.DefaultBPFFSPath,
 		APISocket:          api.DefaultSocket,
+		ProbeBindAddress:   DefaultProbeBindAddress,
 		MapSizes:           loader.DefaultMapSizes,
 		TerminateSockets:   true,
 		ConntrackSize:      loader.DefaultConntrackSize,
@@ -177,6 +184,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CgroupPath, "cgroup-path", o.CgroupPath, "The cgroup v2 directory to attach the socket programs to (default: the node's cgroup2 root, mounting cgroup2 under /run/ebpf-proxy when none is mounted).")
 	fs.StringVar(&o.BPFFSPath, "bpffs-path", o.BPFFSPath, "Directory on a bpf filesystem where maps and links are pinned.")
 	fs.StringVar(&o.APISocket, "api-socket", o.APISocket, "Unix socket of the read-only local API (mode 0600) that `ebpf-proxy dump` reads Service names from; empty disables it.")
+	fs.StringVar(&o.ProbeBindAddress, "probe-bind-address", o.ProbeBindAddress, "The IP address and port that serve /livez and /healthz for the kubelet's HTTP probes (deploy/daemonset.yaml), apart from --healthz-bind-address, which kube-proxy holds while both run during a migration; empty disables it.")
 	fs.Uint32Var(&o.MapSizes.Services, "bpf-map-services-max", o.MapSizes.Services, "Capacity of the services map: one entry per frontend plus one per backend of each frontend.")
 	fs.Uint32Var(&o.MapSizes.Backends, "bpf-map-backends-max", o.MapSizes.Backends, "Capacity of the backends map.")
 	fs.Uint32Var(&o.MapSizes.RevNat, "bpf-map-revnat-max", o.MapSizes.RevNat, "Capacity of the reverse NAT map: one entry per frontend.")

@@ -466,23 +466,51 @@ func (l *TCLoaded) SetIPv6SNAT(addrs map[int]netip.Addr) error {
 		func(a netip.Addr) bpfobj.TcTc6SnatAddr { return bpfobj.TcTc6SnatAddr{Address: be32Addr6(a)} })
 }
 
-// SetNexthopSharing says whether a client's new flows of a family (v6 for
-// IPv6) share the next hop the first of them found in the same second
-// (bpf/lib/nexthop.h): only where the client's port cannot change the
-// route, which the caller judges. Until it is called the programs look up
-// every new flow.
-func (l *TCLoaded) SetNexthopSharing(v6, on bool) error {
-	return SetNexthopSharing(l.Objects.TcNexthopShareV1, v6, on)
+// A NexthopShare is how far the new flows of a family share the next hop
+// the first of them found in the same second (bpf/lib/nexthop.h): the
+// values of tc_nexthop_share_v1, bpf/lib/structs.h's NH_SHARE_* (an enum
+// the programs' BTF does not carry).
+type NexthopShare uint32
+
+// How far new flows share a next hop.
+const (
+	// NexthopShareOff looks every new flow up: the programs' default.
+	NexthopShareOff NexthopShare = 0
+	// NexthopShareClient shares between a client's new flows to a
+	// backend, where the client's port cannot change the route.
+	NexthopShareClient NexthopShare = 1
+	// NexthopShareAll shares between every client's new flows to a
+	// backend, where the client's address cannot change it either.
+	NexthopShareAll NexthopShare = 2
+)
+
+// String names the sharing as the agent's log lines do.
+func (s NexthopShare) String() string {
+	switch s {
+	case NexthopShareOff:
+		return "off"
+	case NexthopShareClient:
+		return "client"
+	case NexthopShareAll:
+		return "all"
+	}
+	return fmt.Sprintf("NexthopShare(%d)", uint32(s))
+}
+
+// SetNexthopSharing says how far the new flows of a family (v6 for IPv6)
+// share a next hop, which the caller judges from the node's routing. Until
+// it is called the programs look up every new flow.
+func (l *TCLoaded) SetNexthopSharing(v6 bool, share NexthopShare) error {
+	return SetNexthopSharing(l.Objects.TcNexthopShareV1, v6, share)
 }
 
 // SetNexthopSharing writes a family's next hop sharing to m, a
 // tc_nexthop_share_v1 (loaded, or opened from its pin).
-func SetNexthopSharing(m *ebpf.Map, v6, on bool) error {
-	val := uint32(nexthopShareOff)
-	if on {
-		val = nexthopShareOn
+func SetNexthopSharing(m *ebpf.Map, v6 bool, share NexthopShare) error {
+	if share > NexthopShareAll {
+		return fmt.Errorf("next hop sharing %s", share)
 	}
-	if err := m.Put(nexthopShareKey(v6), val); err != nil {
+	if err := m.Put(nexthopShareKey(v6), uint32(share)); err != nil {
 		return fmt.Errorf("next hop sharing of family %d: %w", nexthopShareKey(v6), err)
 	}
 	return nil
@@ -490,21 +518,19 @@ func SetNexthopSharing(m *ebpf.Map, v6, on bool) error {
 
 // NexthopSharing reads a family's next hop sharing from m, as
 // SetNexthopSharing wrote it.
-func NexthopSharing(m *ebpf.Map, v6 bool) (bool, error) {
+func NexthopSharing(m *ebpf.Map, v6 bool) (NexthopShare, error) {
 	var val uint32
 	if err := m.Lookup(nexthopShareKey(v6), &val); err != nil {
-		return false, fmt.Errorf("next hop sharing of family %d: %w", nexthopShareKey(v6), err)
+		return NexthopShareOff, fmt.Errorf("next hop sharing of family %d: %w", nexthopShareKey(v6), err)
 	}
-	return val == nexthopShareOn, nil
+	return NexthopShare(val), nil
 }
 
-// The keys and values of tc_nexthop_share_v1: bpf/lib/structs.h's
-// NH_SHARE_* (an enum the programs' BTF does not carry).
+// The keys of tc_nexthop_share_v1: bpf/lib/structs.h's NH_SHARE_IPV4 and
+// NH_SHARE_IPV6.
 const (
 	nexthopShareIPv4 uint32 = 0
 	nexthopShareIPv6 uint32 = 1
-	nexthopShareOff  uint32 = 0
-	nexthopShareOn   uint32 = 1
 )
 
 func nexthopShareKey(v6 bool) uint32 {

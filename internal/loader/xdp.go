@@ -44,7 +44,13 @@ type XDPConfig struct {
 
 // XDPLoaded is the XDP program in the kernel and where it is attached.
 type XDPLoaded struct {
-	Objects bpfobj.XdpObjects
+	// Maps are the program's maps: its device map, and the TC programs'
+	// pinned maps it shares.
+	Maps bpfobj.XdpMaps
+	// Program is the mode's program: xdp_nodeport in the driver,
+	// xdp_nodeport_skb in generic mode. The other is never loaded: the
+	// verifier would walk it for nothing.
+	Program *ebpf.Program
 	Mode    string
 	// Attached are the devices the program runs on.
 	Attached []string
@@ -54,15 +60,38 @@ type XDPLoaded struct {
 	links  []link.Link
 }
 
-// program is the XDP program for the mode: multi-buffer aware in the
-// driver, so that devices with a jumbo MTU take it; not in generic mode,
-// where that makes the kernel copy skbs in a way the TC programs do not
-// handle (see bpf/xdp.c).
-func (l *XDPLoaded) program() *ebpf.Program {
-	if l.Mode == XDPGeneric {
-		return l.Objects.XdpNodeportSkb
+// xdpNative and xdpGeneric are what LoadXDP loads in each mode: the maps
+// and the mode's program, multi-buffer aware in the driver, so that
+// devices with a jumbo MTU take it; not in generic mode, where that makes
+// the kernel copy skbs in a way the TC programs do not handle (see
+// bpf/xdp.c).
+type xdpNative struct {
+	bpfobj.XdpMaps
+	Program *ebpf.Program `ebpf:"xdp_nodeport"`
+}
+
+type xdpGeneric struct {
+	bpfobj.XdpMaps
+	Program *ebpf.Program `ebpf:"xdp_nodeport_skb"`
+}
+
+func (o *xdpNative) parts() (bpfobj.XdpMaps, *ebpf.Program)  { return o.XdpMaps, o.Program }
+func (o *xdpGeneric) parts() (bpfobj.XdpMaps, *ebpf.Program) { return o.XdpMaps, o.Program }
+func (o *xdpNative) Close() error                            { return closeXDP(o.parts()) }
+func (o *xdpGeneric) Close() error                           { return closeXDP(o.parts()) }
+
+// xdpMode is xdpNative or xdpGeneric.
+type xdpMode interface {
+	parts() (bpfobj.XdpMaps, *ebpf.Program)
+	Close() error
+}
+
+func closeXDP(m bpfobj.XdpMaps, p *ebpf.Program) error {
+	err := m.Close()
+	if p != nil {
+		err = errors.Join(err, p.Close())
 	}
-	return l.Objects.XdpNodeport
+	return err
 }
 
 // ErrXDPMode is returned (wrapped) for a mode other than native or generic.
@@ -105,9 +134,14 @@ func LoadXDP(cfg XDPConfig) (*XDPLoaded, error) {
 	}
 	l := &XDPLoaded{Mode: cfg.Mode, Failed: map[string]error{}}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: mapsDir(cfg.BPFFSPath)}}
-	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "the XDP program", "XDP objects", cfg.Migrated, false); err != nil {
+	var objs xdpMode = &xdpNative{}
+	if cfg.Mode == XDPGeneric {
+		objs = &xdpGeneric{}
+	}
+	if err := loadPinned(spec, objs, opts, cfg.BPFFSPath, "the XDP program", "XDP objects", cfg.Migrated, false); err != nil {
 		return nil, err
 	}
+	l.Maps, l.Program = objs.parts()
 	wanted := map[string]bool{}
 	for _, d := range cfg.Devices {
 		wanted[xdpPinName(cfg.Mode, d)] = true
@@ -161,7 +195,7 @@ func (l *XDPLoaded) attachDevice(bpffs, dev string, flags link.XDPAttachFlags) (
 	case err == nil:
 		info, ierr := lk.Info()
 		if ierr == nil && info.XDP() != nil && int(info.XDP().Ifindex) == idx {
-			if err := lk.Update(l.program()); err != nil {
+			if err := lk.Update(l.Program); err != nil {
 				lk.Close()
 				return 0, fmt.Errorf("replace the XDP program of %s in its pinned link: %w", dev, err)
 			}
@@ -178,7 +212,7 @@ func (l *XDPLoaded) attachDevice(bpffs, dev string, flags link.XDPAttachFlags) (
 	case !errors.Is(err, os.ErrNotExist):
 		return 0, &xdpPinError{fmt.Errorf("open pinned link %s: %w", pin, err)}
 	}
-	lk, err = link.AttachXDP(link.XDPOptions{Program: l.program(), Interface: idx, Flags: flags})
+	lk, err = link.AttachXDP(link.XDPOptions{Program: l.Program, Interface: idx, Flags: flags})
 	if err != nil {
 		return 0, fmt.Errorf("attach the XDP program to %s in %s mode: %w", dev, l.Mode, err)
 	}
@@ -193,7 +227,7 @@ func (l *XDPLoaded) attachDevice(bpffs, dev string, flags link.XDPAttachFlags) (
 // setDevices makes ifindexes the devices the program redirects to, and no
 // others.
 func (l *XDPLoaded) setDevices(ifindexes []uint32) error {
-	m := l.Objects.Xdp4DevsV1
+	m := l.Maps.Xdp4DevsV1
 	for _, idx := range ifindexes {
 		if err := m.Put(idx, idx); err != nil {
 			return fmt.Errorf("device map entry of ifindex %d: %w", idx, err)
@@ -220,5 +254,5 @@ func (l *XDPLoaded) Close() {
 		lk.Close()
 	}
 	l.links = nil
-	l.Objects.Close()
+	closeXDP(l.Maps, l.Program)
 }

@@ -76,7 +76,7 @@ func TestXDPAttachReplaceModeCleanup(t *testing.T) {
 	}
 	var devs []uint32
 	var k, v uint32
-	for it := l.Objects.Xdp4DevsV1.Iterate(); it.Next(&k, &v); {
+	for it := l.Maps.Xdp4DevsV1.Iterate(); it.Next(&k, &v); {
 		devs = append(devs, k)
 	}
 	if len(devs) != 2 {

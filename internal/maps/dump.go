@@ -93,6 +93,7 @@ var serviceFlagNames = []struct {
 	{FlagDrop, "drop"},
 	{FlagSourceRanges, "source-ranges"},
 	{FlagExternalLocal, "external-local"},
+	{FlagMaglev, "maglev"},
 }
 
 func serviceFlagString(f uint16) string {

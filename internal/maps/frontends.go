@@ -91,7 +91,14 @@ func frontendsOf(svc *model.Service, node *model.Node, fam family) []desiredFron
 	a, eps := svc.Internal()
 	add(sp.ClusterIP, sp.Port, FlagClusterIP, ScopeExternal, a, eps)
 
+	// Only the ServicePorts with a Maglev table have TC and XDP hash the
+	// flow and look the table up.
+	var maglev uint16
+	if maglevBackends(svc) != nil {
+		maglev = FlagMaglev
+	}
 	external := func(addr netip.Addr, port uint16, kind uint16) {
+		kind |= maglev
 		ea, eeps := svc.External()
 		ia, ieps := svc.ShortCircuit()
 		// The TC program keeps the client's address under policy Local

@@ -28,6 +28,17 @@ func maglevWebOn(st *model.State, node netip.Addr) *model.State {
 	return st
 }
 
+// randomWeb is maglevWeb with web choosing at random again.
+func randomWeb(st *model.State) *model.State {
+	st = maglevWeb(st)
+	for _, svc := range st.Services {
+		if svc.Port.Name.Name == "web" {
+			svc.Port.LBAlgorithm = model.LBRandom
+		}
+	}
+	return st
+}
+
 var webName = model.ServicePortName{ServiceName: model.ServiceName{Namespace: "default", Name: "web"}, Protocol: model.TCP}
 
 func webWith(eps ...string) svcSpec {

@@ -50,6 +50,10 @@ const (
 	// FlagLocalhostNodePort marks a NodePort on 127.0.0.1, for the node's
 	// own sockets only (SVC_F_LOCALHOST).
 	FlagLocalhostNodePort uint16 = 1 << 9
+	// FlagMaglev marks the external entries of a ServicePort with a
+	// Maglev table (SVC_F_MAGLEV): only theirs do TC and XDP look up,
+	// by the flow's hash.
+	FlagMaglev uint16 = 1 << 10
 )
 
 // Flags of BackendValue.

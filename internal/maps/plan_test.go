@@ -376,7 +376,7 @@ func TestPlanMaglevTables(t *testing.T) {
 			"put service 192.168.77.10:30080/TCP slot=1 backend=1",
 			"put service 192.168.77.10:30080/TCP slot=2 backend=2",
 			"put service 192.168.77.10:30080/TCP slot=3 backend=3",
-			"put service 192.168.77.10:30080/TCP count=3 revnat=2 svc=1 flags=node-port",
+			"put service 192.168.77.10:30080/TCP count=3 revnat=2 svc=1 flags=node-port,maglev",
 		},
 	}, {
 		name: "an endpoint removed: the new table is set before its backend goes",
@@ -386,13 +386,27 @@ func TestPlanMaglevTables(t *testing.T) {
 			"put service 10.96.0.20:80/TCP slot=1 backend=3",
 			"put service 10.96.0.20:80/TCP count=2 revnat=1 svc=1 flags=cluster-ip",
 			"put service 192.168.77.10:30080/TCP slot=1 backend=3",
-			"put service 192.168.77.10:30080/TCP count=2 revnat=2 svc=1 flags=node-port",
+			"put service 192.168.77.10:30080/TCP count=2 revnat=2 svc=1 flags=node-port,maglev",
 			"delete service 10.96.0.20:80/TCP slot=3",
 			"delete service 192.168.77.10:30080/TCP slot=3",
 			"delete member svc=1 backend=1",
 			"delete backend 1 10.244.1.3:8080/TCP",
 		},
 		removed: []string{"10.244.1.3:8080/TCP"},
+	}, {
+		name: "Maglev turned off: the frontend stops looking the table up before it goes",
+		up:   func() model.Update { return partial(randomWeb(buildState(webWith(three[1:]...))), webName) },
+		want: []string{
+			"put service 192.168.77.10:30080/TCP count=2 revnat=2 svc=1 flags=node-port",
+			"delete maglev svc=1",
+		},
+	}, {
+		name: "Maglev again: the table is set before the frontend looks it up",
+		up:   func() model.Update { return partial(maglevWeb(buildState(webWith(three[1:]...))), webName) },
+		want: []string{
+			"set maglev svc=1 backends=[2 3]",
+			"put service 192.168.77.10:30080/TCP count=2 revnat=2 svc=1 flags=node-port,maglev",
+		},
 	}, {
 		name: "the Service deleted: its table goes after its frontends",
 		up:   func() model.Update { return partial(buildState(), webName) },

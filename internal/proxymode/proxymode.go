@@ -326,9 +326,11 @@ func startBPF(ctx context.Context, cfg Config, log *zap.Logger, reason string) (
 	}
 	return &Started{Families: fams, Mode: EBPF, Reason: reason, close: d.Close, undo: undo,
 		removeLeftovers: func(ctx context.Context) error {
-			// Our iptables chains (every back end) first, then IPVS's
-			// virtual servers, ipsets and dummy interface, then our
-			// nftables tables.
+			// IPVS's virtual servers, our iptables chains (every
+			// back end), IPVS's ipsets and dummy interface
+			// (ipvs.Cleanup, in that order: its closed connections
+			// would capture the socket hooks' new ones from the same
+			// ports), then our nftables tables.
 			return errors.Join(ipvs.Cleanup(ctx, ""), nftables.Cleanup(ctx, ""))
 		}}, nil
 }

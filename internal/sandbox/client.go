@@ -459,7 +459,7 @@ func (l *Loop) StopUnbroken(t testing.TB, during string) LoopResult {
 	}
 	t.Logf("loop: %d connections over %v, %d failed, servers %v", res.Attempts, res.Duration, res.Failures, res.Servers)
 	if res.Failures != 0 {
-		t.Errorf("%d of %d connections failed %s: %v", res.Failures, res.Attempts, during, res.Errors)
+		t.Errorf("%d of %d connections failed %s: %v; the first: %v", res.Failures, res.Attempts, during, res.Errors, res.Failed)
 	}
 	return res
 }

@@ -450,22 +450,27 @@ func loop(req probeRequest, stdin io.Reader, emit func(probeMessage) error) (Loo
 	res := LoopResult{Errors: map[string]int{}, Servers: map[string]int{}}
 	start := time.Now()
 	deadline := start.Add(req.MaxDuration)
-	attempt := func() (server, failure string) {
+	attempt := func() (server string, f LoopFailure) {
 		r := tcpAttempt(req.Addr, req.Timeout)
-		return r.Server, r.Err
+		return r.Server, LoopFailure{Err: r.Err, Connected: r.Connected, Local: r.Local}
 	}
 	if req.Connected {
-		attempt = func() (server, failure string) {
+		attempt = func() (server string, f LoopFailure) {
 			r := udpAttempt(req.Addr, true, req.Timeout)
-			return r.Server, r.Err
+			return r.Server, LoopFailure{Err: r.Err, Local: r.Local}
 		}
 	}
 	for res.Attempts < req.Count && time.Now().Before(deadline) {
-		server, failure := attempt()
+		at := time.Now()
+		server, f := attempt()
 		res.Attempts++
-		if failure != "" {
+		if f.Err != "" {
 			res.Failures++
-			res.Errors[failure]++
+			res.Errors[f.Err]++
+			if len(res.Failed) < maxLoopFailures {
+				f.At, f.Elapsed = at, time.Since(at)
+				res.Failed = append(res.Failed, f)
+			}
 		} else {
 			res.Servers[server]++
 		}

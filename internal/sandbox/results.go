@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"fmt"
 	"net/netip"
 	"time"
 )
@@ -113,7 +114,56 @@ type LoopResult struct {
 	Servers map[string]int `json:"servers"`
 	// Duration is how long the loop ran.
 	Duration time.Duration `json:"duration"`
+	// Failed details the first maxLoopFailures failed attempts, so that a
+	// test can tell when each failed against what it did meanwhile.
+	Failed []LoopFailure `json:"failed,omitempty"`
 }
+
+// LoopTimeFormat is how LoopFailure.String shows a time of day, for a
+// test to log its own steps alike.
+const LoopTimeFormat = "15:04:05.000"
+
+// maxLoopFailures bounds LoopResult.Failed.
+const maxLoopFailures = 20
+
+// LoopFailure is one failed attempt of a loop.
+type LoopFailure struct {
+	// At is when the attempt started, by the probe's clock (the machine's).
+	At time.Time `json:"at"`
+	// Err is the errno name of the failed step, as TCPResult.Err.
+	Err string `json:"err"`
+	// Connected says whether connect() had succeeded: false, the
+	// handshake failed; true, the answer never came.
+	Connected bool `json:"connected"`
+	// Local is the client's address and port, when connect() succeeded.
+	Local netip.AddrPort `json:"local"`
+	// Elapsed is how long the attempt took until it failed.
+	Elapsed time.Duration `json:"elapsed"`
+}
+
+// String is the failure as a test log shows it.
+func (f LoopFailure) String() string {
+	stage := "connect"
+	if f.Connected {
+		stage = "answer"
+	}
+	s := fmt.Sprintf("%s %s %s after %v", f.At.Format(LoopTimeFormat), stage, f.Err, f.Elapsed.Round(time.Millisecond))
+	if f.Local.IsValid() {
+		s += " from " + f.Local.String()
+	}
+	return s
+}
+
+// ProgrammingAttemptTimeout is the attempt timeout (WaitOptions.Timeout)
+// for a wait that times when an address starts to answer. A SYN sent to an
+// address that nothing translates yet may go unanswered (a busy machine
+// also drops or delays some), and then the attempt in flight when the
+// address is programmed ends only at its timeout: the measured moment is
+// late by up to that much, so that with the default 2 s a change programmed
+// in 0.3 s could be measured at 2.3 s. A connection between two namespaces
+// of the sandbox is made in well under a millisecond; an attempt that a
+// busy machine delays past the timeout is tried again.
+const ProgrammingAttemptTimeout = 100 * time.Millisecond
 
 // WaitOptions bound a wait probe (Client.StartWait). Zero fields take the
 // defaults.

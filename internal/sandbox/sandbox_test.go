@@ -369,6 +369,16 @@ func TestUDPLoopExchangesDatagrams(t *testing.T) {
 	if res.Attempts < 1 || res.Failures != res.Attempts {
 		t.Errorf("loop to a closed UDP port: %+v, want every attempt failed", res)
 	}
+	// Each failure is detailed, with its time and errno, for a test to
+	// set beside what it did meanwhile.
+	if len(res.Failed) != res.Failures {
+		t.Errorf("loop detailed %d failures of %d: %v", len(res.Failed), res.Failures, res.Failed)
+	}
+	for _, f := range res.Failed {
+		if f.Err == "" || f.At.IsZero() || time.Since(f.At) > time.Minute {
+			t.Errorf("failure detail %+v, want its errno and when it started", f)
+		}
+	}
 }
 
 func TestHeldConnectionCarriesDataUntilClosed(t *testing.T) {

@@ -164,15 +164,26 @@ func (st *UDPStream) collect() {
 }
 
 // Next returns the stream's next finished query, in order, waiting until it
-// finishes. It returns an error once the stream has ended (a bound was
-// reached, or Stop was called) and every query was read, or when ctx is done.
+// finishes. It returns an error once the stream has ended: at once after
+// Stop (whose queries not yet read are dropped), and after the last query
+// once a bound was reached. It also returns an error when ctx is done.
 func (st *UDPStream) Next(ctx context.Context) (UDPQuery, error) {
+	ended := fmt.Errorf("udp stream from %s to %s has ended", st.s.client.Name, st.s.req.Addr)
+	// The queue may still hold queries when Stop is called; a select
+	// between it and st.done would pick either, so Stop is looked at first.
+	select {
+	case <-st.done:
+		return UDPQuery{}, ended
+	default:
+	}
 	select {
 	case q, ok := <-st.queries:
 		if !ok {
-			return UDPQuery{}, fmt.Errorf("udp stream from %s to %s has ended", st.s.client.Name, st.s.req.Addr)
+			return UDPQuery{}, ended
 		}
 		return q, nil
+	case <-st.done:
+		return UDPQuery{}, ended
 	case <-ctx.Done():
 		return UDPQuery{}, fmt.Errorf("udp stream from %s to %s: %w", st.s.client.Name, st.s.req.Addr, ctx.Err())
 	}

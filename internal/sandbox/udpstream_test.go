@@ -49,6 +49,9 @@ func TestUDPStreamMovesToTheNextAddressAfterASocketError(t *testing.T) {
 	if !slices.Equal(moved.Retries, []string{"ECONNREFUSED"}) || moved.Cookie == first.Cookie || moved.Peer != addrs[1] {
 		t.Errorf("query %+v, want it retried after ECONNREFUSED on a new socket connected to pod-b", moved)
 	}
+	// Queries left unread when Stop is called are dropped: give the
+	// stream time to queue some first.
+	time.Sleep(5 * 20 * time.Millisecond)
 	res, err := st.Stop()
 	if err != nil {
 		t.Fatal(err)

@@ -191,7 +191,10 @@ func (t *tracer) externalChoice(svc maps.ServiceValue) (*Backend, error) {
 		note = "; remembered for the client's address"
 	}
 	var sel *Selection
-	if in.Client.Port == 0 {
+	switch {
+	case svc.Flags&maps.FlagMaglev == 0:
+		// The program looks for no table (no SVC_F_MAGLEV).
+	case in.Client.Port == 0:
 		_, _, size, ok, err := m.MaglevBackend(svc.SvcId, 0)
 		if err != nil {
 			return nil, err
@@ -200,7 +203,7 @@ func (t *tracer) externalChoice(svc maps.ServiceValue) (*Backend, error) {
 			t.step(fmt.Sprintf("Maglev table: ServicePort %d", svc.SvcId), "%d slots: the backend depends on the flow's hash, of its source port: give --source-port", size)
 			sel = &Selection{Method: MethodMaglev, MaglevTableSize: size, Note: "by the hash of the flow's addresses, ports and protocol" + note}
 		}
-	} else {
+	default:
 		hash := m.FlowHash(netip.AddrPortFrom(in.Client.Addr, in.Client.Port), in.Dest, in.Proto)
 		id, idx, size, ok, err := m.MaglevBackend(svc.SvcId, hash)
 		if err != nil {

@@ -34,7 +34,7 @@ var chartPaths = []string{
 	"tracked flow, remote backend (SNAT)",
 	"reply from a remote backend (SNAT)",
 	"new flow, remote backend (SNAT)",
-	"new flow of a new client, remote backend (SNAT)",
+	"new flow, next hop looked up, remote backend (SNAT)",
 	"tracked flow, local backend",
 }
 
@@ -161,7 +161,7 @@ func writeReport(d *data, out string) error {
 		md.WriteString("## Scale: Services through a real API server\n\n")
 		md.WriteString("`make e2e-bench` (test/e2e/bench BenchmarkScale), once per Service count: the Services and EndpointSlices are created through a real kube-apiserver, then each proxy starts on a fresh node namespace.\n\n")
 		md.WriteString("![time to program every Service](benchmarks/programming.png)\n\n![peak RSS](benchmarks/rss.png)\n\n")
-		md.WriteString("| Services × endpoints | proxy | start → all programmed | first sync | peak RSS | change p50 | change p99 | sync per change | run |\n|---|---|---|---|---|---|---|---|---|\n")
+		md.WriteString("| Services × endpoints | proxy | start → all programmed | first sync | peak RSS | change p50 | change p99 | sync per change | new Service p50 | new Service p99 | run |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, s := range d.scales {
 			for _, r := range s.Results {
 				// No first sync is the proxy's metric not read (its
@@ -170,8 +170,13 @@ func writeReport(d *data, out string) error {
 				if r.FirstSync > 0 {
 					firstSync = fmt.Sprintf("%.2f s", r.FirstSync)
 				}
-				fmt.Fprintf(&md, "| %d × %d | %s | %.2f s | %s | %.0f MiB | %.1f ms | %.1f ms | %.1f ms | %s |\n", s.Services, s.Endpoints,
-					proxyLabel(r.Proxy), r.StartToSynced, firstSync, r.PeakRSSEnd, r.ChangeP50, r.ChangeP99, r.SyncPerChange, s.meta)
+				// Runs from before the new Services were measured have none.
+				n50, n99 := "-", "-"
+				if r.NewServices > 0 {
+					n50, n99 = fmt.Sprintf("%.1f ms", r.NewP50), fmt.Sprintf("%.1f ms", r.NewP99)
+				}
+				fmt.Fprintf(&md, "| %d × %d | %s | %.2f s | %s | %.0f MiB | %.1f ms | %.1f ms | %.1f ms | %s | %s | %s |\n", s.Services, s.Endpoints,
+					proxyLabel(r.Proxy), r.StartToSynced, firstSync, r.PeakRSSEnd, r.ChangeP50, r.ChangeP99, r.SyncPerChange, n50, n99, s.meta)
 			}
 		}
 		md.WriteString("\n")

@@ -27,6 +27,9 @@ type scaleResult struct {
 	ChangeP99     float64 `json:"change_p99_ms"`
 	SyncPerChange float64 `json:"sync_per_change_ms"`
 	Changes       int     `json:"changes"`
+	NewP50        float64 `json:"new_service_p50_ms"`
+	NewP99        float64 `json:"new_service_p99_ms"`
+	NewServices   int     `json:"new_services"`
 	Note          string  `json:"note"`
 }
 
@@ -56,6 +59,9 @@ func (s scaleRun) figures() map[string]float64 {
 		switch s.Services {
 		case 10000:
 			got["rss_10k"] = r.PeakRSSEnd
+			if r.NewServices > 0 {
+				got["new_service_p99"] = r.NewP99
+			}
 		case 30000:
 			got["svc30k_programmed"] = r.StartToSynced
 			got["svc30k_rss"] = r.PeakRSSEnd

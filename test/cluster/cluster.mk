@@ -1,21 +1,25 @@
-# The cluster test: a real node (containerd, kubelet, controller-manager,
-# scheduler, etcd, kube-apiserver) in a Debian 6.12 guest of the VM runner,
-# where upstream kube-proxy is replaced by deploy/ under load, then upgraded
-# and restarted. Included by the top-level Makefile:
+# The cluster test: a real worker node (containerd, the kubelet, the pods)
+# in a Debian 6.12 guest of the VM runner, where upstream kube-proxy is
+# replaced by deploy/ under load, then upgraded and restarted. Included by
+# the top-level Makefile:
 #
 #	make cluster-test
 #
-# Nothing of the cluster runs on this machine: the kubelet writes global
-# sysctls, and the guest's are its own. The guest reads the binaries, the
-# image archives and the test binary through its read-only view of this
-# machine's root, and writes logs to $(CLUSTER_OUT)/logs.
+# The control plane (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler) runs on this machine, as a control-plane node does, in a
+# network namespace of its own (test/cluster/controlplane) whose tap device
+# is the guest's network card. The kubelet writes global sysctls: it and
+# everything of the node run in the guest, whose are its own. The guest
+# reads the binaries, the image archives, the kubeconfig and the test
+# binary through its read-only view of this machine's root, and writes
+# logs to $(CLUSTER_OUT)/logs, where the control plane's are too.
 
 CLUSTER_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
 CLUSTER_OUT ?= $(abspath bin/cluster)
 # One vCPU: two under TCG panic now and then (../shared notes, vmtest.md).
-CLUSTER_VM_FLAGS ?= --kernel 6.12 --cpus 1 --memory 4096 --accel tcg --timeout 25m
+CLUSTER_VM_FLAGS ?= --kernel 6.12 --cpus 1 --memory 4096 --accel tcg --timeout 46m
 # What the node loads besides what modprobe pulls in on demand.
-CLUSTER_MODULES := veth,bridge,br_netfilter,overlay,sch_ingress,cls_bpf,nf_conntrack,nf_nat,nf_tables,nft_compat,nft_chain_nat,nft_ct,nft_masq,nft_nat,nft_reject_inet,ip_tables,iptable_filter,iptable_nat,iptable_mangle,xt_conntrack,xt_comment,xt_mark,xt_MASQUERADE,xt_addrtype,xt_multiport,xt_statistic,xt_nat,ipt_REJECT,ip_set,xt_set
+CLUSTER_MODULES := virtio_net,veth,bridge,br_netfilter,overlay,sch_ingress,cls_bpf,nf_conntrack,nf_nat,nf_tables,nft_compat,nft_chain_nat,nft_ct,nft_masq,nft_nat,nft_reject_inet,ip_tables,iptable_filter,iptable_nat,iptable_mangle,xt_conntrack,xt_comment,xt_mark,xt_MASQUERADE,xt_addrtype,xt_multiport,xt_statistic,xt_nat,ipt_REJECT,ip_set,xt_set
 
 .PHONY: cluster-deps cluster-test
 
@@ -30,10 +34,13 @@ cluster-deps:
 cluster-test: cluster-deps vmtest-deps k8s-binaries node-binaries cluster-images
 	rm -rf $(CLUSTER_OUT) && mkdir -p $(CLUSTER_OUT)/logs
 	$(GO) test -c -o $(CLUSTER_OUT)/cluster.test ./$(CLUSTER_DIR)
+	$(GO) build -o $(CLUSTER_OUT)/controlplane ./$(CLUSTER_DIR)/controlplane
+	$(GO) build -o $(CLUSTER_OUT)/vmtest ./test/vmtest
 	EBPF_PROXY_CLUSTER_IMAGES=$(abspath $(IMAGES_DIR)) \
 	EBPF_PROXY_CLUSTER_LOGS=$(CLUSTER_OUT)/logs \
 	EBPF_PROXY_CLUSTER_DEPLOY=$(abspath deploy) \
 	EBPF_PROXY_CLUSTER_AGENT_IMAGES="ebpf-proxy:$(IMAGE_TAG) ebpf-proxy:$(IMAGE_TAG_NEXT)" \
 	EBPF_PROXY_CLUSTER_TEST_IMAGE=ebpf-proxy-testserver:$(TESTSERVER_TAG) \
-	$(GO) run ./test/vmtest $(CLUSTER_VM_FLAGS) --modules "$(CLUSTER_MODULES)" --rw $(CLUSTER_OUT) -- \
-		$(CLUSTER_OUT)/cluster.test -test.v -test.timeout 24m
+	$(CLUSTER_OUT)/controlplane --dir $(CLUSTER_OUT)/controlplane.d --logs $(CLUSTER_OUT)/logs --tap node-tap -- \
+	$(CLUSTER_OUT)/vmtest $(CLUSTER_VM_FLAGS) --tap node-tap --modules "$(CLUSTER_MODULES)" --rw $(CLUSTER_OUT) -- \
+		$(CLUSTER_OUT)/cluster.test -test.v -test.timeout 44m

@@ -107,7 +107,7 @@ func run(bin, manifests string) (err error) {
 	const metricsAddr = "127.0.0.1:10249"
 
 	args := []string{"--manifests", dir, "--cgroup-path", sb.Cgroup.Path(), "--bpffs-path", bpffs,
-		"--hostname-override", "node-a", "--healthz-bind-address", "", "--metrics-bind-address", metricsAddr,
+		"--hostname-override", "node-a", "--healthz-bind-address", "", "--metrics-bind-address", metricsAddr, "--probe-bind-address", "",
 		"--api-socket", filepath.Join(dir, "agent.sock"), "--logging-format", "text"}
 	step("starting the agent in node-a's network namespace; to run it by hand:\n    ip netns exec %s %s %s",
 		node.NS.Name(), bin, shellQuote(args))

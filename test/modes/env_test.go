@@ -119,7 +119,7 @@ func (e *env) agentArgs(mode string) []string {
 	return []string{"--proxy-mode", mode, "--manifests", e.manifests, "--cgroup-path", e.sb.Cgroup.Path(),
 		"--api-socket", filepath.Join(e.t.TempDir(), "agent.sock"),
 		"--bpffs-path", e.bpffs, "--hostname-override", nodeName, "--cluster-cidr", sandbox.PodCIDR.String(),
-		"--healthz-bind-address", "", "--metrics-bind-address", metricsAddr, "--terminate-removed-backend-sockets=false", "-v", "2"}
+		"--healthz-bind-address", "", "--metrics-bind-address", metricsAddr, "--probe-bind-address", "", "--terminate-removed-backend-sockets=false", "-v", "2"}
 }
 
 // startAgent runs the agent in the node's namespace in mode, with the

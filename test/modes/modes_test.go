@@ -98,50 +98,53 @@ func TestExplicitEBPFModeFailsWhenTheBPFDataplaneCannotRun(t *testing.T) {
 	}
 }
 
-// A client connects to the ClusterIP every 20ms while the agent restarts
-// in one mode after another: every connection is answered, and after each
-// start the node holds nothing of the earlier modes.
-func TestModeSwitchOnRestartLeavesNothingBehind(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		modes []string
-		ipvs  bool
-	}{
-		{"ebpf to iptables and back", []string{"ebpf", "iptables", "ebpf"}, false},
-		{"iptables to ipvs and back", []string{"iptables", "ipvs", "iptables"}, true},
-		{"ebpf to ipvs and back", []string{"ebpf", "ipvs", "ebpf"}, true},
-		{"ebpf to nftables and back", []string{"ebpf", "nftables", "ebpf"}, false},
-		{"iptables to nftables and back", []string{"iptables", "nftables", "iptables"}, false},
-		{"nftables to ipvs and back", []string{"nftables", "ipvs", "nftables"}, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t)
-			if tc.ipvs {
-				requireIPVS(t, e.node)
+// TestModeSwitchesBetweenEBPFIPTablesAndNFTables restarts the agent in
+// ebpf>iptables>nftables>ebpf>nftables>iptables>ebpf mode: every switch
+// between the three, in both directions (modeSwitches).
+func TestModeSwitchesBetweenEBPFIPTablesAndNFTables(t *testing.T) {
+	modeSwitches(t, newEnv(t), "ebpf", "iptables", "nftables", "ebpf", "nftables", "iptables", "ebpf")
+}
+
+// TestModeSwitchesToAndFromIPVS restarts the agent in
+// iptables>ipvs>ebpf>ipvs>nftables>ipvs>iptables mode: every switch to and
+// from IPVS (modeSwitches).
+func TestModeSwitchesToAndFromIPVS(t *testing.T) {
+	e := newEnv(t)
+	requireIPVS(t, e.node)
+	modeSwitches(t, e, "iptables", "ipvs", "ebpf", "ipvs", "nftables", "ipvs", "iptables")
+}
+
+// modeSwitches starts the agent in each of modes in turn, one agent start
+// per switch, while a client connects to the ClusterIP every 20ms: every
+// connection is answered, and after each start the node holds nothing of
+// the earlier modes.
+func modeSwitches(t *testing.T, e *env, modes ...string) {
+	vip := netip.AddrPortFrom(clusterIP, 80)
+	var loop *sandbox.Loop
+	for i, mode := range modes {
+		// When each agent started, was ready and stopped, to set beside
+		// the times of failed connections.
+		t.Logf("%s: starting the agent in %s mode", stamp(), mode)
+		a := e.startAgent(mode)
+		t.Logf("%s: the agent in %s mode has synced and removed what other modes left", stamp(), mode)
+		e.expectOnly(mode)
+		if got := get(t, a, "/proxyMode"); got != mode {
+			t.Errorf("/proxyMode %q, want %q", got, mode)
+		}
+		e.reaches(e.client, vip, 24)
+		if i == 0 {
+			var err error
+			if loop, err = e.client.StartLoop(e.ctx(), vip, sandbox.LoopOptions{Interval: 20 * time.Millisecond, MaxDuration: 10 * time.Minute}); err != nil {
+				t.Fatal(err)
 			}
-			vip := netip.AddrPortFrom(clusterIP, 80)
-			var loop *sandbox.Loop
-			for i, mode := range tc.modes {
-				a := e.startAgent(mode)
-				e.expectOnly(mode)
-				if got := get(t, a, "/proxyMode"); got != mode {
-					t.Errorf("/proxyMode %q, want %q", got, mode)
-				}
-				e.reaches(e.client, vip, 24)
-				if i == 0 {
-					var err error
-					if loop, err = e.client.StartLoop(e.ctx(), vip, sandbox.LoopOptions{Interval: 20 * time.Millisecond, MaxDuration: 5 * time.Minute}); err != nil {
-						t.Fatal(err)
-					}
-				}
-				// Between two agents the rules of the earlier one serve.
-				a.Terminate(t, time.Minute)
-			}
-			res := loop.StopUnbroken(t, "across the mode switches")
-			if len(res.Servers) != 2 {
-				t.Errorf("connections reached %v, want both pods", res.Servers)
-			}
-		})
+		}
+		// Between two agents the rules of the earlier one serve.
+		a.Terminate(t, time.Minute)
+		t.Logf("%s: the agent in %s mode has stopped", stamp(), mode)
+	}
+	res := loop.StopUnbroken(t, "across the mode switches")
+	if len(res.Servers) != 2 {
+		t.Errorf("connections reached %v, want both pods", res.Servers)
 	}
 }
 
@@ -179,6 +182,9 @@ func TestCleanupRemovesWhatEveryModeCreated(t *testing.T) {
 		})
 	}
 }
+
+// stamp is the time of day as a loop's failures show it.
+func stamp() string { return time.Now().Format(sandbox.LoopTimeFormat) }
 
 // grep returns the lines of text that contain s.
 func grep(text, s string) string {

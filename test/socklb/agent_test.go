@@ -25,6 +25,9 @@ import (
 const (
 	healthzAddr = "127.0.0.1:10256"
 	metricsAddr = "127.0.0.1:10249"
+	// probeAddr is --probe-bind-address's default, where the DaemonSet's
+	// HTTP probes ask.
+	probeAddr = "127.0.0.1:10266"
 )
 
 // startAgent runs the real agent in the node's namespace against the
@@ -35,7 +38,7 @@ func (e *env) startAgent(t *testing.T, dir string, extra ...string) *agent.Proce
 	t.Helper()
 	args := append([]string{"--manifests", dir, "--cgroup-path", e.sb.Cgroup.Path(),
 		"--bpffs-path", e.bpffs, "--hostname-override", nodeName, "--api-socket", filepath.Join(t.TempDir(), "agent.sock"),
-		"--healthz-bind-address", "", "--metrics-bind-address", "", "-v", "2"}, extra...)
+		"--healthz-bind-address", "", "--metrics-bind-address", "", "--probe-bind-address", "", "-v", "2"}, extra...)
 	a := agent.Run(t, agent.Options{Args: args, Netns: e.node.NS.Path()})
 	if err := a.WaitLog(2*time.Minute, []string{"first sync done in every IP family"}); err != nil {
 		t.Fatalf("agent did not sync: %v\n%s", err, a.Logs())
@@ -142,13 +145,15 @@ func TestAgentFollowsManifestChanges(t *testing.T) {
 	e := newSandbox(t, 2)
 	dir := t.TempDir()
 	writeManifests(t, dir, e.pods[0])
-	a := e.startAgent(t, dir, "--healthz-bind-address", healthzAddr, "--metrics-bind-address", metricsAddr)
+	a := e.startAgent(t, dir, "--healthz-bind-address", healthzAddr, "--metrics-bind-address", metricsAddr, "--probe-bind-address", probeAddr)
 
 	t.Run("health and metrics servers answer as kube-proxy's", func(t *testing.T) {
-		for _, path := range []string{"/healthz", "/livez"} {
-			code, body := a.MustGet(t, "http://"+healthzAddr+path)
-			if code != 200 || !strings.Contains(body, `"healthy":true`) || !strings.Contains(body, `"lastUpdated"`) {
-				t.Errorf("%s: %d %s", path, code, body)
+		for _, addr := range []string{healthzAddr, probeAddr} {
+			for _, path := range []string{"/healthz", "/livez"} {
+				code, body := a.MustGet(t, "http://"+addr+path)
+				if code != 200 || !strings.Contains(body, `"healthy":true`) || !strings.Contains(body, `"lastUpdated"`) {
+					t.Errorf("%s%s: %d %s", addr, path, code, body)
+				}
 			}
 		}
 		if code, body := a.MustGet(t, "http://"+metricsAddr+"/proxyMode"); code != 200 || strings.TrimSpace(body) != "ebpf" {

@@ -25,7 +25,7 @@ func TestAFailedStartLeavesNothingHalfMade(t *testing.T) {
 		t.Helper()
 		args := []string{"--manifests", missing, "--cgroup-path", e.sb.Cgroup.Path(),
 			"--bpffs-path", e.bpffs, "--hostname-override", nodeName, "--api-socket", filepath.Join(t.TempDir(), "agent.sock"),
-			"--healthz-bind-address", "", "--metrics-bind-address", "", "-v", "2"}
+			"--healthz-bind-address", "", "--metrics-bind-address", "", "--probe-bind-address", "", "-v", "2"}
 		a := agent.Run(t, agent.Options{Args: args, Netns: e.node.NS.Path()})
 		if err := a.ExitWithin(t, time.Minute); err == nil {
 			t.Fatalf("the agent exited 0 with a missing --manifests directory:\n%s", a.Logs())

@@ -43,7 +43,7 @@ func (e *env) writeAgentManifests(t *testing.T, dir string) {
 func (e *env) startAgent(t *testing.T, dir, bpffs string, cg *sandbox.Cgroup, extra ...string) *agent.Process {
 	t.Helper()
 	args := append([]string{"--manifests", dir, "--cgroup-path", cg.Path(), "--bpffs-path", bpffs,
-		"--hostname-override", "node-a", "--healthz-bind-address", "", "--metrics-bind-address", "", "-v", "2",
+		"--hostname-override", "node-a", "--healthz-bind-address", "", "--metrics-bind-address", "", "--probe-bind-address", "", "-v", "2",
 		"--api-socket", filepath.Join(t.TempDir(), "agent.sock")}, extra...)
 	a := agent.Run(t, agent.Options{Args: args, Netns: e.nodes[0].NS.Path()})
 	if err := a.WaitLog(2*time.Minute, []string{"first sync done in every IP family", "TC programs attached"}); err != nil {

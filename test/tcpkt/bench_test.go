@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
 )
 
@@ -13,21 +14,24 @@ import (
 // programs (pktest.BenchWith: repeated runs where the packet comes out
 // unchanged, single runs on fresh copies where it is rewritten). "new flow"
 // paths forget the flow before every run, outside the timed part; the
-// others run against a flow set up once. Next hops are shared between a
-// client's new flows, as the agent lets them be on this routing
-// (bpf/lib/nexthop.h): "new flow" is a known client's, "new flow of a new
-// client" empties the client's slot too and pays the FIB lookup.
+// others run against a flow set up once. Next hops are shared between
+// every client's new flows, as the agent lets them be on this routing
+// (bpf/lib/nexthop.h): "new flow" takes the next hop an earlier flow to
+// the backend found, whatever its client; "new flow, next hop looked up"
+// empties the slot too and pays the FIB lookup, as the first flow to the
+// backend in its second does (and a new client's, where the route may
+// depend on the client).
 func BenchmarkPaths(b *testing.B) {
 	f := newFixture(b, loadOptions{snatMin: 61000, snatMax: 65535})
 	f.sync(b, fixtureState())
-	f.shareNexthops(b, false, true)
+	f.shareNexthops(b, false, loader.NexthopShareAll)
 	reset := func() error {
 		f.resetCT(b)
 		return nil
 	}
-	resetAll := func() error {
+	resetNexthop := func() error {
 		f.resetCT(b)
-		f.forgetNexthop(b, loopbackIfindex, client.Addr(), remoteWeb)
+		f.forgetNexthop(b, loopbackIfindex, netip.IPv4Unspecified(), remoteWeb)
 		return nil
 	}
 	synLocal := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.SYN)).Bytes()
@@ -40,7 +44,7 @@ func BenchmarkPaths(b *testing.B) {
 		{name: "egress/not a reply", frame: toRouter(pktest.TCP(np(22), client, pktest.ACK)).Bytes()},
 		{name: "ingress/new flow, local backend", frame: synLocal, beforeRun: reset},
 		{name: "ingress/new flow, remote backend (SNAT)", frame: synRemote, beforeRun: reset},
-		{name: "ingress/new flow of a new client, remote backend (SNAT)", frame: synRemote, beforeRun: resetAll},
+		{name: "ingress/new flow, next hop looked up, remote backend (SNAT)", frame: synRemote, beforeRun: resetNexthop},
 		{name: "ingress/tracked flow, local backend", frame: ackLocal, prime: [][]byte{synLocal}},
 		{name: "ingress/tracked flow, remote backend (SNAT)", frame: ackRemote, prime: [][]byte{synRemote}},
 		{name: "egress/reply from a local backend", egress: true, frame: toRouter(pktest.TCP(localWeb, client, pktest.ACK)).Bytes(), prime: [][]byte{synLocal}},
@@ -86,7 +90,7 @@ func BenchmarkXDPPaths(b *testing.B) {
 		x := newXFam(b, name, loadOptions{snatMin: 61000, snatMax: 65535})
 		xo := x.f.loadXDP(b, x.f.ifindex)
 		x.sync(b, x.fixtureState())
-		x.f.shareNexthops(b, x.v6, true)
+		x.f.shareNexthops(b, x.v6, loader.NexthopShareAll)
 		fams = append(fams, fam{x, xo})
 	}
 	type path struct {
@@ -113,10 +117,10 @@ func BenchmarkXDPPaths(b *testing.B) {
 		{"xdp/new flow, remote backend (SNAT)", func(x *xfam) path {
 			return path{frame: x.tcp(x.client, x.np(npWebRemote), pktest.SYN).fromOutside().Bytes(), beforeRun: resetter(b, x)}
 		}},
-		{"xdp/new flow of a new client, remote backend (SNAT)", func(x *xfam) path {
+		{"xdp/new flow, next hop looked up, remote backend (SNAT)", func(x *xfam) path {
 			return path{frame: x.tcp(x.client, x.np(npWebRemote), pktest.SYN).fromOutside().Bytes(), beforeRun: func() error {
 				x.resetCT(b)
-				x.f.forgetNexthop(b, loopbackIfindex, x.client.Addr(), x.remoteWeb)
+				x.f.forgetNexthop(b, loopbackIfindex, x.unspecified(), x.remoteWeb)
 				return nil
 			}}
 		}},
@@ -186,14 +190,14 @@ func resetter(tb testing.TB, x *xfam) func() error {
 func BenchmarkPathsIPv6(b *testing.B) {
 	f := newFixture6(b, loadOptions{})
 	f.sync6(b, fixtureState6())
-	f.shareNexthops(b, true, true)
+	f.shareNexthops(b, true, loader.NexthopShareAll)
 	reset := func() error {
 		f.resetCT6(b)
 		return nil
 	}
-	resetAll := func() error {
+	resetNexthop := func() error {
 		f.resetCT6(b)
-		f.forgetNexthop(b, loopbackIfindex, client6.Addr(), remoteWeb6)
+		f.forgetNexthop(b, loopbackIfindex, netip.IPv6Unspecified(), remoteWeb6)
 		return nil
 	}
 	synLocal := fromOutside(pktest.TCP6(client6, np6(npWebLocal), pktest.SYN)).Bytes()
@@ -205,7 +209,7 @@ func BenchmarkPathsIPv6(b *testing.B) {
 		{name: "egress/not a reply", frame: toRouter(pktest.TCP6(np6(22), client6, pktest.ACK)).Bytes()},
 		{name: "ingress/new flow, local backend", frame: synLocal, beforeRun: reset},
 		{name: "ingress/new flow, remote backend (SNAT)", frame: synRemote, beforeRun: reset},
-		{name: "ingress/new flow of a new client, remote backend (SNAT)", frame: synRemote, beforeRun: resetAll},
+		{name: "ingress/new flow, next hop looked up, remote backend (SNAT)", frame: synRemote, beforeRun: resetNexthop},
 		{name: "ingress/tracked flow, local backend", frame: ackLocal, prime: [][]byte{synLocal}},
 		{name: "ingress/tracked flow, remote backend (SNAT)", frame: ackRemote, prime: [][]byte{synRemote}},
 		{name: "egress/reply from a local backend", egress: true, frame: toRouter(pktest.TCP6(localWeb6, client6, pktest.ACK)).Bytes(), prime: [][]byte{synLocal}},

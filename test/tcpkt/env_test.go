@@ -54,7 +54,10 @@ var (
 // holding the node's device and routes, and the maps Writer that programs
 // Services into the maps as the agent does.
 type fixture struct {
-	objs    *bpfobj.TcObjects
+	objs *bpfobj.TcObjects
+	// load holds objs, for the next test once this one is done (see
+	// loads_test.go).
+	load    *progLoad
 	ns      *sandbox.Netns
 	ifindex uint32
 	// podIfindex is p0's.
@@ -84,40 +87,21 @@ func newFixture(tb testing.TB, opts loadOptions) *fixture {
 	tb.Helper()
 	sandbox.RequireRoot(tb)
 	sandbox.RequireFeature(tb, "TC programs", features.HaveProgramType(ebpf.SchedCLS))
-	spec, err := bpfobj.LoadTc()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for name, m := range spec.Maps {
-		if m.MaxEntries > 1024 && m.Type != ebpf.PerCPUArray {
-			m.MaxEntries = 1024
-		}
-		if opts.affinityEntries != 0 && (name == bpfobj.TcMapLb4AffinityV1 || name == bpfobj.TcMapLb6AffinityV1) {
-			m.MaxEntries = opts.affinityEntries
-		}
-		// Private maps: never adopt or create pins of a running agent.
-		m.Pinning = ebpf.PinNone
-	}
 	if opts.snatMin == 0 {
 		opts.snatMin, opts.snatMax = snatPort, snatPort
 	}
-	if err := spec.Variables[bpfobj.TcVarSnatPortMin].Set(opts.snatMin); err != nil {
-		tb.Fatal(err)
-	}
-	if err := spec.Variables[bpfobj.TcVarSnatPortMax].Set(opts.snatMax); err != nil {
-		tb.Fatal(err)
-	}
-	f := &fixture{objs: &bpfobj.TcObjects{}, snatMin: opts.snatMin, snatMax: opts.snatMax,
-		maglevTable6: spec.Maps[bpfobj.TcMapLb6MaglevV1].InnerMap}
-	if err := spec.LoadAndAssign(f.objs, nil); err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			tb.Fatalf("load the TC programs: %+v", ve)
+	key := loadKey{snatMin: opts.snatMin, snatMax: opts.snatMax, affinityEntries: opts.affinityEntries}
+	l := takeLoad(key)
+	if l == nil {
+		var err error
+		if l, err = loadTC(key); err != nil {
+			tb.Fatal(err)
 		}
-		tb.Fatalf("load the TC programs: %v", err)
 	}
-	tb.Cleanup(func() { f.objs.Close() })
-
+	tb.Cleanup(func() { l.giveBack(tb) })
+	f := &fixture{objs: l.tc, load: l, snatMin: opts.snatMin, snatMax: opts.snatMax,
+		maglevTable6: l.spec.Maps[bpfobj.TcMapLb6MaglevV1].InnerMap}
+	var err error
 	if f.ns, err = sandbox.NewNetns("tcpkt"); err != nil {
 		tb.Fatal(err)
 	}
@@ -148,7 +132,7 @@ func newFixture(tb testing.TB, opts loadOptions) *fixture {
 		SourceRanges: maps.FromKernel[maps.SourceRangeKey, uint8](f.objs.Lb4SourceRangesV1),
 		PortFilter:   maps.FromKernel[uint32, uint32](f.objs.Lb4ExtPortsV1),
 		RemovedAt:    maps.FromKernel[uint32, uint32](f.objs.LbRemovedAtV1),
-		Maglev:       maps.KernelMaglev(f.objs.Lb4MaglevV1, f.objs.Lb4MaglevFpV1, spec.Maps[bpfobj.TcMapLb4MaglevV1].InnerMap),
+		Maglev:       maps.KernelMaglev(f.objs.Lb4MaglevV1, f.objs.Lb4MaglevFpV1, l.spec.Maps[bpfobj.TcMapLb4MaglevV1].InnerMap),
 	}, maps.Limits{Backends: 1024, RevNat: 1024})
 	if err != nil {
 		tb.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"strings"
@@ -74,12 +75,34 @@ func (w *fuzzWorld) match(p prog, in []byte, v view, alts []outcome, res pktest.
 					w.chosen[o.svc] = map[netip.AddrPort]int{}
 				}
 				w.chosen[o.svc][o.dsts[0]]++
+				w.offered(o.svc, alts)
 			}
 			return o, nil
 		}
 		errs = append(errs, fmt.Sprintf("want %s (%s): %v", o.kind, o.why, err))
 	}
 	return outcome{}, errors.New(strings.Join(errs, "\n"))
+}
+
+// offered notes that a new flow of svc could go to each of the n backends
+// its alternatives alts translate to: under a uniform choice, each was
+// passed over with chance 1-1/n.
+func (w *fuzzWorld) offered(svc string, alts []outcome) {
+	var to []netip.AddrPort
+	for _, a := range alts {
+		if a.kind == xlate && a.svc == svc && len(a.dsts) > 0 {
+			to = append(to, a.dsts[0])
+		}
+	}
+	if len(to) < 2 {
+		return
+	}
+	if w.missLog[svc] == nil {
+		w.missLog[svc] = map[netip.AddrPort]float64{}
+	}
+	for _, b := range to {
+		w.missLog[svc][b] += math.Log(1 - 1/float64(len(to)))
+	}
 }
 
 func (w *fuzzWorld) matchOne(p prog, in []byte, v view, o outcome, res pktest.Result, ctChanged bool) error {

@@ -262,6 +262,11 @@ type fuzzWorld struct {
 	// chosen counts the backends new flows were translated to, by
 	// Service.
 	chosen map[string]map[netip.AddrPort]int
+	// missLog sums, by Service and backend, the log of the chance that
+	// a free choice (a new flow that may go to any of several backends)
+	// passed the backend over, had the program chosen uniformly: a
+	// backend never chosen is an error only once that chance is tiny.
+	missLog map[string]map[netip.AddrPort]float64
 	// fromPod says the frame at hand arrives on p0, the pod device, rather
 	// than on n0: what the node forwards still leaves through n0, which
 	// the XDP program redirects it to.
@@ -273,7 +278,7 @@ type fuzzWorld struct {
 // ExternalIPs and LoadBalancer IPs, each with the external verdict.
 func newFuzzWorld(sts ...*model.State) *fuzzWorld {
 	w := &fuzzWorld{frontends: map[feKey]*fuzzFrontend{}, seen: map[string]netip.AddrPort{},
-		chosen: map[string]map[netip.AddrPort]int{}}
+		chosen: map[string]map[netip.AddrPort]int{}, missLog: map[string]map[netip.AddrPort]float64{}}
 	for _, st := range sts {
 		for _, name := range model.SortedNames(st.Services) {
 			svc := st.Services[name]

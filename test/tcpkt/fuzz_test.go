@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net/netip"
 	"os"
 	"slices"
@@ -16,8 +17,10 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 )
 
 // The packet fuzzer: random and mutated frames through every TC and XDP
@@ -28,7 +31,10 @@ import (
 // so that every frame meets the same world.
 //
 // EBPF_PROXY_PKTFUZZ_PACKETS sets how many frames each program gets
-// (50,000 by default; `make fuzz` runs 1,000,000), EBPF_PROXY_PKTFUZZ_SEED
+// (50,000 by default, 20,000 in the kernel matrix's emulated guests, where
+// a frame and the restore of connection tracking after it cost about 16
+// times what they cost on the host; `make fuzz` runs 1,000,000),
+// EBPF_PROXY_PKTFUZZ_SEED
 // the generator's seed (printed; 1 by default), so that a failure is
 // replayed with the same two values. A failing frame is printed in hex with
 // the difference to the model's expectation; keep it in
@@ -125,6 +131,9 @@ type pktFuzz struct {
 	fams  [2]fuzzFamily
 	ct4   map[bpfobj.TcCt4Key]bpfobj.TcCt4Entry
 	ct6   map[bpfobj.TcCt6Key]bpfobj.TcCt6Entry
+	// buf4 and buf6 are restore's buffers for the two maps.
+	buf4 ctBuf[bpfobj.TcCt4Key, bpfobj.TcCt4Entry]
+	buf6 ctBuf[bpfobj.TcCt6Key, bpfobj.TcCt6Entry]
 	// lastChanged says whether the last run changed connection tracking.
 	lastChanged bool
 }
@@ -141,11 +150,11 @@ func newPktFuzz(tb testing.TB) *pktFuzz {
 	const goneOld, goneNew = 0x30, 0x31
 	f.sync(tb, fuzzState(fuzzAddrs[0], goneOld))
 	f.sync6(tb, fuzzState6(goneOld))
-	// As the agent lets them on this routing: new flows of a client take
-	// the next hop of its earlier ones (bpf/lib/nexthop.h), which must
-	// change nothing the model foresees.
-	f.shareNexthops(tb, false, true)
-	f.shareNexthops(tb, true, true)
+	// As the agent lets them on this routing: new flows take the next
+	// hop of earlier ones to the same backend, whatever their client
+	// (bpf/lib/nexthop.h), which must change nothing the model foresees.
+	f.shareNexthops(tb, false, loader.NexthopShareAll)
+	f.shareNexthops(tb, true, loader.NexthopShareAll)
 
 	// The established flows, made by their packets through the programs.
 	var flows []trackedFlow
@@ -266,29 +275,55 @@ func snapshot[K, V comparable](m *ebpf.Map) (map[K]V, error) {
 }
 
 // restore makes m hold exactly want again and says whether it had not.
-func restore[K, V comparable](m *ebpf.Map, want map[K]V) (bool, error) {
-	got, err := snapshot[K, V](m)
-	if err != nil {
-		return false, err
+// An unchanged map, the common case, costs one batch read into buffers
+// that are kept between calls and no map of what was read.
+func restore[K, V comparable](m *ebpf.Map, want map[K]V, buf *ctBuf[K, V]) (bool, error) {
+	if len(buf.keys) == 0 {
+		// Room for every wanted entry and a few a run may add, so that
+		// one system call reads them all.
+		buf.keys, buf.vals = make([]K, len(want)+64), make([]V, len(want)+64)
 	}
-	changed := false
-	for k := range got {
+	buf.gotKeys, buf.gotVals = buf.gotKeys[:0], buf.gotVals[:0]
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, buf.keys, buf.vals, nil)
+		buf.gotKeys = append(buf.gotKeys, buf.keys[:n]...)
+		buf.gotVals = append(buf.gotVals, buf.vals[:n]...)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return false, err
+		}
+	}
+	same := 0
+	for i, k := range buf.gotKeys {
+		if v, ok := want[k]; ok && v == buf.gotVals[i] {
+			same++
+		}
+	}
+	if same == len(want) && len(buf.gotKeys) == len(want) {
+		return false, nil
+	}
+	for _, k := range buf.gotKeys {
 		if _, ok := want[k]; !ok {
-			changed = true
 			if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return changed, err
+				return true, err
 			}
 		}
 	}
 	for k, v := range want {
-		if g, ok := got[k]; !ok || g != v {
-			changed = true
-			if err := m.Put(k, v); err != nil {
-				return changed, err
-			}
+		if err := m.Update(k, v, ebpf.UpdateAny); err != nil {
+			return true, err
 		}
 	}
-	return changed, nil
+	return true, nil
+}
+
+// ctBuf holds restore's buffers for one map between calls.
+type ctBuf[K, V comparable] struct {
+	keys, gotKeys []K
+	vals, gotVals []V
 }
 
 // runFrame runs frame through program p inside the fixture's namespace
@@ -347,12 +382,12 @@ func (z *pktFuzz) restoreCT(v4, v6 bool) error {
 	var c4, c6 bool
 	var err error
 	if v4 {
-		if c4, err = restore(z.f.objs.Tc4CtV1, z.ct4); err != nil {
+		if c4, err = restore(z.f.objs.Tc4CtV1, z.ct4, &z.buf4); err != nil {
 			return fmt.Errorf("restore IPv4 connection tracking: %w", err)
 		}
 	}
 	if v6 {
-		if c6, err = restore(z.f.objs.Tc6CtV1, z.ct6); err != nil {
+		if c6, err = restore(z.f.objs.Tc6CtV1, z.ct6, &z.buf6); err != nil {
 			return fmt.Errorf("restore IPv6 connection tracking: %w", err)
 		}
 	}
@@ -378,7 +413,16 @@ func fuzzEnv(tb testing.TB, name string, def uint64) uint64 {
 // program and checks each run against the reference model: zero
 // mistranslations, zero wrong verdicts.
 func TestPacketFuzz(t *testing.T) {
-	n := fuzzEnv(t, "EBPF_PROXY_PKTFUZZ_PACKETS", 50000)
+	frames := uint64(50000)
+	if sandbox.InVMGuest() {
+		// The model and the programs are the same on every kernel; what a
+		// guest adds is its kernel's helpers and verifier on these
+		// frames, which a smaller sample covers: 6,000 frames bring every
+		// outcome the check below asks for (seeds 1 to 8 at 5,000), and
+		// a run costs about 1 ms under emulation against 30 us here.
+		frames = 6000
+	}
+	n := fuzzEnv(t, "EBPF_PROXY_PKTFUZZ_PACKETS", frames)
 	seed := fuzzEnv(t, "EBPF_PROXY_PKTFUZZ_SEED", 1)
 	z := newPktFuzz(t)
 	t.Logf("seed %d, %d frames per program (EBPF_PROXY_PKTFUZZ_SEED, EBPF_PROXY_PKTFUZZ_PACKETS)", seed, n)
@@ -451,8 +495,8 @@ func TestPacketFuzz(t *testing.T) {
 	t.Logf("%d frames through %d programs in %v (%v a run)", n, numProgs, elapsed.Round(time.Millisecond),
 		(elapsed / time.Duration(max(1, n*uint64(numProgs)))).Round(time.Microsecond))
 	// Every kind of outcome must have come up, or the world or the
-	// generator has stopped covering it.
-	if n >= 10000 && len(failures) == 0 {
+	// generator has stopped covering it (5,000 frames are enough).
+	if n >= 5000 && len(failures) == 0 {
 		for p := range numProgs {
 			kinds := []kind{pass, drop, xlate}
 			if p == progTCEgress {
@@ -469,11 +513,24 @@ func TestPacketFuzz(t *testing.T) {
 				t.Errorf("tc_ingress: no frame got a %s", k)
 			}
 		}
-		// Every backend a new flow may get is chosen now and then.
+		// Every backend a new flow may get is chosen now and then:
+		// never, when a uniform choice would have passed it over with
+		// a chance below one in a million, is an error. Affinity makes
+		// free choices rare (one per client), so a short run may not
+		// get there; it says so.
 		for _, fe := range z.w.frontends {
 			for _, b := range fe.backends {
-				if z.w.chosen[fe.svc][b.ap] == 0 {
-					t.Errorf("%s: no new flow went to %v", fe.svc, b.ap)
+				switch {
+				case z.w.chosen[fe.svc][b.ap] > 0:
+					continue
+				case len(fe.backends) == 1:
+					t.Errorf("%s: no new flow went to its backend %v", fe.svc, b.ap)
+					continue
+				}
+				if miss := z.w.missLog[fe.svc][b.ap]; miss < math.Log(1e-6) {
+					t.Errorf("%s: no new flow went to %v (chance %.1g for a uniform choice)", fe.svc, b.ap, math.Exp(miss))
+				} else {
+					t.Logf("%s: no new flow went to %v, too few free choices to tell (chance %.2g)", fe.svc, b.ap, math.Exp(miss))
 				}
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
 )
@@ -248,21 +249,69 @@ func TestWithoutMaglevFlowsArePickedAtRandom(t *testing.T) {
 		svc := fam.maglevService(10)
 		svc.maglev = false
 		f.sync(t, svc)
-		first := f.backends(t, fam, pktest.SYN)
-		f.resetCT(t)
-		again := f.backends(t, fam, pktest.SYN)
-		same := 0
-		for i := range again {
-			if again[i] == first[i] {
-				same++
+		f.expectRandom(t, fam, "without Maglev")
+	})
+}
+
+// expectRandom checks that flows replayed after their tracking is
+// forgotten mostly change backends (about nine in ten, at random among
+// ten), and that Maglev chose none of them; why says what the Service
+// lacks.
+func (f *maglevNode) expectRandom(t *testing.T, fam maglevFamily, why string) {
+	t.Helper()
+	first := f.backends(t, fam, pktest.SYN)
+	f.resetCT(t)
+	again := f.backends(t, fam, pktest.SYN)
+	same := 0
+	for i := range again {
+		if again[i] == first[i] {
+			same++
+		}
+	}
+	if same > maglevFlows/2 {
+		t.Errorf("%d of %d flows replayed to the same backend %s; want about a tenth (at random)", same, maglevFlows, why)
+	}
+	if n := f.counter(t, bpfobj.TcLbMetricLB_M_MAGLEV); n != 0 {
+		t.Errorf("tc_maglev_selected = %d %s", n, why)
+	}
+}
+
+// TestATableIsLookedUpOnlyForFrontendsThatAskForIt: the programs hash a
+// new flow and look a Maglev table up only for a frontend with
+// SVC_F_MAGLEV (the writer sets it on the external frontends of a
+// ServicePort whose table it wrote). With the flag cleared and the table
+// left in place, flows are picked at random and Maglev is never counted.
+func TestATableIsLookedUpOnlyForFrontendsThatAskForIt(t *testing.T) {
+	forEachFamily(t, func(t *testing.T, fam maglevFamily) {
+		f := fam.newNode(t)
+		f.sync(t, fam.maglevService(10))
+		services := f.objs.Lb4ServicesV1
+		if fam.name == "IPv6" {
+			services = f.objs.Lb6ServicesV1
+		}
+		cleared := 0
+		var (
+			key []byte
+			val bpfobj.TcLb4Service
+		)
+		it := services.Iterate()
+		for it.Next(&key, &val) {
+			if val.Flags&maps.FlagMaglev == 0 {
+				continue
 			}
+			val.Flags &^= maps.FlagMaglev
+			if err := services.Put(key, val); err != nil {
+				t.Fatal(err)
+			}
+			cleared++
 		}
-		if same > maglevFlows/2 {
-			t.Errorf("%d of %d flows replayed to the same backend at random; want about a tenth", same, maglevFlows)
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
 		}
-		if n := f.counter(t, bpfobj.TcLbMetricLB_M_MAGLEV); n != 0 {
-			t.Errorf("tc_maglev_selected = %d without Maglev", n)
+		if cleared == 0 {
+			t.Fatal("the writer set SVC_F_MAGLEV on no frontend of the Maglev Service")
 		}
+		f.expectRandom(t, fam, "without SVC_F_MAGLEV")
 	})
 }
 

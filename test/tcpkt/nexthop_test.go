@@ -111,14 +111,16 @@ func waitNextSecond(tb testing.TB) {
 	time.Sleep(time.Second - time.Duration(ts.Nsec) + 10*time.Millisecond)
 }
 
-// TestNewFlowsShareAClientsNextHop: where the agent lets them
-// (tc_nexthop_share_v1), a client's new flows to a backend take the next
-// hop its earlier flow found in the same second instead of looking it up,
-// by the tracked flows' rule: a changed neighbour reaches the client's new
-// flows from the next second on, another client's at once, and a packet
-// longer than the shared lookup let through is looked up. With sharing
-// off, every new flow is looked up.
-func TestNewFlowsShareAClientsNextHop(t *testing.T) {
+// TestNewFlowsShareANextHop: where the agent lets them
+// (tc_nexthop_share_v1), new flows to a backend take the next hop an
+// earlier flow found in the same second instead of looking it up: a
+// client's own earlier flow's (NexthopShareClient), or any client's
+// (NexthopShareAll). By the tracked flows' rule, a changed neighbour
+// reaches them from the next second on, a flow that may not share (another
+// client's, with a client's sharing) at once, and a packet longer than the
+// shared lookup let through is looked up. With sharing off, every new flow
+// is looked up.
+func TestNewFlowsShareANextHop(t *testing.T) {
 	for _, hook := range []struct {
 		name string
 		tc   bool
@@ -133,7 +135,7 @@ func TestNewFlowsShareAClientsNextHop(t *testing.T) {
 				f := x.f
 				xo := f.loadXDP(t, f.ifindex)
 				x.sync(t, x.fixtureState())
-				share := func(on bool) { f.shareNexthops(t, x.v6, on) }
+				share := func(s loader.NexthopShare) { f.shareNexthops(t, x.v6, s) }
 				nodeB := nodeBAddr
 				if x.v6 {
 					nodeB = nodeB6
@@ -160,7 +162,7 @@ func TestNewFlowsShareAClientsNextHop(t *testing.T) {
 					f.runXDP(t, xo, []xrow{r})
 				}
 
-				share(true)
+				share(loader.NexthopShareClient)
 				waitNextSecond(t)
 				run("a client's first flow looks its next hop up", syn(x.client), sent(nodeBMAC), 0)
 				setMAC(moved)
@@ -175,28 +177,44 @@ func TestNewFlowsShareAClientsNextHop(t *testing.T) {
 				waitNextSecond(t)
 				run("from the next second on, the client's flows take the new MAC", syn(x.client), sent(moved), 0)
 
-				share(false)
+				share(loader.NexthopShareAll)
+				waitNextSecond(t)
+				run("every client's sharing: a first flow looks the next hop up", syn(x.client), sent(moved), 0)
 				setMAC(nodeBMAC)
-				run("sharing off: the client's next flow of the second is looked up", syn(x.client), sent(nodeBMAC), 0)
+				run("another client's flow of the second shares it", syn(x.client2), sent(moved), 1)
+				run("and so does the first client's next", syn(x.client), sent(moved), 1)
+				f.forgetNexthop(t, f.ifindex, x.unspecified(), x.remoteWeb)
+				run("a flow whose slot another key took is looked up", syn(x.client2), sent(nodeBMAC), 0)
+				setMAC(moved)
+				run("a longer packet than the shared lookup's is looked up, whatever its client", syn(x.client).WithPayload(make([]byte, 200)),
+					x.tcp(x.snatSrc(), x.remoteWeb, pktest.SYN).WithPayload(make([]byte, 200)).forwarded().WithMACs(deviceMAC, moved).Bytes(), 0)
+				waitNextSecond(t)
+				setMAC(nodeBMAC)
+				run("from the next second on, no flow takes the old next hop", syn(x.client2), sent(nodeBMAC), 0)
+
+				share(loader.NexthopShareOff)
+				setMAC(moved)
+				run("sharing off: the next flow of the second is looked up", syn(x.client2), sent(moved), 0)
 			})
 		})
 	}
 }
 
-// shareNexthops turns the sharing of next hops between a client's new
-// flows of a family (v6 for IPv6) on or off, as the agent does
-// (internal/dataplane/bpf nexthop.go: on, on the fixture's routing).
-func (f *fixture) shareNexthops(tb testing.TB, v6, on bool) {
+// shareNexthops sets how far new flows of a family (v6 for IPv6) share
+// their next hop, as the agent does (internal/dataplane/bpf nexthop.go:
+// every client's, on the fixture's routing).
+func (f *fixture) shareNexthops(tb testing.TB, v6 bool, share loader.NexthopShare) {
 	tb.Helper()
-	if err := loader.SetNexthopSharing(f.objs.TcNexthopShareV1, v6, on); err != nil {
+	if err := loader.SetNexthopSharing(f.objs.TcNexthopShareV1, v6, share); err != nil {
 		tb.Fatal(err)
 	}
 }
 
 // forgetNexthop empties, on every CPU, the slot of the next hop cache
 // that a new flow from client to backend through device ifindex takes
-// (bpf/lib/nexthop.h nh_slot), so that the flow's lookup misses as a new
-// client's does, touching nothing else.
+// (bpf/lib/nexthop.h nh_slot; client is the unspecified address where
+// every client's flows share), so that the flow's lookup misses as the
+// first to the backend does, touching nothing else.
 func (f *fixture) forgetNexthop(tb testing.TB, ifindex uint32, client netip.Addr, backend netip.AddrPort) {
 	tb.Helper()
 	cpus, err := ebpf.PossibleCPU()
@@ -243,4 +261,13 @@ func onOneCPU(do func(func() error) error) func(func() error) error {
 			return run()
 		})
 	}
+}
+
+// unspecified is the family's unspecified address: the client of a next
+// hop every client's flows share.
+func (x *xfam) unspecified() netip.Addr {
+	if x.v6 {
+		return netip.IPv6Unspecified()
+	}
+	return netip.IPv4Unspecified()
 }

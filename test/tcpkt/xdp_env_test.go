@@ -26,19 +26,44 @@ import (
 func (f *fixture) loadXDP(tb testing.TB, devs ...uint32) *bpfobj.XdpObjects {
 	tb.Helper()
 	sandbox.RequireFeature(tb, "XDP programs", features.HaveProgramType(ebpf.XDP))
-	spec, err := bpfobj.LoadXdp()
+	if f.load.xdp == nil {
+		xo, err := loadXDPOn(f)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		f.load.xdp = xo
+	}
+	objs := f.load.xdp
+	// A device map entry names a device of the namespace it is written in.
+	err := f.ns.Do(func() error {
+		for _, d := range devs {
+			if err := objs.Xdp4DevsV1.Put(d, d); err != nil {
+				return fmt.Errorf("device map entry of ifindex %d: %w", d, err)
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		tb.Fatal(err)
+	}
+	return objs
+}
+
+// loadXDPOn loads the XDP program on the maps of f's TC programs.
+func loadXDPOn(f *fixture) (*bpfobj.XdpObjects, error) {
+	spec, err := bpfobj.LoadXdp()
+	if err != nil {
+		return nil, err
 	}
 	tcSpec, err := bpfobj.LoadTc()
 	if err != nil {
-		tb.Fatal(err)
+		return nil, err
 	}
 	if err := spec.Variables[bpfobj.XdpVarSnatPortMin].Set(f.snatMin); err != nil {
-		tb.Fatal(err)
+		return nil, err
 	}
 	if err := spec.Variables[bpfobj.XdpVarSnatPortMax].Set(f.snatMax); err != nil {
-		tb.Fatal(err)
+		return nil, err
 	}
 	// Every map both objects have is the TC fixture's.
 	repl := map[string]*ebpf.Map{}
@@ -55,7 +80,7 @@ func (f *fixture) loadXDP(tb testing.TB, devs ...uint32) *bpfobj.XdpObjects {
 			// The replacement decides; the spec must agree with it.
 			info, err := repl[name].Info()
 			if err != nil {
-				tb.Fatal(err)
+				return nil, err
 			}
 			m.MaxEntries = info.MaxEntries
 		}
@@ -64,24 +89,11 @@ func (f *fixture) loadXDP(tb testing.TB, devs ...uint32) *bpfobj.XdpObjects {
 	if err := spec.LoadAndAssign(objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			tb.Fatalf("load the XDP program: %+v", ve)
+			return nil, fmt.Errorf("load the XDP program: %+v", ve)
 		}
-		tb.Fatalf("load the XDP program: %v", err)
+		return nil, fmt.Errorf("load the XDP program: %w", err)
 	}
-	tb.Cleanup(func() { objs.Close() })
-	// A device map entry names a device of the namespace it is written in.
-	err = f.ns.Do(func() error {
-		for _, d := range devs {
-			if err := objs.Xdp4DevsV1.Put(d, d); err != nil {
-				return fmt.Errorf("device map entry of ifindex %d: %w", d, err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return objs
+	return objs, nil
 }
 
 // A third node, node-c, reached through a second uplink n1 on another

@@ -82,6 +82,7 @@ type vmFlags struct {
 	verbose  bool
 	keep     bool
 	qemuPath string
+	tap      string
 }
 
 func (f *vmFlags) register(fs *flag.FlagSet) {
@@ -94,6 +95,7 @@ func (f *vmFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.verbose, "v", false, "copy the guest's serial console to stderr")
 	fs.BoolVar(&f.keep, "keep", false, "keep the run directory (spec, outputs, console.log) for debugging")
 	fs.StringVar(&f.qemuPath, "qemu", "qemu-system-x86_64", "QEMU binary")
+	fs.StringVar(&f.tap, "tap", "", "give the guest a virtio network card on this host tap device (it must exist in the runner's network namespace; load virtio_net with --modules)")
 }
 
 func (f *vmFlags) config(ctx context.Context, k *kernel.Kernel, log io.Writer) (vm.Config, error) {
@@ -103,6 +105,7 @@ func (f *vmFlags) config(ctx context.Context, k *kernel.Kernel, log io.Writer) (
 		MemoryMB:   f.memory,
 		Timeout:    f.timeout,
 		KeepRunDir: f.keep,
+		Tap:        f.tap,
 		QEMU:       f.qemuPath,
 	}
 	for _, m := range strings.Split(f.modules, ",") {
@@ -174,6 +177,7 @@ func runMain(ctx context.Context, args []string) int {
 		if res.RunDir != "" {
 			fmt.Fprintf(os.Stderr, "vmtest: run directory kept at %s\n", res.RunDir)
 		}
+		fmt.Fprintf(os.Stderr, "vmtest: kernel %s: VM wall time %.1fs, QEMU CPU time %.1fs\n", k.Release, res.Wall.Seconds(), res.CPU.Seconds())
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "vmtest: kernel %s: %v\n", k.Release, err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -167,5 +168,128 @@ func TestMergeRetry(t *testing.T) {
 	}
 	if got := mergeRetry(first, []int{1, 2}, nil); !slices.Equal(got.Jobs, first.Jobs) {
 		t.Errorf("a retry that never ran changed the results: %+v", got.Jobs)
+	}
+}
+
+// --only gives a pattern's packages to the kernels it names; a package no
+// rule matches runs on every kernel, and so does one whose rule names no
+// kernel of the matrix, so that no rule drops a package from every VM.
+func TestOnlyRulesAssignKernels(t *testing.T) {
+	var rules onlyRules
+	for _, bad := range []string{"./test/vmtest/smoke", "=6.1", "./test/vmtest/smoke=", "./x=,"} {
+		if err := rules.Set(bad); err == nil {
+			t.Errorf("Set(%q) accepted", bad)
+		}
+	}
+	// The patterns are go list's, from the package's directory.
+	for _, r := range []string{"./smoke=6.1", "./kernel=6.12,6.1", "./vm=5.10", "./ipvs=host"} {
+		if err := rules.Set(r); err != nil {
+			t.Fatalf("Set(%q): %v", r, err)
+		}
+	}
+	if got, want := rules.String(), "./smoke=6.1 ./kernel=6.12,6.1 ./vm=5.10 ./ipvs=host"; got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
+	ctx := t.Context()
+	pkgs, err := listPackages(ctx, []string{"./..."})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mf := &matrixFlags{only: rules}
+	if err := mf.assignKernels(ctx, pkgs, []string{"6.1", "6.12"}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][2]bool{ // runs on 6.1, on 6.12
+		"test/vmtest/smoke":  {true, false},
+		"test/vmtest/kernel": {true, true},
+		"test/vmtest/vm":     {true, true},
+		"test/vmtest/ipvs":   {false, false},
+	}
+	for _, p := range pkgs {
+		w, ok := want[p.name]
+		if !ok {
+			continue
+		}
+		delete(want, p.name)
+		if got := [2]bool{p.runsOn("6.1"), p.runsOn("6.12")}; got != w {
+			t.Errorf("%s runs on 6.1, 6.12: %v, want %v", p.name, got, w)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("packages not listed: %v", want)
+	}
+	bad := &matrixFlags{only: onlyRules{{pattern: "./no/such/package", kernels: []string{"6.1"}}}}
+	if err := bad.assignKernels(ctx, pkgs, []string{"6.1"}); err == nil {
+		t.Error("a rule whose pattern matches nothing was accepted")
+	}
+}
+
+// A package given to other kernels counts neither as passed nor as failed,
+// and shows as "-".
+func TestCellsRunElsewhereAreNotCounted(t *testing.T) {
+	c := &column{release: "6.12", cells: []cell{{state: stateOK, elapsed: time.Second}, {state: stateElsewhere}, {state: stateFail}}}
+	if p, f := c.counts(); p != 1 || f != 1 {
+		t.Errorf("counts() = %d passed, %d failed, want 1, 1", p, f)
+	}
+	var b bytes.Buffer
+	printMatrix(&b, []string{"a", "b", "c"}, []*column{c})
+	if !regexp.MustCompile(`(?m)^b +-$`).MatchString(b.String()) {
+		t.Errorf("the table does not show the package run elsewhere as -:\n%s", b.String())
+	}
+	b.Reset()
+	printFailures(&b, []string{"a", "b", "c"}, []*column{c})
+	if strings.Contains(b.String(), "--- b on") {
+		t.Errorf("a package run elsewhere is reported as failed:\n%s", b.String())
+	}
+}
+
+// --run narrows a package's tests in the VMs and only there; an
+// expression go test could not compile, or a second one for the same
+// package, is refused.
+func TestRunRulesNarrowTheVMsTests(t *testing.T) {
+	var rules runRules
+	for _, bad := range []string{"./smoke", "=Test", "./smoke=", "./smoke=Test(", "./smoke=TestA/(b"} {
+		if err := rules.Set(bad); err == nil {
+			t.Errorf("Set(%q) accepted", bad)
+		}
+	}
+	if err := rules.Set("./smoke=IPVS|TestX/^(a|b/c)$"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := splitRun("IPVS|TestX/^(a|b/c)$/[/]x"), []string{"IPVS|TestX", "^(a|b/c)$", "[/]x"}; !slices.Equal(got, want) {
+		t.Errorf("splitRun = %q, want %q", got, want)
+	}
+	ctx := t.Context()
+	pkgs, err := listPackages(ctx, []string{"./..."})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mf := &matrixFlags{run: rules}
+	if err := mf.assignKernels(ctx, pkgs, []string{"6.1"}); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, p := range pkgs {
+		vm, host := strings.Join(mf.testArgs(p, true), " "), strings.Join(mf.testArgs(p, false), " ")
+		if strings.Contains(host, "-test.run") {
+			t.Errorf("%s on the host: %s", p.name, host)
+		}
+		if p.name != "test/vmtest/smoke" {
+			if strings.Contains(vm, "-test.run") {
+				t.Errorf("%s, matched by no rule, in a VM: %s", p.name, vm)
+			}
+			continue
+		}
+		found = true
+		if !strings.HasSuffix(vm, " -test.run=IPVS|TestX/^(a|b/c)$") {
+			t.Errorf("%s in a VM: %s", p.name, vm)
+		}
+	}
+	if !found {
+		t.Fatal("test/vmtest/smoke not listed")
+	}
+	mf.run = append(mf.run, runRule{pattern: "./smoke", run: "Other"})
+	if err := mf.assignKernels(ctx, pkgs, []string{"6.1"}); err == nil {
+		t.Error("two expressions for one package accepted")
 	}
 }

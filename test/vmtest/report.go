@@ -28,6 +28,9 @@ const (
 	stateBuild = "BUILD-FAIL"
 	// stateNotRun: the column could not start (no kernel).
 	stateNotRun = "NOT-RUN"
+	// stateElsewhere: a --only rule gives the package to other kernels
+	// of the matrix; neither passed nor failed.
+	stateElsewhere = "-"
 )
 
 // cell is one package on one kernel.
@@ -95,6 +98,9 @@ type column struct {
 
 func (c *column) counts() (passed, failed int) {
 	for _, x := range c.cells {
+		if x.state == stateElsewhere {
+			continue
+		}
 		if x.passed() {
 			passed++
 		} else {

@@ -75,10 +75,10 @@ func TestTrafficFollowsTheModelVerdicts(t *testing.T) {
 	checkNexthopsShared(t, pins, false)
 }
 
-// checkNexthopsShared checks that the dataplanes pinned under pins let a
-// client's new flows of the family (v6 for IPv6) share their next hop, as
-// the sandbox's routing allows (nexthop.go), and that the table's clients
-// from outside took a shared next hop at least once.
+// checkNexthopsShared checks that the dataplanes pinned under pins let
+// every client's new flows of the family (v6 for IPv6) share their next
+// hop, as the sandbox's routing allows (nexthop.go), and that the table's
+// clients from outside took a shared next hop at least once.
 func checkNexthopsShared(t *testing.T, pins []string, v6 bool) {
 	t.Helper()
 	var shared uint64
@@ -87,13 +87,13 @@ func checkNexthopsShared(t *testing.T, pins []string, v6 bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		on, err := loader.NexthopSharing(m, v6)
+		share, err := loader.NexthopSharing(m, v6)
 		m.Close()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !on {
-			t.Errorf("%s: next hop sharing (IPv6 %v) is off, want on", bpffs, v6)
+		if share != loader.NexthopShareAll {
+			t.Errorf("%s: next hop sharing (IPv6 %v) is %s, want %s", bpffs, v6, share, loader.NexthopShareAll)
 		}
 		counters, err := ebpf.LoadPinnedMap(filepath.Join(bpffs, "maps", bpfobj.SockMapLbMetricsV1), nil)
 		if err != nil {

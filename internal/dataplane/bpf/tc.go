@@ -88,9 +88,11 @@ type tcAttacher struct {
 	ns    vnetns.NsHandle
 	nl    *netlink.Handle
 	// shareWritten says that a family's next hop sharing was written,
-	// shareWhy why it is off ("": on); sys is where its parameters are
-	// read (nexthopSharing).
+	// share how far it goes and shareWhy why not further ("": every
+	// client's flows share); sys is where its parameters are read
+	// (nexthopSharing).
 	shareWritten [2]bool
+	share        [2]loader.NexthopShare
 	shareWhy     [2]string
 	sys          sysctl.Sysctl
 	// preloaded gives, once, the TC programs loaded in the background
@@ -105,6 +107,9 @@ type tcPreload struct {
 	l   *loader.TCLoaded
 	err error
 }
+
+// preloadTC is loader.PreloadTC; a test may hold it back.
+var preloadTC = loader.PreloadTC
 
 // newTCAttacher returns the attacher of the TC and XDP programs;
 // beforeAttach is loader.TCConfig.BeforeAttach.
@@ -152,7 +157,7 @@ func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)
 	}
 	a.preloaded = make(chan tcPreload, 1)
 	go func() {
-		l, err := loader.PreloadTC(a.cfg)
+		l, err := preloadTC(a.cfg)
 		a.preloaded <- tcPreload{l, err}
 	}()
 	return a, nil
@@ -229,37 +234,40 @@ func (a *tcAttacher) prepare(node *model.Node, v6 bool) error {
 	return nil
 }
 
-// shareNexthops tells the programs whether a client's new flows of
-// family f share their next hop (nexthopSharing), when that changed since
-// the last sync of the family, and logs the change. What cannot be read
-// turns sharing off, which is always correct, rather than failing the sync.
+// shareNexthops tells the programs how far new flows of family f share
+// their next hop (nexthopSharing), when that changed since the last sync
+// of the family, and logs the change. What cannot be read turns sharing
+// off, which is always correct, rather than failing the sync.
 func (a *tcAttacher) shareNexthops(f int, v6 bool) error {
-	var on bool
+	var share loader.NexthopShare
 	var why string
 	err := netns.DoHandle(a.ns, func() error {
 		var err error
-		on, why, err = nexthopSharing(a.nl, a.sys, v6)
+		share, why, err = nexthopSharing(a.nl, a.sys, v6)
 		return err
 	})
 	if err != nil {
-		on, why = false, err.Error()
+		share, why = loader.NexthopShareOff, err.Error()
 	}
-	if a.shareWritten[f] && a.shareWhy[f] == why {
+	if a.shareWritten[f] && a.share[f] == share && a.shareWhy[f] == why {
 		return nil
 	}
-	if err := a.loaded.SetNexthopSharing(v6, on); err != nil {
+	if err := a.loaded.SetNexthopSharing(v6, share); err != nil {
 		return err
 	}
 	family := "IPv4"
 	if v6 {
 		family = "IPv6"
 	}
-	if on {
-		a.log.Info("a client's new flows to a backend share the next hop found in the same second", zap.String("family", family))
-	} else {
+	switch share {
+	case loader.NexthopShareAll:
+		a.log.Info("new flows to a backend share the next hop found in the same second, whatever their client", zap.String("family", family))
+	case loader.NexthopShareClient:
+		a.log.Info("a client's new flows to a backend share the next hop found in the same second; other clients' look it up", zap.String("family", family), zap.String("reason", why))
+	default:
 		a.log.Info("every new flow's next hop is looked up", zap.String("family", family), zap.String("reason", why))
 	}
-	a.shareWritten[f], a.shareWhy[f] = true, why
+	a.shareWritten[f], a.share[f], a.shareWhy[f] = true, share, why
 	return nil
 }
 
@@ -423,11 +431,18 @@ func snatAddress(nl *netlink.Handle, dev string, v6 bool, nodeAddrs []netip.Addr
 	return first, nil
 }
 
+// close releases what the attacher holds. A preload still verifying is
+// not waited for: it pins and attaches nothing, so nothing depends on it,
+// and on a slow node the verifier could hold the agent's stop for many
+// seconds; its programs are closed when it ends (or with the process).
 func (a *tcAttacher) close() {
 	if a.preloaded != nil {
-		if p := <-a.preloaded; p.l != nil {
-			p.l.Close()
-		}
+		go func(c <-chan tcPreload) {
+			if p := <-c; p.l != nil {
+				p.l.Close()
+			}
+		}(a.preloaded)
+		a.preloaded = nil
 	}
 	a.published.Store(nil)
 	a.nl.Close()

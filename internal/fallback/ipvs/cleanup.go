@@ -17,21 +17,19 @@ import (
 )
 
 // Cleanup removes everything the IPVS dataplanes of both IP families create
-// in the namespace at netnsPath ("" for the caller's): our iptables chains
-// (with every iptables and ip6tables back end, which also removes the
-// iptables dataplane's of both families), then what RemoveLeftovers
-// removes. It is --cleanup's part for this mode and
-// succeeds when there is nothing to remove, also on a kernel without IPVS.
+// in the namespace at netnsPath ("" for the caller's): our virtual servers
+// first (removeVirtualServers says why), then our iptables chains (with
+// every iptables and ip6tables back end, which also removes the iptables
+// dataplane's of both families), then the ipsets and the dummy interface.
+// It is --cleanup's part for this mode, and what an agent starting in ebpf
+// or nftables mode removes of it after its first sync. It succeeds when
+// there is nothing to remove, also on a kernel without IPVS.
 func Cleanup(ctx context.Context, netnsPath string) error {
-	var errs []error
-	// Rules first: an ipset that a rule references cannot be destroyed.
-	if err := xtables.CleanupAll(ctx, netnsPath, xtables.Prefix, nil); err != nil {
-		errs = append(errs, err)
-	}
-	if err := RemoveLeftovers(ctx, netnsPath); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	errs := []error{removeVirtualServers(ctx, netnsPath)}
+	// Rules before the ipsets: an ipset that a rule references cannot be
+	// destroyed.
+	errs = append(errs, xtables.CleanupAll(ctx, netnsPath, xtables.Prefix, nil))
+	return errors.Join(append(errs, removeLeftovers(ctx, netnsPath, families, objectsOnly))...)
 }
 
 // RemoveLeftovers removes what the IPVS dataplane creates besides iptables
@@ -44,7 +42,7 @@ func Cleanup(ctx context.Context, netnsPath string) error {
 // sync removes the iptables mode's chains. It succeeds when there is
 // nothing to remove, also on a kernel without IPVS.
 func RemoveLeftovers(ctx context.Context, netnsPath string) error {
-	return removeLeftovers(ctx, netnsPath, families, true)
+	return removeLeftovers(ctx, netnsPath, families, everything)
 }
 
 // RemoveFamilyLeftovers is RemoveLeftovers for the one family ipv6 names,
@@ -57,10 +55,38 @@ func RemoveFamilyLeftovers(ctx context.Context, netnsPath string, ipv6 bool) err
 	if ipv6 {
 		f = &familyIPv6
 	}
-	return removeLeftovers(ctx, netnsPath, []*family{f}, false)
+	return removeLeftovers(ctx, netnsPath, []*family{f}, familyObjects)
 }
 
-func removeLeftovers(ctx context.Context, netnsPath string, fams []*family, dropDummy bool) error {
+// removeVirtualServers deletes our virtual servers of both families and
+// nothing else: Cleanup's first step, at once after the first sync of the
+// mode that replaces IPVS's. Until then a closed IPVS connection of a pod
+// on the node (client address and port, the VIP, a backend), which IPVS
+// keeps for minutes, still answers for that backend, and a new connection
+// the socket hooks send from the same client port straight to the same
+// backend meets the old entry, not the backend, and fails. A virtual
+// server's deletion makes the kernel flush its connections
+// (expire_nodest_conn, which the IPVS dataplane sets).
+func removeVirtualServers(ctx context.Context, netnsPath string) error {
+	return removeLeftovers(ctx, netnsPath, families, servicesOnly)
+}
+
+// What removeLeftovers removes of its families.
+type removal int
+
+const (
+	// servicesOnly: the virtual servers alone (removeVirtualServers).
+	servicesOnly removal = iota
+	// familyObjects: the virtual servers, ipsets and dummy addresses.
+	familyObjects
+	// everything: the virtual servers, ipsets and the dummy interface.
+	everything
+	// objectsOnly: everything but the virtual servers, which Cleanup
+	// deleted first.
+	objectsOnly
+)
+
+func removeLeftovers(ctx context.Context, netnsPath string, fams []*family, what removal) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -78,16 +104,21 @@ func removeLeftovers(ctx context.Context, netnsPath string, fams []*family, drop
 		// A kernel without ipset has none of ours.
 		sets = nil
 	}
+	// The dummy interface goes whole, or only the families' addresses.
+	wholeDummy := what == everything || what == objectsOnly
 	var errs []error
 	ipvsPresent, err := procNetIPVS(netnsPath)
 	if err != nil {
 		errs = append(errs, err)
 	}
 	for _, f := range fams {
-		if ipvsPresent {
+		if ipvsPresent && what != objectsOnly {
 			if err := k.deleteOwnedServices(netnsPath, f, dummy, sets); err != nil {
 				errs = append(errs, err)
 			}
+		}
+		if what == servicesOnly {
+			continue
 		}
 		for _, s := range ipsetTypes {
 			name := f.set(s.name)
@@ -98,7 +129,7 @@ func removeLeftovers(ctx context.Context, netnsPath string, fams []*family, drop
 				errs = append(errs, fmt.Errorf("destroy ipset %s: %w", name, err))
 			}
 		}
-		if dummy == nil || dropDummy {
+		if dummy == nil || wholeDummy {
 			continue
 		}
 		bound, err := k.dummyAddrs(dummy, f)
@@ -112,7 +143,7 @@ func removeLeftovers(ctx context.Context, netnsPath string, fams []*family, drop
 			}
 		}
 	}
-	if dummy != nil && dropDummy {
+	if dummy != nil && wholeDummy {
 		if err := k.nl.LinkDel(dummy); err != nil {
 			errs = append(errs, fmt.Errorf("delete %s: %w", DummyName, err))
 		}

@@ -2,12 +2,14 @@ package ipvs
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 )
 
@@ -33,6 +35,29 @@ func chainsOf(t *testing.T, ctx context.Context, netns string) []string {
 	return out
 }
 
+// sortedChains is chainsOf in order, for comparing.
+func sortedChains(t *testing.T, ctx context.Context, netns string) []string {
+	t.Helper()
+	c := chainsOf(t, ctx, netns)
+	slices.Sort(c)
+	return c
+}
+
+// syncIPVS starts an IPVS dataplane in the namespace at ns and syncs state;
+// the caller closes it.
+func syncIPVS(t *testing.T, ctx context.Context, ns string, state model.Update) *Dataplane {
+	t.Helper()
+	v, err := New(ctx, Config{Netns: ns, ClusterCIDR: example.ClusterCIDR})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Sync(state); err != nil {
+		v.Close()
+		t.Fatal(err)
+	}
+	return v
+}
+
 // A restart in the other mode leaves nothing of the earlier mode: no chain,
 // no jump, no virtual server, no ipset, no dummy interface. Into iptables
 // mode the agent calls RemoveLeftovers after the first sync; into IPVS mode
@@ -48,14 +73,7 @@ func TestSwitchingModesLeavesNothingOfTheOther(t *testing.T) {
 	h := handle(t, node)
 
 	// IPVS first.
-	v, err := New(ctx, Config{Netns: ns, ClusterCIDR: example.ClusterCIDR})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := v.Sync(state); err != nil {
-		t.Fatal(err)
-	}
-	v.Close()
+	syncIPVS(t, ctx, ns, state).Close()
 
 	// Then iptables: its first sync replaces the chains, RemoveLeftovers
 	// the rest.
@@ -93,14 +111,7 @@ func TestSwitchingModesLeavesNothingOfTheOther(t *testing.T) {
 
 	// And back to IPVS: its first sync removes the iptables mode's
 	// per-Service chains.
-	v, err = New(ctx, Config{Netns: ns, ClusterCIDR: example.ClusterCIDR})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer v.Close()
-	if err := v.Sync(state); err != nil {
-		t.Fatal(err)
-	}
+	defer syncIPVS(t, ctx, ns, state).Close()
 	want := map[string]bool{}
 	for table, cs := range chains {
 		for _, c := range cs {
@@ -118,5 +129,53 @@ func TestSwitchingModesLeavesNothingOfTheOther(t *testing.T) {
 	}
 	if svcs, err := h.GetServices(); err != nil || len(svcs) == 0 {
 		t.Errorf("IPVS mode programmed no virtual server (%v)", err)
+	}
+}
+
+// Cleanup's first step, which an agent switching to the BPF dataplane
+// takes at once after its first sync, deletes the virtual servers and
+// nothing else: the rules, ipsets and dummy interface go in the slower
+// steps after. A second call, and a call on a node without our
+// virtual servers, find nothing and succeed.
+func TestCleanupDeletesVirtualServersFirstAndOnlyThem(t *testing.T) {
+	requireIPVS(t)
+	node := nodeA(t)
+	ns := node.NS.Path()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := removeVirtualServers(ctx, ns); err != nil {
+		t.Fatalf("on a node without IPVS objects: %v", err)
+	}
+	src := example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)
+	h := handle(t, node)
+	defer syncIPVS(t, ctx, ns, src.Update()).Close()
+	if svcs, err := h.GetServices(); err != nil || len(svcs) == 0 {
+		t.Fatalf("IPVS mode programmed no virtual server (%v)", err)
+	}
+	chainsBefore := sortedChains(t, ctx, ns)
+	setsBefore, err := node.NS.Netlink().IpsetListAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := removeVirtualServers(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if svcs, err := h.GetServices(); err != nil || len(svcs) != 0 {
+		t.Errorf("%d virtual servers left (%v)", len(svcs), err)
+	}
+	if l, _ := node.NS.Netlink().LinkByName(DummyName); l == nil {
+		t.Errorf("%s was removed too", DummyName)
+	}
+	if got := sortedChains(t, ctx, ns); !slices.Equal(got, chainsBefore) {
+		t.Errorf("chains changed:\nbefore %v\nafter  %v", chainsBefore, got)
+	}
+	setsAfter, err := node.NS.Netlink().IpsetListAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(setsAfter) != len(setsBefore) {
+		t.Errorf("ipsets: %d before, %d after", len(setsBefore), len(setsAfter))
 	}
 }

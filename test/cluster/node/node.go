@@ -1,21 +1,22 @@
-// Package node runs a real single-node Kubernetes cluster inside a VM guest
-// of the runner in test/vmtest: containerd and runc from Debian's packages,
-// the bridge CNI plugin, and etcd, kube-apiserver, kube-controller-manager,
-// kube-scheduler and a kubelet built from Go modules. The kubelet sets
+// Package node runs a real Kubernetes worker node inside a VM guest of the
+// runner in test/vmtest: containerd and runc from Debian's packages, the
+// bridge CNI plugin, and a kubelet built from Go modules. The kubelet sets
 // global sysctls and owns cgroups and iptables rules, so Start refuses to
 // run anywhere but in a guest: the guest's kernel state is its own.
 //
-// The node has one address (Config.IP, on a veth pair inside the guest);
-// the API server listens there as a kubeadm control plane does, so that
-// pods and host-network agents reach it without a Service.
+// The control plane (etcd, kube-apiserver, kube-controller-manager,
+// kube-scheduler) runs on the host, test/cluster/controlplane, as on a real
+// cluster's control-plane node: the guest reaches it through its network
+// card (eth0, the VM runner's --tap), where the node has its one address,
+// Config.IP, and its default route to the control plane's address.
 package node
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 // Defaults of Config.
@@ -38,8 +40,8 @@ const (
 	ClusterCIDR = "10.244.0.0/16"
 	// bridgeName is the CNI bridge of the pods.
 	bridgeName = "cni0"
-	// uplink is the node's interface; its peer stays unused in the guest.
-	uplink = "node0"
+	// uplink is the node's network card, on the host's tap device.
+	uplink = "eth0"
 )
 
 // DefaultIP is the node's address when Config.IP is unset.
@@ -51,6 +53,10 @@ type Config struct {
 	Name string
 	// IP is the node's address and prefix; DefaultIP when unset.
 	IP netip.Prefix
+	// Kubeconfig is the admin's kubeconfig, with the API server at an
+	// address of the host in IP's prefix, the node's default route.
+	// Required.
+	Kubeconfig string
 	// PodCIDR is the node's pod range (host-local IPAM on the bridge);
 	// DefaultPodCIDR when empty.
 	PodCIDR string
@@ -58,6 +64,12 @@ type Config struct {
 	// containerd before the kubelet starts; the kubelet's pause image
 	// (registry.k8s.io/pause:3.10) must be among them.
 	Images []string
+	// Aliases name images under a second reference once they are imported:
+	// new reference to existing one, each as a pod spec writes it
+	// ("ebpf-proxy:v1" is docker.io/library/ebpf-proxy:v1). An upgrade to
+	// the same image under another name costs no second archive, whose
+	// import would take a minute or more under emulation.
+	Aliases map[string]string
 	// LogDir receives every component's log; it should be a directory the
 	// host can read after the run. Required.
 	LogDir string
@@ -68,25 +80,27 @@ type Config struct {
 // PauseImage is the sandbox image the kubelet and containerd use.
 const PauseImage = "registry.k8s.io/pause:3.10"
 
-// Node is a running cluster of one node.
+// Node is a running node of the cluster.
 type Node struct {
 	// Name and IP are the Node's.
 	Name string
 	IP   netip.Addr
-	// Cluster is the control plane (etcd and kube-apiserver).
-	Cluster *cluster.Cluster
+	// APIServer is the API server's address and port, as the node
+	// dials it.
+	APIServer netip.AddrPort
 
-	cfg     Config
-	bins    cluster.NodeBinaries
-	ctrSock string
-	procs   []*agent.Process
-	start   time.Time
+	cfg       Config
+	bins      cluster.NodeBinaries
+	kubectl   string
+	clientset *kubernetes.Clientset
+	ctrSock   string
+	procs     []*agent.Process
+	start     time.Time
 }
 
-// Start brings up the node: network, containerd with the images, the
-// control plane, kubelet, controller-manager and scheduler, and returns
-// once the Node is Ready and the default ServiceAccount exists. On error
-// everything started is stopped.
+// Start brings up the node: network, containerd with the images and the
+// kubelet, and returns once the Node is Ready and the default
+// ServiceAccount exists. On error everything started is stopped.
 func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if !sandbox.InVMGuest() {
 		return nil, errors.New("a kubelet writes global sysctls, cgroups and iptables rules: the node runs only in a VM guest of test/vmtest (make cluster-test), never on the host")
@@ -100,8 +114,8 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if cfg.PodCIDR == "" {
 		cfg.PodCIDR = DefaultPodCIDR
 	}
-	if cfg.LogDir == "" {
-		return nil, errors.New("node: Config.LogDir is required")
+	if cfg.LogDir == "" || cfg.Kubeconfig == "" {
+		return nil, errors.New("node: Config.LogDir and Config.Kubeconfig are required")
 	}
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
@@ -110,7 +124,27 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	n = &Node{Name: cfg.Name, IP: cfg.IP.Addr(), cfg: cfg, bins: bins, start: time.Now()}
+	cpBins, err := cluster.FindBinaries()
+	if err != nil {
+		return nil, err
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	u, err := url.Parse(rc.Host)
+	if err != nil {
+		return nil, fmt.Errorf("node: the API server's address %q: %w", rc.Host, err)
+	}
+	api, err := netip.ParseAddrPort(u.Host)
+	if err != nil || !cfg.IP.Contains(api.Addr()) {
+		return nil, fmt.Errorf("node: the API server's address %q is not an address and port in the node's %s", u.Host, cfg.IP)
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	n = &Node{Name: cfg.Name, IP: cfg.IP.Addr(), APIServer: api, cfg: cfg, bins: bins, kubectl: cpBins.Kubectl, clientset: cs, start: time.Now()}
 	defer func() {
 		if err != nil {
 			n.Stop()
@@ -123,9 +157,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		{"network", n.setupNetwork},
 		{"containerd", n.startContainerd},
 		{"images", n.importImages},
-		{"control plane", n.startControlPlane},
 		{"kubelet", n.startKubelet},
-		{"controllers", n.startControllers},
 		{"node ready", n.waitReady},
 	}
 	for _, s := range steps {
@@ -150,18 +182,16 @@ func run(ctx context.Context, name string, args ...string) (string, error) {
 	return string(out), nil
 }
 
-// setupNetwork gives the node its address on a veth pair (the guest has no
-// network card), turns on forwarding and bridge netfilter as a kubeadm
-// node's preflight requires, and routes everything else through the
-// uplink, so that Service addresses have a route as on a real node.
+// setupNetwork gives the node its address on its network card, turns on
+// forwarding and bridge netfilter as a kubeadm node's preflight requires,
+// and routes everything else to the control plane's host, so that Service
+// addresses have a route as on a real node.
 func (n *Node) setupNetwork(ctx context.Context) error {
 	cmds := [][]string{
-		{"ip", "link", "add", uplink, "type", "veth", "peer", "name", uplink + "-peer"},
 		{"ip", "link", "set", uplink, "up"},
-		{"ip", "link", "set", uplink + "-peer", "up"},
 		{"ip", "link", "set", "lo", "up"},
 		{"ip", "addr", "add", n.cfg.IP.String(), "dev", uplink},
-		{"ip", "route", "add", "default", "dev", uplink},
+		{"ip", "route", "add", "default", "via", n.APIServer.Addr().String(), "dev", uplink},
 		{"modprobe", "br_netfilter"},
 		{"modprobe", "overlay"},
 		// Shared mounts, as systemd makes them on a real node: a pod's
@@ -261,10 +291,29 @@ func (n *Node) Ctr(ctx context.Context, args ...string) (string, error) {
 	return run(ctx, "ctr", append([]string{"--address", n.ctrSock, "--namespace", "k8s.io"}, args...)...)
 }
 
+// containerdRef is the full reference containerd stores for ref as a pod
+// spec or docker-archive writes it: Docker Hub's domain and its library/
+// namespace are implied when absent.
+func containerdRef(ref string) string {
+	first, rest, found := strings.Cut(ref, "/")
+	if found && (strings.ContainsAny(first, ".:") || first == "localhost") {
+		return ref
+	}
+	if !found {
+		return "docker.io/library/" + ref
+	}
+	return "docker.io/" + first + "/" + rest
+}
+
 func (n *Node) importImages(ctx context.Context) error {
 	for _, img := range n.cfg.Images {
 		if _, err := n.Ctr(ctx, "images", "import", img); err != nil {
 			return err
+		}
+	}
+	for alias, ref := range n.cfg.Aliases {
+		if _, err := n.Ctr(ctx, "images", "tag", "--force", containerdRef(ref), containerdRef(alias)); err != nil {
+			return fmt.Errorf("name %s %s: %w", ref, alias, err)
 		}
 	}
 	out, err := n.Ctr(ctx, "images", "ls", "-q")
@@ -275,36 +324,6 @@ func (n *Node) importImages(ctx context.Context) error {
 		return fmt.Errorf("the images hold no %s for the kubelet's pod sandboxes; containerd has:\n%s", PauseImage, out)
 	}
 	n.logf("images: %s", strings.Join(strings.Fields(out), " "))
-	return nil
-}
-
-func (n *Node) startControlPlane(ctx context.Context) error {
-	ip := n.IP.String()
-	c, err := cluster.Start(ctx, cluster.Options{
-		ServingIPs: []net.IP{net.ParseIP(ip)},
-		// A kubeadm control plane: the API server on the node's address,
-		// the kubernetes Service's endpoint kept by the lease reconciler,
-		// privileged pods allowed for the proxies' DaemonSets.
-		APIServerArgs: []string{
-			"--bind-address=0.0.0.0",
-			"--advertise-address=" + ip,
-			"--endpoint-reconciler-type=lease",
-			"--allow-privileged=true",
-			// The default of 1.33, which the e2e harness turns off for
-			// speed at 10,000 Services: without it the bootstrap RBAC
-			// policy does not let kube-proxy read the ServiceCIDRs it
-			// waits for.
-			"--feature-gates=MultiCIDRServiceAllocator=true",
-			"--kubelet-preferred-address-types=InternalIP",
-			// One client, one CPU: API Priority and Fairness only costs.
-			"--enable-priority-and-fairness=false",
-		},
-		StartTimeout: 4 * time.Minute,
-	})
-	if err != nil {
-		return err
-	}
-	n.Cluster = c
 	return nil
 }
 
@@ -350,43 +369,17 @@ serializeImagePulls: false
 	}
 	_, err := n.startProcess("kubelet", n.bins.Kubelet,
 		"--config", confPath,
-		"--kubeconfig", n.Cluster.AdminKubeconfig(),
+		"--kubeconfig", n.cfg.Kubeconfig,
 		"--hostname-override", n.Name,
 		"--node-ip", n.IP.String(),
 		"--v=1")
 	return err
 }
 
-func (n *Node) startControllers(ctx context.Context) error {
-	admin := n.Cluster.AdminKubeconfig()
-	if _, err := n.startProcess("kube-controller-manager", n.bins.KubeControllerManager,
-		"--kubeconfig", admin,
-		"--service-account-private-key-file", n.Cluster.ServiceAccountKeyFile(),
-		"--root-ca-file", n.Cluster.CAFile(),
-		// What the test's objects need, and no more: the guest is
-		// emulated on one CPU. The bridge CNI assigns pod addresses,
-		// so no node IPAM; the garbage collector deletes a deleted
-		// DaemonSet's pods.
-		"--controllers="+strings.Join([]string{
-			"daemonset-controller", "deployment-controller", "replicaset-controller",
-			"endpointslice-controller", "serviceaccount-controller",
-			"root-ca-certificate-publisher-controller", "garbage-collector-controller",
-			// It lifts the not-ready taint the kubelet registers with.
-			"node-lifecycle-controller",
-		}, ","),
-		"--leader-elect=false",
-		// kubectl rollout and DaemonSet updates are quicker checks.
-		"--concurrent-daemonset-syncs=2"); err != nil {
-		return err
-	}
-	_, err := n.startProcess("kube-scheduler", n.bins.KubeScheduler, "--kubeconfig", admin, "--leader-elect=false")
-	return err
-}
-
 // waitReady waits for the Node to be Ready and for the default namespace's
 // ServiceAccount and root CA ConfigMap, without which no pod starts.
 func (n *Node) waitReady(ctx context.Context) error {
-	cs := n.Cluster.Clientset()
+	cs := n.clientset
 	return waitFor(ctx, 4*time.Minute, nil, func() error {
 		node, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 		if err != nil {
@@ -417,12 +410,12 @@ func (n *Node) waitReady(ctx context.Context) error {
 }
 
 // Clientset is an admin clientset.
-func (n *Node) Clientset() *kubernetes.Clientset { return n.Cluster.Clientset() }
+func (n *Node) Clientset() *kubernetes.Clientset { return n.clientset }
 
 // Kubectl runs kubectl as the cluster's admin, stdin from stdin when not
 // empty, and returns its standard output.
 func (n *Node) Kubectl(ctx context.Context, stdin string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, n.Cluster.Binaries().Kubectl, append([]string{"--kubeconfig", n.Cluster.AdminKubeconfig()}, args...)...)
+	cmd := n.KubectlCommand(ctx, args...)
 	if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
 	}
@@ -437,7 +430,7 @@ func (n *Node) Kubectl(ctx context.Context, stdin string, args ...string) (strin
 
 // KubectlCommand returns an unstarted kubectl command as the admin.
 func (n *Node) KubectlCommand(ctx context.Context, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, n.Cluster.Binaries().Kubectl, append([]string{"--kubeconfig", n.Cluster.AdminKubeconfig()}, args...)...)
+	return exec.CommandContext(ctx, n.kubectl, append([]string{"--kubeconfig", n.cfg.Kubeconfig}, args...)...)
 }
 
 func (n *Node) startProcess(name, bin string, args ...string) (*agent.Process, error) {
@@ -458,16 +451,13 @@ func (n *Node) LogTails(lines int) string {
 	return b.String()
 }
 
-// Stop stops the components in reverse order of their start and the
-// control plane. Pods' containers die with the guest.
+// Stop stops the components in reverse order of their start. Pods'
+// containers die with the guest; the control plane is the host's.
 func (n *Node) Stop() {
 	for i := len(n.procs) - 1; i >= 0; i-- {
 		_ = n.procs[i].Stop(10 * time.Second)
 	}
 	n.procs = nil
-	if n.Cluster != nil {
-		_ = n.Cluster.Stop()
-	}
 }
 
 // waitFor polls check every 500 ms until it returns nil, p (if not nil)

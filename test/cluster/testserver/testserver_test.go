@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestMain lets a test run the program itself as a child process, for what
@@ -98,7 +100,10 @@ func oneShot(t *testing.T, reply string) string {
 	return answering(t, 0, reply)
 }
 
-// answering is oneShot with each answer delay after the connection.
+// answering is oneShot with each answer delay after the connection. The
+// answer and the close leave in one segment (TCP_CORK holds the answer
+// until the close sets FIN on it): a client that has read the answer has
+// its FIN too, and its socket is in CLOSE_WAIT whatever the scheduling.
 func answering(t *testing.T, delay time.Duration, reply string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -114,12 +119,31 @@ func answering(t *testing.T, delay time.Duration, reply string) string {
 			}
 			go func() {
 				defer c.Close()
+				if err := cork(c); err != nil {
+					t.Error(err)
+					return
+				}
 				time.Sleep(delay)
 				_, _ = c.Write([]byte(reply))
 			}()
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// cork sets TCP_CORK on c, a TCP connection.
+func cork(c net.Conn) error {
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_CORK, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
 }
 
 func TestProbe(t *testing.T) {

@@ -42,6 +42,7 @@ const (
 	envEndpoints    = "EBPF_PROXY_BENCH_ENDPOINTS"     // per Service, default 10
 	envChanges      = "EBPF_PROXY_BENCH_CHANGES"       // endpoint changes timed per proxy, default 100
 	envChangeBudget = "EBPF_PROXY_BENCH_CHANGE_BUDGET" // time for them per proxy, default 10m
+	envNewServices  = "EBPF_PROXY_BENCH_NEW_SERVICES"  // new Services timed per proxy, default 20, at most maxNewServices
 	envKinds        = "EBPF_PROXY_BENCH_PROXIES"       // default "ebpf,iptables,nftables,ebpf-nftables"
 	// envJSON names a file for the results as JSON (test/benchreport
 	// reads it); unset writes none.
@@ -59,15 +60,17 @@ var benchKinds = []testbed.Kind{testbed.EbpfProxy, testbed.KubeProxyIPTables, te
 
 type config struct {
 	services, endpoints, changes int
+	newServices                  int
 	changeBudget                 time.Duration
 	kinds                        []testbed.Kind
 }
 
 func configFromEnv() (config, error) {
-	cfg := config{services: 10000, endpoints: 10, changes: 100, changeBudget: 10 * time.Minute,
+	cfg := config{services: 10000, endpoints: 10, changes: 100, newServices: 20, changeBudget: 10 * time.Minute,
 		kinds: benchKinds[:4]}
 	if err := errors.Join(envInt(envServices, &cfg.services, 1, 1<<20), envInt(envEndpoints, &cfg.endpoints, 1, 1<<10),
-		envInt(envChanges, &cfg.changes, 1, 1<<20), envDuration(envChangeBudget, &cfg.changeBudget, 24*time.Hour)); err != nil {
+		envInt(envChanges, &cfg.changes, 1, 1<<20), envInt(envNewServices, &cfg.newServices, 1, maxNewServices),
+		envDuration(envChangeBudget, &cfg.changeBudget, 24*time.Hour)); err != nil {
 		return cfg, err
 	}
 	if s := os.Getenv(envKinds); s != "" {
@@ -95,6 +98,18 @@ const (
 	changeBound    = 5 * time.Minute
 )
 
+// maxNewServices bounds the new Services per proxy: each proxy's have their
+// own block of ClusterIPs (newServiceVIP).
+const maxNewServices = 40
+
+// newServiceVIP is the ClusterIP of the i-th new Service measured with the
+// proxy of kind: 10.96.254.0/24, a block of maxNewServices per proxy, so
+// that the Services one proxy created are there, programmed and unused,
+// when the next one starts.
+func newServiceVIP(kind testbed.Kind, i int) netip.AddrPort {
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 254, byte(1 + slices.Index(benchKinds, kind)*maxNewServices + i)}), 80)
+}
+
 // probeVIP is the ClusterIP of the one Service with real endpoints, whose
 // endpoint the benchmark moves between two pods.
 var probeVIP = netip.AddrPortFrom(netip.MustParseAddr("10.96.255.250"), 80)
@@ -116,6 +131,10 @@ type result struct {
 	// changes are the end-to-end latencies of the endpoint changes;
 	// writes are the API calls' own durations within them.
 	changes, writes []time.Duration
+	// newServices are the latencies of new Services: from the Service's
+	// create call (its EndpointSlice's follows) to the first connection
+	// answered through its ClusterIP.
+	newServices []time.Duration
 	// partialSync is the mean duration of the proxy's syncs during the
 	// changes, as it reports them (kubeproxy_sync_proxy_rules_duration_seconds).
 	partialSync time.Duration
@@ -160,6 +179,9 @@ func BenchmarkScale(b *testing.B) {
 				b.ReportMetric(float64(percentile(r.changes, 50).Microseconds())/1000, "ms-change-p50")
 				b.ReportMetric(float64(percentile(r.changes, 99).Microseconds())/1000, "ms-change-p99")
 			}
+			if len(r.newServices) > 0 {
+				b.ReportMetric(float64(percentile(r.newServices, 99).Microseconds())/1000, "ms-new-service-p99")
+			}
 		})
 	}
 	table := summary(cfg, loadTime, results)
@@ -184,6 +206,9 @@ func printFigures(w io.Writer, cfg config, rs []result) {
 		switch cfg.services {
 		case 10000:
 			figures.Print(w, "rss_10k", mib)
+			if len(r.newServices) > 0 {
+				figures.Print(w, "new_service_p99", float64(percentile(r.newServices, 99).Microseconds())/1000)
+			}
 		case 30000:
 			figures.Print(w, "svc30k_programmed", r.startToSynced.Seconds())
 			figures.Print(w, "svc30k_rss", mib)
@@ -204,6 +229,9 @@ type jsonResult struct {
 	PeakRSSEnd    float64 `json:"peak_rss_end_mib"`
 	ChangeP50     float64 `json:"change_p50_ms,omitempty"`
 	ChangeP99     float64 `json:"change_p99_ms,omitempty"`
+	NewP50        float64 `json:"new_service_p50_ms,omitempty"`
+	NewP99        float64 `json:"new_service_p99_ms,omitempty"`
+	NewServices   int     `json:"new_services"`
 	SyncPerChange float64 `json:"sync_per_change_ms,omitempty"`
 	Changes       int     `json:"changes"`
 	ProgrammedBPF int     `json:"programmed_frontends,omitempty"`
@@ -221,10 +249,15 @@ func writeJSON(path string, cfg config, loadTime time.Duration, rs []result) err
 	for _, r := range rs {
 		j := jsonResult{Proxy: string(r.kind), StartToSynced: r.startToSynced.Seconds(), FirstSync: r.firstSync.Seconds(),
 			PeakRSSSynced: float64(r.rssSynced) / (1 << 20), PeakRSSEnd: float64(r.rssEnd) / (1 << 20),
-			SyncPerChange: float64(r.partialSync.Microseconds()) / 1000, Changes: len(r.changes), ProgrammedBPF: r.programmed, Note: r.note}
+			SyncPerChange: float64(r.partialSync.Microseconds()) / 1000, Changes: len(r.changes), NewServices: len(r.newServices),
+			ProgrammedBPF: r.programmed, Note: r.note}
 		if len(r.changes) > 0 {
 			j.ChangeP50 = float64(percentile(r.changes, 50).Microseconds()) / 1000
 			j.ChangeP99 = float64(percentile(r.changes, 99).Microseconds()) / 1000
+		}
+		if len(r.newServices) > 0 {
+			j.NewP50 = float64(percentile(r.newServices, 50).Microseconds()) / 1000
+			j.NewP99 = float64(percentile(r.newServices, 99).Microseconds()) / 1000
 		}
 		out.Results = append(out.Results, j)
 	}
@@ -371,25 +404,14 @@ func measure(b *testing.B, c *cluster.Cluster, cs kubernetes.Interface, kind tes
 	deadline := time.Now().Add(cfg.changeBudget)
 	for i := 0; i < cfg.changes && time.Now().Before(deadline); i++ {
 		target := pods[(i+1)%2]
-		w, err := node.Client.StartWait(ctx, probeVIP, sandbox.WaitOptions{Server: target.Name + ":8080", Timeout: time.Second,
-			Interval: time.Millisecond, MaxDuration: changeBound})
-		if err != nil {
-			b.Fatal(err)
-		}
-		start := time.Now()
-		if err := setProbe(ctx, cs, target); err != nil {
-			b.Fatal(err)
-		}
-		r.writes = append(r.writes, time.Since(start))
-		res, err := w.Result(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if !res.Answered {
-			b.Fatalf("%s: change %d not programmed within %s", kind, i+1, changeBound)
-		}
-		r.changes = append(r.changes, res.AnsweredAt.Sub(start))
-		if d := res.AnsweredAt.Sub(start); d > 10*time.Second {
+		d := untilAnswered(b, node.Client, probeVIP, target, fmt.Sprintf("%s: change %d", kind, i+1), func() error {
+			start := time.Now()
+			err := setProbe(ctx, cs, target)
+			r.writes = append(r.writes, time.Since(start))
+			return err
+		})
+		r.changes = append(r.changes, d)
+		if d > 10*time.Second {
 			b.Logf("%s: change %d took %s; the proxy's log:\n%s", kind, i+1, d, p.LogTail(40))
 		}
 	}
@@ -397,6 +419,8 @@ func measure(b *testing.B, c *cluster.Cluster, cs kubernetes.Interface, kind tes
 		r.partialSync = time.Duration((sum - syncSumBefore) / float64(n-syncsBefore) * float64(time.Second))
 	}
 	b.Logf("%s: change latencies %v", kind, r.changes)
+	r.newServices = measureNewServices(b, cs, node, kind, cfg)
+	b.Logf("%s: new Service latencies %v", kind, r.newServices)
 	if os.Getenv("EBPF_PROXY_BENCH_LOG") == "1" {
 		b.Logf("%s log:\n%s", kind, p.LogTail(200))
 	}
@@ -407,6 +431,48 @@ func measure(b *testing.B, c *cluster.Cluster, cs kubernetes.Interface, kind tes
 		b.Fatal(err)
 	}
 	return r
+}
+
+// measureNewServices creates cfg.newServices Services, one after another,
+// each with an EndpointSlice of one endpoint, node's first pod, and returns
+// for each the time from its create call to the first connection the pod
+// answered through its ClusterIP from the node's client.
+func measureNewServices(b *testing.B, cs kubernetes.Interface, node *testbed.Node, kind testbed.Kind, cfg config) []time.Duration {
+	ctx := b.Context()
+	pod := node.Pods[0]
+	var out []time.Duration
+	for i := range cfg.newServices {
+		vip := newServiceVIP(kind, i)
+		out = append(out, untilAnswered(b, node.Client, vip, pod, fmt.Sprintf("%s: new Service %d at %s", kind, i, vip), func() error {
+			return createService(ctx, cs, fmt.Sprintf("new-%s-%02d", kind, i), vip.Addr().String(), []string{pod.IP.String()})
+		}))
+	}
+	return out
+}
+
+// untilAnswered probes vip from c every millisecond while do makes an API
+// change, and returns the time from the start of do to the first
+// connection that pod answered; what is the change in the fatal error when
+// pod does not answer within changeBound.
+func untilAnswered(b *testing.B, c *sandbox.Client, vip netip.AddrPort, pod *sandbox.Pod, what string, do func() error) time.Duration {
+	ctx := b.Context()
+	w, err := c.StartWait(ctx, vip, sandbox.WaitOptions{Server: pod.Name + ":8080", Timeout: time.Second,
+		Interval: time.Millisecond, MaxDuration: changeBound})
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	if err := do(); err != nil {
+		b.Fatal(err)
+	}
+	res, err := w.Result(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if !res.Answered {
+		b.Fatalf("%s not programmed within %s", what, changeBound)
+	}
+	return res.AnsweredAt.Sub(start)
 }
 
 // syncHistogram returns the count and sum of the proxy's sync durations,
@@ -451,7 +517,7 @@ func summary(cfg config, loadTime time.Duration, rs []result) string {
 	fmt.Fprintf(&sb, "%d Services × %d endpoints, loaded through the API in %s\n", cfg.services, cfg.endpoints, loadTime.Round(time.Second))
 	w := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "proxy\tstart → all programmed\tfirst sync (own metric)\tpeak RSS after sync\tpeak RSS at end\t"+
-		"change p50\tchange p99\tof which API write p50\tsync per change (own metric)\tchanges\tnote")
+		"change p50\tchange p99\tof which API write p50\tsync per change (own metric)\tchanges\tnew Service p50\tnew Service p99\tnote")
 	for _, r := range rs {
 		name := string(r.kind)
 		switch r.kind {
@@ -475,9 +541,13 @@ func summary(cfg config, loadTime time.Duration, rs []result) string {
 			p99 = ms(percentile(r.changes, 99))
 			w50 = ms(percentile(r.writes, 50))
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%.0f MiB\t%.0f MiB\t%s\t%s\t%s\t%s\t%d\t%s\n", name, r.startToSynced.Round(10*time.Millisecond),
+		n50, n99 := "-", "-"
+		if len(r.newServices) > 0 {
+			n50, n99 = ms(percentile(r.newServices, 50)), ms(percentile(r.newServices, 99))
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%.0f MiB\t%.0f MiB\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", name, r.startToSynced.Round(10*time.Millisecond),
 			r.firstSync.Round(time.Millisecond), float64(r.rssSynced)/(1<<20), float64(r.rssEnd)/(1<<20), p50, p99, w50,
-			ms(r.partialSync), len(r.changes), r.note)
+			ms(r.partialSync), len(r.changes), n50, n99, r.note)
 	}
 	w.Flush()
 	return sb.String()

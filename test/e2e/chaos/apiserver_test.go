@@ -15,7 +15,8 @@ import (
 // clients' Service moves from {p0, p1} to {p1, p2}, a new Service appears,
 // another goes), then the API server itself is stopped for the rest of the
 // time. The data path keeps serving what it had, the agent stays up, and
-// every change is in the maps within a second of the API server's return.
+// every change is in the maps soon after the API server's return (within
+// propagation).
 func testAPIServerGone(t *testing.T, e *env, s settings) {
 	ctx := t.Context()
 	steady := netip.MustParseAddr("10.96.211.1")
@@ -65,7 +66,7 @@ func testAPIServerGone(t *testing.T, e *env, s settings) {
 	// Watches for the changes, started while the API server is away.
 	waitFor := func(ip netip.Addr, server string) *sandbox.Wait {
 		w, err := e.node.Client.StartWait(ctx, netip.AddrPortFrom(ip, svcTCP), sandbox.WaitOptions{Server: server,
-			Timeout: time.Second, Interval: 5 * time.Millisecond, MaxDuration: s.apiDown + 3*time.Minute})
+			Timeout: sandbox.ProgrammingAttemptTimeout, Interval: 5 * time.Millisecond, MaxDuration: s.apiDown + 3*time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,16 +140,19 @@ func at(s []string, i int) string {
 }
 
 // watchRefused connects to ip again and again from c, in the background,
-// until a connection fails, and sends the time of that failure; zero if
-// none failed within bound.
+// until a connection fails, and sends when that failed attempt started;
+// zero if none failed within bound. The start, not the end: an address no
+// longer translated does not answer, so the failing attempt ends only at
+// its timeout.
 func watchRefused(ctx context.Context, c *sandbox.Client, ip netip.Addr, bound time.Duration) <-chan time.Time {
 	out := make(chan time.Time, 1)
 	go func() {
 		deadline := time.Now().Add(bound)
 		for time.Now().Before(deadline) && ctx.Err() == nil {
+			start := time.Now()
 			rep, err := c.WithTimeout(time.Second).TCP(ctx, netip.AddrPortFrom(ip, svcTCP), 1)
 			if err == nil && rep.Results[0].Err != "" {
-				out <- time.Now()
+				out <- start
 				return
 			}
 			time.Sleep(10 * time.Millisecond)

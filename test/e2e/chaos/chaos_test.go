@@ -75,8 +75,18 @@ const (
 )
 
 // propagation is how soon after the API server's return its changes must
-// be in the maps.
-const propagation = time.Second
+// be in the maps. The agent's requests wait for the API server and are sent
+// within 0.24 s of its return (k8swatch.Redial). A waiting list then
+// brings the changes at once: 0.05-0.3 s in all. A waiting watch does not:
+// the restarted API server's watch cache begins after the changes made
+// while it was away, so it answers the old resource version with 410 Gone,
+// and client-go's reflector relists only after its backoff, 0.8-1.6 s,
+// which an informer cannot shorten (kube-proxy waits the same). Which of
+// the two waits depends on where each reflector was when the node was cut
+// off; both were seen, the second in about two runs of three on a busy
+// two-core machine (1.1-1.8 s). With a list and a sync on such a machine
+// (0.3 s) and the probe's attempt timeout, 2.5 s.
+const propagation = 2500 * time.Millisecond
 
 // TestChaos runs every scenario on one control plane, each on a testbed of
 // its own.

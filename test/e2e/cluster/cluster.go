@@ -508,12 +508,23 @@ func (c *Cluster) kubeconfigPath(user string) string {
 }
 
 func (c *Cluster) writeKubeconfig(user string) error {
+	return c.WriteKubeconfig(user, c.URL(), c.kubeconfigPath(user))
+}
+
+// WriteKubeconfig writes to path a kubeconfig for user that names the API
+// server at server (an https URL): the address a client in another network
+// namespace or machine dials. It embeds the CA and the user's token.
+func (c *Cluster) WriteKubeconfig(user, server, path string) error {
+	token, err := c.Token(user)
+	if err != nil {
+		return err
+	}
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["e2e"] = &clientcmdapi.Cluster{Server: c.URL(), CertificateAuthorityData: c.CACertPEM()}
-	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{Token: c.tokens[user]}
+	cfg.Clusters["e2e"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: c.CACertPEM()}
+	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{Token: token}
 	cfg.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: user}
 	cfg.CurrentContext = "e2e"
-	if err := clientcmd.WriteToFile(*cfg, c.kubeconfigPath(user)); err != nil {
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
 		return fmt.Errorf("write kubeconfig for %s: %w", user, err)
 	}
 	return nil
@@ -536,6 +547,19 @@ func (c *Cluster) AdminKubeconfig() string { return c.kubeconfigPath(AdminUser) 
 // KubeProxyKubeconfig returns the path of the kubeconfig file for
 // KubeProxyUser, the identity upstream kube-proxy runs as.
 func (c *Cluster) KubeProxyKubeconfig() string { return c.kubeconfigPath(KubeProxyUser) }
+
+// LogTails returns the last lines of the API server's and etcd's logs.
+func (c *Cluster) LogTails(lines int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var b strings.Builder
+	for _, p := range []*agent.Process{c.apiserver, c.etcd} {
+		if p != nil {
+			fmt.Fprintf(&b, "last lines of the %s log:\n%s\n", p.Name(), p.LogTail(lines))
+		}
+	}
+	return b.String()
+}
 
 // EtcdPID is the process ID of etcd, or 0 once the cluster is stopped.
 func (c *Cluster) EtcdPID() int {

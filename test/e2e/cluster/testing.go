@@ -6,8 +6,6 @@ import (
 	"os"
 	"strconv"
 	"testing"
-
-	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 )
 
 // StartT starts a cluster for a test and stops it in t.Cleanup (and on
@@ -29,13 +27,7 @@ func StartT(t testing.TB, opts Options) *Cluster {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			c.mu.Lock()
-			for _, p := range []*agent.Process{c.apiserver, c.etcd} {
-				if p != nil {
-					t.Logf("last lines of the %s log:\n%s", p.Name(), p.LogTail(40))
-				}
-			}
-			c.mu.Unlock()
+			t.Log(c.LogTails(40))
 		}
 		if err := c.Stop(); err != nil {
 			t.Errorf("stop control plane: %v", err)

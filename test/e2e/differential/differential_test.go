@@ -366,10 +366,13 @@ func runKind(t *testing.T, c *cluster.Cluster, kind testbed.Kind, index int) ver
 		parallel(len(jobs), probeWorkers, func(i int) {
 			j := jobs[i]
 			p := scenarios[j.si].Steps[wave].Probes[j.pi]
-			v, err := w.observe(ctx, j.si, p)
+			v, mixed, err := w.observe(ctx, j.si, p)
 			if err != nil {
 				t.Errorf("scenario %q step %d: probe %s: %v", scenarios[j.si].Name, wave+1, p, err)
 				v = "PROBE ERROR: " + err.Error()
+			}
+			if mixed != "" {
+				t.Logf("%s run, scenario %q step %d: probe %s: %s", kind, scenarios[j.si].Name, wave+1, p, mixed)
 			}
 			out[j.si][wave][j.pi] = v
 		})

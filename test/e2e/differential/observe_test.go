@@ -134,6 +134,17 @@ type tally struct {
 	failures map[string]int
 	notes    map[string]int
 	http     map[string]int
+	// failed describes each failed attempt (errno, how far it got, how
+	// long it took), for the log of a probe whose attempts did not all
+	// agree.
+	failed []string
+}
+
+// fail records a failed attempt: its errno's verdict, and detail for the
+// log.
+func (t *tally) fail(errName, detail string) {
+	t.failures[failure(errName)]++
+	t.failed = append(t.failed, errName+": "+detail)
 }
 
 func newTally() *tally {
@@ -154,7 +165,11 @@ func (t *tally) answered(w *world, c *sandbox.Client, server string, seen netip.
 // show dst as its peer, as a client that called getpeername() expects.
 func (t *tally) addTCP(w *world, c *sandbox.Client, dst netip.AddrPort, r sandbox.TCPResult) {
 	if r.Err != "" {
-		t.failures[failure(r.Err)]++
+		how := "connect() failed"
+		if r.Connected {
+			how = "connected from " + r.Local.String() + ", then no answer"
+		}
+		t.fail(r.Err, fmt.Sprintf("%s, connect() took %v", how, r.Elapsed.Round(time.Millisecond)))
 		return
 	}
 	t.answered(w, c, r.Server, r.ClientSeen.Addr())
@@ -166,7 +181,7 @@ func (t *tally) addTCP(w *world, c *sandbox.Client, dst netip.AddrPort, r sandbo
 // addUDP records a connected UDP attempt: the reply must come from dst.
 func (t *tally) addUDP(w *world, c *sandbox.Client, dst netip.AddrPort, r sandbox.UDPResult) {
 	if r.Err != "" {
-		t.failures[failure(r.Err)]++
+		t.fail(r.Err, fmt.Sprintf("sent from %s, no reply in %v", r.Local, r.Elapsed.Round(time.Millisecond)))
 		return
 	}
 	t.answered(w, c, r.Server, r.ClientSeen.Addr())
@@ -224,11 +239,14 @@ func (t *tally) verdict(sticky bool) string {
 	return strings.Join(parts, " + ")
 }
 
-// observe runs probe p of scenario sc and returns its verdict.
-func (w *world) observe(ctx context.Context, sc int, p Probe) (string, error) {
+// observe runs probe p of scenario sc and returns its verdict and, when
+// some attempts were answered and others failed, what the failed ones
+// met (the log's clue to an intermittent loss; the verdict has no room
+// for it, as it must render alike for both proxies).
+func (w *world) observe(ctx context.Context, sc int, p Probe) (string, string, error) {
 	c, err := w.client(p.From)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if p.Proto == udp {
 		c = c.WithTimeout(udpAttemptTimeout)
@@ -237,7 +255,7 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (string, error) {
 	}
 	dst, err := w.dest(ctx, sc, p.To)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	t := newTally()
 	run := func(n int) error {
@@ -270,14 +288,18 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (string, error) {
 		return nil
 	}
 	if err := run(firstAttempts); err != nil {
-		return "", err
+		return "", "", err
 	}
 	if t.anyAnswer() && p.To.Kind != HealthCheck {
 		if err := run(moreAttempts); err != nil {
-			return "", err
+			return "", "", err
 		}
 	}
-	return t.verdict(p.Sticky), nil
+	mixed := ""
+	if t.anyAnswer() && len(t.failed) > 0 {
+		mixed = fmt.Sprintf("%d attempt(s) to %s failed: %s", len(t.failed), dst, strings.Join(t.failed, "; "))
+	}
+	return t.verdict(p.Sticky), mixed, nil
 }
 
 // waitReachable polls dst from c until a server answers.

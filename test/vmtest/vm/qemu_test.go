@@ -89,7 +89,7 @@ func TestQEMUArgs(t *testing.T) {
 			name: "software emulation with the host root read-only and the run share",
 			cfg:  Config{Kernel: k, Accel: AccelTCG, CPUs: 2, MemoryMB: 512, BIOS: "/nonexistent"},
 			want: []string{
-				"-accel tcg,thread=multi -cpu max", "-smp 2", "-m 512M",
+				"-accel tcg,thread=multi -cpu qemu64", "-smp 2", "-m 512M",
 				"-virtfs local,path=/,mount_tag=root,security_model=none,multidevs=remap,readonly=on",
 				"-virtfs local,path=/tmp/run,mount_tag=run,security_model=none,multidevs=remap",
 				"vmtest.run=/tmp/run",
@@ -100,6 +100,16 @@ func TestQEMUArgs(t *testing.T) {
 			cfg:   Config{Kernel: k, Accel: AccelKVM, CPUs: 1, MemoryMB: 256, BIOS: "/nonexistent"},
 			share: []guest.Share{{Tag: "rw0", Path: "/tmp/a,b"}},
 			want:  []string{"-accel kvm -cpu host", "-virtfs local,path=/tmp/a,,b,mount_tag=rw0,security_model=none,multidevs=remap"},
+		},
+		{
+			name: "a network card on a tap device",
+			cfg:  Config{Kernel: k, Accel: AccelTCG, CPUs: 1, MemoryMB: 256, BIOS: "/nonexistent", Tap: "node-tap"},
+			want: []string{"-netdev tap,id=net0,ifname=node-tap,script=no,downscript=no -device virtio-net-pci,netdev=net0"},
+		},
+		{
+			name: "a tap device name QEMU would read as options",
+			cfg:  Config{Kernel: k, Accel: AccelTCG, Tap: "a,script=/x"},
+			err:  true,
 		},
 		{
 			name: "unknown accelerator",
@@ -124,6 +134,9 @@ func TestQEMUArgs(t *testing.T) {
 				if !strings.Contains(line, w) {
 					t.Errorf("QEMU command line lacks %q:\n%s", w, line)
 				}
+			}
+			if tt.cfg.Tap == "" && slices.Contains(args, "-netdev") {
+				t.Errorf("a network card without Config.Tap:\n%s", line)
 			}
 			if slices.Contains(args, "-bios") {
 				t.Errorf("-bios given for a firmware file that does not exist")

@@ -1,0 +1,112 @@
+package node
+
+import (
+	"bytes"
+	"cmp"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's CPU times: 100 on
+// every Linux architecture the guest runs.
+const clockTicks = 100
+
+// Usage says where the guest's CPU and memory went, in one line: its
+// available memory, load average, and the commands that have used the most
+// CPU since they started (processes of one name summed). On one emulated
+// vCPU a slow step is either a busy neighbour or memory pressure; this
+// tells which.
+func Usage() string {
+	mem, _ := os.ReadFile("/proc/meminfo")
+	load, _ := os.ReadFile("/proc/loadavg")
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var procs [][]byte
+	for _, p := range stats {
+		if b, err := os.ReadFile(p); err == nil {
+			procs = append(procs, b)
+		}
+	}
+	return usageLine(mem, load, procs, 6)
+}
+
+// usageLine formats Usage from /proc/meminfo, /proc/loadavg and the
+// processes' /proc/PID/stat, naming the top commands by CPU time.
+func usageLine(meminfo, loadavg []byte, stats [][]byte, top int) string {
+	var b strings.Builder
+	kb := memInfo(meminfo)
+	fmt.Fprintf(&b, "guest: memory available %d of %d MiB", kb["MemAvailable"]/1024, kb["MemTotal"]/1024)
+	if f := strings.Fields(string(loadavg)); len(f) >= 3 {
+		fmt.Fprintf(&b, ", load %s %s %s", f[0], f[1], f[2])
+	}
+	type use struct {
+		comm  string
+		ticks uint64
+	}
+	by := map[string]uint64{}
+	for _, s := range stats {
+		comm, ticks, ok := procCPU(s)
+		if ok {
+			by[comm] += ticks
+		}
+	}
+	var uses []use
+	for c, t := range by {
+		uses = append(uses, use{c, t})
+	}
+	slices.SortFunc(uses, func(a, b use) int {
+		return cmp.Or(cmp.Compare(b.ticks, a.ticks), cmp.Compare(a.comm, b.comm))
+	})
+	b.WriteString(", CPU s:")
+	for i, u := range uses {
+		if i == top {
+			break
+		}
+		fmt.Fprintf(&b, " %s %.0f", u.comm, float64(u.ticks)/clockTicks)
+	}
+	return b.String()
+}
+
+// memInfo parses /proc/meminfo into kB by field.
+func memInfo(b []byte) map[string]uint64 {
+	m := map[string]uint64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			continue
+		}
+		if v, err := strconv.ParseUint(f[0], 10, 64); err == nil {
+			m[name] = v
+		}
+	}
+	return m
+}
+
+// procCPU returns a /proc/PID/stat line's command and user plus system
+// time in clock ticks. The command is in parentheses and may hold spaces
+// and parentheses itself: the fields resume after the last ')'.
+func procCPU(stat []byte) (comm string, ticks uint64, ok bool) {
+	open, end := bytes.IndexByte(stat, '('), bytes.LastIndexByte(stat, ')')
+	if open < 0 || end < open {
+		return "", 0, false
+	}
+	comm = string(stat[open+1 : end])
+	// After the command: state (field 3) ... utime (14), stime (15).
+	f := strings.Fields(string(stat[end+1:]))
+	if len(f) < 13 {
+		return "", 0, false
+	}
+	u, err1 := strconv.ParseUint(f[11], 10, 64)
+	s, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return "", 0, false
+	}
+	return comm, u + s, true
+}
