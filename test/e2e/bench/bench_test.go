@@ -103,12 +103,24 @@ const (
 const maxNewServices = 40
 
 // newServiceVIP is the ClusterIP of the i-th new Service measured with the
-// proxy of kind: 10.96.254.0/24, a block of maxNewServices per proxy, so
-// that the Services one proxy created are there, programmed and unused,
-// when the next one starts.
+// proxy of kind, from newServiceVIPBase on, a block of maxNewServices per
+// proxy, so that the Services one proxy created are there, programmed and
+// unused, when the next one starts.
+//
+// The block is in the lower band of the API server's Service range (the
+// first 256 addresses of 10.96.0.0/16), which its allocator keeps for
+// addresses a Service asks for and gives out dynamically only once the
+// rest is full: the 10,000 or 30,000 Services created before take their
+// addresses at random from the rest, and a fixed address there would be
+// taken by one of them as often as not.
 func newServiceVIP(kind testbed.Kind, i int) netip.AddrPort {
-	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 254, byte(1 + slices.Index(benchKinds, kind)*maxNewServices + i)}), 80)
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 0, byte(newServiceVIPBase + slices.Index(benchKinds, kind)*maxNewServices + i)}), 80)
 }
+
+// newServiceVIPBase is the last byte of the first new Service's ClusterIP,
+// above 10.96.0.1 (the kubernetes Service) and 10.96.0.10 (a cluster's DNS
+// by convention); 5 proxies' blocks end at 10.96.0.231.
+const newServiceVIPBase = 32
 
 // probeVIP is the ClusterIP of the one Service with real endpoints, whose
 // endpoint the benchmark moves between two pods.
