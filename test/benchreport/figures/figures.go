@@ -99,7 +99,7 @@ var All = []Figure{
 		Bench: tcPaths + "tracked_flow,_remote_backend_(SNAT)", Metric: "ns/pkt", Source: "make bench"},
 	{Name: "tc_tracked_local", Unit: "ns", Target: 200, Doc: "TC ingress, a packet of a tracked flow to a backend on the node",
 		Bench: tcPaths + "tracked_flow,_local_backend", Metric: "ns/pkt", Source: "make bench"},
-	{Name: "sock_hook", Unit: "ns", Target: 1000, Doc: "socket hooks per connection (connect4 plus getpeername4, the kernel's run-time statistics), 10,000 Services",
+	{Name: "sock_hook", Unit: "ns", Target: 1000, Doc: "socket hooks per connection (one run of connect4 plus one of getpeername4, the kernel's run-time statistics), 10,000 Services",
 		Bench: "BenchmarkConnectRate/services=10000", Metric: "hook_ns/conn", Source: "make bench"},
 	{Name: "pps_xdp_vs_iptables", Unit: "ratio", Target: 3, Higher: true, Doc: "packets per second forwarded through a NodePort to another node, XDP against upstream iptables",
 		Source: "make bench-pps"},
