@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -209,3 +210,72 @@ func TestNewWithoutPath(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// mountsAt counts the mounts whose mount point is path, by the calling
+// process's mount table.
+func mountsAt(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == path {
+			n++
+		}
+	}
+	return n
+}
+
+// A directory of namespace files made ready by PrepareDir is a mount point
+// of its own, once however often it is prepared, so `ip netns add` (whose
+// first step, marking the directory shared, then succeeds) lays no mount
+// over the files in it: a namespace file unmounted by its path is gone from
+// the mount table and can be deleted.
+func TestPrepareDirKeepsNamespaceFilesReachable(t *testing.T) {
+	sandbox.RequireRoot(t)
+	dir := filepath.Join(t.TempDir(), "netns")
+	t.Cleanup(func() {
+		for mountsAt(t, dir) > 0 {
+			if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+				t.Errorf("unmount %s: %v", dir, err)
+				return
+			}
+		}
+	})
+	for range 2 {
+		if err := netns.PrepareDir(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := mountsAt(t, dir); n != 1 {
+		t.Fatalf("%s is the mount point of %d mounts after PrepareDir twice, want 1", dir, n)
+	}
+	// What `ip netns add` does first: where this fails with EINVAL, it
+	// bind-mounts the directory on itself, over what is already there.
+	if err := unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		t.Fatalf("mark %s shared, as ip netns add does: %v", dir, err)
+	}
+	path := filepath.Join(dir, "ns")
+	if err := os.WriteFile(path, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	h, err := netns.New(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+	if n := mountsAt(t, path); n != 1 {
+		t.Fatalf("%s is the mount point of %d mounts, want 1", path, n)
+	}
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if n := mountsAt(t, path); n != 0 {
+		t.Errorf("%d mounts left on %s after unmounting it", n, path)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Errorf("remove the namespace file: %v", err)
+	}
+}

@@ -47,8 +47,8 @@ func NewNetns(name string) (*Netns, error) {
 
 // newNetns creates the namespace under its full name.
 func newNetns(name string) (_ *Netns, err error) {
-	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
-		return nil, fmt.Errorf("create %s: %w", netnsDir, err)
+	if err := netns.PrepareDir(netnsDir); err != nil {
+		return nil, err
 	}
 	path := filepath.Join(netnsDir, name)
 	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)

@@ -116,7 +116,7 @@ func run(args []string) int {
 // enterNetns creates the namespace, runs this program again inside it and
 // removes the namespace once that run has ended.
 func enterNetns(args []string) int {
-	if err := os.MkdirAll("/run/netns", 0o755); err != nil {
+	if err := netns.PrepareDir("/run/netns"); err != nil {
 		fmt.Fprintln(os.Stderr, "controlplane:", err)
 		return 1
 	}
@@ -126,8 +126,12 @@ func enterNetns(args []string) int {
 		return 1
 	}
 	defer func() {
-		_ = unix.Unmount(path, unix.MNT_DETACH)
-		_ = os.Remove(path)
+		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			fmt.Fprintln(os.Stderr, "controlplane: unmount", path+":", err)
+		}
+		if err := os.Remove(path); err != nil {
+			fmt.Fprintln(os.Stderr, "controlplane:", err)
+		}
 	}()
 	h, err := netns.New(path)
 	if err != nil {
