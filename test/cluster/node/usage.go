@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bytes"
 	"cmp"
 	"fmt"
 	"os"
@@ -9,11 +8,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-)
 
-// clockTicks is USER_HZ, the unit of /proc/PID/stat's CPU times: 100 on
-// every Linux architecture the guest runs.
-const clockTicks = 100
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/procstat"
+)
 
 // Usage says where the guest's CPU and memory went, in one line: its
 // available memory, load average, and the commands that have used the most
@@ -48,9 +45,8 @@ func usageLine(meminfo, loadavg []byte, stats [][]byte, top int) string {
 	}
 	by := map[string]uint64{}
 	for _, s := range stats {
-		comm, ticks, ok := procCPU(s)
-		if ok {
-			by[comm] += ticks
+		if st, ok := procstat.Parse(s); ok {
+			by[st.Comm] += st.Ticks
 		}
 	}
 	var uses []use
@@ -65,7 +61,7 @@ func usageLine(meminfo, loadavg []byte, stats [][]byte, top int) string {
 		if i == top {
 			break
 		}
-		fmt.Fprintf(&b, " %s %.0f", u.comm, float64(u.ticks)/clockTicks)
+		fmt.Fprintf(&b, " %s %.0f", u.comm, float64(u.ticks)/procstat.ClockTicks)
 	}
 	return b.String()
 }
@@ -87,26 +83,4 @@ func memInfo(b []byte) map[string]uint64 {
 		}
 	}
 	return m
-}
-
-// procCPU returns a /proc/PID/stat line's command and user plus system
-// time in clock ticks. The command is in parentheses and may hold spaces
-// and parentheses itself: the fields resume after the last ')'.
-func procCPU(stat []byte) (comm string, ticks uint64, ok bool) {
-	open, end := bytes.IndexByte(stat, '('), bytes.LastIndexByte(stat, ')')
-	if open < 0 || end < open {
-		return "", 0, false
-	}
-	comm = string(stat[open+1 : end])
-	// After the command: state (field 3) ... utime (14), stime (15).
-	f := strings.Fields(string(stat[end+1:]))
-	if len(f) < 13 {
-		return "", 0, false
-	}
-	u, err1 := strconv.ParseUint(f[11], 10, 64)
-	s, err2 := strconv.ParseUint(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return "", 0, false
-	}
-	return comm, u + s, true
 }

@@ -1,11 +1,8 @@
 package cluster
 
 import (
-	"bytes"
-	"os"
-	"strconv"
-
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/procstat"
 )
 
 // startProcess starts bin with args, output appended to logPath. The child is
@@ -21,17 +18,11 @@ func startProcess(name, bin string, args []string, logPath string) (*agent.Proce
 // machine), counts as exited. Process IDs are reused, so call it only for a
 // process that was running a moment ago.
 func ProcessRunning(pid int) bool {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
+	st, ok, err := procstat.Read(pid)
+	if err != nil || !ok {
 		return false
 	}
-	// The state follows the command name, which is in parentheses and may
-	// itself contain ") ".
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 || i+2 >= len(data) {
-		return false
-	}
-	switch data[i+2] {
+	switch st.State {
 	case 'Z', 'X', 'x':
 		return false
 	}

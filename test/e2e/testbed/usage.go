@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/procstat"
 )
 
 // Usage is what a process holds of the node's resources at one moment, as
@@ -38,10 +40,6 @@ type Usage struct {
 	// Maps is the number of those maps.
 	Maps int
 }
-
-// clockTicks is USER_HZ, the unit of the times in /proc/<pid>/stat: 100 on
-// every architecture Linux runs on today.
-const clockTicks = 100
 
 // ProcessUsage reads the usage of process pid from /proc.
 func ProcessUsage(pid int) (Usage, error) {
@@ -72,25 +70,14 @@ func ProcessUsage(pid int) (Usage, error) {
 	if found != len(fields) {
 		return u, fmt.Errorf("no VmRSS or VmHWM in %s/status", dir)
 	}
-	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
+	st, ok, err := procstat.Read(pid)
 	if err != nil {
 		return u, err
 	}
-	// The command name, in parentheses, may hold spaces: the fields
-	// that follow it are counted from its closing parenthesis; utime
-	// and stime are the 14th and 15th fields of the line.
-	i := strings.LastIndexByte(string(stat), ')')
-	f := strings.Fields(string(stat[i+1:]))
-	if i < 0 || len(f) < 13 {
-		return u, fmt.Errorf("parse %s/stat: %q", dir, stat)
+	if !ok {
+		return u, fmt.Errorf("parse %s/stat", dir)
 	}
-	for _, s := range f[11:13] {
-		ticks, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return u, fmt.Errorf("parse %s/stat: %w", dir, err)
-		}
-		u.CPU += time.Duration(ticks) * time.Second / clockTicks
-	}
+	u.CPU = st.CPU()
 	fds, err := os.ReadDir(filepath.Join(dir, "fd"))
 	if err != nil {
 		return u, err
