@@ -113,11 +113,10 @@ static __always_inline struct nh_entry *nh_of(bool v6, void *s)
 }
 
 /* nh_get gives fib the next hop of slot s when s holds the key of fib and
- * smask and a
- * next hop found in second now that let a packet of at least len bytes (IP
- * length) through; else it makes s the key's, with no next hop yet, and
- * returns false: the caller looks the route up and keeps the answer in s
- * (nh_put). To be called before the lookup, which overwrites its input's
+ * smask and a next hop found in second now that let a packet of at least
+ * len bytes (IP length) through; else it makes s the key's, with no next
+ * hop yet, and returns false: the caller looks the route up and keeps the
+ * answer in s (nh_put). To be called before the lookup, which overwrites its input's
  * device (and, over IPv4, its destination with the gateway). */
 static __always_inline bool nh_get(bool v6, void *s, __u32 now, __u32 len,
 				   struct bpf_fib_lookup *fib, __be32 smask)

@@ -196,10 +196,10 @@ static __always_inline bool np_orig_valid(struct ct4_entry *e, const struct pkt4
  * packet takes, as the kernel routes before it masquerades; the flow's entry
  * e keeps it (ct_fib_put), which spares the forwarding a second lookup.
  * Where the agent lets them, new flows to the backend in the same second
- * share the next hop found for the first: the client's, or every
- * client's (nexthop.h). A packet
- * too big for the route's MTU is looked up again without its length, for
- * the address alone: the forwarding then finds it too big. */
+ * share the next hop found for the first: the client's, or every client's
+ * (nexthop.h). A packet too big for the route's MTU is looked up again
+ * without its length, for the address alone: the forwarding then finds it
+ * too big. */
 static __always_inline long np_snat_lookup(void *ctx, bool v6, struct bpf_fib_lookup *fib,
 					   __u32 len, void *e, __u32 now)
 {
