@@ -70,11 +70,24 @@ static __always_inline int tc_xlate_orig(struct __sk_buff *skb, struct pkt4 *p,
 	return tc_send(skb, true, false, p, snat, e, now);
 }
 
+/* tc_record records a new flow p to the backend of c and translates it.
+ * Its entry is zeroed here, not in tc_new_flow: the verdicts that stop
+ * there (drops, refusals, packets to no frontend) skip that cost. */
+static __always_inline int tc_record(struct __sk_buff *skb, struct pkt4 *p,
+				     const struct np_choice *c, __u32 now)
+{
+	struct ct4_entry orig = {};
+
+	if (np_record(skb, skb->ifindex, p, c, now, &orig))
+		return TC_ACT_SHOT;
+	lb_count(orig.flags & CT_F_SNAT ? LB_M_TC_NEW_SNAT : LB_M_TC_NEW_LOCAL);
+	return tc_xlate_orig(skb, p, NULL, &orig, now);
+}
+
 /* tc_new_flow handles the first packet of a flow: a frontend's verdict, a
  * backend, the flow's two entries and the translation (nodeport.h). */
 static __always_inline int tc_new_flow(struct __sk_buff *skb, struct pkt4 *p, __u32 now)
 {
-	struct ct4_entry orig = {};
 	struct np_choice c = {};
 	int ret;
 
@@ -101,10 +114,7 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, struct pkt4 *p, __
 	default:
 		return TC_ACT_SHOT;
 	}
-	if (np_record(skb, skb->ifindex, p, &c, now, &orig))
-		return TC_ACT_SHOT;
-	lb_count(orig.flags & CT_F_SNAT ? LB_M_TC_NEW_SNAT : LB_M_TC_NEW_LOCAL);
-	return tc_xlate_orig(skb, p, NULL, &orig, now);
+	return tc_record(skb, p, &c, now);
 }
 
 /* tc_reply rewrites a backend's reply by its entry e: the source becomes
@@ -262,10 +272,21 @@ static __always_inline int tc6_xlate(struct __sk_buff *skb, bool direct, struct 
 	return tc_send(skb, direct, true, p, snat, e, now);
 }
 
+/* tc6_record is tc_record for IPv6. */
+static __always_inline int tc6_record(struct __sk_buff *skb, struct pkt6 *p,
+				      const struct np6_choice *c, __u32 now)
+{
+	struct ct6_entry orig = {};
+
+	if (np6_record(skb, skb->ifindex, p, c, now, &orig))
+		return TC_ACT_SHOT;
+	lb_count(orig.flags & CT_F_SNAT ? LB_M_TC_NEW_SNAT : LB_M_TC_NEW_LOCAL);
+	return tc6_xlate(skb, true, p, NULL, &orig, false, now);
+}
+
 /* tc6_new_flow is tc_new_flow for IPv6. */
 static __always_inline int tc6_new_flow(struct __sk_buff *skb, struct pkt6 *p, __u32 now)
 {
-	struct ct6_entry orig = {};
 	struct np6_choice c = {};
 	int ret;
 
@@ -289,10 +310,7 @@ static __always_inline int tc6_new_flow(struct __sk_buff *skb, struct pkt6 *p, _
 	default:
 		return TC_ACT_SHOT;
 	}
-	if (np6_record(skb, skb->ifindex, p, &c, now, &orig))
-		return TC_ACT_SHOT;
-	lb_count(orig.flags & CT_F_SNAT ? LB_M_TC_NEW_SNAT : LB_M_TC_NEW_LOCAL);
-	return tc6_xlate(skb, true, p, NULL, &orig, false, now);
+	return tc6_record(skb, p, &c, now);
 }
 
 /* tc6_reset is tc_reset for IPv6. */
