@@ -50,43 +50,137 @@ type BenchOptions struct {
 // BenchWith is Bench with options.
 func BenchWith(b *testing.B, prog *ebpf.Program, frame []byte, opts BenchOptions) {
 	b.Helper()
-	do := opts.Do
-	if do == nil {
-		do = func(run func() error) error { return run() }
-	}
-	if opts.BeforeRun != nil {
-		if err := opts.BeforeRun(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	first, err := Exec(prog, Case{In: frame, Do: opts.Do})
-	if err != nil {
-		b.Fatal(err)
-	}
-	rewrites := !bytes.Equal(first.Out, frame) || opts.BeforeRun != nil
-	var overhead float64
-	if rewrites {
-		if overhead, err = singleRunOverhead(prog.Type(), frame); err != nil {
-			b.Fatal(err)
-		}
-	}
+	m := newMeasured(b, Subject{Prog: prog, Frame: frame, Opts: opts})
 	b.ResetTimer()
-	var total time.Duration
-	err = do(func() error {
-		var err error
-		total, err = kernelTime(prog, frame, b.N, rewrites, opts.BeforeRun)
-		return err
-	})
-	if err != nil {
+	if err := m.run(b.N); err != nil {
 		b.Fatal(err)
 	}
 	b.StopTimer()
-	perPacket := float64(total.Nanoseconds()) / float64(b.N)
-	if rewrites {
-		perPacket = max(perPacket-overhead, 0)
-		b.ReportMetric(overhead, "overhead-ns")
+	if m.rewrites {
+		b.ReportMetric(m.overhead, "overhead-ns")
 	}
-	b.ReportMetric(perPacket, "ns/pkt")
+	b.ReportMetric(m.perPacket(), "ns/pkt")
+}
+
+// Subject is a program and the frame to time it on, for BenchPair.
+type Subject struct {
+	Prog  *ebpf.Program
+	Frame []byte
+	Opts  BenchOptions
+}
+
+// pairRounds is how many turns each subject of BenchPair gets.
+const pairRounds = 16
+
+// pairMinRepeats is the fewest repeats a turn of BenchPair runs of a
+// subject timed in repeats: the first run of a turn, after the other
+// subject's, finds less of its state in the caches, and a turn of a few
+// repeats would add that to both subjects' figures, which brings their
+// ratio closer to 1 than it is.
+const pairMinRepeats = 2000
+
+// BenchPair measures two subjects as Bench does, taking turns: b.N runs of
+// each in pairRounds turns (at least pairMinRepeats a turn where the
+// kernel repeats the run), the order of the two swapped every turn. Their
+// ns per packet are reported as "NAME-ns/pkt" for the two names, and the
+// second's over the first's as "RATIO", for instance names {"ipv4",
+// "ipv6"} and ratio "ipv6/ipv4". Where Bench of one and then the other
+// compares measurements made at different times, BenchPair compares two
+// made side by side: on this shared machine the cost of the same path
+// changed by up to 2x from one stretch of tens of milliseconds to the next
+// (a drop: 85 or 150 ns, whatever the run's length), which two separate
+// runs each met or missed by chance.
+func BenchPair(b *testing.B, names [2]string, ratio string, subjects [2]Subject) {
+	b.Helper()
+	var ms [2]*measured
+	for i, s := range subjects {
+		ms[i] = newMeasured(b, s)
+	}
+	rounds := min(b.N, pairRounds)
+	b.ResetTimer()
+	for r := range rounds {
+		n := b.N / rounds
+		if r < b.N%rounds {
+			n++
+		}
+		for k := range 2 {
+			m := ms[(r+k)%2]
+			runs := n
+			if !m.rewrites {
+				runs = max(n, pairMinRepeats)
+			}
+			if err := m.run(runs); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.StopTimer()
+	var per [2]float64
+	for i, m := range ms {
+		per[i] = m.perPacket()
+		b.ReportMetric(per[i], names[i]+"-ns/pkt")
+	}
+	if per[0] > 0 {
+		b.ReportMetric(per[1]/per[0], ratio)
+	}
+}
+
+// measured is one subject being timed: whether its runs are single runs
+// (it rewrites the frame, or resets state before each run), the overhead
+// of a single run, and the runs so far and the kernel's time for them.
+type measured struct {
+	s        Subject
+	rewrites bool
+	overhead float64
+	runs     int
+	total    time.Duration
+}
+
+func newMeasured(b *testing.B, s Subject) *measured {
+	b.Helper()
+	if s.Opts.BeforeRun != nil {
+		if err := s.Opts.BeforeRun(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	first, err := Exec(s.Prog, Case{In: s.Frame, Do: s.Opts.Do})
+	if err != nil {
+		b.Fatal(err)
+	}
+	m := &measured{s: s, rewrites: !bytes.Equal(first.Out, s.Frame) || s.Opts.BeforeRun != nil}
+	if m.rewrites {
+		if m.overhead, err = singleRunOverhead(s.Prog.Type(), s.Frame); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return m
+}
+
+// run times n more runs.
+func (m *measured) run(n int) error {
+	do := m.s.Opts.Do
+	if do == nil {
+		do = func(run func() error) error { return run() }
+	}
+	return do(func() error {
+		d, err := kernelTime(m.s.Prog, m.s.Frame, n, m.rewrites, m.s.Opts.BeforeRun)
+		m.runs += n
+		m.total += d
+		return err
+	})
+}
+
+// perPacket is the kernel's time per run, less the overhead of single
+// runs.
+func (m *measured) perPacket() float64 {
+	if m.runs == 0 {
+		return 0
+	}
+	per := float64(m.total.Nanoseconds()) / float64(m.runs)
+	if m.rewrites {
+		per = max(per-m.overhead, 0)
+	}
+	return per
 }
 
 // kernelTime runs prog n times on frame, as n single runs or as repeats,

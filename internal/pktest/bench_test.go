@@ -2,6 +2,7 @@ package pktest_test
 
 import (
 	"flag"
+	"math"
 	"testing"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
@@ -73,6 +74,34 @@ func TestBenchMeasuresTheTranslationPath(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestBenchPairTimesBothSubjects checks that BenchPair runs each subject on
+// its own path and reports both figures and their ratio.
+func TestBenchPairTimesBothSubjects(t *testing.T) {
+	objs := loadSample(t, sampleOptions{})
+	setFlag(t, "test.benchtime", "300x")
+	passed := pktest.UDP(client, elsewhere).Bytes()
+	rewritten := pktest.UDP(client, frontend).WithPayload([]byte("query")).Bytes()
+	for _, h := range hooks(objs) {
+		t.Run(h.name, func(t *testing.T) {
+			resetSample(t, objs)
+			res := testing.Benchmark(func(b *testing.B) {
+				pktest.BenchPair(b, [2]string{"passed", "rewritten"}, "rewritten/passed", [2]pktest.Subject{
+					{Prog: h.prog, Frame: passed},
+					{Prog: h.prog, Frame: rewritten},
+				})
+			})
+			got := events(t, objs)
+			if got[sample.SampleEventSAMPLE_EV_NO_MATCH] < 300 || got[sample.SampleEventSAMPLE_EV_REWRITTEN] < 300 {
+				t.Errorf("events after the benchmark: %v, want at least 300 of each path", got)
+			}
+			a, b, r := res.Extra["passed-ns/pkt"], res.Extra["rewritten-ns/pkt"], res.Extra["rewritten/passed"]
+			if a <= 0 || b <= 0 || r <= 0 || math.Abs(r-b/a) > 1e-9*r {
+				t.Errorf("benchmark result: N=%d metrics %v", res.N, res.Extra)
+			}
+		})
 	}
 }
 

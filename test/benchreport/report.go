@@ -105,6 +105,22 @@ func writeReport(d *data, out string) error {
 		md.WriteString("\n")
 	}
 
+	if r, ok := d.run("families"); ok {
+		fmt.Fprintf(&md, "## IPv6 against IPv4, path by path\n\n")
+		fmt.Fprintf(&md, "`go test ./test/tcpkt -bench PathsIPv6VsIPv4 -benchtime 200x`, in %d processes: each path timed over both families in turns within one benchmark (pktest.BenchPair), the median of the processes. Run: %s.\n\n",
+			r.runsOf(), r.meta)
+		md.WriteString("| path | IPv4 ns | IPv6 ns | IPv6/IPv4 |\n|---|---|---|---|\n")
+		for _, res := range r.results {
+			path, ok := strings.CutPrefix(res.Name, "BenchmarkPathsIPv6VsIPv4/")
+			if !ok {
+				continue
+			}
+			fmt.Fprintf(&md, "| %s | %.0f | %.0f | %.2f |\n", strings.ReplaceAll(path, "_", " "),
+				res.Metrics["ipv4-ns/pkt"], res.Metrics["ipv6-ns/pkt"], res.Metrics["ipv6/ipv4"])
+		}
+		md.WriteString("\n")
+	}
+
 	if r, ok := d.run("sockets"); ok {
 		fmt.Fprintf(&md, "## Socket load balancing\n\n`go test ./test/socklb -bench ConnectRate`. Run: %s.\n\n", r.meta)
 		md.WriteString("| benchmark | ClusterIP conn/s | direct conn/s | median ratio | hooks ns per connection |\n|---|---|---|---|---|\n")

@@ -3,6 +3,8 @@ package tcpkt_test
 import (
 	"encoding/binary"
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
@@ -25,32 +27,8 @@ func BenchmarkPaths(b *testing.B) {
 	f := newFixture(b, loadOptions{snatMin: 61000, snatMax: 65535})
 	f.sync(b, fixtureState())
 	f.shareNexthops(b, false, loader.NexthopShareAll)
-	reset := func() error {
-		f.resetCT(b)
-		return nil
-	}
-	resetNexthop := func() error {
-		f.resetCT(b)
-		f.forgetNexthop(b, loopbackIfindex, netip.IPv4Unspecified(), remoteWeb)
-		return nil
-	}
-	synLocal := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.SYN)).Bytes()
+	benchPaths(b, f, f.resetCT, tcPaths4(b, f))
 	synRemote := fromOutside(pktest.TCP(client, np(npWebRemote), pktest.SYN)).Bytes()
-	ackLocal := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.ACK)).Bytes()
-	ackRemote := fromOutside(pktest.TCP(client, np(npWebRemote), pktest.ACK)).Bytes()
-	benchPaths(b, f, f.resetCT, []benchPath{
-		{name: "ingress/not a frontend", frame: fromOutside(pktest.TCP(client, np(22), pktest.ACK)).Bytes()},
-		{name: "ingress/not IPv4", frame: pktest.ARPRequest(clientMAC, routerAddr, nodeAddr)},
-		{name: "egress/not a reply", frame: toRouter(pktest.TCP(np(22), client, pktest.ACK)).Bytes()},
-		{name: "ingress/new flow, local backend", frame: synLocal, beforeRun: reset},
-		{name: "ingress/new flow, remote backend (SNAT)", frame: synRemote, beforeRun: reset},
-		{name: "ingress/new flow, next hop looked up, remote backend (SNAT)", frame: synRemote, beforeRun: resetNexthop},
-		{name: "ingress/tracked flow, local backend", frame: ackLocal, prime: [][]byte{synLocal}},
-		{name: "ingress/tracked flow, remote backend (SNAT)", frame: ackRemote, prime: [][]byte{synRemote}},
-		{name: "egress/reply from a local backend", egress: true, frame: toRouter(pktest.TCP(localWeb, client, pktest.ACK)).Bytes(), prime: [][]byte{synLocal}},
-		{name: "ingress/no endpoints: ICMP unreachable", frame: fromOutside(pktest.TCP(client, np(npNoEPs), pktest.SYN)).Bytes()},
-		{name: "ingress/policy Local, none here: drop", frame: fromOutside(pktest.TCP(client, np(npElsewhere), pktest.SYN)).Bytes()},
-	})
 	// The reply of a source-NATed flow needs the port the flow got.
 	b.Run("ingress/reply from a remote backend (SNAT)", func(b *testing.B) {
 		f.resetCT(b)
@@ -81,70 +59,13 @@ func BenchmarkPaths(b *testing.B) {
 // are redirected to n0 rather than sent back out (XDP_TX): the same work
 // but for the verdict.
 func BenchmarkXDPPaths(b *testing.B) {
-	type fam struct {
-		x  *xfam
-		xo *bpfobj.XdpObjects
-	}
-	var fams []fam
-	for _, name := range families {
-		x := newXFam(b, name, loadOptions{snatMin: 61000, snatMax: 65535})
-		xo := x.f.loadXDP(b, x.f.ifindex)
-		x.sync(b, x.fixtureState())
-		x.f.shareNexthops(b, x.v6, loader.NexthopShareAll)
-		fams = append(fams, fam{x, xo})
-	}
-	type path struct {
-		frame     []byte
-		prime     [][]byte
-		beforeRun func() error
-	}
-	paths := []struct {
-		name string
-		of   func(x *xfam) path
-	}{
-		{"xdp/not a frontend", func(x *xfam) path {
-			return path{frame: x.tcp(x.client, x.np(22), pktest.ACK).fromOutside().Bytes()}
-		}},
-		{"xdp/not TCP or UDP (ARP, neighbour solicitation)", func(x *xfam) path {
-			if x.v6 {
-				return path{frame: pktest.IPv6NeighborSolicit(clientMAC, client6.Addr(), node6)}
-			}
-			return path{frame: pktest.ARPRequest(clientMAC, routerAddr, nodeAddr)}
-		}},
-		{"xdp/new flow, local backend: pass", func(x *xfam) path {
-			return path{frame: x.tcp(x.client, x.np(npWebLocal), pktest.SYN).fromOutside().Bytes(), beforeRun: resetter(b, x)}
-		}},
-		{"xdp/new flow, remote backend (SNAT)", func(x *xfam) path {
-			return path{frame: x.tcp(x.client, x.np(npWebRemote), pktest.SYN).fromOutside().Bytes(), beforeRun: resetter(b, x)}
-		}},
-		{"xdp/new flow, next hop looked up, remote backend (SNAT)", func(x *xfam) path {
-			return path{frame: x.tcp(x.client, x.np(npWebRemote), pktest.SYN).fromOutside().Bytes(), beforeRun: func() error {
-				x.resetCT(b)
-				x.f.forgetNexthop(b, loopbackIfindex, x.unspecified(), x.remoteWeb)
-				return nil
-			}}
-		}},
-		{"xdp/tracked flow, remote backend (SNAT)", func(x *xfam) path {
-			return path{
-				frame: x.tcp(x.client, x.np(npWebRemote), pktest.ACK).fromOutside().Bytes(),
-				prime: [][]byte{x.tcp(x.client, x.np(npWebRemote), pktest.SYN).fromOutside().Bytes()},
-			}
-		}},
-		{"xdp/policy Local, none here: drop", func(x *xfam) path {
-			return path{frame: x.tcp(x.client, x.np(npElsewhere), pktest.SYN).fromOutside().Bytes()}
-		}},
-	}
+	fams := xdpFamilies(b)
+	paths := xdpPaths(b)
 	for _, p := range paths {
 		for _, fm := range fams {
 			b.Run(p.name+"/"+fm.x.name, func(b *testing.B) {
-				x, pp := fm.x, p.of(fm.x)
-				x.resetCT(b)
-				for _, fr := range pp.prime {
-					if _, err := pktest.Exec(fm.xo.XdpNodeport, pktest.Case{In: fr, Do: x.f.ns.Do}); err != nil {
-						b.Fatal(err)
-					}
-				}
-				pktest.BenchWith(b, fm.xo.XdpNodeport, pp.frame, pktest.BenchOptions{Do: newFlowDo(x.f.ns.Do, pp.beforeRun), BeforeRun: pp.beforeRun})
+				s := xdpSubject(b, fm, p.of(fm.x))
+				pktest.BenchWith(b, s.Prog, s.Frame, s.Opts)
 			})
 		}
 	}
@@ -176,6 +97,78 @@ func BenchmarkXDPPaths(b *testing.B) {
 	}
 }
 
+// xdpFam is one family's XDP fixture for the benchmarks.
+type xdpFam struct {
+	x  *xfam
+	xo *bpfobj.XdpObjects
+}
+
+// xdpFamilies sets up the XDP program's fixture for each family, IPv4
+// first.
+func xdpFamilies(b *testing.B) []xdpFam {
+	var fams []xdpFam
+	for _, name := range families {
+		x := newXFam(b, name, loadOptions{snatMin: 61000, snatMax: 65535})
+		xo := x.f.loadXDP(b, x.f.ifindex)
+		x.sync(b, x.fixtureState())
+		x.f.shareNexthops(b, x.v6, loader.NexthopShareAll)
+		fams = append(fams, xdpFam{x, xo})
+	}
+	return fams
+}
+
+// xdpPath is one path of the XDP program, for a family's fixture.
+type xdpPath struct {
+	name string
+	of   func(x *xfam) xdpFrames
+}
+
+// xdpFrames are what a path sends: frame, timed, after prime; beforeRun
+// resets state before each run.
+type xdpFrames struct {
+	frame     []byte
+	prime     [][]byte
+	beforeRun func() error
+}
+
+// xdpPaths are the paths of the XDP program, but for the reply of a
+// source-NATed flow (BenchmarkXDPPaths).
+func xdpPaths(b *testing.B) []xdpPath {
+	return []xdpPath{
+		{"xdp/not a frontend", func(x *xfam) xdpFrames {
+			return xdpFrames{frame: x.tcp(x.client, x.np(22), pktest.ACK).fromOutside().Bytes()}
+		}},
+		{"xdp/not TCP or UDP (ARP, neighbour solicitation)", func(x *xfam) xdpFrames {
+			if x.v6 {
+				return xdpFrames{frame: pktest.IPv6NeighborSolicit(clientMAC, client6.Addr(), node6)}
+			}
+			return xdpFrames{frame: pktest.ARPRequest(clientMAC, routerAddr, nodeAddr)}
+		}},
+		{"xdp/new flow, local backend: pass", func(x *xfam) xdpFrames {
+			return xdpFrames{frame: x.tcp(x.client, x.np(npWebLocal), pktest.SYN).fromOutside().Bytes(), beforeRun: resetter(b, x)}
+		}},
+		{"xdp/new flow, remote backend (SNAT)", func(x *xfam) xdpFrames {
+			return xdpFrames{frame: x.tcp(x.client, x.np(npWebRemote), pktest.SYN).fromOutside().Bytes(), beforeRun: resetter(b, x)}
+		}},
+		{"xdp/new flow, next hop looked up, remote backend (SNAT)", func(x *xfam) xdpFrames {
+			return xdpFrames{frame: x.tcp(x.client, x.np(npWebRemote), pktest.SYN).fromOutside().Bytes(), beforeRun: func() error {
+				x.resetCT(b)
+				x.f.forgetNexthop(b, loopbackIfindex, x.unspecified(), x.remoteWeb)
+				return nil
+			}}
+		}},
+		{"xdp/tracked flow, remote backend (SNAT)", func(x *xfam) xdpFrames {
+			return xdpFrames{
+				frame: x.tcp(x.client, x.np(npWebRemote), pktest.ACK).fromOutside().Bytes(),
+				prime: [][]byte{x.tcp(x.client, x.np(npWebRemote), pktest.SYN).fromOutside().Bytes()},
+			}
+		}},
+		{"xdp/policy Local, none here: drop", func(x *xfam) xdpFrames {
+			return xdpFrames{frame: x.tcp(x.client, x.np(npElsewhere), pktest.SYN).fromOutside().Bytes()}
+		}},
+	}
+}
+
 // resetter is a BeforeRun that forgets x's flows.
 func resetter(tb testing.TB, x *xfam) func() error {
 	return func() error {
@@ -191,6 +184,42 @@ func BenchmarkPathsIPv6(b *testing.B) {
 	f := newFixture6(b, loadOptions{})
 	f.sync6(b, fixtureState6())
 	f.shareNexthops(b, true, loader.NexthopShareAll)
+	benchPaths(b, f.fixture, f.resetCT6, tcPaths6(b, f))
+}
+
+// tcPaths4 are the IPv4 paths of the TC programs, on f's fixtureState.
+func tcPaths4(b *testing.B, f *fixture) []benchPath {
+	reset := func() error {
+		f.resetCT(b)
+		return nil
+	}
+	resetNexthop := func() error {
+		f.resetCT(b)
+		f.forgetNexthop(b, loopbackIfindex, netip.IPv4Unspecified(), remoteWeb)
+		return nil
+	}
+	synLocal := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.SYN)).Bytes()
+	synRemote := fromOutside(pktest.TCP(client, np(npWebRemote), pktest.SYN)).Bytes()
+	ackLocal := fromOutside(pktest.TCP(client, np(npWebLocal), pktest.ACK)).Bytes()
+	ackRemote := fromOutside(pktest.TCP(client, np(npWebRemote), pktest.ACK)).Bytes()
+	return []benchPath{
+		{name: "ingress/not a frontend", frame: fromOutside(pktest.TCP(client, np(22), pktest.ACK)).Bytes()},
+		{name: "ingress/not IPv4", frame: pktest.ARPRequest(clientMAC, routerAddr, nodeAddr)},
+		{name: "egress/not a reply", frame: toRouter(pktest.TCP(np(22), client, pktest.ACK)).Bytes()},
+		{name: "ingress/new flow, local backend", frame: synLocal, beforeRun: reset},
+		{name: "ingress/new flow, remote backend (SNAT)", frame: synRemote, beforeRun: reset},
+		{name: "ingress/new flow, next hop looked up, remote backend (SNAT)", frame: synRemote, beforeRun: resetNexthop},
+		{name: "ingress/tracked flow, local backend", frame: ackLocal, prime: [][]byte{synLocal}},
+		{name: "ingress/tracked flow, remote backend (SNAT)", frame: ackRemote, prime: [][]byte{synRemote}},
+		{name: "egress/reply from a local backend", egress: true, frame: toRouter(pktest.TCP(localWeb, client, pktest.ACK)).Bytes(), prime: [][]byte{synLocal}},
+		{name: "ingress/no endpoints: ICMP unreachable", frame: fromOutside(pktest.TCP(client, np(npNoEPs), pktest.SYN)).Bytes()},
+		{name: "ingress/policy Local, none here: drop", frame: fromOutside(pktest.TCP(client, np(npElsewhere), pktest.SYN)).Bytes()},
+	}
+}
+
+// tcPaths6 are the IPv6 paths of the TC programs, on f's fixtureState6:
+// tcPaths4's over IPv6 but for "not IPv4".
+func tcPaths6(b *testing.B, f *fixture6) []benchPath {
 	reset := func() error {
 		f.resetCT6(b)
 		return nil
@@ -204,7 +233,7 @@ func BenchmarkPathsIPv6(b *testing.B) {
 	synRemote := fromOutside(pktest.TCP6(client6, np6(npWebRemote), pktest.SYN)).Bytes()
 	ackLocal := fromOutside(pktest.TCP6(client6, np6(npWebLocal), pktest.ACK)).Bytes()
 	ackRemote := fromOutside(pktest.TCP6(client6, np6(npWebRemote), pktest.ACK)).Bytes()
-	benchPaths(b, f.fixture, f.resetCT6, []benchPath{
+	return []benchPath{
 		{name: "ingress/not a frontend", frame: fromOutside(pktest.TCP6(client6, np6(22), pktest.ACK)).Bytes()},
 		{name: "egress/not a reply", frame: toRouter(pktest.TCP6(np6(22), client6, pktest.ACK)).Bytes()},
 		{name: "ingress/new flow, local backend", frame: synLocal, beforeRun: reset},
@@ -215,7 +244,7 @@ func BenchmarkPathsIPv6(b *testing.B) {
 		{name: "egress/reply from a local backend", egress: true, frame: toRouter(pktest.TCP6(localWeb6, client6, pktest.ACK)).Bytes(), prime: [][]byte{synLocal}},
 		{name: "ingress/no endpoints: ICMPv6 unreachable", frame: fromOutside(pktest.TCP6(client6, np6(npNoEPs), pktest.SYN)).Bytes()},
 		{name: "ingress/policy Local, none here: drop", frame: fromOutside(pktest.TCP6(client6, np6(npElsewhere), pktest.SYN)).Bytes()},
-	})
+	}
 }
 
 // newFlowDo is the Do of a path: a new flow's (one with a beforeRun) runs
@@ -249,17 +278,77 @@ type benchPath struct {
 func benchPaths(b *testing.B, f *fixture, reset func(testing.TB), paths []benchPath) {
 	for _, p := range paths {
 		b.Run(p.name, func(b *testing.B) {
-			reset(b)
-			prog := f.objs.TcIngress
-			if p.egress {
-				prog = f.objs.TcEgress
-			}
-			for _, fr := range p.prime {
-				if _, err := pktest.Exec(f.objs.TcIngress, pktest.Case{In: fr, Do: f.ns.Do}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			pktest.BenchWith(b, prog, p.frame, pktest.BenchOptions{Do: newFlowDo(f.ns.Do, p.beforeRun), BeforeRun: p.beforeRun})
+			s := tcSubject(b, f, reset, p)
+			pktest.BenchWith(b, s.Prog, s.Frame, s.Opts)
 		})
 	}
+}
+
+// BenchmarkPathsIPv6VsIPv4 times every path of the TC and XDP programs
+// that both families have, over IPv4 and IPv6 side by side
+// (pktest.BenchPair: turns of each, in one benchmark), and reports their
+// ns per packet and IPv6's over IPv4's ("ipv6/ipv4"; target: at most
+// 1.25). BenchmarkPaths, BenchmarkPathsIPv6 and BenchmarkXDPPaths time the
+// same paths one after the other, which on a shared machine compares
+// moments as much as families.
+func BenchmarkPathsIPv6VsIPv4(b *testing.B) {
+	f4 := newFixture(b, loadOptions{snatMin: 61000, snatMax: 65535})
+	f4.sync(b, fixtureState())
+	f4.shareNexthops(b, false, loader.NexthopShareAll)
+	f6 := newFixture6(b, loadOptions{snatMin: 61000, snatMax: 65535})
+	f6.sync6(b, fixtureState6())
+	f6.shareNexthops(b, true, loader.NexthopShareAll)
+	paths4 := tcPaths4(b, f4)
+	for _, p6 := range tcPaths6(b, f6) {
+		// The same path: only ICMP's name differs.
+		name := strings.Replace(p6.name, "ICMPv6", "ICMP", 1)
+		i := slices.IndexFunc(paths4, func(p benchPath) bool { return p.name == name })
+		if i < 0 {
+			b.Fatalf("no IPv4 path %q beside the IPv6 one", name)
+		}
+		p4 := paths4[i]
+		b.Run("tc/"+name, func(b *testing.B) {
+			pktest.BenchPair(b, [2]string{"ipv4", "ipv6"}, "ipv6/ipv4", [2]pktest.Subject{
+				tcSubject(b, f4, f4.resetCT, p4),
+				tcSubject(b, f6.fixture, f6.resetCT6, p6),
+			})
+		})
+	}
+	fams := xdpFamilies(b)
+	for _, p := range xdpPaths(b) {
+		b.Run(p.name, func(b *testing.B) {
+			var subjects [2]pktest.Subject
+			for i, fm := range fams {
+				subjects[i] = xdpSubject(b, fm, p.of(fm.x))
+			}
+			pktest.BenchPair(b, [2]string{"ipv4", "ipv6"}, "ipv6/ipv4", subjects)
+		})
+	}
+}
+
+// tcSubject readies path p of f's TC programs to be timed: its flows
+// forgotten (reset), then its priming frames sent.
+func tcSubject(b *testing.B, f *fixture, reset func(testing.TB), p benchPath) pktest.Subject {
+	reset(b)
+	prog := f.objs.TcIngress
+	if p.egress {
+		prog = f.objs.TcEgress
+	}
+	for _, fr := range p.prime {
+		if _, err := pktest.Exec(f.objs.TcIngress, pktest.Case{In: fr, Do: f.ns.Do}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return pktest.Subject{Prog: prog, Frame: p.frame, Opts: pktest.BenchOptions{Do: newFlowDo(f.ns.Do, p.beforeRun), BeforeRun: p.beforeRun}}
+}
+
+// xdpSubject is tcSubject for a path of fm's XDP program.
+func xdpSubject(b *testing.B, fm xdpFam, p xdpFrames) pktest.Subject {
+	fm.x.resetCT(b)
+	for _, fr := range p.prime {
+		if _, err := pktest.Exec(fm.xo.XdpNodeport, pktest.Case{In: fr, Do: fm.x.f.ns.Do}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return pktest.Subject{Prog: fm.xo.XdpNodeport, Frame: p.frame, Opts: pktest.BenchOptions{Do: newFlowDo(fm.x.f.ns.Do, p.beforeRun), BeforeRun: p.beforeRun}}
 }

@@ -9,6 +9,9 @@ const sample = `goos: linux
 BenchmarkXDPPaths/xdp/not_a_frontend/IPv4-2         	     200	    746649 ns/op	       116.0 ns/pkt
 BenchmarkXDPPaths/xdp/not_TCP_or_UDP_(ARP,_neighbour_solicitation)/IPv4-2         	     200	    137174 ns/op	        27.00 ns/pkt
 BenchmarkXDPPaths/xdp/tracked_flow,_remote_backend_(SNAT)/IPv4-2                  	     200	      3186 ns/op	       413.0 ns/pkt	        68.33 overhead-ns
+BenchmarkPathsIPv6VsIPv4/tc/ingress/not_a_frontend-2 	200	 9000 ns/op	40.00 ipv4-ns/pkt	44.00 ipv6-ns/pkt	1.100 ipv6/ipv4
+BenchmarkPathsIPv6VsIPv4/xdp/policy_Local,_none_here:_drop-2 	200	 9000 ns/op	100.0 ipv4-ns/pkt	131.0 ipv6-ns/pkt	1.310 ipv6/ipv4
+BenchmarkPathsIPv6VsIPv4/xdp/not_a_frontend-2 	200	 9000 ns/op	20.00 ipv4-ns/pkt	19.00 ipv6-ns/pkt	0.9500 ipv6/ipv4
 BenchmarkConnectRate/services=1-2 	1	6000000000 ns/op	1450 clusterip_conn/s	4700 hook_ns/conn
 BenchmarkConnectRate/services=10000-2 	1	6000000000 ns/op	1400 clusterip_conn/s	900.5 hook_ns/conn
     bench_test.go:12: some log line
@@ -21,11 +24,13 @@ func TestParseAndCollect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res) != 5 {
-		t.Fatalf("parsed %d results, want 5: %+v", len(res), res)
+	if len(res) != 8 {
+		t.Fatalf("parsed %d results, want 8: %+v", len(res), res)
 	}
 	got := Collect(res, printed)
-	want := map[string]float64{"xdp_miss": 116, "xdp_trivial": 27, "xdp_tracked": 413, "sock_hook": 900.5, "pps_xdp_vs_iptables": 3.4}
+	want := map[string]float64{"xdp_miss": 116, "xdp_trivial": 27, "xdp_tracked": 413, "sock_hook": 900.5, "pps_xdp_vs_iptables": 3.4,
+		// The worst of the three paths' ratios, not the last one's.
+		"ipv6_vs_ipv4": 1.31}
 	if len(got) != len(want) {
 		t.Errorf("collected %v, want %v", got, want)
 	}
