@@ -144,13 +144,19 @@ bench: build
 	sh hack/benchmeta.sh $(BENCH_OUT)/sync.meta
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./test/socklb/... | tee $(BENCH_OUT)/sockets.txt; exit $${PIPESTATUS[0]}
 	sh hack/benchmeta.sh $(BENCH_OUT)/sockets.meta
-	$(GO) test -run '^$$' -bench '^Benchmark(XDP)?Paths(IPv6)?$$' -benchtime 200x -count 5 -timeout 10m ./test/tcpkt/ | tee $(BENCH_OUT)/paths.txt; exit $${PIPESTATUS[0]}
+	@# The per-packet paths, and IPv6 against IPv4 side by side: each in 5
+	@# processes, the figures their medians. The same path's cost differed
+	@# by up to 2x from one process to the next here (TC, policy Local's
+	@# drop over IPv6: 161 ns in one, 104 in another), where runs within a
+	@# process agree.
+	$(GO) test -c -o $(BENCH_OUT)/tcpkt.test ./test/tcpkt
+	@set -e; cd test/tcpkt; for i in 1 2 3 4 5; do \
+		$(BENCH_OUT)/tcpkt.test -test.run '^$$' -test.bench '^Benchmark(XDP)?Paths(IPv6)?$$' -test.benchtime 200x -test.count 1 -test.timeout 10m >>$(BENCH_OUT)/paths.txt; \
+		$(BENCH_OUT)/tcpkt.test -test.run '^$$' -test.bench '^BenchmarkPathsIPv6VsIPv4$$' -test.benchtime 200x -test.count 1 -test.timeout 10m >>$(BENCH_OUT)/families.txt; \
+	done
+	grep -h '^Benchmark' $(BENCH_OUT)/paths.txt | sort -s -k1,1 | awk '{print $$1, $$5}'
+	grep -h '^Benchmark' $(BENCH_OUT)/families.txt | sort -s -k1,1 | awk '{print $$1, $$5, $$7, $$9}'
 	sh hack/benchmeta.sh $(BENCH_OUT)/paths.meta
-	@# IPv6 against IPv4, path by path side by side: in 5 processes, as
-	@# how fast a path runs changed from one process to the next here.
-	@set -e; for i in 1 2 3 4 5; do \
-		$(GO) test -run '^$$' -bench '^BenchmarkPathsIPv6VsIPv4$$' -benchtime 200x -count 1 -timeout 10m ./test/tcpkt/ >>$(BENCH_OUT)/families.txt; \
-	done; grep -h '^Benchmark' $(BENCH_OUT)/families.txt | sort -s -k1,1 | awk '{print $$1, $$5, $$7, $$9}'
 	sh hack/benchmeta.sh $(BENCH_OUT)/families.meta
 	$(GO) run ./test/benchreport summary $(BENCH_OUT)
 

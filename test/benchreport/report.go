@@ -87,8 +87,8 @@ func writeReport(d *data, out string) error {
 			return err
 		}
 		fmt.Fprintf(&md, "## Per-packet cost of the TC and XDP programs\n\n")
-		fmt.Fprintf(&md, "`go test ./test/tcpkt -bench Paths -benchtime 200x -count %d`: the kernel's time per packet by BPF_PROG_TEST_RUN, the median of %d runs. Run: %s.\n\n",
-			r.runsOf(), r.runsOf(), r.meta)
+		fmt.Fprintf(&md, "`go test ./test/tcpkt -bench Paths -benchtime 200x`, in %d processes: the kernel's time per packet by BPF_PROG_TEST_RUN, the median of the processes (the same path's cost differs by up to 2x from one process to the next). Run: %s.\n\n",
+			r.runsOf(), r.meta)
 		md.WriteString("![ns per packet by path](benchmarks/paths.png)\n\n")
 		md.WriteString("| path | " + strings.Join(seriesLabels(), " | ") + " |\n|---|---|---|---|---|\n")
 		for _, p := range allPaths(r) {

@@ -123,6 +123,8 @@ var All = []Figure{
 		Source: "make e2e-bench EBPF_PROXY_BENCH_SERVICES=30000"},
 
 	// Beside them, without targets.
+	{Name: "pps_bypass_vs_iptables", Unit: "ratio", Doc: "the bound of pps_xdp_vs_iptables and pps_tc_vs_iptables: no proxy, the frames sent to the pod itself past node-a, against upstream iptables; no proxy's ratio can exceed it on this path",
+		Source: "make bench-pps"},
 	{Name: "xdp_trivial", Unit: "ns", Doc: "XDP, the trivial path (ARP): the floor of the same run",
 		Bench: xdpPaths + "not_TCP_or_UDP_(ARP,_neighbour_solicitation)/IPv4", Metric: "ns/pkt", Source: "make bench"},
 	{Name: "tc_trivial", Unit: "ns", Doc: "TC ingress, the trivial path (ARP): the floor of the same run",

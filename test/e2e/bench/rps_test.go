@@ -53,6 +53,9 @@ type rpsRow struct {
 	legacyIPTables bool
 	// label describes the row in the summary table.
 	label string
+	// bypass runs no proxy and sends the frames to the pod itself, past
+	// node-a (BenchmarkNodePortPPS's bound).
+	bypass bool
 }
 
 // rpsBaseline is the row every other is compared with: upstream
