@@ -259,9 +259,11 @@ func plotPaths(r runOutput, file string) error {
 	p.Y.Max *= 1.1
 	p.X.Min -= 0.6
 	p.X.Max += 0.6
+	// One line per part of a path's name: whole names overlap their
+	// neighbours.
 	labels := make([]string, len(chartPaths))
 	for i, c := range chartPaths {
-		labels[i] = strings.Replace(c, ", ", ",\n", 1)
+		labels[i] = strings.ReplaceAll(c, ", ", ",\n")
 	}
 	p.NominalX(labels...)
 	return p.Save(10*vg.Inch, 5*vg.Inch, file)
