@@ -86,10 +86,10 @@ const pairMinRepeats = 2000
 // second's over the first's as "RATIO", for instance names {"ipv4",
 // "ipv6"} and ratio "ipv6/ipv4". Where Bench of one and then the other
 // compares measurements made at different times, BenchPair compares two
-// made side by side: on this shared machine the cost of the same path
-// changed by up to 2x from one stretch of tens of milliseconds to the next
-// (a drop: 85 or 150 ns, whatever the run's length), which two separate
-// runs each met or missed by chance.
+// made side by side: on this shared machine the same path's cost moved by
+// up to 2x between runs a few seconds apart (a drop: 85 or 150 ns), and the
+// ratio of two such runs' medians for one path and one build went from
+// 1.18 to 1.44.
 func BenchPair(b *testing.B, names [2]string, ratio string, subjects [2]Subject) {
 	b.Helper()
 	var ms [2]*measured

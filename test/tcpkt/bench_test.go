@@ -12,6 +12,10 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
 )
 
+// benchLoad is how every per-packet benchmark loads the programs: the
+// agent's default source NAT range, for both families alike.
+var benchLoad = loadOptions{snatMin: 61000, snatMax: 65535}
+
 // BenchmarkPaths reports the kernel's ns per packet for each path of the TC
 // programs (pktest.BenchWith: repeated runs where the packet comes out
 // unchanged, single runs on fresh copies where it is rewritten). "new flow"
@@ -24,7 +28,7 @@ import (
 // backend in its second does (and a new client's, where the route may
 // depend on the client).
 func BenchmarkPaths(b *testing.B) {
-	f := newFixture(b, loadOptions{snatMin: 61000, snatMax: 65535})
+	f := newFixture(b, benchLoad)
 	f.sync(b, fixtureState())
 	f.shareNexthops(b, false, loader.NexthopShareAll)
 	benchPaths(b, f, f.resetCT, tcPaths4(b, f))
@@ -108,7 +112,7 @@ type xdpFam struct {
 func xdpFamilies(b *testing.B) []xdpFam {
 	var fams []xdpFam
 	for _, name := range families {
-		x := newXFam(b, name, loadOptions{snatMin: 61000, snatMax: 65535})
+		x := newXFam(b, name, benchLoad)
 		xo := x.f.loadXDP(b, x.f.ifindex)
 		x.sync(b, x.fixtureState())
 		x.f.shareNexthops(b, x.v6, loader.NexthopShareAll)
@@ -181,7 +185,7 @@ func resetter(tb testing.TB, x *xfam) func() error {
 // same paths through the IPv6 side of the TC programs (target: within
 // 1.25x of the IPv4 path's ns per packet).
 func BenchmarkPathsIPv6(b *testing.B) {
-	f := newFixture6(b, loadOptions{})
+	f := newFixture6(b, benchLoad)
 	f.sync6(b, fixtureState6())
 	f.shareNexthops(b, true, loader.NexthopShareAll)
 	benchPaths(b, f.fixture, f.resetCT6, tcPaths6(b, f))
@@ -292,10 +296,10 @@ func benchPaths(b *testing.B, f *fixture, reset func(testing.TB), paths []benchP
 // same paths one after the other, which on a shared machine compares
 // moments as much as families.
 func BenchmarkPathsIPv6VsIPv4(b *testing.B) {
-	f4 := newFixture(b, loadOptions{snatMin: 61000, snatMax: 65535})
+	f4 := newFixture(b, benchLoad)
 	f4.sync(b, fixtureState())
 	f4.shareNexthops(b, false, loader.NexthopShareAll)
-	f6 := newFixture6(b, loadOptions{snatMin: 61000, snatMax: 65535})
+	f6 := newFixture6(b, benchLoad)
 	f6.sync6(b, fixtureState6())
 	f6.shareNexthops(b, true, loader.NexthopShareAll)
 	paths4 := tcPaths4(b, f4)
