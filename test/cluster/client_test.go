@@ -222,6 +222,9 @@ func (l *loop) stop(step string) loopResult {
 		r.Evidence = gather(r.loopResult, l.conntrack)
 	}
 	l.e.saveAgentLog(step, r.loopResult)
+	if l.e.rules != nil {
+		l.e.logWindow("ruleset changes", step, r.loopResult, l.e.rules.String())
+	}
 	return r.loopResult
 }
 

@@ -218,6 +218,10 @@ func (n *Node) setupNetwork(ctx context.Context) error {
 		"net/ipv4/neigh/default/ucast_solicit": "10",
 		"net/ipv6/neigh/default/mcast_solicit": "10",
 		"net/ipv6/neigh/default/ucast_solicit": "10",
+		// A failed attempt's conntrack entry (the cluster test's
+		// evidence) then says when it was made and what it counted.
+		"net/netfilter/nf_conntrack_acct":      "1",
+		"net/netfilter/nf_conntrack_timestamp": "1",
 	} {
 		if err := os.WriteFile(filepath.Join("/proc/sys", key), []byte(val), 0o644); err != nil {
 			return fmt.Errorf("sysctl %s: %w", key, err)
