@@ -208,8 +208,9 @@ func TestCluster(t *testing.T) {
 	// leaves a conntrack entry without DNAT (SYN_SENT, 120 s). A later
 	// connection that happens to get the same source port then meets that
 	// entry and is lost (as upstream kube-proxy's own users see it,
-	// kubernetes issue 48719): the migration's loop lost one in four runs
-	// to an entry of this check's first round.
+	// kubernetes issue 48719): the migration's loop lost a connection in
+	// one run of four to an entry that the spread check's first round
+	// below had left, when it ran before this check existed.
 	e.check("kube-proxy's rules DNAT the ClusterIP to the 3 pods", func() error {
 		return eventually(3*time.Minute, func() error { return e.kubeProxyRules(3) })
 	})
