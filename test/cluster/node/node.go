@@ -145,9 +145,12 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		return nil, err
 	}
 	n = &Node{Name: cfg.Name, IP: cfg.IP.Addr(), APIServer: api, cfg: cfg, bins: bins, kubectl: cpBins.Kubectl, clientset: cs, start: time.Now()}
+	// A failed step returns a nil Node: what it started is stopped
+	// through this one.
+	started := n
 	defer func() {
 		if err != nil {
-			n.Stop()
+			started.Stop()
 		}
 	}()
 	steps := []struct {
