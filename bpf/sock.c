@@ -615,8 +615,18 @@ static __always_inline bool lb_revnat_holds(bool v6, __u32 id, const struct sock
 }
 
 /* sock_xlate_rev makes a backend address that a socket sees (as the source
- * of a datagram, or as its peer) appear as the frontend it connected to. */
-static __always_inline void sock_xlate_rev(struct bpf_sock_addr *ctx, bool ctx6, bool v6)
+ * of a datagram, or as its peer when peer is set) appear as the frontend it
+ * was sent to.
+ *
+ * A datagram's source is checked against the frontend as it is now: once
+ * the frontend is deleted or renumbered, replies show the backend, as they
+ * do with kube-proxy once it has cleared the Service's UDP conntrack
+ * entries. A socket's peer is not: with kube-proxy a socket's peer is the
+ * address it connected to, which no later change of the Service alters
+ * (its conntrack entry keeps translating a TCP connection), so getpeername
+ * shows the frontend the socket was connected to for as long as its entry
+ * lives, without a look-up in the frontends' reverse map. */
+static __always_inline void sock_xlate_rev(struct bpf_sock_addr *ctx, bool ctx6, bool v6, bool peer)
 {
 	void *map = v6 ? (void *)&sock6_revnat_v1 : (void *)&sock4_revnat_v1;
 	union sock_cookie_key rkey;
@@ -630,8 +640,8 @@ static __always_inline void sock_xlate_rev(struct bpf_sock_addr *ctx, bool ctx6,
 	if (!val)
 		return;
 	sock_revnat_read(val, v6, &fe);
-	/* The frontend was deleted or renumbered since: show the real peer. */
-	if (!lb_revnat_holds(v6, fe.rev_nat_id, &fe)) {
+	/* The frontend was deleted or renumbered since: show the real source. */
+	if (!peer && !lb_revnat_holds(v6, fe.rev_nat_id, &fe)) {
 		lb_count(LB_M_REVNAT_STALE);
 		bpf_map_delete_elem(map, &rkey);
 		return;
@@ -655,14 +665,14 @@ int cg_sendmsg4(struct bpf_sock_addr *ctx)
 SEC("cgroup/recvmsg4")
 int cg_recvmsg4(struct bpf_sock_addr *ctx)
 {
-	sock_xlate_rev(ctx, false, false);
+	sock_xlate_rev(ctx, false, false, false);
 	return SYS_PROCEED;
 }
 
 SEC("cgroup/getpeername4")
 int cg_getpeername4(struct bpf_sock_addr *ctx)
 {
-	sock_xlate_rev(ctx, false, false);
+	sock_xlate_rev(ctx, false, false, true);
 	return SYS_PROCEED;
 }
 
@@ -692,9 +702,9 @@ SEC("cgroup/recvmsg6")
 int cg_recvmsg6(struct bpf_sock_addr *ctx)
 {
 	if (ctx_v4mapped(ctx))
-		sock_xlate_rev(ctx, true, false);
+		sock_xlate_rev(ctx, true, false, false);
 	else
-		sock_xlate_rev(ctx, true, true);
+		sock_xlate_rev(ctx, true, true, false);
 	return SYS_PROCEED;
 }
 
@@ -702,9 +712,9 @@ SEC("cgroup/getpeername6")
 int cg_getpeername6(struct bpf_sock_addr *ctx)
 {
 	if (ctx_v4mapped(ctx))
-		sock_xlate_rev(ctx, true, false);
+		sock_xlate_rev(ctx, true, false, true);
 	else
-		sock_xlate_rev(ctx, true, true);
+		sock_xlate_rev(ctx, true, true, true);
 	return SYS_PROCEED;
 }
 

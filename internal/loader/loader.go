@@ -513,7 +513,7 @@ var CounterDescriptions = []string{
 	bpfobj.SockLbMetricLB_M_NO_SLOT:            "a master entry without its backend slot (a bug: the writer's order prevents it)",
 	bpfobj.SockLbMetricLB_M_NO_BACKEND:         "a slot naming a missing backend (a bug: the writer's order prevents it)",
 	bpfobj.SockLbMetricLB_M_REVNAT_HIT:         "socket: a reply's or peer's backend address shown as the Service again",
-	bpfobj.SockLbMetricLB_M_REVNAT_STALE:       "socket: a reverse entry of a frontend deleted since, dropped",
+	bpfobj.SockLbMetricLB_M_REVNAT_STALE:       "socket: a reply's reverse entry names a frontend deleted or renumbered since: dropped, the backend shown",
 	bpfobj.SockLbMetricLB_M_REVNAT_UPDATE_ERR:  "socket: a reverse entry could not be recorded",
 	bpfobj.SockLbMetricLB_M_AFFINITY_HIT:       "backend chosen by the client's session affinity entry",
 	bpfobj.SockLbMetricLB_M_AFFINITY_STALE:     "session affinity entry expired or its backend gone: chosen again",

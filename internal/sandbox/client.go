@@ -573,23 +573,34 @@ func (c *Client) Hold(ctx context.Context, addr netip.AddrPort) (*Held, error) {
 // an error that names the failure like an errno ("ECONNRESET", "EPIPE",
 // "ETIMEDOUT", "EOF" when the server closed, "ENOTCONN" when the connection
 // never opened).
-func (h *Held) Ping() error { return h.ping("") }
+func (h *Held) Ping() error {
+	_, err := h.ping("")
+	return err
+}
+
+// Peer pings like Ping and returns what getpeername() says of the held
+// socket after it: the address the client sees itself connected to.
+func (h *Held) Peer() (netip.AddrPort, error) { return h.ping("") }
 
 // PingSize is Ping with a line of size bytes (at most 65536), echoed whole:
 // replies larger than a path's MTU show whether path MTU discovery works
 // on the way back.
-func (h *Held) PingSize(size int) error { return h.ping(strconv.Itoa(size)) }
+func (h *Held) PingSize(size int) error {
+	_, err := h.ping(strconv.Itoa(size))
+	return err
+}
 
-func (h *Held) ping(req string) error {
+// ping sends one ping and returns the peer the socket reported after it.
+func (h *Held) ping(req string) (netip.AddrPort, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.broken != nil {
-		return h.broken
+		return netip.AddrPort{}, h.broken
 	}
 	s := h.s
 	prefix := fmt.Sprintf("ping on held connection from %s to %s", s.client.Name, s.req.Addr)
 	if _, err := io.WriteString(s.stdin, req+"\n"); err != nil {
-		return fmt.Errorf("%s: the probe has ended: %w", prefix, err)
+		return netip.AddrPort{}, fmt.Errorf("%s: the probe has ended: %w", prefix, err)
 	}
 	timeout := time.NewTimer(s.req.Timeout + 10*time.Second)
 	defer timeout.Stop()
@@ -603,14 +614,14 @@ func (h *Held) ping(req string) error {
 		case m.Ping == nil:
 			h.broken = fmt.Errorf("%s: unexpected probe message %+v", prefix, m)
 		case !m.Ping.OK:
-			return fmt.Errorf("%s: %s", prefix, m.Ping.Err)
+			return netip.AddrPort{}, fmt.Errorf("%s: %s", prefix, m.Ping.Err)
 		default:
-			return nil
+			return m.Ping.Peer, nil
 		}
 	case <-timeout.C:
 		h.broken = fmt.Errorf("%s: the probe did not answer in time", prefix)
 	}
-	return h.broken
+	return netip.AddrPort{}, h.broken
 }
 
 // Close closes the connection and waits for the probe to exit. Close is

@@ -97,6 +97,8 @@ func (m probeMessage) final() bool { return !m.Ready && m.Ping == nil && m.Query
 type pingResult struct {
 	OK  bool   `json:"ok"`
 	Err string `json:"err,omitempty"`
+	// Peer is what getpeername() returned after the ping.
+	Peer netip.AddrPort `json:"peer"`
 }
 
 // heldConn is a hold probe's Ready and final result.
@@ -573,6 +575,13 @@ func hold(req probeRequest, proc Process, stdin io.Reader, emit func(probeMessag
 		}
 		r := pingResult{Err: ping(conn, rd, n, size, req.Timeout)}
 		r.OK = r.Err == ""
+		if r.OK {
+			if _, peer, err := sockNames(conn.(syscall.Conn)); err == nil {
+				r.Peer = peer
+			} else {
+				r.OK, r.Err = false, "getpeername: "+errName(err)
+			}
+		}
 		if err := emit(probeMessage{Ping: &r}); err != nil {
 			return res, fmt.Errorf("report ping %d: %w", n, err)
 		}

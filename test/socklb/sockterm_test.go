@@ -133,3 +133,74 @@ func testRemovedBackendsSocketsAreEnded(t *testing.T, webVIP, dnsVIP netip.AddrP
 		}
 	}
 }
+
+// TestPeerStaysTheFrontendConnectedTo: a connection made through a
+// Service's port goes on when the Service's port is renumbered (its
+// endpoints unchanged), and getpeername() keeps showing the ClusterIP and
+// port it was connected to, as with kube-proxy, whose conntrack entry keeps
+// translating the connection while the socket's peer is the address it
+// connected to. New connections use the new port.
+func TestPeerStaysTheFrontendConnectedTo(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		web  netip.AddrPort
+	}{
+		{"IPv4", webVIP},
+		{"IPv6", web6VIP},
+		{"IPv4-mapped on AF_INET6 sockets", mapped(webVIP)},
+	} {
+		t.Run(tt.name, func(t *testing.T) { testPeerStaysTheFrontendConnectedTo(t, tt.web) })
+	}
+}
+
+func testPeerStaysTheFrontendConnectedTo(t *testing.T, web netip.AddrPort) {
+	e := newSandbox(t, 1)
+	dir := t.TempDir()
+	writeWeb := func(port uint16) {
+		t.Helper()
+		svc := builders.Service("default", "web", builders.ClusterIP(webVIP.Addr().String()), builders.DualStack(web6VIP.Addr().String()),
+			builders.Ports(builders.Port("http", int32(port), v1.ProtocolTCP, intstr.FromInt32(tcpPort))))
+		slice4 := builders.SliceFor(svc, podEndpoints(e.pods)...)
+		slice6 := builders.SliceFor(svc, builders.Endpoint(e.pods[0].IP6.String(), nodeName))
+		slice6.Name, slice6.AddressType = "web-ipv6", discoveryv1.AddressTypeIPv6
+		if err := builders.WriteManifest(dir, "services.yaml", svc, slice4, slice6); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeWeb(web.Port())
+	e.startAgent(t, dir)
+
+	h, err := e.client.Hold(e.ctx(), web)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	if h.First.Err != "" || h.First.Peer != web {
+		t.Fatalf("connection through %s: %+v, want it connected with that peer", web, h.First)
+	}
+
+	renumbered := netip.AddrPortFrom(web.Addr(), web.Port()+1)
+	writeWeb(renumbered.Port())
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		rep, err := e.client.TCP(e.ctx(), renumbered, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rep.Results[0]
+		if r.Err == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the renumbered port %s never answered: %+v", renumbered, r)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	peer, err := h.Peer()
+	if err != nil {
+		t.Fatalf("the connection made through %s broke when the port was renumbered: %v", web, err)
+	}
+	if peer != web {
+		t.Errorf("getpeername() of the connection made through %s says %s after the port was renumbered, want %s", web, peer, web)
+	}
+}
