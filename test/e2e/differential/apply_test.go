@@ -37,11 +37,35 @@ type world struct {
 	clusterIPs map[string]netip.Addr
 	nodePorts  map[string]int32
 	vips       map[string]netip.Addr
+	// held are the connections the scenarios hold (Probe.Hold), by
+	// scenario and name.
+	held map[string]*heldConn
+}
+
+// heldConn is a connection a scenario holds open, with the address it
+// connected to.
+type heldConn struct {
+	h   *sandbox.Held
+	dst netip.AddrPort
+}
+
+// heldSources are the client addresses of the held connections, which the
+// flush between waves spares.
+func (w *world) heldSources() map[netip.AddrPort]bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	keep := map[netip.AddrPort]bool{}
+	for _, c := range w.held {
+		if c.h.First.Err == "" {
+			keep[netip.AddrPortFrom(c.h.First.Local.Addr().Unmap(), c.h.First.Local.Port())] = true
+		}
+	}
+	return keep
 }
 
 func newWorld(kind testbed.Kind, index int, tb *testbed.Testbed, ns string) *world {
 	return &world{kind: kind, index: index, tb: tb, cs: tb.Cluster.Clientset(), ns: ns,
-		clusterIPs: map[string]netip.Addr{}, nodePorts: map[string]int32{}, vips: map[string]netip.Addr{}}
+		clusterIPs: map[string]netip.Addr{}, nodePorts: map[string]int32{}, vips: map[string]netip.Addr{}, held: map[string]*heldConn{}}
 }
 
 // Address plan inside the API server's 10.96.0.0/16 (and, for IPv6
@@ -475,6 +499,12 @@ func (w *world) barrier(ctx context.Context, wave int, ipv6 bool) error {
 // cleanup deletes every object of the run.
 func (w *world) cleanup(ctx context.Context) error {
 	var errs []error
+	w.mu.Lock()
+	for _, c := range w.held {
+		c.h.Close()
+	}
+	w.held = map[string]*heldConn{}
+	w.mu.Unlock()
 	// Services have no deletecollection: one by one.
 	list, err := w.cs.CoreV1().Services(w.ns).List(ctx, metav1.ListOptions{LabelSelector: scenarioLabel})
 	if err != nil {

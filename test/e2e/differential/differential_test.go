@@ -350,8 +350,9 @@ func runKind(t *testing.T, c *cluster.Cluster, kind testbed.Kind, index int) ver
 		}
 		// Every probe of the wave is a new connection under the wave's
 		// rules, as for a real client (see FlushConntrack).
+		keep := w.heldSources()
 		for _, n := range tb.Nodes {
-			if err := n.FlushConntrack(); err != nil {
+			if err := n.FlushConntrackExcept(keep); err != nil {
 				t.Fatal(err)
 			}
 		}

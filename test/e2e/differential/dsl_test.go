@@ -303,6 +303,12 @@ type Probe struct {
 	// Sticky probes expect session affinity: their verdict says whether
 	// every attempt reached the same endpoint instead of listing it.
 	Sticky bool
+	// Hold names a TCP connection the scenario keeps open across its
+	// steps: the first probe with the name opens it (one attempt) and
+	// later ones, whatever their To, send a line on it and ask the socket
+	// its peer (getpeername), as a long-lived client would after the
+	// steps' changes.
+	Hold string
 }
 
 // String describes the probe for reports.
@@ -313,6 +319,9 @@ func (p Probe) String() string {
 	}
 	if p.Sticky {
 		s += " (same client each time)"
+	}
+	if p.Hold != "" {
+		s += " (held as " + p.Hold + ")"
 	}
 	return s
 }

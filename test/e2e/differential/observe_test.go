@@ -253,6 +253,9 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (string, string, e
 	} else {
 		c = c.WithTimeout(tcpAttemptTimeout)
 	}
+	if p.Hold != "" {
+		return w.observeHeld(ctx, c, sc, p)
+	}
 	dst, err := w.dest(ctx, sc, p.To)
 	if err != nil {
 		return "", "", err
@@ -323,4 +326,39 @@ func waitReachable(ctx context.Context, c *sandbox.Client, dst netip.AddrPort) e
 		}
 	}
 	return fmt.Errorf("%s not reachable after %d attempts (last error %s)", dst, barrierPolls, last)
+}
+
+// observeHeld runs a probe of a held connection: the first of its name
+// opens it, with the verdict of a single TCP attempt prefixed "HELD"; a
+// later one sends a line on it and reads its peer: "ALIVE", noting a peer
+// that is not the address the connection was made to, or "BROKEN".
+func (w *world) observeHeld(ctx context.Context, c *sandbox.Client, sc int, p Probe) (string, string, error) {
+	key := fmt.Sprintf("%d/%s", sc, p.Hold)
+	w.mu.Lock()
+	hc := w.held[key]
+	w.mu.Unlock()
+	if hc == nil {
+		dst, err := w.dest(ctx, sc, p.To)
+		if err != nil {
+			return "", "", err
+		}
+		h, err := c.Hold(ctx, dst)
+		if err != nil {
+			return "", "", err
+		}
+		w.mu.Lock()
+		w.held[key] = &heldConn{h: h, dst: dst}
+		w.mu.Unlock()
+		t := newTally()
+		t.addTCP(w, c, dst, h.First)
+		return "HELD " + t.verdict(false), "", nil
+	}
+	peer, err := hc.h.Peer()
+	if err != nil {
+		return "BROKEN", fmt.Sprintf("held connection to %s: %v", hc.dst, err), nil
+	}
+	if peer != hc.dst {
+		return fmt.Sprintf("ALIVE + [getpeername %s:%d]", w.tb.AddressName(peer.Addr().Unmap()), peer.Port()), "", nil
+	}
+	return "ALIVE", "", nil
 }

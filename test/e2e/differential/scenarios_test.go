@@ -53,6 +53,22 @@ var scenarios = withIPv6Twins([]Scenario{
 		},
 	},
 	{
+		// A long-lived client: kube-proxy's conntrack entry keeps
+		// translating its connection after the rules change, and the
+		// socket's peer is the address it connected to.
+		Name: "clusterip: a held connection goes on when its port is renumbered, its peer still the port it connected to",
+		Steps: func() []Step {
+			held := func(to Dest) []Probe { return []Probe{{From: clientA, To: to, Proto: tcp, Hold: "web"}} }
+			svc := func(p int32) []Svc { return []Svc{{Name: "web", Ports: []Port{port("http", tcp, p, 8080)}}} }
+			slices := []Slice{webSlice(ready("b1"))}
+			return []Step{
+				{Name: "port 80 to b1, a connection held", Services: svc(80), Slices: slices, Probes: held(cip("web", 80))},
+				{Name: "port renumbered to 81", Services: svc(81), Slices: slices,
+					Probes: ps(held(cip("web", 80)), from(tcp, cip("web", 81), clientA))},
+			}
+		}(),
+	},
+	{
 		Name: "clusterip: no endpoints rejects TCP and UDP; endpoints appear and disappear",
 		Steps: func() []Step {
 			svc := Svc{Name: "dns", Ports: []Port{port("tcp", tcp, 53, 8080), port("udp", udp, 53, 8080)}}

@@ -24,6 +24,7 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -431,11 +432,39 @@ func setHairpin(n *sandbox.Node) error {
 // kernel soon hands a client a source port it used a moment ago: a new
 // connection would then match the stale, un-NATed entry of an earlier
 // attempt made under other rules and never see the current ones.
-func (n *Node) FlushConntrack() error {
-	if err := n.NS.Netlink().ConntrackTableFlush(netlink.ConntrackTable); err != nil {
-		return fmt.Errorf("flush conntrack on %s: %w", n.Spec.Name, err)
+func (n *Node) FlushConntrack() error { return n.FlushConntrackExcept(nil) }
+
+// FlushConntrackExcept is FlushConntrack that spares the flows whose
+// original source is in keep: connections a test holds open across a
+// change of the rules, which a flush would break under kube-proxy (its
+// DNAT lives in the flow's entry).
+func (n *Node) FlushConntrackExcept(keep map[netip.AddrPort]bool) error {
+	h := n.NS.Netlink()
+	if len(keep) == 0 {
+		if err := h.ConntrackTableFlush(netlink.ConntrackTable); err != nil {
+			return fmt.Errorf("flush conntrack on %s: %w", n.Spec.Name, err)
+		}
+		return nil
+	}
+	f := keepFilter(keep)
+	for _, family := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
+		if _, err := h.ConntrackDeleteFilters(netlink.ConntrackTable, family, f); err != nil {
+			return fmt.Errorf("flush conntrack on %s: %w", n.Spec.Name, err)
+		}
 	}
 	return nil
+}
+
+// keepFilter matches every flow but those whose original source it holds.
+type keepFilter map[netip.AddrPort]bool
+
+// MatchConntrackFlow implements netlink.CustomConntrackFilter.
+func (k keepFilter) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
+	src, ok := netip.AddrFromSlice(f.Forward.SrcIP)
+	if !ok {
+		return true
+	}
+	return !k[netip.AddrPortFrom(src.Unmap(), f.Forward.SrcPort)]
 }
 
 // ensureNodeObjects creates the Node objects that do not exist yet.
