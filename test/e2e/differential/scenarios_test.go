@@ -69,6 +69,26 @@ var scenarios = withIPv6Twins([]Scenario{
 		}(),
 	},
 	{
+		// A rolling update's graceful drain: an endpoint that fails
+		// readiness or is terminating takes no new connection, and the
+		// ones it has go on. The scenarios share the pods, so b1:8080
+		// stays a backend of other Services meanwhile: that ebpf-proxy
+		// keeps the backends the slices still list (internal/maps
+		// held.go, TestWriterKeepsTerminatingEndpointsUntilRemoved) and
+		// ends the sockets of one they all dropped (test/socklb
+		// TestRemovedBackendsSocketsAreEnded) is tested there.
+		Name: "clusterip: a held connection outlives its endpoint turning not ready, then terminating",
+		Steps: func() []Step {
+			held := []Probe{{From: clientA, To: cip("web", 80), Proto: tcp, Hold: "web"}}
+			probes := ps(held, from(tcp, cip("web", 80), clientA))
+			return []Step{
+				{Name: "b1 ready, a connection held", Services: []Svc{web()}, Slices: []Slice{webSlice(ready("b1"))}, Probes: held},
+				{Name: "b1 not ready, b2 ready", Services: []Svc{web()}, Slices: []Slice{webSlice(notReady("b1"), ready("b2"))}, Probes: probes},
+				{Name: "b1 terminating", Services: []Svc{web()}, Slices: []Slice{webSlice(terminating("b1"), ready("b2"))}, Probes: probes},
+			}
+		}(),
+	},
+	{
 		Name: "clusterip: no endpoints rejects TCP and UDP; endpoints appear and disappear",
 		Steps: func() []Step {
 			svc := Svc{Name: "dns", Ports: []Port{port("tcp", tcp, 53, 8080), port("udp", udp, 53, 8080)}}
