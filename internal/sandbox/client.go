@@ -580,7 +580,16 @@ func (h *Held) Ping() error {
 
 // Peer pings like Ping and returns what getpeername() says of the held
 // socket after it: the address the client sees itself connected to.
-func (h *Held) Peer() (netip.AddrPort, error) { return h.ping("") }
+func (h *Held) Peer() (netip.AddrPort, error) {
+	r, err := h.ping("")
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	if r.PeerErr != "" {
+		return netip.AddrPort{}, fmt.Errorf("getpeername on held connection from %s to %s after a ping: %s", h.s.client.Name, h.s.req.Addr, r.PeerErr)
+	}
+	return r.Peer, nil
+}
 
 // PingSize is Ping with a line of size bytes (at most 65536), echoed whole:
 // replies larger than a path's MTU show whether path MTU discovery works
@@ -590,17 +599,18 @@ func (h *Held) PingSize(size int) error {
 	return err
 }
 
-// ping sends one ping and returns the peer the socket reported after it.
-func (h *Held) ping(req string) (netip.AddrPort, error) {
+// ping sends one ping and returns its result, with the peer the socket
+// reported after it.
+func (h *Held) ping(req string) (pingResult, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.broken != nil {
-		return netip.AddrPort{}, h.broken
+		return pingResult{}, h.broken
 	}
 	s := h.s
 	prefix := fmt.Sprintf("ping on held connection from %s to %s", s.client.Name, s.req.Addr)
 	if _, err := io.WriteString(s.stdin, req+"\n"); err != nil {
-		return netip.AddrPort{}, fmt.Errorf("%s: the probe has ended: %w", prefix, err)
+		return pingResult{}, fmt.Errorf("%s: the probe has ended: %w", prefix, err)
 	}
 	timeout := time.NewTimer(s.req.Timeout + 10*time.Second)
 	defer timeout.Stop()
@@ -614,14 +624,14 @@ func (h *Held) ping(req string) (netip.AddrPort, error) {
 		case m.Ping == nil:
 			h.broken = fmt.Errorf("%s: unexpected probe message %+v", prefix, m)
 		case !m.Ping.OK:
-			return netip.AddrPort{}, fmt.Errorf("%s: %s", prefix, m.Ping.Err)
+			return pingResult{}, fmt.Errorf("%s: %s", prefix, m.Ping.Err)
 		default:
-			return m.Ping.Peer, nil
+			return *m.Ping, nil
 		}
 	case <-timeout.C:
 		h.broken = fmt.Errorf("%s: the probe did not answer in time", prefix)
 	}
-	return netip.AddrPort{}, h.broken
+	return pingResult{}, h.broken
 }
 
 // Close closes the connection and waits for the probe to exit. Close is

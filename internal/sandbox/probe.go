@@ -97,8 +97,11 @@ func (m probeMessage) final() bool { return !m.Ready && m.Ping == nil && m.Query
 type pingResult struct {
 	OK  bool   `json:"ok"`
 	Err string `json:"err,omitempty"`
-	// Peer is what getpeername() returned after the ping.
-	Peer netip.AddrPort `json:"peer"`
+	// Peer is what getpeername() returned after the ping, or PeerErr the
+	// errno name of its failure (the connection may be ended in between:
+	// that is the next ping's to report).
+	Peer    netip.AddrPort `json:"peer"`
+	PeerErr string         `json:"peer_err,omitempty"`
 }
 
 // heldConn is a hold probe's Ready and final result.
@@ -579,7 +582,7 @@ func hold(req probeRequest, proc Process, stdin io.Reader, emit func(probeMessag
 			if _, peer, err := sockNames(conn.(syscall.Conn)); err == nil {
 				r.Peer = peer
 			} else {
-				r.OK, r.Err = false, "getpeername: "+errName(err)
+				r.PeerErr = errName(err)
 			}
 		}
 		if err := emit(probeMessage{Ping: &r}); err != nil {
