@@ -1,6 +1,7 @@
 package socklb_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
+	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
 )
 
 // Where the agent's servers listen inside the node's namespace, when a
@@ -187,15 +189,10 @@ func TestAgentFollowsManifestChanges(t *testing.T) {
 		t.Fatalf("before the change: %v, want all on %s", got, e.pods[0].Name)
 	}
 	writeManifests(t, dir, e.pods[1])
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	if err := testbed.Poll(e.ctx(), "the agent follows the changed EndpointSlice", 15*time.Second, func() (bool, error) {
 		got := reached()
-		if got[e.pods[1].Name] == 30 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent did not follow the changed EndpointSlice: %v", got)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return got[e.pods[1].Name] == 30, fmt.Errorf("%v", got)
+	}); err != nil {
+		t.Fatal(err)
 	}
 }

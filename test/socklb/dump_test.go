@@ -3,6 +3,7 @@ package socklb_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
+	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
 )
 
 // `ebpf-proxy dump` names what the real agent programmed: the Service by
@@ -121,16 +123,14 @@ func TestAgentDumpNamesServices(t *testing.T) {
 	if err := builders.WriteManifest(dir, "web.yaml", web, builders.EndpointSlice("default", "web-1", "web", eps)); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	if err := testbed.Poll(e.ctx(), "dump shows both backends serving (terminating)", 15*time.Second, func() (bool, error) {
 		out, _, err := agent.DumpWith(e.bpffs, "--api-socket", sock)
-		if err == nil && strings.Count(out, ":8080 serving local") == 2 {
-			break
+		if err != nil {
+			return false, err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("dump never showed both backends serving (terminating): %v\n%s", err, out)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return strings.Count(out, ":8080 serving local") == 2, fmt.Errorf("dump:\n%s", out)
+	}); err != nil {
+		t.Fatal(err)
 	}
 	checkJSON("serving", pods)
 

@@ -2,6 +2,7 @@ package socklb_test
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
+	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
 )
 
 // writeDualStackManifests writes web and dns as dual-stack Services (their
@@ -21,12 +23,19 @@ import (
 // endpoints in both families.
 func writeDualStackManifests(t *testing.T, dir string, pods ...*sandbox.Pod) {
 	t.Helper()
+	writeDualStackManifestsWebPort(t, dir, webVIP.Port(), pods...)
+}
+
+// writeDualStackManifestsWebPort is writeDualStackManifests with web's
+// Service port webPort.
+func writeDualStackManifestsWebPort(t *testing.T, dir string, webPort uint16, pods ...*sandbox.Pod) {
+	t.Helper()
 	var eps6 []discoveryv1.Endpoint
 	for _, p := range pods {
 		eps6 = append(eps6, builders.Endpoint(p.IP6.String(), nodeName))
 	}
 	web := builders.Service("default", "web", builders.ClusterIP(webVIP.Addr().String()), builders.DualStack(web6VIP.Addr().String()),
-		builders.Ports(builders.Port("http", 80, v1.ProtocolTCP, intstr.FromInt32(tcpPort))))
+		builders.Ports(builders.Port("http", int32(webPort), v1.ProtocolTCP, intstr.FromInt32(tcpPort))))
 	dns := builders.Service("default", "dns", builders.ClusterIP(dnsVIP.Addr().String()), builders.DualStack(dns6VIP.Addr().String()),
 		builders.Ports(builders.Port("dns", 53, v1.ProtocolUDP, intstr.FromInt32(5353))))
 	var objs []runtime.Object
@@ -156,18 +165,7 @@ func TestPeerStaysTheFrontendConnectedTo(t *testing.T) {
 func testPeerStaysTheFrontendConnectedTo(t *testing.T, web netip.AddrPort) {
 	e := newSandbox(t, 1)
 	dir := t.TempDir()
-	writeWeb := func(port uint16) {
-		t.Helper()
-		svc := builders.Service("default", "web", builders.ClusterIP(webVIP.Addr().String()), builders.DualStack(web6VIP.Addr().String()),
-			builders.Ports(builders.Port("http", int32(port), v1.ProtocolTCP, intstr.FromInt32(tcpPort))))
-		slice4 := builders.SliceFor(svc, podEndpoints(e.pods)...)
-		slice6 := builders.SliceFor(svc, builders.Endpoint(e.pods[0].IP6.String(), nodeName))
-		slice6.Name, slice6.AddressType = "web-ipv6", discoveryv1.AddressTypeIPv6
-		if err := builders.WriteManifest(dir, "services.yaml", svc, slice4, slice6); err != nil {
-			t.Fatal(err)
-		}
-	}
-	writeWeb(web.Port())
+	writeDualStackManifestsWebPort(t, dir, web.Port(), e.pods[0])
 	e.startAgent(t, dir)
 
 	h, err := e.client.Hold(e.ctx(), web)
@@ -180,21 +178,18 @@ func testPeerStaysTheFrontendConnectedTo(t *testing.T, web netip.AddrPort) {
 	}
 
 	renumbered := netip.AddrPortFrom(web.Addr(), web.Port()+1)
-	writeWeb(renumbered.Port())
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	writeDualStackManifestsWebPort(t, dir, renumbered.Port(), e.pods[0])
+	if err := testbed.Poll(e.ctx(), "the renumbered port "+renumbered.String()+" answers", 15*time.Second, func() (bool, error) {
 		rep, err := e.client.TCP(e.ctx(), renumbered, 1)
 		if err != nil {
-			t.Fatal(err)
+			return false, err
 		}
-		r := rep.Results[0]
-		if r.Err == "" {
-			break
+		if r := rep.Results[0]; r.Err != "" {
+			return false, fmt.Errorf("%+v", r)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the renumbered port %s never answered: %+v", renumbered, r)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return true, nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	peer, err := h.Peer()
 	if err != nil {
