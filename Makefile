@@ -83,14 +83,20 @@ test-go: deps build
 # written to the package's testdata/fuzz/<target>/, where `go test` replays it
 # from then on): the translator of Services and EndpointSlices, the manifests
 # reader, the --config file and the change tracker. Plain `go test` runs
-# their seed corpora. `make fuzz-short` is the run `make test` makes; it
-# also bounds the minimization of each new input (FUZZMINIMIZETIME, Go's
-# 60s by default), which would otherwise take most of a 5s run for the
-# targets that read files.
+# their seed corpora. `make fuzz-short` is the run `make test` makes
+# (FUZZTIME=short): each target runs for the number of inputs written after
+# it below, about 5s each on this machine from an empty fuzz cache. A count,
+# not a duration: Go 1.26's fuzzer can fail a run whose -fuzztime duration
+# ends while a worker is busy, with a bare "context deadline exceeded" and
+# no failing input (go.dev/issue/75804, fixed in Go 1.27); a count has no
+# deadline to race, so a loaded CI machine takes longer instead of failing.
+# The short run also bounds the minimization of each new input
+# (FUZZMINIMIZETIME, Go's 60s by default), which would otherwise take most
+# of the run for the targets that read files.
 FUZZTIME ?= 60s
 FUZZMINIMIZETIME ?= 60s
-FUZZ_TARGETS := ./internal/k8swatch:FuzzTranslateService ./internal/k8swatch:FuzzTranslateEndpointSlice \
-	./internal/k8swatch:FuzzManifests ./internal/config:FuzzConfigFile ./internal/tracker:FuzzTrackerSequence
+FUZZ_TARGETS := ./internal/k8swatch:FuzzTranslateService:4000 ./internal/k8swatch:FuzzTranslateEndpointSlice:6000 \
+	./internal/k8swatch:FuzzManifests:2000 ./internal/config:FuzzConfigFile:4000 ./internal/tracker:FuzzTrackerSequence:25000
 
 #
 # Then, as root, the packet fuzzer (test/tcpkt TestPacketFuzz):
@@ -109,8 +115,10 @@ endif
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
-		pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$fn ($$pkg) for $(FUZZTIME)"; \
-		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $$pkg; \
+		pkg=$${t%%:*}; rest=$${t#*:}; fn=$${rest%%:*}; budget=$(FUZZTIME); \
+		if [ "$$budget" = short ]; then budget=$${rest#*:}x; fi; \
+		echo "== $$fn ($$pkg) for $$budget"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $$budget -fuzzminimizetime $(FUZZMINIMIZETIME) $$pkg; \
 	done
 	@set -e; if [ "$(PKTFUZZ_PACKETS)" != 0 ]; then \
 		echo "== TestPacketFuzz (./test/tcpkt): $(PKTFUZZ_PACKETS) frames a program, seed $(PKTFUZZ_SEED)"; \
@@ -121,7 +129,7 @@ fuzz:
 	fi
 
 fuzz-short:
-	@$(MAKE) --no-print-directory fuzz FUZZTIME=5s FUZZMINIMIZETIME=1s PKTFUZZ_PACKETS=0
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=short FUZZMINIMIZETIME=1s PKTFUZZ_PACKETS=0
 
 # Benchmarks, one run: BenchmarkSync of the BPF maps, nftables, iptables and IPVS (IPVS
 # only where ip_vs loads, i.e. not on this host: run that package in the VM
