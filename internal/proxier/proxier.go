@@ -78,6 +78,9 @@ type Proxier struct {
 	noLocalExternal map[model.ServicePortName]bool
 
 	synced chan struct{}
+	// unprogrammed are the trigger times of updates whose sync failed:
+	// their changes are programmed by the retry, which observes them.
+	unprogrammed []time.Time
 
 	// afterSync, set only by tests, runs when a sync that reached the
 	// dataplane has recorded everything it records (metrics, health).
@@ -186,14 +189,20 @@ func (p *Proxier) syncOnce(full bool) bool {
 	}
 	up := p.tr.Apply()
 	up.Full = up.Full || full
+	if len(p.unprogrammed) > 0 {
+		up.TriggerTimes = append(p.unprogrammed, up.TriggerTimes...)
+		p.unprogrammed = nil
+	}
 	p.metrics.ServiceChangesPending.Set(0)
 	p.metrics.EndpointChangesPending.Set(0)
 	p.metrics.ServiceChangesTotal.Add(float64(up.ServiceChanges))
 	p.metrics.EndpointChangesTotal.Add(float64(up.EndpointChanges))
 	if !up.Full && len(up.Changed) == 0 {
 		// A wake-up whose changes were all folded into the previous sync,
-		// or changes that cancel out: nothing to write.
+		// or changes that cancel out: nothing to write, and what they
+		// triggered is programmed.
 		p.health.Updated(p.cfg.IPFamily)
+		p.observeProgrammed(up.TriggerTimes)
 		return true
 	}
 
@@ -210,6 +219,7 @@ func (p *Proxier) syncOnce(full bool) bool {
 	}
 	p.updateNoLocal(up)
 	if err != nil {
+		p.unprogrammed = up.TriggerTimes
 		p.metrics.SyncErrorsTotal.WithLabelValues(p.dp.Name()).Inc()
 		p.log.Error("sync failed; retrying with a full sync", zap.String("mode", p.dp.Name()),
 			zap.Bool("full", up.Full), zap.Int("changed", len(up.Changed)), zap.Error(err))
@@ -223,13 +233,7 @@ func (p *Proxier) syncOnce(full bool) bool {
 	if p.cfg.Applied != nil {
 		p.cfg.Applied.Sync(up)
 	}
-	now := p.now()
-	for _, t := range up.TriggerTimes {
-		// Changes older than the agent are the initial state, not latency.
-		if t.After(p.started) {
-			p.fam.NetworkProgrammingDuration.Observe(now.Sub(t).Seconds())
-		}
-	}
+	p.observeProgrammed(up.TriggerTimes)
 	p.log.Debug("synced", zap.String("mode", p.dp.Name()), zap.Bool("full", up.Full),
 		zap.Int("changed", len(up.Changed)), zap.Duration("elapsed", elapsed))
 	select {
@@ -239,6 +243,18 @@ func (p *Proxier) syncOnce(full bool) bool {
 		p.log.Info("first sync done", zap.Int("servicePorts", len(up.State.Services)), zap.Duration("elapsed", elapsed))
 	}
 	return true
+}
+
+// observeProgrammed observes the network programming latency of changes
+// triggered at times, now programmed.
+func (p *Proxier) observeProgrammed(times []time.Time) {
+	now := p.now()
+	for _, t := range times {
+		// Changes older than the agent are the initial state, not latency.
+		if t.After(p.started) {
+			p.fam.NetworkProgrammingDuration.Observe(now.Sub(t).Seconds())
+		}
+	}
 }
 
 func (p *Proxier) updateNoLocal(up model.Update) {

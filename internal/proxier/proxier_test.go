@@ -187,6 +187,99 @@ func TestLatencyIsObservedOnlyForChangesAfterStart(t *testing.T) {
 	}
 }
 
+// TestLatencyOfASliceThatCameBeforeItsService checks the case the watches'
+// order makes common for a new Service: its EndpointSlice, with a trigger
+// time, comes before the Service. The change is observed once, when the
+// Service, and so the slice's endpoints, are programmed.
+func TestLatencyOfASliceThatCameBeforeItsService(t *testing.T) {
+	l := start(t, Config{SyncPeriod: time.Hour})
+	l.tr.SetServicesSynced()
+	l.tr.SetEndpointSlicesSynced()
+	l.waitSync(t)
+	sp, es := service("a", "10.0.0.1")
+	es.TriggerTime = time.Now()
+	l.tr.UpdateEndpointSlice(es)
+	// Nothing to program yet: the loop takes the change without a sync.
+	if err := pollUntil(10*time.Second, func() bool { _, eps := l.tr.Pending(); return eps == 0 }); err != nil {
+		t.Fatalf("the slice's change was not taken: %v", err)
+	}
+	l.noSync(t, 100*time.Millisecond)
+	if c := histogramCount(t, l.m, "kubeproxy_network_programming_duration_seconds"); c != 0 {
+		t.Errorf("%d latency observations before the Service came, want 0", c)
+	}
+	time.Sleep(20 * time.Millisecond)
+	l.tr.UpdateService(sp[0].Name.ServiceName, sp)
+	up := l.waitSync(t)
+	if _, ok := up.Changed[sp[0].Name]; !ok {
+		t.Fatalf("the sync after the Service came changed %v, not the Service", up.Changed)
+	}
+	if c := histogramCount(t, l.m, "kubeproxy_network_programming_duration_seconds"); c != 1 {
+		t.Fatalf("%d latency observations once the Service is programmed, want 1", c)
+	}
+	if sum := histogramSum(t, l.m, "kubeproxy_network_programming_duration_seconds"); sum < 0.02 {
+		t.Errorf("observed %.3fs, want at least the 20ms the Service came after the slice's trigger time", sum)
+	}
+}
+
+// TestLatencyOfAFailedSyncIsObservedByItsRetry checks that a change whose
+// sync failed is observed when the retry programs it, counting from its
+// trigger time.
+func TestLatencyOfAFailedSyncIsObservedByItsRetry(t *testing.T) {
+	l := start(t, Config{SyncPeriod: time.Hour})
+	sp, es := service("a", "10.0.0.1")
+	l.tr.UpdateService(sp[0].Name.ServiceName, sp)
+	l.tr.UpdateEndpointSlice(es)
+	l.tr.SetServicesSynced()
+	l.tr.SetEndpointSlicesSynced()
+	l.waitSync(t)
+	l.dp.mu.Lock()
+	l.dp.fail = 1
+	l.dp.mu.Unlock()
+	es2 := *es
+	es2.TriggerTime = time.Now()
+	es2.Endpoints = append(es2.Endpoints, model.Endpoint{Addr: netip.MustParseAddr("10.0.0.9"), Ready: true, Serving: true})
+	l.tr.UpdateEndpointSlice(&es2)
+	l.waitSync(t) // fails
+	if c := histogramCount(t, l.m, "kubeproxy_network_programming_duration_seconds"); c != 0 {
+		t.Errorf("%d latency observations after the failed sync, want 0: nothing was programmed", c)
+	}
+	if up := l.waitSync(t); !up.Full {
+		t.Fatal("the retry was not a full sync")
+	}
+	if c := histogramCount(t, l.m, "kubeproxy_network_programming_duration_seconds"); c != 1 {
+		t.Errorf("%d latency observations after the retry programmed the change, want 1", c)
+	}
+}
+
+// pollUntil calls cond until it holds or d has passed.
+func pollUntil(d time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return errors.New("timed out")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return nil
+}
+
+func histogramSum(t *testing.T, m *metrics.Metrics, name string) float64 {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, s := range mf.GetMetric() {
+				sum += s.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return sum
+}
+
 func TestPeriodicFullSync(t *testing.T) {
 	l := start(t, Config{SyncPeriod: 100 * time.Millisecond})
 	l.tr.SetServicesSynced()

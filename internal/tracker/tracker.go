@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
@@ -46,6 +47,13 @@ type Tracker struct {
 	// local are the node's interface addresses, which --nodeport-addresses
 	// selects among.
 	local []netip.Addr
+	// waiting holds the trigger time of each slice that changed while its
+	// Service had no ports: nothing of the change is programmed until the
+	// Service comes (the two arrive through different watches, so the
+	// slice may come first). The earliest time per slice is kept, and
+	// given to the update that programs the Service; a slice deleted
+	// meanwhile takes its time with it. Allocated when first needed.
+	waiting map[model.ServiceName]map[string]time.Time
 }
 
 // New returns a tracker for the node named nodeName. nodePorts is
@@ -212,6 +220,10 @@ func (t *Tracker) Apply() model.Update {
 			delete(t.services, name)
 		} else {
 			t.services[name] = ports
+			for _, at := range t.waiting[name] {
+				up.TriggerTimes = append(up.TriggerTimes, at)
+			}
+			delete(t.waiting, name)
 		}
 		dirty[name] = struct{}{}
 	}
@@ -222,10 +234,15 @@ func (t *Tracker) Apply() model.Update {
 			} else {
 				delete(t.slices, key.svc)
 			}
+			t.unwait(key)
 		} else {
 			t.slices[key.svc] = t.slices[key.svc].put(s)
-			if !s.TriggerTime.IsZero() {
+			switch {
+			case s.TriggerTime.IsZero():
+			case len(t.services[key.svc]) > 0:
 				up.TriggerTimes = append(up.TriggerTimes, s.TriggerTime)
+			default:
+				t.wait(key, s.TriggerTime)
 			}
 		}
 		dirty[key.svc] = struct{}{}
@@ -262,6 +279,34 @@ func (t *Tracker) Apply() model.Update {
 		}
 	}
 	return up
+}
+
+// wait keeps the trigger time at of the slice key, whose Service has no
+// ports yet, unless an earlier one is kept.
+func (t *Tracker) wait(key sliceKey, at time.Time) {
+	if t.waiting == nil {
+		t.waiting = map[model.ServiceName]map[string]time.Time{}
+	}
+	bySlice := t.waiting[key.svc]
+	if bySlice == nil {
+		bySlice = map[string]time.Time{}
+		t.waiting[key.svc] = bySlice
+	}
+	if old, ok := bySlice[key.name]; !ok || at.Before(old) {
+		bySlice[key.name] = at
+	}
+}
+
+// unwait forgets the trigger time kept for the deleted slice key.
+func (t *Tracker) unwait(key sliceKey) {
+	bySlice := t.waiting[key.svc]
+	if bySlice == nil {
+		return
+	}
+	delete(bySlice, key.name)
+	if len(bySlice) == 0 {
+		delete(t.waiting, key.svc)
+	}
 }
 
 func sameNode(a, b *model.Node) bool {

@@ -1,9 +1,11 @@
 package tracker_test
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -199,5 +201,54 @@ func TestUnusableSliceIsIgnored(t *testing.T) {
 	h.tr.UpdateEndpointSlice(nil)
 	if up := h.tr.Apply(); len(up.Changed) != 0 {
 		t.Errorf("a nil slice changed %v", up.Changed)
+	}
+}
+
+// TestTriggerTimeOfASliceBeforeItsServiceWaitsForTheService checks that an
+// EndpointSlice's trigger time goes with the update that programs its
+// Service: the Service and its slices come through different watches, so a
+// new Service's slice may come first, when nothing of it can be programmed.
+func TestTriggerTimeOfASliceBeforeItsServiceWaitsForTheService(t *testing.T) {
+	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
+	sp := builders.ModelServicePort("ns", "a", model.TCP, netip.MustParseAddr("10.96.0.1"), 80)
+	name := sp.Name.ServiceName
+	t0 := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	slice := func(n string, at time.Time, ips ...string) *model.EndpointSlice {
+		es := &model.EndpointSlice{Service: name, Name: n, TriggerTime: at, Ports: []model.EndpointPort{{Port: 8080, Protocol: model.TCP}}}
+		for _, ip := range ips {
+			es.Endpoints = append(es.Endpoints, builders.ModelEndpoint(netip.AddrPortFrom(netip.MustParseAddr(ip), 0), "node-b"))
+		}
+		return es
+	}
+
+	tr.UpdateEndpointSlice(slice("a-1", t0.Add(time.Second), "10.0.0.1"))
+	tr.UpdateEndpointSlice(slice("a-gone", t0, "10.0.0.3"))
+	if up := tr.Apply(); len(up.TriggerTimes) != 0 || len(up.Changed) != 0 {
+		t.Fatalf("slices without their Service: trigger times %v, changed %v; want none until the Service comes", up.TriggerTimes, up.Changed)
+	}
+	// A later change of the same slice keeps the earlier time: the first
+	// change has not been programmed either. A slice deleted before the
+	// Service came takes its time with it.
+	tr.UpdateEndpointSlice(slice("a-1", t0.Add(2*time.Second), "10.0.0.1", "10.0.0.2"))
+	tr.DeleteEndpointSlice(name, "a-gone")
+	if up := tr.Apply(); len(up.TriggerTimes) != 0 {
+		t.Fatalf("trigger times %v before the Service came", up.TriggerTimes)
+	}
+
+	tr.UpdateService(name, []*model.ServicePort{sp})
+	up := tr.Apply()
+	if want := []time.Time{t0.Add(time.Second)}; !slices.Equal(up.TriggerTimes, want) {
+		t.Errorf("the update programming the Service carries trigger times %v, want %v (a-1's first change)", up.TriggerTimes, want)
+	}
+	if _, ok := up.Changed[sp.Name]; !ok {
+		t.Errorf("the Service's port is not in the update: %v", up.Changed)
+	}
+	if up := tr.Apply(); len(up.TriggerTimes) != 0 {
+		t.Errorf("trigger times %v given twice", up.TriggerTimes)
+	}
+	// Once the Service is known, each slice change carries its own time.
+	tr.UpdateEndpointSlice(slice("a-1", t0.Add(3*time.Second), "10.0.0.2"))
+	if up := tr.Apply(); !slices.Equal(up.TriggerTimes, []time.Time{t0.Add(3 * time.Second)}) {
+		t.Errorf("a change of a known Service's slice carries %v, want its own trigger time", up.TriggerTimes)
 	}
 }
