@@ -110,6 +110,17 @@ func (l *loop) noSync(t *testing.T, d time.Duration) {
 	}
 }
 
+// firstSync gives the loop one Service and its slice as the initial state
+// and waits for the first sync.
+func (l *loop) firstSync(t *testing.T, sp []*model.ServicePort, es *model.EndpointSlice) {
+	t.Helper()
+	l.tr.UpdateService(sp[0].Name.ServiceName, sp)
+	l.tr.UpdateEndpointSlice(es)
+	l.tr.SetServicesSynced()
+	l.tr.SetEndpointSlicesSynced()
+	l.waitSync(t)
+}
+
 func TestNothingIsProgrammedBeforeBothSourcesSynced(t *testing.T) {
 	l := start(t, Config{SyncPeriod: time.Hour})
 	sp, es := service("a", "10.0.0.1")
@@ -166,11 +177,7 @@ func TestLatencyIsObservedOnlyForChangesAfterStart(t *testing.T) {
 	l := start(t, Config{SyncPeriod: time.Hour})
 	sp, es := service("a", "10.0.0.1")
 	es.TriggerTime = time.Now().Add(-time.Hour) // initial state, older than the agent
-	l.tr.UpdateService(sp[0].Name.ServiceName, sp)
-	l.tr.UpdateEndpointSlice(es)
-	l.tr.SetServicesSynced()
-	l.tr.SetEndpointSlicesSynced()
-	l.waitSync(t)
+	l.firstSync(t, sp, es)
 	count := func() uint64 {
 		return histogramCount(t, l.m, "kubeproxy_network_programming_duration_seconds")
 	}
@@ -227,11 +234,7 @@ func TestLatencyOfASliceThatCameBeforeItsService(t *testing.T) {
 func TestLatencyOfAFailedSyncIsObservedByItsRetry(t *testing.T) {
 	l := start(t, Config{SyncPeriod: time.Hour})
 	sp, es := service("a", "10.0.0.1")
-	l.tr.UpdateService(sp[0].Name.ServiceName, sp)
-	l.tr.UpdateEndpointSlice(es)
-	l.tr.SetServicesSynced()
-	l.tr.SetEndpointSlicesSynced()
-	l.waitSync(t)
+	l.firstSync(t, sp, es)
 	l.dp.mu.Lock()
 	l.dp.fail = 1
 	l.dp.mu.Unlock()
