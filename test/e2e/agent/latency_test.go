@@ -30,7 +30,8 @@ const programmingMetric = "kubeproxy_network_programming_duration_seconds"
 // agent reports: kubeproxy_network_programming_duration_seconds observes
 // each EndpointSlice that carries the EndpointSlice controller's
 // endpoints.kubernetes.io/last-change-trigger-time annotation, counting
-// from that time, and only those.
+// from that time, and only those; a slice created before its Service is
+// observed once the Service is programmed.
 func TestNewServicesAreProgrammedAndTheirLatencyObserved(t *testing.T) {
 	c := cluster.StartT(t, cluster.Options{})
 	tb := testbed.New(t, c, oneNode())
@@ -56,6 +57,9 @@ func TestNewServicesAreProgrammedAndTheirLatencyObserved(t *testing.T) {
 		trigger func(now time.Time) time.Time
 		// want is whether the slice is observed.
 		want bool
+		// sliceFirst creates the EndpointSlice before its Service, an
+		// order the agent's two watches may also deliver the other way.
+		sliceFirst bool
 	}{
 		{name: "without the trigger-time annotation: not observed"},
 		{name: "triggered before the agent started: not observed",
@@ -64,6 +68,8 @@ func TestNewServicesAreProgrammedAndTheirLatencyObserved(t *testing.T) {
 			trigger: func(now time.Time) time.Time { return now }, want: true},
 		{name: "triggered just after the agent's first sync: observed from then",
 			trigger: func(time.Time) time.Time { return firstSync.Add(time.Millisecond) }, want: true},
+		{name: "slice created before its Service: observed once the Service is programmed",
+			trigger: func(now time.Time) time.Time { return now }, want: true, sliceFirst: true},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -87,11 +93,21 @@ func TestNewServicesAreProgrammedAndTheirLatencyObserved(t *testing.T) {
 				trigger = tt.trigger(start)
 				annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: trigger.UTC().Format(time.RFC3339Nano)}
 			}
+			createSlice := func() {
+				if _, err := cs.DiscoveryV1().EndpointSlices(namespace).Create(ctx, slice(name, annotations, a1), metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tt.sliceFirst {
+				createSlice()
+				// Long enough for the agent to take the slice alone.
+				time.Sleep(100 * time.Millisecond)
+			}
 			if err := createService(ctx, cs, name, vip.Addr()); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := cs.DiscoveryV1().EndpointSlices(namespace).Create(ctx, slice(name, annotations, a1), metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
+			if !tt.sliceFirst {
+				createSlice()
 			}
 			res, err := w.Result(ctx)
 			if err != nil {
