@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
@@ -103,9 +104,10 @@ type sliceID struct {
 
 // FuzzTrackerSequence applies a sequence of Service, EndpointSlice and
 // Node changes one by one (with an Apply after most) and checks that every
-// ServicePort whose Service changed is in the update's change set, and
-// that the final State is the one a fresh tracker builds from the final
-// objects in one full sync.
+// ServicePort whose Service changed is in the update's change set, that
+// each update carries the trigger times triggerModel says, and that the
+// final State is the one a fresh tracker builds from the final objects in
+// one full sync.
 func FuzzTrackerSequence(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{0, 0, 1, 0, 2, 0, 0, 0, 1, 1, 2, 0x10, 1, 0, 0x21, 0, 0, 2, 0, 0, 1, 0, 0, 3, 0, 1, 1})
@@ -120,6 +122,7 @@ func FuzzTrackerSequence(f *testing.F) {
 		sls := map[sliceID]*model.EndpointSlice{}
 		var node *model.Node
 		prev := map[model.ServicePortName]*model.Service{}
+		triggers := newTriggerModel()
 		for step := 0; len(o.b) > 0 && step < 64; step++ {
 			c := o.next()
 			svc := fuzzServices[int(c>>3)%len(fuzzServices)]
@@ -133,12 +136,15 @@ func FuzzTrackerSequence(f *testing.F) {
 				delete(services, svc)
 			case 2:
 				s := o.slice(svc, o.pick("s1", "s2"))
+				s.TriggerTime = fuzzEpoch.Add(time.Duration(step) * time.Second)
 				tr.UpdateEndpointSlice(s)
 				sls[sliceID{s.Service, s.Name}] = s
+				triggers.update(sliceID{s.Service, s.Name}, s.TriggerTime)
 			case 3:
 				id := sliceID{svc, o.pick("s1", "s2")}
 				tr.DeleteEndpointSlice(id.svc, id.name)
 				delete(sls, id)
+				triggers.delete(id)
 			case 4:
 				node = &model.Node{Name: "node-a", Zone: o.pick("zone-a", "zone-b", "")}
 				tr.UpdateNode(*node)
@@ -148,9 +154,12 @@ func FuzzTrackerSequence(f *testing.F) {
 			}
 			up := tr.Apply()
 			checkChanged(t, prev, up)
+			triggers.check(t, services, up)
 			prev = maps(up.State.Services)
 		}
-		got := tr.Apply().State
+		last := tr.Apply()
+		triggers.check(t, services, last)
+		got := last.State
 
 		fresh := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 		for name, ports := range services {
@@ -173,6 +182,68 @@ func FuzzTrackerSequence(f *testing.F) {
 			t.Errorf("state after the changes one by one differs from the final objects at once: %s", d)
 		}
 	})
+}
+
+var fuzzEpoch = time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+
+// triggerModel is what the tracker must do with the slices' trigger times:
+// every change of a slice is observed once, by the first update whose
+// State holds its Service; a change made while the Service has no ports
+// waits for it, the earliest per slice; the changes of a slice deleted
+// before they were observed are not.
+type triggerModel struct {
+	pending map[sliceID][]time.Time // changes since the last Apply
+	deleted map[sliceID]bool        // deleted last, since the last Apply
+	waiting map[sliceID]time.Time
+}
+
+func newTriggerModel() *triggerModel {
+	return &triggerModel{pending: map[sliceID][]time.Time{}, deleted: map[sliceID]bool{}, waiting: map[sliceID]time.Time{}}
+}
+
+func (m *triggerModel) update(id sliceID, at time.Time) {
+	delete(m.deleted, id)
+	m.pending[id] = append(m.pending[id], at)
+}
+
+func (m *triggerModel) delete(id sliceID) {
+	delete(m.pending, id)
+	m.deleted[id] = true
+}
+
+// check compares up's trigger times with the model's after an Apply, given
+// the Services then.
+func (m *triggerModel) check(t *testing.T, services map[model.ServiceName][]*model.ServicePort, up model.Update) {
+	t.Helper()
+	var want []time.Time
+	for id, at := range m.waiting {
+		if len(services[id.svc]) > 0 {
+			want = append(want, at)
+			delete(m.waiting, id)
+		}
+	}
+	for id := range m.deleted {
+		delete(m.waiting, id)
+	}
+	for id, times := range m.pending {
+		if len(services[id.svc]) > 0 {
+			want = append(want, times...)
+			continue
+		}
+		for _, at := range times {
+			if w, ok := m.waiting[id]; !ok || at.Before(w) {
+				m.waiting[id] = at
+			}
+		}
+	}
+	clear(m.pending)
+	clear(m.deleted)
+	got := slices.Clone(up.TriggerTimes)
+	slices.SortFunc(got, time.Time.Compare)
+	slices.SortFunc(want, time.Time.Compare)
+	if !slices.Equal(got, want) {
+		t.Errorf("trigger times %v, want %v", got, want)
+	}
 }
 
 func maps(m map[model.ServicePortName]*model.Service) map[model.ServicePortName]*model.Service {

@@ -31,6 +31,11 @@ type Tracker struct {
 	mu              sync.Mutex
 	pendingServices map[model.ServiceName][]*model.ServicePort // nil value: deleted
 	pendingSlices   map[sliceKey]*model.EndpointSlice          // nil value: deleted
+	// pendingTriggers are the trigger times of pending slice changes that
+	// a later change of the same slice replaced before an Apply: each
+	// change is observed, as upstream does, not only the last of a batch.
+	// Nil while there are none.
+	pendingTriggers map[sliceKey][]time.Time
 	pendingNode     *model.Node
 	pendingLocal    []netip.Addr // nil: unchanged
 	servicesSynced  bool
@@ -118,8 +123,15 @@ func (t *Tracker) UpdateEndpointSlice(s *model.EndpointSlice) {
 	if s == nil {
 		return
 	}
+	key := sliceKey{s.Service, s.Name}
 	t.mu.Lock()
-	t.pendingSlices[sliceKey{s.Service, s.Name}] = s
+	if prev := t.pendingSlices[key]; prev != nil && !prev.TriggerTime.IsZero() && !prev.TriggerTime.Equal(s.TriggerTime) {
+		if t.pendingTriggers == nil {
+			t.pendingTriggers = map[sliceKey][]time.Time{}
+		}
+		t.pendingTriggers[key] = append(t.pendingTriggers[key], prev.TriggerTime)
+	}
+	t.pendingSlices[key] = s
 	t.endpointChanges++
 	t.mu.Unlock()
 	t.wake()
@@ -129,6 +141,8 @@ func (t *Tracker) UpdateEndpointSlice(s *model.EndpointSlice) {
 func (t *Tracker) DeleteEndpointSlice(svc model.ServiceName, name string) {
 	t.mu.Lock()
 	t.pendingSlices[sliceKey{svc, name}] = nil
+	// Changes of a slice deleted before they were programmed are not.
+	delete(t.pendingTriggers, sliceKey{svc, name})
 	t.endpointChanges++
 	t.mu.Unlock()
 	t.wake()
@@ -195,8 +209,10 @@ func (t *Tracker) Pending() (services, endpoints int) {
 func (t *Tracker) Apply() model.Update {
 	t.mu.Lock()
 	pendingServices, pendingSlices, pendingNode, pendingLocal := t.pendingServices, t.pendingSlices, t.pendingNode, t.pendingLocal
+	superseded := t.pendingTriggers
 	t.pendingServices = map[model.ServiceName][]*model.ServicePort{}
 	t.pendingSlices = map[sliceKey]*model.EndpointSlice{}
+	t.pendingTriggers = nil
 	t.pendingNode = nil
 	t.pendingLocal = nil
 	up := model.Update{
@@ -237,12 +253,16 @@ func (t *Tracker) Apply() model.Update {
 			t.unwait(key)
 		} else {
 			t.slices[key.svc] = t.slices[key.svc].put(s)
-			switch {
-			case s.TriggerTime.IsZero():
-			case len(t.services[key.svc]) > 0:
-				up.TriggerTimes = append(up.TriggerTimes, s.TriggerTime)
-			default:
-				t.wait(key, s.TriggerTime)
+			times := superseded[key]
+			if !s.TriggerTime.IsZero() {
+				times = append(times, s.TriggerTime)
+			}
+			if len(t.services[key.svc]) > 0 {
+				up.TriggerTimes = append(up.TriggerTimes, times...)
+			} else {
+				for _, at := range times {
+					t.wait(key, at)
+				}
 			}
 		}
 		dirty[key.svc] = struct{}{}

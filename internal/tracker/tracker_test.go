@@ -252,3 +252,35 @@ func TestTriggerTimeOfASliceBeforeItsServiceWaitsForTheService(t *testing.T) {
 		t.Errorf("a change of a known Service's slice carries %v, want its own trigger time", up.TriggerTimes)
 	}
 }
+
+// TestEveryChangeOfABatchIsObserved checks that a slice changed twice
+// between two syncs (a busy Service, or --min-sync-period batching) gives
+// both changes' trigger times, as upstream observes each: the first is the
+// one that waited longest. Changes of a slice deleted before the sync are
+// not observed: nothing of them is programmed.
+func TestEveryChangeOfABatchIsObserved(t *testing.T) {
+	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
+	sp := builders.ModelServicePort("ns", "a", model.TCP, netip.MustParseAddr("10.96.0.1"), 80)
+	name := sp.Name.ServiceName
+	t0 := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	slice := func(n string, at time.Time, ip string) *model.EndpointSlice {
+		return &model.EndpointSlice{Service: name, Name: n, TriggerTime: at,
+			Ports:     []model.EndpointPort{{Port: 8080, Protocol: model.TCP}},
+			Endpoints: []model.Endpoint{builders.ModelEndpoint(netip.AddrPortFrom(netip.MustParseAddr(ip), 0), "node-b")}}
+	}
+	tr.UpdateService(name, []*model.ServicePort{sp})
+	tr.Apply()
+
+	tr.UpdateEndpointSlice(slice("a-1", t0, "10.0.0.1"))
+	tr.UpdateEndpointSlice(slice("a-1", t0.Add(time.Second), "10.0.0.2"))
+	tr.UpdateEndpointSlice(slice("a-gone", t0, "10.0.0.3"))
+	tr.UpdateEndpointSlice(slice("a-gone", t0.Add(time.Second), "10.0.0.4"))
+	tr.DeleteEndpointSlice(name, "a-gone")
+	up := tr.Apply()
+	if want := []time.Time{t0, t0.Add(time.Second)}; !slices.Equal(up.TriggerTimes, want) {
+		t.Errorf("two changes of a-1 in one batch give trigger times %v, want %v", up.TriggerTimes, want)
+	}
+	if up := tr.Apply(); len(up.TriggerTimes) != 0 {
+		t.Errorf("trigger times %v given twice", up.TriggerTimes)
+	}
+}
