@@ -204,22 +204,31 @@ func TestUnusableSliceIsIgnored(t *testing.T) {
 	}
 }
 
-// TestTriggerTimeOfASliceBeforeItsServiceWaitsForTheService checks that an
-// EndpointSlice's trigger time goes with the update that programs its
-// Service: the Service and its slices come through different watches, so a
-// new Service's slice may come first, when nothing of it can be programmed.
-func TestTriggerTimeOfASliceBeforeItsServiceWaitsForTheService(t *testing.T) {
+// t0 is the trigger-time tests' first trigger time.
+var t0 = time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+
+// triggerFixture returns a tracker, a ServicePort it does not know yet,
+// and a maker of slices of its Service, with a name, a trigger time and
+// endpoints on node-b.
+func triggerFixture() (*tracker.Tracker, *model.ServicePort, func(name string, at time.Time, ips ...string) *model.EndpointSlice) {
 	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
 	sp := builders.ModelServicePort("ns", "a", model.TCP, netip.MustParseAddr("10.96.0.1"), 80)
-	name := sp.Name.ServiceName
-	t0 := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
-	slice := func(n string, at time.Time, ips ...string) *model.EndpointSlice {
-		es := &model.EndpointSlice{Service: name, Name: n, TriggerTime: at, Ports: []model.EndpointPort{{Port: 8080, Protocol: model.TCP}}}
+	return tr, sp, func(name string, at time.Time, ips ...string) *model.EndpointSlice {
+		es := &model.EndpointSlice{Service: sp.Name.ServiceName, Name: name, TriggerTime: at, Ports: []model.EndpointPort{{Port: 8080, Protocol: model.TCP}}}
 		for _, ip := range ips {
 			es.Endpoints = append(es.Endpoints, builders.ModelEndpoint(netip.AddrPortFrom(netip.MustParseAddr(ip), 0), "node-b"))
 		}
 		return es
 	}
+}
+
+// TestTriggerTimeOfASliceBeforeItsServiceWaitsForTheService checks that an
+// EndpointSlice's trigger time goes with the update that programs its
+// Service: the Service and its slices come through different watches, so a
+// new Service's slice may come first, when nothing of it can be programmed.
+func TestTriggerTimeOfASliceBeforeItsServiceWaitsForTheService(t *testing.T) {
+	tr, sp, slice := triggerFixture()
+	name := sp.Name.ServiceName
 
 	tr.UpdateEndpointSlice(slice("a-1", t0.Add(time.Second), "10.0.0.1"))
 	tr.UpdateEndpointSlice(slice("a-gone", t0, "10.0.0.3"))
@@ -259,15 +268,8 @@ func TestTriggerTimeOfASliceBeforeItsServiceWaitsForTheService(t *testing.T) {
 // one that waited longest. Changes of a slice deleted before the sync are
 // not observed: nothing of them is programmed.
 func TestEveryChangeOfABatchIsObserved(t *testing.T) {
-	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
-	sp := builders.ModelServicePort("ns", "a", model.TCP, netip.MustParseAddr("10.96.0.1"), 80)
+	tr, sp, slice := triggerFixture()
 	name := sp.Name.ServiceName
-	t0 := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
-	slice := func(n string, at time.Time, ip string) *model.EndpointSlice {
-		return &model.EndpointSlice{Service: name, Name: n, TriggerTime: at,
-			Ports:     []model.EndpointPort{{Port: 8080, Protocol: model.TCP}},
-			Endpoints: []model.Endpoint{builders.ModelEndpoint(netip.AddrPortFrom(netip.MustParseAddr(ip), 0), "node-b")}}
-	}
 	tr.UpdateService(name, []*model.ServicePort{sp})
 	tr.Apply()
 
