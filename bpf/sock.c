@@ -458,6 +458,24 @@ static __always_inline void sock_record_revnat(struct bpf_sock_addr *ctx, bool v
 		lb_count(LB_M_REVNAT_UPDATE_ERR);
 }
 
+/* sock_forget_revnat drops the reverse entry the socket of ctx holds for
+ * ip:port, of an earlier connect through a frontend to that backend: a UDP
+ * socket connected again, now straight to the backend, must see it as
+ * itself, as with kube-proxy, where nothing of the earlier connect
+ * outlives it. */
+static __always_inline void sock_forget_revnat(struct bpf_sock_addr *ctx, bool v6,
+					       const union sock_ip *ip, __be16 port)
+{
+	void *map = v6 ? (void *)&sock6_revnat_v1 : (void *)&sock4_revnat_v1;
+	union sock_cookie_key rkey;
+
+	sock_cookie_key_init(&rkey, v6, bpf_get_socket_cookie(ctx), ip, port);
+	/* Look first: a delete takes the bucket's lock even when it finds
+	 * nothing, and most sockets have no entry. */
+	if (bpf_map_lookup_elem(map, &rkey))
+		bpf_map_delete_elem(map, &rkey);
+}
+
 /* sock_udp_backend keeps the datagrams an unconnected UDP socket sends to
  * a frontend on one backend, as long as the ServicePort may choose it: what
  * a conntrack entry does for a flow in kube-proxy. */
@@ -540,10 +558,14 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, bool sendms
 	svc = lb_lookup_service(&key, v6, LB_SCOPE_INT);
 	if (!svc) {
 		/* A UDP socket may have been sent through a LoadBalancer IP
-		 * with source ranges before; this destination is not. A TCP
+		 * with source ranges before, or connected through a frontend
+		 * to this very address; this destination is neither. A TCP
 		 * socket connects once. */
-		if (proto == IPPROTO_UDP)
+		if (proto == IPPROTO_UDP) {
 			sock_range_tag_set(ctx, sendmsg, ctx6, v6, 0, &ip, ctx_port(ctx));
+			if (!sendmsg)
+				sock_forget_revnat(ctx, v6, &ip, ctx_port(ctx));
+		}
 		return SYS_PROCEED;
 	}
 	if (svc->flags & SVC_F_DROP) {

@@ -74,7 +74,8 @@ type probeRequest struct {
 	// Server is the answer a wait probe waits for; empty means any.
 	Server string `json:"server,omitempty"`
 	// Addrs are the addresses a UDP stream probe connects to in turn, from
-	// Addr (which is Addrs[0]) on.
+	// Addr (which is Addrs[0]) on, or that a UDP probe's one socket is
+	// connected to in turn (Client.UDPReconnects).
 	Addrs []netip.AddrPort `json:"addrs,omitempty"`
 	// Where the probe must find itself; it refuses to send anything
 	// elsewhere.
@@ -127,7 +128,12 @@ func (r *probeRequest) validate() error {
 		return fmt.Errorf("%s duration %s is not in (0, %s]", r.Kind, r.MaxDuration, maxDuration)
 	}
 	switch r.Kind {
-	case kindTCP, kindUDP, kindHTTP, kindLoop, kindHold, kindWait, kindConnects:
+	case kindUDP:
+		if r.Addrs != nil {
+			return validateReconnects(r)
+		}
+		return nil
+	case kindTCP, kindHTTP, kindLoop, kindHold, kindWait, kindConnects:
 		return nil
 	case kindUDPStream:
 		return validateStreamAddrs(r.Addr, r.Addrs)
@@ -185,6 +191,10 @@ func probe(body string, stdin io.Reader, emit func(probeMessage) error) (json.Ra
 	case kindTCP:
 		out = Report[TCPResult]{Process: proc, Results: repeat(req.Count, func() TCPResult { return tcpAttemptFrom(req.Addr, req.LocalPort, req.Timeout) })}
 	case kindUDP:
+		if req.Addrs != nil {
+			out = Report[UDPResult]{Process: proc, Results: udpReconnects(req.Addrs, req.Timeout)}
+			break
+		}
 		if req.OneSocket {
 			out = Report[UDPResult]{Process: proc, Results: udpOneSocket(req.Addr, req.Count, req.Timeout)}
 			break

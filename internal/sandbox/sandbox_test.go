@@ -675,3 +675,29 @@ func TestUDPConnectsCallsConnectNTimes(t *testing.T) {
 		t.Errorf("1000 connects to a pod: %+v, want all of them, timed", res)
 	}
 }
+
+func TestUDPReconnectsMovesOneSocket(t *testing.T) {
+	sandbox.RequireRoot(t)
+	c := newCluster(t)
+	addrs := []netip.AddrPort{ap(podAIP, 8080), ap(podBIP, 8080), ap(podAIP, 8080)}
+	rep, err := c.client.UDPReconnects(t.Context(), addrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkProcess(t, c.sb, c.client, rep.Process)
+	if len(rep.Results) != len(addrs) {
+		t.Fatalf("%d results for %d addresses", len(rep.Results), len(addrs))
+	}
+	for i, r := range rep.Results {
+		want := map[netip.Addr]string{podAIP: "pod-a", podBIP: "pod-b"}[addrs[i].Addr()]
+		if r.Err != "" || r.Server != want || r.Peer != addrs[i] || r.From != addrs[i] {
+			t.Errorf("exchange %d, connected to %s: %+v, want an answer from %s, with that peer and source", i, addrs[i], r, want)
+		}
+		if r.Local != rep.Results[0].Local {
+			t.Errorf("exchange %d from %s, the first from %s: want one socket", i, r.Local, rep.Results[0].Local)
+		}
+	}
+	if _, err := c.client.UDPReconnects(t.Context(), []netip.AddrPort{ap(podAIP, 8080), netip.MustParseAddrPort("[fd00::1]:8080")}); err == nil {
+		t.Error("addresses of two families on one socket: no error")
+	}
+}

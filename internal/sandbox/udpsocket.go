@@ -2,8 +2,11 @@ package sandbox
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -108,4 +111,104 @@ func udpConnects(addr netip.AddrPort, n int) ConnectsResult {
 	}
 	res.Elapsed = time.Since(start)
 	return res
+}
+
+// UDPReconnects exchanges one datagram with each of addrs in turn on a
+// single UDP socket, connecting it to each first: a client that keeps its
+// socket and connect()s it elsewhere, to a ClusterIP and then straight to
+// a pod, say. Each result has the socket's getpeername() after its
+// exchange. The addresses must all be of one kind: IPv4, IPv6, or
+// IPv4-mapped (reached from an AF_INET6 socket).
+func (c *Client) UDPReconnects(ctx context.Context, addrs []netip.AddrPort) (Report[UDPResult], error) {
+	var rep Report[UDPResult]
+	if len(addrs) == 0 {
+		return rep, errors.New("udp reconnects: no address")
+	}
+	err := c.run(ctx, probeRequest{Kind: kindUDP, Addr: addrs[0], Addrs: addrs, Count: len(addrs), OneSocket: true, Connected: true}, &rep)
+	return rep, err
+}
+
+// validateReconnects checks a UDPReconnects request: its addresses, all of
+// the first one's kind, and one exchange each.
+func validateReconnects(r *probeRequest) error {
+	if err := validateStreamAddrs(r.Addr, r.Addrs); err != nil {
+		return err
+	}
+	kind := func(a netip.AddrPort) string { return network("udp", a) + fmt.Sprint(a.Addr().Is4In6()) }
+	for _, a := range r.Addrs {
+		if kind(a) != kind(r.Addrs[0]) {
+			return fmt.Errorf("udp reconnects: %s is not of the same family as %s", a, r.Addrs[0])
+		}
+	}
+	if r.Count != len(r.Addrs) {
+		return fmt.Errorf("udp reconnects: count %d, want one per address (%d)", r.Count, len(r.Addrs))
+	}
+	return nil
+}
+
+func udpReconnects(addrs []netip.AddrPort, timeout time.Duration) []UDPResult {
+	out := make([]UDPResult, len(addrs))
+	fail := func(from int, err error) []UDPResult {
+		for i := from; i < len(out); i++ {
+			out[i].Err = errName(err)
+		}
+		return out
+	}
+	var conn *net.UDPConn
+	var err error
+	if addrs[0].Addr().Is4In6() {
+		var c net.Conn
+		if c, err = mappedSocket(unix.SOCK_DGRAM, addrs[0], false, timeout); err == nil {
+			conn = c.(*net.UDPConn)
+		}
+	} else {
+		conn, err = net.ListenUDP(network("udp", addrs[0]), nil)
+	}
+	if err != nil {
+		return fail(0, err)
+	}
+	defer conn.Close()
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return fail(0, err)
+	}
+	buf := make([]byte, maxReply)
+	for i, addr := range addrs {
+		r := &out[i]
+		var sa unix.Sockaddr
+		if addr.Addr().Is6() {
+			sa = &unix.SockaddrInet6{Port: int(addr.Port()), Addr: addr.Addr().As16()}
+		} else {
+			sa = &unix.SockaddrInet4{Port: int(addr.Port()), Addr: addr.Addr().As4()}
+		}
+		var cerr error
+		if err := raw.Control(func(fd uintptr) { cerr = unix.Connect(int(fd), sa) }); err != nil {
+			cerr = err
+		}
+		if cerr != nil {
+			r.Err = errName(os.NewSyscallError("connect", cerr))
+			continue
+		}
+		_ = conn.SetDeadline(time.Now().Add(timeout))
+		start := time.Now()
+		if _, err := conn.Write([]byte("ping\n")); err != nil {
+			r.Err = errName(err)
+			continue
+		}
+		n, from, err := conn.ReadFromUDPAddrPort(buf)
+		r.Elapsed = time.Since(start)
+		if err != nil {
+			r.Err = errName(err)
+			continue
+		}
+		r.From = from
+		if r.Local, r.Peer, err = sockNames(conn); err != nil {
+			r.Err = errName(err)
+			continue
+		}
+		if r.Server, r.ClientSeen, err = parseReply(string(buf[:n])); err != nil {
+			r.Err = err.Error()
+		}
+	}
+	return out
 }

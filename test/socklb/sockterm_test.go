@@ -37,7 +37,7 @@ func writeDualStackManifestsWebPort(t *testing.T, dir string, webPort uint16, po
 	web := builders.Service("default", "web", builders.ClusterIP(webVIP.Addr().String()), builders.DualStack(web6VIP.Addr().String()),
 		builders.Ports(builders.Port("http", int32(webPort), v1.ProtocolTCP, intstr.FromInt32(tcpPort))))
 	dns := builders.Service("default", "dns", builders.ClusterIP(dnsVIP.Addr().String()), builders.DualStack(dns6VIP.Addr().String()),
-		builders.Ports(builders.Port("dns", 53, v1.ProtocolUDP, intstr.FromInt32(5353))))
+		builders.Ports(builders.Port("dns", 53, v1.ProtocolUDP, intstr.FromInt32(udpPort))))
 	var objs []runtime.Object
 	for _, svc := range []*v1.Service{web, dns} {
 		slice4, slice6 := builders.SliceFor(svc, podEndpoints(pods)...), builders.SliceFor(svc, eps6...)
@@ -197,5 +197,42 @@ func testPeerStaysTheFrontendConnectedTo(t *testing.T, web netip.AddrPort) {
 	}
 	if peer != web {
 		t.Errorf("getpeername() of the connection made through %s says %s after the port was renumbered, want %s", web, peer, web)
+	}
+}
+
+// TestUDPSocketConnectedStraightToItsBackendSeesTheBackend: a UDP socket
+// that was connected to a ClusterIP, then is connected straight to the pod
+// behind it, talks to the pod as itself: getpeername() and the replies'
+// source are the pod's address, as with kube-proxy, where nothing of the
+// earlier connect outlives it. Connected to the ClusterIP again, it sees
+// the ClusterIP again.
+func TestUDPSocketConnectedStraightToItsBackendSeesTheBackend(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		dns     netip.AddrPort
+		backend func(*sandbox.Pod) netip.AddrPort
+	}{
+		{"IPv4", dnsVIP, func(p *sandbox.Pod) netip.AddrPort { return netip.AddrPortFrom(p.IP, udpPort) }},
+		{"IPv6", dns6VIP, func(p *sandbox.Pod) netip.AddrPort { return netip.AddrPortFrom(p.IP6, udpPort) }},
+		{"IPv4-mapped on AF_INET6 sockets", mapped(dnsVIP), func(p *sandbox.Pod) netip.AddrPort { return mapped(netip.AddrPortFrom(p.IP, udpPort)) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newSandbox(t, 1)
+			dir := t.TempDir()
+			writeDualStackManifests(t, dir, e.pods[0])
+			e.startAgent(t, dir)
+
+			steps := []netip.AddrPort{tt.dns, tt.backend(e.pods[0]), tt.dns}
+			rep, err := e.client.UDPReconnects(e.ctx(), steps)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, r := range rep.Results {
+				if r.Err != "" || r.Server != e.pods[0].Name || r.Peer != steps[i] || r.From != steps[i] {
+					t.Errorf("connected to %s (step %d of %v): %+v, want %s's answer with peer and source %s",
+						steps[i], i+1, steps, r, e.pods[0].Name, steps[i])
+				}
+			}
+		})
 	}
 }
