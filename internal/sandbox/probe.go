@@ -396,18 +396,7 @@ func udpAttempt(addr netip.AddrPort, connected bool, timeout time.Duration) UDPR
 	if connected {
 		r.Peer = peer
 	}
-	buf := make([]byte, maxReply)
-	n, from, err := conn.ReadFromUDPAddrPort(buf)
-	r.Elapsed = time.Since(start)
-	if err != nil {
-		r.Err = errName(err)
-		return r
-	}
-	r.From = from
-	r.Server, r.ClientSeen, err = parseReply(string(buf[:n]))
-	if err != nil {
-		r.Err = err.Error()
-	}
+	readReply(conn, make([]byte, maxReply), start, &r)
 	return r
 }
 

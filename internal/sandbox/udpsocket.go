@@ -51,18 +51,27 @@ func udpOneSocket(addr netip.AddrPort, n int, timeout time.Duration) []UDPResult
 			continue
 		}
 		r.Local, _, _ = sockNames(conn)
-		m, from, err := conn.ReadFromUDPAddrPort(buf)
-		r.Elapsed = time.Since(start)
-		if err != nil {
-			r.Err = errName(err)
-			continue
-		}
-		r.From = from
-		if r.Server, r.ClientSeen, err = parseReply(string(buf[:m])); err != nil {
-			r.Err = err.Error()
-		}
+		readReply(conn, buf, start, r)
 	}
 	return out
+}
+
+// readReply reads into r the reply to a datagram conn sent at start: its
+// source, the time it took and what the server reported. It reports
+// whether a reply came that the server could be read from.
+func readReply(conn *net.UDPConn, buf []byte, start time.Time, r *UDPResult) bool {
+	n, from, err := conn.ReadFromUDPAddrPort(buf)
+	r.Elapsed = time.Since(start)
+	if err != nil {
+		r.Err = errName(err)
+		return false
+	}
+	r.From = from
+	if r.Server, r.ClientSeen, err = parseReply(string(buf[:n])); err != nil {
+		r.Err = err.Error()
+		return false
+	}
+	return true
 }
 
 // ConnectsResult is what a UDPConnects probe did.
@@ -195,19 +204,12 @@ func udpReconnects(addrs []netip.AddrPort, timeout time.Duration) []UDPResult {
 			r.Err = errName(err)
 			continue
 		}
-		n, from, err := conn.ReadFromUDPAddrPort(buf)
-		r.Elapsed = time.Since(start)
-		if err != nil {
-			r.Err = errName(err)
+		if !readReply(conn, buf, start, r) {
 			continue
 		}
-		r.From = from
+		var err error
 		if r.Local, r.Peer, err = sockNames(conn); err != nil {
 			r.Err = errName(err)
-			continue
-		}
-		if r.Server, r.ClientSeen, err = parseReply(string(buf[:n])); err != nil {
-			r.Err = err.Error()
 		}
 	}
 	return out
