@@ -309,6 +309,11 @@ type Probe struct {
 	// its peer (getpeername), as a long-lived client would after the
 	// steps' changes.
 	Hold string
+	// Then, for a UDP probe, connects the probe's socket again, to Then,
+	// after its exchange with To, and exchanges again on it: one attempt,
+	// whose verdict is To's, " THEN ", and Then's
+	// (sandbox.Client.UDPReconnects).
+	Then *Dest
 }
 
 // String describes the probe for reports.
@@ -322,6 +327,9 @@ func (p Probe) String() string {
 	}
 	if p.Hold != "" {
 		s += " (held as " + p.Hold + ")"
+	}
+	if p.Then != nil {
+		s += ", then the same socket → " + p.Then.String()
 	}
 	return s
 }

@@ -260,6 +260,9 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (string, string, e
 	if err != nil {
 		return "", "", err
 	}
+	if p.Then != nil {
+		return w.observeReconnected(ctx, c, sc, dst, *p.Then)
+	}
 	t := newTally()
 	run := func(n int) error {
 		switch {
@@ -303,6 +306,26 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (string, string, e
 		mixed = fmt.Sprintf("%d attempt(s) to %s failed: %s", len(t.failed), dst, strings.Join(t.failed, "; "))
 	}
 	return t.verdict(p.Sticky), mixed, nil
+}
+
+// observeReconnected runs a UDP probe whose socket exchanges a datagram
+// with dst, is connected to then, and exchanges another (Probe.Then).
+func (w *world) observeReconnected(ctx context.Context, c *sandbox.Client, sc int, dst netip.AddrPort, then Dest) (string, string, error) {
+	next, err := w.dest(ctx, sc, then)
+	if err != nil {
+		return "", "", err
+	}
+	rep, err := c.UDPReconnects(ctx, []netip.AddrPort{dst, next})
+	if err != nil {
+		return "", "", err
+	}
+	if len(rep.Results) != 2 {
+		return "", "", fmt.Errorf("udp reconnects to %s, %s: %d results", dst, next, len(rep.Results))
+	}
+	first, second := newTally(), newTally()
+	first.addUDP(w, c, dst, rep.Results[0])
+	second.addUDP(w, c, next, rep.Results[1])
+	return first.verdict(false) + " THEN " + second.verdict(false), "", nil
 }
 
 // waitReachable polls dst from c until a server answers.

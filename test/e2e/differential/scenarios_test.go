@@ -89,6 +89,23 @@ var scenarios = withIPv6Twins([]Scenario{
 		}(),
 	},
 	{
+		// A UDP client that keeps its socket and connects it elsewhere:
+		// first through the ClusterIP, then straight to the pod it got,
+		// then through the ClusterIP again. With kube-proxy the direct
+		// datagrams are the pod's own (their conntrack entry is new), so
+		// the socket sees the pod.
+		Name: "clusterip: a UDP socket connected through the ClusterIP, then straight to its pod, sees the pod",
+		Steps: func() []Step {
+			svc := Svc{Name: "dns", Ports: []Port{port("udp", udp, 53, 8080)}}
+			slice := []Slice{{Name: "dns-1", Service: "dns", Ports: []SlicePort{sport("udp", udp, 8080)}, Eps: []Ep{ready("b1")}}}
+			direct, again := pod("b1", 8080), cip("dns", 53)
+			return []Step{{Name: "b1 behind the ClusterIP", Services: []Svc{svc}, Slices: slice, Probes: []Probe{
+				{From: clientA, To: cip("dns", 53), Proto: udp, Then: &direct},
+				{From: clientA, To: pod("b1", 8080), Proto: udp, Then: &again},
+			}}}
+		}(),
+	},
+	{
 		Name: "clusterip: no endpoints rejects TCP and UDP; endpoints appear and disappear",
 		Steps: func() []Step {
 			svc := Svc{Name: "dns", Ports: []Port{port("tcp", tcp, 53, 8080), port("udp", udp, 53, 8080)}}
