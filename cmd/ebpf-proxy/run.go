@@ -49,7 +49,7 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 		log.Info("--init-only: applying the connection tracking settings, then exiting", zap.String("proxyMode", mode))
 		return conntrack.Setup(conntrack.Node, o.Conntrack, mode != proxymode.EBPF, log)
 	}
-	log.Info("starting", zap.String("proxyMode", o.ProxyMode))
+	log.Info("starting", zap.String("proxyMode", o.ProxyMode), zap.String("setting", o.ProxyModeSetting))
 
 	client, watchClient, host, err := client(o)
 	if err != nil {
@@ -74,6 +74,7 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 		}
 	}()
 	m.SetProxyMode(dp.Mode, dp.Reason)
+	o.LogModeSetting(dp.Mode, dp.Reason, log)
 	o.NoteIgnored(dp.Mode, log)
 	if dp.Mode == proxymode.IPVS && o.IPVSStrictARP {
 		if err := ipvs.ApplyStrictARP(sysctl.Default, log); err != nil {
@@ -92,7 +93,7 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 	// proxier per family; one source feeds them all.
 	targets := make([]k8swatch.Target, len(dp.Families))
 	for i, f := range dp.Families {
-		targets[i] = k8swatch.Target{Family: v1.IPFamily(f.IPFamily), Tracker: tracker.New(nodeName, topology, o.NodePorts[f.IPFamily])}
+		targets[i] = k8swatch.Target{Family: v1.IPFamily(f.IPFamily), Tracker: tracker.New(nodeName, topology, o.NodePortsFor(dp.Mode, f.IPFamily))}
 	}
 	if err := startSource(ctx, o, watchClient, host, nodeName, targets, m, health, log); err != nil {
 		return err

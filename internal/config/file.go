@@ -23,6 +23,14 @@ import (
 // kube-proxy's defaults for what it leaves out, except --hostname-override
 // and -v, which win when given; ebpf-proxy's own flags are not in the file
 // and always apply.
+//
+// The file's mode is kube-proxy's choice, not ebpf-proxy's: kubeadm writes
+// "mode: iptables" into every ConfigMap it makes (since 1.37, where the
+// field was empty before), and the agent reading that ConfigMap must not
+// take it as a wish for its iptables fallback. So --proxy-mode is the
+// agent's own setting, never replaced by the file (KubeProxyMode keeps
+// what the file says, for the log and for the sections kube-proxy would
+// read by it).
 
 const (
 	configKind       = "KubeProxyConfiguration"
@@ -33,7 +41,7 @@ const (
 var configFlags = []string{
 	"kubeconfig", "kube-api-content-type", "kube-api-qps", "kube-api-burst", "feature-gates", "logging-format",
 	"bind-address", "healthz-bind-address", "metrics-bind-address", "bind-address-hard-fail", "profiling",
-	"show-hidden-metrics-for-version", "proxy-mode",
+	"show-hidden-metrics-for-version",
 	"iptables-masquerade-bit", "masquerade-all", "iptables-localhost-nodeports", "iptables-sync-period", "iptables-min-sync-period",
 	"ipvs-sync-period", "ipvs-min-sync-period", "ipvs-scheduler", "ipvs-exclude-cidrs", "ipvs-strict-arp",
 	"ipvs-tcp-timeout", "ipvs-tcpfin-timeout", "ipvs-udp-timeout",
@@ -122,7 +130,7 @@ func (o *Options) applyConfig(c *kubeproxy.KubeProxyConfiguration, set func(name
 	o.BindAddrHardFail = c.BindAddressHardFail
 	o.Profiling = c.EnableProfiling
 	o.ShowHiddenMetrics = c.ShowHiddenMetricsForVersion
-	o.ProxyMode = str(string(c.Mode), proxymode.Auto)
+	o.KubeProxyMode = string(c.Mode)
 
 	o.MasqueradeBit = d.MasqueradeBit
 	if c.IPTables.MasqueradeBit != nil {
@@ -212,7 +220,7 @@ func (o *Options) toConfig() *kubeproxy.KubeProxyConfiguration {
 	c.BindAddressHardFail = o.BindAddrHardFail
 	c.EnableProfiling = o.Profiling
 	c.ShowHiddenMetricsForVersion = o.ShowHiddenMetrics
-	c.Mode = kubeproxy.ProxyMode(o.ProxyMode)
+	c.Mode = kubeproxy.ProxyMode(o.KubeProxyMode)
 	bit, localhost := o.MasqueradeBit, o.LocalhostNodePorts
 	c.IPTables = kubeproxy.KubeProxyIPTablesConfiguration{
 		MasqueradeBit: &bit, MasqueradeAll: o.MasqueradeAll, LocalhostNodePorts: &localhost,
@@ -270,6 +278,10 @@ func (o *Options) WriteConfig(path string) error {
 // kube-proxy, the file replaces the kube-proxy flags that were not given
 // on the command line.
 func FinishFlags(o *Options, fs *pflag.FlagSet) (notes []string, err error) {
+	o.ProxyModeSetting = ProxyModeDefault
+	if fs.Changed("proxy-mode") {
+		o.ProxyModeSetting = ProxyModeFlag
+	}
 	if o.ConfigFile == "" {
 		return nil, nil
 	}

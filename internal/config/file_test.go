@@ -39,9 +39,11 @@ func writeFile(t *testing.T, body string) string {
 	return p
 }
 
-// kubeadm's ConfigMap, handed to ebpf-proxy as to kube-proxy, with the
+// kubeadm's ConfigMap (testdata: made by kubeadm's own code, make
+// kubeadm-proxy-config), handed to ebpf-proxy as to kube-proxy, with the
 // DaemonSet's --hostname-override: the file's values and kube-proxy's
-// defaults for what it leaves empty.
+// defaults for what it leaves empty. Its "mode: iptables" (kubeadm 1.37)
+// is kube-proxy's: the agent's mode stays its own, auto.
 func TestKubeadmConfigFileRunsUnchanged(t *testing.T) {
 	o, notes, err := load(t, "--config=testdata/kubeadm-kube-proxy.yaml", "--hostname-override=node-7")
 	if err != nil {
@@ -57,8 +59,11 @@ func TestKubeadmConfigFileRunsUnchanged(t *testing.T) {
 		{"kubeconfig", o.Kubeconfig, "/var/lib/kube-proxy/kubeconfig.conf"},
 		{"hostname (the flag wins)", o.HostnameOverride, "node-7"},
 		{"cluster CIDR", o.ClusterPrefixes["IPv4"].String(), "10.244.0.0/16"},
-		{"proxy mode (empty: auto)", o.ProxyMode, proxymode.Auto},
-		{"strict ARP", o.IPVSStrictARP, true},
+		{"the agent's proxy mode (its own default)", o.ProxyMode, proxymode.Auto},
+		{"what set it", o.ProxyModeSetting, ProxyModeDefault},
+		{"kube-proxy's mode, kept for the log", o.KubeProxyMode, "iptables"},
+		{"NodePorts on every address (unset, not nftables)", o.NodePortsFor(proxymode.EBPF, "IPv4").String(), "all"},
+		{"NodePorts in the nftables fallback: the primary IP, as kube-proxy's nftables mode", o.NodePortsFor(proxymode.NFTables, "IPv4").String(), "primary"},
 		{"healthz address", o.HealthzBindAddress, "0.0.0.0:10256"},
 		{"metrics address", o.MetricsBindAddress, "127.0.0.1:10249"},
 		{"API QPS", o.KubeAPIQPS, float32(5)},
@@ -81,7 +86,8 @@ func TestKubeadmConfigFileRunsUnchanged(t *testing.T) {
 }
 
 // As in kube-proxy, the file replaces the flags it covers, which are
-// named in a warning; ebpf-proxy's own flags still apply.
+// named in a warning; ebpf-proxy's own flags still apply, --proxy-mode
+// among them: the file's mode is kube-proxy's.
 func TestConfigFileReplacesKubeProxyFlags(t *testing.T) {
 	path := writeFile(t, `apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -104,8 +110,9 @@ logging:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.ProxyMode != proxymode.IPTables {
-		t.Errorf("mode %q: the file's iptables must win over --proxy-mode", o.ProxyMode)
+	if o.ProxyMode != proxymode.EBPF || o.ProxyModeSetting != ProxyModeFlag || o.KubeProxyMode != proxymode.IPTables {
+		t.Errorf("mode %q set by %q, kube-proxy's %q: want --proxy-mode's ebpf, the file's iptables as kube-proxy's only",
+			o.ProxyMode, o.ProxyModeSetting, o.KubeProxyMode)
 	}
 	if s, m := o.SyncPeriods(proxymode.IPTables); s != time.Minute || m != 2*time.Second {
 		t.Errorf("iptables sync periods %s/%s, want the file's 1m/2s", s, m)
@@ -125,15 +132,17 @@ logging:
 	if o.LBAlgorithm != "maglev" || o.BPFFSPath != "/x" {
 		t.Errorf("ebpf-proxy's own flags lost: lb %q bpffs %q", o.LBAlgorithm, o.BPFFSPath)
 	}
-	if len(notes) != 1 || !strings.Contains(notes[0], "--proxy-mode") || !strings.Contains(notes[0], "--iptables-min-sync-period") ||
+	if len(notes) != 1 || strings.Contains(notes[0], "--proxy-mode") || !strings.Contains(notes[0], "--iptables-min-sync-period") ||
 		strings.Contains(notes[0], "--lb-algorithm") {
 		t.Errorf("warnings %q: want one naming exactly the ignored kube-proxy flags", notes)
 	}
 }
 
-// mode: nftables runs the nftables mode with the nftables section's
-// masquerade settings and sync periods; without them it takes the
-// iptables ones, as there are no nftables flags.
+// mode: nftables is kube-proxy's: the agent's mode stays auto, and the
+// file's masquerade settings are those of its nftables section, as
+// kube-proxy reads them by its mode; the nftables fallback's sync periods
+// are the nftables section's, or the iptables ones without them, as
+// there are no nftables flags.
 func TestConfigFileNFTablesMode(t *testing.T) {
 	o, _, err := load(t, "--config="+writeFile(t, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n"+
 		"iptables:\n  syncPeriod: 40s\n  minSyncPeriod: 2s\nnftables:\n  masqueradeBit: 9\n  masqueradeAll: true\n  syncPeriod: 50s\n"))
@@ -143,8 +152,8 @@ func TestConfigFileNFTablesMode(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if o.ProxyMode != "nftables" || o.MasqueradeBit != 9 || !o.MasqueradeAll {
-		t.Errorf("mode %q, masquerade bit %d, all %t; want nftables, 9, true", o.ProxyMode, o.MasqueradeBit, o.MasqueradeAll)
+	if o.ProxyMode != proxymode.Auto || o.KubeProxyMode != "nftables" || o.MasqueradeBit != 9 || !o.MasqueradeAll {
+		t.Errorf("mode %q (kube-proxy's %q), masquerade bit %d, all %t; want auto (nftables), 9, true", o.ProxyMode, o.KubeProxyMode, o.MasqueradeBit, o.MasqueradeAll)
 	}
 	if sync, minSync := o.SyncPeriods("nftables"); sync != 50*time.Second || minSync != 2*time.Second {
 		t.Errorf("nftables sync periods %s and %s, want the nftables section's 50s and the iptables one's 2s", sync, minSync)
@@ -212,6 +221,11 @@ func TestWrittenConfigReadsBackTheSame(t *testing.T) {
 		t.Errorf("warnings reading our own output: %q", notes)
 	}
 	o.ConfigFile = back.ConfigFile
+	// --proxy-mode is the agent's own, never in kube-proxy's file.
+	if back.ProxyMode != proxymode.Auto {
+		t.Errorf("the written file set the agent's mode to %q", back.ProxyMode)
+	}
+	back.ProxyMode, back.ProxyModeSetting = o.ProxyMode, o.ProxyModeSetting
 	if !reflect.DeepEqual(o, back) {
 		t.Errorf("read back differs:\n%+v\nwant\n%+v", back, o)
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
 
 	"github.com/spf13/pflag"
@@ -246,4 +248,34 @@ func (o *Options) NoteIgnored(mode string, log *zap.Logger) {
 	if mode != proxymode.IPVS && (o.IPVSStrictARP || len(o.IPVSExcludeCIDRs) > 0) {
 		log.Info("--ipvs-strict-arp and --ipvs-exclude-cidrs apply in ipvs mode only", zap.String("mode", mode))
 	}
+}
+
+// NodePortsFor returns where NodePorts are served in mode for an IP family
+// (metrics.IPv4, metrics.IPv6): --nodeport-addresses as Validate parsed
+// it, except that an unset flag in nftables mode means "primary", as
+// kube-proxy's nftables mode defaults it (every local address in the
+// other modes, as kube-proxy's iptables and ipvs modes).
+func (o *Options) NodePortsFor(mode, family string) model.NodePortSpec {
+	if mode == proxymode.NFTables && len(o.NodePortAddresses) == 0 {
+		// "primary" always parses.
+		s, _ := model.ParseNodePortSpec([]string{model.NodePortPrimary}, family == metrics.IPv6, o.LocalhostNodePorts)
+		return s
+	}
+	return o.NodePorts[family]
+}
+
+// LogModeSetting says, once at start-up, which setting chose the proxy
+// mode that runs, and what kube-proxy's --config file names as its own
+// mode when it names one: kubeadm writes "mode: iptables" (1.37) into the
+// ConfigMap the agent reads, which must not look like the reason for a
+// fallback.
+func (o *Options) LogModeSetting(mode, reason string, log *zap.Logger) {
+	fields := []zap.Field{zap.String("mode", mode), zap.String("reason", reason),
+		zap.String("setting", o.ProxyModeSetting), zap.String("proxyMode", o.ProxyMode)}
+	if o.KubeProxyMode != "" {
+		fields = append(fields, zap.String("kubeProxyMode", o.KubeProxyMode))
+		log.Info("proxy mode set by "+o.ProxyModeSetting+"; the mode in kube-proxy's --config file is kube-proxy's choice and has no effect on ebpf-proxy", fields...)
+		return
+	}
+	log.Info("proxy mode set by "+o.ProxyModeSetting, fields...)
 }

@@ -32,10 +32,17 @@ import (
 // (FinishFlags), and what Validate parses from them. The comment after a
 // field names its flag.
 type Options struct {
-	Kubeconfig         string        // --kubeconfig
-	Master             string        // --master
-	HostnameOverride   string        // --hostname-override
-	ProxyMode          string        // --proxy-mode
+	Kubeconfig       string // --kubeconfig
+	Master           string // --master
+	HostnameOverride string // --hostname-override
+	ProxyMode        string // --proxy-mode
+	// ProxyModeSetting says what set ProxyMode: ProxyModeFlag or
+	// ProxyModeDefault (FinishFlags). kube-proxy's --config never does.
+	ProxyModeSetting string
+	// KubeProxyMode is the mode kube-proxy's --config file names: kube-
+	// proxy's choice, logged beside the agent's own and written back by
+	// --write-config-to, never the agent's mode.
+	KubeProxyMode      string
 	HealthzBindAddress string        // --healthz-bind-address
 	MetricsBindAddress string        // --metrics-bind-address
 	BindAddrHardFail   bool          // --bind-address-hard-fail
@@ -118,6 +125,13 @@ type Options struct {
 	LB model.LBAlgorithm
 }
 
+// What set --proxy-mode's value (Options.ProxyModeSetting), for the log
+// line that says which mode runs and why.
+const (
+	ProxyModeFlag    = "--proxy-mode"
+	ProxyModeDefault = "default"
+)
+
 // DefaultProbeBindAddress is --probe-bind-address's default: loopback
 // only, where a host-network pod's HTTP probes with host 127.0.0.1 reach
 // it, on a port no Kubernetes component uses.
@@ -161,7 +175,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Path to a kubeconfig file with authorization information (the in-cluster configuration is used when neither this nor --master is set).")
 	fs.StringVar(&o.Master, "master", o.Master, "The address of the Kubernetes API server (overrides any value in kubeconfig).")
 	fs.StringVar(&o.HostnameOverride, "hostname-override", o.HostnameOverride, "If non-empty, use this string as the node name instead of the actual hostname.")
-	fs.StringVar(&o.ProxyMode, "proxy-mode", o.ProxyMode, "Which proxy mode to use: 'ebpf', 'nftables', 'iptables', 'ipvs' or 'auto' (ebpf where the kernel can run the BPF programs, else nftables where nft and the kernel's nf_tables work, else iptables; ipvs only when named).")
+	fs.StringVar(&o.ProxyMode, "proxy-mode", o.ProxyMode, "Which proxy mode ebpf-proxy uses: 'ebpf', 'nftables', 'iptables', 'ipvs' or 'auto' (ebpf where the kernel can run the BPF programs, else nftables where nft and the kernel's nf_tables work, else iptables; ipvs only when named). The mode in kube-proxy's --config file is kube-proxy's choice and does not set this.")
 	fs.StringVar(&o.HealthzBindAddress, "healthz-bind-address", o.HealthzBindAddress, "The IP address and port for the health check server to serve on; empty disables it.")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "The IP address and port for the metrics server to serve on; empty disables it.")
 	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "If true, serve Go's profiles on /debug/pprof/ of the metrics server, as kube-proxy does.")
@@ -171,7 +185,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ConfigSyncPeriod, "config-sync-period", o.ConfigSyncPeriod, "How often the configuration from the API server is refreshed. Must be greater than 0.")
 	fs.DurationVar(&o.SyncPeriod, "sync-period", o.SyncPeriod, "Interval of the periodic full sync, and the longest retry backoff after a failed sync.")
 	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", o.MinSyncPeriod, "Least time between two syncs; changes arriving sooner are batched. 0 applies each change at once.")
-	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", o.NodePortAddresses, "The CIDRs of the node addresses that accept NodePort traffic and serve health check node ports (comma-separated, e.g. '192.168.77.0/24'); empty means every local address. 'primary' means the node's primary IP.")
+	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", o.NodePortAddresses, "The node addresses that accept NodePort traffic and serve health check node ports, as kube-proxy 1.37 takes them: CIDRs and the keywords 'primary' (the node's primary IP of each family), 'localhost' (127.0.0.0/8, ::1) and 'all' (every address), comma-separated and combinable (e.g. 'primary,localhost'). Empty means every local address, except in nftables mode, where it means 'primary' as in kube-proxy's nftables mode.")
 	fs.BoolVar(&o.TerminateSockets, "terminate-removed-backend-sockets", o.TerminateSockets, "End the TCP and connected UDP sockets that the socket load balancer sent to a backend once that backend is removed, in every network namespace of the node (needs hostPID), so that clients reconnect to live backends instead of hanging.")
 	fs.StringVar(&o.ClusterCIDR, "cluster-cidr", o.ClusterCIDR, "The CIDR range of the pods in the cluster (comma-separated for dual-stack: one per IP family). In nftables, iptables and ipvs mode, ClusterIP traffic from outside it is masqueraded.")
 	fs.BoolVar(&o.MasqueradeAll, "masquerade-all", o.MasqueradeAll, "In nftables, iptables and ipvs mode, SNAT all traffic sent through Service cluster IPs.")

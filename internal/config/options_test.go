@@ -10,6 +10,7 @@ import (
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
 )
 
 func parse(t *testing.T, args ...string) *Options {
@@ -138,5 +139,35 @@ func TestSNATPortRangeFlag(t *testing.T) {
 				t.Errorf("%v: range %s, want %s", tc.args, o.SNATPorts, tc.want)
 			}
 		})
+	}
+}
+
+// --nodeport-addresses takes kube-proxy 1.37's keywords, combined with each
+// other and with CIDRs; an explicit value is kept in every mode, nftables
+// included.
+func TestNodePortAddressKeywords(t *testing.T) {
+	for _, tc := range []struct {
+		flag, ipv4, ipv6 string
+	}{
+		{"primary,localhost", "primary,127.0.0.0/8", "primary,::1/128"},
+		{"localhost,192.168.77.0/24", "127.0.0.0/8,192.168.77.0/24", "::1/128"},
+		{"all", "all", "all"},
+		{"primary,all", "all", "all"},
+	} {
+		o := parse(t, "--nodeport-addresses="+tc.flag)
+		if err := o.Validate(); err != nil {
+			t.Errorf("--nodeport-addresses=%s: %v", tc.flag, err)
+			continue
+		}
+		for fam, want := range map[string]string{"IPv4": tc.ipv4, "IPv6": tc.ipv6} {
+			if got := o.NodePortsFor(proxymode.NFTables, fam).String(); got != want {
+				t.Errorf("--nodeport-addresses=%s, %s in nftables mode: %s, want %s", tc.flag, fam, got, want)
+			}
+		}
+	}
+	for _, bad := range []string{"localhost,localhost", "primary,eth0", "Primary"} {
+		if err := parse(t, "--nodeport-addresses="+bad).Validate(); err == nil || !strings.Contains(err.Error(), "--nodeport-addresses") {
+			t.Errorf("--nodeport-addresses=%s: %v, want a refusal naming the flag", bad, err)
+		}
 	}
 }

@@ -7,20 +7,30 @@ import (
 	"strings"
 )
 
-// NodePortPrimary is the --nodeport-addresses value naming the node's
-// primary IP.
-const NodePortPrimary = "primary"
+// The --nodeport-addresses keywords (kube-proxy 1.37): each may be given
+// once, and they combine with each other and with CIDRs.
+const (
+	// NodePortPrimary names the node's primary IP of each family.
+	NodePortPrimary = "primary"
+	// NodePortLocalhost names the loopback CIDRs, 127.0.0.0/8 and ::1/128.
+	NodePortLocalhost = "localhost"
+	// NodePortAll names the zero CIDRs: every local address.
+	NodePortAll = "all"
+)
 
 // NodePortSpec is --nodeport-addresses (with --iptables-localhost-nodeports)
 // parsed for one IP family, before it meets the node's addresses. The zero
 // value accepts NodePorts on every local address, as the unset flag does.
 //
-// The semantics are upstream kube-proxy's:
-//   - unset, or no CIDR of the family: every local address of the family;
-//   - a zero CIDR (0.0.0.0/0) anywhere in the list: every local address;
-//   - CIDRs: the local addresses inside them;
-//   - "primary", alone: the node's primary IP, as a /32 (/128); without a
-//     known, non-loopback primary IP it means every local address.
+// The semantics are upstream kube-proxy's (1.37):
+//   - unset, or nothing of the family: every local address of the family;
+//   - "all", or a zero CIDR (0.0.0.0/0) anywhere in the list: every local
+//     address;
+//   - CIDRs: the local addresses inside them; "localhost" is the loopback
+//     CIDR of the family;
+//   - "primary": the node's primary IP of the family, as a /32 (/128),
+//     beside the CIDRs; a family whose primary IP is unknown or loopback
+//     adds nothing, so that "primary" alone there means every address.
 type NodePortSpec struct {
 	prefixes []netip.Prefix
 	primary  bool
@@ -32,47 +42,68 @@ type NodePortSpec struct {
 }
 
 // ParseNodePortSpec validates the --nodeport-addresses values as kube-proxy
-// does (CIDRs, or "primary" alone) and keeps those of the family (ipv6
-// false: IPv4). localhost is --iptables-localhost-nodeports. The error names
-// the first bad value.
+// 1.37 does (CIDRs and the keywords "primary", "localhost" and "all", each
+// keyword once) and keeps those of the family (ipv6 false: IPv4).
+// localhost is --iptables-localhost-nodeports. The error names the first
+// bad value.
 func ParseNodePortSpec(values []string, ipv6, localhost bool) (NodePortSpec, error) {
 	s := NodePortSpec{localhost: localhost && !ipv6, ipv6: ipv6}
+	all := false
+	seen := map[string]bool{}
 	for i, v := range values {
 		v = strings.TrimSpace(v)
-		if v == NodePortPrimary {
-			if len(values) != 1 {
-				return NodePortSpec{}, fmt.Errorf("--nodeport-addresses: %q cannot be combined with CIDRs", NodePortPrimary)
+		switch v {
+		case NodePortPrimary, NodePortLocalhost, NodePortAll:
+			if seen[v] {
+				return NodePortSpec{}, fmt.Errorf("--nodeport-addresses: value %d: keyword %q given twice", i, v)
 			}
-			s.primary = true
-			return s, nil
+			seen[v] = true
+			switch v {
+			case NodePortPrimary:
+				s.primary = true
+			case NodePortLocalhost:
+				lo := netip.MustParsePrefix("127.0.0.0/8")
+				if ipv6 {
+					lo = netip.MustParsePrefix("::1/128")
+				}
+				s.prefixes = append(s.prefixes, lo)
+			case NodePortAll:
+				all = true
+			}
+			continue
 		}
 		p, err := netip.ParsePrefix(v)
 		if err != nil {
-			return NodePortSpec{}, fmt.Errorf("--nodeport-addresses: value %d (%q) is neither a CIDR nor %q: %w", i, v, NodePortPrimary, err)
+			return NodePortSpec{}, fmt.Errorf("--nodeport-addresses: value %d (%q) is neither a CIDR nor one of the keywords %q, %q, %q: %w",
+				i, v, NodePortPrimary, NodePortLocalhost, NodePortAll, err)
 		}
 		if p.Addr().Is4() == ipv6 {
 			continue
 		}
 		if p.Bits() == 0 {
 			// A zero CIDR anywhere means every address.
-			return NodePortSpec{localhost: s.localhost, ipv6: ipv6}, nil
+			all = true
+			continue
 		}
 		s.prefixes = append(s.prefixes, p.Masked())
+	}
+	if all {
+		return NodePortSpec{localhost: s.localhost, ipv6: ipv6}, nil
 	}
 	return s, nil
 }
 
 // String returns the value for logs: "all", "primary" or the CIDRs.
 func (s NodePortSpec) String() string {
-	switch {
-	case s.primary:
-		return NodePortPrimary
-	case len(s.prefixes) == 0:
-		return "all"
+	if !s.primary && len(s.prefixes) == 0 {
+		return NodePortAll
 	}
-	out := make([]string, len(s.prefixes))
-	for i, p := range s.prefixes {
-		out[i] = p.String()
+	var out []string
+	if s.primary {
+		out = append(out, NodePortPrimary)
+	}
+	for _, p := range s.prefixes {
+		out = append(out, p.String())
 	}
 	return strings.Join(out, ",")
 }
@@ -103,12 +134,9 @@ type NodePortAddresses struct {
 // its primary IP.
 func (s NodePortSpec) Resolve(node *Node, local []netip.Addr) NodePortAddresses {
 	out := NodePortAddresses{Prefixes: s.prefixes}
-	if s.primary {
-		out.Prefixes = nil
-		if len(node.Addrs) > 0 && !node.Addrs[0].IsLoopback() {
-			ip := node.Addrs[0].Unmap()
-			out.Prefixes = []netip.Prefix{netip.PrefixFrom(ip, ip.BitLen())}
-		}
+	if s.primary && len(node.Addrs) > 0 && !node.Addrs[0].IsLoopback() {
+		ip := node.Addrs[0].Unmap()
+		out.Prefixes = append(slices.Clone(s.prefixes), netip.PrefixFrom(ip, ip.BitLen()))
 	}
 	out.All = len(out.Prefixes) == 0
 	for _, a := range local {

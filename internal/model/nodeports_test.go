@@ -56,6 +56,20 @@ func TestNodePortAddressesResolve(t *testing.T) {
 			want: []string{"fd00:192:168:77::11"}, external: []string{"fd00:192:168:77::11"}},
 		{name: "IPv6: only IPv4 CIDRs: every IPv6 address", ipv6: true, flag: []string{"192.168.77.0/24"},
 			want: []string{"::1", "fd00:10:244:1::1", "fd00:192:168:77::11"}, external: []string{"fd00:10:244:1::1", "fd00:192:168:77::11"}, all: true},
+		{name: "all: every address", flag: []string{"all"}, localhost: true,
+			want: []string{"10.0.0.5", "10.244.1.1", "127.0.0.1", "192.168.77.11"}, external: []string{"10.0.0.5", "10.244.1.1", "192.168.77.11"}, all: true, lo: true},
+		{name: "primary,localhost (1.37): the primary IP and 127.0.0.1", flag: []string{"primary", "localhost"}, localhost: true,
+			want: []string{"127.0.0.1", "192.168.77.11"}, external: []string{"192.168.77.11"}, lo: true},
+		{name: "a CIDR and primary: both", flag: []string{"10.0.0.0/24", "primary"},
+			want: []string{"10.0.0.5", "192.168.77.11"}, external: []string{"10.0.0.5", "192.168.77.11"}},
+		{name: "primary unknown beside localhost: localhost only", flag: []string{"primary", "localhost"}, node: &Node{}, localhost: true,
+			want: []string{"127.0.0.1"}, external: []string{}, lo: true},
+		{name: "all beside primary: every address", flag: []string{"primary", "all"},
+			want: []string{"10.0.0.5", "10.244.1.1", "127.0.0.1", "192.168.77.11"}, external: []string{"10.0.0.5", "10.244.1.1", "192.168.77.11"}, all: true},
+		{name: "IPv6 localhost: ::1 only", ipv6: true, flag: []string{"localhost"},
+			want: []string{"::1"}, external: []string{}},
+		{name: "IPv6 primary,localhost", ipv6: true, flag: []string{"primary", "localhost"}, node: &Node{Addrs: addrs.Parse("fd00:192:168:77::11")},
+			want: []string{"::1", "fd00:192:168:77::11"}, external: []string{"fd00:192:168:77::11"}},
 		{name: "IPv6 primary", ipv6: true, flag: []string{"primary"}, node: &Node{Addrs: addrs.Parse("fd00:192:168:77::11")},
 			want: []string{"fd00:192:168:77::11"}, external: []string{"fd00:192:168:77::11"}},
 	}
@@ -98,8 +112,9 @@ func TestParseNodePortSpecRejects(t *testing.T) {
 	for _, values := range [][]string{
 		{"192.168.77.2"}, // an address without a length
 		{"eth0"},
-		{"primary", "10.0.0.0/8"},
-		{"10.0.0.0/8", "primary"},
+		{"primary", "10.0.0.0/8", "primary"}, // a keyword twice
+		{"all", "all"},
+		{"Primary"}, // keywords are lower case, as kube-proxy's
 	} {
 		if _, err := ParseNodePortSpec(values, false, false); err == nil {
 			t.Errorf("ParseNodePortSpec(%q) succeeded, want an error", values)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -191,11 +192,10 @@ func TestCluster(t *testing.T) {
 	}
 	phase("node ready")
 
-	// Upstream kube-proxy as kubeadm installs it, then the workloads.
-	e.apply(e.render("kube-proxy.yaml", map[string]any{
-		"APIServer": "https://" + n.APIServer.String(),
-		"Image":     "registry.k8s.io/kube-proxy:" + cluster.KubernetesVersion,
-	}))
+	// Upstream kube-proxy as kubeadm installs it (its objects made by
+	// kubeadm's own code: the ConfigMap says "mode: iptables", which the
+	// agent must not take as its own), then the workloads.
+	e.apply(e.kubeadmKubeProxy("https://" + n.APIServer.String()))
 	e.rollout("daemonset/kube-proxy", "kube-system")
 	e.apply(e.render("workloads.yaml", map[string]any{
 		"Image": testImage, "WebIP": webIP, "EmptyIP": emptyIP, "NodePort": nodePort,
@@ -237,6 +237,10 @@ func TestCluster(t *testing.T) {
 	e.logWindow("kube-proxy's log", "migration", e.migration, e.kubeProxyLog)
 	phase(fmt.Sprintf("migrated: %s", e.migration))
 
+	// What a user checks once ebpf-proxy serves: first, that it serves
+	// with BPF, although kubeadm's ConfigMap, which it reads, says
+	// "mode: iptables" (kube-proxy's choice, not the agent's).
+	e.check("the agent runs the BPF dataplane with kubeadm's ConfigMap (mode: iptables)", e.proxyModeIsEBPF)
 	// What a user checks once ebpf-proxy serves.
 	e.check("the ClusterIP spreads over the 3 pods", func() error { return e.spread(3) })
 	e.check("UDP through the ClusterIP", e.udp)
@@ -317,6 +321,50 @@ func (e *env) render(name string, data any) string {
 		e.fatalf("%v", err)
 	}
 	return b.String()
+}
+
+// kubeadmKubeProxy returns kubeadm's kube-proxy objects
+// (testdata/kubeadm-kube-proxy.yaml) for the API server at apiServer, with
+// one flag added to kube-proxy's command, --v=2: its syncs ("Syncing
+// iptables rules") are the evidence of a failed connection's cause.
+func (e *env) kubeadmKubeProxy(apiServer string) string {
+	e.t.Helper()
+	m := e.render("kubeadm-kube-proxy.yaml", map[string]any{"APIServer": apiServer})
+	const hostname = "        - --hostname-override=$(NODE_NAME)\n"
+	if strings.Count(m, hostname) != 1 {
+		e.fatalf("kubeadm's kube-proxy DaemonSet has no single %q line to add --v=2 after", strings.TrimSpace(hostname))
+	}
+	if want := "image: registry.k8s.io/kube-proxy:" + cluster.KubernetesVersion + "\n"; !strings.Contains(m, want) {
+		e.fatalf("testdata/kubeadm-kube-proxy.yaml is not kubeadm %s's (no %q): run make kubeadm-proxy-config", cluster.KubernetesVersion, strings.TrimSpace(want))
+	}
+	return strings.Replace(m, hostname, hostname+"        - --v=2\n", 1)
+}
+
+// proxyModeIsEBPF asks the agent's metrics server, on the node's
+// 127.0.0.1:10249 (bound once kube-proxy has let go of it), which mode
+// serves, as a user asks kube-proxy.
+func (e *env) proxyModeIsEBPF() error {
+	return eventually(2*time.Minute, func() error {
+		ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:10249/proxyMode", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		if got := strings.TrimSpace(string(b)); resp.StatusCode != http.StatusOK || got != "ebpf" {
+			return fmt.Errorf("/proxyMode: %s %q, want 200 \"ebpf\"", resp.Status, got)
+		}
+		return nil
+	})
 }
 
 func (e *env) apply(manifest string) {

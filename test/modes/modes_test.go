@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +13,8 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nftables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
+
+	"golang.org/x/sys/unix"
 )
 
 // bpfFailureEnv is the agent's test hook that makes the BPF dataplane fail
@@ -73,6 +76,58 @@ func TestAutoModeFallsBackWhenTheBPFDataplaneCannotRun(t *testing.T) {
 			e.reaches(e.external, nodePortAddr, 20)
 		})
 	}
+}
+
+// A node with no bpf filesystem where the maps are pinned (none mounted at
+// /sys/fs/bpf, as on a fresh machine) gets one mounted by the agent, which
+// then runs the BPF dataplane under auto instead of falling back with
+// bpf-load-failed.
+func TestAutoModeMountsABPFFSWhereNoneIsMounted(t *testing.T) {
+	e := newEnv(t)
+	root := t.TempDir()
+	if on, err := isBPFFS(root); err != nil || on {
+		t.Fatalf("%s: on a bpffs %t (%v): want a directory on none", root, on, err)
+	}
+	mountPoint := filepath.Join(root, "bpf")
+	e.bpffs = filepath.Join(mountPoint, "ebpf-proxy")
+	// After the agent's own cleanup (registered later, run first):
+	// unpin, then unmount what the agent mounted.
+	t.Cleanup(func() {
+		if on, _ := isBPFFS(mountPoint); on {
+			e.cleanup()
+			if err := unix.Unmount(mountPoint, 0); err != nil {
+				t.Errorf("unmount the agent's bpffs %s: %v", mountPoint, err)
+			}
+		}
+	})
+	a := e.startAgent("auto")
+	if got := get(t, a, "/proxyMode"); got != "ebpf" {
+		t.Errorf("/proxyMode %q, want ebpf", got)
+	}
+	if series := `ebpfproxy_proxy_mode{mode="ebpf",reason="bpf-supported"} 1`; !strings.Contains(get(t, a, "/metrics"), series) {
+		t.Errorf("/metrics lacks %s", series)
+	}
+	if on, err := isBPFFS(mountPoint); err != nil || !on {
+		t.Errorf("%s is on a bpffs: %t (%v), want the agent's mount", mountPoint, on, err)
+	}
+	if line := grep(a.Logs(), "mounted a bpf filesystem"); !strings.Contains(line, mountPoint) {
+		t.Errorf("no log line of the mount on %s:\n%s", mountPoint, a.Logs())
+	}
+	if line := grep(a.Logs(), "proxy mode set by"); !strings.Contains(line, `"setting":"--proxy-mode"`) {
+		t.Errorf("log line of what set the mode %q, want --proxy-mode", line)
+	}
+	e.expectOnly("ebpf")
+	e.reaches(e.client, netip.AddrPortFrom(clusterIP, 80), 20)
+	e.reaches(e.external, netip.AddrPortFrom(e.node.IP, nodePort), 20)
+}
+
+// isBPFFS reports whether path is on a bpf filesystem.
+func isBPFFS(path string) (bool, error) {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(path, &fs); err != nil {
+		return false, err
+	}
+	return fs.Type == unix.BPF_FS_MAGIC, nil
 }
 
 func TestExplicitEBPFModeFailsWhenTheBPFDataplaneCannotRun(t *testing.T) {

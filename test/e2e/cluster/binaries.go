@@ -11,8 +11,8 @@ import (
 // in test/e2e/tools/go.mod, from which build-binaries.sh builds them; a test
 // in this package checks that they do.
 const (
-	KubernetesVersion = "v1.33.13"
-	EtcdVersion       = "v3.5.21"
+	KubernetesVersion = "v1.37.2"
+	EtcdVersion       = "v3.7.0"
 )
 
 // BuildCommand builds the binaries into the cache; error messages name it.

@@ -8,11 +8,17 @@
 # v0.<minor>.<patch> release. The list is taken from the upstream go.mod in the
 # module cache so that a version bump cannot miss a staging module.
 #
+# The module also holds ./network, Kubernetes' e2e suite cut down to
+# [sig-network] (make conformance builds it with go test -c), and pins
+# agnhost, the suite's test image: go mod tidy below adds what they import,
+# at the versions k8s.io/kubernetes's own go.mod requires, so they need no
+# line here beyond agnhost's tool directive.
+#
 # Usage: gen-gomod.sh [kubernetes-version] [etcd-version]
 set -euo pipefail
 
-k8s_version=${1:-v1.33.13}
-etcd_version=${2:-v3.5.21}
+k8s_version=${1:-v1.37.2}
+etcd_version=${2:-v3.7.0}
 staging_version=v0.${k8s_version#v1.}
 
 cd "$(dirname "$0")"
@@ -49,6 +55,7 @@ staging=$(sed -n 's#^[[:space:]]*\(k8s\.io/[^[:space:]]*\) => \./staging/src/.*#
 	echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
 	echo "	k8s.io/kubernetes/cmd/kube-scheduler"
 	echo "	k8s.io/kubernetes/cmd/kubelet"
+	echo "	k8s.io/kubernetes/test/images/agnhost"
 	echo ")"
 	echo
 	echo "replace ("
@@ -59,4 +66,8 @@ staging=$(sed -n 's#^[[:space:]]*\(k8s\.io/[^[:space:]]*\) => \./staging/src/.*#
 } > go.mod
 rm -f go.sum
 go mod tidy
+# The suite's package must build from what tidy wrote, as make conformance
+# builds it (-mod=readonly): a staging module missing from the replace list
+# or a test dependency tidy could not resolve shows here, not there.
+GOWORK=off GOFLAGS=-mod=readonly go list -test -deps ./network >/dev/null
 echo "gen-gomod.sh: go.mod pins k8s.io/kubernetes $k8s_version ($(wc -w <<<"$staging") staging modules at $staging_version) and etcd $etcd_version"
