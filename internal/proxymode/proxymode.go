@@ -353,6 +353,9 @@ func startIPTables(ctx context.Context, cfg Config, reason string) (*Started, er
 		return nil, err
 	}
 	s := &Started{Families: fams, Skipped: skipped, Mode: IPTables, Reason: reason, close: func() {}}
+	if cfg.Metrics != nil {
+		cfg.Metrics.Registry().MustRegister(iptables.NewInvalidDropCollector(cfg.IPTables.Logger, ds...))
+	}
 	bpffs := cfg.BPF.BPFFSPath
 	var used []xtables.Backend
 	for _, d := range ds {

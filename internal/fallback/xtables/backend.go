@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"strconv"
 	"strings"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
@@ -221,7 +222,18 @@ func (r *Runner) Save(ctx context.Context, table string) ([]byte, error) {
 // ListChain returns the rules of one chain as iptables -S prints them
 // ("-A CHAIN spec", after the "-P" or "-N" line, which is dropped).
 func (r *Runner) ListChain(ctx context.Context, table, chain string) ([]string, error) {
-	args := append(r.waitArgs(), "-t", table, "-S", chain)
+	return r.listChain(ctx, table, chain)
+}
+
+// ListChainCounters is ListChain with each rule's counters, as iptables
+// -S -v prints them ("-A CHAIN match -c packets bytes -j target"); see
+// RulePackets.
+func (r *Runner) ListChainCounters(ctx context.Context, table, chain string) ([]string, error) {
+	return r.listChain(ctx, table, chain, "-v")
+}
+
+func (r *Runner) listChain(ctx context.Context, table, chain string, extra ...string) ([]string, error) {
+	args := append(append(r.waitArgs(), "-t", table, "-S", chain), extra...)
 	out, err := r.run(ctx, nil, r.Backend.Iptables, args...)
 	if err != nil {
 		return nil, err
@@ -243,4 +255,17 @@ func firstLines(s string, n int) string {
 		lines = append(lines[:n], fmt.Sprintf("(%d more lines)", len(lines)-n))
 	}
 	return strings.Join(lines, "; ")
+}
+
+// RulePackets returns the packet counter of a rule of ListChainCounters
+// ("-c packets bytes"), and false when the rule carries none.
+func RulePackets(rule string) (uint64, bool) {
+	w := strings.Fields(rule)
+	for i := 0; i+2 < len(w); i++ {
+		if w[i] == "-c" {
+			n, err := strconv.ParseUint(w[i+1], 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
 }
