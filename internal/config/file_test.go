@@ -101,7 +101,8 @@ conntrack:
   maxPerCore: 0
   tcpEstablishedTimeout: 2h
 featureGates:
-  PreferSameTrafficDistribution: false
+  PreferSameTrafficDistribution: true
+  SomeGateOfKubeProxy: false
 logging:
   verbosity: 3
   format: text
@@ -126,8 +127,8 @@ logging:
 	if o.Conntrack.MaxPerCore == nil || *o.Conntrack.MaxPerCore != 0 || o.Conntrack.TCPEstablished == nil || *o.Conntrack.TCPEstablished != 2*time.Hour {
 		t.Errorf("conntrack %+v: want maxPerCore 0 and 2h given", o.Conntrack)
 	}
-	if o.Gates.Enabled(GatePreferSameTrafficDistribution, true) {
-		t.Errorf("PreferSameTrafficDistribution=false in the file not applied")
+	if !o.Gates.Enabled(GatePreferSameTrafficDistribution, false) || o.Gates.Enabled("SomeGateOfKubeProxy", true) {
+		t.Errorf("the file's feature gates not applied: %v", o.Gates)
 	}
 	if o.LBAlgorithm != "maglev" || o.BPFFSPath != "/x" {
 		t.Errorf("ebpf-proxy's own flags lost: lb %q bpffs %q", o.LBAlgorithm, o.BPFFSPath)
@@ -172,6 +173,7 @@ func TestConfigFileBadInput(t *testing.T) {
 		{"not YAML", "{{{", "--config", ""},
 		{"bad value", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nipvs:\n  excludeCIDRs: [nonsense]\n", "--ipvs-exclude-cidrs", ""},
 		{"unknown field: lenient, as kube-proxy", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nfancyNewField: 1\nclusterCIDR: 10.0.0.0/8\n", "", "strict decoding"},
+		{"a locked gate turned off, as kube-proxy 1.37 refuses it", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nfeatureGates:\n  PreferSameTrafficDistribution: false\n", "locked to true", ""},
 		{"portRange", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nportRange: 30000-30100\n", "", "portRange"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -203,7 +205,7 @@ func TestConfigFileBadInput(t *testing.T) {
 func TestWrittenConfigReadsBackTheSame(t *testing.T) {
 	o, _, err := load(t, "--proxy-mode=ipvs", "--ipvs-scheduler=lc", "--ipvs-exclude-cidrs=10.1.0.0/16", "--ipvs-strict-arp",
 		"--cluster-cidr=10.244.0.0/16", "--detect-local-mode=BridgeInterface", "--pod-bridge-interface=cni0",
-		"--conntrack-max-per-core=0", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout=30s", "--feature-gates=PreferSameTrafficDistribution=false",
+		"--conntrack-max-per-core=0", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout=30s", "--feature-gates=PreferSameTrafficDistribution=true",
 		"--kube-api-qps=50", "--kube-api-burst=100", "--oom-score-adj=-500", "--masquerade-all", "--iptables-masquerade-bit=12",
 		"--nodeport-addresses=192.168.0.0/16", "--bind-address=10.0.0.5", "--metrics-bind-address=0.0.0.0:10249", "-v=2", "--config-sync-period=5m")
 	if err != nil {

@@ -90,7 +90,7 @@ func (o *Options) addKubeProxyFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "The path to kube-proxy's configuration file (KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1). As in kube-proxy, the file replaces kube-proxy's own flags (except --hostname-override); ebpf-proxy's flags still apply.")
 	fs.StringVar(&o.WriteConfigTo, "write-config-to", o.WriteConfigTo, "If set, write the configuration in effect (defaults, flags and --config) to this file as a KubeProxyConfiguration and exit.")
 	fs.BoolVar(&o.InitOnly, "init-only", o.InitOnly, "If true, do the privileged start-up work (the connection tracking settings) and exit.")
-	fs.StringToStringVar(&o.FeatureGates, "feature-gates", o.FeatureGates, "kube-proxy's feature gates as key=value pairs. "+GatePreferSameTrafficDistribution+" (default true) switches trafficDistribution PreferSameNode; the others have no effect on ebpf-proxy and are logged.")
+	fs.StringToStringVar(&o.FeatureGates, "feature-gates", o.FeatureGates, "kube-proxy's feature gates as key=value pairs. "+GatePreferSameTrafficDistribution+" (trafficDistribution PreferSameNode) is GA and locked to true, as in kube-proxy 1.35 and later; the others have no effect on ebpf-proxy and are logged.")
 	fs.StringVar(&o.KubeAPIContentType, "kube-api-content-type", o.KubeAPIContentType, "Content type of requests sent to the API server.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "QPS to use while talking with the API server.")
 	fs.Int32Var(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst to use while talking with the API server.")
@@ -181,6 +181,11 @@ func (o *Options) validateKubeProxyFlags() error {
 			return fmt.Errorf("--feature-gates: %s=%q is not a boolean", k, v)
 		}
 		o.Gates[strings.TrimSpace(k)] = b
+	}
+	if on, given := o.Gates[GatePreferSameTrafficDistribution]; given && !on {
+		// As kube-proxy 1.37 refuses it: the gate went GA in 1.35,
+		// locked to its default.
+		return fmt.Errorf("--feature-gates: %s=false: the gate is GA and locked to true since Kubernetes 1.35 (kube-proxy refuses false too)", GatePreferSameTrafficDistribution)
 	}
 	o.NodeIP = netip.Addr{}
 	if s := strings.TrimSpace(o.BindAddress); s != "" {
