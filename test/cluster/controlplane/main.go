@@ -248,11 +248,6 @@ func startControlPlane(ctx context.Context, o options) (*controlPlane, error) {
 			"--advertise-address=" + ip,
 			"--endpoint-reconciler-type=lease",
 			"--allow-privileged=true",
-			// The default of 1.33, which the e2e harness turns off for
-			// speed at 10,000 Services: without it the bootstrap RBAC
-			// policy does not let kube-proxy read the ServiceCIDRs it
-			// waits for.
-			"--feature-gates=MultiCIDRServiceAllocator=true",
 			"--kubelet-preferred-address-types=InternalIP",
 		},
 		StartTimeout: 4 * time.Minute,

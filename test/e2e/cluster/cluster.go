@@ -140,9 +140,11 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	// Registered before the first process starts, so that an interrupt
 	// during the start already cleans up.
 	c.unregister = interrupt.Register(func() { _ = c.Stop() })
+	// The returns below set c to nil: the cleanup keeps its own.
+	started := c
 	defer func() {
 		if err != nil {
-			_ = c.Stop()
+			_ = started.Stop()
 		}
 	}()
 
@@ -281,10 +283,6 @@ func (c *Cluster) apiServerArgs() []string {
 		// No loopback endpoint for default/kubernetes: it would be an
 		// endpoint the proxies under test program but no test expects.
 		"--endpoint-reconciler-type=none",
-		// With the default allocator each Service create costs time
-		// proportional to the number of Services, which makes the
-		// 10,000-Service fixtures take minutes.
-		"--feature-gates=MultiCIDRServiceAllocator=false",
 		"--profiling=false",
 	}
 	return append(args, c.opts.APIServerArgs...)

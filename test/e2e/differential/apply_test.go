@@ -267,6 +267,10 @@ func (w *world) service(sc int, s Svc) (*corev1.Service, []corev1.LoadBalancerIn
 		svc.Spec.InternalTrafficPolicy = &itp
 	}
 	svc.Spec.ExternalTrafficPolicy = s.ETP
+	if s.TrafficDistribution != "" {
+		td := s.TrafficDistribution
+		svc.Spec.TrafficDistribution = &td
+	}
 	if typ == corev1.ServiceTypeLoadBalancer && s.ETP == corev1.ServiceExternalTrafficPolicyLocal {
 		// Planned as the NodePorts are: one the API server picked would
 		// land anywhere in the range, now and then on a port planned

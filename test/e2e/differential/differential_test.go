@@ -62,10 +62,11 @@ const (
 // then ebpf-proxy in BPF mode and in its fallback modes (fallbacks).
 var kinds = []testbed.Kind{testbed.KubeProxyIPTables, testbed.KubeProxyNFTables, testbed.EbpfProxy, testbed.EbpfProxyIPTables, testbed.EbpfProxyNFTables}
 
-// upstreamFeatureGates turn on in upstream kube-proxy 1.33 (and its API
-// server) what is on by default from 1.34 and what ebpf-proxy implements:
-// node hints (PreferSameTrafficDistribution).
-var upstreamFeatureGates = map[string]bool{"PreferSameTrafficDistribution": true}
+// upstreamFeatureGates are set on upstream kube-proxy and its API server:
+// none at 1.37, which has on by default everything ebpf-proxy implements
+// (node hints, PreferSameTrafficDistribution, are GA and locked on since
+// 1.35).
+var upstreamFeatureGates = map[string]bool{}
 
 // verdicts of one run: [scenario][step][probe]; a scenario not run is nil.
 type verdicts [][][]string
@@ -112,7 +113,11 @@ func TestDifferential(t *testing.T) {
 		gates = append(gates, fmt.Sprintf("%s=%t", k, v))
 	}
 	start := time.Now()
-	c := cluster.StartT(t, cluster.Options{APIServerArgs: []string{"--feature-gates=" + strings.Join(gates, ",")}})
+	var apiArgs []string
+	if len(gates) > 0 {
+		apiArgs = append(apiArgs, "--feature-gates="+strings.Join(gates, ","))
+	}
+	c := cluster.StartT(t, cluster.Options{APIServerArgs: apiArgs})
 
 	runs := map[testbed.Kind]verdicts{}
 	for i, kind := range kinds {

@@ -113,6 +113,9 @@ type Svc struct {
 	// leaves them to the API server's defaults.
 	ITP corev1.ServiceInternalTrafficPolicy
 	ETP corev1.ServiceExternalTrafficPolicy
+	// TrafficDistribution is spec.trafficDistribution ("" unset): the
+	// EndpointSlice controller's input; proxies follow the slices' hints.
+	TrafficDistribution string
 	// Affinity sets sessionAffinity ClientIP (with the default timeout).
 	Affinity bool
 	// PublishNotReady sets publishNotReadyAddresses.
@@ -432,7 +435,12 @@ func withExternalIPs(vips ...string) func(*Svc) {
 }
 func withIngress(in ...Ingress) func(*Svc) { return func(s *Svc) { s.LBIngress = in } }
 func withAffinity(s *Svc)                  { s.Affinity = true }
-func withPublishNotReady(s *Svc)           { s.PublishNotReady = true }
+
+// withTrafficDistribution sets spec.trafficDistribution.
+func withTrafficDistribution(td string) func(*Svc) {
+	return func(s *Svc) { s.TrafficDistribution = td }
+}
+func withPublishNotReady(s *Svc) { s.PublishNotReady = true }
 
 func pairs(kv []string) map[string]string {
 	m := map[string]string{}

@@ -392,6 +392,48 @@ var scenarios = withIPv6Twins([]Scenario{
 			Probes: inCluster(tcp, cip("web", 80)),
 		}},
 	},
+	// trafficDistribution as 1.34 to 1.37 have it: PreferSameZone (the
+	// new name of PreferClose) and PreferSameNode, GA and always on since
+	// 1.35. The EndpointSlice controller writes hints from the field;
+	// proxies read only the hints, so the slices here carry the hints
+	// the controller would write.
+	{
+		Name: "clusterip: trafficDistribution PreferSameZone follows zone hints",
+		Steps: []Step{
+			{Name: "a1 and a2 hinted for zone-a, b1 for zone-b",
+				Services: []Svc{web(withTrafficDistribution(corev1.ServiceTrafficDistributionPreferSameZone))},
+				Slices:   []Slice{webSlice(ready("a1").zones("zone-a"), ready("a2").zones("zone-a"), ready("b1").zones("zone-b"))},
+				Probes:   inCluster(tcp, cip("web", 80))},
+			{Name: "the field removed, the hints kept: the hints still decide",
+				Services: []Svc{web()},
+				Slices:   []Slice{webSlice(ready("a1").zones("zone-a"), ready("a2").zones("zone-a"), ready("b1").zones("zone-b"))},
+				Probes:   inCluster(tcp, cip("web", 80))},
+			{Name: "PreferClose, its older name, with zone-b's only endpoint terminating: zone-b uses every ready endpoint",
+				Services: []Svc{web(withTrafficDistribution(corev1.ServiceTrafficDistributionPreferClose))},
+				Slices:   []Slice{webSlice(ready("a1").zones("zone-a"), ready("a2").zones("zone-a"), servingTerminating("b1").zones("zone-b"))},
+				Probes:   inCluster(tcp, cip("web", 80))},
+		},
+	},
+	{
+		Name: "clusterip: trafficDistribution PreferSameNode, node hints all or nothing",
+		Steps: []Step{
+			{Name: "each endpoint hinted for its node, zone hints beside",
+				Services: []Svc{web(withTrafficDistribution(corev1.ServiceTrafficDistributionPreferSameNode))},
+				Slices: []Slice{webSlice(ready("a1").zones("zone-a").nodes("node-a"), ready("a2").zones("zone-a").nodes("node-a"),
+					ready("b1").zones("zone-b").nodes("node-b"))},
+				Probes: inCluster(tcp, cip("web", 80))},
+			{Name: "one endpoint without a node hint: node hints are ignored, zone hints decide",
+				Services: []Svc{web(withTrafficDistribution(corev1.ServiceTrafficDistributionPreferSameNode))},
+				Slices: []Slice{webSlice(ready("a1").zones("zone-a").nodes("node-a"), ready("a2").zones("zone-a"),
+					ready("b1").zones("zone-b").nodes("node-b"))},
+				Probes: inCluster(tcp, cip("web", 80))},
+			{Name: "no endpoint hinted for node-b: node-b falls back to zone hints",
+				Services: []Svc{web(withTrafficDistribution(corev1.ServiceTrafficDistributionPreferSameNode))},
+				Slices: []Slice{webSlice(ready("a1").zones("zone-a").nodes("node-a"), ready("a2").zones("zone-b").nodes("node-a"),
+					ready("b1").zones("zone-b").nodes("node-a"))},
+				Probes: inCluster(tcp, cip("web", 80))},
+		},
+	},
 	{
 		Name:  "clusterip: session affinity ClientIP, switched off and on",
 		Needs: []Feature{FeatureAffinity},
