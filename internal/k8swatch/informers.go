@@ -45,25 +45,30 @@ type WatchOptions struct {
 	NodeIP netip.Addr
 }
 
-// ProxiedSelector is the label selector of the objects kube-proxy handles:
-// neither LabelServiceProxyName nor LabelHeadless is set. It applies to
-// Services and EndpointSlices alike, because the EndpointSlice controller
-// copies a Service's labels onto its slices.
-func ProxiedSelector() labels.Selector {
-	noProxyName, err := labels.NewRequirement(LabelServiceProxyName, selection.DoesNotExist, nil)
+// ServiceSelector is the label selector of the Services kube-proxy
+// handles: those without LabelServiceProxyName (another proxy's).
+// SliceSelector is that of the EndpointSlices: those without LabelHeadless.
+// Each applies to its kind alone, as in kube-proxy 1.37: a Service
+// labelled headless that has a ClusterIP is proxied (without endpoints),
+// and a slice carrying another proxy's name still serves a Service of
+// ours. (Up to 1.36 both labels applied to both kinds.)
+func ServiceSelector() labels.Selector { return absent(LabelServiceProxyName) }
+
+// SliceSelector: see ServiceSelector.
+func SliceSelector() labels.Selector { return absent(LabelHeadless) }
+
+// absent selects the objects that lack label.
+func absent(label string) labels.Selector {
+	r, err := labels.NewRequirement(label, selection.DoesNotExist, nil)
 	if err != nil {
 		panic(err) // constant input
 	}
-	noHeadless, err := labels.NewRequirement(LabelHeadless, selection.DoesNotExist, nil)
-	if err != nil {
-		panic(err) // constant input
-	}
-	return labels.NewSelector().Add(*noProxyName, *noHeadless)
+	return labels.NewSelector().Add(*r)
 }
 
 // Watch feeds the trackers of targets, one per IP family, from the API
 // server until ctx is done: the Services and EndpointSlices meant for
-// kube-proxy (ProxiedSelector, and Services with a cluster IP other than
+// kube-proxy (ServiceSelector and SliceSelector, and Services with a cluster IP other than
 // "None") and the Node named nodeName, each translated for each family
 // (one watch serves them all). Services and EndpointSlices are marked
 // synced in every tracker once their initial lists have been delivered.
@@ -90,15 +95,13 @@ func Watch(ctx context.Context, src Source, nodeName string, targets []Target, o
 		nodeStatus: opts.NodeStatus,
 		nodeName:   nodeName,
 	}
-	proxied := ProxiedSelector().String()
-
 	// Headless Services are also left out at the API server by field, as
 	// kube-proxy does: they can be many, and the proxy never uses them.
 	svcTweak := func(o *metav1.ListOptions) {
-		o.LabelSelector = proxied
+		o.LabelSelector = ServiceSelector().String()
 		o.FieldSelector = fields.OneTermNotEqualSelector("spec.clusterIP", v1.ClusterIPNone).String()
 	}
-	sliceTweak := func(o *metav1.ListOptions) { o.LabelSelector = proxied }
+	sliceTweak := func(o *metav1.ListOptions) { o.LabelSelector = SliceSelector().String() }
 	nodeTweak := func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 	}
@@ -207,7 +210,7 @@ func tombstone(obj any) any {
 func (h *handlers) servicePorts(invalid InvalidFunc, svc *v1.Service) [][]*model.ServicePort {
 	// The API server filters by label already; this guards against a
 	// server or fake that does not, and an update that adds the label.
-	if !Proxied(svc.Labels) {
+	if !ServiceProxied(svc.Labels) {
 		return make([][]*model.ServicePort, len(h.lanes))
 	}
 	return translate(h.lanes, invalid, func(tl *Translator) []*model.ServicePort { return tl.ServicePorts(svc) })

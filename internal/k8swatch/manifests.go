@@ -399,7 +399,7 @@ func (m *Manifests) addService(f *manifestFile, path string, svc *v1.Service) bo
 	if _, dup := f.services[name]; dup {
 		m.report(KindService, svc.Namespace, svc.Name, "duplicate object: defined twice in %s; the last one is used", path)
 	}
-	if !Proxied(svc.Labels) {
+	if !ServiceProxied(svc.Labels) {
 		f.services[name] = nil
 		return true
 	}
@@ -421,7 +421,7 @@ func (m *Manifests) addSlice(f *manifestFile, path string, es *discoveryv1.Endpo
 	if _, dup := f.slices[id]; dup {
 		m.report(KindEndpointSlice, es.Namespace, es.Name, "duplicate object: defined twice in %s; the last one is used", path)
 	}
-	if !Proxied(es.Labels) {
+	if !SliceProxied(es.Labels) {
 		f.slices[id] = nil
 		return true
 	}

@@ -54,7 +54,7 @@ func (h *handlers) cacheSlice(es *discoveryv1.EndpointSlice) *cachedSlice {
 		Name: es.Name, Namespace: es.Namespace, UID: es.UID, ResourceVersion: es.ResourceVersion,
 	}}
 	c.service, c.serviceOK = EndpointSliceService(es)
-	if !Proxied(es.Labels) {
+	if !SliceProxied(es.Labels) {
 		c.slices = make([]*model.EndpointSlice, len(h.lanes))
 		return c
 	}

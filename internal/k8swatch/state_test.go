@@ -115,6 +115,20 @@ func TestState(t *testing.T) {
 			want: []string{"ns/web:http/TCP 10.96.0.10:80 eps=[] internal=REJECT[]"},
 		},
 		{
+			// kube-proxy 1.37: each label filters its own kind.
+			name: "a Service labelled headless but with a ClusterIP is proxied; a slice named for another proxy serves ours",
+			objects: []runtime.Object{
+				builders.Service("ns", "web", func(s *v1.Service) { s.Labels = map[string]string{LabelHeadless: ""} }),
+				builders.Service("ns", "api", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.11", []string{"10.96.0.11"} }),
+				builders.EndpointSlice("ns", "api-1", "api", []discoveryv1.Endpoint{builders.Endpoint("10.244.1.2", "node-a")},
+					func(es *discoveryv1.EndpointSlice) { es.Labels[LabelServiceProxyName] = "other-proxy" }),
+			},
+			want: []string{
+				"ns/api:http/TCP 10.96.0.11:80 eps=[10.244.1.2:8080 @node-a] internal=FORWARD[10.244.1.2:8080 @node-a]",
+				"ns/web:http/TCP 10.96.0.10:80 eps=[] internal=REJECT[]",
+			},
+		},
+		{
 			name: "a slice without the service-name label is reported and ignored",
 			objects: []runtime.Object{
 				builders.Service("ns", "web"),

@@ -98,13 +98,19 @@ func (t *Translator) report(kind, namespace, name, format string, args ...any) {
 	}
 }
 
-// Proxied reports whether an object with these labels is meant for kube-proxy:
-// it carries neither LabelServiceProxyName nor LabelHeadless. The informers
-// select on the same condition at the API server.
-func Proxied(labels map[string]string) bool {
+// ServiceProxied reports whether a Service with these labels is meant for
+// kube-proxy: it lacks LabelServiceProxyName. SliceProxied reports it of
+// an EndpointSlice: it lacks LabelHeadless. The informers select on the
+// same conditions at the API server (ServiceSelector, SliceSelector).
+func ServiceProxied(labels map[string]string) bool {
 	_, other := labels[LabelServiceProxyName]
+	return !other
+}
+
+// SliceProxied: see ServiceProxied.
+func SliceProxied(labels map[string]string) bool {
 	_, headless := labels[LabelHeadless]
-	return !other && !headless
+	return !headless
 }
 
 // ShouldSkipService reports whether a Service is never proxied: headless (no
