@@ -33,6 +33,10 @@ include test/e2e/e2e.mk
 # `make cluster-images` (all the cluster test imports).
 include hack/images.mk
 include test/cluster/cluster.mk
+# Kubernetes' own [sig-network] e2e specs with kube-proxy, then ebpf-proxy,
+# on the cluster test's node: `make conformance` (CONFORMANCE_FOCUS,
+# CONFORMANCE_PROXIES choose what runs).
+include test/conformance/conformance.mk
 
 .PHONY: all build deps generate check-generated lint monitoring-check unit test test-go fuzz fuzz-short system-test bench bench-report demo clean
 
@@ -189,11 +193,14 @@ bench-report: bench k8s-binaries e2e-agent
 	$(GO) run ./test/benchreport report --in $(BENCH_OUT) --out docs
 	$(GO) run ./test/benchreport summary $(BENCH_OUT)
 
-# Every test. The last, cluster-test, is a real worker node in a 6.12 guest
-# (kubelet, containerd) with its control plane on this machine: upstream
-# kube-proxy replaced by deploy/ under load, upgraded and restarted; about
-# 11 minutes.
-test: lint monitoring-check check-generated test-go fuzz-short vmtest system-test
+# Every test. system-test's cluster-test is a real worker node in a 6.12
+# guest (kubelet, containerd) with its control plane on this machine:
+# upstream kube-proxy replaced by deploy/ under load, upgraded and
+# restarted; about 8 minutes. The last, conformance-services, runs
+# Kubernetes' own Services conformance specs against such a node with
+# ebpf-proxy (test/conformance; make conformance runs the whole
+# [sig-network] selection with kube-proxy and ebpf-proxy).
+test: lint monitoring-check check-generated test-go fuzz-short vmtest system-test conformance-services
 
 # The end-to-end suite on the host and the cluster test in a VM, side by
 # side: each keeps about one core busy (the differential suite mostly waits

@@ -41,6 +41,11 @@ type Spec struct {
 	Entrypoint []string
 	Env        []string
 	Labels     map[string]string
+	// Cmd is the image's default arguments to Entrypoint, which a pod
+	// that gives no args runs with (Kubernetes' agnhost image runs
+	// "pause" so). Omitted from the key when empty, so that the images
+	// made before it existed keep their keys.
+	Cmd []string `json:",omitempty"`
 	// Created is the image's creation time and the mtime of every file the
 	// Files layer holds; a fixed time makes the same inputs give the same
 	// image digest.
@@ -111,6 +116,7 @@ func Build(spec Spec) (v1.Image, error) {
 	cf.Architecture = spec.Arch
 	cf.Created = v1.Time{Time: spec.Created}
 	cf.Config.Entrypoint = spec.Entrypoint
+	cf.Config.Cmd = spec.Cmd
 	cf.Config.Env = withPath(spec.Env)
 	cf.Config.Labels = spec.Labels
 	img, err = mutate.ConfigFile(img, cf)

@@ -8,6 +8,9 @@
 //	    --entrypoint /ebpf-proxy --label org.opencontainers.image.version=v1 \
 //	    --require /usr/sbin/iptables
 //
+// --cmd gives the image's default arguments (its Cmd), which a container
+// started without arguments passes to the entrypoint.
+//
 // The archive is in docker-archive form (`docker save`'s), which `ctr -n
 // k8s.io images import`, `docker load` and `podman load` read. An archive
 // whose inputs (the flags, the contents of every input file and mkimage
@@ -40,12 +43,13 @@ func main() {
 
 func run(args []string) error {
 	fs := flag.NewFlagSet("mkimage", flag.ContinueOnError)
-	var tags, bases, files, entrypoint, env, labels, require list
+	var tags, bases, files, entrypoint, cmd, env, labels, require list
 	out := fs.String("o", "", "the archive to write (required)")
 	fs.Var(&tags, "t", "a tag of the image, e.g. ebpf-proxy:v1 (required; repeatable)")
 	fs.Var(&bases, "base", "a root filesystem tarball, a layer as it is (repeatable, in order)")
 	fs.Var(&files, "file", "SRC:DEST[:MODE] a file to add at DEST, MODE octal, default SRC's (repeatable)")
 	fs.Var(&entrypoint, "entrypoint", "the entrypoint, one argument per flag (required)")
+	fs.Var(&cmd, "cmd", "the default arguments to the entrypoint, one per flag (the image's Cmd)")
 	fs.Var(&env, "env", "KEY=VALUE in the image's environment (repeatable; PATH has a default)")
 	fs.Var(&labels, "label", "KEY=VALUE a label of the image (repeatable)")
 	fs.Var(&require, "require", "a path that must be an executable file in the image (repeatable)")
@@ -60,7 +64,7 @@ func run(args []string) error {
 	if *out == "" || len(tags) == 0 || len(entrypoint) == 0 {
 		return fmt.Errorf("-o, -t and --entrypoint are required")
 	}
-	spec := Spec{Tags: tags, Bases: bases, Entrypoint: entrypoint, Env: env, Arch: *arch, Require: require}
+	spec := Spec{Tags: tags, Bases: bases, Entrypoint: entrypoint, Cmd: cmd, Env: env, Arch: *arch, Require: require}
 	for _, f := range files {
 		file, err := parseFile(f)
 		if err != nil {

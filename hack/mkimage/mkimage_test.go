@@ -3,6 +3,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -450,5 +451,60 @@ func TestInterpreters(t *testing.T) {
 	err = run([]string{"-o", out, "-t", "x:1", "--base", debianLike(t), "--file", dynamic + ":/true:0755", "--entrypoint", "/true"})
 	if err == nil || !strings.Contains(err.Error(), got[0]) {
 		t.Fatalf("error %v, want one naming %s", err, got[0])
+	}
+}
+
+// TestCmd checks that --cmd becomes the image's Cmd, one argument per flag
+// after the entrypoint, and that an image made without it has none: a pod
+// with no args runs the entrypoint with the Cmd (agnhost's "pause"), and
+// the images made before the flag existed must not change.
+func TestCmd(t *testing.T) {
+	base := debianLike(t)
+	bin := writeFile(t, "agnhost", 0o755)
+	for _, tc := range []struct {
+		name string
+		cmd  []string
+	}{
+		{"none", nil},
+		{"one", []string{"pause"}},
+		{"two", []string{"netexec", "--http-port=8080"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "agnhost.tar")
+			args := []string{"-o", out, "-t", "registry.k8s.io/e2e-test-images/agnhost:2.66.1", "--base", base,
+				"--file", bin + ":/agnhost:0755", "--entrypoint", "/agnhost", "--require", "/agnhost"}
+			for _, c := range tc.cmd {
+				args = append(args, "--cmd", c)
+			}
+			if err := run(args); err != nil {
+				t.Fatal(err)
+			}
+			ref, err := name.NewTag("registry.k8s.io/e2e-test-images/agnhost:2.66.1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			img, err := tarball.ImageFromPath(out, &ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cf, err := img.ConfigFile()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(cf.Config.Cmd, tc.cmd) {
+				t.Errorf("Cmd %q, want %q", cf.Config.Cmd, tc.cmd)
+			}
+			if !reflect.DeepEqual(cf.Config.Entrypoint, []string{"/agnhost"}) {
+				t.Errorf("entrypoint %q", cf.Config.Entrypoint)
+			}
+		})
+	}
+	// A spec without Cmd keys as it did before the field existed.
+	var b strings.Builder
+	if err := json.NewEncoder(&b).Encode(Spec{Tags: []string{"x:1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "Cmd") {
+		t.Errorf("a spec without Cmd encodes it: %s", b.String())
 	}
 }

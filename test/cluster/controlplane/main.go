@@ -57,8 +57,23 @@ type options struct {
 	host      netip.Prefix
 	node      netip.Addr
 	pods      netip.Prefix
-	command   []string
+	// controllers is kube-controller-manager's --controllers.
+	controllers string
+	command     []string
 }
+
+// defaultControllers are what the cluster test's objects need: the bridge
+// CNI assigns pod addresses, so no node IPAM; the garbage collector
+// deletes a deleted DaemonSet's pods; the node lifecycle controller lifts
+// the not-ready taint the kubelet registers with. Kubernetes' e2e suite
+// (test/conformance) needs more (namespaces deleted, Endpoints and their
+// mirrors kept): it asks for "*,-nodeipam".
+var defaultControllers = strings.Join([]string{
+	"daemonset-controller", "deployment-controller", "replicaset-controller",
+	"endpointslice-controller", "serviceaccount-controller",
+	"root-ca-certificate-publisher-controller", "garbage-collector-controller",
+	"node-lifecycle-controller",
+}, ",")
 
 func main() {
 	os.Exit(run(os.Args[1:]))
@@ -76,6 +91,7 @@ func run(args []string) int {
 		"the control plane's address and prefix on the tap device")
 	fs.StringVar(&nodeAddr, "node-address", node.DefaultIP.Addr().String(), "the node's address, the route to the pods")
 	fs.StringVar(&pods, "pod-cidr", node.ClusterCIDR, "the cluster's pod range, routed to the node")
+	fs.StringVar(&o.controllers, "controllers", defaultControllers, "kube-controller-manager's --controllers")
 	fs.BoolVar(&inNetns, inNetnsFlag, false, "internal: run inside the namespace made by a first run")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -279,16 +295,7 @@ func startControlPlane(ctx context.Context, o options) (*controlPlane, error) {
 			"--kubeconfig", admin,
 			"--service-account-private-key-file", c.ServiceAccountKeyFile(),
 			"--root-ca-file", c.CAFile(),
-			// What the test's objects need: the bridge CNI assigns pod
-			// addresses, so no node IPAM; the garbage collector deletes
-			// a deleted DaemonSet's pods; the node lifecycle controller
-			// lifts the not-ready taint the kubelet registers with.
-			"--controllers=" + strings.Join([]string{
-				"daemonset-controller", "deployment-controller", "replicaset-controller",
-				"endpointslice-controller", "serviceaccount-controller",
-				"root-ca-certificate-publisher-controller", "garbage-collector-controller",
-				"node-lifecycle-controller",
-			}, ","),
+			"--controllers=" + o.controllers,
 			"--leader-elect=false",
 			// kubectl rollout and DaemonSet updates are quicker checks.
 			"--concurrent-daemonset-syncs=2",

@@ -73,6 +73,15 @@ type Config struct {
 	// LogDir receives every component's log; it should be a directory the
 	// host can read after the run. Required.
 	LogDir string
+	// ClusterDNS are the addresses of the cluster's DNS Service that the
+	// kubelet gives pods as their nameservers, and ClusterDomain the
+	// domain their search path starts from (the kubelet's clusterDNS and
+	// clusterDomain). Empty: pods get no nameserver, as the cluster test
+	// wants, which runs no DNS server; the conformance run
+	// (test/conformance) runs CoreDNS, which Kubernetes' Services specs
+	// resolve names through.
+	ClusterDNS    []netip.Addr
+	ClusterDomain string
 	// Logf reports progress; optional.
 	Logf func(format string, args ...any)
 }
@@ -349,6 +358,23 @@ func (n *Node) startKubelet(ctx context.Context) error {
 	if err := os.Symlink(pods, "/var/log/pods"); err != nil {
 		return fmt.Errorf("containers' logs: %w", err)
 	}
+	config := kubeletConfig(n.ctrSock, n.cfg.ClusterDNS, n.cfg.ClusterDomain)
+	confPath := filepath.Join(kubeletDir, "config.yaml")
+	if err := os.WriteFile(confPath, []byte(config), 0o644); err != nil {
+		return err
+	}
+	_, err := n.startProcess("kubelet", n.bins.Kubelet,
+		"--config", confPath,
+		"--kubeconfig", n.cfg.Kubeconfig,
+		"--hostname-override", n.Name,
+		"--node-ip", n.IP.String(),
+		"--v=1")
+	return err
+}
+
+// kubeletConfig is the kubelet's configuration file: containerd's socket
+// ctrSock, and the cluster's DNS when dns is not empty.
+func kubeletConfig(ctrSock string, dns []netip.Addr, domain string) string {
 	// cgroupfs: the guest has no systemd. Eviction thresholds low: the
 	// guest's disk is a tmpfs and would look full to the defaults.
 	config := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
@@ -369,18 +395,17 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
-`, n.ctrSock)
-	confPath := filepath.Join(kubeletDir, "config.yaml")
-	if err := os.WriteFile(confPath, []byte(config), 0o644); err != nil {
-		return err
+`, ctrSock)
+	if len(dns) > 0 {
+		config += "clusterDNS:\n"
+		for _, a := range dns {
+			config += fmt.Sprintf("  - %q\n", a)
+		}
 	}
-	_, err := n.startProcess("kubelet", n.bins.Kubelet,
-		"--config", confPath,
-		"--kubeconfig", n.cfg.Kubeconfig,
-		"--hostname-override", n.Name,
-		"--node-ip", n.IP.String(),
-		"--v=1")
-	return err
+	if domain != "" {
+		config += fmt.Sprintf("clusterDomain: %q\n", domain)
+	}
+	return config
 }
 
 // waitReady waits for the Node to be Ready and for the default namespace's

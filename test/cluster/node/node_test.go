@@ -2,8 +2,11 @@ package node
 
 import (
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 func TestContainerdRefImpliesDockerHub(t *testing.T) {
@@ -43,5 +46,36 @@ func TestUsageLineSumsCommandsAndSortsByCPU(t *testing.T) {
 	}
 	if got := usageLine(meminfo, loadavg, stats, 10); !strings.Contains(got, "containerd-shim 2 odd) name (x 0") {
 		t.Errorf("usageLine with every command: %s", got)
+	}
+}
+
+// TestKubeletConfigClusterDNS checks the kubelet's DNS settings: absent
+// unless asked for (the cluster test runs no DNS server), and a list of
+// nameservers with the domain when asked (the conformance run's CoreDNS).
+func TestKubeletConfigClusterDNS(t *testing.T) {
+	var plain map[string]any
+	if err := yaml.Unmarshal([]byte(kubeletConfig("/run/c.sock", nil, "")), &plain); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := plain["clusterDNS"]; ok {
+		t.Errorf("clusterDNS set without being asked for: %v", plain)
+	}
+	if _, ok := plain["clusterDomain"]; ok {
+		t.Errorf("clusterDomain set without being asked for: %v", plain)
+	}
+	if plain["containerRuntimeEndpoint"] != "unix:///run/c.sock" {
+		t.Errorf("containerRuntimeEndpoint %v", plain["containerRuntimeEndpoint"])
+	}
+	var withDNS struct {
+		ClusterDNS    []string `json:"clusterDNS"`
+		ClusterDomain string   `json:"clusterDomain"`
+		CgroupDriver  string   `json:"cgroupDriver"`
+	}
+	conf := kubeletConfig("/run/c.sock", []netip.Addr{netip.MustParseAddr("10.96.0.10")}, "cluster.local")
+	if err := yaml.Unmarshal([]byte(conf), &withDNS); err != nil {
+		t.Fatal(err)
+	}
+	if len(withDNS.ClusterDNS) != 1 || withDNS.ClusterDNS[0] != "10.96.0.10" || withDNS.ClusterDomain != "cluster.local" || withDNS.CgroupDriver != "cgroupfs" {
+		t.Errorf("with DNS: %+v\n%s", withDNS, conf)
 	}
 }

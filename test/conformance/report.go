@@ -1,0 +1,166 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+)
+
+// Result is what one proxy's run of the suite came to, read from ginkgo's
+// JSON report (--ginkgo.json-report).
+type Result struct {
+	// Proxy is the proxy the cluster ran: kube-proxy or ebpf-proxy.
+	Proxy string
+	// Passed, Failed and Skipped count the selected specs by outcome; a
+	// spec skipped at run time (one node where it wants two) is Skipped,
+	// one that the focus and skip expressions left out is not counted.
+	// Failed counts every way of not passing: failed, timed out,
+	// panicked, interrupted, aborted.
+	Passed, Failed, Skipped int
+	// Failures are the names of the failed specs, in the order they ran.
+	Failures []string
+	// SetupFailures are failures outside any spec (the suite's setup,
+	// which fails every spec after it unrun): the run says nothing of
+	// the proxy then.
+	SetupFailures []string
+	// SkipReasons counts the reasons of the run-time skips.
+	SkipReasons map[string]int
+}
+
+// Ran is the number of specs that ran to a verdict.
+func (r Result) Ran() int { return r.Passed + r.Failed }
+
+// specReport is the part of ginkgo's types.SpecReport that the summary
+// reads; its JSON form is ginkgo's own.
+type specReport struct {
+	ContainerHierarchyTexts []string
+	LeafNodeType            string
+	LeafNodeText            string
+	State                   string
+	NumAttempts             int
+	Failure                 struct {
+		Message string
+	}
+}
+
+// suiteReport is one suite of a JSON report, which is a list of them.
+type suiteReport struct {
+	SuiteDescription string
+	SpecReports      []specReport
+}
+
+// SpecName is the spec's full name as ginkgo prints it and --ginkgo.focus
+// matches it: its containers' texts and its own, space-separated.
+func (s specReport) SpecName() string {
+	return strings.Join(append(slices.Clone(s.ContainerHierarchyTexts), s.LeafNodeText), " ")
+}
+
+// ReadReport reads the JSON report at path, a run of the suite with proxy.
+func ReadReport(proxy, path string) (Result, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Result{}, err
+	}
+	var suites []suiteReport
+	if err := json.Unmarshal(b, &suites); err != nil {
+		return Result{}, fmt.Errorf("%s: %w", path, err)
+	}
+	r := Result{Proxy: proxy, SkipReasons: map[string]int{}}
+	for _, s := range suites {
+		for _, spec := range s.SpecReports {
+			r.add(spec)
+		}
+	}
+	return r, nil
+}
+
+func (r *Result) add(spec specReport) {
+	if spec.LeafNodeType != "It" {
+		// The suite's own nodes (SynchronizedBeforeSuite, the report
+		// writers): only their failures matter.
+		if failedState(spec.State) {
+			r.SetupFailures = append(r.SetupFailures, fmt.Sprintf("%s: %s", spec.LeafNodeType, firstLine(spec.Failure.Message)))
+		}
+		return
+	}
+	switch {
+	case spec.State == "passed":
+		r.Passed++
+	case spec.State == "skipped" || spec.State == "pending":
+		// A spec the filters left out was never attempted; one that
+		// skipped itself (e2eskipper) was, once.
+		if spec.NumAttempts > 0 {
+			r.Skipped++
+			r.SkipReasons[firstLine(spec.Failure.Message)]++
+		}
+	case failedState(spec.State):
+		r.Failed++
+		r.Failures = append(r.Failures, spec.SpecName())
+	}
+}
+
+func failedState(s string) bool {
+	switch s {
+	case "failed", "timedout", "panicked", "interrupted", "aborted":
+		return true
+	}
+	return false
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
+	return s
+}
+
+// Summary writes the failed specs of each result, a spec that failed with
+// every proxy named an environment limit (the node, not the proxy, fails
+// it), then one line per result:
+//
+//	conformance: proxy=P ran=N passed=P failed=F skipped=S
+//
+// It returns whether the proxies under test passed: no setup failed, and
+// ebpf-proxy failed no spec that kube-proxy passed (or, without a
+// kube-proxy run to compare with, no spec at all).
+func Summary(w io.Writer, results []Result) bool {
+	failedBy := map[string]int{}
+	for _, r := range results {
+		for _, f := range r.Failures {
+			failedBy[f]++
+		}
+	}
+	limit := func(name string) bool { return len(results) > 1 && failedBy[name] == len(results) }
+	ok := true
+	var reference *Result
+	for i := range results {
+		if results[i].Proxy == "kube-proxy" {
+			reference = &results[i]
+		}
+	}
+	for _, r := range results {
+		for _, f := range r.SetupFailures {
+			fmt.Fprintf(w, "conformance: %s: suite setup failed: %s\n", r.Proxy, f)
+			ok = false
+		}
+		if len(r.Failures) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "conformance: failed with %s (%d):\n", r.Proxy, len(r.Failures))
+		for _, f := range r.Failures {
+			note := ""
+			if limit(f) {
+				note = "  [environment limit: fails with every proxy]"
+			}
+			fmt.Fprintf(w, "  %s%s\n", f, note)
+			if r.Proxy == "ebpf-proxy" && (reference == nil || !slices.Contains(reference.Failures, f)) {
+				ok = false
+			}
+		}
+	}
+	for _, r := range results {
+		fmt.Fprintf(w, "conformance: proxy=%s ran=%d passed=%d failed=%d skipped=%d\n", r.Proxy, r.Ran(), r.Passed, r.Failed, r.Skipped)
+	}
+	return ok
+}

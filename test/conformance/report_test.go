@@ -1,0 +1,156 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// report writes a JSON report in ginkgo's form holding specs, as
+// --ginkgo.json-report does, and returns its path.
+func report(t *testing.T, specs string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "report.json")
+	if err := os.WriteFile(p, []byte(`[{"SuiteDescription":"Kubernetes e2e suite","SpecReports":[`+specs+`]}]`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+const (
+	setupPassed = `{"LeafNodeType":"SynchronizedBeforeSuite","State":"passed","NumAttempts":1}`
+	basic       = `{"ContainerHierarchyTexts":["[sig-network] Services"],"LeafNodeType":"It","LeafNodeText":"should serve a basic endpoint from pods [Conformance]","State":"passed","NumAttempts":1}`
+	twoNodes    = `{"ContainerHierarchyTexts":["[sig-network] Conntrack"],"LeafNodeType":"It","LeafNodeText":"should be able to preserve UDP traffic","State":"skipped","NumAttempts":1,"Failure":{"Message":"Requires at least 2 nodes (not 1)\nmore"}}`
+	filtered    = `{"ContainerHierarchyTexts":["[sig-apps] Deployment"],"LeafNodeType":"It","LeafNodeText":"should roll","State":"skipped","NumAttempts":0}`
+	affinity    = `{"ContainerHierarchyTexts":["[sig-network] Services"],"LeafNodeType":"It","LeafNodeText":"should have session affinity work for service with type clusterIP [LinuxOnly] [Conformance]","State":"failed","NumAttempts":1,"Failure":{"Message":"timed out"}}`
+	latency     = `{"ContainerHierarchyTexts":["[sig-network] Service endpoints latency"],"LeafNodeType":"It","LeafNodeText":"should not be very high [Conformance]","State":"timedout","NumAttempts":1}`
+)
+
+func TestReadReportCountsSelectedSpecsByOutcome(t *testing.T) {
+	r, err := ReadReport("ebpf-proxy", report(t, strings.Join([]string{setupPassed, basic, twoNodes, filtered, affinity, latency}, ",")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Passed != 1 || r.Failed != 2 || r.Skipped != 1 || r.Ran() != 3 {
+		t.Errorf("passed=%d failed=%d skipped=%d ran=%d, want 1 2 1 3", r.Passed, r.Failed, r.Skipped, r.Ran())
+	}
+	want := []string{
+		"[sig-network] Services should have session affinity work for service with type clusterIP [LinuxOnly] [Conformance]",
+		"[sig-network] Service endpoints latency should not be very high [Conformance]",
+	}
+	if !reflect.DeepEqual(r.Failures, want) {
+		t.Errorf("failures %q, want %q", r.Failures, want)
+	}
+	if r.SkipReasons["Requires at least 2 nodes (not 1)"] != 1 || len(r.SkipReasons) != 1 {
+		t.Errorf("skip reasons %v", r.SkipReasons)
+	}
+	if len(r.SetupFailures) != 0 {
+		t.Errorf("setup failures %q", r.SetupFailures)
+	}
+}
+
+func TestSummaryNamesEnvironmentLimitsAndJudgesEBPFProxyAgainstKubeProxy(t *testing.T) {
+	kp, err := ReadReport("kube-proxy", report(t, strings.Join([]string{basic, latency, twoNodes}, ",")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours, err := ReadReport("ebpf-proxy", report(t, strings.Join([]string{basic, latency, twoNodes}, ",")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if !Summary(&b, []Result{kp, ours}) {
+		t.Errorf("a spec failed by both proxies failed the run:\n%s", b.String())
+	}
+	out := b.String()
+	if !strings.Contains(out, "should not be very high [Conformance]  [environment limit: fails with every proxy]") {
+		t.Errorf("the spec both fail is not named an environment limit:\n%s", out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	last := lines[len(lines)-2:]
+	wantLast := []string{
+		"conformance: proxy=kube-proxy ran=2 passed=1 failed=1 skipped=1",
+		"conformance: proxy=ebpf-proxy ran=2 passed=1 failed=1 skipped=1",
+	}
+	if !reflect.DeepEqual(last, wantLast) {
+		t.Errorf("last lines %q, want %q", last, wantLast)
+	}
+
+	// A spec only ebpf-proxy fails fails the run, and is no limit.
+	ours2, err := ReadReport("ebpf-proxy", report(t, strings.Join([]string{affinity, latency}, ",")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Reset()
+	if Summary(&b, []Result{kp, ours2}) {
+		t.Errorf("a spec only ebpf-proxy fails passed the run:\n%s", b.String())
+	}
+	if strings.Contains(b.String(), "session affinity work for service with type clusterIP [LinuxOnly] [Conformance]  [environment") {
+		t.Errorf("a spec one proxy passes is named an environment limit:\n%s", b.String())
+	}
+
+	// Alone, ebpf-proxy passes only without failures.
+	b.Reset()
+	if Summary(&b, []Result{ours}) {
+		t.Errorf("ebpf-proxy alone with a failure passed:\n%s", b.String())
+	}
+}
+
+func TestSetupFailureFailsTheRun(t *testing.T) {
+	r, err := ReadReport("kube-proxy", report(t, `{"LeafNodeType":"SynchronizedBeforeSuite","State":"failed","NumAttempts":1,"Failure":{"Message":"nodes not ready\ndetails"}},`+
+		strings.Replace(basic, `"State":"passed"`, `"State":"skipped"`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"SynchronizedBeforeSuite: nodes not ready"}; !reflect.DeepEqual(r.SetupFailures, want) {
+		t.Errorf("setup failures %q, want %q", r.SetupFailures, want)
+	}
+	var b strings.Builder
+	if Summary(&b, []Result{r}) {
+		t.Errorf("a failed setup passed:\n%s", b.String())
+	}
+}
+
+func TestSkipExpressionJoinsTheFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "skips.txt")
+	if err := os.WriteFile(p, []byte("# why\n\\[Feature:LoadBalancer\\]\n\n  # indented comment\nInternet connection\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := skipExpression(p, "extra")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `\[Feature:LoadBalancer\]|Internet connection|extra`; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if err := os.WriteFile(p, []byte("(unclosed\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := skipExpression(p, ""); err == nil || !strings.Contains(err.Error(), ":1:") {
+		t.Errorf("a bad expression: error %v, want one naming its line", err)
+	}
+}
+
+func TestSpecProgressPrintsVerdicts(t *testing.T) {
+	var b strings.Builder
+	p := &specProgress{proxy: "kube-proxy", out: &b}
+	for _, chunk := range []string{
+		"some log\n------------------------------\nSSSS\n------------------------------\n",
+		"[sig-network] Services should serve [Conformance] [sig-network, Conformance]\n  STEP: x\n• [12.3", "45 seconds]\n",
+		"------------------------------\n[sig-network] Conntrack should preserve\n  I1206 skip\nS [SKIPPED] [0.512 seconds]\n",
+		"------------------------------\nSSS\n------------------------------\n[sig-network] Services should fail\n  STEP: y\n• [FAILED] [61.000 seconds]\n",
+		"[sig-network] Services should fail\n/path/file.go:12\n------------------------------\n",
+	} {
+		if _, err := p.Write([]byte(chunk)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.flush()
+	want := "conformance: kube-proxy: PASSED 12.345s [sig-network] Services should serve [Conformance] [sig-network, Conformance]\n" +
+		"conformance: kube-proxy: FAILED 61.000s [sig-network] Services should fail\n"
+	if b.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+}
