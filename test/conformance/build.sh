@@ -72,23 +72,10 @@ flock 9
 
 export CGO_ENABLED=0 GOWORK=off GOFLAGS="${GOFLAGS:-} -mod=readonly"
 
-# k8s_ldflags prints the flags that give the suite its version (the
-# suite prints it, and kubectl's skew checks read it), as
-# build-binaries.sh gives them to the other Kubernetes binaries.
-k8s_ldflags() {
-	local info build_date minor ldflags pkg
-	(cd "$tools" && go mod download k8s.io/kubernetes) >&2
-	info="$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/$k8s_version.info"
-	build_date=$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$info")
-	minor=${k8s_version#v1.}
-	minor=${minor%%.*}
-	ldflags="-s -w"
-	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-		ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-		ldflags+=" -X $pkg.gitTreeState=archive -X $pkg.buildDate=$build_date"
-	done
-	echo "$ldflags"
-}
+# k8s_ldflags (test/e2e/k8s-ldflags.sh) gives the suite its version (it
+# prints it, and kubectl's skew checks read it), as build-binaries.sh
+# gives it to the other Kubernetes binaries; run it in the tools module.
+. "$repo/test/e2e/k8s-ldflags.sh"
 
 # finish DIR LINE... records what DIR's binaries were built from, last.
 finish() {
@@ -104,7 +91,7 @@ finish() {
 if ! up_to_date "$k8s_dir" "$suite_inputs" "$agnhost_inputs"; then
 	mkdir -p "$k8s_dir"
 	rm -f "$k8s_dir/.complete"
-	ldflags=$(k8s_ldflags)
+	ldflags=$(cd "$tools" && k8s_ldflags)
 	start=$SECONDS
 	echo "conformance/build.sh: building the [sig-network] e2e suite $k8s_version"
 	# -trimpath and the ldflags as build-binaries.sh: the packages it

@@ -95,23 +95,7 @@ fi
 
 # k8s_ldflags prints the flags that give the Kubernetes binaries their
 # version.
-k8s_ldflags() {
-	go mod download k8s.io/kubernetes >&2
-	info="$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/$k8s_version.info"
-	# The release time from the module proxy makes the build reproducible.
-	build_date=$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$info")
-	minor=${k8s_version#v1.}
-	minor=${minor%%.*}
-	ldflags="-s -w"
-	# Without these every binary reports v0.0.0-master, and kubectl and
-	# kube-proxy print version-skew warnings. There is no git tree in a module
-	# zip, which upstream's version.sh calls the "archive" tree state.
-	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-		ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-		ldflags+=" -X $pkg.gitTreeState=archive -X $pkg.buildDate=$build_date"
-	done
-	echo "$ldflags"
-}
+. "$here/k8s-ldflags.sh"
 
 if ! complete "$k8s_dir"; then
 	mkdir -p "$k8s_dir"
