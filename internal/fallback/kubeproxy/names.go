@@ -7,7 +7,8 @@
 // kube-proxy process runs on the node (see Watcher).
 //
 // The names come from upstream kube-proxy (pkg/proxy/iptables, ipvs and
-// nftables as of v1.33, and the chains of releases since 1.20).
+// nftables as of v1.37, the same as v1.33's, and the chains of releases
+// since 1.20).
 package kubeproxy
 
 import (
@@ -22,7 +23,7 @@ import (
 // Left out on purpose: KUBE-FIREWALL (the kubelet's, in filter; kube-proxy
 // only keeps a duplicate of its rule), KUBE-KUBELET-CANARY and
 // KUBE-IPTABLES-HINT (the kubelet's), and KUBE-MARK-DROP, which kube-proxy
-// v1.33 neither creates nor uses and kubelets created until their
+// v1.33 to v1.37 neither create nor use and kubelets created until their
 // IPTablesOwnershipCleanup (on by default from 1.27): whose it is cannot
 // be told, and unreferenced it does nothing.
 var chains = map[string]bool{
