@@ -50,6 +50,9 @@ CONFORMANCE_PROXIES ?= kube-proxy,ebpf-proxy
 # exec takes 5 to 40 s), the slow end with another VM on the other core.
 CONFORMANCE_VM_FLAGS ?= --kernel 6.12 --cpus 1 --memory 6144 --accel tcg --timeout 6h
 CONFORMANCE_E2E_TIMEOUT ?= 150m
+# Further flags for e2e.test, e.g. --ginkgo.seed=N to run the specs in the
+# order of an earlier run (its report.json's SuiteConfig.RandomSeed).
+CONFORMANCE_E2E_ARGS ?=
 
 CONFORMANCE_IMAGES := $(abspath bin/images-conformance)
 CONFORMANCE_BIN := $(EBPF_PROXY_CACHE)/k8s-conformance/$(K8S_VERSION)
@@ -116,7 +119,7 @@ conformance: cluster-deps vmtest-deps k8s-binaries node-binaries cluster-images 
 		--deploy $(abspath deploy) --agent-image ebpf-proxy:$(IMAGE_TAG) \
 		--coredns-image $(COREDNS_IMAGE) \
 		--focus '$(CONFORMANCE_FOCUS)' --skip-file $(CONFORMANCE_SKIP_FILE) --skip '$(CONFORMANCE_SKIP)' \
-		--e2e-timeout $(CONFORMANCE_E2E_TIMEOUT)
+		--e2e-timeout $(CONFORMANCE_E2E_TIMEOUT) $(addprefix --e2e-arg ,$(CONFORMANCE_E2E_ARGS))
 
 # What make test runs: the Services conformance specs, with ebpf-proxy alone
 # (about 4 minutes to a ready node, then 10 for the 15 specs on a quiet

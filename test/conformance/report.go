@@ -17,8 +17,8 @@ type Result struct {
 	// Passed, Failed and Skipped count the selected specs by outcome; a
 	// spec skipped at run time (one node where it wants two) is Skipped,
 	// one that the focus and skip expressions left out is not counted.
-	// Failed counts every way of not passing: failed, timed out,
-	// panicked, interrupted, aborted.
+	// Failed counts every way of failing: failed, timed out, panicked,
+	// aborted.
 	Passed, Failed, Skipped int
 	// Failures are the names of the failed specs, in the order they ran.
 	Failures []string
@@ -28,6 +28,9 @@ type Result struct {
 	SetupFailures []string
 	// SkipReasons counts the reasons of the run-time skips.
 	SkipReasons map[string]int
+	// Interrupted names the spec that a stopped run (Ctrl-C, a timeout
+	// of the whole suite) cut short: neither passed nor failed.
+	Interrupted []string
 }
 
 // Ran is the number of specs that ran to a verdict.
@@ -96,6 +99,8 @@ func (r *Result) add(spec specReport) {
 			r.Skipped++
 			r.SkipReasons[firstLine(spec.Failure.Message)]++
 		}
+	case spec.State == "interrupted":
+		r.Interrupted = append(r.Interrupted, spec.SpecName())
 	case failedState(spec.State):
 		r.Failed++
 		r.Failures = append(r.Failures, spec.SpecName())
@@ -142,6 +147,10 @@ func Summary(w io.Writer, results []Result) bool {
 	for _, r := range results {
 		for _, f := range r.SetupFailures {
 			fmt.Fprintf(w, "conformance: %s: suite setup failed: %s\n", r.Proxy, f)
+			ok = false
+		}
+		for _, name := range r.Interrupted {
+			fmt.Fprintf(w, "conformance: %s: interrupted, not counted: %s\n", r.Proxy, name)
 			ok = false
 		}
 		if len(r.Failures) == 0 {

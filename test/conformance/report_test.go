@@ -98,6 +98,20 @@ func TestSummaryNamesEnvironmentLimitsAndJudgesEBPFProxyAgainstKubeProxy(t *test
 	}
 }
 
+func TestInterruptedSpecIsNotCounted(t *testing.T) {
+	r, err := ReadReport("kube-proxy", report(t, basic+","+strings.Replace(latency, `"State":"timedout"`, `"State":"interrupted"`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Passed != 1 || r.Failed != 0 || len(r.Interrupted) != 1 {
+		t.Errorf("passed=%d failed=%d interrupted=%q, want 1 0 and the latency spec", r.Passed, r.Failed, r.Interrupted)
+	}
+	var b strings.Builder
+	if Summary(&b, []Result{r}) || !strings.Contains(b.String(), "interrupted, not counted: [sig-network] Service endpoints latency") {
+		t.Errorf("an interrupted run passed, or its spec is not named:\n%s", b.String())
+	}
+}
+
 func TestSetupFailureFailsTheRun(t *testing.T) {
 	r, err := ReadReport("kube-proxy", report(t, `{"LeafNodeType":"SynchronizedBeforeSuite","State":"failed","NumAttempts":1,"Failure":{"Message":"nodes not ready\ndetails"}},`+
 		strings.Replace(basic, `"State":"passed"`, `"State":"skipped"`, 1)))
@@ -152,5 +166,19 @@ func TestSpecProgressPrintsVerdicts(t *testing.T) {
 		"conformance: kube-proxy: FAILED 61.000s [sig-network] Services should fail\n"
 	if b.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+}
+
+func TestWithoutKindDropsTheDaemonSet(t *testing.T) {
+	m := "# head\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kube-proxy\n---\napiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: kube-proxy\n---\nkind: ServiceAccount\n"
+	got, err := withoutKind(m, "DaemonSet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(got, "DaemonSet") || !strings.Contains(got, "kind: ConfigMap") || !strings.Contains(got, "kind: ServiceAccount") {
+		t.Errorf("got\n%s", got)
+	}
+	if _, err := withoutKind(m, "Deployment"); err == nil {
+		t.Error("a manifest without the kind: no error")
 	}
 }

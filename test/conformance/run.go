@@ -106,8 +106,8 @@ func runMain(args []string) int {
 		if p == "kube-proxy" && (c.kubeProxy == "" || c.kpImage == "") {
 			err = errors.New("kube-proxy needs --kube-proxy-manifest and --kube-proxy-image")
 		}
-		if p == "ebpf-proxy" && (c.deploy == "" || !strings.Contains(c.agentImage, ":")) {
-			err = errors.New("ebpf-proxy needs --deploy and --agent-image NAME:TAG")
+		if p == "ebpf-proxy" && (c.deploy == "" || !strings.Contains(c.agentImage, ":") || c.kubeProxy == "") {
+			err = errors.New("ebpf-proxy needs --deploy, --agent-image NAME:TAG and --kube-proxy-manifest (its ConfigMap)")
 		}
 	}
 	if err != nil {
@@ -232,6 +232,11 @@ func (c *runConfig) run(ctx context.Context) ([]Result, error) {
 		}
 		results = append(results, r)
 		logf("%s: ran=%d passed=%d failed=%d skipped=%d in %.0fs", proxy, r.Ran(), r.Passed, r.Failed, r.Skipped, time.Since(suiteStart).Seconds())
+		if ctx.Err() != nil {
+			// Interrupted: the suite wrote its report of what ran; the
+			// next proxy is not installed.
+			return results, fmt.Errorf("%s: interrupted: %w", proxy, ctx.Err())
+		}
 	}
 	return results, nil
 }
@@ -251,6 +256,22 @@ func (c *runConfig) install(ctx context.Context, proxy string, replacing bool) e
 		}
 		return c.kubectlRetry(ctx, "", "-n", "kube-system", "rollout", "status", "daemonset/kube-proxy", "--timeout=15m")
 	case "ebpf-proxy":
+		if !replacing {
+			// deploy/ reaches the API server through kube-proxy's
+			// ConfigMap, which kubeadm makes in every cluster: its
+			// objects but the DaemonSet, as where kube-proxy never ran.
+			b, err := os.ReadFile(c.kubeProxy)
+			if err != nil {
+				return err
+			}
+			objs, err := withoutKind(string(b), "DaemonSet")
+			if err != nil {
+				return err
+			}
+			if err := c.applyTemplate(ctx, objs, map[string]any{"APIServer": c.server, "Image": c.kpImage}); err != nil {
+				return err
+			}
+		}
 		overlay, err := c.overlay()
 		if err != nil {
 			return err
@@ -267,6 +288,23 @@ func (c *runConfig) install(ctx context.Context, proxy string, replacing bool) e
 		return nil
 	}
 	return fmt.Errorf("unknown proxy %q", proxy)
+}
+
+// withoutKind returns the manifest without its objects of kind.
+func withoutKind(manifest, kind string) (string, error) {
+	var keep []string
+	dropped := 0
+	for _, doc := range regexp.MustCompile(`(?m)^---[ \t]*$`).Split(manifest, -1) {
+		if regexp.MustCompile(`(?m)^kind:[ \t]*` + regexp.QuoteMeta(kind) + `[ \t]*$`).MatchString(doc) {
+			dropped++
+			continue
+		}
+		keep = append(keep, doc)
+	}
+	if dropped == 0 {
+		return "", fmt.Errorf("the manifest holds no %s", kind)
+	}
+	return strings.Join(keep, "\n---\n"), nil
 }
 
 // overlay writes a kustomization on top of deploy/ that sets the agent's
