@@ -23,8 +23,8 @@ IMAGE_TAG_NEXT ?= $(IMAGE_TAG)-next
 TESTSERVER_TAG ?= $(IMAGE_TAG)
 # The sandbox image the cluster test's containerd is configured with.
 PAUSE_IMAGE ?= registry.k8s.io/pause:3.10
-# Upstream kube-proxy, of the version the end-to-end tests pin.
-K8S_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" && $$2 ~ /^v/ { print $$2; exit }' test/e2e/tools/go.mod)
+# Upstream kube-proxy, of the version the end-to-end tests pin
+# (K8S_VERSION, from test/e2e/e2e.mk).
 KUBE_PROXY_IMAGE ?= registry.k8s.io/kube-proxy:$(K8S_VERSION)
 # Image creation time and the mtime of the files added: the commit's, so
 # that the same commit gives the same images.

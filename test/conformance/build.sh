@@ -28,12 +28,10 @@ tools=$repo/test/e2e/tools
 dns=$here/coredns
 cache=${EBPF_PROXY_CACHE:-/var/cache/ebpf-proxy}
 
-mod_version() {
-	local v
-	v=$(awk -v m="$1" '$1 == m && $2 ~ /^v/ { print $2; exit }' "$2")
-	[[ -n $v ]] || { echo "conformance/build.sh: $1 is not required in $2" >&2; exit 1; }
-	echo "$v"
-}
+# mod_version and k8s_ldflags (k8s_ldflags gives the suite its version:
+# it prints it, and kubectl's skew checks read it, as build-binaries.sh
+# gives it to the other Kubernetes binaries; run it in the tools module).
+. "$repo/test/e2e/k8s-build.sh"
 
 k8s_version=$(mod_version k8s.io/kubernetes "$tools/go.mod")
 dns_version=$(mod_version github.com/coredns/coredns "$dns/go.mod")
@@ -72,10 +70,6 @@ flock 9
 
 export CGO_ENABLED=0 GOWORK=off GOFLAGS="${GOFLAGS:-} -mod=readonly"
 
-# k8s_ldflags (test/e2e/k8s-ldflags.sh) gives the suite its version (it
-# prints it, and kubectl's skew checks read it), as build-binaries.sh
-# gives it to the other Kubernetes binaries; run it in the tools module.
-. "$repo/test/e2e/k8s-ldflags.sh"
 
 # finish DIR LINE... records what DIR's binaries were built from, last.
 finish() {

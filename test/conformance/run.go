@@ -290,12 +290,16 @@ func (c *runConfig) install(ctx context.Context, proxy string, replacing bool) e
 	return fmt.Errorf("unknown proxy %q", proxy)
 }
 
+// documentSeparator splits a multi-document YAML manifest.
+var documentSeparator = regexp.MustCompile(`(?m)^---[ \t]*$`)
+
 // withoutKind returns the manifest without its objects of kind.
 func withoutKind(manifest, kind string) (string, error) {
 	var keep []string
 	dropped := 0
-	for _, doc := range regexp.MustCompile(`(?m)^---[ \t]*$`).Split(manifest, -1) {
-		if regexp.MustCompile(`(?m)^kind:[ \t]*` + regexp.QuoteMeta(kind) + `[ \t]*$`).MatchString(doc) {
+	isKind := regexp.MustCompile(`(?m)^kind:[ \t]*` + regexp.QuoteMeta(kind) + `[ \t]*$`)
+	for _, doc := range documentSeparator.Split(manifest, -1) {
+		if isKind.MatchString(doc) {
 			dropped++
 			continue
 		}

@@ -20,15 +20,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 tools=$here/tools
 cache=${EBPF_PROXY_CACHE:-/var/cache/ebpf-proxy}
 
-mod_version() {
-	local v
-	v=$(awk -v m="$1" '$1 == m && $2 ~ /^v/ { print $2; exit }' "$tools/go.mod")
-	[[ -n $v ]] || { echo "build-binaries.sh: $1 is not required in $tools/go.mod" >&2; exit 1; }
-	echo "$v"
-}
+# mod_version and k8s_ldflags.
+. "$here/k8s-build.sh"
 
-k8s_version=$(mod_version k8s.io/kubernetes)
-etcd_version=$(mod_version go.etcd.io/etcd/server/v3)
+k8s_version=$(mod_version k8s.io/kubernetes "$tools/go.mod")
+etcd_version=$(mod_version go.etcd.io/etcd/server/v3 "$tools/go.mod")
 k8s_dir=$cache/k8s/$k8s_version
 etcd_dir=$cache/etcd/$etcd_version
 node_dir=
@@ -93,9 +89,6 @@ if ! complete "$etcd_dir"; then
 	build "$etcd_dir" "$etcd_version" "-s -w" etcd go.etcd.io/etcd/server/v3
 fi
 
-# k8s_ldflags prints the flags that give the Kubernetes binaries their
-# version.
-. "$here/k8s-ldflags.sh"
 
 if ! complete "$k8s_dir"; then
 	mkdir -p "$k8s_dir"

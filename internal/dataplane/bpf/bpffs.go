@@ -20,30 +20,30 @@ import (
 // there yet): a bpffs mounted over files would hide them. The mount stays
 // when the agent exits, as the pins in it must for the programs to keep
 // serving; with the DaemonSet's Bidirectional mount of /sys/fs/bpf it is
-// the node's. It returns the mount point, or "" when none was needed.
-func ensureBPFFS(path string, log *zap.Logger) (string, error) {
+// the node's.
+func ensureBPFFS(path string, log *zap.Logger) error {
 	path = filepath.Clean(path)
 	on, err := onBPFFS(path)
 	if err != nil || on {
-		return "", err
+		return err
 	}
 	dir := filepath.Dir(path)
 	if dir == path {
-		return "", fmt.Errorf("--bpffs-path %s is not on a bpf filesystem, and has no parent to mount one on", path)
+		return fmt.Errorf("--bpffs-path %s is not on a bpf filesystem, and has no parent to mount one on", path)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", fmt.Errorf("--bpffs-path %s is not on a bpf filesystem: create %s to mount one: %w", path, dir, err)
+		return fmt.Errorf("--bpffs-path %s is not on a bpf filesystem: create %s to mount one: %w", path, dir, err)
 	}
 	if empty, err := emptyDir(dir); err != nil {
-		return "", fmt.Errorf("--bpffs-path %s is not on a bpf filesystem: %w", path, err)
+		return fmt.Errorf("--bpffs-path %s is not on a bpf filesystem: %w", path, err)
 	} else if !empty {
-		return "", fmt.Errorf("--bpffs-path %s is not on a bpf filesystem, and %s is not empty: mount bpffs there (mount -t bpf bpffs %s) or choose a path on one", path, dir, dir)
+		return fmt.Errorf("--bpffs-path %s is not on a bpf filesystem, and %s is not empty: mount bpffs there (mount -t bpf bpffs %s) or choose a path on one", path, dir, dir)
 	}
 	if err := unix.Mount("bpffs", dir, "bpf", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700"); err != nil {
-		return "", fmt.Errorf("--bpffs-path %s is not on a bpf filesystem: mount bpffs on %s: %w", path, dir, err)
+		return fmt.Errorf("--bpffs-path %s is not on a bpf filesystem: mount bpffs on %s: %w", path, dir, err)
 	}
 	log.Info("mounted a bpf filesystem: none was mounted where the maps are pinned", zap.String("mountPoint", dir), zap.String("bpffsPath", path))
-	return dir, nil
+	return nil
 }
 
 // onBPFFS reports whether path, or the nearest of its ancestors that

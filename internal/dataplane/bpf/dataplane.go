@@ -144,7 +144,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	} else if fs.Type != unix.CGROUP2_SUPER_MAGIC {
 		return nil, fmt.Errorf("%w: cgroup path %s is not on a cgroup v2 filesystem", loader.ErrUnsupported, cgroupPath)
 	}
-	if _, err := ensureBPFFS(cfg.BPFFSPath, log); err != nil {
+	if err := ensureBPFFS(cfg.BPFFSPath, log); err != nil {
 		return nil, err
 	}
 	if forcedFailure() == "load" {

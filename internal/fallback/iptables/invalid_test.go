@@ -25,20 +25,20 @@ func TestInvalidPacketsAreDroppedAndCounted(t *testing.T) {
 	if !ok {
 		t.Fatalf("node-a's dataplane is a %T", e.Dataplanes[example.NodeA])
 	}
+	c := NewInvalidDropCollector(zap.NewNop(), d)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(NewInvalidDropCollector(zap.NewNop(), d))
+	reg.MustRegister(c)
 	const name = "kubeproxy_iptables_ct_state_invalid_dropped_packets_total"
-	before, err := testutil.GatherAndCount(reg, name)
-	if err != nil || before != 1 {
-		t.Fatalf("%s: %d series (%v), want 1", name, before, err)
+	if n, err := testutil.GatherAndCount(reg, name); err != nil || n != 1 {
+		t.Fatalf("%s: %d series (%v), want 1", name, n, err)
 	}
-	start := testutil.ToFloat64(NewInvalidDropCollector(zap.NewNop(), d))
+	start := testutil.ToFloat64(c)
 
 	const sent = 5
 	src := netip.AddrPortFrom(behaviour.ClientPodAIP, 40000)
 	dst := netip.AddrPortFrom(example.PodB1, 8080)
 	pkt := pktest.TCP(src, dst, pktest.SYN|pktest.RST).IPBytes()
-	err = e.Clients[behaviour.ClientPodA].NS.Do(func() error {
+	err := e.Clients[behaviour.ClientPodA].NS.Do(func() error {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
 		if err != nil {
 			return err
@@ -55,7 +55,7 @@ func TestInvalidPacketsAreDroppedAndCounted(t *testing.T) {
 	if err != nil {
 		t.Fatalf("send from %s: %v", behaviour.ClientPodA, err)
 	}
-	got := testutil.ToFloat64(NewInvalidDropCollector(zap.NewNop(), d)) - start
+	got := testutil.ToFloat64(c) - start
 	if got != sent {
 		t.Errorf("%s grew by %v after %d INVALID segments through node-a, want %d", name, got, sent, sent)
 	}
