@@ -39,7 +39,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 // newCommand is the command tree: the agent (no subcommand, or agent) and
 // its subcommands. Flags are kube-proxy's where the meaning is the same.
 func newCommand(stdout, stderr io.Writer) *cobra.Command {
-	root := agentCommand("ebpf-proxy", "A kube-proxy replacement that serves Services with BPF programs", false, config.Defaults())
+	root := agentCommand("ebpf-proxy", "A kube-proxy replacement that serves Services with BPF programs", false, modes.NewOptions())
 	root.Long = `ebpf-proxy serves Kubernetes Services on a node as kube-proxy does: it watches
 Services, EndpointSlices and its own Node and translates ClusterIP, NodePort,
 ExternalIP and LoadBalancer traffic with BPF programs (socket hooks, TC and
@@ -59,8 +59,8 @@ Without a subcommand it runs the agent, as "ebpf-proxy agent" does.`
 		}
 		return runRoot(cmd, args)
 	}
-	root.AddCommand(agentCommand("agent", "Run the agent (the same as no subcommand)", false, config.Defaults()),
-		agentCommand("cleanup", "Remove what every proxy mode created, then exit (kube-proxy's --cleanup)", true, config.Defaults()),
+	root.AddCommand(agentCommand("agent", "Run the agent (the same as no subcommand)", false, modes.NewOptions()),
+		agentCommand("cleanup", "Remove what every proxy mode created, then exit (kube-proxy's --cleanup)", true, modes.NewOptions()),
 		versionCommand(stdout), dumpCommand(stdout, stderr), traceCommand(stdout, stderr), probeCommand(stdout, stderr))
 	return root
 }

@@ -162,7 +162,7 @@ func TestProbeAsksTheAgentsSocket(t *testing.T) {
 // load parses args as the agent command does, without running it.
 func load(t *testing.T, args ...string) (*config.Options, []string, error) {
 	t.Helper()
-	o := config.Defaults()
+	o := modes.NewOptions()
 	cmd := agentCommand("agent", "", false, o)
 	if err := cmd.ParseFlags(args); err != nil {
 		return o, nil, err
@@ -172,7 +172,7 @@ func load(t *testing.T, args ...string) (*config.Options, []string, error) {
 	}
 	notes, err := config.FinishFlags(o, cmd.Flags())
 	if err == nil {
-		err = o.Validate()
+		err = modes.Validate(o)
 	}
 	return o, notes, err
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/kubeapi"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
 )
 
 // nodeLookupTimeout bounds the one read of the own Node at start.
@@ -43,7 +42,7 @@ func families(o *config.Options, ctx context.Context, client *kubeapi.Client, no
 	}
 	if found == nil {
 		from = "interfaces"
-		addrs, err := proxymode.LocalAddrs()
+		addrs, err := localAddrs()
 		if err != nil {
 			log.Warn("cannot list the interfaces' addresses for the IP families", zap.Error(err))
 		}

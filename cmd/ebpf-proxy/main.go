@@ -43,7 +43,7 @@ func runAgent(opts *config.Options, fs *pflag.FlagSet) error {
 		log.Warn(n)
 	}
 	if opts.WriteConfigTo != "" {
-		err := opts.Validate()
+		err := modes.Validate(opts)
 		if err == nil {
 			err = opts.WriteConfig(opts.WriteConfigTo)
 		}

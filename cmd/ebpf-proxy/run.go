@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"net/http"
-	"net/netip"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 
 	"go.uber.org/zap"
@@ -15,27 +12,20 @@ import (
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/api"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nftables"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/healthcheck"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxier"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sysctl"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 
 func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 	if o.Cleanup {
-		return proxymode.Cleanup(ctx, o.BPFFSPath, log)
+		return modes.Cleanup(ctx, o, log)
 	}
-	if err := o.Validate(); err != nil {
+	if err := modes.Validate(o); err != nil {
 		return err
 	}
 	nodeName, err := k8swatch.NodeName(o.HostnameOverride)
@@ -45,9 +35,7 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 	log = log.With(zap.String("node", nodeName))
 	applyOOMScoreAdj(o.OOMScoreAdj, log)
 	if o.InitOnly {
-		mode := proxymode.Guess(o.ProxyMode)
-		log.Info("--init-only: applying the connection tracking settings, then exiting", zap.String("proxyMode", mode))
-		return conntrack.Setup(conntrack.Node, o.Conntrack, mode != proxymode.EBPF, log)
+		return modes.InitOnly(ctx, o, log)
 	}
 	log.Info("starting", zap.String("proxyMode", o.ProxyMode), zap.String("setting", o.ProxyModeSetting))
 
@@ -57,9 +45,7 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 	}
 	fams, nodeFams := families(o, ctx, client, nodeName, log)
 	m := metrics.New(fams[0])
-	cfg := proxyModeConfig(o, m, fams)
-	cfg.NodeFamilies = nodeFams
-	dp, err := proxymode.Start(ctx, cfg, log)
+	dp, err := modes.Start(ctx, o, proxymode.Config{Families: fams, NodeFamilies: nodeFams, Metrics: m}, log)
 	if err != nil {
 		return err
 	}
@@ -75,13 +61,7 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 	}()
 	m.SetProxyMode(dp.Mode, dp.Reason)
 	o.LogModeSetting(dp.Mode, dp.Reason, log)
-	o.NoteIgnored(dp.Mode, log)
-	if dp.Mode == proxymode.IPVS && o.IPVSStrictARP {
-		if err := ipvs.ApplyStrictARP(sysctl.Default, log); err != nil {
-			return err
-		}
-	}
-	syncPeriod, minSyncPeriod := o.SyncPeriods(dp.Mode)
+	syncPeriod, minSyncPeriod := dp.SyncPeriod, dp.MinSyncPeriod
 	health, err := healthcheck.NewProxyHealthServer(o.HealthzBindAddress, 2*syncPeriod, m, healthcheck.WithLogger(log))
 	if err != nil {
 		return err
@@ -93,7 +73,7 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 	// proxier per family; one source feeds them all.
 	targets := make([]k8swatch.Target, len(dp.Families))
 	for i, f := range dp.Families {
-		targets[i] = k8swatch.Target{Family: v1.IPFamily(f.IPFamily), Tracker: tracker.New(nodeName, topology, o.NodePortsFor(dp.Mode, f.IPFamily))}
+		targets[i] = k8swatch.Target{Family: v1.IPFamily(f.IPFamily), Tracker: tracker.New(nodeName, topology, dp.NodePorts(f.IPFamily))}
 	}
 	if err := startSource(ctx, o, watchClient, host, nodeName, targets, m, health, log); err != nil {
 		return err
@@ -143,7 +123,7 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 	firstSyncs := make([]<-chan struct{}, len(dp.Families))
 	for i, f := range dp.Families {
 		cfg := proxier.Config{MinSyncPeriod: minSyncPeriod, SyncPeriod: syncPeriod, IPFamily: f.IPFamily,
-			ServiceHealth: svcHealth[i], LocalAddrs: proxymode.LocalAddrs, Applied: applied.Family(f.IPFamily)}
+			ServiceHealth: svcHealth[i], LocalAddrs: localAddrs, Applied: applied.Family(f.IPFamily)}
 		p := proxier.New(cfg, targets[i].Tracker, f.Dataplane, m, health, log)
 		firstSyncs[i] = p.FirstSync()
 		wg.Add(1)
@@ -158,7 +138,6 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 		wg.Wait()
 		close(done)
 	}()
-	go removeLeftovers(ctx, firstSyncs, dp, log)
 	go func() {
 		if !allClosed(ctx, firstSyncs) {
 			return
@@ -171,9 +150,7 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 			fams[i] = f.IPFamily
 		}
 		log.Info("first sync done in every IP family", zap.Strings("ipFamilies", fams))
-		// After the first syncs: the fallbacks' rules have loaded
-		// nf_conntrack by then, whose parameters exist only once it is.
-		conntrack.Setup(conntrack.Node, o.Conntrack, dp.Mode != proxymode.EBPF, log) //nolint:errcheck // logged; the node keeps its own values
+		dp.AfterFirstSync(ctx, log)
 	}()
 	select {
 	case err := <-errc:
@@ -202,83 +179,6 @@ func allClosed(ctx context.Context, chans []<-chan struct{}) bool {
 		}
 	}
 	return true
-}
-
-// removeLeftovers removes what other proxy modes left on the node once the
-// first sync of every family has programmed every Service in this one.
-func removeLeftovers(ctx context.Context, firstSyncs []<-chan struct{}, dp *proxymode.Started, log *zap.Logger) {
-	if !allClosed(ctx, firstSyncs) {
-		return
-	}
-	if err := dp.RemoveLeftovers(ctx); err != nil {
-		log.Error("removing what other proxy modes left", zap.String("mode", dp.Mode), zap.Error(err))
-		return
-	}
-	log.Info("removed what other proxy modes left", zap.String("mode", dp.Mode))
-}
-
-// proxyModeConfig is what the dataplanes take from the flags, for the IP
-// families fams (primary first).
-func proxyModeConfig(o *config.Options, m *metrics.Metrics, fams []string) proxymode.Config {
-	local, localErr := localDetector(o)
-	var exclude []netip.Prefix
-	for _, c := range o.IPVSExcludeCIDRs {
-		if p, err := netip.ParsePrefix(strings.TrimSpace(c)); err == nil {
-			exclude = append(exclude, p.Masked())
-		}
-	}
-	return proxymode.Config{
-		Mode: o.ProxyMode, Metrics: m, Families: fams,
-		FallbackUnsupported: localErr,
-		BPF: bpf.Config{
-			CgroupPath: o.CgroupPath, BPFFSPath: o.BPFFSPath, Sizes: o.MapSizes, TerminateSockets: o.TerminateSockets,
-			Devices: o.Devices, TCAttach: o.TCAttach, XDP: o.XDP, ConntrackSize: o.ConntrackSize,
-			SNATPorts: o.SNATPorts, SNATPortRangeForce: o.SNATPortRangeForce, Metrics: m,
-		},
-		NFTables: nftables.Config{
-			ClusterCIDR: o.ClusterPrefixes[metrics.IPv4], LocalDetector: local, MasqueradeAll: o.MasqueradeAll,
-			MasqueradeBit: int(o.MasqueradeBit), Metrics: m.Family(metrics.IPv4),
-		},
-		NFTables6: nftables.Config{
-			ClusterCIDR: o.ClusterPrefixes[metrics.IPv6], LocalDetector: local, MasqueradeAll: o.MasqueradeAll,
-			MasqueradeBit: int(o.MasqueradeBit), Metrics: m.Family(metrics.IPv6),
-		},
-		IPTables: iptables.Config{
-			ClusterCIDR: o.ClusterPrefixes[metrics.IPv4], LocalDetector: local, MasqueradeAll: o.MasqueradeAll,
-			MasqueradeBit: int(o.MasqueradeBit), Metrics: m.Family(metrics.IPv4),
-		},
-		IPTables6: iptables.Config{
-			ClusterCIDR: o.ClusterPrefixes[metrics.IPv6], LocalDetector: local, MasqueradeAll: o.MasqueradeAll,
-			MasqueradeBit: int(o.MasqueradeBit), Metrics: m.Family(metrics.IPv6),
-		},
-		IPVS: ipvs.Config{
-			Scheduler: o.IPVSScheduler, ClusterCIDR: o.ClusterPrefixes[metrics.IPv4], LocalDetector: local, ExcludeCIDRs: exclude,
-			MasqueradeAll: o.MasqueradeAll, MasqueradeBit: int(o.MasqueradeBit),
-			TCPTimeout: o.IPVSTCPTimeout, TCPFinTimeout: o.IPVSTCPFinTimeout, UDPTimeout: o.IPVSUDPTimeout,
-			Metrics: m.Family(metrics.IPv4),
-		},
-		IPVS6: ipvs.Config{
-			Scheduler: o.IPVSScheduler, ClusterCIDR: o.ClusterPrefixes[metrics.IPv6], LocalDetector: local, ExcludeCIDRs: exclude,
-			MasqueradeAll: o.MasqueradeAll, MasqueradeBit: int(o.MasqueradeBit),
-			TCPTimeout: o.IPVSTCPTimeout, TCPFinTimeout: o.IPVSTCPFinTimeout, UDPTimeout: o.IPVSUDPTimeout,
-			Metrics: m.Family(metrics.IPv6),
-		},
-	}
-}
-
-// localDetector is --detect-local-mode for the fallback dataplanes. The
-// zero detector with ClusterCIDR (or its default) lets them use
-// --cluster-cidr.
-func localDetector(o *config.Options) (xtables.LocalDetector, error) {
-	switch o.DetectLocalMode {
-	case config.DetectLocalBridgeInterface:
-		return xtables.LocalDetector{Bridge: o.PodBridgeInterface}, nil
-	case config.DetectLocalInterfaceNamePrefix:
-		return xtables.LocalDetector{InterfacePrefix: o.PodInterfacePrefix}, nil
-	case config.DetectLocalNodeCIDR:
-		return xtables.LocalDetector{}, fmt.Errorf("--detect-local-mode=NodeCIDR is not supported in nftables, iptables and ipvs mode: use ClusterCIDR with --cluster-cidr, BridgeInterface or InterfaceNamePrefix")
-	}
-	return xtables.LocalDetector{}, nil
 }
 
 // applyOOMScoreAdj sets the agent's oom_score_adj; a refusal is logged, as

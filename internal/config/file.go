@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 
 	"github.com/spf13/pflag"
 	v1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -149,7 +149,7 @@ func (o *Options) applyConfig(c *kubeproxy.KubeProxyConfiguration, set func(name
 	if p := dur(c.NFTables.MinSyncPeriod, 0); p != o.IPTablesMinSync {
 		o.NFTablesMinSync = p
 	}
-	if c.Mode == proxymode.NFTables {
+	if c.Mode == dataplane.NFTables {
 		// The nftables section's masquerade settings, where given, are
 		// the ones the nftables mode uses.
 		if c.NFTables.MasqueradeBit != nil {
@@ -226,7 +226,7 @@ func (o *Options) toConfig() *kubeproxy.KubeProxyConfiguration {
 		MasqueradeBit: &bit, MasqueradeAll: o.MasqueradeAll, LocalhostNodePorts: &localhost,
 		SyncPeriod: v1.Duration{Duration: o.IPTablesSyncPeriod}, MinSyncPeriod: v1.Duration{Duration: o.IPTablesMinSync},
 	}
-	nftSync, nftMinSync := o.SyncPeriods(proxymode.NFTables)
+	nftSync, nftMinSync := o.NFTablesPeriods()
 	c.NFTables = kubeproxy.KubeProxyNFTablesConfiguration{
 		MasqueradeBit: &bit, MasqueradeAll: o.MasqueradeAll,
 		SyncPeriod: v1.Duration{Duration: nftSync}, MinSyncPeriod: v1.Duration{Duration: nftMinSync},

@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 )
 
 // load parses args (with --config if given) as the agent does.
@@ -59,11 +59,10 @@ func TestKubeadmConfigFileRunsUnchanged(t *testing.T) {
 		{"kubeconfig", o.Kubeconfig, "/var/lib/kube-proxy/kubeconfig.conf"},
 		{"hostname (the flag wins)", o.HostnameOverride, "node-7"},
 		{"cluster CIDR", o.ClusterPrefixes["IPv4"].String(), "10.244.0.0/16"},
-		{"the agent's proxy mode (its own default)", o.ProxyMode, proxymode.Auto},
+		{"the agent's proxy mode (its own default)", o.ProxyMode, dataplane.Auto},
 		{"what set it", o.ProxyModeSetting, ProxyModeDefault},
 		{"kube-proxy's mode, kept for the log", o.KubeProxyMode, "iptables"},
-		{"NodePorts on every address (unset, not nftables)", o.NodePortsFor(proxymode.EBPF, "IPv4").String(), "all"},
-		{"NodePorts in the nftables fallback: the primary IP, as kube-proxy's nftables mode", o.NodePortsFor(proxymode.NFTables, "IPv4").String(), "primary"},
+		{"NodePorts on every address (unset)", o.NodePorts["IPv4"].String(), "all"},
 		{"healthz address", o.HealthzBindAddress, "0.0.0.0:10256"},
 		{"metrics address", o.MetricsBindAddress, "127.0.0.1:10249"},
 		{"API QPS", o.KubeAPIQPS, float32(5)},
@@ -111,11 +110,11 @@ logging:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.ProxyMode != proxymode.EBPF || o.ProxyModeSetting != ProxyModeFlag || o.KubeProxyMode != proxymode.IPTables {
+	if o.ProxyMode != dataplane.EBPF || o.ProxyModeSetting != ProxyModeFlag || o.KubeProxyMode != dataplane.IPTables {
 		t.Errorf("mode %q set by %q, kube-proxy's %q: want --proxy-mode's ebpf, the file's iptables as kube-proxy's only",
 			o.ProxyMode, o.ProxyModeSetting, o.KubeProxyMode)
 	}
-	if s, m := o.SyncPeriods(proxymode.IPTables); s != time.Minute || m != 2*time.Second {
+	if s, m := o.IPTablesSyncPeriod, o.IPTablesMinSync; s != time.Minute || m != 2*time.Second {
 		t.Errorf("iptables sync periods %s/%s, want the file's 1m/2s", s, m)
 	}
 	if o.HostnameOverride != "From-File" || o.Verbosity != 3 || o.LoggingFormat != "text" {
@@ -153,10 +152,10 @@ func TestConfigFileNFTablesMode(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if o.ProxyMode != proxymode.Auto || o.KubeProxyMode != "nftables" || o.MasqueradeBit != 9 || !o.MasqueradeAll {
+	if o.ProxyMode != dataplane.Auto || o.KubeProxyMode != "nftables" || o.MasqueradeBit != 9 || !o.MasqueradeAll {
 		t.Errorf("mode %q (kube-proxy's %q), masquerade bit %d, all %t; want auto (nftables), 9, true", o.ProxyMode, o.KubeProxyMode, o.MasqueradeBit, o.MasqueradeAll)
 	}
-	if sync, minSync := o.SyncPeriods("nftables"); sync != 50*time.Second || minSync != 2*time.Second {
+	if sync, minSync := o.NFTablesPeriods(); sync != 50*time.Second || minSync != 2*time.Second {
 		t.Errorf("nftables sync periods %s and %s, want the nftables section's 50s and the iptables one's 2s", sync, minSync)
 	}
 }
@@ -224,7 +223,7 @@ func TestWrittenConfigReadsBackTheSame(t *testing.T) {
 	}
 	o.ConfigFile = back.ConfigFile
 	// --proxy-mode is the agent's own, never in kube-proxy's file.
-	if back.ProxyMode != proxymode.Auto {
+	if back.ProxyMode != dataplane.Auto {
 		t.Errorf("the written file set the agent's mode to %q", back.ProxyMode)
 	}
 	back.ProxyMode, back.ProxyModeSetting = o.ProxyMode, o.ProxyModeSetting
@@ -233,21 +232,7 @@ func TestWrittenConfigReadsBackTheSame(t *testing.T) {
 	}
 }
 
-func TestSyncPeriodsFollowTheMode(t *testing.T) {
-	o, _, err := load(t, "--sync-period=1m", "--min-sync-period=0", "--iptables-sync-period=2m", "--iptables-min-sync-period=3s",
-		"--ipvs-sync-period=4m", "--ipvs-min-sync-period=5s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for mode, want := range map[string][2]time.Duration{
-		proxymode.EBPF:     {time.Minute, 0},
-		proxymode.IPTables: {2 * time.Minute, 3 * time.Second},
-		proxymode.IPVS:     {4 * time.Minute, 5 * time.Second},
-	} {
-		if s, m := o.SyncPeriods(mode); s != want[0] || m != want[1] {
-			t.Errorf("%s: %s/%s, want %s/%s", mode, s, m, want[0], want[1])
-		}
-	}
+func TestBadSyncPeriodsAndKubeProxyFlagsAreRefused(t *testing.T) {
 	for _, args := range [][]string{
 		{"--iptables-sync-period=0"}, {"--iptables-min-sync-period=1m", "--iptables-sync-period=30s"},
 		{"--ipvs-min-sync-period=-1s"}, {"--oom-score-adj=1001"}, {"--logging-format=xml"},

@@ -8,9 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
@@ -200,31 +198,23 @@ func (o *Options) validateKubeProxyFlags() error {
 	return nil
 }
 
-// SyncPeriods returns the sync loop's periods for the dataplane mode that
-// started: kube-proxy's per-mode flags for the fallbacks, ebpf-proxy's own
-// --sync-period and --min-sync-period for ebpf.
-func (o *Options) SyncPeriods(mode string) (sync, minSync time.Duration) {
-	switch mode {
-	case proxymode.IPTables:
-		return o.IPTablesSyncPeriod, o.IPTablesMinSync
-	case proxymode.NFTables:
-		sync, minSync = o.IPTablesSyncPeriod, o.IPTablesMinSync
-		if o.NFTablesSyncPeriod > 0 {
-			sync = o.NFTablesSyncPeriod
-		}
-		if o.NFTablesMinSync > 0 {
-			minSync = o.NFTablesMinSync
-		}
-		return sync, minSync
-	case proxymode.IPVS:
-		return o.IPVSSyncPeriod, o.IPVSMinSync
-	default:
-		return o.SyncPeriod, o.MinSyncPeriod
+// NFTablesPeriods are the nftables section's sync periods of kube-proxy's
+// file: where it gives none, the iptables ones, as kube-proxy has no
+// nftables flags of its own.
+func (o *Options) NFTablesPeriods() (sync, minSync time.Duration) {
+	sync, minSync = o.IPTablesSyncPeriod, o.IPTablesMinSync
+	if o.NFTablesSyncPeriod > 0 {
+		sync = o.NFTablesSyncPeriod
 	}
+	if o.NFTablesMinSync > 0 {
+		minSync = o.NFTablesMinSync
+	}
+	return sync, minSync
 }
 
 // NoteIgnored logs, once at start-up, each kube-proxy setting given that
-// has no effect in the mode that runs, so that nobody relies on it
+// has no effect on the agent, or none in the mode that runs (the modes
+// note their own: proxymode.Mode.Ignored), so that nobody relies on it
 // unknowingly.
 func (o *Options) NoteIgnored(mode string, log *zap.Logger) {
 	var known []string
@@ -244,29 +234,9 @@ func (o *Options) NoteIgnored(mode string, log *zap.Logger) {
 	if o.ShowHiddenMetrics != "" {
 		log.Info("--show-hidden-metrics-for-version: ebpf-proxy hides no metrics", zap.String("version", o.ShowHiddenMetrics))
 	}
-	if (mode == proxymode.IPTables || mode == proxymode.NFTables) && o.LocalhostNodePorts {
-		log.Info("NodePorts on 127.0.0.1 are not served in " + mode + " mode (nor in kube-proxy's nftables mode): they need route_localnet, which exposes the node's localhost services to its network (CVE-2020-8558); --iptables-localhost-nodeports=true has no effect")
-	}
-	if mode == proxymode.EBPF && o.DetectLocalMode != "" && o.DetectLocalMode != DetectLocalClusterCIDR {
-		log.Info("--detect-local-mode has no effect in ebpf mode: the socket programs know every client on the node", zap.String("detectLocalMode", o.DetectLocalMode))
-	}
-	if mode != proxymode.IPVS && (o.IPVSStrictARP || len(o.IPVSExcludeCIDRs) > 0) {
+	if mode != dataplane.IPVS && (o.IPVSStrictARP || len(o.IPVSExcludeCIDRs) > 0) {
 		log.Info("--ipvs-strict-arp and --ipvs-exclude-cidrs apply in ipvs mode only", zap.String("mode", mode))
 	}
-}
-
-// NodePortsFor returns where NodePorts are served in mode for an IP family
-// (metrics.IPv4, metrics.IPv6): --nodeport-addresses as Validate parsed
-// it, except that an unset flag in nftables mode means "primary", as
-// kube-proxy's nftables mode defaults it (every local address in the
-// other modes, as kube-proxy's iptables and ipvs modes).
-func (o *Options) NodePortsFor(mode, family string) model.NodePortSpec {
-	if mode == proxymode.NFTables && len(o.NodePortAddresses) == 0 {
-		// "primary" always parses.
-		s, _ := model.ParseNodePortSpec([]string{model.NodePortPrimary}, family == metrics.IPv6, o.LocalhostNodePorts)
-		return s
-	}
-	return o.NodePorts[family]
 }
 
 // LogModeSetting says, once at start-up, which setting chose the proxy

@@ -8,7 +8,6 @@ package config
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 	"time"
 
@@ -16,15 +15,10 @@ import (
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/api"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/maglev"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
 )
 
 // Options are the agent's settings: its flags (kube-proxy's under their
@@ -103,27 +97,37 @@ type Options struct {
 	ClusterPrefixes map[string]netip.Prefix
 	NodePorts       map[string]model.NodePortSpec
 
-	Manifests        string          // --manifests
-	TerminateSockets bool            // --terminate-removed-backend-sockets
-	CgroupPath       string          // --cgroup-path
-	BPFFSPath        string          // --bpffs-path
-	APISocket        string          // --api-socket
-	ProbeBindAddress string          // --probe-bind-address
-	MapSizes         loader.MapSizes // --bpf-map-*-max, --maglev-table-size
+	Manifests        string   // --manifests
+	TerminateSockets bool     // --terminate-removed-backend-sockets
+	CgroupPath       string   // --cgroup-path
+	BPFFSPath        string   // --bpffs-path
+	APISocket        string   // --api-socket
+	ProbeBindAddress string   // --probe-bind-address
+	MapSizes         MapSizes // --bpf-map-*-max, --maglev-table-size
 
 	Devices       []string // --devices
 	TCAttach      string   // --tc-attach
 	XDP           string   // --xdp
 	ConntrackSize uint32   // --bpf-map-conntrack-max
-	// SNATPortRange is --nodeport-snat-port-range, parsed by Validate
-	// into SNATPorts; SNATPortRangeForce skips its overlap checks.
+	// SNATPortRange is --nodeport-snat-port-range (the BPF dataplane
+	// parses it); SNATPortRangeForce skips its overlap checks.
 	SNATPortRange      string // --nodeport-snat-port-range
-	SNATPorts          bpf.PortRange
 	SNATPortRangeForce bool   // --nodeport-snat-port-range-force
 	LBAlgorithm        string // --lb-algorithm
 	// LB is LBAlgorithm parsed by Validate.
 	LB model.LBAlgorithm
 }
+
+// MapSizes are the BPF dataplane's map capacities, as the flags give them.
+type MapSizes struct {
+	Services, Backends, RevNat, SockRevNat, Affinity uint32
+	// MaglevTable is the entries of one Maglev table.
+	MaglevTable uint32
+}
+
+// DefaultMasqueradeBit is --iptables-masquerade-bit's default, as
+// kube-proxy's.
+const DefaultMasqueradeBit = 14
 
 // What set --proxy-mode's value (Options.ProxyModeSetting), for the log
 // line that says which mode runs and why.
@@ -138,23 +142,19 @@ const (
 const DefaultProbeBindAddress = "127.0.0.1:10266"
 
 // Defaults are the settings when no flag is given: kube-proxy's defaults
-// for its flags.
+// for its flags. The dataplanes' own settings are left to their modes'
+// defaults (proxymode.Modes.NewOptions).
 func Defaults() *Options {
 	return &Options{
-		ProxyMode:          proxymode.Auto,
-		MasqueradeBit:      iptables.DefaultMasqueradeBit,
+		ProxyMode:          dataplane.Auto,
+		MasqueradeBit:      DefaultMasqueradeBit,
 		HealthzBindAddress: "0.0.0.0:10256",
-		XDP:                loader.XDPOff,
 		MetricsBindAddress: "127.0.0.1:10249",
 		ConfigSyncPeriod:   15 * time.Minute,
 		SyncPeriod:         30 * time.Second,
-		BPFFSPath:          loader.DefaultBPFFSPath,
 		APISocket:          api.DefaultSocket,
 		ProbeBindAddress:   DefaultProbeBindAddress,
-		MapSizes:           loader.DefaultMapSizes,
 		TerminateSockets:   true,
-		ConntrackSize:      loader.DefaultConntrackSize,
-		SNATPortRange:      bpf.DefaultSNATPortRange.String(),
 		LBAlgorithm:        model.LBRandom.String(),
 		KubeAPIContentType: "application/vnd.kubernetes.protobuf",
 		KubeAPIQPS:         5,
@@ -217,18 +217,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 
 // Validate checks the settings as kube-proxy does its own, and parses
 // what the agent needs parsed (NodeIP, Gates, ClusterPrefixes, NodePorts,
-// SNATPorts, LB).
+// LB). The modes check --proxy-mode and their own settings
+// (proxymode.Modes.Validate).
 func (o *Options) Validate() error {
-	switch o.ProxyMode {
-	case proxymode.Auto, proxymode.EBPF, proxymode.NFTables, proxymode.IPTables, proxymode.IPVS:
-	default:
-		return fmt.Errorf("unknown --proxy-mode %q: want 'auto', 'ebpf', 'nftables', 'iptables' or 'ipvs'", o.ProxyMode)
-	}
 	if o.MasqueradeBit < 0 || o.MasqueradeBit > 31 {
 		return fmt.Errorf("--iptables-masquerade-bit=%d: must be within [0, 31]", o.MasqueradeBit)
-	}
-	if o.IPVSScheduler != "" && !slices.Contains(ipvs.Schedulers, o.IPVSScheduler) {
-		return fmt.Errorf("--ipvs-scheduler=%s: want one of %s", o.IPVSScheduler, strings.Join(ipvs.Schedulers, ", "))
 	}
 	for name, d := range map[string]time.Duration{"--ipvs-tcp-timeout": o.IPVSTCPTimeout, "--ipvs-tcpfin-timeout": o.IPVSTCPFinTimeout, "--ipvs-udp-timeout": o.IPVSUDPTimeout} {
 		if d < 0 || d%time.Second != 0 {
@@ -251,17 +244,8 @@ func (o *Options) Validate() error {
 	if o.SyncPeriod <= 0 {
 		return fmt.Errorf("--sync-period must be greater than 0")
 	}
-	if err := bpf.ValidateAttach(o.TCAttach, o.XDP); err != nil {
-		return err
-	}
-	if o.SNATPorts, err = bpf.ParsePortRange(o.SNATPortRange); err != nil {
-		return fmt.Errorf("--nodeport-snat-port-range: %w", err)
-	}
 	if o.LB, err = model.ParseLBAlgorithm(o.LBAlgorithm); err != nil {
 		return fmt.Errorf("--lb-algorithm: %w", err)
-	}
-	if err := maglev.CheckSize(int(o.MapSizes.MaglevTable)); err != nil {
-		return fmt.Errorf("--maglev-table-size: %w", err)
 	}
 	if o.MinSyncPeriod < 0 {
 		return fmt.Errorf("--min-sync-period must not be negative")

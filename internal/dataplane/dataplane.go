@@ -17,3 +17,15 @@ type Dataplane interface {
 	// the next Sync it gets is a full one.
 	Sync(up model.Update) error
 }
+
+// The proxy modes (--proxy-mode), each the Name of its dataplane, and
+// Auto, which chooses among them. They live here, apart from the
+// dataplanes, so that the agent's configuration names them without
+// importing one.
+const (
+	Auto     = "auto"
+	EBPF     = "ebpf"
+	NFTables = "nftables"
+	IPTables = "iptables"
+	IPVS     = "ipvs"
+)

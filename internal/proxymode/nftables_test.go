@@ -28,17 +28,13 @@ func TestNFTablesModeStartsBothFamilies(t *testing.T) {
 	}
 	ctx := context.Background()
 	err = node.NS.Do(func() error {
-		s, err := proxymode.Start(ctx, proxymode.Config{
-			Mode:      proxymode.NFTables,
-			Families:  []string{metrics.IPv6, metrics.IPv4},
-			NFTables:  nftables.Config{ClusterCIDR: example.ClusterCIDR},
-			NFTables6: nftables.Config{ClusterCIDR: example.ClusterCIDR6},
-		}, zap.NewNop())
+		o := options(t, "--proxy-mode=nftables", "--cluster-cidr="+example.ClusterCIDR.String()+","+example.ClusterCIDR6.String())
+		s, err := modes.Start(ctx, o, proxymode.Config{Families: []string{metrics.IPv6, metrics.IPv4}}, zap.NewNop())
 		if err != nil {
 			return err
 		}
 		defer s.Close()
-		if s.Mode != proxymode.NFTables || s.Reason != proxymode.ReasonConfigured {
+		if s.Mode != nftables.Name || s.Reason != proxymode.ReasonConfigured {
 			t.Errorf("mode %s (%s), want nftables (configured)", s.Mode, s.Reason)
 		}
 		var fams []string

@@ -9,13 +9,17 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nftables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 )
@@ -54,12 +58,8 @@ func TestAutoDoesNotFallBackOverPinnedMapsItCannotMigrate(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	var started *proxymode.Started
 	err = node.NS.Do(func() (err error) {
-		started, err = proxymode.Start(context.Background(), proxymode.Config{
-			Mode: proxymode.Auto,
-			BPF: bpf.Config{CgroupPath: sb.Cgroup.Path(), BPFFSPath: bpffs, Sizes: loader.DefaultMapSizes,
-				ConntrackSize: loader.DefaultConntrackSize, SNATPorts: bpf.DefaultSNATPortRange, XDP: loader.XDPOff,
-				Metrics: metrics.New(metrics.IPv4)},
-		}, zap.New(core))
+		o := options(t, "--proxy-mode=auto", "--cgroup-path="+sb.Cgroup.Path(), "--bpffs-path="+bpffs)
+		started, err = modes.Start(context.Background(), o, proxymode.Config{}, zap.New(core))
 		return err
 	})
 	if started != nil {
@@ -86,4 +86,25 @@ func TestAutoDoesNotFallBackOverPinnedMapsItCannotMigrate(t *testing.T) {
 	if m.ValueSize() != 12 {
 		t.Errorf("pinned %s has a %d-byte value, want the untouched 12", bpfobj.SockMapLb4RevnatV1, m.ValueSize())
 	}
+}
+
+// modes are the agent's modes, in its order (cmd/ebpf-proxy).
+var modes = proxymode.Modes{bpf.Mode, nftables.Mode, iptables.Mode, ipvs.Mode}
+
+// options are the agent's settings from args, as the agent reads them.
+func options(t *testing.T, args ...string) *config.Options {
+	t.Helper()
+	o := modes.NewOptions()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := config.FinishFlags(o, fs); err != nil {
+		t.Fatal(err)
+	}
+	if err := modes.Validate(o); err != nil {
+		t.Fatal(err)
+	}
+	return o
 }

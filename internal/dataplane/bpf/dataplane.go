@@ -30,7 +30,7 @@ import (
 )
 
 // Name is the proxy mode this dataplane implements.
-const Name = "ebpf"
+const Name = dataplane.EBPF
 
 // Config is the BPF dataplane's configuration: the agent's flags of the
 // same names.

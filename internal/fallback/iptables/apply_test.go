@@ -89,7 +89,7 @@ func forEachFamilyAndBackend(t *testing.T, f func(t *testing.T, fam exampleFamil
 // config is the dataplane configuration of the family's example in the
 // namespace at ns.
 func (f exampleFamily) config(ns, backend string) Config {
-	return Config{Netns: ns, Backend: backend, IPv6: f.ipv6, ClusterCIDR: f.clusterCIDR}
+	return Config{Backend: backend, Netfilter: xtables.Netfilter{Netns: ns, IPv6: f.ipv6, ClusterCIDR: f.clusterCIDR}}
 }
 
 // newSource returns a Source on node-a holding the family's example.
@@ -293,7 +293,7 @@ func syncEverywhere(t *testing.T, ns string) []*Dataplane {
 	for _, fam := range families {
 		for _, backend := range backends {
 			requireTools(t, fam.tools, backend)
-			d, err := New(t.Context(), Config{Netns: ns, Backend: backend, IPv6: fam.ipv6})
+			d, err := New(t.Context(), Config{Backend: backend, Netfilter: xtables.Netfilter{Netns: ns, IPv6: fam.ipv6}})
 			if err != nil {
 				t.Fatal(err)
 			}

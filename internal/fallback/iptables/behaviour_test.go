@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"testing"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
@@ -18,13 +19,7 @@ func factory(backend string, ipv6 bool) behaviour.Factory {
 			family, cidr = metrics.IPv6, example.ClusterCIDR6
 		}
 		m := metrics.New(family)
-		d, err := New(behaviour.Context(t), Config{
-			Netns:       node.NS.Path(),
-			IPv6:        ipv6,
-			Backend:     backend,
-			ClusterCIDR: cidr,
-			Metrics:     &m.FamilyMetrics,
-		})
+		d, err := New(behaviour.Context(t), Config{Backend: backend, Netfilter: xtables.Netfilter{Netns: node.NS.Path(), IPv6: ipv6, ClusterCIDR: cidr, Metrics: &m.FamilyMetrics}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -41,8 +41,7 @@ func BenchmarkSync(b *testing.B) {
 						New: func() *Dataplane {
 							// iptables-nft-restore needs more than the default
 							// timeout for 10,000 Services: it is quadratic.
-							d, err := New(b.Context(), Config{Netns: sandbox.TestNetns(b, "ipt-bench").Path(), Backend: backend,
-								ClusterCIDR: example.ClusterCIDR, Metrics: &m.FamilyMetrics, Timeout: 30 * time.Minute})
+							d, err := New(b.Context(), Config{Backend: backend, Netfilter: xtables.Netfilter{Netns: sandbox.TestNetns(b, "ipt-bench").Path(), ClusterCIDR: example.ClusterCIDR, Metrics: &m.FamilyMetrics, Timeout: 30 * time.Minute}})
 							if err != nil {
 								b.Fatal(err)
 							}

@@ -35,104 +35,33 @@ package iptables
 import (
 	"fmt"
 	"net/netip"
-	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 )
 
 // Prefix starts the name of every chain this package (and the IPVS
 // dataplane) creates. Cleanup removes every chain that carries it.
 const Prefix = xtables.Prefix
 
-// Defaults.
-const (
-	// DefaultMasqueradeBit is kube-proxy's --iptables-masquerade-bit.
-	DefaultMasqueradeBit = 14
-	// DefaultTimeout bounds one iptables-restore run. iptables-nft-restore
-	// takes about half a minute for a ruleset of 10,000 Services.
-	DefaultTimeout = 5 * time.Minute
-	// largeClusterEndpoints is kube-proxy's threshold above which rules in
-	// the per-Service chains carry no comments, which makes the restore
-	// input about 40% smaller.
-	largeClusterEndpoints = 1000
-)
+// largeClusterEndpoints is kube-proxy's threshold above which rules in
+// the per-Service chains carry no comments, which makes the restore input
+// about 40% smaller.
+const largeClusterEndpoints = 1000
 
-// Config configures the iptables dataplane.
+// Config configures the iptables dataplane of one IP family.
 type Config struct {
-	// Netns is the path of the network namespace to program; "" is the
-	// agent's own. Tests program a sandbox node's namespace.
-	Netns string
-	// IPv6 makes this the IPv6 dataplane: it writes with the ip6tables
-	// tools of the back end, and the State it syncs holds IPv6 addresses
-	// only. False is IPv4.
-	IPv6 bool
+	xtables.Netfilter
 	// Backend is xtables.BackendAuto (legacy where its tools and kernel
 	// tables exist, else nf_tables), xtables.BackendLegacy or
 	// xtables.BackendNFT.
 	Backend string
-	// ClusterCIDR holds every pod address of the family (kube-proxy's
-	// --cluster-cidr with
-	// --detect-local-mode=ClusterCIDR). When set, ClusterIP traffic from
-	// outside it is masqueraded and pod traffic to the external frontends of
-	// an externalTrafficPolicy=Local Service is short-circuited to all
-	// endpoints. The zero Prefix disables both, as upstream's no-op
-	// detector does.
-	ClusterCIDR netip.Prefix
-	// LocalDetector, when set, tells pod traffic from the rest instead of
-	// ClusterCIDR (--detect-local-mode=BridgeInterface or
-	// InterfaceNamePrefix), for the same two rules.
-	LocalDetector xtables.LocalDetector
-	// MasqueradeAll masquerades all ClusterIP traffic (--masquerade-all).
-	MasqueradeAll bool
-	// MasqueradeBit is the bit of the packet mark that asks for masquerade
-	// (--iptables-masquerade-bit, 0..31); 0 means DefaultMasqueradeBit.
-	MasqueradeBit int
-	// NodeIPs are the node's addresses; a LoadBalancer source range that
-	// holds one also admits traffic from the LoadBalancer IP itself, as
-	// upstream does. Addresses of the other family are ignored. Empty
-	// uses the addresses of the model's Node.
-	NodeIPs []netip.Addr
-	// Timeout bounds each iptables run; 0 means DefaultTimeout.
-	Timeout time.Duration
-	// Logger receives one line per failure and per start-up, and the
-	// deletions of stale conntrack entries; nil logs nothing.
-	Logger *zap.Logger
-	// Metrics, if set, receives kubeproxy_sync_proxy_rules_iptables_* and
-	// kubeproxy_conntrack_reconciler_*.
-	Metrics *metrics.FamilyMetrics
 }
 
 func (c *Config) setDefaults() error {
-	if c.MasqueradeBit == 0 {
-		c.MasqueradeBit = DefaultMasqueradeBit
-	}
-	if c.MasqueradeBit < 0 || c.MasqueradeBit > 31 {
-		return fmt.Errorf("masquerade bit %d: want 0..31", c.MasqueradeBit)
-	}
-	if c.ClusterCIDR.IsValid() && c.ClusterCIDR.Addr().Is6() != c.IPv6 {
-		return fmt.Errorf("cluster CIDR %s: not of the dataplane's family %s", c.ClusterCIDR, c.family().name)
-	}
-	if !c.LocalDetector.IsSet() {
-		c.LocalDetector.CIDR = c.ClusterCIDR
-	}
-	if err := c.LocalDetector.Validate(c.IPv6); err != nil {
+	if err := c.Netfilter.SetDefaults(); err != nil {
 		return err
 	}
-	switch c.Backend {
-	case xtables.BackendAuto, xtables.BackendLegacy, xtables.BackendNFT:
-	default:
-		return fmt.Errorf("iptables back end %q: want %q, %q or empty for auto", c.Backend, xtables.BackendLegacy, xtables.BackendNFT)
-	}
-	if c.Timeout <= 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = zap.NewNop()
-	}
-	return nil
+	return xtables.CheckBackend(c.Backend)
 }
 
 // masqMark is the mark value and mask of the masquerade bit, "0x4000".

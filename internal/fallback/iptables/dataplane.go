@@ -7,13 +7,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sysctl"
 )
 
 // Name is the proxy mode this dataplane implements.
-const Name = "iptables"
+const Name = dataplane.IPTables
 
 // Dataplane writes the model to iptables. It implements dataplane.Dataplane.
 // It is not safe for concurrent use: the sync loop is its only caller.

@@ -24,7 +24,7 @@ func freshHooks(tx *xtables.Transaction) error {
 func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 	for _, sc := range example.Scenarios() {
 		t.Run(sc.Name, func(t *testing.T) {
-			cfg := Config{IPv6: sc.IPv6, ClusterCIDR: sc.ClusterCIDR, MasqueradeAll: sc.MasqueradeAll, MasqueradeBit: sc.MasqueradeBit}
+			cfg := Config{Netfilter: xtables.Netfilter{IPv6: sc.IPv6, ClusterCIDR: sc.ClusterCIDR, MasqueradeAll: sc.MasqueradeAll, MasqueradeBit: sc.MasqueradeBit}}
 			src, ex := example.NodeASource(t, sc.IPv6)
 			up := src.Update()
 			if err := cfg.setDefaults(); err != nil {
@@ -63,7 +63,7 @@ func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 func syncedPlanner(t *testing.T) (*planner, *example.Source, []example.Pair, *model.State) {
 	t.Helper()
 	src, ex := example.NodeASource(t, false)
-	cfg := Config{ClusterCIDR: example.ClusterCIDR}
+	cfg := Config{Netfilter: xtables.Netfilter{ClusterCIDR: example.ClusterCIDR}}
 	if err := cfg.setDefaults(); err != nil {
 		t.Fatal(err)
 	}
@@ -165,17 +165,17 @@ func TestReconcileWritesOnlyWhatDiffers(t *testing.T) {
 // of the other one is a configuration error, not rules that never match.
 func TestConfigRefusesACIDROfTheOtherFamily(t *testing.T) {
 	for name, cfg := range map[string]Config{
-		"IPv6 cluster CIDR for IPv4":       {ClusterCIDR: example.ClusterCIDR6},
-		"IPv4 cluster CIDR for IPv6":       {IPv6: true, ClusterCIDR: example.ClusterCIDR},
-		"IPv4 local traffic CIDR for IPv6": {IPv6: true, LocalDetector: xtables.LocalDetector{CIDR: example.ClusterCIDR}},
+		"IPv6 cluster CIDR for IPv4":       {Netfilter: xtables.Netfilter{ClusterCIDR: example.ClusterCIDR6}},
+		"IPv4 cluster CIDR for IPv6":       {Netfilter: xtables.Netfilter{IPv6: true, ClusterCIDR: example.ClusterCIDR}},
+		"IPv4 local traffic CIDR for IPv6": {Netfilter: xtables.Netfilter{IPv6: true, LocalDetector: xtables.LocalDetector{CIDR: example.ClusterCIDR}}},
 	} {
 		if err := cfg.setDefaults(); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
 	for name, cfg := range map[string]Config{
-		"IPv4": {ClusterCIDR: example.ClusterCIDR},
-		"IPv6": {IPv6: true, ClusterCIDR: example.ClusterCIDR6},
+		"IPv4": {Netfilter: xtables.Netfilter{ClusterCIDR: example.ClusterCIDR}},
+		"IPv6": {Netfilter: xtables.Netfilter{IPv6: true, ClusterCIDR: example.ClusterCIDR6}},
 	} {
 		if err := cfg.setDefaults(); err != nil {
 			t.Errorf("%s: %v", name, err)

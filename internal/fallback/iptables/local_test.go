@@ -30,7 +30,7 @@ func TestLocalTrafficDetectorsByInterface(t *testing.T) {
 				ex := example.Example()
 				src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
 				// The detector wins over a cluster CIDR given too.
-				cfg := Config{Netns: sandbox.TestNetns(t, "ipt-local").Path(), Backend: backend, ClusterCIDR: example.ClusterCIDR, LocalDetector: tc.d}
+				cfg := Config{Backend: backend, Netfilter: xtables.Netfilter{Netns: sandbox.TestNetns(t, "ipt-local").Path(), ClusterCIDR: example.ClusterCIDR, LocalDetector: tc.d}}
 				d, err := New(t.Context(), cfg)
 				if err != nil {
 					t.Fatal(err)

@@ -116,7 +116,7 @@ func TestTrafficFollowsTheModelVerdicts(t *testing.T) {
 	for _, fam := range testFamilies {
 		t.Run(fam.name, func(t *testing.T) {
 			requireIPVS(t)
-			e := fam.newEnv(t, factory(Config{IPv6: fam.ipv6}))
+			e := fam.newEnv(t, factory(Config{Netfilter: xtables.Netfilter{IPv6: fam.ipv6}}))
 			behaviour.Run(t, e, behaviour.Cases())
 		})
 	}
@@ -167,7 +167,7 @@ func TestRemovedEndpointsDrainBeforeTheyAreDeleted(t *testing.T) {
 func testRemovedEndpointsDrainBeforeTheyAreDeleted(t *testing.T, fam testFamily) {
 	requireIPVS(t)
 	const grace = 3 * time.Second
-	e := fam.newEnv(t, factory(Config{IPv6: fam.ipv6, GracePeriod: grace, ReapInterval: 100 * time.Millisecond}))
+	e := fam.newEnv(t, factory(Config{GracePeriod: grace, ReapInterval: 100 * time.Millisecond, Netfilter: xtables.Netfilter{IPv6: fam.ipv6}}))
 	h := handle(t, e.Nodes[example.NodeA])
 	web := e.Example[0] // ClusterIP 10.96.0.10:80 on a1, a2, b1
 	key := vsKey{Addr: fam.addr(t, netip.MustParseAddr("10.96.0.10")), Proto: model.TCP, Port: 80}
@@ -256,7 +256,7 @@ func TestReturningEndpointServesAgainAndRestartKeepsDraining(t *testing.T) {
 
 func testReturningEndpointServesAgainAndRestartKeepsDraining(t *testing.T, fam testFamily) {
 	requireIPVS(t)
-	e := fam.newEnv(t, factory(Config{IPv6: fam.ipv6, GracePeriod: time.Hour, ReapInterval: time.Hour}))
+	e := fam.newEnv(t, factory(Config{GracePeriod: time.Hour, ReapInterval: time.Hour, Netfilter: xtables.Netfilter{IPv6: fam.ipv6}}))
 	node := e.Nodes[example.NodeA]
 	h := handle(t, node)
 	web := e.Example[0]
@@ -333,7 +333,7 @@ func testSchedulerComesFromConfig(t *testing.T, fam testFamily) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.scheduler, func(t *testing.T) {
-			e := fam.newEnv(t, factory(Config{IPv6: fam.ipv6, Scheduler: tt.scheduler}))
+			e := fam.newEnv(t, factory(Config{Scheduler: tt.scheduler, Netfilter: xtables.Netfilter{IPv6: fam.ipv6}}))
 			h := handle(t, e.Nodes[example.NodeA])
 			key := vsKey{Addr: fam.addr(t, netip.MustParseAddr("10.96.0.10")), Proto: model.TCP, Port: 80}
 			svc, err := h.GetService(ipvsService(key, "", 0))

@@ -2,6 +2,7 @@ package ipvs
 
 import (
 	"fmt"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"net/netip"
 	"testing"
 
@@ -16,7 +17,7 @@ func BenchmarkRender(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			scale := example.NewScale(n, 10)
-			cfg := Config{ClusterCIDR: example.ClusterCIDR, NodeIPs: []netip.Addr{example.NodeAIP}}
+			cfg := Config{Netfilter: xtables.Netfilter{ClusterCIDR: example.ClusterCIDR, NodeIPs: []netip.Addr{example.NodeAIP}}}
 			if err := cfg.setDefaults(); err != nil {
 				b.Fatal(err)
 			}
@@ -59,7 +60,7 @@ func BenchmarkSync(b *testing.B) {
 						if err != nil {
 							b.Fatal(err)
 						}
-						d, err := New(behaviour.Context(b), Config{Netns: ns.Path(), ClusterCIDR: example.ClusterCIDR})
+						d, err := New(behaviour.Context(b), Config{Netfilter: xtables.Netfilter{Netns: ns.Path(), ClusterCIDR: example.ClusterCIDR}})
 						if err != nil {
 							b.Fatal(err)
 						}

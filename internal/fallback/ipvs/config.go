@@ -48,16 +48,15 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 )
 
 // Name is the proxy mode this dataplane implements.
-const Name = "ipvs"
+const Name = dataplane.IPVS
 
 // DummyName is the interface that holds the Service addresses.
 const DummyName = "ebpfproxy-ipvs0"
@@ -67,66 +66,38 @@ var Schedulers = []string{"rr", "lc", "dh", "sh", "sed", "nq"}
 
 // Defaults.
 const (
-	DefaultScheduler     = "rr"
-	DefaultMasqueradeBit = 14
+	DefaultScheduler = "rr"
 	// DefaultGracePeriod bounds how long a removed endpoint keeps the
 	// connections it has before it is deleted anyway.
 	DefaultGracePeriod = 15 * time.Minute
 	// DefaultReapInterval is how often removed endpoints are checked
 	// for remaining connections.
 	DefaultReapInterval = time.Minute
-	// DefaultTimeout bounds one sync.
-	DefaultTimeout = 5 * time.Minute
 	// DefaultIPSetMaxElements caps each ipset. The kernel's default,
 	// 65,536, is less than the hairpin set needs for 100,000 endpoints;
 	// hash sets grow as needed, so a high cap costs nothing until used.
 	DefaultIPSetMaxElements = 1 << 20
 )
 
-// Config configures the IPVS dataplane.
+// Config configures the IPVS dataplane of one IP family. Its NodeIPs, if
+// set, are the addresses NodePorts are served on, instead of the State's
+// NodePort addresses; they must be of the dataplane's family.
 type Config struct {
-	// Netns is the path of the network namespace to program; "" is the
-	// agent's own.
-	Netns string
-	// IPv6 makes this the IPv6 dataplane: its virtual servers, dummy
-	// addresses and ipsets are IPv6 ones, its rules are written with the
-	// ip6tables tools of the back end, and the State it syncs holds IPv6
-	// addresses only. False is IPv4.
-	IPv6 bool
+	xtables.Netfilter
 	// Backend is the iptables back end for the few rules (see
 	// xtables.Detect); empty picks one.
 	Backend string
 	// Scheduler is one of Schedulers; empty means DefaultScheduler.
 	Scheduler string
-	// ClusterCIDR holds every pod address of the family; ClusterIP traffic from outside
-	// it is masqueraded. The zero Prefix masquerades only the node's own
-	// traffic to ClusterIPs.
-	ClusterCIDR netip.Prefix
-	// LocalDetector, when set, tells pod traffic from the rest instead of
-	// ClusterCIDR (--detect-local-mode=BridgeInterface or
-	// InterfaceNamePrefix).
-	LocalDetector xtables.LocalDetector
 	// ExcludeCIDRs hold virtual servers that are never removed, even when
 	// they look like ours (--ipvs-exclude-cidrs). Prefixes of the other
 	// family hold none of ours.
 	ExcludeCIDRs []netip.Prefix
-	// MasqueradeAll masquerades all ClusterIP traffic.
-	MasqueradeAll bool
-	// MasqueradeBit is the mark bit that asks for masquerade (0..31); 0
-	// means DefaultMasqueradeBit.
-	MasqueradeBit int
-	// NodeIPs, if set, are the addresses NodePorts are served on, instead
-	// of the State's NodePort addresses. They also decide whether a
-	// LoadBalancer source range admits the node. They must be of the
-	// dataplane's family.
-	NodeIPs []netip.Addr
 	// GracePeriod bounds graceful termination; 0 means DefaultGracePeriod.
 	GracePeriod time.Duration
 	// ReapInterval is how often removed endpoints are checked; 0 means
 	// DefaultReapInterval.
 	ReapInterval time.Duration
-	// Timeout bounds each sync's iptables run; 0 means DefaultTimeout.
-	Timeout time.Duration
 	// TCPTimeout, TCPFinTimeout and UDPTimeout are IPVS's idle timeouts
 	// of TCP sessions, of TCP sessions after a FIN, and of UDP flows
 	// (--ipvs-tcp-timeout, --ipvs-tcpfin-timeout, --ipvs-udp-timeout).
@@ -136,13 +107,6 @@ type Config struct {
 	// means DefaultIPSetMaxElements. A set that already exists keeps its
 	// cap (a warning says so if it is lower).
 	IPSetMaxElements uint32
-	// Logger receives start-up and reaper lines, and the deletions of
-	// stale conntrack entries; nil logs nothing.
-	Logger *zap.Logger
-	// Metrics, if set, receives
-	// kubeproxy_sync_proxy_rules_iptables_restore_failures_total and
-	// kubeproxy_conntrack_reconciler_*.
-	Metrics *metrics.FamilyMetrics
 }
 
 func (c *Config) setDefaults() error {
@@ -152,19 +116,7 @@ func (c *Config) setDefaults() error {
 	if !slices.Contains(Schedulers, c.Scheduler) {
 		return fmt.Errorf("IPVS scheduler %q: want one of %v", c.Scheduler, Schedulers)
 	}
-	if c.MasqueradeBit == 0 {
-		c.MasqueradeBit = DefaultMasqueradeBit
-	}
-	if c.MasqueradeBit < 0 || c.MasqueradeBit > 31 {
-		return fmt.Errorf("masquerade bit %d: want 0..31", c.MasqueradeBit)
-	}
-	if c.ClusterCIDR.IsValid() && !c.inFamily(c.ClusterCIDR.Addr()) {
-		return fmt.Errorf("cluster CIDR %s: not of the dataplane's family %s", c.ClusterCIDR, c.family().name)
-	}
-	if !c.LocalDetector.IsSet() {
-		c.LocalDetector.CIDR = c.ClusterCIDR
-	}
-	if err := c.LocalDetector.Validate(c.IPv6); err != nil {
+	if err := c.Netfilter.SetDefaults(); err != nil {
 		return err
 	}
 	for _, a := range c.NodeIPs {
@@ -172,10 +124,8 @@ func (c *Config) setDefaults() error {
 			return fmt.Errorf("node IP %s: not of the dataplane's family %s", a, c.family().name)
 		}
 	}
-	switch c.Backend {
-	case xtables.BackendAuto, xtables.BackendLegacy, xtables.BackendNFT:
-	default:
-		return fmt.Errorf("iptables back end %q: want %q, %q or empty for auto", c.Backend, xtables.BackendLegacy, xtables.BackendNFT)
+	if err := xtables.CheckBackend(c.Backend); err != nil {
+		return err
 	}
 	for name, d := range map[string]time.Duration{"TCP": c.TCPTimeout, "TCP FIN": c.TCPFinTimeout, "UDP": c.UDPTimeout} {
 		if d < 0 || d%time.Second != 0 {
@@ -188,14 +138,8 @@ func (c *Config) setDefaults() error {
 	if c.ReapInterval <= 0 {
 		c.ReapInterval = DefaultReapInterval
 	}
-	if c.Timeout <= 0 {
-		c.Timeout = DefaultTimeout
-	}
 	if c.IPSetMaxElements == 0 {
 		c.IPSetMaxElements = DefaultIPSetMaxElements
-	}
-	if c.Logger == nil {
-		c.Logger = zap.NewNop()
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"testing"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
@@ -9,7 +10,7 @@ import (
 // TestConntrackCleanerFollowsTheConfig: each family's dataplane cleans the
 // conntrack table of its own family in its own namespace.
 func TestConntrackCleanerFollowsTheConfig(t *testing.T) {
-	for _, cfg := range []Config{{Netns: "/run/netns/a"}, {Netns: "/run/netns/b", IPv6: true}, {}} {
+	for _, cfg := range []Config{{Netfilter: xtables.Netfilter{Netns: "/run/netns/a"}}, {Netfilter: xtables.Netfilter{Netns: "/run/netns/b", IPv6: true}}, {}} {
 		c := cfg.conntrackCleaner()
 		if c.Netns() != cfg.Netns || c.IPv6() != cfg.IPv6 {
 			t.Errorf("config (netns %q, IPv6 %t): cleaner of netns %q, IPv6 %t", cfg.Netns, cfg.IPv6, c.Netns(), c.IPv6())
@@ -27,6 +28,6 @@ func TestConntrackCleanerFollowsTheConfig(t *testing.T) {
 func TestStaleUDPFlowsAreCleared(t *testing.T) {
 	forFamilies(t, func(t *testing.T, fam testFamily) {
 		requireIPVS(t)
-		behaviour.StaleUDPFlows(t, fam.newEnv(t, factory(Config{IPv6: fam.ipv6})))
+		behaviour.StaleUDPFlows(t, fam.newEnv(t, factory(Config{Netfilter: xtables.Netfilter{IPv6: fam.ipv6}})))
 	})
 }

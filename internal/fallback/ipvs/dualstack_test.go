@@ -105,7 +105,7 @@ func TestFamiliesShareTheNodeWithoutUndoingEachOther(t *testing.T) {
 		if ipv6 {
 			cidr = example.ClusterCIDR6
 		}
-		d, err := New(ctx, Config{Netns: ns, IPv6: ipv6, ClusterCIDR: cidr})
+		d, err := New(ctx, Config{Netfilter: xtables.Netfilter{Netns: ns, IPv6: ipv6, ClusterCIDR: cidr}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -206,7 +206,7 @@ func TestFamiliesShareTheNodeWithoutUndoingEachOther(t *testing.T) {
 	d6.Close()
 	cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := xtables.CleanupAll(cctx, ns, xtables.Prefix, xtables.InUse(d4.Tools())); err != nil {
+	if err := xtables.CleanupAll(cctx, ns, xtables.Prefix, xtables.Keeping([]string{d4.Tools().String()})); err != nil {
 		t.Fatal(err)
 	}
 	if err := RemoveFamilyLeftovers(cctx, ns, true); err != nil {

@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"net"
 	"net/netip"
 	"slices"
@@ -113,7 +114,7 @@ func TestSetEntriesOfBothFamilies(t *testing.T) {
 func TestNodePortsSkipLoopbackAndTheOtherFamily(t *testing.T) {
 	src := example.NewSource6(t, example.Node6(example.NodeA)).Add(example.Example6()...)
 	state := src.Update().State
-	cfg := Config{IPv6: true, ClusterCIDR: example.ClusterCIDR6}
+	cfg := Config{Netfilter: xtables.Netfilter{IPv6: true, ClusterCIDR: example.ClusterCIDR6}}
 	if err := cfg.setDefaults(); err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +141,7 @@ func TestNodePortsSkipLoopbackAndTheOtherFamily(t *testing.T) {
 // dataplane renders is IPv6, so that its sync never touches IPv4 objects.
 func TestIPv6RenderingHoldsIPv6Only(t *testing.T) {
 	src := example.NewSource6(t, example.Node6(example.NodeA)).Add(example.Example6()...)
-	cfgs := render(t, Config{IPv6: true, ClusterCIDR: example.ClusterCIDR6, NodeIPs: []netip.Addr{example.NodeAIP6}}, src.Update().State)
+	cfgs := render(t, Config{Netfilter: xtables.Netfilter{IPv6: true, ClusterCIDR: example.ClusterCIDR6, NodeIPs: []netip.Addr{example.NodeAIP6}}}, src.Update().State)
 	var addrs []netip.Addr
 	for _, c := range cfgs {
 		addrs = append(addrs, c.Addrs...)

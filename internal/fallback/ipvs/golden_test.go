@@ -37,12 +37,12 @@ func TestConfigurationMatchesGoldenFiles(t *testing.T) {
 		name string
 		cfg  Config
 	}{
-		{"node-a", Config{ClusterCIDR: example.ClusterCIDR, NodeIPs: nodeA}},
-		{"node-a-sh-no-cluster-cidr", Config{Scheduler: "sh", NodeIPs: nodeA, MasqueradeBit: 12}},
+		{"node-a", Config{Netfilter: xtables.Netfilter{ClusterCIDR: example.ClusterCIDR, NodeIPs: nodeA}}},
+		{"node-a-sh-no-cluster-cidr", Config{Scheduler: "sh", Netfilter: xtables.Netfilter{NodeIPs: nodeA, MasqueradeBit: 12}}},
 		// The IPv6 dataplane of node-a, fed the example cluster's IPv6
 		// twin: the same virtual servers, entries and rules as node-a's
 		// over the twin addresses, in the EBPFPROXY-6- sets.
-		{"node-a6", Config{IPv6: true, ClusterCIDR: example.ClusterCIDR6, NodeIPs: []netip.Addr{example.NodeAIP6}}},
+		{"node-a6", Config{Netfilter: xtables.Netfilter{IPv6: true, ClusterCIDR: example.ClusterCIDR6, NodeIPs: []netip.Addr{example.NodeAIP6}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -72,12 +72,12 @@ func TestSchedulerAndBitsAreValidated(t *testing.T) {
 		{"source hashing", Config{Scheduler: "sh"}, true},
 		{"never queue", Config{Scheduler: "nq"}, true},
 		{"unknown scheduler", Config{Scheduler: "fastest"}, false},
-		{"masquerade bit too large", Config{MasqueradeBit: 32}, false},
-		{"IPv6 cluster CIDR for IPv4", Config{ClusterCIDR: netip.MustParsePrefix("fd00::/64")}, false},
-		{"IPv4 cluster CIDR for IPv6", Config{IPv6: true, ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16")}, false},
-		{"IPv6 cluster CIDR for IPv6", Config{IPv6: true, ClusterCIDR: netip.MustParsePrefix("fd00::/64")}, true},
-		{"IPv4 node IP for IPv6", Config{IPv6: true, NodeIPs: []netip.Addr{netip.MustParseAddr("192.168.77.11")}}, false},
-		{"IPv6 node IP for IPv4", Config{NodeIPs: []netip.Addr{netip.MustParseAddr("fd00::11")}}, false},
+		{"masquerade bit too large", Config{Netfilter: xtables.Netfilter{MasqueradeBit: 32}}, false},
+		{"IPv6 cluster CIDR for IPv4", Config{Netfilter: xtables.Netfilter{ClusterCIDR: netip.MustParsePrefix("fd00::/64")}}, false},
+		{"IPv4 cluster CIDR for IPv6", Config{Netfilter: xtables.Netfilter{IPv6: true, ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16")}}, false},
+		{"IPv6 cluster CIDR for IPv6", Config{Netfilter: xtables.Netfilter{IPv6: true, ClusterCIDR: netip.MustParsePrefix("fd00::/64")}}, true},
+		{"IPv4 node IP for IPv6", Config{Netfilter: xtables.Netfilter{IPv6: true, NodeIPs: []netip.Addr{netip.MustParseAddr("192.168.77.11")}}}, false},
+		{"IPv6 node IP for IPv4", Config{Netfilter: xtables.Netfilter{NodeIPs: []netip.Addr{netip.MustParseAddr("fd00::11")}}}, false},
 		{"unknown iptables back end", Config{Backend: "ebtables"}, false},
 	}
 	for _, tt := range tests {

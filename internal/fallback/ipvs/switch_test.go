@@ -47,7 +47,7 @@ func sortedChains(t *testing.T, ctx context.Context, netns string) []string {
 // the caller closes it.
 func syncIPVS(t *testing.T, ctx context.Context, ns string, state model.Update) *Dataplane {
 	t.Helper()
-	v, err := New(ctx, Config{Netns: ns, ClusterCIDR: example.ClusterCIDR})
+	v, err := New(ctx, Config{Netfilter: xtables.Netfilter{Netns: ns, ClusterCIDR: example.ClusterCIDR}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestSwitchingModesLeavesNothingOfTheOther(t *testing.T) {
 
 	// Then iptables: its first sync replaces the chains, RemoveLeftovers
 	// the rest.
-	ipt, err := iptables.New(ctx, iptables.Config{Netns: ns, ClusterCIDR: example.ClusterCIDR})
+	ipt, err := iptables.New(ctx, iptables.Config{Netfilter: xtables.Netfilter{Netns: ns, ClusterCIDR: example.ClusterCIDR}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"testing"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
@@ -16,7 +17,7 @@ func factory(ipv6 bool) behaviour.Factory {
 		if ipv6 {
 			cidr = example.ClusterCIDR6
 		}
-		d, err := New(behaviour.Context(t), Config{Netns: node.NS.Path(), IPv6: ipv6, ClusterCIDR: cidr})
+		d, err := New(behaviour.Context(t), Config{Netfilter: xtables.Netfilter{Netns: node.NS.Path(), IPv6: ipv6, ClusterCIDR: cidr}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"fmt"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"testing"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
@@ -26,7 +27,7 @@ func BenchmarkSync(b *testing.B) {
 				var ops int
 				example.BenchSync(b, scale, kind, example.SyncBenchmark[*Dataplane]{
 					New: func() *Dataplane {
-						d, err := New(b.Context(), Config{Netns: sandbox.TestNetns(b, "nft-bench").Path(), ClusterCIDR: example.ClusterCIDR})
+						d, err := New(b.Context(), Config{Netfilter: xtables.Netfilter{Netns: sandbox.TestNetns(b, "nft-bench").Path(), ClusterCIDR: example.ClusterCIDR}})
 						if err != nil {
 							b.Fatal(err)
 						}

@@ -42,89 +42,22 @@ package nftables
 import (
 	"fmt"
 	"net/netip"
-	"time"
 
-	"go.uber.org/zap"
 	"sigs.k8s.io/knftables"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 )
 
 // TableName names our table in both the ip and the ip6 family.
 const TableName = "ebpf-proxy"
 
-// Defaults.
-const (
-	// DefaultMasqueradeBit is kube-proxy's --iptables-masquerade-bit, which
-	// its nftables mode uses too.
-	DefaultMasqueradeBit = 14
-	// DefaultTimeout bounds one nft run.
-	DefaultTimeout = 5 * time.Minute
-)
-
-// Config configures the nftables dataplane.
+// Config configures the nftables dataplane: one IP family's table (the
+// ip or the ip6 ebpf-proxy table, as Netfilter.IPv6 says).
 type Config struct {
-	// Netns is the path of the network namespace to program; "" is the
-	// agent's own. Tests program a sandbox node's namespace.
-	Netns string
-	// IPv6 makes this the IPv6 dataplane (table ip6 ebpf-proxy); the State
-	// it syncs holds IPv6 addresses only. False is IPv4.
-	IPv6 bool
-	// ClusterCIDR holds every pod address of the family (--cluster-cidr
-	// with --detect-local-mode=ClusterCIDR). When set, ClusterIP traffic
-	// from outside it is masqueraded and pod traffic to the external
-	// frontends of an externalTrafficPolicy=Local Service is
-	// short-circuited to all endpoints. The zero Prefix disables both.
-	ClusterCIDR netip.Prefix
-	// LocalDetector, when set, tells pod traffic from the rest instead of
-	// ClusterCIDR (--detect-local-mode=BridgeInterface or
-	// InterfaceNamePrefix).
-	LocalDetector xtables.LocalDetector
-	// MasqueradeAll masquerades all ClusterIP traffic (--masquerade-all).
-	MasqueradeAll bool
-	// MasqueradeBit is the bit of the packet mark that asks for masquerade
-	// (0..31); 0 means DefaultMasqueradeBit.
-	MasqueradeBit int
-	// NodeIPs are the node's addresses; a LoadBalancer source range that
-	// holds one also admits traffic from the LoadBalancer IP itself, as
-	// upstream does. Addresses of the other family are ignored. Empty
-	// uses the addresses of the model's Node.
-	NodeIPs []netip.Addr
-	// Timeout bounds each nft run; 0 means DefaultTimeout.
-	Timeout time.Duration
-	// Logger receives one line per failure and per start-up; nil logs
-	// nothing.
-	Logger *zap.Logger
-	// Metrics, if set, receives
-	// kubeproxy_sync_proxy_rules_nftables_sync_failures_total.
-	Metrics *metrics.FamilyMetrics
+	xtables.Netfilter
 }
 
-func (c *Config) setDefaults() error {
-	if c.MasqueradeBit == 0 {
-		c.MasqueradeBit = DefaultMasqueradeBit
-	}
-	if c.MasqueradeBit < 0 || c.MasqueradeBit > 31 {
-		return fmt.Errorf("masquerade bit %d: want 0..31", c.MasqueradeBit)
-	}
-	if c.ClusterCIDR.IsValid() && c.ClusterCIDR.Addr().Is6() != c.IPv6 {
-		return fmt.Errorf("cluster CIDR %s: not of the dataplane's family %s", c.ClusterCIDR, c.family().name)
-	}
-	if !c.LocalDetector.IsSet() {
-		c.LocalDetector.CIDR = c.ClusterCIDR
-	}
-	if err := c.LocalDetector.Validate(c.IPv6); err != nil {
-		return err
-	}
-	if c.Timeout <= 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = zap.NewNop()
-	}
-	return nil
-}
+func (c *Config) setDefaults() error { return c.Netfilter.SetDefaults() }
 
 // masqMark is the mark value of the masquerade bit, "0x4000".
 func (c *Config) masqMark() string { return fmt.Sprintf("%#x", uint32(1)<<c.MasqueradeBit) }

@@ -12,13 +12,14 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sysctl"
 )
 
 // Name is the proxy mode this dataplane implements.
-const Name = "nftables"
+const Name = dataplane.NFTables
 
 // Dataplane writes the model to an nftables table. It implements
 // dataplane.Dataplane. It is not safe for concurrent use: the sync loop is

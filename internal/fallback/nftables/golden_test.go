@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"net/netip"
 	"strings"
 	"testing"
@@ -34,7 +35,7 @@ func run(t *testing.T, fake *knftables.Fake, tx *knftables.Transaction) {
 func TestTransactionsMatchGoldenFiles(t *testing.T) {
 	for _, sc := range example.Scenarios() {
 		t.Run(sc.Name, func(t *testing.T) {
-			cfg := Config{IPv6: sc.IPv6, ClusterCIDR: sc.ClusterCIDR, MasqueradeAll: sc.MasqueradeAll, MasqueradeBit: sc.MasqueradeBit}
+			cfg := Config{Netfilter: xtables.Netfilter{IPv6: sc.IPv6, ClusterCIDR: sc.ClusterCIDR, MasqueradeAll: sc.MasqueradeAll, MasqueradeBit: sc.MasqueradeBit}}
 			src, ex := example.NodeASource(t, sc.IPv6)
 			up := src.Update()
 			p, fake := testPlanner(t, cfg)
@@ -80,14 +81,14 @@ func TestTransactionsMatchGoldenFiles(t *testing.T) {
 func TestFullSyncDeletesWhatNothingWants(t *testing.T) {
 	ex := example.Example()
 	src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
-	p, fake := testPlanner(t, Config{ClusterCIDR: example.ClusterCIDR})
+	p, fake := testPlanner(t, Config{Netfilter: xtables.Netfilter{ClusterCIDR: example.ClusterCIDR}})
 	up := src.Update()
 	pl := p.full(fake.NewTransaction(), up.State)
 	run(t, fake, pl.tx)
 	p.commit(pl)
 
 	// A restarted agent knows the kernel's chains, not the Services.
-	q, _ := testPlanner(t, Config{ClusterCIDR: example.ClusterCIDR})
+	q, _ := testPlanner(t, Config{Netfilter: xtables.Netfilter{ClusterCIDR: example.ClusterCIDR}})
 	chains, err := fake.List(context.Background(), "chains")
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +106,7 @@ func TestFullSyncDeletesWhatNothingWants(t *testing.T) {
 	}
 	up = src.Update()
 	run(t, fake, q.full(fake.NewTransaction(), up.State).tx)
-	fresh, freshFake := testPlanner(t, Config{ClusterCIDR: example.ClusterCIDR})
+	fresh, freshFake := testPlanner(t, Config{Netfilter: xtables.Netfilter{ClusterCIDR: example.ClusterCIDR}})
 	run(t, freshFake, fresh.full(freshFake.NewTransaction(), up.State).tx)
 	if d := golden.LineDiff(freshFake.Dump(), fake.Dump()); d != "" {
 		t.Errorf("a full sync over an earlier table leaves:\n%s", d)
@@ -119,9 +120,9 @@ func TestFullSyncDeletesWhatNothingWants(t *testing.T) {
 // of the other one is a configuration error, not rules that never match.
 func TestConfigRefusesACIDROfTheOtherFamily(t *testing.T) {
 	for name, cfg := range map[string]Config{
-		"IPv6 cluster CIDR for IPv4": {ClusterCIDR: example.ClusterCIDR6},
-		"IPv4 cluster CIDR for IPv6": {IPv6: true, ClusterCIDR: example.ClusterCIDR},
-		"masquerade bit 32":          {MasqueradeBit: 32},
+		"IPv6 cluster CIDR for IPv4": {Netfilter: xtables.Netfilter{ClusterCIDR: example.ClusterCIDR6}},
+		"IPv4 cluster CIDR for IPv6": {Netfilter: xtables.Netfilter{IPv6: true, ClusterCIDR: example.ClusterCIDR}},
+		"masquerade bit 32":          {Netfilter: xtables.Netfilter{MasqueradeBit: 32}},
 	} {
 		if err := cfg.setDefaults(); err == nil {
 			t.Errorf("%s: accepted", name)

@@ -52,11 +52,11 @@ func TestKernelTablesOfBothFamilies(t *testing.T) {
 	ex, ex6 := example.Example(), example.Example6()
 	src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
 	src6 := example.NewSource6(t, example.Node6(example.NodeA)).Add(ex6...)
-	d4, err := New(ctx, Config{Netns: ns, ClusterCIDR: example.ClusterCIDR})
+	d4, err := New(ctx, Config{Netfilter: xtables.Netfilter{Netns: ns, ClusterCIDR: example.ClusterCIDR}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d6, err := New(ctx, Config{Netns: ns, IPv6: true, ClusterCIDR: example.ClusterCIDR6})
+	d6, err := New(ctx, Config{Netfilter: xtables.Netfilter{Netns: ns, IPv6: true, ClusterCIDR: example.ClusterCIDR6}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestKernelTablesOfBothFamilies(t *testing.T) {
 	}
 
 	// A new agent with fewer Services: its first sync deletes the rest.
-	restarted, err := New(ctx, Config{Netns: ns, ClusterCIDR: example.ClusterCIDR})
+	restarted, err := New(ctx, Config{Netfilter: xtables.Netfilter{Netns: ns, ClusterCIDR: example.ClusterCIDR}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +191,7 @@ func TestSyncAfterTheTableWasDeletedRewritesIt(t *testing.T) {
 	ex := example.Example()
 	src := example.NewSource(t, example.Node(example.NodeA)).Add(ex...)
 	m := metrics.New(metrics.IPv4)
-	d, err := New(ctx, Config{Netns: ns, ClusterCIDR: example.ClusterCIDR, Metrics: &m.FamilyMetrics})
+	d, err := New(ctx, Config{Netfilter: xtables.Netfilter{Netns: ns, ClusterCIDR: example.ClusterCIDR, Metrics: &m.FamilyMetrics}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +247,7 @@ func TestLocalTrafficDetectorsByInterface(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := sandbox.TestNetns(t, "nft-local").Path()
 			src := example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)
-			d, err := New(t.Context(), Config{Netns: ns, ClusterCIDR: example.ClusterCIDR, LocalDetector: tc.d})
+			d, err := New(t.Context(), Config{Netfilter: xtables.Netfilter{Netns: ns, ClusterCIDR: example.ClusterCIDR, LocalDetector: tc.d}})
 			if err != nil {
 				t.Fatal(err)
 			}

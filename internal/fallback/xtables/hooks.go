@@ -252,16 +252,6 @@ func CleanupAll(ctx context.Context, netnsPath, prefix string, skip func(Backend
 	return errors.Join(errs...)
 }
 
-// InUse returns the skip function of CleanupAll that keeps the chains of
-// the back ends used (by name and IP family) and removes those of every
-// other: after the first syncs of a node's dataplanes, whatever another
-// mode, back end or IP family left.
-func InUse(used ...Backend) func(Backend) bool {
-	return func(o Backend) bool {
-		return slices.ContainsFunc(used, func(u Backend) bool { return u.Name == o.Name && u.IPv6 == o.IPv6 })
-	}
-}
-
 // OtherBackends returns the skip function of CleanupAll for a dataplane that
 // runs with b: it skips b itself and every back end of the other IP family,
 // whose chains belong to the other family's dataplane.
@@ -376,4 +366,23 @@ func RemoveClaimed(ctx context.Context, r *Runner, claims Claims) (removed, kept
 		return nil, kept, fmt.Errorf("remove chains (%s): %w", r.Backend, err)
 	}
 	return removed, kept, nil
+}
+
+// ToolNames lists the names (Backend.String) of the back ends that
+// dataplanes write with, for the other modes' cleanup (mode.Instance.Uses).
+func ToolNames[D interface{ Tools() Backend }](ds []D) []string {
+	names := make([]string, len(ds))
+	for i, d := range ds {
+		names[i] = d.Tools().String()
+	}
+	return names
+}
+
+// Keeping returns the skip function of CleanupAll that keeps the back
+// ends of names (ToolNames): nil where names is empty, which skips none.
+func Keeping(names []string) func(Backend) bool {
+	if len(names) == 0 {
+		return nil
+	}
+	return func(b Backend) bool { return slices.Contains(names, b.String()) }
 }

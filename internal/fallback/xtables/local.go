@@ -4,6 +4,10 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 )
 
 // LocalDetector tells traffic from the node's pods from the rest, as
@@ -71,4 +75,27 @@ func (d LocalDetector) Match(negate bool) []string {
 		return append(w, "-i", d.InterfacePrefix+"+")
 	}
 	return nil
+}
+
+// LocalDetectorFor is --detect-local-mode for the fallback dataplanes. The
+// zero detector, with the dataplane's ClusterCIDR, lets them use
+// --cluster-cidr. NodeCIDR is refused: the fallbacks cannot run with it.
+func LocalDetectorFor(o *config.Options) (LocalDetector, error) {
+	switch o.DetectLocalMode {
+	case config.DetectLocalBridgeInterface:
+		return LocalDetector{Bridge: o.PodBridgeInterface}, nil
+	case config.DetectLocalInterfaceNamePrefix:
+		return LocalDetector{InterfacePrefix: o.PodInterfacePrefix}, nil
+	case config.DetectLocalNodeCIDR:
+		return LocalDetector{}, fmt.Errorf("--detect-local-mode=NodeCIDR is not supported in nftables, iptables and ipvs mode: use ClusterCIDR with --cluster-cidr, BridgeInterface or InterfaceNamePrefix")
+	}
+	return LocalDetector{}, nil
+}
+
+// NoteLocalhostNodePorts logs that --iptables-localhost-nodeports has no
+// effect in the mode named, where it is set.
+func NoteLocalhostNodePorts(o *config.Options, mode string, log *zap.Logger) {
+	if o.LocalhostNodePorts {
+		log.Info("NodePorts on 127.0.0.1 are not served in " + mode + " mode (nor in kube-proxy's nftables mode): they need route_localnet, which exposes the node's localhost services to its network (CVE-2020-8558); --iptables-localhost-nodeports=true has no effect")
+	}
 }

@@ -1,4 +1,4 @@
-package proxymode
+package mode
 
 import (
 	"errors"
@@ -9,7 +9,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
 
-// familyDataplane is a dataplane that only knows its family: perFamily
+// familyDataplane is a dataplane that only knows its family: PerFamily
 // never syncs, it only starts and collects.
 type familyDataplane struct{ family string }
 
@@ -39,7 +39,7 @@ func TestPerFamilyStartsEachFamilyPrimaryFirst(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var tried []string
-			ds, served, skipped, err := perFamily(tc.families, func(f string) (*familyDataplane, error) {
+			ds, in, err := PerFamily(tc.families, func(f string) (*familyDataplane, error) {
 				tried = append(tried, f)
 				if err := tc.fail[f]; err != nil {
 					return nil, err
@@ -50,11 +50,12 @@ func TestPerFamilyStartsEachFamilyPrimaryFirst(t *testing.T) {
 				t.Fatalf("err = %v, want %v", err, tc.err)
 			}
 			if err != nil {
-				if len(tried) != 1 || ds != nil || served != nil {
-					t.Errorf("after the primary failed: tried %v, started %v %v; want nothing more", tried, ds, served)
+				if len(tried) != 1 || ds != nil || in != nil {
+					t.Errorf("after the primary failed: tried %v, started %v %v; want nothing more", tried, ds, in)
 				}
 				return
 			}
+			served, skipped := in.Families, in.Skipped
 			var got []string
 			for i, f := range served {
 				got = append(got, f.IPFamily)

@@ -1,0 +1,120 @@
+package bpf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/maglev"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode/mode"
+)
+
+// Mode is the BPF dataplane as a proxy mode: auto's first choice.
+var Mode = mode.Mode{
+	Name: Name,
+	Auto: true,
+	Reasons: mode.Reasons{Key: "bpf", Chosen: "bpf-supported", Unsupported: "bpf-unsupported",
+		Failed: "bpf-load-failed"},
+	Defaults: func(o *config.Options) {
+		o.XDP = loader.XDPOff
+		o.BPFFSPath = loader.DefaultBPFFSPath
+		o.MapSizes = config.MapSizes(loader.DefaultMapSizes)
+		o.ConntrackSize = loader.DefaultConntrackSize
+		o.SNATPortRange = DefaultSNATPortRange.String()
+	},
+	Validate: func(o *config.Options) error {
+		if err := ValidateAttach(o.TCAttach, o.XDP); err != nil {
+			return err
+		}
+		if _, err := ParsePortRange(o.SNATPortRange); err != nil {
+			return fmt.Errorf("--nodeport-snat-port-range: %w", err)
+		}
+		if err := maglev.CheckSize(int(o.MapSizes.MaglevTable)); err != nil {
+			return fmt.Errorf("--maglev-table-size: %w", err)
+		}
+		return nil
+	},
+	Probe:  func(context.Context) error { return Probe() },
+	Start:  start,
+	Remove: remove,
+	SyncPeriods: func(o *config.Options) (time.Duration, time.Duration) {
+		return o.SyncPeriod, o.MinSyncPeriod
+	},
+	Ignored: func(o *config.Options, log *zap.Logger) {
+		if o.DetectLocalMode != "" && o.DetectLocalMode != config.DetectLocalClusterCIDR {
+			log.Info("--detect-local-mode has no effect in ebpf mode: the socket programs know every client on the node", zap.String("detectLocalMode", o.DetectLocalMode))
+		}
+	},
+}
+
+// ConfigFrom is the BPF dataplane's configuration from the agent's
+// settings.
+func ConfigFrom(o *config.Options, m *metrics.Metrics, log *zap.Logger) (Config, error) {
+	snat, err := ParsePortRange(o.SNATPortRange)
+	if err != nil {
+		return Config{}, fmt.Errorf("--nodeport-snat-port-range: %w", err)
+	}
+	return Config{
+		CgroupPath: o.CgroupPath, BPFFSPath: o.BPFFSPath, Sizes: loader.MapSizes(o.MapSizes), TerminateSockets: o.TerminateSockets,
+		Devices: o.Devices, TCAttach: o.TCAttach, XDP: o.XDP, ConntrackSize: o.ConntrackSize,
+		SNATPorts: snat, SNATPortRangeForce: o.SNATPortRangeForce, Metrics: m, Logger: log,
+	}, nil
+}
+
+// start loads and attaches the programs: one dataplane serves both
+// families.
+func start(ctx context.Context, env mode.Env) (*mode.Instance, error) {
+	cfg, err := ConfigFrom(env.Options, env.Metrics, env.Logger)
+	if err != nil {
+		return nil, err
+	}
+	// A node without our pins gets everything from this start.
+	fresh := !loader.Pinned(cfg.BPFFSPath)
+	d, err := New(ctx, cfg)
+	if errors.Is(err, loader.ErrPinnedMapMismatch) {
+		// An earlier agent's maps that this one can neither adopt nor
+		// migrate: an upgrade problem to fix, not a kernel that cannot
+		// run BPF. Falling back would move the node to another
+		// dataplane and, after its first sync, remove the pinned maps
+		// and every id in them. Refuse, as kube-proxy refuses a broken
+		// configuration; the old programs keep serving meanwhile.
+		return nil, &mode.FinalError{Err: fmt.Errorf("over pinned maps it cannot migrate: %w", err)}
+	}
+	if err != nil {
+		return nil, err
+	}
+	in := &mode.Instance{Close: d.Close}
+	if fresh {
+		in.Undo = func() error { return Cleanup(cfg.BPFFSPath) }
+	}
+	for _, f := range env.Families {
+		if f == metrics.IPv6 {
+			env.Logger.Info("serving IPv6", zap.String("ipFamily", f))
+			in.Families = append(in.Families, mode.Family{IPFamily: f, Dataplane: d.IPv6()})
+			continue
+		}
+		in.Families = append(in.Families, mode.Family{IPFamily: f, Dataplane: d})
+	}
+	return in, nil
+}
+
+// remove detaches and unpins everything of ours where another mode runs
+// or for --cleanup.
+func remove(_ context.Context, o *config.Options, running *mode.Running) error {
+	if running != nil && running.Mode == Name {
+		return nil
+	}
+	return Cleanup(o.BPFFSPath)
+}
+
+// Cleanup detaches and unpins every BPF program and map of ours pinned
+// under bpffsPath, and our TC and XDP programs.
+func Cleanup(bpffsPath string) error {
+	return errors.Join(loader.CleanupXDP(bpffsPath), loader.Cleanup(bpffsPath), loader.CleanupTC())
+}
