@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-/* A small translator that exists only to prove internal/pktest, the packet
+/* A small translator that exists only to prove internal/testing/pktest, the packet
  * fixture framework, before the real TC and XDP programs exist. It is never
  * loaded by the agent.
  *

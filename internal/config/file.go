@@ -6,8 +6,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/nfconntrack"
 
 	"github.com/spf13/pflag"
 	v1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -175,7 +175,7 @@ func (o *Options) applyConfig(c *kubeproxy.KubeProxyConfiguration, set func(name
 	if c.OOMScoreAdj != nil {
 		o.OOMScoreAdj = *c.OOMScoreAdj
 	}
-	o.Conntrack = conntrack.Settings{
+	o.Conntrack = nfconntrack.Settings{
 		MaxPerCore: c.Conntrack.MaxPerCore,
 		Min:        c.Conntrack.Min,
 	}

@@ -14,11 +14,11 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/api"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/nfconntrack"
 )
 
 // Options are the agent's settings: its flags (kube-proxy's under their
@@ -71,15 +71,15 @@ type Options struct {
 	// nftables flags of its own.
 	NFTablesSyncPeriod time.Duration
 	NFTablesMinSync    time.Duration
-	LocalhostNodePorts bool               // --iptables-localhost-nodeports
-	IPVSSyncPeriod     time.Duration      // --ipvs-sync-period
-	IPVSMinSync        time.Duration      // --ipvs-min-sync-period
-	IPVSExcludeCIDRs   []string           // --ipvs-exclude-cidrs
-	IPVSStrictARP      bool               // --ipvs-strict-arp
-	DetectLocalMode    string             // --detect-local-mode
-	PodBridgeInterface string             // --pod-bridge-interface
-	PodInterfacePrefix string             // --pod-interface-name-prefix
-	Conntrack          conntrack.Settings // --conntrack-*
+	LocalhostNodePorts bool                 // --iptables-localhost-nodeports
+	IPVSSyncPeriod     time.Duration        // --ipvs-sync-period
+	IPVSMinSync        time.Duration        // --ipvs-min-sync-period
+	IPVSExcludeCIDRs   []string             // --ipvs-exclude-cidrs
+	IPVSStrictARP      bool                 // --ipvs-strict-arp
+	DetectLocalMode    string               // --detect-local-mode
+	PodBridgeInterface string               // --pod-bridge-interface
+	PodInterfacePrefix string               // --pod-interface-name-prefix
+	Conntrack          nfconntrack.Settings // --conntrack-*
 	// Parsed by Validate: --bind-address, --feature-gates.
 	NodeIP netip.Addr
 	Gates  FeatureGates

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf/bpfobj"
 )
 
 // Migration converts the entries of a map pinned by an older layout into
@@ -14,7 +14,7 @@ import (
 // when it ships: for a map whose name stays (From == To) or for one that
 // gets a new name (lb4_backends_v1 to lb4_backends_v2), whose old pin is
 // removed once the new one is in place. See "Pinned maps across upgrades"
-// in docs/ARCHITECTURE.md.
+// in docs/architecture/loading.md.
 type Migration struct {
 	// From is the name the older layout pinned the map under, To its name
 	// in the layout being loaded.

@@ -17,7 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // inode identifies a network namespace, as `stat -L /proc/<pid>/ns/net`.

@@ -10,8 +10,8 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nftables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // --proxy-mode=nftables on a dual-stack node starts one dataplane per

@@ -21,11 +21,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/kubeproxy"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/nfconntrack"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode/kubeproxy"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode/mode"
 )
 
@@ -182,7 +182,7 @@ func (s *Started) Abandon(log *zap.Logger) {
 // between two modes or between kube-proxy and us (make before break). It
 // logs what it did.
 func (s *Started) AfterFirstSync(ctx context.Context, log *zap.Logger) {
-	conntrack.Setup(conntrack.Node, s.options.Conntrack, s.desc.Netfilter, log) //nolint:errcheck // logged; the node keeps its own values
+	nfconntrack.Setup(nfconntrack.Node, s.options.Conntrack, s.desc.Netfilter, log) //nolint:errcheck // logged; the node keeps its own values
 	running := &mode.Running{Mode: s.Mode, Uses: s.Uses}
 	for _, f := range s.Families {
 		running.Families = append(running.Families, f.IPFamily)
@@ -331,7 +331,7 @@ func (ms Modes) InitOnly(ctx context.Context, o *config.Options, log *zap.Logger
 		return fmt.Errorf("--init-only: no proxy mode can run here")
 	}
 	log.Info("--init-only: applying the connection tracking settings, then exiting", zap.String("proxyMode", m.Name))
-	return conntrack.Setup(conntrack.Node, o.Conntrack, m.Netfilter, log)
+	return nfconntrack.Setup(nfconntrack.Node, o.Conntrack, m.Netfilter, log)
 }
 
 // Cleanup is --cleanup: it removes what every mode created, in the order

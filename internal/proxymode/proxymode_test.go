@@ -13,15 +13,15 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/iptables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nftables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // TestAutoDoesNotFallBackOverPinnedMapsItCannotMigrate pins a map of a

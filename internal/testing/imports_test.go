@@ -13,13 +13,11 @@ import (
 
 const module = "github.com/ebpf-proxy/ebpf-proxy/"
 
-// testInfra are the packages that exist for tests: the harnesses and
-// builders and the behaviour table under internal/testing, the sandbox,
-// the packet test kit, and everything under test/.
+// testInfra are the packages that exist for tests: everything under
+// internal/testing (the sandbox, the packet test kit, the harnesses and
+// builders, the behaviour table) and under test/.
 var testInfra = []string{
 	module + "internal/testing/",
-	module + "internal/sandbox",
-	module + "internal/pktest",
 	module + "test/",
 }
 
@@ -63,10 +61,10 @@ func TestProductionImportsNoTestInfrastructure(t *testing.T) {
 
 func TestTestInfraPrefixes(t *testing.T) {
 	for pkg, want := range map[string]bool{
-		module + "internal/sandbox":               true,
-		module + "internal/sandboxes":             false,
+		module + "internal/testing/sandbox":       true,
+		module + "internal/testingx":              false,
 		module + "internal/testing/agent":         true,
-		module + "internal/pktest/sample":         true,
+		module + "internal/testing/pktest/sample": true,
 		module + "internal/testing/behaviour":     true,
 		module + "internal/fallback/iptables":     false,
 		module + "internal/fallback/fallbacktest": false,

@@ -28,7 +28,7 @@ import (
 	"time"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 var (

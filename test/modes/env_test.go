@@ -24,10 +24,10 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/ipvs"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nftables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 func TestMain(m *testing.M) { agent.Main(m) }

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nftables"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 
 	"golang.org/x/sys/unix"
 )

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // xdpAttachedDrv is IFLA_XDP_ATTACHED's value for a program in the driver

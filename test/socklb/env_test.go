@@ -17,9 +17,9 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 

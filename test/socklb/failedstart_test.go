@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // TestAFailedStartLeavesNothingHalfMade: an agent whose start fails after

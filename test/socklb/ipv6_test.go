@@ -11,7 +11,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
 )
 

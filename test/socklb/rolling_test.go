@@ -8,7 +8,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // TestRollingReplacementUnderLoad replaces every backend of a Service one

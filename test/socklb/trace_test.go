@@ -15,9 +15,9 @@ import (
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dump"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/trace"
 )
 

@@ -13,9 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // writeAgentManifests writes the agent's view of node-a: its Node object,

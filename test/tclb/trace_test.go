@@ -13,9 +13,9 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/trace"
 )
 

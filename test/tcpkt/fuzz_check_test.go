@@ -10,7 +10,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/pktest"
 )
 
 // How the fuzzer judges a run against the model's outcomes: the verdict,

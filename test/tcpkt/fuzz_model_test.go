@@ -8,7 +8,7 @@ import (
 	"slices"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/pktest"
 )
 
 // The reference model of the packet fuzzer (TestPacketFuzz): what each TC

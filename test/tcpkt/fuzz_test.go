@@ -16,11 +16,11 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/pktest"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // The packet fuzzer: random and mutated frames through every TC and XDP

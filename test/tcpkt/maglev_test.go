@@ -8,10 +8,10 @@ import (
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/pktest"
 )
 
 const (

@@ -11,11 +11,11 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/pktest"
 )
 
 // TestTrackedFlowsFollowNextHopChanges: the XDP and TC programs keep a

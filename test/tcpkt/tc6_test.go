@@ -9,10 +9,10 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/pktest"
 )
 
 // The fixture's IPv6 twin: the same devices with IPv6 addresses, node-b's

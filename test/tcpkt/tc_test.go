@@ -10,9 +10,9 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/pktest"
 )
 
 var (

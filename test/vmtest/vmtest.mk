@@ -51,8 +51,8 @@ VMTEST_FLAGS ?=
 # kernel's version and run on the host, where they took 924 s of the 6.1
 # guest's 2,360. The two guests then take about as long as each other.
 VMTEST_ONLY ?= ./internal/fallback/ipvs=6.12 ./internal/fallback/nftables=host \
-	./internal/fallback/iptables=host ./internal/fallback/kubeproxy=host \
-	./internal/fallback/xtables=host ./internal/sandbox=host ./test/modes/...=6.1
+	./internal/fallback/iptables=host ./internal/proxymode/kubeproxy=host \
+	./internal/fallback/xtables=host ./internal/testing/sandbox=host ./test/modes/...=6.1
 VMTEST_RUN ?= './test/modes=IPVS|TestXDPRefusedByADeviceFallsBackToTC|TestCleanupRemovesWhatEveryModeCreated/^(ebpf|ipvs)$$'
 EBPF_PROXY_CACHE ?= /var/cache/ebpf-proxy
 export EBPF_PROXY_CACHE

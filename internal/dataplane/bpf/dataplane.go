@@ -22,11 +22,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf/sockterm"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sockterm"
 )
 
 // Name is the proxy mode this dataplane implements.

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // TestMain lets the test binary serve as the sandbox's probe and server

@@ -10,8 +10,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sysctl"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // TestNextHopsAreSharedOnlyWhereTheClientCannotChangeTheRoute: a node's

@@ -8,9 +8,9 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // pathMTU is the MTU of the router's route to the external client: smaller

@@ -6,7 +6,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // TestStopDoesNotWaitForTheTCPreload: an attacher without --devices

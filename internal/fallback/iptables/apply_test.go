@@ -12,9 +12,9 @@ import (
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // backends are the iptables flavours a privileged test runs with. Both

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // An agent cleans up after the other modes at every start and on

@@ -6,10 +6,10 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/nfconntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sysctl"
 )
 
@@ -23,7 +23,7 @@ type Dataplane struct {
 	runner *xtables.Runner
 	plan   *planner
 	// ct deletes the UDP conntrack entries each sync made stale.
-	ct *conntrack.Cleaner
+	ct *nfconntrack.Cleaner
 	// synced is false until the first full sync succeeded; needRead
 	// makes the next sync read our chains from the kernel again (after
 	// a failure, the kernel may hold more or less than we think).
@@ -96,7 +96,7 @@ func isBuiltin(table, chain string) bool {
 // Sync applies up with one iptables-restore run.
 //
 // Once the rules are written, the UDP conntrack entries that the change
-// made stale are deleted (conntrack.Cleaner); a failure to delete them is
+// made stale are deleted (nfconntrack.Cleaner); a failure to delete them is
 // logged and does not fail the sync.
 //
 // A full sync (up.Full) reconciles: every ServicePort is rendered and only
@@ -189,8 +189,8 @@ func (d *Dataplane) Sync(up model.Update) error {
 
 // conntrackCleaner returns the Cleaner of the dataplane's namespace and
 // family.
-func (c *Config) conntrackCleaner() *conntrack.Cleaner {
-	return conntrack.NewCleaner(conntrack.CleanerConfig{Netns: c.Netns, IPv6: c.IPv6, Logger: c.Logger, Metrics: c.Metrics})
+func (c *Config) conntrackCleaner() *nfconntrack.Cleaner {
+	return nfconntrack.NewCleaner(nfconntrack.CleanerConfig{Netns: c.Netns, IPv6: c.IPv6, Logger: c.Logger, Metrics: c.Metrics})
 }
 
 func countEndpoints(s *model.State) int {

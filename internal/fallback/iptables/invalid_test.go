@@ -9,9 +9,9 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/pktest"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/pktest"
 )
 
 // Packets that conntrack finds INVALID on their way through the node (a

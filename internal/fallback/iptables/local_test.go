@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // --detect-local-mode=BridgeInterface and InterfaceNamePrefix: the kernel

@@ -14,9 +14,9 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // factory programs each sandbox node with the IPVS dataplane of

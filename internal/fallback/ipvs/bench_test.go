@@ -6,9 +6,9 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // BenchmarkRender measures turning the model into IPVS configuration for

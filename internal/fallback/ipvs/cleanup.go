@@ -214,7 +214,7 @@ func procNetIPVS(netnsPath string) (bool, error) {
 func (d *Dataplane) Tools() xtables.Backend { return d.runner.Backend }
 
 // Foreign names another IPVS proxy's objects, for removing what it left
-// on the node: kube-proxy's (internal/fallback/kubeproxy).
+// on the node: kube-proxy's (internal/proxymode/kubeproxy).
 type Foreign struct {
 	// Dummy is the interface that holds its Service addresses.
 	Dummy string

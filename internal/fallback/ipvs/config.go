@@ -50,9 +50,9 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/nfconntrack"
 )
 
 // Name is the proxy mode this dataplane implements.
@@ -146,8 +146,8 @@ func (c *Config) setDefaults() error {
 
 // conntrackCleaner returns the Cleaner of the dataplane's namespace and
 // family.
-func (c *Config) conntrackCleaner() *conntrack.Cleaner {
-	return conntrack.NewCleaner(conntrack.CleanerConfig{Netns: c.Netns, IPv6: c.IPv6, Logger: c.Logger, Metrics: c.Metrics})
+func (c *Config) conntrackCleaner() *nfconntrack.Cleaner {
+	return nfconntrack.NewCleaner(nfconntrack.CleanerConfig{Netns: c.Netns, IPv6: c.IPv6, Logger: c.Logger, Metrics: c.Metrics})
 }
 
 // family holds what the two IP families' dataplanes differ in, besides the

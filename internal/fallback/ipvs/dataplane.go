@@ -14,9 +14,9 @@ import (
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/nfconntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sysctl"
 )
 
@@ -39,7 +39,7 @@ type Dataplane struct {
 	k      *kernel
 	r      renderer
 	// ct deletes the UDP conntrack entries each sync made stale.
-	ct *conntrack.Cleaner
+	ct *nfconntrack.Cleaner
 	// dropInvalid mirrors the iptables dataplane (nf_conntrack_tcp_be_liberal).
 	dropInvalid bool
 	now         func() time.Time
@@ -219,7 +219,7 @@ func (d *Dataplane) read(ctx context.Context) error {
 // addresses, virtual and real servers, set entries are added first, then
 // real servers drain, and only then do virtual servers, set entries and
 // addresses go. Last, the UDP conntrack entries that the change made stale
-// are deleted (conntrack.Cleaner); a failure to delete them is logged and
+// are deleted (nfconntrack.Cleaner); a failure to delete them is logged and
 // does not fail the sync.
 func (d *Dataplane) Sync(up model.Update) error {
 	d.mu.Lock()

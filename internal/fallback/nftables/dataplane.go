@@ -11,10 +11,10 @@ import (
 	"go.uber.org/zap"
 	"sigs.k8s.io/knftables"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/conntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/nfconntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sysctl"
 )
 
@@ -34,7 +34,7 @@ type Dataplane struct {
 	// rewrite everything.
 	synced, needRead bool
 	// ct deletes the UDP conntrack entries each sync made stale.
-	ct *conntrack.Cleaner
+	ct *nfconntrack.Cleaner
 }
 
 // New prepares the nftables dataplane for the namespace in cfg: it checks
@@ -56,7 +56,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		return nil, fmt.Errorf("nftables dataplane (%s): %w", fam.name, err)
 	}
 	d := &Dataplane{cfg: cfg, nft: nft, plan: newPlanner(&cfg),
-		ct: conntrack.NewCleaner(conntrack.CleanerConfig{Netns: cfg.Netns, IPv6: cfg.IPv6, Logger: cfg.Logger, Metrics: cfg.Metrics})}
+		ct: nfconntrack.NewCleaner(nfconntrack.CleanerConfig{Netns: cfg.Netns, IPv6: cfg.IPv6, Logger: cfg.Logger, Metrics: cfg.Metrics})}
 	d.plan.r.cfg = &d.cfg
 	d.plan.dropInvalid = !sysctl.TCPBeLiberal(cfg.Netns)
 	if err := d.read(ctx); err != nil {
@@ -111,7 +111,7 @@ func (d *Dataplane) read(ctx context.Context) error {
 // is counted in kubeproxy_sync_proxy_rules_nftables_sync_failures_total,
 // and the next sync re-reads the table and rewrites everything. Once the
 // table is written, the UDP conntrack entries the change made stale are
-// deleted (conntrack.Cleaner), as by the iptables and IPVS dataplanes; a
+// deleted (nfconntrack.Cleaner), as by the iptables and IPVS dataplanes; a
 // failure to delete them is logged and does not fail the sync.
 func (d *Dataplane) Sync(up model.Update) error {
 	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Timeout)

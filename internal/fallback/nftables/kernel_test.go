@@ -13,11 +13,11 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/behaviour"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/golden"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 func listTable(t *testing.T, ns, family string) string {

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 func TestMain(m *testing.M) {

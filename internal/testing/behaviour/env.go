@@ -20,8 +20,8 @@ import (
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/nodeaddrs"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/example"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // Factory creates the dataplane under test for a node of the sandbox. The

@@ -23,8 +23,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/cluster"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/cluster"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
 )

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // TestFrameSourceThroughARouter: frames from the generator reach a host

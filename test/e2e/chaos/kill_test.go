@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
 )
 

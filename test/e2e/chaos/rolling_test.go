@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // rollEvery is the pace of the rolling replacement.

@@ -247,7 +247,7 @@ func compare(si int, sc Scenario, runs map[testbed.Kind]verdicts) (status, text 
 			case eb == localUnmasqueraded(up) || eb == localUnmasqueraded(nf):
 				// A backend on the node that received the traffic sees
 				// the client where upstream masquerades it to the
-				// node's bridge address (docs/ARCHITECTURE.md).
+				// node's bridge address (docs/architecture/differences.md).
 				mark = "   (source kept for a local endpoint: documented deviation)"
 			default:
 				status = "mismatch"

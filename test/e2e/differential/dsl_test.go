@@ -69,7 +69,7 @@ type Scenario struct {
 	Pending string
 	// KeepsSource, when set, says why ebpf-proxy keeps the client's own
 	// address where upstream masquerades it to an address of the node: a
-	// documented deviation (docs/ARCHITECTURE.md, "Where ebpf-proxy differs
+	// documented deviation (docs/architecture/differences.md, "Where ebpf-proxy differs
 	// from kube-proxy"). The scenario matches when ebpf-proxy's verdict is
 	// upstream's with every node address the endpoints saw read as the
 	// client's.

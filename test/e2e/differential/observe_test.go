@@ -10,7 +10,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // Attempts per probe: a few first, so that a failing destination (each

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/sandbox"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/cluster"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
 )
