@@ -2,15 +2,12 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
@@ -36,8 +33,7 @@ func oneNode() testbed.Options {
 
 func ensureNamespace(t *testing.T, cs kubernetes.Interface) {
 	t.Helper()
-	_, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := builders.CreateNamespace(t.Context(), cs, namespace); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -47,10 +43,8 @@ func ensureNamespace(t *testing.T, cs kubernetes.Interface) {
 func createService(ctx context.Context, cs kubernetes.Interface, name string, ip netip.Addr) error {
 	svc := builders.Service(namespace, name, builders.ClusterIP(ip.String()),
 		builders.Ports(builders.Port("http", 80, corev1.ProtocolTCP, intstr.FromInt32(podPort))))
-	if _, err := cs.CoreV1().Services(namespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create service %s: %w", name, err)
-	}
-	return nil
+	_, err := builders.CreateService(ctx, cs, svc)
+	return err
 }
 
 // slice renders the EndpointSlice of Service svc with pods as ready

@@ -16,7 +16,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -169,8 +168,7 @@ func BenchmarkScale(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := cs.CoreV1().Namespaces().Create(b.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}},
-		metav1.CreateOptions{}); err != nil {
+	if err := builders.CreateNamespace(b.Context(), cs, namespace); err != nil {
 		b.Fatal(err)
 	}
 	loadStart := time.Now()
@@ -329,16 +327,12 @@ func load(ctx context.Context, cs kubernetes.Interface, cfg config) error {
 // createService creates Service name (port 80 to 8080; clusterIP as given,
 // or allocated when empty) and, if eps is not nil, its EndpointSlice.
 func createService(ctx context.Context, cs kubernetes.Interface, name, clusterIP string, eps []string) error {
-	if _, err := cs.CoreV1().Services(namespace).Create(ctx, builders.Service(namespace, name, builders.ClusterIP(clusterIP)), metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create service %s: %w", name, err)
+	var slices []*discoveryv1.EndpointSlice
+	if eps != nil {
+		slices = append(slices, endpointSlice(name, eps))
 	}
-	if eps == nil {
-		return nil
-	}
-	if _, err := cs.DiscoveryV1().EndpointSlices(namespace).Create(ctx, endpointSlice(name, eps), metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create endpointslice of %s: %w", name, err)
-	}
-	return nil
+	_, err := builders.CreateService(ctx, cs, builders.Service(namespace, name, builders.ClusterIP(clusterIP)), slices...)
+	return err
 }
 
 // endpointSlice is the EndpointSlice of Service svc (port "http" 8080) with

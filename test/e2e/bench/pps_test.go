@@ -15,7 +15,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
@@ -200,21 +199,14 @@ func BenchmarkNodePortPPS(b *testing.B) {
 // with the one endpoint, pod b1 on node-b, which the testbed gives the same
 // address every time (rpsPodIP).
 func createPPSService(ctx context.Context, cs kubernetes.Interface) error {
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ppsNamespace}},
-		metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create namespace %s: %w", ppsNamespace, err)
+	if err := builders.CreateNamespace(ctx, cs, ppsNamespace); err != nil {
+		return err
 	}
 	svc := builders.Service(ppsNamespace, ppsService, builders.ClusterIP(""),
 		builders.Ports(builders.Port("udp", 90, corev1.ProtocolUDP, intstr.FromInt32(ppsTargetPort))), builders.NodePort(ppsNodePort),
 		func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster })
-	if _, err := cs.CoreV1().Services(ppsNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create service %s: %w", ppsService, err)
-	}
-	es := builders.SliceFor(svc, builders.Endpoint(rpsPodIP.String(), "node-b"))
-	if _, err := cs.DiscoveryV1().EndpointSlices(ppsNamespace).Create(ctx, es, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create endpointslice of %s: %w", ppsService, err)
-	}
-	return nil
+	_, err := builders.CreateService(ctx, cs, svc, builders.SliceFor(svc, builders.Endpoint(rpsPodIP.String(), "node-b")))
+	return err
 }
 
 // measurePPS runs one row on a fresh testbed.

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
@@ -170,21 +169,14 @@ func BenchmarkNodePortRPS(b *testing.B) {
 // the one endpoint, pod b1 on node-b. The testbed gives b1 the same address
 // every time (the first pod of node 2), so one Service serves every row.
 func createRPSService(ctx context.Context, cs kubernetes.Interface) error {
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: rpsNamespace}},
-		metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create namespace %s: %w", rpsNamespace, err)
+	if err := builders.CreateNamespace(ctx, cs, rpsNamespace); err != nil {
+		return err
 	}
 	svc := builders.Service(rpsNamespace, rpsService, builders.ClusterIP(""),
 		builders.Ports(builders.Port("tcp", 80, corev1.ProtocolTCP, intstr.FromInt32(rpsTargetPort))), builders.NodePort(rpsNodePort),
 		func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster })
-	if _, err := cs.CoreV1().Services(rpsNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create service %s: %w", rpsService, err)
-	}
-	es := builders.SliceFor(svc, builders.Endpoint(rpsPodIP.String(), "node-b"))
-	if _, err := cs.DiscoveryV1().EndpointSlices(rpsNamespace).Create(ctx, es, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create endpointslice of %s: %w", rpsService, err)
-	}
-	return nil
+	_, err := builders.CreateService(ctx, cs, svc, builders.SliceFor(svc, builders.Endpoint(rpsPodIP.String(), "node-b")))
+	return err
 }
 
 // rpsPodIP is the address the sandbox gives the first pod of node 2.

@@ -132,8 +132,7 @@ func newEnv(t *testing.T, c *cluster.Cluster, scenario string) *env {
 		UDPPorts: []uint16{podUDP},
 	})
 	e := &env{c: c, cs: c.Clientset(), tb: tb, node: tb.Nodes[0], ns: "chaos-" + scenario, name: scenario}
-	_, err := e.cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns}}, metav1.CreateOptions{})
-	if err != nil {
+	if err := builders.CreateNamespace(t.Context(), e.cs, e.ns); err != nil {
 		t.Fatal(err)
 	}
 	// No namespace controller runs: the scenario's objects go one by one,
@@ -171,13 +170,8 @@ func (e *env) createService(ctx context.Context, name string, ip netip.Addr, pod
 	svc := builders.Service(e.ns, name, builders.ClusterIP(clusterIP), builders.Ports(
 		builders.Port("tcp", svcTCP, corev1.ProtocolTCP, intstr.FromInt32(podTCP)),
 		builders.Port("udp", svcUDP, corev1.ProtocolUDP, intstr.FromInt32(podUDP))))
-	if _, err := e.cs.CoreV1().Services(e.ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create service %s: %w", name, err)
-	}
-	if _, err := e.cs.DiscoveryV1().EndpointSlices(e.ns).Create(ctx, e.slice(name, pods, nil), metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create endpoints of %s: %w", name, err)
-	}
-	return nil
+	_, err := builders.CreateService(ctx, e.cs, svc, e.slice(name, pods, nil))
+	return err
 }
 
 // slice renders the EndpointSlice of Service svc: ready are ready

@@ -12,10 +12,7 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/cluster"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
 )
@@ -307,8 +304,7 @@ func runKind(t *testing.T, c *cluster.Cluster, kind testbed.Kind, index int) ver
 		proxies = append(proxies, tb.StartProxy(t, n, opts))
 	}
 	ns := "diff-" + string(kind)
-	if _, err := c.Clientset().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
-		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := builders.CreateNamespace(ctx, c.Clientset(), ns); err != nil {
 		t.Fatal(err)
 	}
 	w := newWorld(kind, index, tb, ns)
