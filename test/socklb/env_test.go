@@ -13,9 +13,11 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
@@ -27,19 +29,22 @@ func TestMain(m *testing.M) { agent.Main(m) }
 
 const nodeName = "node-a"
 
-// env is one node with pods running servers, a client pod, and the socket
-// programs attached to the sandbox's cgroup, driven through the same
-// translation, tracker and writer as the agent.
+// env is one node with pods running servers, a client pod, and the BPF
+// dataplane's socket programs attached to the sandbox's cgroup (bpf.New
+// without TC), driven through the same translation, tracker and
+// dataplane as the agent.
 type env struct {
 	t      testing.TB
 	sb     *sandbox.Sandbox
 	node   *sandbox.Node
 	pods   []*sandbox.Pod
 	client *sandbox.Client
+	d      *bpf.Dataplane
+	// loaded are d's programs and maps, for the tests that run the
+	// programs or read their counters.
 	loaded *loader.Loaded
 	bpffs  string
 	tr     *tracker.Tracker
-	w      *maps.Writer
 	tl     k8swatch.Translator
 	synced bool
 }
@@ -81,62 +86,53 @@ func newSandbox(t testing.TB, pods int) *env {
 	return e
 }
 
+// attach starts the BPF dataplane as the agent does, in the node's
+// namespace (whose cookie the programs know as the node's), with its
+// socket programs alone: no device of the sandbox gets TC programs.
 func (e *env) attach() {
 	t := e.t
 	t.Helper()
-	var err error
-	var nodeNetns uint64
-	if err := e.node.NS.Do(func() (err error) { nodeNetns, err = loader.NetnsCookie(); return err }); err != nil {
-		t.Fatal(err)
-	}
-	e.loaded, err = loader.Load(loader.Config{BPFFSPath: e.bpffs, CgroupPath: e.sb.Cgroup.Path(), NodeNetnsCookie: nodeNetns})
+	ctx, cancel := context.WithCancel(context.Background())
+	err := e.node.NS.Do(func() (err error) {
+		e.d, err = bpf.New(ctx, bpf.Config{CgroupPath: e.sb.Cgroup.Path(), BPFFSPath: e.bpffs, NoTC: true,
+			Metrics: metrics.New(metrics.IPv4)})
+		return err
+	})
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		e.loaded.Close()
+		cancel()
+		e.d.Close()
 		if err := loader.Cleanup(e.bpffs); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
-	e.w, err = maps.NewWriter(maps.KernelMaps(&e.loaded.Objects.SockMaps), maps.Limits{Backends: e.loaded.Sizes.Backends, RevNat: e.loaded.Sizes.RevNat})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.loaded = e.d.Loaded()
 	e.tr = tracker.New(nodeName, model.DefaultOptions, everyAddress)
 	e.tr.SetServicesSynced()
 	e.tr.SetEndpointSlicesSynced()
 	e.tl.Invalid = func(kind, ns, name, reason string) { t.Errorf("invalid %s %s/%s: %s", kind, ns, name, reason) }
 }
 
-// sync programs everything recorded so far, attaching the source range
-// check around it as the agent does.
+// sync programs everything recorded so far through the dataplane, which
+// attaches the source range check around it.
 func (e *env) sync() {
 	e.t.Helper()
-	e.syncWriter("sync", e.tr, e.w, &e.synced, e.w)
+	e.syncFamily("sync", e.tr, e.d, &e.synced)
 }
 
-// syncWriter programs in w what tr has recorded since the last call (all of
-// it while *synced is false, which it then sets), attaching the source range
-// check before when the update wants it and detaching it after unless one of
-// ranged still has source ranges, as the agent does. what starts the message
-// of a failed sync ("sync", "sync IPv6").
-func (e *env) syncWriter(what string, tr *tracker.Tracker, w *maps.Writer, synced *bool, ranged ...*maps.Writer) {
+// syncFamily hands d, the dataplane of a family, what tr has recorded
+// since the last call (all of it while *synced is false, which it then
+// sets), as the agent's sync loop does. what starts the message of a
+// failed sync ("sync", "sync IPv6").
+func (e *env) syncFamily(what string, tr *tracker.Tracker, d dataplane.Dataplane, synced *bool) {
 	e.t.Helper()
 	up := tr.Apply()
 	up.Full = up.Full || !*synced
-	if maps.WantsSourceRangeCheck(up) {
-		if err := e.loaded.SetSourceRangeCheck(true); err != nil {
-			e.t.Fatal(err)
-		}
-	}
-	if err := w.Sync(up); err != nil {
+	if err := d.Sync(up); err != nil {
 		e.t.Fatalf("%s: %v", what, err)
-	}
-	if !slices.ContainsFunc(ranged, (*maps.Writer).HasSourceRanges) {
-		if err := e.loaded.SetSourceRangeCheck(false); err != nil {
-			e.t.Fatal(err)
-		}
 	}
 	*synced = true
 }

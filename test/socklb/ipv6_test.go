@@ -9,7 +9,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/tracker"
@@ -22,14 +21,12 @@ var (
 	dead6VIP = netip.MustParseAddrPort("[fd00:10:96::99]:80")
 )
 
-// env6 adds to env the IPv6 side of the agent: an IPv6 Writer on the IPv6
-// maps of the same programs, fed by a tracker and a translator of their
-// own, as the agent's IPv6 sync loop would be. IPv4 Services go through
-// env's.
+// env6 adds to env the IPv6 side of the agent: the dataplane's IPv6
+// family, fed by a tracker and a translator of their own, as the agent's
+// IPv6 sync loop is. IPv4 Services go through env's.
 type env6 struct {
 	*env
 	tr     *tracker.Tracker
-	w      *maps.Writer
 	tl     k8swatch.Translator
 	synced bool
 }
@@ -40,11 +37,6 @@ var everyAddress6, _ = model.ParseNodePortSpec(nil, true, false)
 func newEnv6(t testing.TB, pods int) *env6 {
 	t.Helper()
 	e := &env6{env: newEnv(t, pods)}
-	var err error
-	e.w, err = maps.NewWriter6(maps.KernelMaps6(&e.loaded.Objects.SockMaps), maps.Limits{Backends: e.loaded.Sizes.Backends, RevNat: e.loaded.Sizes.RevNat})
-	if err != nil {
-		t.Fatal(err)
-	}
 	e.tr = tracker.New(nodeName, model.DefaultOptions, everyAddress6)
 	e.tr.SetServicesSynced()
 	e.tr.SetEndpointSlicesSynced()
@@ -63,13 +55,11 @@ func (e *env6) setSlice6(es *discoveryv1.EndpointSlice) {
 	e.tr.UpdateEndpointSlice(e.tl.EndpointSlice(es))
 }
 
-// sync6 programs everything recorded so far in the IPv6 maps, attaching
-// the source range check around it as the agent does (env.sync's
-// detaching looks at the IPv4 Writer only: the tests that use both
-// families set no IPv6 ranges).
+// sync6 programs everything recorded so far through the dataplane's IPv6
+// family, which attaches the source range check around it.
 func (e *env6) sync6() {
 	e.t.Helper()
-	e.syncWriter("sync IPv6", e.tr, e.w, &e.synced, e.w, e.env.w)
+	e.syncFamily("sync IPv6", e.tr, e.d.IPv6(), &e.synced)
 }
 
 // pod6EPs are the IPv6 endpoints of the pods idx.

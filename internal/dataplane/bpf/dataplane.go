@@ -73,6 +73,10 @@ type Config struct {
 	// DefaultMapCountInterval. Counting reads the whole map, so it bounds
 	// what frequent scrapes cost.
 	MapCountInterval time.Duration
+	// NoTC attaches the socket programs alone: no TC or XDP program,
+	// whatever the node's devices. The kernel suites of the socket load
+	// balancer drive the dataplane so.
+	NoTC bool
 	// PinCheckInterval is how often the pins under BPFFSPath are checked
 	// and those removed behind the agent's back pinned again (every sync
 	// checks them too); 0 means DefaultPinCheckInterval.
@@ -195,10 +199,14 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	if !l.Features.SetRetval {
 		log.Warn("kernel lacks bpf_set_retval in cgroup programs: connections to Services without endpoints fail with EPERM instead of ECONNREFUSED")
 	}
-	tc, err := newTCAttacher(cfg, log, mig.report, addTrackedPorts(w, w6, log))
-	if err != nil {
-		l.Close()
-		return nil, err
+	var tc *tcAttacher
+	published := func() *loader.TCLoaded { return nil }
+	if !cfg.NoTC {
+		if tc, err = newTCAttacher(cfg, log, mig.report, addTrackedPorts(w, w6, log)); err != nil {
+			l.Close()
+			return nil, err
+		}
+		published = tc.published.Load
 	}
 	fe, be := w.Counts()
 	fe6, be6 := w6.Counts()
@@ -217,7 +225,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		log.Warn("cannot hold every pin under the bpffs path; those not held are not restored if removed", zap.Error(err))
 	}
 	cfg.Metrics.Registry().MustRegister(
-		dataplaneCollectors(newCollector(l, w, w6, tc.published.Load, cfg.MapCountInterval), mig, d.terminated, d.pinsRestored, d.mapFull)...)
+		dataplaneCollectors(newCollector(l, w, w6, published, cfg.MapCountInterval), mig, d.terminated, d.pinsRestored, d.mapFull)...)
 	if term != nil {
 		go d.run(ctx)
 	}
@@ -331,7 +339,7 @@ type Dataplane struct {
 	log     *zap.Logger
 	loaded  *loader.Loaded
 	// tc attaches the TC and XDP programs once the node's devices are
-	// known.
+	// known; nil with Config.NoTC.
 	tc *tcAttacher
 	// ranges attaches and detaches the source range check around syncs.
 	ranges *sourceRangeCheck
@@ -342,6 +350,11 @@ type Dataplane struct {
 
 	terminated *prometheus.CounterVec
 }
+
+// Loaded returns the loaded socket programs and their maps: for the
+// kernel suites and benchmarks that run the programs directly or read
+// their counters, never to write the maps (the Writer does).
+func (d *Dataplane) Loaded() *loader.Loaded { return d.loaded }
 
 // Name implements dataplane.Dataplane.
 func (d *Dataplane) Name() string { return Name }
@@ -362,15 +375,18 @@ func (d *Dataplane) sync(up model.Update, v6 bool) error {
 	defer d.syncMu.Unlock()
 	d.repairPins()
 	defer d.refreshPins()
-	attached := d.tc.loaded != nil
-	err := d.tc.prepare(&up.State.Node, v6)
-	if !attached && d.tc.loaded != nil {
-		// The TC (and XDP) programs were attached just now: their pins
-		// are guarded from here on, not only once the maps are written.
-		d.refreshPins()
-	}
-	if err != nil {
-		return err
+	if d.tc != nil {
+		attached := d.tc.loaded != nil
+		err := d.tc.prepare(&up.State.Node, v6)
+		if !attached && d.tc.loaded != nil {
+			// The TC (and XDP) programs were attached just now: their
+			// pins are guarded from here on, not only once the maps
+			// are written.
+			d.refreshPins()
+		}
+		if err != nil {
+			return err
+		}
 	}
 	if err := d.ranges.before(up); err != nil {
 		return err
@@ -502,6 +518,8 @@ func (d *Dataplane) Close() {
 	d.closed = true
 	d.pins.Close()
 	d.syncMu.Unlock()
-	d.tc.close()
+	if d.tc != nil {
+		d.tc.close()
+	}
 	d.loaded.Close()
 }
