@@ -58,7 +58,7 @@ lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
-	$(CLANG_FORMAT) --dry-run -Werror bpf/*.c bpf/lib/*.h bpf/test/*.c
+	$(CLANG_FORMAT) --dry-run -Werror bpf/*.c bpf/*.h bpf/lib/*.h bpf/test/*.c
 
 # The alerts and the Grafana dashboard of deploy/monitoring, in seconds:
 # promtool (Debian's prometheus package, installed for it alone, its server

@@ -30,9 +30,6 @@
 #ifndef LB4_SOURCE_RANGES_MAX
 #define LB4_SOURCE_RANGES_MAX 65536
 #endif
-#ifndef SOCK4_REVNAT_MAX
-#define SOCK4_REVNAT_MAX 262144
-#endif
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -60,14 +57,6 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct sock4_revnat_key);
-	__type(value, struct sock4_revnat);
-	__uint(max_entries, SOCK4_REVNAT_MAX);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sock4_revnat_v1 SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct lb4_affinity_key);
 	__type(value, struct lb4_affinity);
 	__uint(max_entries, LB4_AFFINITY_MAX);
@@ -82,14 +71,6 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb4_members_v1 SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct sock4_udp_key);
-	__type(value, struct sock4_udp);
-	__uint(max_entries, SOCK4_REVNAT_MAX);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sock4_udp_fwd_v1 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -129,14 +110,6 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct sock6_revnat_key);
-	__type(value, struct sock6_revnat);
-	__uint(max_entries, SOCK4_REVNAT_MAX);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sock6_revnat_v1 SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct lb6_affinity_key);
 	__type(value, struct lb4_affinity);
 	__uint(max_entries, LB4_AFFINITY_MAX);
@@ -151,14 +124,6 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb6_members_v1 SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct sock6_udp_key);
-	__type(value, struct sock4_udp);
-	__uint(max_entries, SOCK4_REVNAT_MAX);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sock6_udp_fwd_v1 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);

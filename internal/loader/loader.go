@@ -135,6 +135,9 @@ func Load(cfg Config) (*Loaded, error) {
 	for name, n := range sharedMapSizes(sizes) {
 		spec.Maps[name].MaxEntries = n
 	}
+	for name, n := range sockMapSizes(sizes) {
+		spec.Maps[name].MaxEntries = n
+	}
 	if err := spec.Variables[bpfobj.SockVarHaveSetRetval].Set(boolToU8(feat.SetRetval)); err != nil {
 		return nil, fmt.Errorf("set have_set_retval: %w", err)
 	}
@@ -173,8 +176,6 @@ func sharedMapSizes(sizes MapSizes) map[string]uint32 {
 		bpfobj.SockMapLb4ServicesV1: sizes.Services,
 		bpfobj.SockMapLb4BackendsV1: sizes.Backends,
 		bpfobj.SockMapLb4RevnatV1:   sizes.RevNat,
-		bpfobj.SockMapSock4RevnatV1: sizes.SockRevNat,
-		bpfobj.SockMapSock4UdpFwdV1: sizes.SockRevNat,
 		bpfobj.SockMapLb4AffinityV1: sizes.Affinity,
 		// Every (backend, ServicePort) pair fits, as every backend slot
 		// does in the services map.
@@ -182,10 +183,19 @@ func sharedMapSizes(sizes MapSizes) map[string]uint32 {
 		bpfobj.SockMapLb6ServicesV1: sizes.Services,
 		bpfobj.SockMapLb6BackendsV1: sizes.Backends,
 		bpfobj.SockMapLb6RevnatV1:   sizes.RevNat,
-		bpfobj.SockMapSock6RevnatV1: sizes.SockRevNat,
-		bpfobj.SockMapSock6UdpFwdV1: sizes.SockRevNat,
 		bpfobj.SockMapLb6AffinityV1: sizes.Affinity,
 		bpfobj.SockMapLb6MembersV1:  sizes.Services,
+	}
+}
+
+// sockMapSizes are the sizes of the maps of the socket hooks alone
+// (bpf/lib/sockmaps.h), by name.
+func sockMapSizes(sizes MapSizes) map[string]uint32 {
+	return map[string]uint32{
+		bpfobj.SockMapSock4RevnatV1: sizes.SockRevNat,
+		bpfobj.SockMapSock4UdpFwdV1: sizes.SockRevNat,
+		bpfobj.SockMapSock6RevnatV1: sizes.SockRevNat,
+		bpfobj.SockMapSock6UdpFwdV1: sizes.SockRevNat,
 	}
 }
 

@@ -259,60 +259,6 @@ type TcNhEntry struct {
 	Smac    [6]uint8
 }
 
-type TcSock4Revnat struct {
-	_        structs.HostLayout
-	Address  uint32
-	Port     uint16
-	Pad      [2]uint8
-	RevNatId uint32
-}
-
-type TcSock4RevnatKey struct {
-	_       structs.HostLayout
-	Cookie  uint64
-	Address uint32
-	Port    uint16
-	Pad     [2]uint8
-}
-
-type TcSock4Udp struct {
-	_         structs.HostLayout
-	BackendId uint32
-	SvcId     uint32
-}
-
-type TcSock4UdpKey struct {
-	_       structs.HostLayout
-	Cookie  uint64
-	Address uint32
-	Port    uint16
-	Pad     [2]uint8
-}
-
-type TcSock6Revnat struct {
-	_        structs.HostLayout
-	Address  [4]uint32
-	Port     uint16
-	Pad      [2]uint8
-	RevNatId uint32
-}
-
-type TcSock6RevnatKey struct {
-	_       structs.HostLayout
-	Cookie  uint64
-	Address [4]uint32
-	Port    uint16
-	Pad     [6]uint8
-}
-
-type TcSock6UdpKey struct {
-	_       structs.HostLayout
-	Cookie  uint64
-	Address [4]uint32
-	Port    uint16
-	Pad     [6]uint8
-}
-
 type TcTc4SnatAddr struct {
 	_       structs.HostLayout
 	Address uint32
@@ -347,10 +293,6 @@ const (
 	TcMapLb6SourceRangesV1 = "lb6_source_ranges_v1"
 	TcMapLbMetricsV1       = "lb_metrics_v1"
 	TcMapLbRemovedAtV1     = "lb_removed_at_v1"
-	TcMapSock4RevnatV1     = "sock4_revnat_v1"
-	TcMapSock4UdpFwdV1     = "sock4_udp_fwd_v1"
-	TcMapSock6RevnatV1     = "sock6_revnat_v1"
-	TcMapSock6UdpFwdV1     = "sock6_udp_fwd_v1"
 	TcMapTc4CtV1           = "tc4_ct_v1"
 	TcMapTc4NexthopV1      = "tc4_nexthop_v1"
 	TcMapTc4SnatAddrsV1    = "tc4_snat_addrs_v1"
@@ -435,10 +377,6 @@ type TcMapSpecs struct {
 	Lb6SourceRangesV1 *ebpf.MapSpec `ebpf:"lb6_source_ranges_v1"`
 	LbMetricsV1       *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
 	LbRemovedAtV1     *ebpf.MapSpec `ebpf:"lb_removed_at_v1"`
-	Sock4RevnatV1     *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
-	Sock4UdpFwdV1     *ebpf.MapSpec `ebpf:"sock4_udp_fwd_v1"`
-	Sock6RevnatV1     *ebpf.MapSpec `ebpf:"sock6_revnat_v1"`
-	Sock6UdpFwdV1     *ebpf.MapSpec `ebpf:"sock6_udp_fwd_v1"`
 	Tc4CtV1           *ebpf.MapSpec `ebpf:"tc4_ct_v1"`
 	Tc4NexthopV1      *ebpf.MapSpec `ebpf:"tc4_nexthop_v1"`
 	Tc4SnatAddrsV1    *ebpf.MapSpec `ebpf:"tc4_snat_addrs_v1"`
@@ -497,10 +435,6 @@ type TcMaps struct {
 	Lb6SourceRangesV1 *ebpf.Map `ebpf:"lb6_source_ranges_v1"`
 	LbMetricsV1       *ebpf.Map `ebpf:"lb_metrics_v1"`
 	LbRemovedAtV1     *ebpf.Map `ebpf:"lb_removed_at_v1"`
-	Sock4RevnatV1     *ebpf.Map `ebpf:"sock4_revnat_v1"`
-	Sock4UdpFwdV1     *ebpf.Map `ebpf:"sock4_udp_fwd_v1"`
-	Sock6RevnatV1     *ebpf.Map `ebpf:"sock6_revnat_v1"`
-	Sock6UdpFwdV1     *ebpf.Map `ebpf:"sock6_udp_fwd_v1"`
 	Tc4CtV1           *ebpf.Map `ebpf:"tc4_ct_v1"`
 	Tc4NexthopV1      *ebpf.Map `ebpf:"tc4_nexthop_v1"`
 	Tc4SnatAddrsV1    *ebpf.Map `ebpf:"tc4_snat_addrs_v1"`
@@ -532,10 +466,6 @@ func (m *TcMaps) Close() error {
 		m.Lb6SourceRangesV1,
 		m.LbMetricsV1,
 		m.LbRemovedAtV1,
-		m.Sock4RevnatV1,
-		m.Sock4UdpFwdV1,
-		m.Sock6RevnatV1,
-		m.Sock6UdpFwdV1,
 		m.Tc4CtV1,
 		m.Tc4NexthopV1,
 		m.Tc4SnatAddrsV1,

@@ -260,60 +260,6 @@ type XdpNh6Slot struct {
 	}
 }
 
-type XdpSock4Revnat struct {
-	_        structs.HostLayout
-	Address  uint32
-	Port     uint16
-	Pad      [2]uint8
-	RevNatId uint32
-}
-
-type XdpSock4RevnatKey struct {
-	_       structs.HostLayout
-	Cookie  uint64
-	Address uint32
-	Port    uint16
-	Pad     [2]uint8
-}
-
-type XdpSock4Udp struct {
-	_         structs.HostLayout
-	BackendId uint32
-	SvcId     uint32
-}
-
-type XdpSock4UdpKey struct {
-	_       structs.HostLayout
-	Cookie  uint64
-	Address uint32
-	Port    uint16
-	Pad     [2]uint8
-}
-
-type XdpSock6Revnat struct {
-	_        structs.HostLayout
-	Address  [4]uint32
-	Port     uint16
-	Pad      [2]uint8
-	RevNatId uint32
-}
-
-type XdpSock6RevnatKey struct {
-	_       structs.HostLayout
-	Cookie  uint64
-	Address [4]uint32
-	Port    uint16
-	Pad     [6]uint8
-}
-
-type XdpSock6UdpKey struct {
-	_       structs.HostLayout
-	Cookie  uint64
-	Address [4]uint32
-	Port    uint16
-	Pad     [6]uint8
-}
-
 type XdpTc4SnatAddr struct {
 	_       structs.HostLayout
 	Address uint32
@@ -348,10 +294,6 @@ const (
 	XdpMapLb6SourceRangesV1 = "lb6_source_ranges_v1"
 	XdpMapLbMetricsV1       = "lb_metrics_v1"
 	XdpMapLbRemovedAtV1     = "lb_removed_at_v1"
-	XdpMapSock4RevnatV1     = "sock4_revnat_v1"
-	XdpMapSock4UdpFwdV1     = "sock4_udp_fwd_v1"
-	XdpMapSock6RevnatV1     = "sock6_revnat_v1"
-	XdpMapSock6UdpFwdV1     = "sock6_udp_fwd_v1"
 	XdpMapTc4CtV1           = "tc4_ct_v1"
 	XdpMapTc4NexthopV1      = "tc4_nexthop_v1"
 	XdpMapTc4SnatAddrsV1    = "tc4_snat_addrs_v1"
@@ -437,10 +379,6 @@ type XdpMapSpecs struct {
 	Lb6SourceRangesV1 *ebpf.MapSpec `ebpf:"lb6_source_ranges_v1"`
 	LbMetricsV1       *ebpf.MapSpec `ebpf:"lb_metrics_v1"`
 	LbRemovedAtV1     *ebpf.MapSpec `ebpf:"lb_removed_at_v1"`
-	Sock4RevnatV1     *ebpf.MapSpec `ebpf:"sock4_revnat_v1"`
-	Sock4UdpFwdV1     *ebpf.MapSpec `ebpf:"sock4_udp_fwd_v1"`
-	Sock6RevnatV1     *ebpf.MapSpec `ebpf:"sock6_revnat_v1"`
-	Sock6UdpFwdV1     *ebpf.MapSpec `ebpf:"sock6_udp_fwd_v1"`
 	Tc4CtV1           *ebpf.MapSpec `ebpf:"tc4_ct_v1"`
 	Tc4NexthopV1      *ebpf.MapSpec `ebpf:"tc4_nexthop_v1"`
 	Tc4SnatAddrsV1    *ebpf.MapSpec `ebpf:"tc4_snat_addrs_v1"`
@@ -500,10 +438,6 @@ type XdpMaps struct {
 	Lb6SourceRangesV1 *ebpf.Map `ebpf:"lb6_source_ranges_v1"`
 	LbMetricsV1       *ebpf.Map `ebpf:"lb_metrics_v1"`
 	LbRemovedAtV1     *ebpf.Map `ebpf:"lb_removed_at_v1"`
-	Sock4RevnatV1     *ebpf.Map `ebpf:"sock4_revnat_v1"`
-	Sock4UdpFwdV1     *ebpf.Map `ebpf:"sock4_udp_fwd_v1"`
-	Sock6RevnatV1     *ebpf.Map `ebpf:"sock6_revnat_v1"`
-	Sock6UdpFwdV1     *ebpf.Map `ebpf:"sock6_udp_fwd_v1"`
 	Tc4CtV1           *ebpf.Map `ebpf:"tc4_ct_v1"`
 	Tc4NexthopV1      *ebpf.Map `ebpf:"tc4_nexthop_v1"`
 	Tc4SnatAddrsV1    *ebpf.Map `ebpf:"tc4_snat_addrs_v1"`
@@ -536,10 +470,6 @@ func (m *XdpMaps) Close() error {
 		m.Lb6SourceRangesV1,
 		m.LbMetricsV1,
 		m.LbRemovedAtV1,
-		m.Sock4RevnatV1,
-		m.Sock4UdpFwdV1,
-		m.Sock6RevnatV1,
-		m.Sock6UdpFwdV1,
 		m.Tc4CtV1,
 		m.Tc4NexthopV1,
 		m.Tc4SnatAddrsV1,
