@@ -10,7 +10,7 @@ cd "$top"
 git ls-files -z | xargs -0 cp --parents -t "$tmp"
 make -C "$tmp" --no-print-directory generate >/dev/null
 status=0
-for dir in internal/dataplane/bpf/bpfobj internal/testing/pktest/sample; do
+for dir in internal/bpfobj internal/testing/pktest/sample; do
 	if ! diff -r "$top/$dir" "$tmp/$dir"; then
 		echo "generated files in $dir differ from the committed ones: run 'make generate' and commit" >&2
 		status=1

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Maglev consistent hashing for traffic from outside the node. A
  * ServicePort that uses it has a table of MAGLEV_TABLE_SIZE backend ids,
- * built by the agent (internal/dataplane/bpf/maglev) from its external endpoints; a new
+ * built by the agent (internal/maglev) from its external endpoints; a new
  * flow takes the backend at the entry its hash selects. Every node builds
  * the same table for the same endpoints and hashes a flow the same way, so a
  * flow that a router moves to another node keeps its backend, and a change

@@ -54,7 +54,7 @@ func TestDaemonSetWithKubeadmConfigMapRunsItsOwnMode(t *testing.T) {
 	if len(notes) != 0 {
 		t.Errorf("warnings for the shipped DaemonSet with kubeadm's ConfigMap: %q", notes)
 	}
-	if o.ProxyMode != dataplane.Auto || o.ProxyModeSetting != config.ProxyModeFlag || o.KubeProxyMode != dataplane.IPTables {
+	if o.ProxyMode != config.ProxyModeAuto || o.ProxyModeSetting != config.ProxyModeFlag || o.KubeProxyMode != dataplane.IPTables {
 		t.Errorf("mode %q set by %q, kube-proxy's %q: want auto set by --proxy-mode, kube-proxy's iptables kept apart",
 			o.ProxyMode, o.ProxyModeSetting, o.KubeProxyMode)
 	}

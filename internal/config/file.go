@@ -6,7 +6,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/nfconntrack"
 
 	"github.com/spf13/pflag"
@@ -149,7 +148,7 @@ func (o *Options) applyConfig(c *kubeproxy.KubeProxyConfiguration, set func(name
 	if p := dur(c.NFTables.MinSyncPeriod, 0); p != o.IPTablesMinSync {
 		o.NFTablesMinSync = p
 	}
-	if c.Mode == dataplane.NFTables {
+	if c.Mode == kubeProxyNFTables {
 		// The nftables section's masquerade settings, where given, are
 		// the ones the nftables mode uses.
 		if c.NFTables.MasqueradeBit != nil {

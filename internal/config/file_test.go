@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-
-	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 )
 
 // load parses args (with --config if given) as the agent does.
@@ -59,7 +57,7 @@ func TestKubeadmConfigFileRunsUnchanged(t *testing.T) {
 		{"kubeconfig", o.Kubeconfig, "/var/lib/kube-proxy/kubeconfig.conf"},
 		{"hostname (the flag wins)", o.HostnameOverride, "node-7"},
 		{"cluster CIDR", o.ClusterPrefixes["IPv4"].String(), "10.244.0.0/16"},
-		{"the agent's proxy mode (its own default)", o.ProxyMode, dataplane.Auto},
+		{"the agent's proxy mode (its own default)", o.ProxyMode, ProxyModeAuto},
 		{"what set it", o.ProxyModeSetting, ProxyModeDefault},
 		{"kube-proxy's mode, kept for the log", o.KubeProxyMode, "iptables"},
 		{"NodePorts on every address (unset)", o.NodePorts["IPv4"].String(), "all"},
@@ -110,7 +108,7 @@ logging:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.ProxyMode != dataplane.EBPF || o.ProxyModeSetting != ProxyModeFlag || o.KubeProxyMode != dataplane.IPTables {
+	if o.ProxyMode != "ebpf" || o.ProxyModeSetting != ProxyModeFlag || o.KubeProxyMode != "iptables" {
 		t.Errorf("mode %q set by %q, kube-proxy's %q: want --proxy-mode's ebpf, the file's iptables as kube-proxy's only",
 			o.ProxyMode, o.ProxyModeSetting, o.KubeProxyMode)
 	}
@@ -152,7 +150,7 @@ func TestConfigFileNFTablesMode(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if o.ProxyMode != dataplane.Auto || o.KubeProxyMode != "nftables" || o.MasqueradeBit != 9 || !o.MasqueradeAll {
+	if o.ProxyMode != ProxyModeAuto || o.KubeProxyMode != "nftables" || o.MasqueradeBit != 9 || !o.MasqueradeAll {
 		t.Errorf("mode %q (kube-proxy's %q), masquerade bit %d, all %t; want auto (nftables), 9, true", o.ProxyMode, o.KubeProxyMode, o.MasqueradeBit, o.MasqueradeAll)
 	}
 	if sync, minSync := o.NFTablesPeriods(); sync != 50*time.Second || minSync != 2*time.Second {
@@ -223,7 +221,7 @@ func TestWrittenConfigReadsBackTheSame(t *testing.T) {
 	}
 	o.ConfigFile = back.ConfigFile
 	// --proxy-mode is the agent's own, never in kube-proxy's file.
-	if back.ProxyMode != dataplane.Auto {
+	if back.ProxyMode != ProxyModeAuto {
 		t.Errorf("the written file set the agent's mode to %q", back.ProxyMode)
 	}
 	back.ProxyMode, back.ProxyModeSetting = o.ProxyMode, o.ProxyModeSetting

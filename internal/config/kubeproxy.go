@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
-
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 )
@@ -234,7 +232,7 @@ func (o *Options) NoteIgnored(mode string, log *zap.Logger) {
 	if o.ShowHiddenMetrics != "" {
 		log.Info("--show-hidden-metrics-for-version: ebpf-proxy hides no metrics", zap.String("version", o.ShowHiddenMetrics))
 	}
-	if mode != dataplane.IPVS && (o.IPVSStrictARP || len(o.IPVSExcludeCIDRs) > 0) {
+	if mode != kubeProxyIPVS && (o.IPVSStrictARP || len(o.IPVSExcludeCIDRs) > 0) {
 		log.Info("--ipvs-strict-arp and --ipvs-exclude-cidrs apply in ipvs mode only", zap.String("mode", mode))
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/api"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
@@ -129,6 +128,17 @@ type MapSizes struct {
 // kube-proxy's.
 const DefaultMasqueradeBit = 14
 
+// ProxyModeAuto is --proxy-mode's default: the modes choose, in their
+// order, the first the node can run (internal/proxymode).
+const ProxyModeAuto = "auto"
+
+// kube-proxy's modes, as its file and flags name them where config reads
+// them (ebpf-proxy's modes of the same names are its fallbacks).
+const (
+	kubeProxyNFTables = "nftables"
+	kubeProxyIPVS     = "ipvs"
+)
+
 // What set --proxy-mode's value (Options.ProxyModeSetting), for the log
 // line that says which mode runs and why.
 const (
@@ -146,7 +156,7 @@ const DefaultProbeBindAddress = "127.0.0.1:10266"
 // defaults (proxymode.Modes.NewOptions).
 func Defaults() *Options {
 	return &Options{
-		ProxyMode:          dataplane.Auto,
+		ProxyMode:          ProxyModeAuto,
 		MasqueradeBit:      DefaultMasqueradeBit,
 		HealthzBindAddress: "0.0.0.0:10256",
 		MetricsBindAddress: "127.0.0.1:10249",

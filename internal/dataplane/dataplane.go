@@ -18,12 +18,10 @@ type Dataplane interface {
 	Sync(up model.Update) error
 }
 
-// The proxy modes (--proxy-mode), each the Name of its dataplane, and
-// Auto, which chooses among them. They live here, apart from the
-// dataplanes, so that the agent's configuration names them without
-// importing one.
+// The proxy modes (--proxy-mode), each the Name of its dataplane. They
+// live here, in the one package every dataplane imports, and auto, which
+// chooses among them, is config.ProxyModeAuto.
 const (
-	Auto     = "auto"
 	EBPF     = "ebpf"
 	NFTables = "nftables"
 	IPTables = "iptables"

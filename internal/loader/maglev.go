@@ -6,8 +6,8 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf/bpfobj"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf/maglev"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/maglev"
 )
 
 // MaglevMaps are the pinned maps of one family's Maglev tables:

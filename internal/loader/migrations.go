@@ -6,7 +6,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
 )
 
 // Migration converts the entries of a map pinned by an older layout into

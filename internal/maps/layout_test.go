@@ -7,7 +7,7 @@ import (
 
 	"github.com/cilium/ebpf/btf"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maps"
 )
 

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf/maglev"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/maglev"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 )
 

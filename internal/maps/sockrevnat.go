@@ -5,7 +5,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
 )
 
 // SockTranslated returns a check whether the socket with the given cookie

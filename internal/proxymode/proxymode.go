@@ -22,11 +22,11 @@ import (
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/mode"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/nfconntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode/kubeproxy"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode/mode"
 )
 
 // ReasonConfigured is the reason of a mode --proxy-mode named: the reason
@@ -51,7 +51,7 @@ func (ms Modes) find(name string) (mode.Mode, bool) {
 
 // Names lists the modes --proxy-mode takes, auto first.
 func (ms Modes) Names() []string {
-	names := []string{dataplane.Auto}
+	names := []string{config.ProxyModeAuto}
 	for _, m := range ms {
 		names = append(names, m.Name)
 	}
@@ -77,7 +77,7 @@ func (ms Modes) Validate(o *config.Options) error {
 	if err := o.Validate(); err != nil {
 		return err
 	}
-	if _, ok := ms.find(o.ProxyMode); !ok && o.ProxyMode != dataplane.Auto {
+	if _, ok := ms.find(o.ProxyMode); !ok && o.ProxyMode != config.ProxyModeAuto {
 		return fmt.Errorf("unknown --proxy-mode %q: want %s", o.ProxyMode, quoted(ms.Names()))
 	}
 	for _, m := range ms {
@@ -260,7 +260,7 @@ func (ms Modes) start(ctx context.Context, o *config.Options, cfg Config, log *z
 		}
 		return &Started{Instance: in, Mode: m.Name, Reason: reason, desc: m, modes: ms, options: o, cfg: cfg}, nil
 	}
-	if o.ProxyMode != dataplane.Auto {
+	if o.ProxyMode != config.ProxyModeAuto {
 		m, ok := ms.find(o.ProxyMode)
 		if !ok {
 			return nil, fmt.Errorf("unknown --proxy-mode %q", o.ProxyMode)
@@ -312,7 +312,7 @@ func (ms Modes) start(ctx context.Context, o *config.Options, cfg Config, log *z
 // Guess returns the mode Start would pick, by the probes alone: for
 // --init-only, which starts no dataplane.
 func (ms Modes) Guess(ctx context.Context, name string) (mode.Mode, bool) {
-	if name != dataplane.Auto {
+	if name != config.ProxyModeAuto {
 		return ms.find(name)
 	}
 	for _, m := range ms {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
 )
 
 // Loading the programs is most of what this package costs: the verifier

@@ -9,10 +9,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/bpf/maglev"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/mode"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/maglev"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode/mode"
 )
 
 // Mode is the BPF dataplane as a proxy mode: auto's first choice.

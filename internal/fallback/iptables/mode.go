@@ -7,8 +7,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/mode"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode/mode"
 )
 
 // Mode is the iptables dataplane as a proxy mode: auto's last resort.

@@ -8,10 +8,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/mode"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
-	"github.com/ebpf-proxy/ebpf-proxy/internal/proxymode/mode"
 )
 
 // Mode is the nftables dataplane as a proxy mode: auto's choice where the

@@ -1,8 +1,9 @@
 // Package mode is what a dataplane package implements to be a proxy mode
 // (its Mode), and what internal/proxymode, which chooses and starts one
 // of the registered modes, gives it (Env) and takes back (Instance). It
-// is apart from proxymode so that the dataplanes import it, and
-// proxymode, which also removes kube-proxy's leftovers, none of them.
+// is apart from proxymode, as database/sql/driver is from database/sql:
+// the dataplanes import it, and proxymode, which also removes kube-proxy's
+// leftovers through the IPVS dataplane's package, sits above them.
 package mode
 
 import (
