@@ -93,13 +93,7 @@ func RunView(ctx context.Context, view string, o Options, stdout, stderr io.Writ
 	case ViewConntrack:
 		var cts []CTFamily
 		err = readPinned(o.BPFFSPath, [2]string{bpfobj.TcMapTc4CtV1, bpfobj.TcMapTc6CtV1}, func(fam string, m *ebpf.Map) error {
-			var es []maps.CTEntry
-			var err error
-			if fam == "IPv4" {
-				es, err = maps.ReadConntrack(maps.FromKernel[maps.CTKey, maps.CTValue](m))
-			} else {
-				es, err = maps.ReadConntrack6(maps.FromKernel[maps.CT6Key, maps.CT6Value](m))
-			}
+			es, err := maps.ReadConntrackMap(m)
 			cts = append(cts, CTFamily{fam, es})
 			return err
 		})
@@ -115,13 +109,7 @@ func RunView(ctx context.Context, view string, o Options, stdout, stderr io.Writ
 	case ViewAffinity:
 		var afs []AffinityFamily
 		err = readPinned(o.BPFFSPath, [2]string{bpfobj.SockMapLb4AffinityV1, bpfobj.SockMapLb6AffinityV1}, func(fam string, m *ebpf.Map) error {
-			var es []maps.AffinityEntry
-			var err error
-			if fam == "IPv4" {
-				es, err = maps.ReadAffinity(maps.FromKernel[maps.AffinityKey, maps.AffinityValue](m))
-			} else {
-				es, err = maps.ReadAffinity6(maps.FromKernel[maps.Affinity6Key, maps.AffinityValue](m))
-			}
+			es, err := maps.ReadAffinityMap(m)
 			afs = append(afs, AffinityFamily{fam, es})
 			return err
 		})

@@ -217,44 +217,13 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) int {
 	if env.Now, err = dump.MonotonicNow(); err != nil {
 		return fail(err)
 	}
-	if !v6 {
-		env.Maps = maps.NewLookups(maps.LookupMaps{
-			Services: maps.KernelLooker[maps.ServiceKey, maps.ServiceValue](sm.Lb4ServicesV1),
-			Backends: maps.KernelLooker[uint32, maps.BackendValue](sm.Lb4BackendsV1),
-			Members:  maps.KernelLooker[maps.MemberKey, uint8](sm.Lb4MembersV1),
-			// The socket programs' trie; nil when an older agent
-			// pinned none.
-			SourceRanges: maps.KernelLooker[maps.SourceRangeKey, uint8](sm.Lb4SourceRangesV1),
-			Affinity:     maps.KernelLooker[maps.AffinityKey, maps.AffinityValue](aff),
-			Conntrack:    maps.KernelLooker[maps.CTKey, maps.CTValue](ct),
-			SNATAddrs:    maps.KernelLooker[uint32, maps.SNATAddrValue](snat),
-			Maglev:       maps.KernelMaglevLooker(mg),
-		})
-		if ct != nil {
-			env.Flows = func(client netip.Addr, dest netip.AddrPort, proto model.Protocol) ([]maps.CTEntry, error) {
-				es, err := maps.ReadConntrack(maps.FromKernel[maps.CTKey, maps.CTValue](ct))
-				return flowsOf(es, client, dest, proto), err
-			}
-		}
-	} else {
-		if sm.Lb6ServicesV1 == nil {
-			return fail(errors.New("no IPv6 maps pinned: the agent that pinned these maps is older than IPv6"))
-		}
-		env.Maps = maps.NewLookups6(maps.LookupMaps6{
-			Services:     maps.KernelLooker[maps.Service6Key, maps.ServiceValue](sm.Lb6ServicesV1),
-			Backends:     maps.KernelLooker[uint32, maps.Backend6Value](sm.Lb6BackendsV1),
-			Members:      maps.KernelLooker[maps.MemberKey, uint8](sm.Lb6MembersV1),
-			SourceRanges: maps.KernelLooker[maps.SourceRange6Key, uint8](sm.Lb6SourceRangesV1),
-			Affinity:     maps.KernelLooker[maps.Affinity6Key, maps.AffinityValue](aff),
-			Conntrack:    maps.KernelLooker[maps.CT6Key, maps.CT6Value](ct),
-			SNATAddrs:    maps.KernelLooker[uint32, maps.SNAT6AddrValue](snat),
-			Maglev:       maps.KernelMaglevLooker(mg),
-		})
-		if ct != nil {
-			env.Flows = func(client netip.Addr, dest netip.AddrPort, proto model.Protocol) ([]maps.CTEntry, error) {
-				es, err := maps.ReadConntrack6(maps.FromKernel[maps.CT6Key, maps.CT6Value](ct))
-				return flowsOf(es, client, dest, proto), err
-			}
+	if env.Maps, err = maps.KernelLookups(sm, maps.PinnedTC{Affinity: aff, Conntrack: ct, SNATAddrs: snat, Maglev: mg}, v6); err != nil {
+		return fail(err)
+	}
+	if ct != nil {
+		env.Flows = func(client netip.Addr, dest netip.AddrPort, proto model.Protocol) ([]maps.CTEntry, error) {
+			es, err := maps.ReadConntrackMap(ct)
+			return flowsOf(es, client, dest, proto), err
 		}
 	}
 	env.Names = dump.AskAgent(ctx, o.APISocket, stderr)
