@@ -23,48 +23,34 @@ type applied struct {
 	// max, restored from larger maps, is in byIDOver.
 	byID     []*appliedBackend
 	byIDOver map[uint32]*appliedBackend
-	revNats  map[revNatKey]*appliedRevNat
-	// gc holds backends and reverse-NAT entries that may have lost their
-	// last user, so a sync need not scan every backend.
+	// gcBackends holds backends that may have lost their last user, so a
+	// sync need not scan every backend.
 	gcBackends map[backendKey]struct{}
-	gcRevNats  map[revNatKey]struct{}
-	// orphanRevNats are reverse-NAT ids found in the kernel that no
-	// frontend uses; the next sync deletes them.
-	orphanRevNats []uint32
-
-	// ServicePort ids: one per ServicePort, shared by its frontends.
-	ownerSvc map[model.ServicePortName]uint32
-	svcOwner map[uint32]model.ServicePortName
-	svcRefs  map[uint32]int
-	// Membership entries, counted by the frontends that need them.
-	matchRefs map[MemberKey]int
-	gcMatch   map[MemberKey]struct{}
-	// ranges are the source ranges written per ServicePort.
-	ranges map[model.ServicePortName]*appliedRanges
-	// orphanRanges are trie entries found in the kernel and not claimed
-	// since; the next full sync deletes those no ServicePort wants.
-	orphanRanges map[rangeKey]struct{}
+	// revNats are the reverse NAT entries.
+	revNats revNatLedger
+	// svcs are the ServicePort ids.
+	svcs svcLedger
+	// members are the membership entries, counted by the frontends that
+	// need them.
+	members memberLedger
+	// ranges is the source ranges trie.
+	ranges rangeLedger
 	// held are the ids of the backends each ServicePort keeps for the
 	// endpoints its EndpointSlices list (see hold): ids, an eighth of the
 	// memory of the backends themselves.
 	held map[model.ServicePortName][]uint32
-	// maglev are the fingerprints of the Maglev tables by ServicePort id.
-	maglev map[uint32]uint64
+	// maglev are the Maglev tables.
+	maglev maglevLedger
 
-	backendIDs, revNatIDs, svcIDs *idAllocator
+	backendIDs *idAllocator
 	// scratch is upsert's list of its frontend's backends, kept for the
 	// next frontend's.
 	scratch []*appliedBackend
 
 	// fam is the family of the maps' addresses.
 	fam family
-	// rangesOn and maglevSize say which optional maps exist: the source
-	// ranges trie, and the Maglev tables with their size (0: none).
-	rangesOn   bool
-	maglevSize int
-	// portsOn says the port filter map exists; ports is its copy.
-	portsOn bool
-	ports   portFilter
+	// ports is the port filter.
+	ports portLedger
 }
 
 type appliedFrontend struct {
@@ -183,12 +169,12 @@ type appliedRanges struct {
 // newApplied returns the empty state of maps of family fam with the given
 // capacities; rangesOn and maglevSize say which optional maps exist.
 func newApplied(fam family, lim Limits, rangesOn bool, maglevSize int) applied {
-	a := applied{fam: fam, rangesOn: rangesOn, maglevSize: maglevSize}
+	a := applied{fam: fam, ranges: rangeLedger{on: rangesOn}, maglev: maglevLedger{size: maglevSize}}
 	a.backendIDs = newIDAllocator(lim.Backends)
-	a.revNatIDs = newIDAllocator(lim.RevNat)
+	a.revNats.ids = newIDAllocator(lim.RevNat)
 	// A ServicePort has at least one frontend, so there are no more
 	// ServicePorts than reverse-NAT entries.
-	a.svcIDs = newIDAllocator(lim.RevNat)
+	a.svcs.ids = newIDAllocator(lim.RevNat)
 	a.reset()
 	return a
 }
@@ -200,22 +186,14 @@ func (a *applied) reset() {
 	a.byOwner = map[model.ServicePortName][]Frontend{}
 	a.backends = map[backendKey]*appliedBackend{}
 	a.byID, a.byIDOver = nil, nil
-	a.revNats = map[revNatKey]*appliedRevNat{}
 	a.gcBackends = map[backendKey]struct{}{}
-	a.gcRevNats = map[revNatKey]struct{}{}
-	a.orphanRevNats = nil
-	a.ownerSvc = map[model.ServicePortName]uint32{}
-	a.svcOwner = map[uint32]model.ServicePortName{}
-	a.svcRefs = map[uint32]int{}
-	a.matchRefs = map[MemberKey]int{}
-	a.gcMatch = map[MemberKey]struct{}{}
-	a.ranges = map[model.ServicePortName]*appliedRanges{}
-	a.orphanRanges = map[rangeKey]struct{}{}
+	a.revNats.reset()
+	a.svcs.reset()
+	a.members.reset()
+	a.ranges.reset()
 	a.held = map[model.ServicePortName][]uint32{}
-	a.maglev = map[uint32]uint64{}
+	a.maglev.reset()
 	a.backendIDs = newIDAllocator(a.backendIDs.max)
-	a.revNatIDs = newIDAllocator(a.revNatIDs.max)
-	a.svcIDs = newIDAllocator(a.svcIDs.max)
 }
 
 // unrefBackendID drops one reference to the backend with id, which the
@@ -237,44 +215,4 @@ func (a *applied) unrefBackend(k backendKey) {
 	}
 }
 
-// svcIDFor returns the id of the ServicePort owner: the one it has, else
-// the one its frontend had in the kernel (kept across restarts), else a new
-// one.
-func (a *applied) svcIDFor(owner model.ServicePortName, had uint32) (uint32, error) {
-	if id, ok := a.ownerSvc[owner]; ok {
-		return id, nil
-	}
-	id := had
-	if _, taken := a.svcOwner[id]; id == 0 || taken {
-		var err error
-		if id, err = a.svcIDs.alloc(); err != nil {
-			return 0, err
-		}
-	}
-	a.ownerSvc[owner] = id
-	a.svcOwner[id] = owner
-	return id, nil
-}
-
-func (a *applied) unrefSvc(id uint32) {
-	if id == 0 {
-		return
-	}
-	a.svcRefs[id]--
-	if a.svcRefs[id] > 0 {
-		return
-	}
-	delete(a.svcRefs, id)
-	if owner, ok := a.svcOwner[id]; ok {
-		delete(a.ownerSvc, owner)
-		delete(a.svcOwner, id)
-	}
-	a.svcIDs.release(id)
-}
-
-func (a *applied) unrefMatch(k MemberKey) {
-	a.matchRefs[k]--
-	if a.matchRefs[k] <= 0 {
-		a.gcMatch[k] = struct{}{}
-	}
-}
+func (a *applied) unrefMatch(k MemberKey) { a.members.unref(k) }

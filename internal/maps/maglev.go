@@ -117,17 +117,17 @@ func maglevFingerprint(bs []Backend, m int) uint64 {
 // has none: its id goes with them (finishSync).
 func (a *applied) planMaglevOwner(p *plan, owner model.ServicePortName, svc *model.Service, hasFrontends bool,
 	wanted map[uint32]bool) {
-	if a.maglevSize == 0 || !hasFrontends {
+	if a.maglev.size == 0 || !hasFrontends {
 		return
 	}
 	bs := maglevBackends(svc)
-	id := a.ownerSvc[owner]
+	id := a.svcs.byOwner[owner]
 	if len(bs) == 0 || id == 0 {
 		return
 	}
 	wanted[id] = true
-	fp := maglevFingerprint(bs, a.maglevSize)
-	if cur, ok := a.maglev[id]; ok && cur == fp {
+	fp := maglevFingerprint(bs, a.maglev.size)
+	if cur, ok := a.maglev.fps[id]; ok && cur == fp {
 		return
 	}
 	ids := make([]uint32, len(bs))
@@ -140,7 +140,7 @@ func (a *applied) planMaglevOwner(p *plan, owner model.ServicePortName, svc *mod
 		ids[i] = ab.id
 	}
 	p.maglevSets = append(p.maglevSets, maglevTable{owner: owner, svcID: id, fingerprint: fp, backends: bs, ids: ids})
-	a.maglev[id] = fp
+	a.maglev.fps[id] = fp
 }
 
 // planMaglevStale plans, once every ServicePort of r is planned, the
@@ -148,12 +148,12 @@ func (a *applied) planMaglevOwner(p *plan, owner model.ServicePortName, svc *mod
 // every table not planned, otherwise those of the synced ServicePorts that
 // no longer have one.
 func (a *applied) planMaglevStale(p *plan, r *syncRun) {
-	if a.maglevSize == 0 {
+	if a.maglev.size == 0 {
 		return
 	}
 	var stale []uint32
 	if r.full {
-		for id := range a.maglev {
+		for id := range a.maglev.fps {
 			if !r.maglevWanted[id] {
 				stale = append(stale, id)
 			}
@@ -161,7 +161,7 @@ func (a *applied) planMaglevStale(p *plan, r *syncRun) {
 	} else {
 		for _, owner := range r.owners {
 			if id, ok := r.svcBefore[owner]; ok && !r.maglevWanted[id] {
-				if _, has := a.maglev[id]; has {
+				if _, has := a.maglev.fps[id]; has {
 					stale = append(stale, id)
 				}
 			}
@@ -170,7 +170,7 @@ func (a *applied) planMaglevStale(p *plan, r *syncRun) {
 	slices.Sort(stale)
 	stale = slices.Compact(stale)
 	for _, id := range stale {
-		delete(a.maglev, id)
+		delete(a.maglev.fps, id)
 	}
 	p.maglevDels = append(p.maglevDels, stale...)
 }

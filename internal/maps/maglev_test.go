@@ -160,7 +160,7 @@ func testMaglevTables(t *testing.T, fam maglevFamily) {
 	if len(f.maglev.Tables) != 1 {
 		t.Fatalf("%d tables, want one (web; dns uses random and has no NodePort)", len(f.maglev.Tables))
 	}
-	svcID := w.ownerSvc[webName]
+	svcID := w.svcs.byOwner[webName]
 	tableBackends := func(t *testing.T, table []uint32) map[netip.AddrPort]int {
 		t.Helper()
 		out := map[netip.AddrPort]int{}
@@ -215,7 +215,7 @@ func testMaglevTables(t *testing.T, fam maglevFamily) {
 		if f.maglev.Sets != sets+1 {
 			t.Errorf("%d tables written after a restart with two endpoints, want 1", f.maglev.Sets-sets)
 		}
-		if got := tableBackends(t, f.maglev.Tables[w2.ownerSvc[webName]]); len(got) != 2 {
+		if got := tableBackends(t, f.maglev.Tables[w2.svcs.byOwner[webName]]); len(got) != 2 {
 			t.Errorf("table names %v, want two endpoints", got)
 		}
 		// Back to the three, for the cases below.
@@ -223,7 +223,7 @@ func testMaglevTables(t *testing.T, fam maglevFamily) {
 			t.Fatal(err)
 		}
 		w = w2
-		svcID = w.ownerSvc[webName]
+		svcID = w.svcs.byOwner[webName]
 		old = f.maglev.Tables[svcID]
 	})
 	t.Run("a removed endpoint leaves the table before its backend goes, and moves only its own entries", func(t *testing.T) {

@@ -209,7 +209,7 @@ func (a *applied) beginSync(p *plan, up model.Update, full bool) syncRun {
 	}
 	r.svcBefore = make(map[model.ServicePortName]uint32, len(r.owners))
 	for _, owner := range r.owners {
-		if id, ok := a.ownerSvc[owner]; ok {
+		if id, ok := a.svcs.byOwner[owner]; ok {
 			r.svcBefore[owner] = id
 		}
 	}
@@ -337,17 +337,17 @@ func (a *applied) presize(p *plan, up model.Update) {
 	sized(&a.frontends, svcs)
 	sized(&a.byOwner, svcs)
 	sized(&a.held, svcs)
-	sized(&a.ownerSvc, svcs)
-	sized(&a.svcOwner, svcs)
-	sized(&a.svcRefs, svcs)
-	sized(&a.revNats, svcs)
+	sized(&a.svcs.byOwner, svcs)
+	sized(&a.svcs.owner, svcs)
+	sized(&a.svcs.refs, svcs)
+	sized(&a.revNats.byKey, svcs)
 	sized(&a.backends, eps)
 	if len(a.byID) == 0 {
 		a.byID = make([]*appliedBackend, 0, min(eps, int(a.backendIDs.max))+1)
 	}
-	sized(&a.matchRefs, eps)
-	a.svcIDs.presize(svcs)
-	a.revNatIDs.presize(svcs)
+	sized(&a.members.refs, eps)
+	a.svcs.ids.presize(svcs)
+	a.revNats.ids.presize(svcs)
 	a.backendIDs.presize(eps)
 }
 
@@ -403,13 +403,13 @@ func (a *applied) upsertFrontend(p *plan, d desiredFrontend) error {
 
 	revNat := cur.revNat
 	if revNat == 0 {
-		id, err := a.ensureRevNat(p, d.fe)
+		id, err := a.revNats.ensure(p, d.fe)
 		if err != nil {
 			return fmt.Errorf("reverse NAT: %w", err)
 		}
 		revNat = id
 	}
-	svc, err := a.svcIDFor(d.owner, cur.svcID)
+	svc, err := a.svcs.idFor(d.owner, cur.svcID)
 	if err != nil {
 		return fmt.Errorf("service port id: %w", err)
 	}
@@ -462,7 +462,7 @@ func (a *applied) upsertFrontend(p *plan, d desiredFrontend) error {
 		ab.refs++
 	}
 	if !cur.hasMaster || cur.revNat != revNat {
-		a.revNats[revNatKey{d.fe.Addr, d.fe.Port, d.fe.Proto}].refs++
+		a.revNats.ref(d.fe)
 	}
 	for _, id := range cur.matchIDs {
 		if cur.svcID != svc || !slices.Contains(match, id) {
@@ -470,8 +470,8 @@ func (a *applied) upsertFrontend(p *plan, d desiredFrontend) error {
 		}
 	}
 	if cur.svcID != svc {
-		a.svcRefs[svc]++
-		a.unrefSvc(cur.svcID)
+		a.svcs.refs[svc]++
+		a.svcs.unref(cur.svcID)
 	}
 	next := &appliedFrontend{
 		owner: d.owner, hasMaster: true, revNat: revNat, flags: d.flags,
@@ -543,28 +543,10 @@ func (a *applied) ensureBackend(p *plan, b Backend, flags uint8) (*appliedBacken
 	return ab, nil
 }
 
-// ensureRevNat returns the reverse-NAT id of fe's address, port and
-// protocol, planning its entry when it is new.
-func (a *applied) ensureRevNat(p *plan, fe Frontend) (uint32, error) {
-	k := revNatKey{fe.Addr, fe.Port, fe.Proto}
-	if rn := a.revNats[k]; rn != nil {
-		return rn.id, nil
-	}
-	id, err := a.revNatIDs.alloc()
-	if err != nil {
-		return 0, err
-	}
-	p.putRevNat(id, fe)
-	a.revNats[k] = &appliedRevNat{id: id}
-	a.gcRevNats[k] = struct{}{}
-	return id, nil
-}
-
 func (a *applied) refMatch(p *plan, k MemberKey) {
-	if a.matchRefs[k] == 0 {
+	if a.members.ref(k) {
 		p.putMember(k)
 	}
-	a.matchRefs[k]++
 }
 
 // deleteFrontend plans the removal of fe: the master entry first, so that
@@ -591,13 +573,9 @@ func (a *applied) deleteFrontend(p *plan, fe Frontend) {
 	for _, id := range cur.matchIDs {
 		a.unrefMatch(MemberKey{BackendId: id, SvcId: cur.svcID})
 	}
-	a.unrefSvc(cur.svcID)
+	a.svcs.unref(cur.svcID)
 	if cur.hasMaster && cur.revNat != 0 {
-		k := revNatKey{fe.Addr, fe.Port, fe.Proto}
-		if rn := a.revNats[k]; rn != nil && rn.id == cur.revNat {
-			rn.refs--
-			a.gcRevNats[k] = struct{}{}
-		}
+		a.revNats.unref(fe, cur.revNat)
 	}
 	delete(a.frontends, fe)
 	a.serviceEntries -= cur.entries()
@@ -616,28 +594,10 @@ func (a *applied) collectGarbage(p *plan) {
 			delete(a.backends, k)
 		}
 	}
-	for k := range a.gcRevNats {
-		if rn := a.revNats[k]; rn != nil && rn.refs <= 0 {
-			p.deleteRevNat(rn.id)
-			a.revNatIDs.release(rn.id)
-			delete(a.revNats, k)
-		}
-	}
-	for k := range a.gcMatch {
-		if a.matchRefs[k] <= 0 {
-			p.deleteMember(k)
-			delete(a.matchRefs, k)
-		}
-	}
-	for _, id := range a.orphanRevNats {
-		p.deleteRevNat(id)
-		a.revNatIDs.release(id)
-	}
-	a.orphanRevNats = nil
+	a.revNats.collect(p)
+	a.members.collect(p)
 	// Every candidate was handled: start afresh, because a Go map keeps
-	// the buckets of its largest size and a full sync fills these with
+	// the buckets of its largest size and a full sync fills it with
 	// every new backend.
 	a.gcBackends = map[backendKey]struct{}{}
-	a.gcRevNats = map[revNatKey]struct{}{}
-	a.gcMatch = map[MemberKey]struct{}{}
 }

@@ -37,33 +37,23 @@ func (f *portFilter) set(port uint16) bool {
 // planPort adds fe's port to the filter if fe is an external frontend,
 // with the write of its word before any frontend's (apply's order).
 func (a *applied) planPort(p *plan, fe Frontend, flags uint16) {
-	if !a.portsOn || flags&externalKinds == 0 || !a.ports.set(fe.Port) {
+	if !a.ports.on || flags&externalKinds == 0 || !a.ports.filter.set(fe.Port) {
 		return
 	}
 	w := uint32(fe.Port / 32)
 	if n := len(p.portPuts.keys); n > 0 && p.portPuts.keys[n-1] == w {
-		p.portPuts.values[n-1] = a.ports.words[w]
+		p.portPuts.values[n-1] = a.ports.filter.words[w]
 		return
 	}
 	p.stats.Writes++
-	p.portPuts.add(w, a.ports.words[w])
+	p.portPuts.add(w, a.ports.filter.words[w])
 }
 
-// restorePorts reads the filter map into the copy and adds the ports of
-// the external frontends restored from the services map that it lacks: an
-// agent that had no filter wrote them (an upgrade), and their flows must
-// not be passed once the programs that read the filter attach.
-func (a *applied) restorePorts(m Map[uint32, uint32]) error {
-	a.ports = portFilter{}
-	err := m.Iterate(func(w, bits uint32) bool {
-		if w < PortFilterWords {
-			a.ports.words[w] = bits
-		}
-		return true
-	})
-	if err != nil {
-		return fmt.Errorf("restore the port filter: %w", err)
-	}
+// addExternalPorts adds the ports of the external frontends restored
+// from the services map that the filter lacks: an agent that had no
+// filter wrote them (an upgrade), and their flows must not be passed once
+// the programs that read the filter attach.
+func (a *applied) addExternalPorts(m Map[uint32, uint32]) error {
 	var ports []uint16
 	for fe, af := range a.frontends {
 		if af.hasMaster && af.flags&externalKinds != 0 {
@@ -78,14 +68,14 @@ func (a *applied) restorePorts(m Map[uint32, uint32]) error {
 func (a *applied) addPorts(m Map[uint32, uint32], ports []uint16) error {
 	var changed []uint32
 	for _, port := range ports {
-		if a.ports.set(port) {
+		if a.ports.filter.set(port) {
 			changed = append(changed, uint32(port/32))
 		}
 	}
 	slices.Sort(changed)
 	changed = slices.Compact(changed)
 	for _, w := range changed {
-		if err := m.Put(w, a.ports.words[w]); err != nil {
+		if err := m.Put(w, a.ports.filter.words[w]); err != nil {
 			return fmt.Errorf("port filter word %d: %w", w, err)
 		}
 	}
@@ -106,7 +96,7 @@ func (w *Writer) AddPorts(ports []uint16) error {
 
 // HasPort says whether port is in the port filter, as the Writer last
 // wrote or read it.
-func (w *Writer) HasPort(port uint16) bool { return w.ports.has(port) }
+func (w *Writer) HasPort(port uint16) bool { return w.ports.filter.has(port) }
 
 // TrackedPorts returns the frontend ports of the client-side entries of an
 // IPv4 connection tracking map (tc4_ct_v1), each once: what AddPorts needs

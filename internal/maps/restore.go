@@ -2,8 +2,6 @@ package maps
 
 import (
 	"fmt"
-	"maps"
-	"net/netip"
 )
 
 // restore rebuilds the applied state from what the kernel maps hold, so
@@ -23,14 +21,9 @@ func (a *applied) restore(m familyMaps) error {
 	if err != nil {
 		return fmt.Errorf("restore backends: %w", err)
 	}
-	revNatIDs := map[uint32]bool{}
-	err = m.revNat.Iterate(func(id uint32, _ netip.AddrPort) bool {
-		revNatIDs[id] = false
-		a.revNatIDs.reserve(id)
-		return true
-	})
+	revNatIDs, err := a.revNats.restore(m.revNat)
 	if err != nil {
-		return fmt.Errorf("restore reverse NAT: %w", err)
+		return err
 	}
 	type slotEntry struct {
 		fe   Frontend
@@ -60,33 +53,15 @@ func (a *applied) restore(m familyMaps) error {
 	if err != nil {
 		return fmt.Errorf("restore services: %w", err)
 	}
-	inKernel := map[MemberKey]bool{}
-	err = m.members.Iterate(func(k MemberKey, _ uint8) bool {
-		inKernel[k] = true
-		a.matchRefs[k] = 0
-		a.gcMatch[k] = struct{}{}
-		return true
-	})
+	inKernel, err := a.members.restore(m.members)
 	if err != nil {
-		return fmt.Errorf("restore members: %w", err)
+		return err
 	}
-	if m.maglev != nil {
-		fps, err := m.maglev.Fingerprints()
-		if err != nil {
-			return fmt.Errorf("restore maglev tables: %w", err)
-		}
-		maps.Copy(a.maglev, fps)
+	if err := a.maglev.restore(m.maglev); err != nil {
+		return err
 	}
-	if m.ranges != nil {
-		// Claimed again by the ServicePorts that want them; the first
-		// full sync deletes the rest.
-		err := m.ranges.Iterate(func(k rangeKey, _ uint8) bool {
-			a.orphanRanges[k] = struct{}{}
-			return true
-		})
-		if err != nil {
-			return fmt.Errorf("restore source ranges: %w", err)
-		}
+	if err := a.ranges.restore(m.ranges); err != nil {
+		return err
 	}
 	for _, s := range slotEntries {
 		af := a.frontends[s.fe]
@@ -108,27 +83,20 @@ func (a *applied) restore(m familyMaps) error {
 			a.backends[rec.k].refs++
 		}
 		if af.svcID != 0 {
-			a.svcIDs.reserve(af.svcID)
-			a.svcRefs[af.svcID]++
+			a.svcs.restoreRef(af.svcID)
 		}
 		if af.hasMaster {
 			for _, id := range af.slots[:min(af.count, len(af.slots))] {
 				k := MemberKey{BackendId: id, SvcId: af.svcID}
 				if inKernel[k] {
 					af.matchIDs = append(af.matchIDs, id)
-					a.matchRefs[k]++
+					a.members.ref(k)
 				}
 			}
 		}
 		if af.hasMaster {
 			if _, ok := revNatIDs[af.revNat]; ok {
-				k := revNatKey{fe.Addr, fe.Port, fe.Proto}
-				rn := a.revNats[k]
-				if rn == nil {
-					rn = &appliedRevNat{id: af.revNat}
-					a.revNats[k] = rn
-				}
-				rn.refs++
+				a.revNats.claim(fe, af.revNat)
 				revNatIDs[af.revNat] = true
 			} else {
 				// A master without its reverse entry: rewrite both.
@@ -138,11 +106,11 @@ func (a *applied) restore(m familyMaps) error {
 	}
 	for id, used := range revNatIDs {
 		if !used {
-			a.orphanRevNats = append(a.orphanRevNats, id)
+			a.revNats.orphans = append(a.revNats.orphans, id)
 		}
 	}
-	if m.ports != nil {
-		return a.restorePorts(m.ports)
+	if err := a.ports.restore(m.ports); err != nil || m.ports == nil {
+		return err
 	}
-	return nil
+	return a.addExternalPorts(m.ports)
 }

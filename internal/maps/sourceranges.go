@@ -90,19 +90,19 @@ func WantsSourceRangeCheck(up model.Update) bool {
 
 // HasSourceRanges says whether the maps hold source ranges of some
 // ServicePort: while they do, the egress program must stay attached.
-func (w *Writer) HasSourceRanges() bool { return len(w.ranges) > 0 }
+func (w *Writer) HasSourceRanges() bool { return len(w.ranges.byOwner) > 0 }
 
 // planRanges plans the source ranges of owner (svc nil: deleted). They
 // are written before the frontends that use them and deleted after them,
 // so that a LoadBalancer IP with SVC_F_SOURCE_RANGES never finds its
 // ranges missing.
 func (a *applied) planRanges(p *plan, owner model.ServicePortName, svc *model.Service, node *model.Node) {
-	if !a.rangesOn {
+	if !a.ranges.on {
 		return
 	}
-	cur := a.ranges[owner]
+	cur := a.ranges.byOwner[owner]
 	var want map[rangeKey]bool
-	if id := a.ownerSvc[owner]; svc != nil && id != 0 {
+	if id := a.svcs.byOwner[owner]; svc != nil && id != 0 {
 		want = admittedKeys(svc.Port, node, id, a.fam)
 	}
 	var stale, fresh []rangeKey
@@ -128,27 +128,27 @@ func (a *applied) planRanges(p *plan, owner model.ServicePortName, svc *model.Se
 		p.putRange(k)
 	}
 	if len(want) == 0 {
-		delete(a.ranges, owner)
+		delete(a.ranges.byOwner, owner)
 		return
 	}
-	a.ranges[owner] = &appliedRanges{svcID: a.ownerSvc[owner], keys: want}
+	a.ranges.byOwner[owner] = &appliedRanges{svcID: a.svcs.byOwner[owner], keys: want}
 }
 
 // planOrphanRanges plans, in a full sync, the deletion of the trie entries
 // found in the kernel that no ServicePort claimed (left by an earlier
 // agent).
 func (a *applied) planOrphanRanges(p *plan) {
-	if len(a.orphanRanges) == 0 {
+	if len(a.ranges.orphans) == 0 {
 		return
 	}
 	wanted := map[rangeKey]bool{}
-	for _, r := range a.ranges {
+	for _, r := range a.ranges.byOwner {
 		for k := range r.keys {
 			wanted[k] = true
 		}
 	}
 	var stale []rangeKey
-	for k := range a.orphanRanges {
+	for k := range a.ranges.orphans {
 		if !wanted[k] {
 			stale = append(stale, k)
 		}
@@ -157,7 +157,7 @@ func (a *applied) planOrphanRanges(p *plan) {
 	for _, k := range stale {
 		p.deleteRange(k)
 	}
-	clear(a.orphanRanges)
+	clear(a.ranges.orphans)
 }
 
 func compareRangeKeys(a, b rangeKey) int {

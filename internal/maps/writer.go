@@ -93,7 +93,7 @@ func newFamilyWriter(m familyMaps, fam family, lim Limits) (*Writer, error) {
 		maglevSize = m.maglev.Size()
 	}
 	w := &Writer{applied: newApplied(fam, lim, m.ranges != nil, maglevSize), m: m, chunkEntries: syncChunkEntries}
-	w.portsOn = m.ports != nil
+	w.ports.on = m.ports != nil
 	if err := w.restore(m); err != nil {
 		return nil, err
 	}
@@ -232,7 +232,7 @@ func (w *Writer) Entries() Entries { return *w.entries.Load() }
 // They are kept as the state changes: a sync that changes one Service
 // costs no pass over every frontend.
 func (w *Writer) publishEntries() {
-	e := Entries{Backends: len(w.backends), RevNat: len(w.revNats) + len(w.orphanRevNats), Members: len(w.matchRefs),
+	e := Entries{Backends: len(w.backends), RevNat: w.revNats.count(), Members: len(w.members.refs),
 		Services: w.serviceEntries}
 	w.entries.Store(&e)
 }

@@ -399,7 +399,7 @@ func TestWriterMovesAFrontendBetweenServices(t *testing.T) {
 		t.Fatal(err)
 	}
 	v, _ := master()
-	if v.Count != 2 || v.AffinityTimeout != 0 || v.SvcId != w.ownerSvc[spn("default", "next", model.TCP)] {
+	if v.Count != 2 || v.AffinityTimeout != 0 || v.SvcId != w.svcs.byOwner[spn("default", "next", model.TCP)] {
 		t.Errorf("the frontend's master entry is %+v, want next's two endpoints without affinity", v)
 	}
 }
