@@ -17,15 +17,8 @@ type applied struct {
 	// that a sync does not count every frontend again.
 	serviceEntries int
 	byOwner        map[model.ServicePortName][]Frontend
-	backends       map[backendKey]*appliedBackend
-	// byID are the same backends by id (nil: no backend), for ids up to
-	// the allocator's max: 8 bytes an id where a map took 50. An id above
-	// max, restored from larger maps, is in byIDOver.
-	byID     []*appliedBackend
-	byIDOver map[uint32]*appliedBackend
-	// gcBackends holds backends that may have lost their last user, so a
-	// sync need not scan every backend.
-	gcBackends map[backendKey]struct{}
+	// backends are the backends map's entries.
+	backends backendLedger
 	// revNats are the reverse NAT entries.
 	revNats revNatLedger
 	// svcs are the ServicePort ids.
@@ -42,7 +35,6 @@ type applied struct {
 	// maglev are the Maglev tables.
 	maglev maglevLedger
 
-	backendIDs *idAllocator
 	// scratch is upsert's list of its frontend's backends, kept for the
 	// next frontend's.
 	scratch []*appliedBackend
@@ -117,38 +109,6 @@ type appliedBackend struct {
 	refs  int32
 }
 
-// backendByID returns the backend with id, or nil.
-func (a *applied) backendByID(id uint32) *appliedBackend {
-	if int(id) < len(a.byID) {
-		return a.byID[id]
-	}
-	return a.byIDOver[id]
-}
-
-// indexBackend makes ab found by its id.
-func (a *applied) indexBackend(ab *appliedBackend) {
-	if ab.id > a.backendIDs.max {
-		if a.byIDOver == nil {
-			a.byIDOver = map[uint32]*appliedBackend{}
-		}
-		a.byIDOver[ab.id] = ab
-		return
-	}
-	for len(a.byID) <= int(ab.id) {
-		a.byID = append(a.byID, nil)
-	}
-	a.byID[ab.id] = ab
-}
-
-// unindexBackend forgets id's backend.
-func (a *applied) unindexBackend(id uint32) {
-	if int(id) < len(a.byID) {
-		a.byID[id] = nil
-		return
-	}
-	delete(a.byIDOver, id)
-}
-
 type revNatKey struct {
 	addr  netip.Addr
 	port  uint16
@@ -170,7 +130,7 @@ type appliedRanges struct {
 // capacities; rangesOn and maglevSize say which optional maps exist.
 func newApplied(fam family, lim Limits, rangesOn bool, maglevSize int) applied {
 	a := applied{fam: fam, ranges: rangeLedger{on: rangesOn}, maglev: maglevLedger{size: maglevSize}}
-	a.backendIDs = newIDAllocator(lim.Backends)
+	a.backends.ids = newIDAllocator(lim.Backends)
 	a.revNats.ids = newIDAllocator(lim.RevNat)
 	// A ServicePort has at least one frontend, so there are no more
 	// ServicePorts than reverse-NAT entries.
@@ -184,35 +144,13 @@ func (a *applied) reset() {
 	a.frontends = map[Frontend]*appliedFrontend{}
 	a.serviceEntries = 0
 	a.byOwner = map[model.ServicePortName][]Frontend{}
-	a.backends = map[backendKey]*appliedBackend{}
-	a.byID, a.byIDOver = nil, nil
-	a.gcBackends = map[backendKey]struct{}{}
+	a.backends.reset()
 	a.revNats.reset()
 	a.svcs.reset()
 	a.members.reset()
 	a.ranges.reset()
 	a.held = map[model.ServicePortName][]uint32{}
 	a.maglev.reset()
-	a.backendIDs = newIDAllocator(a.backendIDs.max)
-}
-
-// unrefBackendID drops one reference to the backend with id, which the
-// next collectGarbage deletes when it was the last.
-func (a *applied) unrefBackendID(id uint32) {
-	if ab := a.backendByID(id); ab != nil {
-		a.unrefBackend(ab.k)
-	}
-}
-
-func (a *applied) unrefBackend(k backendKey) {
-	ab := a.backends[k]
-	if ab == nil {
-		return
-	}
-	ab.refs--
-	if ab.refs <= 0 {
-		a.gcBackends[k] = struct{}{}
-	}
 }
 
 func (a *applied) unrefMatch(k MemberKey) { a.members.unref(k) }

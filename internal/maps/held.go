@@ -33,7 +33,7 @@ func (a *applied) hold(p *plan, owner model.ServicePortName, svc *model.Service,
 			if node != "" && ep.NodeName == node {
 				f |= BackendFlagLocal
 			}
-			ab, err := a.ensureBackend(p, b, f)
+			ab, err := a.backends.ensure(p, b, f)
 			if err != nil {
 				a.releaseHeld(want)
 				return fmt.Errorf("backend %s: %w", b, err)
@@ -54,6 +54,6 @@ func (a *applied) hold(p *plan, owner model.ServicePortName, svc *model.Service,
 // releaseHeld drops one reference to each backend of ids.
 func (a *applied) releaseHeld(ids []uint32) {
 	for _, id := range ids {
-		a.unrefBackendID(id)
+		a.backends.unrefID(id)
 	}
 }

@@ -309,3 +309,138 @@ func (l *revNatLedger) collect(p *plan) {
 
 // count is the entries the map holds.
 func (l *revNatLedger) count() int { return len(l.byKey) + len(l.orphans) }
+
+// backendLedger are the backends map's entries: one per backend address,
+// port and protocol, counted by the frontends and the held endpoints that
+// name it.
+type backendLedger struct {
+	byKey map[backendKey]*appliedBackend
+	// byID are the same backends by id (nil: no backend), for ids up to
+	// the allocator's max: 8 bytes an id where a map took 50. An id above
+	// max, restored from larger maps, is in byIDOver.
+	byID     []*appliedBackend
+	byIDOver map[uint32]*appliedBackend
+	// gc holds backends that may have lost their last user, so a sync
+	// need not scan every backend.
+	gc  map[backendKey]struct{}
+	ids *idAllocator
+}
+
+// reset forgets every backend, keeping the allocator's capacity.
+func (l *backendLedger) reset() {
+	l.byKey = map[backendKey]*appliedBackend{}
+	l.byID, l.byIDOver = nil, nil
+	l.gc = map[backendKey]struct{}{}
+	l.ids = newIDAllocator(l.ids.max)
+}
+
+// restore reads m's backends, unreferenced until the frontends restored
+// claim them (and collected if none does).
+func (l *backendLedger) restore(m Map[uint32, backendEntry]) error {
+	err := m.Iterate(func(id uint32, v backendEntry) bool {
+		k := keyOf(v.b)
+		ab := &appliedBackend{k: k, id: id, flags: v.flags}
+		l.byKey[k] = ab
+		l.ids.reserve(id)
+		l.index(ab)
+		l.gc[k] = struct{}{}
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("restore backends: %w", err)
+	}
+	return nil
+}
+
+// byIDOf returns the backend with id, or nil.
+func (l *backendLedger) byIDOf(id uint32) *appliedBackend {
+	if int(id) < len(l.byID) {
+		return l.byID[id]
+	}
+	return l.byIDOver[id]
+}
+
+// index makes ab found by its id.
+func (l *backendLedger) index(ab *appliedBackend) {
+	if ab.id > l.ids.max {
+		if l.byIDOver == nil {
+			l.byIDOver = map[uint32]*appliedBackend{}
+		}
+		l.byIDOver[ab.id] = ab
+		return
+	}
+	for len(l.byID) <= int(ab.id) {
+		l.byID = append(l.byID, nil)
+	}
+	l.byID[ab.id] = ab
+}
+
+// unindex forgets id's backend.
+func (l *backendLedger) unindex(id uint32) {
+	if int(id) < len(l.byID) {
+		l.byID[id] = nil
+		return
+	}
+	delete(l.byIDOver, id)
+}
+
+// ensure returns b's state (its id), planning its entry when it is new or
+// its flags changed. A new backend starts without references: the caller
+// takes one (upsert, hold), or, when it fails first, hands it to the
+// garbage collection (unused). A first sync of 100,000 backends thus does
+// not list every one of them as a candidate for deletion.
+func (l *backendLedger) ensure(p *plan, b Backend, flags uint8) (*appliedBackend, error) {
+	k := keyOf(b)
+	ab := l.byKey[k]
+	if ab != nil && ab.flags == flags {
+		return ab, nil
+	}
+	if ab == nil {
+		id, err := l.ids.alloc()
+		if err != nil {
+			return nil, err
+		}
+		ab = &appliedBackend{k: k, id: id}
+		l.byKey[k] = ab
+		l.index(ab)
+	}
+	p.putBackend(ab.id, b, flags)
+	ab.flags = flags
+	return ab, nil
+}
+
+// unused hands b to the next collection if nothing holds it.
+func (l *backendLedger) unused(b Backend) {
+	k := keyOf(b)
+	if ab := l.byKey[k]; ab != nil && ab.refs <= 0 {
+		l.gc[k] = struct{}{}
+	}
+}
+
+// unrefID drops one reference to the backend with id, which the next
+// collection deletes when it was the last.
+func (l *backendLedger) unrefID(id uint32) {
+	if ab := l.byIDOf(id); ab != nil {
+		ab.refs--
+		if ab.refs <= 0 {
+			l.gc[ab.k] = struct{}{}
+		}
+	}
+}
+
+// collect plans the deletion of the backends that lost their last user,
+// and frees their ids.
+func (l *backendLedger) collect(p *plan) {
+	for k := range l.gc {
+		if ab := l.byKey[k]; ab != nil && ab.refs <= 0 {
+			p.deleteBackend(ab.id, k.backend())
+			l.ids.release(ab.id)
+			l.unindex(ab.id)
+			delete(l.byKey, k)
+		}
+	}
+	// Every candidate was handled: start afresh, because a Go map keeps
+	// the buckets of its largest size and a full sync fills it with
+	// every new backend.
+	l.gc = map[backendKey]struct{}{}
+}

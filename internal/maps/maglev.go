@@ -132,7 +132,7 @@ func (a *applied) planMaglevOwner(p *plan, owner model.ServicePortName, svc *mod
 	}
 	ids := make([]uint32, len(bs))
 	for i, b := range bs {
-		ab := a.backends[keyOf(b)]
+		ab := a.backends.byKey[keyOf(b)]
 		if ab == nil {
 			p.errs = append(p.errs, fmt.Errorf("%s: maglev table of service %d: backend %s has no id", owner, id, b))
 			return

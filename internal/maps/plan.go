@@ -341,14 +341,14 @@ func (a *applied) presize(p *plan, up model.Update) {
 	sized(&a.svcs.owner, svcs)
 	sized(&a.svcs.refs, svcs)
 	sized(&a.revNats.byKey, svcs)
-	sized(&a.backends, eps)
-	if len(a.byID) == 0 {
-		a.byID = make([]*appliedBackend, 0, min(eps, int(a.backendIDs.max))+1)
+	sized(&a.backends.byKey, eps)
+	if len(a.backends.byID) == 0 {
+		a.backends.byID = make([]*appliedBackend, 0, min(eps, int(a.backends.ids.max))+1)
 	}
 	sized(&a.members.refs, eps)
 	a.svcs.ids.presize(svcs)
 	a.revNats.ids.presize(svcs)
-	a.backendIDs.presize(eps)
+	a.backends.ids.presize(eps)
 }
 
 // sized replaces *m, when it is empty, with a map with room for n entries.
@@ -367,12 +367,9 @@ func (a *applied) upsert(p *plan, d desiredFrontend) error {
 	err := a.upsertFrontend(p, d)
 	if err != nil {
 		// The backends it made that nothing holds go with this sync's
-		// garbage (ensureBackend leaves them to the caller).
+		// garbage (backendLedger.ensure leaves them to the caller).
 		for _, b := range d.backends {
-			k := keyOf(b)
-			if ab := a.backends[k]; ab != nil && ab.refs <= 0 {
-				a.gcBackends[k] = struct{}{}
-			}
+			a.backends.unused(b)
 		}
 	}
 	return err
@@ -393,7 +390,7 @@ func (a *applied) upsertFrontend(p *plan, d desiredFrontend) error {
 	abs := a.scratch[:0]
 	defer func() { clear(abs); a.scratch = abs[:0] }()
 	for i, b := range d.backends {
-		ab, err := a.ensureBackend(p, b, d.bflags[i])
+		ab, err := a.backends.ensure(p, b, d.bflags[i])
 		if err != nil {
 			return fmt.Errorf("backend %s: %w", b, err)
 		}
@@ -455,7 +452,7 @@ func (a *applied) upsertFrontend(p *plan, d desiredFrontend) error {
 
 	for i, id := range cur.slots {
 		if i < cur.count && id != 0 {
-			a.unrefBackendID(id)
+			a.backends.unrefID(id)
 		}
 	}
 	for _, ab := range abs {
@@ -518,31 +515,6 @@ func arrangeSlots(old, ids []uint32) []uint32 {
 	return out
 }
 
-// ensureBackend returns b's state (its id), planning its entry when it is new or
-// its flags changed. A new backend starts without references: the caller
-// takes one (upsert, hold), or, when it fails first, hands it to the
-// garbage collection. A first sync of 100,000 backends thus does not list
-// every one of them as a candidate for deletion.
-func (a *applied) ensureBackend(p *plan, b Backend, flags uint8) (*appliedBackend, error) {
-	k := keyOf(b)
-	ab := a.backends[k]
-	if ab != nil && ab.flags == flags {
-		return ab, nil
-	}
-	if ab == nil {
-		id, err := a.backendIDs.alloc()
-		if err != nil {
-			return nil, err
-		}
-		ab = &appliedBackend{k: k, id: id}
-		a.backends[k] = ab
-		a.indexBackend(ab)
-	}
-	p.putBackend(ab.id, b, flags)
-	ab.flags = flags
-	return ab, nil
-}
-
 func (a *applied) refMatch(p *plan, k MemberKey) {
 	if a.members.ref(k) {
 		p.putMember(k)
@@ -567,7 +539,7 @@ func (a *applied) deleteFrontend(p *plan, fe Frontend) {
 
 	for i, id := range cur.slots {
 		if i < cur.count && id != 0 {
-			a.unrefBackendID(id)
+			a.backends.unrefID(id)
 		}
 	}
 	for _, id := range cur.matchIDs {
@@ -586,18 +558,7 @@ func (a *applied) deleteFrontend(p *plan, fe Frontend) {
 // and memberships that lost their last user, and frees their ids: they go
 // after every service entry that named them.
 func (a *applied) collectGarbage(p *plan) {
-	for k := range a.gcBackends {
-		if ab := a.backends[k]; ab != nil && ab.refs <= 0 {
-			p.deleteBackend(ab.id, k.backend())
-			a.backendIDs.release(ab.id)
-			a.unindexBackend(ab.id)
-			delete(a.backends, k)
-		}
-	}
+	a.backends.collect(p)
 	a.revNats.collect(p)
 	a.members.collect(p)
-	// Every candidate was handled: start afresh, because a Go map keeps
-	// the buckets of its largest size and a full sync fills it with
-	// every new backend.
-	a.gcBackends = map[backendKey]struct{}{}
 }

@@ -498,11 +498,11 @@ func TestPlanOfAFailedFrontendLeavesNoBackends(t *testing.T) {
 		t.Fatalf("upsert: %v, want a reverse-NAT error", err)
 	}
 	a.collectGarbage(&p)
-	if _, ok := a.backends[keyOf(bs[1])]; ok || len(p.backendDels) != 1 || a.backendIDs.n != 1 {
+	if _, ok := a.backends.byKey[keyOf(bs[1])]; ok || len(p.backendDels) != 1 || a.backends.ids.n != 1 {
 		t.Errorf("after the failure: backend %s known %v, %d deletions planned, %d ids in use; want it gone, 1, 1",
-			bs[1], ok, len(p.backendDels), a.backendIDs.n)
+			bs[1], ok, len(p.backendDels), a.backends.ids.n)
 	}
-	if ab := a.backends[keyOf(bs[0])]; ab == nil || ab.refs != 1 {
+	if ab := a.backends.byKey[keyOf(bs[0])]; ab == nil || ab.refs != 1 {
 		t.Errorf("the first frontend's backend: %+v, want one reference", ab)
 	}
 }

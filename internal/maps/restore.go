@@ -9,17 +9,8 @@ import (
 // from the truth.
 func (a *applied) restore(m familyMaps) error {
 	a.reset()
-	err := m.backends.Iterate(func(id uint32, v backendEntry) bool {
-		k := keyOf(v.b)
-		ab := &appliedBackend{k: k, id: id, flags: v.flags}
-		a.backends[k] = ab
-		a.backendIDs.reserve(id)
-		a.indexBackend(ab)
-		a.gcBackends[k] = struct{}{}
-		return true
-	})
-	if err != nil {
-		return fmt.Errorf("restore backends: %w", err)
+	if err := a.backends.restore(m.backends); err != nil {
+		return err
 	}
 	revNatIDs, err := a.revNats.restore(m.revNat)
 	if err != nil {
@@ -76,11 +67,11 @@ func (a *applied) restore(m familyMaps) error {
 		}
 		a.serviceEntries += af.entries()
 		for i, id := range af.slots {
-			rec := a.backendByID(id)
+			rec := a.backends.byIDOf(id)
 			if rec == nil || i >= af.count {
 				continue
 			}
-			a.backends[rec.k].refs++
+			rec.refs++
 		}
 		if af.svcID != 0 {
 			a.svcs.restoreRef(af.svcID)

@@ -232,7 +232,7 @@ func (w *Writer) Entries() Entries { return *w.entries.Load() }
 // They are kept as the state changes: a sync that changes one Service
 // costs no pass over every frontend.
 func (w *Writer) publishEntries() {
-	e := Entries{Backends: len(w.backends), RevNat: w.revNats.count(), Members: len(w.members.refs),
+	e := Entries{Backends: len(w.backends.byKey), RevNat: w.revNats.count(), Members: len(w.members.refs),
 		Services: w.serviceEntries}
 	w.entries.Store(&e)
 }
@@ -250,11 +250,11 @@ func (w *Writer) Removed() []Backend { return slices.Clone(w.plan.removed) }
 func (w *Writer) LastStats() SyncStats { return w.plan.stats }
 
 // Counts reports how many frontends and backends are programmed.
-func (w *Writer) Counts() (frontends, backends int) { return len(w.frontends), len(w.backends) }
+func (w *Writer) Counts() (frontends, backends int) { return len(w.frontends), len(w.backends.byKey) }
 
 // BackendID returns the id of a programmed backend, for tests and dumps.
 func (w *Writer) BackendID(b Backend) (uint32, bool) {
-	ab, ok := w.backends[keyOf(b)]
+	ab, ok := w.backends.byKey[keyOf(b)]
 	if !ok {
 		return 0, false
 	}
