@@ -76,3 +76,13 @@ vmtest: vmtest-deps
 # failures and timeouts as such (boots several VMs).
 vmtest-selftest: vmtest-deps
 	$(GO) test -tags vmtest_e2e -count=1 -v ./$(VMTEST_DIR)/vm/
+
+# What each BPF program costs the verifier and the kernel (test/bpfstats):
+# its instructions, those the verifier processed, its translated and JITed
+# sizes, on this machine's kernel and on each of VMTEST_KERNELS. For
+# changes to bpf/: compare the tables before and after.
+.PHONY: bpf-stats
+bpf-stats: vmtest-deps
+	$(GO) build -o $(abspath bin/bpfstats) ./test/bpfstats
+	@echo "== host: $$(uname -r)"; $(abspath bin/bpfstats)
+	@for k in $(VMTEST_KERNELS); do echo "== $$k"; $(VMTEST_RUNNER) --kernel $$k --cpus 1 -- $(abspath bin/bpfstats) || exit 1; done
