@@ -43,10 +43,7 @@ static __always_inline int tc_send(struct __sk_buff *skb, bool direct, bool v6, 
 
 	if (!fib)
 		return TC_ACT_OK;
-	if (v6)
-		ret = pkt6_forward(skb, direct, p, e, now, &no_route);
-	else
-		ret = pkt4_forward(skb, direct, p, e, now, &no_route);
+	ret = pkt_forward(skb, direct, v6, p, e, now, &no_route);
 	if (no_route)
 		lb_count(LB_M_TC_NO_ROUTE);
 	return ret;

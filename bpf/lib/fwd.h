@@ -103,76 +103,56 @@ static __always_inline int pkt6_store_hop_limit(struct __sk_buff *skb, bool dire
 	return 0;
 }
 
-/* pkt4_forward sends a translated packet out of the device the FIB chooses
- * for its new destination, bypassing the kernel's input path: a packet whose
- * source is now a node address would be a martian there. It decrements the
- * TTL as a router does. No tot_len is given to the lookup, so that the
- * kernel checks the MTU against the skb, which lets GRO packets through as
- * its forwarding path does. Returns the TC verdict, and sets *no_route when it
- * drops the packet for want of a route or TTL, for the caller to count.
+/* pkt_forward sends a translated packet p of family v6 out of the device
+ * the FIB chooses for its new destination, bypassing the kernel's input
+ * path: a packet whose source is now a node address would be a martian
+ * there. It decrements the TTL or hop limit as a router does. No length is
+ * given to the lookup for IPv4, so that the kernel checks the MTU against
+ * the skb, which lets GRO packets through as its forwarding path does.
+ * Returns the TC verdict, and sets *no_route when it drops the packet for
+ * want of a route or TTL, for the caller to count.
  *
  * e, when not NULL, is the map entry of the flow whose tuple p now has,
  * which keeps the flow's next hop (fwd_fib_lookup); direct lets it store
- * in place (rewrite.h). */
-static __always_inline int pkt4_forward(struct __sk_buff *skb, bool direct, const struct pkt4 *p,
-					void *e, __u32 now, bool *no_route)
+ * in place (rewrite.h). v6 is a constant at every call. */
+static __always_inline int pkt_forward(struct __sk_buff *skb, bool direct, bool v6, const void *p,
+				       void *e, __u32 now, bool *no_route)
 {
+	const struct pkt4 *p4 = p;
+	const struct pkt6 *p6 = p;
 	struct bpf_fib_lookup fib = {
-		.family = PKT_AF_INET,
-		.tos = p->tos,
-		.l4_protocol = p->proto,
-		.sport = p->sport,
-		.dport = p->dport,
-		.ipv4_src = p->saddr,
-		.ipv4_dst = p->daddr,
 		.ifindex = skb->ifindex,
 	};
 	long ret;
 
-	if (p->ttl <= 1) {
+	if ((v6 ? p6->hop_limit : p4->ttl) <= 1) {
 		*no_route = true;
 		return TC_ACT_SHOT;
 	}
-	ret = fwd_fib_lookup(skb, false, e, now, p->tot_len, &fib);
+	if (v6) {
+		fib.family = PKT_AF_INET6;
+		fib.l4_protocol = p6->proto;
+		fib.sport = p6->sport;
+		fib.dport = p6->dport;
+		__builtin_memcpy(fib.ipv6_src, p6->saddr, sizeof(fib.ipv6_src));
+		__builtin_memcpy(fib.ipv6_dst, p6->daddr, sizeof(fib.ipv6_dst));
+		ret = fwd_fib_lookup(skb, true, e, now,
+				     sizeof(struct pkt_ipv6hdr) + p6->payload_len, &fib);
+	} else {
+		fib.family = PKT_AF_INET;
+		fib.tos = p4->tos;
+		fib.l4_protocol = p4->proto;
+		fib.sport = p4->sport;
+		fib.dport = p4->dport;
+		fib.ipv4_src = p4->saddr;
+		fib.ipv4_dst = p4->daddr;
+		ret = fwd_fib_lookup(skb, false, e, now, p4->tot_len, &fib);
+	}
 	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH) {
 		*no_route = true;
 		return TC_ACT_SHOT;
 	}
-	if (pkt4_store_ttl(skb, direct, p))
-		return TC_ACT_SHOT;
-	if (ret == BPF_FIB_LKUP_RET_NO_NEIGH)
-		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
-	if (fwd_store_macs(skb, direct, &fib))
-		return TC_ACT_SHOT;
-	return bpf_redirect(fib.ifindex, 0);
-}
-
-/* pkt6_forward is pkt4_forward for IPv6: the hop limit is decremented
- * (no header checksum; skb->csum follows the store). */
-static __always_inline int pkt6_forward(struct __sk_buff *skb, bool direct, const struct pkt6 *p,
-					void *e, __u32 now, bool *no_route)
-{
-	struct bpf_fib_lookup fib = {
-		.family = PKT_AF_INET6,
-		.l4_protocol = p->proto,
-		.sport = p->sport,
-		.dport = p->dport,
-		.ifindex = skb->ifindex,
-	};
-	long ret;
-
-	if (p->hop_limit <= 1) {
-		*no_route = true;
-		return TC_ACT_SHOT;
-	}
-	__builtin_memcpy(fib.ipv6_src, p->saddr, sizeof(fib.ipv6_src));
-	__builtin_memcpy(fib.ipv6_dst, p->daddr, sizeof(fib.ipv6_dst));
-	ret = fwd_fib_lookup(skb, true, e, now, sizeof(struct pkt_ipv6hdr) + p->payload_len, &fib);
-	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH) {
-		*no_route = true;
-		return TC_ACT_SHOT;
-	}
-	if (pkt6_store_hop_limit(skb, direct, p))
+	if (v6 ? pkt6_store_hop_limit(skb, direct, p6) : pkt4_store_ttl(skb, direct, p4))
 		return TC_ACT_SHOT;
 	if (ret == BPF_FIB_LKUP_RET_NO_NEIGH)
 		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
