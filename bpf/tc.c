@@ -207,30 +207,41 @@ send:
 	return tc_send(skb, false, v6, p, snat, NULL, 0);
 }
 
-/* tc_reset ends the tracked flow of p (its client-side entry e), whose
- * backend was removed (np_backend_gone): the client gets a reset from the
- * frontend at its next segment, rather than retransmitting to a pod that is
- * gone until its own timeout (kube-proxy leaves it so), and the flow's
- * entries go, freeing its source NAT port. A reset from the client only
- * ends the flow. */
-static __always_inline int tc_reset(struct __sk_buff *skb, const struct pkt4 *p,
-				    const struct ct4_entry *e)
+/* tc_reset ends the tracked flow of p, a packet of family v6 (its
+ * client-side entry e), whose backend was removed (np_backend_gone): the
+ * client gets a reset from the frontend at its next segment, rather than
+ * retransmitting to a pod that is gone until its own timeout (kube-proxy
+ * leaves it so), and the flow's entries go, freeing its source NAT port. A
+ * reset from the client only ends the flow. */
+static __always_inline int tc_reset(struct __sk_buff *skb, bool v6, const void *p, const void *e)
 {
-	struct ct4_key okey, rkey;
-	struct ct4_entry *r;
+	union {
+		struct ct4_key k4;
+		struct ct6_key k6;
+	} okey, rkey;
+	void *map = ct_map(v6);
+	void *r;
 	int ret;
 
-	ct_orig_key(&okey, p);
-	ct_reply_key(&rkey, e, p);
-	bpf_map_delete_elem(&tc4_ct_v1, &okey);
-	r = bpf_map_lookup_elem(&tc4_ct_v1, &rkey);
+	if (v6) {
+		ct6_orig_key(&okey.k6, p);
+		ct6_reply_key(&rkey.k6, e, p);
+	} else {
+		ct_orig_key(&okey.k4, p);
+		ct_reply_key(&rkey.k4, e, p);
+	}
+	bpf_map_delete_elem(map, &okey);
+	r = bpf_map_lookup_elem(map, &rkey);
 	/* Only the flow's own: a newer flow may hold its source NAT port. */
-	if (r && r->nat_saddr == p->daddr && r->nat_sport == p->dport &&
-	    (!(r->flags & CT_F_SNAT) || (r->nat_daddr == p->saddr && r->nat_dport == p->sport)))
-		bpf_map_delete_elem(&tc4_ct_v1, &rkey);
-	if (p->tcp_flags & TCP_FLAG_RST)
+	if (r && pkt_addr_eq(v6, CT_E_ADDR(r, v6, nat_saddr), PKT_ADDR(p, v6, daddr)) &&
+	    CT_E(r, v6, nat_sport) == PKT_F(p, v6, dport) &&
+	    (!(CT_E(r, v6, flags) & CT_F_SNAT) ||
+	     (pkt_addr_eq(v6, CT_E_ADDR(r, v6, nat_daddr), PKT_ADDR(p, v6, saddr)) &&
+	      CT_E(r, v6, nat_dport) == PKT_F(p, v6, sport))))
+		bpf_map_delete_elem(map, &rkey);
+	if (PKT_F(p, v6, tcp_flags) & TCP_FLAG_RST)
 		return TC_ACT_SHOT;
-	ret = pkt4_tcp_rst(skb, p);
+	ret = v6 ? pkt6_tcp_rst(skb, p) : pkt4_tcp_rst(skb, p);
 	lb_count(ret == TC_ACT_SHOT ? LB_M_TC_RESET_FAIL : LB_M_TC_RESET);
 	return ret;
 }
@@ -310,29 +321,6 @@ static __always_inline int tc6_new_flow(struct __sk_buff *skb, struct pkt6 *p, _
 	return tc6_record(skb, p, &c, now);
 }
 
-/* tc6_reset is tc_reset for IPv6. */
-static __always_inline int tc6_reset(struct __sk_buff *skb, const struct pkt6 *p,
-				     const struct ct6_entry *e)
-{
-	struct ct6_key okey, rkey;
-	struct ct6_entry *r;
-	int ret;
-
-	ct6_orig_key(&okey, p);
-	ct6_reply_key(&rkey, e, p);
-	bpf_map_delete_elem(&tc6_ct_v1, &okey);
-	r = bpf_map_lookup_elem(&tc6_ct_v1, &rkey);
-	if (r && pkt6_addr_eq(r->nat_saddr, p->daddr) && r->nat_sport == p->dport &&
-	    (!(r->flags & CT_F_SNAT) ||
-	     (pkt6_addr_eq(r->nat_daddr, p->saddr) && r->nat_dport == p->sport)))
-		bpf_map_delete_elem(&tc6_ct_v1, &rkey);
-	if (p->tcp_flags & TCP_FLAG_RST)
-		return TC_ACT_SHOT;
-	ret = pkt6_tcp_rst(skb, p);
-	lb_count(ret == TC_ACT_SHOT ? LB_M_TC_RESET_FAIL : LB_M_TC_RESET);
-	return ret;
-}
-
 /* tc6_ingress is tc_ingress for an IPv6 packet. */
 static __always_inline int tc6_ingress(struct __sk_buff *skb)
 {
@@ -363,7 +351,7 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	}
 	if (e && np6_backend_gone(e, &p, now))
-		return tc6_reset(skb, &p, e);
+		return tc_reset(skb, true, &p, e);
 	if (e) {
 		np_checked(e, true, now);
 		lb_count(LB_M_TC_FWD);
@@ -435,7 +423,7 @@ int tc_ingress(struct __sk_buff *skb)
 			return TC_ACT_UNSPEC;
 		}
 		if (e && np_backend_gone(e, &p, now))
-			return tc_reset(skb, &p, e);
+			return tc_reset(skb, false, &p, e);
 		if (e) {
 			np_checked(e, false, now);
 			lb_count(LB_M_TC_FWD);
