@@ -67,53 +67,6 @@ static __always_inline int tc_xlate_orig(struct __sk_buff *skb, struct pkt4 *p,
 	return tc_send(skb, true, false, p, snat, e, now);
 }
 
-/* tc_record records a new flow p to the backend of c and translates it.
- * Its entry is zeroed here, not in tc_new_flow: the verdicts that stop
- * there (drops, refusals, packets to no frontend) skip that cost. */
-static __always_inline int tc_record(struct __sk_buff *skb, struct pkt4 *p,
-				     const struct np_choice *c, __u32 now)
-{
-	struct ct4_entry orig = {};
-
-	if (np_record(skb, skb->ifindex, p, c, now, &orig))
-		return TC_ACT_SHOT;
-	lb_count(orig.flags & CT_F_SNAT ? LB_M_TC_NEW_SNAT : LB_M_TC_NEW_LOCAL);
-	return tc_xlate_orig(skb, p, NULL, &orig, now);
-}
-
-/* tc_new_flow handles the first packet of a flow: a frontend's verdict, a
- * backend, the flow's two entries and the translation (nodeport.h). */
-static __always_inline int tc_new_flow(struct __sk_buff *skb, struct pkt4 *p, __u32 now)
-{
-	struct np_choice c = {};
-	int ret;
-
-	switch (np_decide(p, &c, true)) {
-	case NP_NOT_OURS:
-		return TC_ACT_UNSPEC;
-	case NP_FRAGMENT:
-		lb_count(LB_M_TC_FRAGMENT);
-		return TC_ACT_UNSPEC;
-	case NP_DROP:
-		lb_count(LB_M_DROP);
-		return TC_ACT_SHOT;
-	case NP_REJECT:
-		lb_count(LB_M_REJECT);
-		ret = pkt4_icmp_port_unreach(skb, p);
-		if (ret == TC_ACT_SHOT)
-			lb_count(LB_M_TC_ICMP_FAIL);
-		return ret;
-	case NP_SRC_RANGE:
-		lb_count(LB_M_TC_SOURCE_RANGE);
-		return TC_ACT_SHOT;
-	case NP_FORWARD:
-		break;
-	default:
-		return TC_ACT_SHOT;
-	}
-	return tc_record(skb, p, &c, now);
-}
-
 /* tc_reply rewrites a backend's reply by its entry e: the source becomes
  * the frontend again, and for a source-NATed flow the destination becomes
  * the client, which the packet is then forwarded to. */
@@ -280,33 +233,55 @@ static __always_inline int tc6_xlate(struct __sk_buff *skb, bool direct, struct 
 	return tc_send(skb, direct, true, p, snat, e, now);
 }
 
-/* tc6_record is tc_record for IPv6. */
-static __always_inline int tc6_record(struct __sk_buff *skb, struct pkt6 *p,
-				      const struct np6_choice *c, __u32 now)
+/* tc_record records a new flow p of family v6 to the backend of c (a
+ * struct np6_choice when v6, else a struct np_choice) and translates it.
+ * Its entry is zeroed here, not in tc_new_flow: the verdicts that stop
+ * there (drops, refusals, packets to no frontend) skip that cost. Of the
+ * family's pair of entries, the other is never used: the compiler drops
+ * it. */
+static __always_inline int tc_record(struct __sk_buff *skb, bool v6, void *p, const void *c,
+				     __u32 now)
 {
-	struct ct6_entry orig = {};
+	struct ct4_entry orig = {};
+	struct ct6_entry orig6 = {};
+	int err;
 
-	if (np6_record(skb, skb->ifindex, p, c, now, &orig))
+	if (v6)
+		err = np6_record(skb, skb->ifindex, p, c, now, &orig6);
+	else
+		err = np_record(skb, skb->ifindex, p, c, now, &orig);
+	if (err)
 		return TC_ACT_SHOT;
-	lb_count(orig.flags & CT_F_SNAT ? LB_M_TC_NEW_SNAT : LB_M_TC_NEW_LOCAL);
-	return tc6_xlate(skb, true, p, NULL, &orig, false, now);
+	lb_count(((v6 ? orig6.flags : orig.flags) & CT_F_SNAT) ? LB_M_TC_NEW_SNAT
+							       : LB_M_TC_NEW_LOCAL);
+	if (v6)
+		return tc6_xlate(skb, true, p, NULL, &orig6, false, now);
+	return tc_xlate_orig(skb, p, NULL, &orig, now);
 }
 
-/* tc6_new_flow is tc_new_flow for IPv6. */
-static __always_inline int tc6_new_flow(struct __sk_buff *skb, struct pkt6 *p, __u32 now)
+/* tc_new_flow handles the first packet of a flow of family v6: a
+ * frontend's verdict, a backend, the flow's two entries and the
+ * translation (nodeport.h). */
+static __always_inline int tc_new_flow(struct __sk_buff *skb, bool v6, void *p, __u32 now)
 {
-	struct np6_choice c = {};
+	struct np_choice c = {};
+	struct np6_choice c6 = {};
+	enum np_verdict verdict;
 	int ret;
 
-	switch (np6_decide(p, &c, true)) {
+	verdict = v6 ? np6_decide(p, &c6, true) : np_decide(p, &c, true);
+	switch (verdict) {
 	case NP_NOT_OURS:
+		return TC_ACT_UNSPEC;
+	case NP_FRAGMENT:
+		lb_count(LB_M_TC_FRAGMENT);
 		return TC_ACT_UNSPEC;
 	case NP_DROP:
 		lb_count(LB_M_DROP);
 		return TC_ACT_SHOT;
 	case NP_REJECT:
 		lb_count(LB_M_REJECT);
-		ret = pkt6_icmp_port_unreach(skb, p);
+		ret = v6 ? pkt6_icmp_port_unreach(skb, p) : pkt4_icmp_port_unreach(skb, p);
 		if (ret == TC_ACT_SHOT)
 			lb_count(LB_M_TC_ICMP_FAIL);
 		return ret;
@@ -318,7 +293,7 @@ static __always_inline int tc6_new_flow(struct __sk_buff *skb, struct pkt6 *p, _
 	default:
 		return TC_ACT_SHOT;
 	}
-	return tc6_record(skb, p, &c, now);
+	return tc_record(skb, v6, p, v6 ? (void *)&c6 : (void *)&c, now);
 }
 
 /* tc6_ingress is tc_ingress for an IPv6 packet. */
@@ -357,7 +332,7 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb)
 		lb_count(LB_M_TC_FWD);
 		return tc6_xlate(skb, true, &p, e, NULL, false, now);
 	}
-	return tc6_new_flow(skb, &p, now);
+	return tc_new_flow(skb, true, &p, now);
 }
 
 /* tc6_egress is tc_egress for an IPv6 packet. */
@@ -430,7 +405,7 @@ int tc_ingress(struct __sk_buff *skb)
 			return tc_xlate_orig(skb, &p, e, NULL, now);
 		}
 	}
-	return tc_new_flow(skb, &p, now);
+	return tc_new_flow(skb, false, &p, now);
 }
 
 SEC("tc")
