@@ -49,41 +49,59 @@ static __always_inline int tc_send(struct __sk_buff *skb, bool direct, bool v6, 
 	return ret;
 }
 
-/* tc_xlate_orig rewrites a client's packet as its flow's entry e says; e
- * is the map's entry (tracked) or NULL (a new flow's copy is orig, which
- * keeps the route that chose its source NAT address, np_snat_addr). */
-static __always_inline int tc_xlate_orig(struct __sk_buff *skb, struct pkt4 *p,
-					 struct ct4_entry *tracked, struct ct4_entry *orig,
-					 __u32 now)
+/* tc_xlate rewrites p, a packet of family v6, by its flow's entry and
+ * sends it on: the destination (reply false: a client's packet) or the
+ * source (a backend's reply) from the entry's nat_d* or nat_s*, and with
+ * source NAT the other side too. The entry is tracked (the map's) or, for
+ * a new flow, orig (its copy, which keeps the route that chose its source
+ * NAT address, np_snat_addr). Either stays valid across the helpers that
+ * change the packet. */
+static __always_inline int tc_xlate(struct __sk_buff *skb, bool direct, bool v6, void *p,
+				    void *tracked, void *orig, bool reply, __u32 now)
 {
-	struct ct4_entry *e = tracked ? tracked : orig;
-	__be32 saddr = e->nat_saddr, daddr = e->nat_daddr;
-	__be16 sport = e->nat_sport, dport = e->nat_dport;
-	bool snat = e->flags & CT_F_SNAT;
+	void *e = tracked ? tracked : orig;
+	bool snat = CT_E(e, v6, flags) & CT_F_SNAT;
+	int err;
 
-	if (snat ? pkt4_rewrite_both(skb, true, p, saddr, sport, daddr, dport)
-		 : pkt4_rewrite(skb, true, p, false, daddr, dport))
+	if (v6) {
+		struct ct6_entry *e6 = e;
+
+		if (snat)
+			err = pkt6_rewrite_both(skb, direct, p, e6->nat_saddr, e6->nat_sport,
+						e6->nat_daddr, e6->nat_dport);
+		else if (reply)
+			err = pkt6_rewrite(skb, direct, p, true, e6->nat_saddr, e6->nat_sport);
+		else
+			err = pkt6_rewrite(skb, direct, p, false, e6->nat_daddr, e6->nat_dport);
+	} else {
+		struct ct4_entry *e4 = e;
+		__be32 saddr = e4->nat_saddr, daddr = e4->nat_daddr;
+		__be16 sport = e4->nat_sport, dport = e4->nat_dport;
+
+		if (snat)
+			err = pkt4_rewrite_both(skb, direct, p, saddr, sport, daddr, dport);
+		else if (reply)
+			err = pkt4_rewrite(skb, direct, p, true, saddr, sport);
+		else
+			err = pkt4_rewrite(skb, direct, p, false, daddr, dport);
+	}
+	if (err)
 		return TC_ACT_SHOT;
-	return tc_send(skb, true, false, p, snat, e, now);
+	if (reply)
+		lb_count(LB_M_TC_REPLY);
+	return tc_send(skb, direct, v6, p, snat, e, now);
 }
 
-/* tc_reply rewrites a backend's reply by its entry e: the source becomes
- * the frontend again, and for a source-NATed flow the destination becomes
- * the client, which the packet is then forwarded to. */
-static __always_inline int tc_reply(struct __sk_buff *skb, bool direct, struct pkt4 *p,
-				    struct ct4_entry *e, __u32 now)
+/* tc_reply rewrites a backend's reply p, of family v6, that a device
+ * received, by its entry e: the source becomes the frontend again, and for
+ * a source-NATed flow the destination becomes the client, which the packet
+ * is then forwarded to. (A local backend's reply, at egress, is never
+ * source-NATed: tc_egress refreshes its entry and translates it.) */
+static __always_inline int tc_reply(struct __sk_buff *skb, bool v6, void *p, void *e, __u32 now)
 {
-	__be32 saddr = e->nat_saddr, daddr = e->nat_daddr;
-	__be16 sport = e->nat_sport, dport = e->nat_dport;
-	bool snat = e->flags & CT_F_SNAT;
-
-	np_reply_seen(e, false, p);
-	ct_refresh_dir(e, p, now, true);
-	if (snat ? pkt4_rewrite_both(skb, direct, p, saddr, sport, daddr, dport)
-		 : pkt4_rewrite(skb, direct, p, true, saddr, sport))
-		return TC_ACT_SHOT;
-	lb_count(LB_M_TC_REPLY);
-	return tc_send(skb, direct, false, p, snat, e, now);
+	np_reply_seen(e, v6, p);
+	ct_refresh_v(e, v6, PKT_F(p, v6, proto), PKT_F(p, v6, tcp_flags), now, true);
+	return tc_xlate(skb, true, v6, p, e, NULL, true, now);
 }
 
 /* tc_icmp_error translates an ICMP error about a tracked flow, so that it
@@ -204,35 +222,6 @@ static __always_inline int tc_reset(struct __sk_buff *skb, bool v6, const void *
  * extension headers (fragments among them) and ICMPv6 other than errors
  * about tracked flows (neighbour discovery, echo) pass untouched. */
 
-/* tc6_xlate is the rewrite of an IPv6 packet by its flow's entry e: the
- * destination (src false: a client's packet) or the source (a reply) from
- * e's nat_d* or nat_s*, and with source NAT the other side too. e is the
- * map's entry (tracked) or NULL (a new flow's copy is orig, which keeps the
- * route that chose its source NAT address, np6_snat_addr). */
-static __always_inline int tc6_xlate(struct __sk_buff *skb, bool direct, struct pkt6 *p,
-				     struct ct6_entry *tracked, struct ct6_entry *orig, bool reply,
-				     __u32 now)
-{
-	struct ct6_entry *e = tracked ? tracked : orig;
-	bool snat = e->flags & CT_F_SNAT;
-
-	/* e is a map value or on the stack: it stays valid across the
-	 * helpers that change the packet. */
-	if (snat) {
-		/* Both directions: the source becomes nat_s*, the
-		 * destination nat_d*. */
-		if (pkt6_rewrite_both(skb, direct, p, e->nat_saddr, e->nat_sport, e->nat_daddr,
-				      e->nat_dport))
-			return TC_ACT_SHOT;
-	} else if (reply ? pkt6_rewrite(skb, direct, p, true, e->nat_saddr, e->nat_sport)
-			 : pkt6_rewrite(skb, direct, p, false, e->nat_daddr, e->nat_dport)) {
-		return TC_ACT_SHOT;
-	}
-	if (reply)
-		lb_count(LB_M_TC_REPLY);
-	return tc_send(skb, direct, true, p, snat, e, now);
-}
-
 /* tc_record records a new flow p of family v6 to the backend of c (a
  * struct np6_choice when v6, else a struct np_choice) and translates it.
  * Its entry is zeroed here, not in tc_new_flow: the verdicts that stop
@@ -254,9 +243,7 @@ static __always_inline int tc_record(struct __sk_buff *skb, bool v6, void *p, co
 		return TC_ACT_SHOT;
 	lb_count(((v6 ? orig6.flags : orig.flags) & CT_F_SNAT) ? LB_M_TC_NEW_SNAT
 							       : LB_M_TC_NEW_LOCAL);
-	if (v6)
-		return tc6_xlate(skb, true, p, NULL, &orig6, false, now);
-	return tc_xlate_orig(skb, p, NULL, &orig, now);
+	return tc_xlate(skb, true, v6, p, NULL, v6 ? (void *)&orig6 : (void *)&orig, false, now);
 }
 
 /* tc_new_flow handles the first packet of a flow of family v6: a
@@ -316,11 +303,8 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	now = ct_now();
 	e = np6_lookup_tracked(&p, now, &reply);
-	if (e && reply) {
-		np_reply_seen(e, true, &p);
-		ct_refresh_v(e, true, p.proto, p.tcp_flags, now, true);
-		return tc6_xlate(skb, true, &p, e, NULL, true, now);
-	}
+	if (e && reply)
+		return tc_reply(skb, true, &p, e, now);
 	if (reply) {
 		lb_count(LB_M_TC_SNAT_LATE);
 		return TC_ACT_UNSPEC;
@@ -330,7 +314,7 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb)
 	if (e) {
 		np_checked(e, true, now);
 		lb_count(LB_M_TC_FWD);
-		return tc6_xlate(skb, true, &p, e, NULL, false, now);
+		return tc_xlate(skb, true, true, &p, e, NULL, false, now);
 	}
 	return tc_new_flow(skb, true, &p, now);
 }
@@ -362,7 +346,7 @@ static __always_inline int tc6_egress(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	now = ct_now();
 	ct_refresh_v(e, true, p.proto, p.tcp_flags, now, true);
-	return tc6_xlate(skb, false, &p, e, NULL, true, now);
+	return tc_xlate(skb, false, true, &p, e, NULL, true, now);
 }
 
 SEC("tc")
@@ -392,7 +376,7 @@ int tc_ingress(struct __sk_buff *skb)
 	if (!p.fragment) {
 		e = np_lookup_tracked(&p, now, &reply);
 		if (e && reply)
-			return tc_reply(skb, true, &p, e, now);
+			return tc_reply(skb, false, &p, e, now);
 		if (reply) {
 			lb_count(LB_M_TC_SNAT_LATE);
 			return TC_ACT_UNSPEC;
@@ -402,7 +386,7 @@ int tc_ingress(struct __sk_buff *skb)
 		if (e) {
 			np_checked(e, false, now);
 			lb_count(LB_M_TC_FWD);
-			return tc_xlate_orig(skb, &p, e, NULL, now);
+			return tc_xlate(skb, true, false, &p, e, NULL, false, now);
 		}
 	}
 	return tc_new_flow(skb, false, &p, now);
@@ -414,6 +398,7 @@ int tc_egress(struct __sk_buff *skb)
 	struct pkt4 p = {};
 	struct ct4_key key = {};
 	struct ct4_entry *e;
+	__u32 now;
 
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))
 		return tc6_egress(skb);
@@ -436,7 +421,9 @@ int tc_egress(struct __sk_buff *skb)
 	e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
 	if (!e || (e->flags & CT_F_SNAT))
 		return TC_ACT_UNSPEC;
-	return tc_reply(skb, false, &p, e, ct_now());
+	now = ct_now();
+	ct_refresh_v(e, false, p.proto, p.tcp_flags, now, true);
+	return tc_xlate(skb, false, false, &p, e, NULL, true, now);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
