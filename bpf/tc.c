@@ -217,11 +217,6 @@ static __always_inline int tc_reset(struct __sk_buff *skb, bool v6, const void *
 	return ret;
 }
 
-/* IPv6: the same paths for IPv6 packets (nodeport.h's np6_* decisions,
- * the pkt6_* rewrites, tc_icmp_error for ICMPv6 errors). Packets with
- * extension headers (fragments among them) and ICMPv6 other than errors
- * about tracked flows (neighbour discovery, echo) pass untouched. */
-
 /* tc_record records a new flow p of family v6 to the backend of c (a
  * struct np6_choice when v6, else a struct np_choice) and translates it.
  * Its entry is zeroed here, not in tc_new_flow: the verdicts that stop
@@ -283,147 +278,125 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, bool v6, void *p, 
 	return tc_record(skb, v6, p, v6 ? (void *)&c6 : (void *)&c, now);
 }
 
-/* tc6_ingress is tc_ingress for an IPv6 packet. */
-static __always_inline int tc6_ingress(struct __sk_buff *skb)
+/* tc_ingress_flow handles p, a TCP or UDP packet of family v6 that a
+ * device received (IPv4 fragments included: a fragment is never tracked,
+ * and its frontend decides it). */
+static __always_inline int tc_ingress_flow(struct __sk_buff *skb, bool v6, void *p)
 {
-	struct pkt6 p = {};
-	struct ct6_entry *e;
 	bool reply = false;
+	void *e;
 	__u32 now;
 
-	switch (pkt6_parse(skb, &p)) {
-	case PKT_OK:
-		break;
-	case PKT_ICMP:
-		return tc_icmp_error(skb, true, &p, false);
-	default:
-		return TC_ACT_UNSPEC;
-	}
-	if (!np_port_wanted(true, &p))
+	/* A fragment without ports (not the first) is passed here too: its
+	 * port is 0, no frontend's. */
+	if (!np_port_wanted(v6, p))
 		return TC_ACT_UNSPEC;
 	now = ct_now();
-	e = np6_lookup_tracked(&p, now, &reply);
-	if (e && reply)
-		return tc_reply(skb, true, &p, e, now);
-	if (reply) {
-		lb_count(LB_M_TC_SNAT_LATE);
-		return TC_ACT_UNSPEC;
+	if (v6 || !((struct pkt4 *)p)->fragment) {
+		e = v6 ? (void *)np6_lookup_tracked(p, now, &reply)
+		       : (void *)np_lookup_tracked(p, now, &reply);
+		if (e && reply)
+			return tc_reply(skb, v6, p, e, now);
+		if (reply) {
+			lb_count(LB_M_TC_SNAT_LATE);
+			return TC_ACT_UNSPEC;
+		}
+		if (e && (v6 ? np6_backend_gone(e, p, now) : np_backend_gone(e, p, now)))
+			return tc_reset(skb, v6, p, e);
+		if (e) {
+			np_checked(e, v6, now);
+			lb_count(LB_M_TC_FWD);
+			return tc_xlate(skb, true, v6, p, e, NULL, false, now);
+		}
 	}
-	if (e && np6_backend_gone(e, &p, now))
-		return tc_reset(skb, true, &p, e);
-	if (e) {
-		np_checked(e, true, now);
-		lb_count(LB_M_TC_FWD);
-		return tc_xlate(skb, true, true, &p, e, NULL, false, now);
-	}
-	return tc_new_flow(skb, true, &p, now);
+	return tc_new_flow(skb, v6, p, now);
 }
 
-/* tc6_egress is tc_egress for an IPv6 packet. */
-static __always_inline int tc6_egress(struct __sk_buff *skb)
+/* tc_egress_flow handles p, a TCP or UDP packet of family v6 that the node
+ * sends: a local backend's reply to a client from outside, which its flow's
+ * reply entry translates (a source-NATed flow's replies come in at
+ * ingress). */
+static __always_inline int tc_egress_flow(struct __sk_buff *skb, bool v6, void *p)
 {
-	struct pkt6 p = {};
-	struct ct6_key key = {};
-	struct ct6_entry *e;
+	struct ct4_key key = {};
+	struct ct6_key key6 = {};
+	void *e;
 	__u32 now;
 
-	switch (pkt6_parse(skb, &p)) {
-	case PKT_OK:
-		break;
-	case PKT_ICMP:
-		return tc_icmp_error(skb, true, &p, true);
-	default:
-		return TC_ACT_UNSPEC;
+	if (v6) {
+		ct6_orig_key(&key6, p);
+		key6.dir = CT_DIR_REPLY;
+		e = bpf_map_lookup_elem(&tc6_ct_v1, &key6);
+	} else {
+		ct_orig_key(&key, p);
+		key.dir = CT_DIR_REPLY;
+		e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
 	}
-	__builtin_memcpy(key.saddr, p.saddr, sizeof(key.saddr));
-	__builtin_memcpy(key.daddr, p.daddr, sizeof(key.daddr));
-	key.sport = p.sport;
-	key.dport = p.dport;
-	key.proto = p.proto;
-	key.dir = CT_DIR_REPLY;
-	e = bpf_map_lookup_elem(&tc6_ct_v1, &key);
-	if (!e || (e->flags & CT_F_SNAT))
+	if (!e || (CT_E(e, v6, flags) & CT_F_SNAT))
 		return TC_ACT_UNSPEC;
 	now = ct_now();
-	ct_refresh_v(e, true, p.proto, p.tcp_flags, now, true);
-	return tc_xlate(skb, false, true, &p, e, NULL, true, now);
+	ct_refresh_v(e, v6, PKT_F(p, v6, proto), PKT_F(p, v6, tcp_flags), now, true);
+	return tc_xlate(skb, false, v6, p, e, NULL, true, now);
 }
 
+/* The programs parse a packet by its family and hand it on; ICMP errors
+ * go to tc_icmp_error. IPv6 packets with extension headers (fragments
+ * among them) and ICMPv6 other than errors about tracked flows (neighbour
+ * discovery, echo) pass untouched. */
 SEC("tc")
 int tc_ingress(struct __sk_buff *skb)
 {
-	struct pkt4 p = {};
-	struct ct4_entry *e;
-	bool reply = false;
-	__u32 now;
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct pkt6 p = {};
 
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return tc6_ingress(skb);
+		switch (pkt6_parse(skb, &p)) {
+		case PKT_OK:
+			return tc_ingress_flow(skb, true, &p);
+		case PKT_ICMP:
+			return tc_icmp_error(skb, true, &p, false);
+		default:
+			return TC_ACT_UNSPEC;
+		}
+	}
+	struct pkt4 p = {};
 
 	switch (pkt4_parse(skb, &p)) {
 	case PKT_OK:
-		break;
+		return tc_ingress_flow(skb, false, &p);
 	case PKT_ICMP:
 		return tc_icmp_error(skb, false, &p, false);
 	default:
 		return TC_ACT_UNSPEC;
 	}
-	/* A fragment without ports (not the first) is passed here too: its
-	 * port is 0, no frontend's. */
-	if (!np_port_wanted(false, &p))
-		return TC_ACT_UNSPEC;
-	now = ct_now();
-	if (!p.fragment) {
-		e = np_lookup_tracked(&p, now, &reply);
-		if (e && reply)
-			return tc_reply(skb, false, &p, e, now);
-		if (reply) {
-			lb_count(LB_M_TC_SNAT_LATE);
-			return TC_ACT_UNSPEC;
-		}
-		if (e && np_backend_gone(e, &p, now))
-			return tc_reset(skb, false, &p, e);
-		if (e) {
-			np_checked(e, false, now);
-			lb_count(LB_M_TC_FWD);
-			return tc_xlate(skb, true, false, &p, e, NULL, false, now);
-		}
-	}
-	return tc_new_flow(skb, false, &p, now);
 }
 
 SEC("tc")
 int tc_egress(struct __sk_buff *skb)
 {
-	struct pkt4 p = {};
-	struct ct4_key key = {};
-	struct ct4_entry *e;
-	__u32 now;
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct pkt6 p = {};
 
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return tc6_egress(skb);
+		switch (pkt6_parse(skb, &p)) {
+		case PKT_OK:
+			return tc_egress_flow(skb, true, &p);
+		case PKT_ICMP:
+			return tc_icmp_error(skb, true, &p, true);
+		default:
+			return TC_ACT_UNSPEC;
+		}
+	}
+	struct pkt4 p = {};
+
 	switch (pkt4_parse(skb, &p)) {
 	case PKT_OK:
-		break;
+		if (p.fragment)
+			return TC_ACT_UNSPEC;
+		return tc_egress_flow(skb, false, &p);
 	case PKT_ICMP:
 		return tc_icmp_error(skb, false, &p, true);
 	default:
 		return TC_ACT_UNSPEC;
 	}
-	if (p.fragment)
-		return TC_ACT_UNSPEC;
-	key.saddr = p.saddr;
-	key.daddr = p.daddr;
-	key.sport = p.sport;
-	key.dport = p.dport;
-	key.proto = p.proto;
-	key.dir = CT_DIR_REPLY;
-	e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
-	if (!e || (e->flags & CT_F_SNAT))
-		return TC_ACT_UNSPEC;
-	now = ct_now();
-	ct_refresh_v(e, false, p.proto, p.tcp_flags, now, true);
-	return tc_xlate(skb, false, false, &p, e, NULL, true, now);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
