@@ -301,7 +301,7 @@ static __always_inline int tc_ingress_flow(struct __sk_buff *skb, bool v6, void 
 			lb_count(LB_M_TC_SNAT_LATE);
 			return TC_ACT_UNSPEC;
 		}
-		if (e && (v6 ? np6_backend_gone(e, p, now) : np_backend_gone(e, p, now)))
+		if (e && np_backend_gone(e, v6, p, now))
 			return tc_reset(skb, v6, p, e);
 		if (e) {
 			np_checked(e, v6, now);

@@ -231,7 +231,7 @@ static __always_inline int xdp_flow(struct xdp_md *ctx, bool v6, void *p)
 		 * ends the flow (tc.c tc_reset). Building the reset here too
 		 * would duplicate that for one packet per dead flow; what
 		 * matters is that nothing goes on to the dead pod. */
-		if (v6 ? np6_backend_gone(e, p, now) : np_backend_gone(e, p, now)) {
+		if (np_backend_gone(e, v6, p, now)) {
 			lb_count(LB_M_XDP_TO_TC);
 			return XDP_PASS;
 		}

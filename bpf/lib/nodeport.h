@@ -491,19 +491,29 @@ static __always_inline struct ct4_entry *np_lookup_tracked(const struct pkt4 *p,
  * until its EndpointSlice drops it, so that its flows live on meanwhile. A
  * new SYN on the tuple is a new connection, which np_orig_valid already
  * sends to a backend the ServicePort may choose; UDP flows move there too.
- * Such a flow is reset by TC (tc.c tc_reset); XDP hands its packets over. */
-static __always_inline bool np_backend_gone(const struct ct4_entry *e, const struct pkt4 *p,
-					    __u32 now)
+ * Such a flow is reset by TC (tc.c tc_reset); XDP hands its packets over.
+ * e and p are of the family v6 says. */
+static __always_inline bool np_backend_gone(const void *e, bool v6, const void *p, __u32 now)
 {
-	struct lb4_backend *be;
-	__u32 id = e->backend_id;
+	__u32 id = CT_E(e, v6, backend_id);
+	const struct lb4_backend *be4;
+	const struct lb6_backend *be6;
+	const void *be;
 
-	if (np_orig_fresh(e, false, p, now) || p->proto != IPPROTO_TCP ||
-	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+	if (np_orig_fresh(e, v6, p, now) || PKT_F(p, v6, proto) != IPPROTO_TCP ||
+	    (PKT_F(p, v6, tcp_flags) & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
 		return false;
-	be = bpf_map_lookup_elem(&lb4_backends_v1, &id);
-	return !be || be->address != e->nat_daddr || be->port != e->nat_dport ||
-	       be->proto != p->proto;
+	be = bpf_map_lookup_elem(lb_backends_map(v6), &id);
+	if (!be)
+		return true;
+	if (v6) {
+		be6 = be;
+		return !pkt6_addr_eq(be6->address, CT_E_ADDR(e, true, nat_daddr)) ||
+		       be6->port != CT_E(e, true, nat_dport) || be6->proto != PKT_F(p, true, proto);
+	}
+	be4 = be;
+	return be4->address != ((const struct ct4_entry *)e)->nat_daddr ||
+	       be4->port != CT_E(e, false, nat_dport) || be4->proto != PKT_F(p, false, proto);
 }
 
 /* IPv6. The same decisions for IPv6 packets (struct pkt6), with the IPv6
@@ -775,21 +785,6 @@ static __always_inline struct ct6_entry *np6_lookup_tracked(const struct pkt6 *p
 		return NULL;
 	*reply = true;
 	return ct_reply_late_v(e, true, p->proto, p->tcp_flags) ? NULL : e;
-}
-
-/* np6_backend_gone is np_backend_gone for IPv6. */
-static __always_inline bool np6_backend_gone(const struct ct6_entry *e, const struct pkt6 *p,
-					     __u32 now)
-{
-	struct lb6_backend *be;
-	__u32 id = e->backend_id;
-
-	if (np_orig_fresh(e, true, p, now) || p->proto != IPPROTO_TCP ||
-	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
-		return false;
-	be = bpf_map_lookup_elem(&lb6_backends_v1, &id);
-	return !be || !pkt6_addr_eq(be->address, e->nat_daddr) || be->port != e->nat_dport ||
-	       be->proto != p->proto;
 }
 
 #endif /* EBPF_PROXY_NODEPORT_H */
