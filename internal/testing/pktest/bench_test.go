@@ -97,8 +97,15 @@ func TestBenchPairTimesBothSubjects(t *testing.T) {
 			if got[sample.SampleEventSAMPLE_EV_NO_MATCH] < 300 || got[sample.SampleEventSAMPLE_EV_REWRITTEN] < 300 {
 				t.Errorf("events after the benchmark: %v, want at least 300 of each path", got)
 			}
-			a, b, r := res.Extra["passed-ns/pkt"], res.Extra["rewritten-ns/pkt"], res.Extra["rewritten/passed"]
-			if a <= 0 || b <= 0 || r <= 0 || math.Abs(r-b/a) > 1e-9*r {
+			// The rewritten path's figure is its single runs' time less
+			// their measured overhead, clamped at 0: in a loaded guest
+			// the overhead can match the time (seen on 6.1 under TCG),
+			// so 0 is a figure too. Both are reported, and the ratio is
+			// theirs.
+			a, aok := res.Extra["passed-ns/pkt"]
+			b, bok := res.Extra["rewritten-ns/pkt"]
+			r, rok := res.Extra["rewritten/passed"]
+			if !aok || !bok || !rok || a <= 0 || b < 0 || math.Abs(r-b/a) > 1e-9*max(r, 1) {
 				t.Errorf("benchmark result: N=%d metrics %v", res.N, res.Extra)
 			}
 		})
