@@ -1,8 +1,7 @@
 // Package proxymode chooses and starts the dataplane --proxy-mode asks
 // for. Each dataplane package describes its mode with a mode.Mode (name,
-// probe,
-// start, what its cleanup removes, sync periods, steps after start); the
-// agent registers them, in auto's order, as one Modes. Start runs the one
+// probe, start, what its cleanup removes, sync periods, steps after
+// start); the agent registers them, in auto's order, as one Modes. Start runs the one
 // asked for, or under "auto" the first the node can run (the choice, and
 // why, is logged and exported); once it serves, AfterFirstSync removes
 // what the other modes, and upstream kube-proxy once it has stopped, left
