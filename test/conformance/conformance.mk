@@ -14,8 +14,10 @@
 # made by kubeadm's own code: make kubeadm-proxy-config), then
 # deploy/ with the agent's image and kube-proxy's DaemonSet deleted. CoreDNS
 # serves the cluster's DNS. Which specs run and which are left out, and
-# why: skips.txt. The output ends with the failed specs and one line per
-# proxy:
+# why: skips.txt. The output ends with the failed specs, the specs that
+# kube-proxy passed and that skipped themselves with ebpf-proxy (the suite
+# looks for kube-proxy's pods, or asks /proxyMode for iptables), with
+# why, and one line per proxy:
 #
 #	conformance: proxy=kube-proxy ran=N passed=P failed=F skipped=S
 #	conformance: proxy=ebpf-proxy ran=N passed=P failed=F skipped=S

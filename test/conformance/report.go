@@ -22,6 +22,11 @@ type Result struct {
 	Passed, Failed, Skipped int
 	// Failures are the names of the failed specs, in the order they ran.
 	Failures []string
+	// PassedSpecs are the names of the passed specs, and SkippedSpecs
+	// those skipped at run time with the reason, for the comparison of
+	// two proxies' runs.
+	PassedSpecs  []string
+	SkippedSpecs map[string]string
 	// SetupFailures are failures outside any spec (the suite's setup,
 	// which fails every spec after it unrun): the run says nothing of
 	// the proxy then.
@@ -71,7 +76,7 @@ func ReadReport(proxy, path string) (Result, error) {
 	if err := json.Unmarshal(b, &suites); err != nil {
 		return Result{}, fmt.Errorf("%s: %w", path, err)
 	}
-	r := Result{Proxy: proxy, SkipReasons: map[string]int{}}
+	r := Result{Proxy: proxy, SkipReasons: map[string]int{}, SkippedSpecs: map[string]string{}}
 	for _, s := range suites {
 		for _, spec := range s.SpecReports {
 			r.add(spec)
@@ -92,12 +97,14 @@ func (r *Result) add(spec specReport) {
 	switch {
 	case spec.State == "passed":
 		r.Passed++
+		r.PassedSpecs = append(r.PassedSpecs, spec.SpecName())
 	case spec.State == "skipped" || spec.State == "pending":
 		// A spec the filters left out was never attempted; one that
 		// skipped itself (e2eskipper) was, once.
 		if spec.NumAttempts > 0 {
 			r.Skipped++
 			r.SkipReasons[firstLine(spec.Failure.Message)]++
+			r.SkippedSpecs[spec.SpecName()] = firstLine(spec.Failure.Message)
 		}
 	case spec.State == "interrupted":
 		r.Interrupted = append(r.Interrupted, spec.SpecName())
@@ -122,7 +129,9 @@ func firstLine(s string) string {
 
 // Summary writes the failed specs of each result, a spec that failed with
 // every proxy named an environment limit (the node, not the proxy, fails
-// it), then one line per result:
+// it), the specs kube-proxy passed that skipped themselves with ebpf-proxy
+// (the suite decides from the proxy it finds: kube-proxy's pods, its
+// /proxyMode), each with the reason, then one line per result:
 //
 //	conformance: proxy=P ran=N passed=P failed=F skipped=S
 //
@@ -165,6 +174,23 @@ func Summary(w io.Writer, results []Result) bool {
 			fmt.Fprintf(w, "  %s%s\n", f, note)
 			if r.Proxy == "ebpf-proxy" && (reference == nil || !slices.Contains(reference.Failures, f)) {
 				ok = false
+			}
+		}
+	}
+	for _, r := range results {
+		if r.Proxy != "ebpf-proxy" || reference == nil {
+			continue
+		}
+		var only []string
+		for _, name := range reference.PassedSpecs {
+			if why, skipped := r.SkippedSpecs[name]; skipped {
+				only = append(only, fmt.Sprintf("  %s  [skipped with ebpf-proxy: %s]", name, why))
+			}
+		}
+		if len(only) > 0 {
+			fmt.Fprintf(w, "conformance: passed with kube-proxy, skipped itself with ebpf-proxy (%d):\n", len(only))
+			for _, l := range only {
+				fmt.Fprintln(w, l)
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -180,5 +181,31 @@ func TestWithoutKindDropsTheDaemonSet(t *testing.T) {
 	}
 	if _, err := withoutKind(m, "Deployment"); err == nil {
 		t.Error("a manifest without the kind: no error")
+	}
+}
+
+// A spec kube-proxy passed that skipped itself with ebpf-proxy (the suite
+// looks for kube-proxy's pods, or asks /proxyMode) is named, with the
+// reason, apart from the failures; it is not one of them.
+func TestSummaryNamesSpecsThatRanWithKubeProxyOnly(t *testing.T) {
+	restart := `{"ContainerHierarchyTexts":["[sig-network] Services"],"LeafNodeType":"It","LeafNodeText":"should work after restarting kube-proxy [Disruptive]","State":"%s","NumAttempts":1,"Failure":{"Message":"%s"}}`
+	kp, err := ReadReport("kube-proxy", report(t, strings.Join([]string{basic, fmt.Sprintf(restart, "passed", "")}, ",")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours, err := ReadReport("ebpf-proxy", report(t, strings.Join([]string{basic, fmt.Sprintf(restart, "skipped", "Skipped because component:kube-proxy is not running as pod.")}, ",")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if !Summary(&out, []Result{kp, ours}) {
+		t.Errorf("a spec that skipped itself failed the run:\n%s", out.String())
+	}
+	want := "conformance: passed with kube-proxy, skipped itself with ebpf-proxy (1):\n" +
+		"  [sig-network] Services should work after restarting kube-proxy [Disruptive]  [skipped with ebpf-proxy: Skipped because component:kube-proxy is not running as pod.]\n" +
+		"conformance: proxy=kube-proxy ran=2 passed=2 failed=0 skipped=0\n" +
+		"conformance: proxy=ebpf-proxy ran=1 passed=1 failed=0 skipped=1\n"
+	if out.String() != want {
+		t.Errorf("summary:\n%s\nwant:\n%s", out.String(), want)
 	}
 }
