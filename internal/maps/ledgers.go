@@ -175,7 +175,7 @@ func (l *svcLedger) reset() {
 // by that frontend.
 func (l *svcLedger) restoreRef(id uint32) {
 	l.ids.reserve(id)
-	l.refs[id]++
+	l.ref(id)
 }
 
 // idFor returns the id of owner: the one it has, else the one its
@@ -195,6 +195,9 @@ func (l *svcLedger) idFor(owner model.ServicePortName, had uint32) (uint32, erro
 	l.owner[id] = owner
 	return id, nil
 }
+
+// ref adds a frontend's use of id.
+func (l *svcLedger) ref(id uint32) { l.refs[id]++ }
 
 // unref drops a frontend's use of id, which is freed with its last.
 func (l *svcLedger) unref(id uint32) {

@@ -467,7 +467,7 @@ func (a *applied) upsertFrontend(p *plan, d desiredFrontend) error {
 		}
 	}
 	if cur.svcID != svc {
-		a.svcs.refs[svc]++
+		a.svcs.ref(svc)
 		a.svcs.unref(cur.svcID)
 	}
 	next := &appliedFrontend{

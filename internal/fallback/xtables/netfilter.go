@@ -13,9 +13,9 @@ import (
 
 // Defaults of Netfilter.
 const (
-	// DefaultMasqueradeBit is kube-proxy's --iptables-masquerade-bit,
-	// which its nftables mode uses too.
-	DefaultMasqueradeBit = 14
+	// DefaultMasqueradeBit is kube-proxy's --iptables-masquerade-bit
+	// default (the flag's, config's), which its nftables mode uses too.
+	DefaultMasqueradeBit = config.DefaultMasqueradeBit
 	// DefaultTimeout bounds one run of the dataplane's tool (nft,
 	// iptables-restore). iptables-nft-restore takes about half a minute
 	// for a ruleset of 10,000 Services.
