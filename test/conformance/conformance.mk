@@ -12,12 +12,14 @@
 # test/e2e/tools/network) runs in that namespace, once per proxy: kube-proxy
 # as kubeadm 1.37 installs it (test/cluster/testdata/kubeadm-kube-proxy.yaml,
 # made by kubeadm's own code: make kubeadm-proxy-config), then
-# deploy/ with the agent's image and kube-proxy's DaemonSet deleted. CoreDNS
-# serves the cluster's DNS. Which specs run and which are left out, and
-# why: skips.txt. The output ends with the failed specs, the specs that
-# kube-proxy passed and that skipped themselves with ebpf-proxy (the suite
-# looks for kube-proxy's pods, or asks /proxyMode for iptables), with
-# why, and one line per proxy:
+# deploy/ with the agent's image and kube-proxy's DaemonSet deleted (the
+# agent's pods labelled k8s-app=kube-proxy, the label by which the suite
+# finds the proxy to restart in "should work after restarting
+# kube-proxy"). CoreDNS serves the cluster's DNS. Which specs run and
+# which are left out, and why: skips.txt. The output ends with the failed
+# specs, the specs that kube-proxy passed and that skipped themselves with
+# ebpf-proxy (the suite asks /proxyMode for iptables), with why, and one
+# line per proxy:
 #
 #	conformance: proxy=kube-proxy ran=N passed=P failed=F skipped=S
 #	conformance: proxy=ebpf-proxy ran=N passed=P failed=F skipped=S

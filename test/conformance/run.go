@@ -313,6 +313,27 @@ func withoutKind(manifest, kind string) (string, error) {
 
 // overlay writes a kustomization on top of deploy/ that sets the agent's
 // image, as a user's overlay does, and returns its directory.
+// proxyPodLabel gives the agent's pods kube-proxy's label: the suite finds
+// the node's proxy by k8s-app=kube-proxy in kube-system ("should work
+// after restarting kube-proxy" deletes those pods and waits for their
+// DaemonSet to bring them back), so that with it the spec restarts
+// ebpf-proxy instead of skipping itself. Only the DaemonSet's selector and
+// pod template change; kube-proxy's DaemonSet, deleted after the agent is
+// ready, owns none of them (its controller adopts no pod another
+// controller owns).
+const proxyPodLabel = `patches:
+  - target:
+      kind: DaemonSet
+      name: ebpf-proxy
+    patch: |-
+      - op: replace
+        path: /spec/selector/matchLabels/k8s-app
+        value: kube-proxy
+      - op: replace
+        path: /spec/template/metadata/labels/k8s-app
+        value: kube-proxy
+`
+
 func (c *runConfig) overlay() (string, error) {
 	dir := filepath.Join(c.out, "overlay")
 	if err := os.RemoveAll(dir); err != nil {
@@ -323,7 +344,8 @@ func (c *runConfig) overlay() (string, error) {
 		return "", err
 	}
 	name, tag, _ := strings.Cut(c.agentImage, ":")
-	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - base\nimages:\n  - name: ebpf-proxy\n    newName: %s\n    newTag: %s\n", name, tag)
+	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - base\nimages:\n  - name: ebpf-proxy\n    newName: %s\n    newTag: %s\n", name, tag) +
+		proxyPodLabel
 	return dir, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644)
 }
 
