@@ -103,6 +103,26 @@ func (c *Client) UDPConnected(ctx context.Context, addr netip.AddrPort, n int) (
 	return rep, err
 }
 
+// UDPFrom sends one datagram to addr from a socket connected with
+// connect() after binding the source port localPort (0: the kernel's
+// choice), and receives the reply. Sent again from the port the first
+// one's Local names, it continues the same flow (one conntrack entry), as
+// a sender that keeps its socket, such as a statsd client, does.
+func (c *Client) UDPFrom(ctx context.Context, addr netip.AddrPort, localPort uint16) (UDPResult, error) {
+	if addr.Addr().Is4In6() && localPort != 0 {
+		return UDPResult{}, fmt.Errorf("udp probe from %s to %s: a source port with an IPv4-mapped address is not supported", c.Name, addr)
+	}
+	var rep Report[UDPResult]
+	err := c.run(ctx, probeRequest{Kind: kindUDP, Addr: addr, Count: 1, Connected: true, LocalPort: localPort}, &rep)
+	if err == nil && len(rep.Results) != 1 {
+		err = fmt.Errorf("udp probe from %s to %s: %d results, want 1", c.Name, addr, len(rep.Results))
+	}
+	if err != nil {
+		return UDPResult{}, err
+	}
+	return rep.Results[0], nil
+}
+
 // HTTP sends n GET requests for path to addr, each on a new connection.
 func (c *Client) HTTP(ctx context.Context, addr netip.AddrPort, path string, n int) (Report[HTTPResult], error) {
 	var rep Report[HTTPResult]

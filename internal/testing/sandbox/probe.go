@@ -63,8 +63,8 @@ type probeRequest struct {
 	// Connected makes a UDP probe connect its sockets; a loop probe with
 	// it exchanges UDP datagrams on a new connected socket per attempt.
 	Connected bool `json:"connected,omitempty"`
-	// LocalPort is the source port a TCP probe binds (0: the kernel's
-	// choice).
+	// LocalPort is the source port a TCP or connected UDP probe binds
+	// (0: the kernel's choice).
 	LocalPort uint16 `json:"localPort,omitempty"`
 	// OneSocket sends every UDP datagram from one unconnected socket.
 	OneSocket   bool          `json:"oneSocket,omitempty"`
@@ -199,7 +199,7 @@ func probe(body string, stdin io.Reader, emit func(probeMessage) error) (json.Ra
 			out = Report[UDPResult]{Process: proc, Results: udpOneSocket(req.Addr, req.Count, req.Timeout)}
 			break
 		}
-		out = Report[UDPResult]{Process: proc, Results: repeat(req.Count, func() UDPResult { return udpAttempt(req.Addr, req.Connected, req.Timeout) })}
+		out = Report[UDPResult]{Process: proc, Results: repeat(req.Count, func() UDPResult { return udpAttemptFrom(req.Addr, req.Connected, req.LocalPort, req.Timeout) })}
 	case kindHTTP:
 		out = Report[HTTPResult]{Process: proc, Results: repeat(req.Count, func() HTTPResult { return httpAttempt(req.Addr, req.Path, req.Timeout) })}
 	case kindLoop:
@@ -356,6 +356,12 @@ func readLine(rd *bufio.Reader) (string, error) {
 }
 
 func udpAttempt(addr netip.AddrPort, connected bool, timeout time.Duration) UDPResult {
+	return udpAttemptFrom(addr, connected, 0, timeout)
+}
+
+// udpAttemptFrom is udpAttempt whose connected socket binds the source
+// port localPort first (0: the kernel's choice).
+func udpAttemptFrom(addr netip.AddrPort, connected bool, localPort uint16, timeout time.Duration) UDPResult {
 	var (
 		r    UDPResult
 		conn *net.UDPConn
@@ -368,7 +374,11 @@ func udpAttempt(addr netip.AddrPort, connected bool, timeout time.Duration) UDPR
 			conn = c.(*net.UDPConn)
 		}
 	case connected:
-		conn, err = net.DialUDP(network("udp", addr), nil, net.UDPAddrFromAddrPort(addr))
+		var local *net.UDPAddr
+		if localPort != 0 {
+			local = &net.UDPAddr{Port: int(localPort)}
+		}
+		conn, err = net.DialUDP(network("udp", addr), local, net.UDPAddrFromAddrPort(addr))
 	default:
 		conn, err = net.ListenUDP(network("udp", addr), nil)
 	}

@@ -701,3 +701,27 @@ func TestUDPReconnectsMovesOneSocket(t *testing.T) {
 		t.Error("addresses of two families on one socket: no error")
 	}
 }
+
+func TestUDPFromKeepsItsSourcePort(t *testing.T) {
+	sandbox.RequireRoot(t)
+	c := newCluster(t)
+	first, err := c.client.UDPFrom(t.Context(), ap(podAIP, 8080), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Err != "" || first.Server != "pod-a" || first.Local.Port() == 0 {
+		t.Fatalf("first datagram to pod-a: %+v, want an answer from a kernel-chosen port", first)
+	}
+	// The server sees the same source twice: one flow, as a sender that
+	// keeps its socket makes.
+	again, err := c.client.UDPFrom(t.Context(), ap(podAIP, 8080), first.Local.Port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Err != "" || again.Local != first.Local || again.ClientSeen != first.ClientSeen {
+		t.Errorf("second datagram from port %d: %+v, want an answer to %s, seen as %s", first.Local.Port(), again, first.Local, first.ClientSeen)
+	}
+	if _, err := c.client.UDPFrom(t.Context(), netip.MustParseAddrPort("[::ffff:10.0.0.1]:8080"), 40000); err == nil {
+		t.Error("a source port to an IPv4-mapped address: no error")
+	}
+}

@@ -42,22 +42,36 @@ type world struct {
 	held map[string]*heldConn
 }
 
-// heldConn is a connection a scenario holds open, with the address it
-// connected to.
+// heldConn is a connection a scenario holds open (TCP), or a flow it
+// keeps sending on (UDP: h is nil and local the source the first datagram
+// went from), with the address it connected to.
 type heldConn struct {
-	h   *sandbox.Held
-	dst netip.AddrPort
+	h     *sandbox.Held
+	local netip.AddrPort
+	dst   netip.AddrPort
 }
 
-// heldSources are the client addresses of the held connections, which the
-// flush between waves spares.
+// source is the held connection's or flow's client address, or the zero
+// AddrPort if it never opened.
+func (c *heldConn) source() netip.AddrPort {
+	if c.h == nil {
+		return c.local
+	}
+	if c.h.First.Err != "" {
+		return netip.AddrPort{}
+	}
+	return c.h.First.Local
+}
+
+// heldSources are the client addresses of the held connections and flows,
+// which the flush between waves spares.
 func (w *world) heldSources() map[netip.AddrPort]bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	keep := map[netip.AddrPort]bool{}
 	for _, c := range w.held {
-		if c.h.First.Err == "" {
-			keep[netip.AddrPortFrom(c.h.First.Local.Addr().Unmap(), c.h.First.Local.Port())] = true
+		if src := c.source(); src.IsValid() {
+			keep[netip.AddrPortFrom(src.Addr().Unmap(), src.Port())] = true
 		}
 	}
 	return keep
@@ -505,7 +519,9 @@ func (w *world) cleanup(ctx context.Context) error {
 	var errs []error
 	w.mu.Lock()
 	for _, c := range w.held {
-		c.h.Close()
+		if c.h != nil {
+			c.h.Close()
+		}
 	}
 	w.held = map[string]*heldConn{}
 	w.mu.Unlock()

@@ -310,7 +310,12 @@ type Probe struct {
 	// steps: the first probe with the name opens it (one attempt) and
 	// later ones, whatever their To, send a line on it and ask the socket
 	// its peer (getpeername), as a long-lived client would after the
-	// steps' changes.
+	// steps' changes. For UDP it names a flow: the first probe sends one
+	// datagram from a connected socket, and later ones, whatever their To,
+	// one more each from the same source port to the same address, as a
+	// sender that keeps its socket (statsd, a resolver) does: one
+	// conntrack entry, which the flush between steps spares, as it spares
+	// the held TCP connections.
 	Hold string
 	// Then, for a UDP probe, connects the probe's socket again, to Then,
 	// after its exchange with To, and exchanges again on it: one attempt,

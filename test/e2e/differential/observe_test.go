@@ -360,6 +360,9 @@ func (w *world) observeHeld(ctx context.Context, c *sandbox.Client, sc int, p Pr
 	w.mu.Lock()
 	hc := w.held[key]
 	w.mu.Unlock()
+	if p.Proto == udp {
+		return w.observeHeldFlow(ctx, c, sc, key, hc, p)
+	}
 	if hc == nil {
 		dst, err := w.dest(ctx, sc, p.To)
 		if err != nil {
@@ -384,4 +387,46 @@ func (w *world) observeHeld(ctx context.Context, c *sandbox.Client, sc int, p Pr
 		return fmt.Sprintf("ALIVE + [getpeername %s:%d]", w.tb.AddressName(peer.Addr().Unmap()), peer.Port()), "", nil
 	}
 	return "ALIVE", "", nil
+}
+
+// observeHeldFlow runs a probe of a held UDP flow: the first of its name
+// sends a datagram from a port of the kernel's choice, with the verdict
+// of that attempt prefixed "HELD"; a later one sends another from that
+// port to the same address, with the verdict of that attempt: the backend
+// that answered, or the error, such as the rejection of a Service that
+// lost its endpoints, which only a conntrack entry removed in time lets
+// the flow meet.
+func (w *world) observeHeldFlow(ctx context.Context, c *sandbox.Client, sc int, key string, hc *heldConn, p Probe) (string, string, error) {
+	first := hc == nil
+	var dst netip.AddrPort
+	var port uint16
+	if first {
+		d, err := w.dest(ctx, sc, p.To)
+		if err != nil {
+			return "", "", err
+		}
+		dst = d
+	} else {
+		if !hc.local.IsValid() {
+			return "BROKEN", fmt.Sprintf("held flow to %s never had a source port", hc.dst), nil
+		}
+		dst, port = hc.dst, hc.local.Port()
+	}
+	r, err := c.UDPFrom(ctx, dst, port)
+	if err != nil {
+		return "", "", err
+	}
+	t := newTally()
+	t.addUDP(w, c, dst, r)
+	if !first {
+		return t.verdict(false), "", nil
+	}
+	held := &heldConn{dst: dst}
+	if r.Local.Port() != 0 {
+		held.local = r.Local
+	}
+	w.mu.Lock()
+	w.held[key] = held
+	w.mu.Unlock()
+	return "HELD " + t.verdict(false), "", nil
 }

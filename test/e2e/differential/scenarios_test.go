@@ -123,6 +123,32 @@ var scenarios = withIPv6Twins([]Scenario{
 		}(),
 	},
 	{
+		// A sender that keeps its UDP socket (statsd, a resolver): its
+		// conntrack entry outlives each change, and only its removal
+		// sends the next datagram to the Service's new state. kube-proxy
+		// removes the entries of endpoints no longer serving, and since
+		// 1.37 also when none is left (kubernetes#139629): before it,
+		// the flow kept reaching the deleted endpoint (here b2, still
+		// running) instead of the rejection.
+		Name: "clusterip: a UDP flow that keeps its source port follows its Service to a new endpoint, to none, and back",
+		Steps: func() []Step {
+			svc := []Svc{{Name: "statsd", Ports: []Port{port("udp", udp, 8125, 8080)}}}
+			slice := func(eps ...Ep) []Slice {
+				return []Slice{{Name: "statsd-1", Service: "statsd", Ports: []SlicePort{sport("udp", udp, 8080)}, Eps: eps}}
+			}
+			flows := []Probe{
+				{From: clientA, To: cip("statsd", 8125), Proto: udp, Hold: "statsd-a"},
+				{From: clientB, To: cip("statsd", 8125), Proto: udp, Hold: "statsd-b"},
+			}
+			return []Step{
+				{Name: "b1 behind the ClusterIP, a flow from each node's pod", Services: svc, Slices: slice(ready("b1")), Probes: flows},
+				{Name: "b2 in place of b1", Services: svc, Slices: slice(ready("b2")), Probes: flows},
+				{Name: "no endpoint left", Services: svc, Slices: slice(), Probes: flows},
+				{Name: "b1 back", Services: svc, Slices: slice(ready("b1")), Probes: flows},
+			}
+		}(),
+	},
+	{
 		Name: "clusterip: TCP and UDP on the same port number",
 		Steps: func() []Step {
 			tcpPort, udpPort := port("tcp", tcp, 80, 8080), port("udp", udp, 80, 8080)
