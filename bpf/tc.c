@@ -218,22 +218,19 @@ static __always_inline int tc_reset(struct __sk_buff *skb, bool v6, const void *
 }
 
 /* tc_record records a new flow p of family v6 to the backend of c (a
- * struct np6_choice when v6, else a struct np_choice) and translates it.
+ * struct np_choice) and translates it.
  * Its entry is zeroed here, not in tc_new_flow: the verdicts that stop
  * there (drops, refusals, packets to no frontend) skip that cost. Of the
  * family's pair of entries, the other is never used: the compiler drops
  * it. */
-static __always_inline int tc_record(struct __sk_buff *skb, bool v6, void *p, const void *c,
-				     __u32 now)
+static __always_inline int tc_record(struct __sk_buff *skb, bool v6, void *p,
+				     const struct np_choice *c, __u32 now)
 {
 	struct ct4_entry orig = {};
 	struct ct6_entry orig6 = {};
 	int err;
 
-	if (v6)
-		err = np6_record(skb, skb->ifindex, p, c, now, &orig6);
-	else
-		err = np_record(skb, skb->ifindex, p, c, now, &orig);
+	err = np_record(skb, v6, skb->ifindex, p, c, now, v6 ? (void *)&orig6 : (void *)&orig);
 	if (err)
 		return TC_ACT_SHOT;
 	lb_count(((v6 ? orig6.flags : orig.flags) & CT_F_SNAT) ? LB_M_TC_NEW_SNAT
@@ -247,11 +244,10 @@ static __always_inline int tc_record(struct __sk_buff *skb, bool v6, void *p, co
 static __always_inline int tc_new_flow(struct __sk_buff *skb, bool v6, void *p, __u32 now)
 {
 	struct np_choice c = {};
-	struct np6_choice c6 = {};
 	enum np_verdict verdict;
 	int ret;
 
-	verdict = v6 ? np6_decide(p, &c6, true) : np_decide(p, &c, true);
+	verdict = np_decide(v6, p, &c, true);
 	switch (verdict) {
 	case NP_NOT_OURS:
 		return TC_ACT_UNSPEC;
@@ -275,7 +271,7 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, bool v6, void *p, 
 	default:
 		return TC_ACT_SHOT;
 	}
-	return tc_record(skb, v6, p, v6 ? (void *)&c6 : (void *)&c, now);
+	return tc_record(skb, v6, p, &c, now);
 }
 
 /* tc_ingress_flow handles p, a TCP or UDP packet of family v6 that a
@@ -293,8 +289,7 @@ static __always_inline int tc_ingress_flow(struct __sk_buff *skb, bool v6, void 
 		return TC_ACT_UNSPEC;
 	now = ct_now();
 	if (v6 || !((struct pkt4 *)p)->fragment) {
-		e = v6 ? (void *)np6_lookup_tracked(p, now, &reply)
-		       : (void *)np_lookup_tracked(p, now, &reply);
+		e = np_lookup_tracked(v6, p, now, &reply);
 		if (e && reply)
 			return tc_reply(skb, v6, p, e, now);
 		if (reply) {

@@ -139,19 +139,16 @@ static __always_inline int xdp_reply(struct xdp_md *ctx, bool v6, const void *p,
 }
 
 /* xdp_record records a new flow p to a backend on another node, chosen in
- * c (a struct np6_choice when v6, else a struct np_choice), and sends it
- * on. */
-static __always_inline int xdp_record(struct xdp_md *ctx, bool v6, void *p, const void *c,
-				      __u32 now)
+ * c, and sends it on. */
+static __always_inline int xdp_record(struct xdp_md *ctx, bool v6, void *p,
+				      const struct np_choice *c, __u32 now)
 {
 	struct ct4_entry orig = {};
 	struct ct6_entry orig6 = {};
 	int err;
 
-	if (v6)
-		err = np6_record(ctx, ctx->ingress_ifindex, p, c, now, &orig6);
-	else
-		err = np_record(ctx, ctx->ingress_ifindex, p, c, now, &orig);
+	err = np_record(ctx, v6, ctx->ingress_ifindex, p, c, now,
+			v6 ? (void *)&orig6 : (void *)&orig);
 	if (err)
 		return XDP_DROP;
 	/* Recorded: should XDP pass it (no neighbour yet), TC finds the flow
@@ -163,13 +160,11 @@ static __always_inline int xdp_record(struct xdp_md *ctx, bool v6, void *p, cons
  * drops and on flows source-NATed to another node; the others are TC's. */
 static __always_inline int xdp_new_flow(struct xdp_md *ctx, bool v6, void *p, __u32 now)
 {
-	/* Of the family's pair, the other is never used: the compiler drops
-	 * it. The flow's entries are zeroed only for a flow XDP records. */
+	/* The flow's entries are zeroed only for a flow XDP records. */
 	struct np_choice c = {};
-	struct np6_choice c6 = {};
 	enum np_verdict verdict;
 
-	verdict = v6 ? np6_decide(p, &c6, false) : np_decide(p, &c, false);
+	verdict = np_decide(v6, p, &c, false);
 	switch (verdict) {
 	case NP_DROP:
 		lb_count(LB_M_DROP);
@@ -188,9 +183,9 @@ static __always_inline int xdp_new_flow(struct xdp_md *ctx, bool v6, void *p, __
 	/* A local backend is reached through the kernel's stack, with TC's
 	 * translation: it selects again, which keeps Maglev's and session
 	 * affinity's choice. */
-	if ((v6 ? c6.be->flags : c.be->flags) & BE_F_LOCAL)
+	if (LB_BE(c.be, v6, flags) & BE_F_LOCAL)
 		return XDP_PASS;
-	return xdp_record(ctx, v6, p, v6 ? (void *)&c6 : (void *)&c, now);
+	return xdp_record(ctx, v6, p, &c, now);
 }
 
 /* xdp_flow handles a frame of family v6 with p, a zeroed struct pkt6 or
@@ -213,10 +208,7 @@ static __always_inline int xdp_flow(struct xdp_md *ctx, bool v6, void *p)
 	if (!np_port_wanted(v6, p))
 		return XDP_PASS;
 	now = ct_now();
-	if (v6)
-		e = np6_lookup_tracked(p, now, &reply);
-	else
-		e = np_lookup_tracked(p, now, &reply);
+	e = np_lookup_tracked(v6, p, now, &reply);
 	if (e && reply)
 		return xdp_reply(ctx, v6, p, e, now);
 	/* A late packet to a reused source NAT port: TC counts it and hands

@@ -33,6 +33,14 @@ static __always_inline void *lb_affinity_map(bool v6)
 	return v6 ? (void *)&lb6_affinity_v1 : (void *)&lb4_affinity_v1;
 }
 
+/* LB_BE names a field that struct lb6_backend and struct lb4_backend share,
+ * of the family v6 says; LB_BE_ADDR the address, as a pointer to its words
+ * (as ct.h's CT_E and CT_E_ADDR). */
+#define LB_BE(be, v6, f)                                                                           \
+	(*((v6) ? &((struct lb6_backend *)(be))->f : &((struct lb4_backend *)(be))->f))
+#define LB_BE_ADDR(be, v6)                                                                         \
+	((v6) ? ((struct lb6_backend *)(be))->address : &((struct lb4_backend *)(be))->address)
+
 /* lb_key_set points key, of family v6, at a slot and a scope. */
 static __always_inline void lb_key_set(void *key, bool v6, __u16 slot, __u8 scope)
 {
@@ -178,17 +186,37 @@ static __always_inline void *lb_new_backend(void *key, bool v6, const struct lb4
 	return lb_random_backend(key, v6, svc, backend_id);
 }
 
+/* lb_affine_backend chooses the backend of a new connection or flow to svc
+ * under session affinity: the backend remembered for the client (akey, a
+ * struct lb6_affinity_key or struct lb4_affinity_key) while it holds, else
+ * a new choice (lb_new_backend) that is then remembered for it. */
+static __always_inline void *lb_affine_backend(void *key, bool v6, const struct lb4_service *svc,
+					       const void *akey, __u32 maglev_id, __u32 *backend_id)
+{
+	__u64 now = bpf_ktime_get_ns();
+	void *be;
+
+	be = lb_affinity_backend(v6, akey, svc, now, backend_id);
+	if (be)
+		return be;
+	be = lb_new_backend(key, v6, svc, maglev_id, backend_id);
+	if (be)
+		lb_affinity_record(v6, akey, now, *backend_id);
+	return be;
+}
+
 /* lb_choose_backend chooses the backend of a new connection or flow to
  * svc, the one decision every hook makes: under session affinity the
  * backend remembered for the client while it holds, else a new choice that
  * is then remembered for the client. What differs between the hooks comes
  * in as arguments: whom affinity tells apart (client, of client_kind: the
- * socket hooks a network namespace cookie, TC and XDP the client's IPv4
- * address), and maglev_id, the backend id the ServicePort's Maglev table
- * holds for the flow (TC and XDP) or 0 to choose at random (the socket
- * hooks, and ServicePorts without a table). key must be the one
- * lb_lookup_service filled in. Returns the backend and its id, or NULL
- * when the maps are inconsistent (counted). */
+ * socket hooks a network namespace cookie; TC and XDP, whose clients are
+ * addresses, build their key themselves for lb_affine_backend), and
+ * maglev_id, the backend id the ServicePort's Maglev table holds for the
+ * flow (TC and XDP) or 0 to choose at random (the socket hooks, and
+ * ServicePorts without a table). key must be the one lb_lookup_service
+ * filled in. Returns the backend and its id, or NULL when the maps are
+ * inconsistent (counted). */
 static __always_inline void *lb_choose_backend(void *key, bool v6, const struct lb4_service *svc,
 					       __u64 client, __u8 client_kind, __u32 maglev_id,
 					       __u32 *backend_id)
@@ -203,40 +231,11 @@ static __always_inline void *lb_choose_backend(void *key, bool v6, const struct 
 		.svc_id = svc->svc_id,
 		.client_kind = client_kind,
 	};
-	const void *akey = v6 ? (const void *)&akey6 : (const void *)&akey4;
-	void *be;
-	__u64 now;
 
 	if (!svc->affinity_timeout)
 		return lb_new_backend(key, v6, svc, maglev_id, backend_id);
-	now = bpf_ktime_get_ns();
-	be = lb_affinity_backend(v6, akey, svc, now, backend_id);
-	if (be)
-		return be;
-	be = lb_new_backend(key, v6, svc, maglev_id, backend_id);
-	if (be)
-		lb_affinity_record(v6, akey, now, *backend_id);
-	return be;
-}
-
-/* The IPv4 helpers of the TC and XDP programs. */
-
-static __always_inline struct lb4_service *lb4_lookup_service(struct lb4_key *key, __u8 scope)
-{
-	return lb_lookup_service(key, false, scope);
-}
-
-static __always_inline struct lb4_backend *lb4_member_backend(__u32 backend_id, __u32 svc_id)
-{
-	return lb_member_backend(false, backend_id, svc_id);
-}
-
-static __always_inline struct lb4_backend *lb4_choose_backend(struct lb4_key *key,
-							      const struct lb4_service *svc,
-							      __u64 client, __u8 client_kind,
-							      __u32 maglev_id, __u32 *backend_id)
-{
-	return lb_choose_backend(key, false, svc, client, client_kind, maglev_id, backend_id);
+	return lb_affine_backend(key, v6, svc, v6 ? (const void *)&akey6 : (const void *)&akey4,
+				 maglev_id, backend_id);
 }
 
 #endif /* EBPF_PROXY_LB_H */

@@ -140,53 +140,73 @@ static __always_inline void np_reply_seen(const void *r, bool v6, const void *p)
 		CT_E(e, v6, flags) |= CT_F_REPLY_CLOSING;
 }
 
-/* np_orig_valid says whether the tracked flow e still holds for p. A flow
- * lives until it expires; a new TCP connection or a UDP datagram also needs
- * its backend to still be one the ServicePort may choose (kube-proxy
- * clears the UDP flows of removed endpoints), and a source-NATed flow needs
- * its reply entry, which a newer flow may have taken over (its old client's
- * late packets, a retransmitted final ACK say, then select again: a new
- * flow, whose backend answers an RST, which frees that flow's port). A
- * source-NATed flow lives as long as either entry: the reply entry sees
- * both directions (a UDP flow only the backend keeps talking on). */
-static __always_inline bool np_orig_valid(struct ct4_entry *e, const struct pkt4 *p, __u32 now)
+/* lb_backend_at says whether be, a backend of the family v6 says, is at
+ * addr and port. */
+static __always_inline bool lb_backend_at(const void *be, bool v6, const __be32 *addr, __be16 port)
 {
-	struct ct4_entry *r, rval = {};
-	struct ct4_key rkey = {};
-	struct lb4_backend *be;
+	return pkt_addr_eq(v6, LB_BE_ADDR(be, v6), addr) && LB_BE(be, v6, port) == port;
+}
 
-	if (!(e->flags & CT_F_SNAT) && ct_expired(e, now))
+/* np_orig_valid says whether the tracked flow e still holds for p (e and
+ * p of the family v6 says). A flow lives until it expires; a new TCP
+ * connection or a UDP datagram also needs its backend to still be one the
+ * ServicePort may choose (kube-proxy clears the UDP flows of removed
+ * endpoints), and a source-NATed flow needs its reply entry, which a newer
+ * flow may have taken over (its old client's late packets, a retransmitted
+ * final ACK say, then select again: a new flow, whose backend answers an
+ * RST, which frees that flow's port). A source-NATed flow lives as long as
+ * either entry: the reply entry sees both directions (a UDP flow only the
+ * backend keeps talking on). Of the family's pair of keys and entries, the
+ * other is never used: the compiler drops it. */
+static __always_inline bool np_orig_valid(void *e, bool v6, const void *p, __u32 now)
+{
+	struct ct4_entry rval4 = {};
+	struct ct6_entry rval6 = {};
+	struct ct4_key rkey4 = {};
+	struct ct6_key rkey6 = {};
+	void *rkey = v6 ? (void *)&rkey6 : (void *)&rkey4;
+	void *rval = v6 ? (void *)&rval6 : (void *)&rval4;
+	__u8 proto = PKT_F(p, v6, proto), tf = PKT_F(p, v6, tcp_flags);
+	bool snat = CT_E(e, v6, flags) & CT_F_SNAT;
+	const void *be;
+	void *r;
+
+	if (!snat && ct_expired_v(e, v6, now))
 		return false;
-	if (p->proto == IPPROTO_UDP ||
-	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
-		be = lb4_member_backend(e->backend_id, e->svc_id);
-		if (!be || be->address != e->nat_daddr || be->port != e->nat_dport)
+	if (proto == IPPROTO_UDP || (tf & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
+		be = lb_member_backend(v6, CT_E(e, v6, backend_id), CT_E(e, v6, svc_id));
+		if (!be ||
+		    !lb_backend_at(be, v6, CT_E_ADDR(e, v6, nat_daddr), CT_E(e, v6, nat_dport)))
 			return false;
 	}
-	if (!(e->flags & CT_F_SNAT))
+	if (!snat)
 		return true;
-	ct_reply_key(&rkey, e, p);
-	r = bpf_map_lookup_elem(&tc4_ct_v1, &rkey);
+	if (v6)
+		ct6_reply_key(rkey, e, p);
+	else
+		ct_reply_key(rkey, e, p);
+	r = bpf_map_lookup_elem(ct_map(v6), rkey);
 	if (r) {
-		if (r->nat_daddr != p->saddr || r->nat_dport != p->sport)
+		if (!pkt_addr_eq(v6, CT_E_ADDR(r, v6, nat_daddr), PKT_ADDR(p, v6, saddr)) ||
+		    CT_E(r, v6, nat_dport) != PKT_F(p, v6, sport))
 			return false;
-		if (ct_expired(e, now) && ct_expired(r, now))
+		if (ct_expired_v(e, v6, now) && ct_expired_v(r, v6, now))
 			return false;
-		ct_refresh(r, p, now);
+		ct_refresh_v(r, v6, proto, tf, now, false);
 		return true;
 	}
-	if (ct_expired(e, now))
+	if (ct_expired_v(e, v6, now))
 		return false;
 	/* Evicted from the LRU: take the port back if nobody else has. */
-	rval.nat_saddr = p->daddr;
-	rval.nat_sport = p->dport;
-	rval.nat_daddr = p->saddr;
-	rval.nat_dport = p->sport;
-	rval.backend_id = e->backend_id;
-	rval.svc_id = e->svc_id;
-	rval.flags = CT_F_SNAT;
-	ct_refresh(&rval, p, now);
-	return !bpf_map_update_elem(&tc4_ct_v1, &rkey, &rval, BPF_NOEXIST);
+	pkt_addr_copy(v6, CT_E_ADDR(rval, v6, nat_saddr), PKT_ADDR(p, v6, daddr));
+	pkt_addr_copy(v6, CT_E_ADDR(rval, v6, nat_daddr), PKT_ADDR(p, v6, saddr));
+	CT_E(rval, v6, nat_sport) = PKT_F(p, v6, dport);
+	CT_E(rval, v6, nat_dport) = PKT_F(p, v6, sport);
+	CT_E(rval, v6, backend_id) = CT_E(e, v6, backend_id);
+	CT_E(rval, v6, svc_id) = CT_E(e, v6, svc_id);
+	CT_E(rval, v6, flags) = CT_F_SNAT;
+	ct_refresh_v(rval, v6, proto, tf, now, false);
+	return !bpf_map_update_elem(ct_map(v6), rkey, rval, BPF_NOEXIST);
 }
 
 /* np_snat_lookup is the FIB lookup that chooses a new flow's source NAT
@@ -226,48 +246,68 @@ static __always_inline long np_snat_lookup(void *ctx, bool v6, struct bpf_fib_lo
 	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
 }
 
-/* np_snat_addr is the address source NAT gives a packet p to backend be
- * that came in on ifindex: that of the device the FIB sends it out of, else
- * (unless egress_only) that of the device it came in on. 0 if the agent
- * configured none of them. ctx is the program's context (skb or xdp_md);
- * orig, the flow's entry, keeps the route (np_snat_lookup). */
-static __always_inline __be32 np_snat_addr(void *ctx, __u32 ifindex, const struct pkt4 *p,
-					   const struct lb4_backend *be, bool egress_only,
-					   struct ct4_entry *orig, __u32 now)
+/* np_snat_addr finds the address source NAT gives a packet p to backend be
+ * (of the family v6 says) that came in on ifindex: that of the device the
+ * FIB sends it out of, else (unless egress_only) that of the device it came
+ * in on. It returns the address's words (one, or four for IPv6) as the map
+ * of source NAT addresses holds them, or NULL when the agent configured
+ * none of them. ctx is the program's context (skb or xdp_md); orig, the
+ * flow's entry, keeps the route (np_snat_lookup). */
+static __always_inline const __be32 *np_snat_addr(void *ctx, bool v6, __u32 ifindex, const void *p,
+						  const void *be, bool egress_only, void *orig,
+						  __u32 now)
 {
 	struct bpf_fib_lookup fib = {
-		.family = PKT_AF_INET,
-		.tos = p->tos,
-		.l4_protocol = p->proto,
-		.sport = p->sport,
-		.dport = be->port,
-		.ipv4_src = p->saddr,
-		.ipv4_dst = be->address,
+		.family = v6 ? PKT_AF_INET6 : PKT_AF_INET,
+		.l4_protocol = PKT_F(p, v6, proto),
+		.sport = PKT_F(p, v6, sport),
+		.dport = LB_BE(be, v6, port),
 		.ifindex = ifindex,
 	};
-	struct tc4_snat_addr *a = NULL;
+	void *addrs = v6 ? (void *)&tc6_snat_addrs_v1 : (void *)&tc4_snat_addrs_v1;
+	__u32 len;
+	void *a = NULL;
 	long ret;
 
-	ret = np_snat_lookup(ctx, false, &fib, p->tot_len, orig, now);
+	if (v6) {
+		__builtin_memcpy(fib.ipv6_src, PKT_ADDR(p, true, saddr), sizeof(fib.ipv6_src));
+		__builtin_memcpy(fib.ipv6_dst, LB_BE_ADDR(be, true), sizeof(fib.ipv6_dst));
+		len = sizeof(struct pkt_ipv6hdr) + ((const struct pkt6 *)p)->payload_len;
+	} else {
+		fib.tos = ((const struct pkt4 *)p)->tos;
+		fib.ipv4_src = ((const struct pkt4 *)p)->saddr;
+		fib.ipv4_dst = ((const struct lb4_backend *)be)->address;
+		len = ((const struct pkt4 *)p)->tot_len;
+	}
+	ret = np_snat_lookup(ctx, v6, &fib, len, orig, now);
 	if (ret == BPF_FIB_LKUP_RET_SUCCESS || ret == BPF_FIB_LKUP_RET_NO_NEIGH)
-		a = bpf_map_lookup_elem(&tc4_snat_addrs_v1, &fib.ifindex);
+		a = bpf_map_lookup_elem(addrs, &fib.ifindex);
 	if (!a && !egress_only)
-		a = bpf_map_lookup_elem(&tc4_snat_addrs_v1, &ifindex);
-	return a ? a->address : 0;
+		a = bpf_map_lookup_elem(addrs, &ifindex);
+	/* struct tc6_snat_addr and struct tc4_snat_addr begin with it. */
+	return a;
 }
 
 /* np_source_allowed says whether the client may reach a LoadBalancer IP
  * with loadBalancerSourceRanges (kube-proxy drops the others; NodePorts and
  * ExternalIPs of the same Service are open to all). */
-static __always_inline bool np_source_allowed(const struct lb4_service *svc, const struct pkt4 *p)
+static __always_inline bool np_source_allowed(const struct lb4_service *svc, bool v6, const void *p)
 {
-	struct lb4_src_range_key key = {
+	struct lb4_src_range_key key4 = {
 		.prefixlen = 64,
 		.svc_id = svc->svc_id,
-		.address = p->saddr,
+	};
+	struct lb6_src_range_key key6 = {
+		.prefixlen = 160,
+		.svc_id = svc->svc_id,
 	};
 
-	return bpf_map_lookup_elem(&lb4_source_ranges_v1, &key) != NULL;
+	if (v6) {
+		__builtin_memcpy(key6.address, PKT_ADDR(p, true, saddr), sizeof(key6.address));
+		return bpf_map_lookup_elem(&lb6_source_ranges_v1, &key6) != NULL;
+	}
+	key4.address = ((const struct pkt4 *)p)->saddr;
+	return bpf_map_lookup_elem(&lb4_source_ranges_v1, &key4) != NULL;
 }
 
 /* What np_decide found for the first packet of a flow. */
@@ -282,37 +322,51 @@ enum np_verdict {
 	NP_FORWARD,	 /* c holds the backend */
 };
 
-/* A new flow's frontend and backend. */
+/* A new flow's frontend and backend (a struct lb6_backend for IPv6, else
+ * a struct lb4_backend). */
 struct np_choice {
 	struct lb4_service *svc;
-	struct lb4_backend *be;
+	void *be;
 	__u32 backend_id;
 };
 
-/* np_decide gives a new flow p its frontend's verdict and, when it is to
- * be forwarded, a backend (lb4_choose_backend: by session affinity, the
- * ServicePort's Maglev table or at random). With select_local false, a
- * Service under externalTrafficPolicy=Local stops at NP_LOCAL_POLICY before
- * choosing (its endpoints are all on this node). Verdicts are not counted:
- * the hook that acts on them does. */
-static __always_inline enum np_verdict np_decide(struct pkt4 *p, struct np_choice *c,
+/* np_decide gives a new flow p (of the family v6 says) its frontend's
+ * verdict and, when it is to be forwarded, a backend: by session affinity,
+ * the ServicePort's Maglev table or at random (lb_choose_backend_for).
+ * External clients are told apart by address, as kube-proxy does; svc_id,
+ * and with it the affinity, is shared with the ClusterIP. With
+ * select_local false, a Service under externalTrafficPolicy=Local stops at
+ * NP_LOCAL_POLICY before choosing (its endpoints are all on this node).
+ * Verdicts are not counted: the hook that acts on them does. The keys that
+ * only some frontends need are built in their branches: zeroing 40-byte
+ * keys up front cost every packet. */
+static __always_inline enum np_verdict np_decide(bool v6, void *p, struct np_choice *c,
 						 bool select_local)
 {
-	struct lb4_key lkey = {
-		.address = p->daddr,
-		.dport = p->dport,
-		.proto = p->proto,
+	struct lb4_key lkey4 = {
+		.dport = PKT_F(p, v6, dport),
+		.proto = PKT_F(p, v6, proto),
 	};
+	struct lb6_key lkey6 = {
+		.dport = PKT_F(p, v6, dport),
+		.proto = PKT_F(p, v6, proto),
+	};
+	void *lkey = v6 ? (void *)&lkey6 : (void *)&lkey4;
 	struct lb4_service *svc;
-	struct lb4_backend *be;
 	__u32 backend_id = 0, maglev_id = 0;
+	void *be;
 
-	svc = lb4_lookup_service(&lkey, LB_SCOPE_EXT);
+	if (v6)
+		__builtin_memcpy(lkey6.address, PKT_ADDR(p, true, daddr), sizeof(lkey6.address));
+	else
+		lkey4.address = ((struct pkt4 *)p)->daddr;
+	svc = lb_lookup_service(lkey, v6, LB_SCOPE_EXT);
 	if (!svc || !(svc->flags & EXTERNAL_FRONTEND))
 		return NP_NOT_OURS;
-	/* Ports are only in the first fragment: translating it alone would
-	 * split the packet. The kernel gets it as it is. */
-	if (p->fragment)
+	/* Ports are only in an IPv4 packet's first fragment: translating it
+	 * alone would split the packet. The kernel gets it as it is.
+	 * pkt6_parse and xdp_pkt_parse admit no IPv6 fragment. */
+	if (!v6 && ((struct pkt4 *)p)->fragment)
 		return NP_FRAGMENT;
 	if (svc->flags & SVC_F_DROP)
 		return NP_DROP;
@@ -320,17 +374,39 @@ static __always_inline enum np_verdict np_decide(struct pkt4 *p, struct np_choic
 	 * ranges or not, as kube-proxy's REJECT comes before its firewall. */
 	if ((svc->flags & SVC_F_REJECT) || svc->count == 0)
 		return NP_REJECT;
-	if ((svc->flags & SVC_F_SOURCE_RANGES) && !np_source_allowed(svc, p))
+	if ((svc->flags & SVC_F_SOURCE_RANGES) && !np_source_allowed(svc, v6, p))
 		return NP_SRC_RANGE;
 	if (!select_local && (svc->flags & SVC_F_EXT_LOCAL))
 		return NP_LOCAL_POLICY;
 	if (svc->flags & SVC_F_MAGLEV)
 		maglev_id = lb_maglev_backend_id(
-			false, svc->svc_id,
-			flow_hash(p->saddr, p->daddr, p->sport, p->dport, p->proto));
-	/* External clients are told apart by address, as kube-proxy does;
-	 * svc_id, and with it the affinity, is shared with the ClusterIP. */
-	be = lb4_choose_backend(&lkey, svc, p->saddr, AFFINITY_CLIENT_ADDR, maglev_id, &backend_id);
+			v6, svc->svc_id,
+			v6 ? flow_hash6(PKT_ADDR(p, true, saddr), PKT_ADDR(p, true, daddr),
+					PKT_F(p, true, sport), PKT_F(p, true, dport),
+					PKT_F(p, true, proto))
+			   : flow_hash(((struct pkt4 *)p)->saddr, ((struct pkt4 *)p)->daddr,
+				       PKT_F(p, false, sport), PKT_F(p, false, dport),
+				       PKT_F(p, false, proto)));
+	if (!svc->affinity_timeout) {
+		be = lb_new_backend(lkey, v6, svc, maglev_id, &backend_id);
+	} else {
+		struct lb4_affinity_key akey4 = {
+			.svc_id = svc->svc_id,
+			.client_kind = AFFINITY_CLIENT_ADDR,
+		};
+		struct lb6_affinity_key akey6 = {
+			.svc_id = svc->svc_id,
+			.client_kind = AFFINITY_CLIENT_ADDR,
+		};
+
+		if (v6)
+			__builtin_memcpy(akey6.client, PKT_ADDR(p, true, saddr),
+					 sizeof(akey6.client));
+		else
+			akey4.client = ((struct pkt4 *)p)->saddr;
+		be = lb_affine_backend(lkey, v6, svc, v6 ? (void *)&akey6 : (void *)&akey4,
+				       maglev_id, &backend_id);
+	}
 	if (!be)
 		return NP_NO_BACKEND;
 	c->svc = svc;
@@ -339,37 +415,43 @@ static __always_inline enum np_verdict np_decide(struct pkt4 *p, struct np_choic
 	return NP_FORWARD;
 }
 
-/* np_record writes the connection tracking entries of a new flow p to the
- * backend of c and fills orig with the client-side entry, which says how
+/* np_record writes the connection tracking entries of a new flow p (of the
+ * family v6 says) to the backend of c and fills orig, a zeroed struct
+ * ct6_entry or struct ct4_entry, with the client-side entry, which says how
  * to rewrite p. A backend on another node gets source NAT to the address of
  * the device towards it and a free port; one on this node keeps the client
  * (see below). ifindex is the device p came in on. Returns 0, or -1 after
  * counting why the flow cannot be recorded (the packet is then dropped). */
-static __always_inline int np_record(void *ctx, __u32 ifindex, const struct pkt4 *p,
-				     const struct np_choice *c, __u32 now, struct ct4_entry *orig)
+static __always_inline int np_record(void *ctx, bool v6, __u32 ifindex, const void *p,
+				     const struct np_choice *c, __u32 now, void *orig)
 {
-	struct lb4_backend *be = c->be;
-	struct ct4_entry rval = {};
-	struct ct4_key okey = {}, rkey = {};
-	bool local = be->flags & BE_F_LOCAL;
-	__be32 snat_addr = 0;
+	struct ct4_entry rval4 = {};
+	struct ct6_entry rval6 = {};
+	struct ct4_key okey4 = {}, rkey4 = {};
+	struct ct6_key okey6 = {}, rkey6 = {};
+	void *rval = v6 ? (void *)&rval6 : (void *)&rval4;
+	void *okey = v6 ? (void *)&okey6 : (void *)&okey4;
+	void *rkey = v6 ? (void *)&rkey6 : (void *)&rkey4;
+	const void *be = c->be;
+	bool local = LB_BE(be, v6, flags) & BE_F_LOCAL;
+	const __be32 *snat_addr = NULL;
 
-	orig->nat_daddr = be->address;
-	orig->nat_dport = be->port;
-	orig->backend_id = c->backend_id;
-	orig->svc_id = c->svc->svc_id;
-	ct_refresh(orig, p, now);
-	rval.nat_saddr = p->daddr;
-	rval.nat_sport = p->dport;
-	rval.backend_id = c->backend_id;
-	rval.svc_id = c->svc->svc_id;
-	rval.expires = orig->expires;
-	rval.born = orig->born;
-	rval.flags = orig->flags;
-	rkey.saddr = be->address;
-	rkey.sport = be->port;
-	rkey.proto = p->proto;
-	rkey.dir = CT_DIR_REPLY;
+	pkt_addr_copy(v6, CT_E_ADDR(orig, v6, nat_daddr), LB_BE_ADDR(be, v6));
+	CT_E(orig, v6, nat_dport) = LB_BE(be, v6, port);
+	CT_E(orig, v6, backend_id) = c->backend_id;
+	CT_E(orig, v6, svc_id) = c->svc->svc_id;
+	ct_refresh_v(orig, v6, PKT_F(p, v6, proto), PKT_F(p, v6, tcp_flags), now, false);
+	pkt_addr_copy(v6, CT_E_ADDR(rval, v6, nat_saddr), PKT_ADDR(p, v6, daddr));
+	CT_E(rval, v6, nat_sport) = PKT_F(p, v6, dport);
+	CT_E(rval, v6, backend_id) = c->backend_id;
+	CT_E(rval, v6, svc_id) = c->svc->svc_id;
+	CT_E(rval, v6, expires) = CT_E(orig, v6, expires);
+	CT_E(rval, v6, born) = CT_E(orig, v6, born);
+	CT_E(rval, v6, flags) = CT_E(orig, v6, flags);
+	pkt_addr_copy(v6, CT_K_ADDR(rkey, v6, saddr), LB_BE_ADDR(be, v6));
+	CT_K(rkey, v6, sport) = LB_BE(be, v6, port);
+	CT_K(rkey, v6, proto) = PKT_F(p, v6, proto);
+	CT_K(rkey, v6, dir) = CT_DIR_REPLY;
 
 	/* kube-proxy masquerades externalTrafficPolicy=Cluster traffic to
 	 * endpoints on the node too, to the address of the device toward the
@@ -378,7 +460,7 @@ static __always_inline int np_record(void *ctx, __u32 ifindex, const struct pkt4
 	 * the node; else it sees the client. One call for both cases keeps
 	 * one copy of the lookup in the program. */
 	if (!local || !(c->svc->flags & SVC_F_EXT_LOCAL)) {
-		snat_addr = np_snat_addr(ctx, ifindex, p, be, local, orig, now);
+		snat_addr = np_snat_addr(ctx, v6, ifindex, p, be, local, orig, now);
 		if (!snat_addr && !local) {
 			lb_count(LB_M_TC_SNAT_NO_ADDR);
 			return -1;
@@ -386,30 +468,34 @@ static __always_inline int np_record(void *ctx, __u32 ifindex, const struct pkt4
 	}
 
 	if (!snat_addr) {
-		rkey.daddr = p->saddr;
-		rkey.dport = p->sport;
-		if (bpf_map_update_elem(&tc4_ct_v1, &rkey, &rval, BPF_ANY)) {
+		pkt_addr_copy(v6, CT_K_ADDR(rkey, v6, daddr), PKT_ADDR(p, v6, saddr));
+		CT_K(rkey, v6, dport) = PKT_F(p, v6, sport);
+		if (bpf_map_update_elem(ct_map(v6), rkey, rval, BPF_ANY)) {
 			lb_count(LB_M_TC_CT_FULL);
 			return -1;
 		}
 	} else {
-		rkey.daddr = snat_addr;
-		rval.nat_daddr = p->saddr;
-		rval.nat_dport = p->sport;
-		rval.flags |= CT_F_SNAT;
-		ct_refresh(&rval, p, now); /* UDP: source NAT lifetimes */
-		if (ct_snat_alloc(&rkey, &rval, snat_port_min, snat_port_max, now)) {
+		pkt_addr_copy(v6, CT_K_ADDR(rkey, v6, daddr), snat_addr);
+		pkt_addr_copy(v6, CT_E_ADDR(rval, v6, nat_daddr), PKT_ADDR(p, v6, saddr));
+		CT_E(rval, v6, nat_dport) = PKT_F(p, v6, sport);
+		CT_E(rval, v6, flags) |= CT_F_SNAT;
+		ct_refresh_v(rval, v6, PKT_F(p, v6, proto), PKT_F(p, v6, tcp_flags), now,
+			     false); /* UDP: source NAT lifetimes */
+		if (ct_snat_alloc_v(rkey, v6, rval, snat_port_min, snat_port_max, now)) {
 			lb_count(LB_M_TC_SNAT_NO_PORT);
 			return -1;
 		}
-		orig->nat_saddr = snat_addr;
-		orig->nat_sport = rkey.dport;
-		orig->flags |= CT_F_SNAT;
-		ct_refresh(orig, p, now);
+		pkt_addr_copy(v6, CT_E_ADDR(orig, v6, nat_saddr), snat_addr);
+		CT_E(orig, v6, nat_sport) = CT_K(rkey, v6, dport);
+		CT_E(orig, v6, flags) |= CT_F_SNAT;
+		ct_refresh_v(orig, v6, PKT_F(p, v6, proto), PKT_F(p, v6, tcp_flags), now, false);
 	}
-	ct_orig_key(&okey, p);
-	if (bpf_map_update_elem(&tc4_ct_v1, &okey, orig, BPF_ANY)) {
-		bpf_map_delete_elem(&tc4_ct_v1, &rkey);
+	if (v6)
+		ct6_orig_key(okey, p);
+	else
+		ct_orig_key(okey, p);
+	if (bpf_map_update_elem(ct_map(v6), okey, orig, BPF_ANY)) {
+		bpf_map_delete_elem(ct_map(v6), rkey);
 		lb_count(LB_M_TC_CT_FULL);
 		return -1;
 	}
@@ -417,70 +503,77 @@ static __always_inline int np_record(void *ctx, __u32 ifindex, const struct pkt4
 }
 
 /* np_forget_stale_reply drops the reply entry of an earlier flow that a new
- * connection reuses: a client that reached a local backend through a
- * frontend, and now connects to that backend directly (a pod on another
- * node through the ClusterIP) from the same port, must not have the
- * backend's answers rewritten to come from the frontend. A new SYN is the
- * only packet that can start such a connection. */
-static __always_inline void np_forget_stale_reply(const struct pkt4 *p)
+ * connection p (of the family v6 says) reuses: a client that reached a
+ * local backend through a frontend, and now connects to that backend
+ * directly (a pod on another node through the ClusterIP) from the same
+ * port, must not have the backend's answers rewritten to come from the
+ * frontend. A new SYN is the only packet that can start such a connection. */
+static __always_inline void np_forget_stale_reply(bool v6, const void *p)
 {
-	struct ct4_key rkey = {
-		.saddr = p->daddr,
-		.daddr = p->saddr,
-		.sport = p->dport,
-		.dport = p->sport,
-		.proto = p->proto,
-		.dir = CT_DIR_REPLY,
-	};
-	struct ct4_entry *e = bpf_map_lookup_elem(&tc4_ct_v1, &rkey);
+	struct ct4_key rkey4 = {};
+	struct ct6_key rkey6 = {};
+	void *rkey = v6 ? (void *)&rkey6 : (void *)&rkey4;
+	void *e;
 
-	if (e && !(e->flags & CT_F_SNAT)) {
-		bpf_map_delete_elem(&tc4_ct_v1, &rkey);
+	/* The tuple turned around. */
+	pkt_addr_copy(v6, CT_K_ADDR(rkey, v6, saddr), PKT_ADDR(p, v6, daddr));
+	pkt_addr_copy(v6, CT_K_ADDR(rkey, v6, daddr), PKT_ADDR(p, v6, saddr));
+	CT_K(rkey, v6, sport) = PKT_F(p, v6, dport);
+	CT_K(rkey, v6, dport) = PKT_F(p, v6, sport);
+	CT_K(rkey, v6, proto) = PKT_F(p, v6, proto);
+	CT_K(rkey, v6, dir) = CT_DIR_REPLY;
+	e = bpf_map_lookup_elem(ct_map(v6), rkey);
+	if (e && !(CT_E(e, v6, flags) & CT_F_SNAT)) {
+		bpf_map_delete_elem(ct_map(v6), rkey);
 		lb_count(LB_M_TC_STALE_REPLY);
 	}
 }
 
-/* np_lookup_tracked finds the entry saying how to rewrite p, a packet that
- * is not a fragment, when it belongs to a tracked flow: its client-side
- * entry while the flow holds (refreshed; *reply false), else the reply entry
- * of a source-NATed flow when p comes to a source NAT port (*reply true).
- * NULL for a packet of no tracked flow, and (with *reply true) for a
- * backend's late packet of an older connection on the port (ct_reply_late),
- * which the hook hands to the node's stack untranslated. A new TCP
- * connection first forgets the stale reply entry of its tuple
- * (np_forget_stale_reply). */
-static __always_inline struct ct4_entry *np_lookup_tracked(const struct pkt4 *p, __u32 now,
-							   bool *reply)
+/* np_lookup_tracked finds the entry saying how to rewrite p, a packet of
+ * the family v6 says that is not a fragment, when it belongs to a tracked
+ * flow: its client-side entry while the flow holds (refreshed; *reply
+ * false), else the reply entry of a source-NATed flow when p comes to a
+ * source NAT port (*reply true). NULL for a packet of no tracked flow, and
+ * (with *reply true) for a backend's late packet of an older connection on
+ * the port (ct_reply_late_v), which the hook hands to the node's stack
+ * untranslated. A new TCP connection first forgets the stale reply entry of
+ * its tuple (np_forget_stale_reply). */
+static __always_inline void *np_lookup_tracked(bool v6, const void *p, __u32 now, bool *reply)
 {
-	struct ct4_key key;
-	struct ct4_entry *e;
+	struct ct4_key key4;
+	struct ct6_key key6;
+	void *key = v6 ? (void *)&key6 : (void *)&key4;
+	__u8 proto = PKT_F(p, v6, proto), tf = PKT_F(p, v6, tcp_flags);
 	__u16 port;
+	void *e;
 
-	ct_orig_key(&key, p);
-	e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
-	if (e && np_orig_fresh(e, false, p, now)) {
+	if (v6)
+		ct6_orig_key(key, p);
+	else
+		ct_orig_key(key, p);
+	e = bpf_map_lookup_elem(ct_map(v6), key);
+	if (e && np_orig_fresh(e, v6, p, now)) {
 		*reply = false;
 		return e;
 	}
-	if (e && np_orig_valid(e, p, now)) {
-		ct_refresh(e, p, now);
+	if (e && np_orig_valid(e, v6, p, now)) {
+		ct_refresh_v(e, v6, proto, tf, now, false);
 		*reply = false;
 		return e;
 	}
-	if (p->proto == IPPROTO_TCP &&
-	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
-		np_forget_stale_reply(p);
+	if (proto == IPPROTO_TCP && (tf & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		np_forget_stale_reply(v6, p);
 	/* Replies to source-NATed flows come back to a port of the source NAT
 	 * range: most packets need no second lookup. */
-	port = bpf_ntohs(p->dport);
+	port = bpf_ntohs(PKT_F(p, v6, dport));
 	if (port < snat_port_min || port > snat_port_max)
 		return NULL;
-	key.dir = CT_DIR_REPLY;
-	e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
-	if (!e || !(e->flags & CT_F_SNAT))
+	CT_K(key, v6, dir) = CT_DIR_REPLY;
+	e = bpf_map_lookup_elem(ct_map(v6), key);
+	if (!e || !(CT_E(e, v6, flags) & CT_F_SNAT))
 		return NULL;
 	*reply = true;
-	return ct_reply_late(e, p) ? NULL : e;
+	return ct_reply_late_v(e, v6, proto, tf) ? NULL : e;
 }
 
 /* np_backend_gone says whether the backend of a tracked TCP flow was
@@ -496,295 +589,14 @@ static __always_inline struct ct4_entry *np_lookup_tracked(const struct pkt4 *p,
 static __always_inline bool np_backend_gone(const void *e, bool v6, const void *p, __u32 now)
 {
 	__u32 id = CT_E(e, v6, backend_id);
-	const struct lb4_backend *be4;
-	const struct lb6_backend *be6;
 	const void *be;
 
 	if (np_orig_fresh(e, v6, p, now) || PKT_F(p, v6, proto) != IPPROTO_TCP ||
 	    (PKT_F(p, v6, tcp_flags) & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
 		return false;
 	be = bpf_map_lookup_elem(lb_backends_map(v6), &id);
-	if (!be)
-		return true;
-	if (v6) {
-		be6 = be;
-		return !pkt6_addr_eq(be6->address, CT_E_ADDR(e, true, nat_daddr)) ||
-		       be6->port != CT_E(e, true, nat_dport) || be6->proto != PKT_F(p, true, proto);
-	}
-	be4 = be;
-	return be4->address != ((const struct ct4_entry *)e)->nat_daddr ||
-	       be4->port != CT_E(e, false, nat_dport) || be4->proto != PKT_F(p, false, proto);
-}
-
-/* IPv6. The same decisions for IPv6 packets (struct pkt6), with the IPv6
- * maps: lb.h's selection with v6 set, the flow tracking of ct.h with v6 set,
- * tc6_ct_v1 and tc6_snat_addrs_v1, maglev.h's tables with v6 set and
- * flow_hash6. Both hooks call them, as the IPv4 ones. */
-
-/* np6_orig_valid is np_orig_valid for IPv6. */
-static __always_inline bool np6_orig_valid(struct ct6_entry *e, const struct pkt6 *p, __u32 now)
-{
-	struct ct6_entry *r, rval = {};
-	struct ct6_key rkey = {};
-	struct lb6_backend *be;
-
-	if (!(e->flags & CT_F_SNAT) && ct_expired_v(e, true, now))
-		return false;
-	if (p->proto == IPPROTO_UDP ||
-	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
-		be = lb_member_backend(true, e->backend_id, e->svc_id);
-		if (!be || !pkt6_addr_eq(be->address, e->nat_daddr) || be->port != e->nat_dport)
-			return false;
-	}
-	if (!(e->flags & CT_F_SNAT))
-		return true;
-	ct6_reply_key(&rkey, e, p);
-	r = bpf_map_lookup_elem(&tc6_ct_v1, &rkey);
-	if (r) {
-		if (!pkt6_addr_eq(r->nat_daddr, p->saddr) || r->nat_dport != p->sport)
-			return false;
-		if (ct_expired_v(e, true, now) && ct_expired_v(r, true, now))
-			return false;
-		ct_refresh_v(r, true, p->proto, p->tcp_flags, now, false);
-		return true;
-	}
-	if (ct_expired_v(e, true, now))
-		return false;
-	/* Evicted from the LRU: take the port back if nobody else has. */
-	__builtin_memcpy(rval.nat_saddr, p->daddr, sizeof(rval.nat_saddr));
-	__builtin_memcpy(rval.nat_daddr, p->saddr, sizeof(rval.nat_daddr));
-	rval.nat_sport = p->dport;
-	rval.nat_dport = p->sport;
-	rval.backend_id = e->backend_id;
-	rval.svc_id = e->svc_id;
-	rval.flags = CT_F_SNAT;
-	ct_refresh_v(&rval, true, p->proto, p->tcp_flags, now, false);
-	return !bpf_map_update_elem(&tc6_ct_v1, &rkey, &rval, BPF_NOEXIST);
-}
-
-/* np6_snat_addr is np_snat_addr for IPv6: it copies the address into out
- * and returns 0, or returns -1 when the agent configured none. */
-static __always_inline int np6_snat_addr(void *ctx, __u32 ifindex, const struct pkt6 *p,
-					 const struct lb6_backend *be, bool egress_only,
-					 struct ct6_entry *orig, __u32 now, __be32 *out)
-{
-	struct bpf_fib_lookup fib = {
-		.family = PKT_AF_INET6,
-		.l4_protocol = p->proto,
-		.sport = p->sport,
-		.dport = be->port,
-		.ifindex = ifindex,
-	};
-	struct tc6_snat_addr *a = NULL;
-	long ret;
-
-	__builtin_memcpy(fib.ipv6_src, p->saddr, sizeof(fib.ipv6_src));
-	__builtin_memcpy(fib.ipv6_dst, be->address, sizeof(fib.ipv6_dst));
-	ret = np_snat_lookup(ctx, true, &fib, sizeof(struct pkt_ipv6hdr) + p->payload_len, orig,
-			     now);
-	if (ret == BPF_FIB_LKUP_RET_SUCCESS || ret == BPF_FIB_LKUP_RET_NO_NEIGH)
-		a = bpf_map_lookup_elem(&tc6_snat_addrs_v1, &fib.ifindex);
-	if (!a && !egress_only)
-		a = bpf_map_lookup_elem(&tc6_snat_addrs_v1, &ifindex);
-	if (!a)
-		return -1;
-	__builtin_memcpy(out, a->address, sizeof(a->address));
-	return 0;
-}
-
-/* A new IPv6 flow's frontend and backend. */
-struct np6_choice {
-	struct lb4_service *svc;
-	struct lb6_backend *be;
-	__u32 backend_id;
-};
-
-/* np6_decide is np_decide for IPv6: by session affinity, the
- * ServicePort's Maglev table or at random, and with select_local false
- * stopping at NP_LOCAL_POLICY for a Service under
- * externalTrafficPolicy=Local. pkt6_parse and xdp_pkt_parse admit no
- * fragment. */
-static __always_inline enum np_verdict np6_decide(struct pkt6 *p, struct np6_choice *c,
-						  bool select_local)
-{
-	/* The keys that only some frontends need are built in their
-	 * branches: zeroing 40-byte keys up front cost every packet. */
-	struct lb6_key lkey = {
-		.dport = p->dport,
-		.proto = p->proto,
-	};
-	struct lb4_service *svc;
-	struct lb6_backend *be;
-	__u32 backend_id = 0, maglev_id = 0;
-	__u64 now;
-
-	__builtin_memcpy(lkey.address, p->daddr, sizeof(lkey.address));
-	svc = lb_lookup_service(&lkey, true, LB_SCOPE_EXT);
-	if (!svc || !(svc->flags & EXTERNAL_FRONTEND))
-		return NP_NOT_OURS;
-	if (svc->flags & SVC_F_DROP)
-		return NP_DROP;
-	if ((svc->flags & SVC_F_REJECT) || svc->count == 0)
-		return NP_REJECT;
-	if (svc->flags & SVC_F_SOURCE_RANGES) {
-		struct lb6_src_range_key rkey = {
-			.prefixlen = 160,
-			.svc_id = svc->svc_id,
-		};
-
-		__builtin_memcpy(rkey.address, p->saddr, sizeof(rkey.address));
-		if (!bpf_map_lookup_elem(&lb6_source_ranges_v1, &rkey))
-			return NP_SRC_RANGE;
-	}
-	if (!select_local && (svc->flags & SVC_F_EXT_LOCAL))
-		return NP_LOCAL_POLICY;
-	if (svc->flags & SVC_F_MAGLEV)
-		maglev_id = lb_maglev_backend_id(
-			true, svc->svc_id,
-			flow_hash6(p->saddr, p->daddr, p->sport, p->dport, p->proto));
-	/* Affinity is keyed on the client's whole address, shared with the
-	 * ClusterIP through svc_id (lb_choose_backend takes one word: the
-	 * affinity is looked up here with lb.h's helpers instead). */
-	if (!svc->affinity_timeout) {
-		be = lb_new_backend(&lkey, true, svc, maglev_id, &backend_id);
-	} else {
-		struct lb6_affinity_key akey = {
-			.svc_id = svc->svc_id,
-			.client_kind = AFFINITY_CLIENT_ADDR,
-		};
-
-		__builtin_memcpy(akey.client, p->saddr, sizeof(akey.client));
-		now = bpf_ktime_get_ns();
-		be = lb_affinity_backend(true, &akey, svc, now, &backend_id);
-		if (!be) {
-			be = lb_new_backend(&lkey, true, svc, maglev_id, &backend_id);
-			if (be)
-				lb_affinity_record(true, &akey, now, backend_id);
-		}
-	}
-	if (!be)
-		return NP_NO_BACKEND;
-	c->svc = svc;
-	c->be = be;
-	c->backend_id = backend_id;
-	return NP_FORWARD;
-}
-
-/* np6_record is np_record for IPv6. */
-static __always_inline int np6_record(void *ctx, __u32 ifindex, const struct pkt6 *p,
-				      const struct np6_choice *c, __u32 now, struct ct6_entry *orig)
-{
-	struct lb6_backend *be = c->be;
-	struct ct6_entry rval = {};
-	struct ct6_key okey = {}, rkey = {};
-	bool local = be->flags & BE_F_LOCAL;
-	__be32 snat_addr[4] = {};
-	int snat = -1;
-
-	__builtin_memcpy(orig->nat_daddr, be->address, sizeof(orig->nat_daddr));
-	orig->nat_dport = be->port;
-	orig->backend_id = c->backend_id;
-	orig->svc_id = c->svc->svc_id;
-	ct_refresh_v(orig, true, p->proto, p->tcp_flags, now, false);
-	__builtin_memcpy(rval.nat_saddr, p->daddr, sizeof(rval.nat_saddr));
-	rval.nat_sport = p->dport;
-	rval.backend_id = c->backend_id;
-	rval.svc_id = c->svc->svc_id;
-	rval.expires = orig->expires;
-	rval.born = orig->born;
-	rval.flags = orig->flags;
-	__builtin_memcpy(rkey.saddr, be->address, sizeof(rkey.saddr));
-	rkey.sport = be->port;
-	rkey.proto = p->proto;
-	rkey.dir = CT_DIR_REPLY;
-
-	if (!local || !(c->svc->flags & SVC_F_EXT_LOCAL)) {
-		snat = np6_snat_addr(ctx, ifindex, p, be, local, orig, now, snat_addr);
-		if (snat && !local) {
-			lb_count(LB_M_TC_SNAT_NO_ADDR);
-			return -1;
-		}
-	}
-
-	if (snat) {
-		__builtin_memcpy(rkey.daddr, p->saddr, sizeof(rkey.daddr));
-		rkey.dport = p->sport;
-		if (bpf_map_update_elem(&tc6_ct_v1, &rkey, &rval, BPF_ANY)) {
-			lb_count(LB_M_TC_CT_FULL);
-			return -1;
-		}
-	} else {
-		__builtin_memcpy(rkey.daddr, snat_addr, sizeof(rkey.daddr));
-		__builtin_memcpy(rval.nat_daddr, p->saddr, sizeof(rval.nat_daddr));
-		rval.nat_dport = p->sport;
-		rval.flags |= CT_F_SNAT;
-		ct_refresh_v(&rval, true, p->proto, p->tcp_flags, now, false);
-		if (ct_snat_alloc_v(&rkey, true, &rval, snat_port_min, snat_port_max, now)) {
-			lb_count(LB_M_TC_SNAT_NO_PORT);
-			return -1;
-		}
-		__builtin_memcpy(orig->nat_saddr, snat_addr, sizeof(orig->nat_saddr));
-		orig->nat_sport = rkey.dport;
-		orig->flags |= CT_F_SNAT;
-		ct_refresh_v(orig, true, p->proto, p->tcp_flags, now, false);
-	}
-	ct6_orig_key(&okey, p);
-	if (bpf_map_update_elem(&tc6_ct_v1, &okey, orig, BPF_ANY)) {
-		bpf_map_delete_elem(&tc6_ct_v1, &rkey);
-		lb_count(LB_M_TC_CT_FULL);
-		return -1;
-	}
-	return 0;
-}
-
-/* np6_lookup_tracked is np_lookup_tracked for IPv6. */
-static __always_inline struct ct6_entry *np6_lookup_tracked(const struct pkt6 *p, __u32 now,
-							    bool *reply)
-{
-	struct ct6_key key;
-	struct ct6_entry *e;
-	__u16 port;
-
-	ct6_orig_key(&key, p);
-	e = bpf_map_lookup_elem(&tc6_ct_v1, &key);
-	if (e && np_orig_fresh(e, true, p, now)) {
-		*reply = false;
-		return e;
-	}
-	if (e && np6_orig_valid(e, p, now)) {
-		ct_refresh_v(e, true, p->proto, p->tcp_flags, now, false);
-		*reply = false;
-		return e;
-	}
-	key.dir = CT_DIR_REPLY;
-	if (p->proto == IPPROTO_TCP &&
-	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
-		/* np_forget_stale_reply: the reply entry of the tuple turned
-		 * around. */
-		struct ct6_key skey = {
-			.sport = p->dport,
-			.dport = p->sport,
-			.proto = p->proto,
-			.dir = CT_DIR_REPLY,
-		};
-		struct ct6_entry *s;
-
-		__builtin_memcpy(skey.saddr, p->daddr, sizeof(skey.saddr));
-		__builtin_memcpy(skey.daddr, p->saddr, sizeof(skey.daddr));
-		s = bpf_map_lookup_elem(&tc6_ct_v1, &skey);
-		if (s && !(s->flags & CT_F_SNAT)) {
-			bpf_map_delete_elem(&tc6_ct_v1, &skey);
-			lb_count(LB_M_TC_STALE_REPLY);
-		}
-	}
-	port = bpf_ntohs(p->dport);
-	if (port < snat_port_min || port > snat_port_max)
-		return NULL;
-	e = bpf_map_lookup_elem(&tc6_ct_v1, &key);
-	if (!e || !(e->flags & CT_F_SNAT))
-		return NULL;
-	*reply = true;
-	return ct_reply_late_v(e, true, p->proto, p->tcp_flags) ? NULL : e;
+	return !be || !lb_backend_at(be, v6, CT_E_ADDR(e, v6, nat_daddr), CT_E(e, v6, nat_dport)) ||
+	       LB_BE(be, v6, proto) != PKT_F(p, v6, proto);
 }
 
 #endif /* EBPF_PROXY_NODEPORT_H */
