@@ -212,7 +212,7 @@ static __always_inline int tc_reset(struct __sk_buff *skb, bool v6, const void *
 		bpf_map_delete_elem(map, &rkey);
 	if (PKT_F(p, v6, tcp_flags) & TCP_FLAG_RST)
 		return TC_ACT_SHOT;
-	ret = v6 ? pkt6_tcp_rst(skb, p) : pkt4_tcp_rst(skb, p);
+	ret = pkt_tcp_rst(skb, v6, p);
 	lb_count(ret == TC_ACT_SHOT ? LB_M_TC_RESET_FAIL : LB_M_TC_RESET);
 	return ret;
 }
@@ -259,7 +259,7 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, bool v6, void *p, 
 		return TC_ACT_SHOT;
 	case NP_REJECT:
 		lb_count(LB_M_REJECT);
-		ret = v6 ? pkt6_icmp_port_unreach(skb, p) : pkt4_icmp_port_unreach(skb, p);
+		ret = pkt_icmp_port_unreach(skb, v6, p);
 		if (ret == TC_ACT_SHOT)
 			lb_count(LB_M_TC_ICMP_FAIL);
 		return ret;

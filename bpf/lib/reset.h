@@ -7,6 +7,7 @@
 #include "common.h"
 #include "csum.h"
 #include "parse.h"
+#include "reply.h"
 #include <linux/if_ether.h>
 #include <linux/ip.h>
 #include <linux/pkt_cls.h>
@@ -113,148 +114,112 @@ static __always_inline int pkt_tcp_rst_csum(struct __sk_buff *skb, __u32 off, bo
 		       : 0;
 }
 
-/* pkt4_tcp_rst turns the TCP segment p into the reset a host without its
- * connection answers with (RFC 793, "Reset Generation"), from the segment's
- * destination to its source, and sends it back out of the device it came
- * in on. A segment with ACK gets <SEQ=SEG.ACK><CTL=RST>, one without it
- * <SEQ=0><ACK=SEG.SEQ+SEG.LEN><CTL=RST,ACK>. As the kernel's resets, it has
- * window 0, no options, TTL 64, DF, IP ID 0 and the segment's DSCP.
+/* The headers of an IPv6 TCP reset. */
+struct pkt_tcp6_rst {
+	struct pkt_ipv6hdr ip;
+	struct pkt_tcphdr tcp;
+};
+
+/* pkt_tcp_rst turns the TCP segment p (of the family v6 says) into the
+ * reset a host without its connection answers with (RFC 793, "Reset
+ * Generation"), from the segment's destination to its source, and sends it
+ * back out of the device it came in on. A segment with ACK gets
+ * <SEQ=SEG.ACK><CTL=RST>, one without it <SEQ=0><ACK=SEG.SEQ+SEG.LEN>
+ * <CTL=RST,ACK>. As the kernel's resets, it has window 0, no options,
+ * TTL (hop limit) 64 and the segment's DSCP (traffic class) without ECN;
+ * IPv4 adds DF and IP ID 0, IPv6 no flow label.
  *
- * The reset is built in place: IP options are cut out (so that a
- * CHECKSUM_PARTIAL skb's checksum start stays on the TCP header), the IP
- * and TCP headers rewritten and TCP options and payload trimmed off, which
- * leaves a CHECKSUM_COMPLETE skb CHECKSUM_NONE unless nothing was cut.
- * Returns the TC verdict: TC_ACT_SHOT for a segment that is itself a reset
- * (never answered, RFC 793), a malformed one, or a helper's failure. */
-static __always_inline int pkt4_tcp_rst(struct __sk_buff *skb, const struct pkt4 *p)
+ * The reset is built in place: IPv4 options are cut out (so that a
+ * CHECKSUM_PARTIAL skb's checksum start stays on the TCP header; pkt6_parse
+ * admits no IPv6 extension headers), the IP and TCP headers rewritten and
+ * TCP options and payload trimmed off, which leaves a CHECKSUM_COMPLETE skb
+ * CHECKSUM_NONE unless nothing was cut. Returns the TC verdict: TC_ACT_SHOT
+ * for a segment that is itself a reset (never answered, RFC 793), a
+ * malformed one, or a helper's failure. Of the family's pair of headers,
+ * the other is never used: the compiler drops it. */
+static __always_inline int pkt_tcp_rst(struct __sk_buff *skb, bool v6, const void *p)
 {
-	__u32 check_off = ETH_HLEN + sizeof(struct iphdr) + pkt_offsetof(struct pkt_tcphdr, check);
-	__u64 frame_len = ETH_HLEN + sizeof(struct pkt_tcp_rst);
-	struct pkt_tcp_rst r = {};
+	const __u32 iplen = v6 ? sizeof(struct pkt_ipv6hdr) : sizeof(struct iphdr);
+	__u32 check_off = ETH_HLEN + iplen + pkt_offsetof(struct pkt_tcphdr, check);
+	__u64 frame_len = ETH_HLEN + iplen + sizeof(struct pkt_tcphdr);
+	const struct pkt4 *p4 = p;
+	const struct pkt6 *p6 = p;
+	struct pkt_tcp_rst r4 = {};
+	struct pkt_tcp6_rst r6 = {};
+	struct pkt_tcphdr *tcp = v6 ? &r6.tcp : &r4.tcp;
 	struct pkt_tcphdr th;
 	__u8 macs[2 * ETH_ALEN];
-	__u32 thlen, seglen;
+	__u32 thlen, seglen, l4len;
+	__be32 vtc;
 	__s64 sum;
 
-	if (p->tcp_flags & TCP_FLAG_RST)
+	if (PKT_F(p, v6, tcp_flags) & TCP_FLAG_RST)
 		return TC_ACT_SHOT;
-	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) ||
-	    bpf_skb_load_bytes(skb, p->l4_off, &th, sizeof(th)))
+	if (pkt_reply_macs(skb, macs) ||
+	    (v6 && bpf_skb_load_bytes(skb, ETH_HLEN, &vtc, sizeof(vtc))) ||
+	    bpf_skb_load_bytes(skb, PKT_F(p, v6, l4_off), &th, sizeof(th)))
 		return TC_ACT_SHOT;
 	thlen = (th.doff >> 4) * 4;
-	if (thlen < sizeof(th) || p->ihl_len + thlen > p->tot_len)
+	if (thlen < sizeof(th) ||
+	    (v6 ? thlen > p6->payload_len : p4->ihl_len + thlen > p4->tot_len))
 		return TC_ACT_SHOT;
+	l4len = v6 ? p6->payload_len : p4->tot_len - p4->ihl_len;
 
-	r.tcp.source = th.dest;
-	r.tcp.dest = th.source;
-	r.tcp.doff = (sizeof(r.tcp) / 4) << 4;
+	tcp->source = th.dest;
+	tcp->dest = th.source;
+	tcp->doff = (sizeof(*tcp) / 4) << 4;
 	if (th.flags & TCP_FLAG_ACK) {
-		r.tcp.seq = th.ack_seq;
-		r.tcp.flags = TCP_FLAG_RST;
+		tcp->seq = th.ack_seq;
+		tcp->flags = TCP_FLAG_RST;
 	} else {
-		seglen = p->tot_len - p->ihl_len - thlen;
+		seglen = l4len - thlen;
 		seglen += !!(th.flags & TCP_FLAG_SYN) + !!(th.flags & TCP_FLAG_FIN);
-		r.tcp.ack_seq = bpf_htonl(bpf_ntohl(th.seq) + seglen);
-		r.tcp.flags = TCP_FLAG_RST | TCP_FLAG_ACK;
+		tcp->ack_seq = bpf_htonl(bpf_ntohl(th.seq) + seglen);
+		tcp->flags = TCP_FLAG_RST | TCP_FLAG_ACK;
 	}
 
-	r.ip.version = 4;
-	r.ip.ihl = 5;
-	r.ip.tos = p->tos & ~INET_ECN_MSK;
-	r.ip.tot_len = bpf_htons(sizeof(r));
-	r.ip.frag_off = bpf_htons(IP_DF);
-	r.ip.ttl = RST_TTL;
-	r.ip.protocol = IPPROTO_TCP;
-	r.ip.saddr = p->daddr;
-	r.ip.daddr = p->saddr;
-	sum = bpf_csum_diff(NULL, 0, (__be32 *)&r.ip, sizeof(r.ip), 0);
-	if (sum < 0)
-		return TC_ACT_SHOT;
-	r.ip.check = pkt_csum_fold(sum);
+	if (v6) {
+		/* Version and traffic class without ECN; no flow label. */
+		r6.ip.vtc_flow = bpf_htonl(bpf_ntohl(vtc) & 0xff300000);
+		r6.ip.payload_len = bpf_htons(sizeof(r6.tcp));
+		r6.ip.nexthdr = IPPROTO_TCP;
+		r6.ip.hop_limit = RST_TTL;
+		__builtin_memcpy(r6.ip.saddr, p6->daddr, sizeof(r6.ip.saddr));
+		__builtin_memcpy(r6.ip.daddr, p6->saddr, sizeof(r6.ip.daddr));
+	} else {
+		r4.ip.version = 4;
+		r4.ip.ihl = 5;
+		r4.ip.tos = p4->tos & ~INET_ECN_MSK;
+		r4.ip.tot_len = bpf_htons(sizeof(r4));
+		r4.ip.frag_off = bpf_htons(IP_DF);
+		r4.ip.ttl = RST_TTL;
+		r4.ip.protocol = IPPROTO_TCP;
+		r4.ip.saddr = p4->daddr;
+		r4.ip.daddr = p4->saddr;
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&r4.ip, sizeof(r4.ip), 0);
+		if (sum < 0)
+			return TC_ACT_SHOT;
+		r4.ip.check = pkt_csum_fold(sum);
+		if (p4->ihl_len > sizeof(struct iphdr) &&
+		    bpf_skb_adjust_room(skb, -(__s32)(p4->ihl_len - sizeof(struct iphdr)),
+					BPF_ADJ_ROOM_NET, 0))
+			return TC_ACT_SHOT;
+	}
 
-	if (p->ihl_len > sizeof(struct iphdr) &&
-	    bpf_skb_adjust_room(skb, -(__s32)(p->ihl_len - sizeof(struct iphdr)), BPF_ADJ_ROOM_NET,
-				0))
-		return TC_ACT_SHOT;
 	/* The TCP header but its checksum, then the checksum, then the IP
 	 * header: every store keeps a CHECKSUM_COMPLETE skb->csum right. */
-	if (bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(r.ip), &r.tcp,
-				pkt_offsetof(struct pkt_tcphdr, check), BPF_F_RECOMPUTE_CSUM) ||
-	    bpf_skb_store_bytes(skb, check_off + sizeof(r.tcp.check), &r.tcp.urg_ptr,
-				sizeof(r.tcp.urg_ptr), BPF_F_RECOMPUTE_CSUM) ||
-	    pkt_tcp_rst_csum(skb, check_off, false, &r.tcp, &r.ip.saddr, &r.ip.daddr, th.check,
-			     bpf_htons(p->tot_len - p->ihl_len)) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN, &r.ip, sizeof(r.ip), BPF_F_RECOMPUTE_CSUM))
+	if (bpf_skb_store_bytes(skb, ETH_HLEN + iplen, tcp, pkt_offsetof(struct pkt_tcphdr, check),
+				BPF_F_RECOMPUTE_CSUM) ||
+	    bpf_skb_store_bytes(skb, check_off + sizeof(tcp->check), &tcp->urg_ptr,
+				sizeof(tcp->urg_ptr), BPF_F_RECOMPUTE_CSUM) ||
+	    pkt_tcp_rst_csum(skb, check_off, v6, tcp, v6 ? r6.ip.saddr : &r4.ip.saddr,
+			     v6 ? r6.ip.daddr : &r4.ip.daddr, th.check, bpf_htons(l4len)) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, v6 ? (void *)&r6.ip : (void *)&r4.ip, iplen,
+				BPF_F_RECOMPUTE_CSUM))
 		return TC_ACT_SHOT;
 	if (skb->len > frame_len && bpf_skb_change_tail(skb, frame_len, 0))
 		return TC_ACT_SHOT;
-	if (bpf_skb_store_bytes(skb, 0, macs + ETH_ALEN, ETH_ALEN, 0) ||
-	    bpf_skb_store_bytes(skb, ETH_ALEN, macs, ETH_ALEN, 0))
-		return TC_ACT_SHOT;
-	return bpf_redirect(skb->ifindex, 0);
-}
-
-/* pkt6_tcp_rst is pkt4_tcp_rst for IPv6 (pkt6_parse admits no extension
- * headers, so the TCP header follows the IPv6 header): the reset has hop
- * limit 64, the segment's traffic class without ECN and no flow label. */
-static __always_inline int pkt6_tcp_rst(struct __sk_buff *skb, const struct pkt6 *p)
-{
-	__u32 check_off =
-		ETH_HLEN + sizeof(struct pkt_ipv6hdr) + pkt_offsetof(struct pkt_tcphdr, check);
-	__u64 frame_len = ETH_HLEN + sizeof(struct pkt_ipv6hdr) + sizeof(struct pkt_tcphdr);
-	struct {
-		struct pkt_ipv6hdr ip;
-		struct pkt_tcphdr tcp;
-	} r = {};
-	struct pkt_tcphdr th;
-	__u8 macs[2 * ETH_ALEN];
-	__be32 vtc;
-	__u32 thlen, seglen;
-
-	if (p->tcp_flags & TCP_FLAG_RST)
-		return TC_ACT_SHOT;
-	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) ||
-	    bpf_skb_load_bytes(skb, ETH_HLEN, &vtc, sizeof(vtc)) ||
-	    bpf_skb_load_bytes(skb, p->l4_off, &th, sizeof(th)))
-		return TC_ACT_SHOT;
-	thlen = (th.doff >> 4) * 4;
-	if (thlen < sizeof(th) || thlen > p->payload_len)
-		return TC_ACT_SHOT;
-
-	r.tcp.source = th.dest;
-	r.tcp.dest = th.source;
-	r.tcp.doff = (sizeof(r.tcp) / 4) << 4;
-	if (th.flags & TCP_FLAG_ACK) {
-		r.tcp.seq = th.ack_seq;
-		r.tcp.flags = TCP_FLAG_RST;
-	} else {
-		seglen = p->payload_len - thlen;
-		seglen += !!(th.flags & TCP_FLAG_SYN) + !!(th.flags & TCP_FLAG_FIN);
-		r.tcp.ack_seq = bpf_htonl(bpf_ntohl(th.seq) + seglen);
-		r.tcp.flags = TCP_FLAG_RST | TCP_FLAG_ACK;
-	}
-	/* Version and traffic class without ECN; no flow label. */
-	r.ip.vtc_flow = bpf_htonl(bpf_ntohl(vtc) & 0xff300000);
-	r.ip.payload_len = bpf_htons(sizeof(r.tcp));
-	r.ip.nexthdr = IPPROTO_TCP;
-	r.ip.hop_limit = RST_TTL;
-	__builtin_memcpy(r.ip.saddr, p->daddr, sizeof(r.ip.saddr));
-	__builtin_memcpy(r.ip.daddr, p->saddr, sizeof(r.ip.daddr));
-
-	if (bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(r.ip), &r.tcp,
-				pkt_offsetof(struct pkt_tcphdr, check), BPF_F_RECOMPUTE_CSUM) ||
-	    bpf_skb_store_bytes(skb, check_off + sizeof(r.tcp.check), &r.tcp.urg_ptr,
-				sizeof(r.tcp.urg_ptr), BPF_F_RECOMPUTE_CSUM) ||
-	    pkt_tcp_rst_csum(skb, check_off, true, &r.tcp, r.ip.saddr, r.ip.daddr, th.check,
-			     bpf_htons(p->payload_len)) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN, &r.ip, sizeof(r.ip), BPF_F_RECOMPUTE_CSUM))
-		return TC_ACT_SHOT;
-	if (skb->len > frame_len && bpf_skb_change_tail(skb, frame_len, 0))
-		return TC_ACT_SHOT;
-	if (bpf_skb_store_bytes(skb, 0, macs + ETH_ALEN, ETH_ALEN, 0) ||
-	    bpf_skb_store_bytes(skb, ETH_ALEN, macs, ETH_ALEN, 0))
-		return TC_ACT_SHOT;
-	return bpf_redirect(skb->ifindex, 0);
+	return pkt_reply_send(skb, macs);
 }
 
 #endif /* EBPF_PROXY_RESET_H */
