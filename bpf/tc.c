@@ -194,13 +194,8 @@ static __always_inline int tc_reset(struct __sk_buff *skb, bool v6, const void *
 	void *r;
 	int ret;
 
-	if (v6) {
-		ct6_orig_key(&okey.k6, p);
-		ct6_reply_key(&rkey.k6, e, p);
-	} else {
-		ct_orig_key(&okey.k4, p);
-		ct_reply_key(&rkey.k4, e, p);
-	}
+	ct_orig_key(&okey, v6, p);
+	ct_reply_key(&rkey, v6, e, p);
 	bpf_map_delete_elem(map, &okey);
 	r = bpf_map_lookup_elem(map, &rkey);
 	/* Only the flow's own: a newer flow may hold its source NAT port. */
@@ -313,20 +308,15 @@ static __always_inline int tc_ingress_flow(struct __sk_buff *skb, bool v6, void 
  * ingress). */
 static __always_inline int tc_egress_flow(struct __sk_buff *skb, bool v6, void *p)
 {
-	struct ct4_key key = {};
+	struct ct4_key key4 = {};
 	struct ct6_key key6 = {};
+	void *key = v6 ? (void *)&key6 : (void *)&key4;
 	void *e;
 	__u32 now;
 
-	if (v6) {
-		ct6_orig_key(&key6, p);
-		key6.dir = CT_DIR_REPLY;
-		e = bpf_map_lookup_elem(&tc6_ct_v1, &key6);
-	} else {
-		ct_orig_key(&key, p);
-		key.dir = CT_DIR_REPLY;
-		e = bpf_map_lookup_elem(&tc4_ct_v1, &key);
-	}
+	ct_orig_key(key, v6, p);
+	CT_K(key, v6, dir) = CT_DIR_REPLY;
+	e = bpf_map_lookup_elem(ct_map(v6), key);
 	if (!e || (CT_E(e, v6, flags) & CT_F_SNAT))
 		return TC_ACT_UNSPEC;
 	now = ct_now();

@@ -236,19 +236,6 @@ static __always_inline void ct_refresh_v(void *e, bool v6, __u8 proto, __u8 tcp_
 		CT_E(e, v6, expires) = exp;
 }
 
-/* ct_refresh_dir is ct_refresh_v for an IPv4 entry and packet. */
-static __always_inline void ct_refresh_dir(struct ct4_entry *e, const struct pkt4 *p, __u32 now,
-					   bool reply)
-{
-	ct_refresh_v(e, false, p->proto, p->tcp_flags, now, reply);
-}
-
-/* ct_refresh is ct_refresh_dir for a packet from the client. */
-static __always_inline void ct_refresh(struct ct4_entry *e, const struct pkt4 *p, __u32 now)
-{
-	ct_refresh_dir(e, p, now, false);
-}
-
 /* ct_fib_get gives fib the next hop that e's flow's last FIB lookup found
  * (the device and both MAC addresses, struct ct4_entry's fib_*), when that
  * lookup was made in second now and let a packet of at least len bytes (IP
@@ -306,11 +293,6 @@ static __always_inline bool ct_expired_v(const void *e, bool v6, __u32 now)
 	return (__s32)(now - exp) > 0;
 }
 
-static __always_inline bool ct_expired(const struct ct4_entry *e, __u32 now)
-{
-	return ct_expired_v(e, false, now);
-}
-
 /* ct_reply_late_v says whether p, a backend's packet to a source NAT port
  * whose reply entry is e, belongs to an older connection than e's flow: a
  * TCP flow waiting for the backend's SYN only takes a SYN or an RST (which
@@ -328,39 +310,6 @@ static __always_inline bool ct_reply_late_v(const void *e, bool v6, __u8 proto, 
 
 	return proto == IPPROTO_TCP && (f & CT_F_SYN_WAIT) &&
 	       !(tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_RST));
-}
-
-static __always_inline bool ct_reply_late(const struct ct4_entry *e, const struct pkt4 *p)
-{
-	return ct_reply_late_v(e, false, p->proto, p->tcp_flags);
-}
-
-/* ct_orig_key is the key of the client-side entry of p's flow. */
-static __always_inline void ct_orig_key(struct ct4_key *okey, const struct pkt4 *p)
-{
-	okey->saddr = p->saddr;
-	okey->daddr = p->daddr;
-	okey->sport = p->sport;
-	okey->dport = p->dport;
-	okey->proto = p->proto;
-	okey->dir = CT_DIR_ORIG;
-	okey->pad[0] = 0;
-	okey->pad[1] = 0;
-}
-
-/* ct_reply_key is the key of the reply entry of the flow whose client-side
- * entry is orig, for a packet p of that flow. */
-static __always_inline void ct_reply_key(struct ct4_key *rkey, const struct ct4_entry *orig,
-					 const struct pkt4 *p)
-{
-	rkey->saddr = orig->nat_daddr;
-	rkey->sport = orig->nat_dport;
-	rkey->daddr = orig->nat_saddr ? orig->nat_saddr : p->saddr;
-	rkey->dport = orig->nat_saddr ? orig->nat_sport : p->sport;
-	rkey->proto = p->proto;
-	rkey->dir = CT_DIR_REPLY;
-	rkey->pad[0] = 0;
-	rkey->pad[1] = 0;
 }
 
 /* ct_snat_alloc_v records the reply entry rval under a free source NAT port
@@ -400,44 +349,41 @@ static __always_inline int ct_snat_alloc_v(void *rkey, bool v6, const void *rval
 	return -1;
 }
 
-static __always_inline int ct_snat_alloc(struct ct4_key *rkey, const struct ct4_entry *rval,
-					 __u16 port_min, __u16 port_max, __u32 now)
+/* ct_orig_key fills okey, a struct ct6_key or struct ct4_key as v6 says,
+ * with the key of the client-side entry of p's flow. */
+static __always_inline void ct_orig_key(void *okey, bool v6, const void *p)
 {
-	return ct_snat_alloc_v(rkey, false, rval, port_min, port_max, now);
+	pkt_addr_copy(v6, CT_K_ADDR(okey, v6, saddr), PKT_ADDR(p, v6, saddr));
+	pkt_addr_copy(v6, CT_K_ADDR(okey, v6, daddr), PKT_ADDR(p, v6, daddr));
+	CT_K(okey, v6, sport) = PKT_F(p, v6, sport);
+	CT_K(okey, v6, dport) = PKT_F(p, v6, dport);
+	CT_K(okey, v6, proto) = PKT_F(p, v6, proto);
+	CT_K(okey, v6, dir) = CT_DIR_ORIG;
+	CT_K(okey, v6, pad[0]) = 0;
+	CT_K(okey, v6, pad[1]) = 0;
 }
 
-/* ct6_orig_key and ct6_reply_key are ct_orig_key and ct_reply_key for
- * IPv6. */
-static __always_inline void ct6_orig_key(struct ct6_key *okey, const struct pkt6 *p)
+/* ct_reply_key fills rkey with the key of the reply entry of the flow whose
+ * client-side entry is orig, for a packet p of that flow (all three of the
+ * family v6 says): the backend's replies come to the source NAT address
+ * and port of a source-NATed flow, else to the client. */
+static __always_inline void ct_reply_key(void *rkey, bool v6, const void *orig, const void *p)
 {
-	__builtin_memcpy(okey->saddr, p->saddr, sizeof(okey->saddr));
-	__builtin_memcpy(okey->daddr, p->daddr, sizeof(okey->daddr));
-	okey->sport = p->sport;
-	okey->dport = p->dport;
-	okey->proto = p->proto;
-	okey->dir = CT_DIR_ORIG;
-	okey->pad[0] = 0;
-	okey->pad[1] = 0;
-}
+	bool snat = CT_E(orig, v6, flags) & CT_F_SNAT;
 
-static __always_inline void ct6_reply_key(struct ct6_key *rkey, const struct ct6_entry *orig,
-					  const struct pkt6 *p)
-{
-	bool snat = orig->flags & CT_F_SNAT;
-
-	__builtin_memcpy(rkey->saddr, orig->nat_daddr, sizeof(rkey->saddr));
-	rkey->sport = orig->nat_dport;
+	pkt_addr_copy(v6, CT_K_ADDR(rkey, v6, saddr), CT_E_ADDR(orig, v6, nat_daddr));
+	CT_K(rkey, v6, sport) = CT_E(orig, v6, nat_dport);
 	if (snat) {
-		__builtin_memcpy(rkey->daddr, orig->nat_saddr, sizeof(rkey->daddr));
-		rkey->dport = orig->nat_sport;
+		pkt_addr_copy(v6, CT_K_ADDR(rkey, v6, daddr), CT_E_ADDR(orig, v6, nat_saddr));
+		CT_K(rkey, v6, dport) = CT_E(orig, v6, nat_sport);
 	} else {
-		__builtin_memcpy(rkey->daddr, p->saddr, sizeof(rkey->daddr));
-		rkey->dport = p->sport;
+		pkt_addr_copy(v6, CT_K_ADDR(rkey, v6, daddr), PKT_ADDR(p, v6, saddr));
+		CT_K(rkey, v6, dport) = PKT_F(p, v6, sport);
 	}
-	rkey->proto = p->proto;
-	rkey->dir = CT_DIR_REPLY;
-	rkey->pad[0] = 0;
-	rkey->pad[1] = 0;
+	CT_K(rkey, v6, proto) = PKT_F(p, v6, proto);
+	CT_K(rkey, v6, dir) = CT_DIR_REPLY;
+	CT_K(rkey, v6, pad[0]) = 0;
+	CT_K(rkey, v6, pad[1]) = 0;
 }
 
 #endif /* EBPF_PROXY_CT_H */
