@@ -67,14 +67,29 @@ static __always_inline __be32 nh_key_mask(__u32 share)
 	return share == NH_SHARE_ALL ? 0 : ~(__be32)0;
 }
 
+/* nh_unforwarded6 says whether an IPv6 source is one the kernel forwards
+ * no packet from (multicast, link-local, loopback), which its FIB lookup
+ * refuses: a next hop shared by every client, found for another source,
+ * must not let such a packet through. */
+static __always_inline bool nh_unforwarded6(const __be32 *src)
+{
+	__u32 w0 = bpf_ntohl(src[0]);
+
+	return (w0 >> 24) == 0xff || (w0 & 0xffc00000) == 0xfe800000 ||
+	       (!w0 && !src[1] && !src[2] && src[3] == bpf_htonl(1));
+}
+
 /* nh_slot is this CPU's slot (a struct nh6_slot when v6, else a struct
  * nh4_slot) for the key of fib and smask, or NULL: the key's slot,
- * whatever key it holds. */
+ * whatever key it holds, or none for a source the FIB refuses
+ * (nh_unforwarded6). */
 static __always_inline void *nh_slot(bool v6, const struct bpf_fib_lookup *fib, __be32 smask)
 {
 	__u32 i;
 
 	if (v6) {
+		if (nh_unforwarded6(fib->ipv6_src))
+			return NULL;
 		i = flow_hash6_masked(fib->ipv6_src, smask, fib->ipv6_dst, (__u16)fib->ifindex,
 				      fib->dport, fib->l4_protocol);
 		i &= NH_SLOTS - 1;

@@ -183,6 +183,15 @@ func TestNewFlowsShareANextHop(t *testing.T) {
 				setMAC(nodeBMAC)
 				run("another client's flow of the second shares it", syn(x.client2), sent(moved), 1)
 				run("and so does the first client's next", syn(x.client), sent(moved), 1)
+				if x.v6 {
+					// A source the kernel forwards nothing from (which its
+					// FIB lookup may refuse) takes no next hop found for
+					// another source: its flow is looked up, node-b's MAC.
+					for _, src := range []string{"fe80::1", "::1", "ff02::1"} {
+						client := netip.AddrPortFrom(netip.MustParseAddr(src), 40000)
+						run("a flow from "+src+" is looked up", syn(client), sent(nodeBMAC), 0)
+					}
+				}
 				f.forgetNexthop(t, f.ifindex, x.unspecified(), x.remoteWeb)
 				run("a flow whose slot another key took is looked up", syn(x.client2), sent(nodeBMAC), 0)
 				setMAC(moved)
