@@ -438,7 +438,7 @@ func (k affinityKey) encode4() AffinityKey {
 
 func (k affinityKey) encode6() Affinity6Key {
 	if k.addr.IsValid() {
-		// The address's 16 bytes as two words, as np6_decide copies them.
+		// The address's 16 bytes as two words, as np_decide copies them.
 		b := k.addr.As16()
 		return Affinity6Key{Client: [2]uint64{binary.NativeEndian.Uint64(b[:8]), binary.NativeEndian.Uint64(b[8:])},
 			SvcId: k.svcID, ClientKind: affinityClientAddr}
