@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"strconv"
@@ -75,7 +77,16 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 	for i, f := range dp.Families {
 		targets[i] = k8swatch.Target{Family: v1.IPFamily(f.IPFamily), Tracker: tracker.New(nodeName, topology, dp.NodePorts(f.IPFamily))}
 	}
-	if err := startSource(ctx, o, watchClient, host, nodeName, targets, m, health, log); err != nil {
+	// The Node's IPs changing, or the Node going, ends the agent as it
+	// ends kube-proxy 1.37: the sync loops stop, what they programmed
+	// keeps serving, and the kubelet starts the agent again, which then
+	// builds everything from the Node's new state.
+	ctx, restart := context.WithCancelCause(ctx)
+	defer restart(nil)
+	nodeChanged := func(reason string) {
+		restart(fmt.Errorf("%w: %s", errNodeChanged, reason))
+	}
+	if err := startSource(ctx, o, watchClient, host, nodeName, targets, m, health, nodeChanged, log); err != nil {
 		return err
 	}
 
@@ -157,9 +168,18 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 		return err
 	case <-done:
 	}
+	if err := context.Cause(ctx); errors.Is(err, errNodeChanged) {
+		log.Warn("stopping to start again, as kube-proxy does; what the dataplane programmed stays and keeps serving until the next agent adopts it",
+			zap.String("mode", dp.Mode), zap.Error(err))
+		return err
+	}
 	log.Info("stopping; what the dataplane programmed stays and keeps serving until the next agent adopts it", zap.String("mode", dp.Mode))
 	return nil
 }
+
+// errNodeChanged ends the agent when its Node's IPs change or the Node is
+// deleted (k8swatch.WatchOptions.NodeChanged).
+var errNodeChanged = errors.New("the Node changed")
 
 // serve runs a server until ctx ends; a failure to bind under
 // --bind-address-hard-fail ends the agent through errc.

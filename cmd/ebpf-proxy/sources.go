@@ -49,8 +49,9 @@ func client(o *config.Options) (*kubeapi.Client, *kubeapi.Client, string, error)
 
 // startSource starts the source of Services and EndpointSlices for the
 // trackers of targets: the manifests directory when --manifests is set,
-// else the API server through client.
-func startSource(ctx context.Context, o *config.Options, client *kubeapi.Client, host, nodeName string, targets []k8swatch.Target, m *metrics.Metrics, health *healthcheck.ProxyHealthServer, log *zap.Logger) error {
+// else the API server through client, which tells nodeChanged when the
+// agent must start again (k8swatch.WatchOptions.NodeChanged).
+func startSource(ctx context.Context, o *config.Options, client *kubeapi.Client, host, nodeName string, targets []k8swatch.Target, m *metrics.Metrics, health *healthcheck.ProxyHealthServer, nodeChanged func(reason string), log *zap.Logger) error {
 	invalid := func(kind, namespace, name, reason string) {
 		m.InvalidObjectsTotal.WithLabelValues(kind, k8swatch.InvalidReason(reason)).Inc()
 		log.Warn("ignoring invalid input", zap.String("kind", kind), zap.String("namespace", namespace),
@@ -88,6 +89,7 @@ func startSource(ctx context.Context, o *config.Options, client *kubeapi.Client,
 				}
 				health.SetNode(&healthcheck.NodeStatus{Deleting: deleting, TaintKeys: taints})
 			},
+			NodeChanged: nodeChanged,
 		})
 		if err != nil {
 			log.Error("API server source stopped", zap.Error(err))

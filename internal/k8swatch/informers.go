@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -43,6 +44,11 @@ type WatchOptions struct {
 	// NodeIP, when valid, is the node's primary address whatever its Node
 	// object lists (kube-proxy's --bind-address).
 	NodeIP netip.Addr
+	// NodeChanged, when set, is told why the agent should start again:
+	// the own Node's IPs (NodeHostIPs) are no longer those it first had,
+	// or the Node was deleted. kube-proxy 1.37 exits then, so that it
+	// starts again from the Node's new state; the agent does the same.
+	NodeChanged func(reason string)
 }
 
 // ServiceSelector is the label selector of the Services kube-proxy
@@ -90,10 +96,11 @@ func Watch(ctx context.Context, src Source, nodeName string, targets []Target, o
 		resync = DefaultResyncPeriod
 	}
 	h := &handlers{
-		lanes:      lanes,
-		invalid:    opts.Invalid,
-		nodeStatus: opts.NodeStatus,
-		nodeName:   nodeName,
+		lanes:       lanes,
+		invalid:     opts.Invalid,
+		nodeStatus:  opts.NodeStatus,
+		nodeChanged: opts.NodeChanged,
+		nodeName:    nodeName,
 	}
 	// Headless Services are also left out at the API server by field, as
 	// kube-proxy does: they can be many, and the proxy never uses them.
@@ -184,10 +191,16 @@ func markSynced(ctx context.Context, reg cache.ResourceEventHandlerRegistration,
 // per object version. Every object is translated for each
 // family's lane and a change goes to the tracker of the lane it changes.
 type handlers struct {
-	lanes      []lane
-	invalid    InvalidFunc
-	nodeStatus func(known, deleting bool, taintKeys []string)
-	nodeName   string
+	lanes       []lane
+	invalid     InvalidFunc
+	nodeStatus  func(known, deleting bool, taintKeys []string)
+	nodeChanged func(reason string)
+	nodeName    string
+
+	// nodeIPs are the own Node's IPs when first seen (seen true); only the
+	// Node informer's handlers, called one at a time, use them.
+	nodeIPs []netip.Addr
+	seen    bool
 }
 
 // unchanged reports whether an update is a resync or relist of the same
@@ -323,6 +336,13 @@ func (h *handlers) addNode(obj any) {
 	if !ok || n.Name != h.nodeName {
 		return
 	}
+	ips := NodeHostIPs(n)
+	switch {
+	case !h.seen:
+		h.nodeIPs, h.seen = ips, true
+	case !slices.Equal(ips, h.nodeIPs) && h.nodeChanged != nil:
+		h.nodeChanged(fmt.Sprintf("the Node's IPs changed from %v to %v", h.nodeIPs, ips))
+	}
 	for _, l := range h.lanes {
 		l.tr.UpdateNode(l.tl.Node(n))
 	}
@@ -345,11 +365,15 @@ func (h *handlers) updateNode(oldObj, newObj any) {
 }
 
 // deleteNode forgets the zone and addresses of a deleted own Node, as
-// kube-proxy forgets its labels: topology hints stop applying.
+// kube-proxy forgets its labels: topology hints stop applying. It tells
+// NodeChanged, whose agent then starts again.
 func (h *handlers) deleteNode(obj any) {
 	n, ok := tombstone(obj).(*v1.Node)
 	if !ok || n.Name != h.nodeName {
 		return
+	}
+	if h.nodeChanged != nil {
+		h.nodeChanged("the Node was deleted")
 	}
 	for _, l := range h.lanes {
 		l.tr.UpdateNode(model.Node{Name: h.nodeName})

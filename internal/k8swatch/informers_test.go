@@ -417,3 +417,85 @@ func TestWatchReportsNodeEligibility(t *testing.T) {
 		t.Errorf("after deletion: %+v, want unknown", s)
 	}
 }
+
+// TestWatchTellsWhenTheNodeWantsAStart: kube-proxy 1.37 exits when its
+// Node's IPs change or the Node is deleted, and starts again from the new
+// state; NodeChanged is told so, and not for any other change.
+func TestWatchTellsWhenTheNodeWantsAStart(t *testing.T) {
+	got := make(chan string, 16)
+	client := fake.NewClientset(clusterObjects()...)
+	tr := tracker.New("node-a", model.DefaultOptions, model.NodePortSpec{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Watch(ctx, fakeSource{client}, "node-a", []Target{{Tracker: tr}}, WatchOptions{NodeChanged: func(reason string) { got <- reason }})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	waitFor(t, tr, "the Node", func(st *model.State) bool { return st.Node.Zone != "" })
+	nodes := client.CoreV1().Nodes()
+	update := func(rv string, change func(*v1.Node)) {
+		t.Helper()
+		n, err := nodes.Get(ctx, "node-a", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		change(n)
+		n.ResourceVersion = rv
+		if _, err := nodes.Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	quiet := func(what string) {
+		t.Helper()
+		// The tracker has the change once the handler ran: nothing may
+		// have been told by then.
+		select {
+		case r := <-got:
+			t.Errorf("%s: told %q, want nothing", what, r)
+		default:
+		}
+	}
+	next := func(what string) string {
+		t.Helper()
+		select {
+		case r := <-got:
+			return r
+		case <-time.After(deadlockGuard):
+			t.Fatalf("%s: not told", what)
+			return ""
+		}
+	}
+
+	update("2", func(n *v1.Node) { n.Labels[v1.LabelTopologyZone] = "zone-b" })
+	waitFor(t, tr, "the zone", func(st *model.State) bool { return st.Node.Zone == "zone-b" })
+	quiet("a label changed")
+	// An ExternalIP of the same family is not one of the Node's IPs.
+	update("3", func(n *v1.Node) {
+		n.Status.Addresses = append(n.Status.Addresses, v1.NodeAddress{Type: v1.NodeExternalIP, Address: "203.0.113.10"})
+	})
+	update("4", func(n *v1.Node) { n.Labels[v1.LabelTopologyZone] = "zone-c" })
+	waitFor(t, tr, "the zone", func(st *model.State) bool { return st.Node.Zone == "zone-c" })
+	quiet("an ExternalIP added beside the InternalIP")
+
+	update("5", func(n *v1.Node) {
+		n.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "192.168.77.99"}}
+	})
+	if r := next("the InternalIP changed"); r != "the Node's IPs changed from [192.168.77.10] to [192.168.77.99]" {
+		t.Errorf("told %q", r)
+	}
+	update("6", func(n *v1.Node) {
+		n.Status.Addresses = append(n.Status.Addresses, v1.NodeAddress{Type: v1.NodeInternalIP, Address: "fd00:77::99"})
+	})
+	if r := next("an IPv6 InternalIP added"); r != "the Node's IPs changed from [192.168.77.10] to [192.168.77.99 fd00:77::99]" {
+		t.Errorf("told %q", r)
+	}
+	if err := nodes.Delete(ctx, "node-a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if r := next("the Node deleted"); r != "the Node was deleted" {
+		t.Errorf("told %q", r)
+	}
+}

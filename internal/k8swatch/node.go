@@ -3,6 +3,7 @@ package k8swatch
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -76,4 +77,32 @@ func GetNode(ctx context.Context, client *kubeapi.Client, name string) (*v1.Node
 		return nil, fmt.Errorf("k8swatch: reading Node %s: %w", name, err)
 	}
 	return n, nil
+}
+
+// NodeHostIPs returns a Node's IPs as kube-proxy reads them to know when
+// to start again: its first address (InternalIPs before ExternalIPs), then
+// the first of the other family, if any. Addresses that do not parse are
+// left out.
+func NodeHostIPs(n *v1.Node) []netip.Addr {
+	var all []netip.Addr
+	for _, typ := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
+		for _, na := range n.Status.Addresses {
+			if na.Type != typ {
+				continue
+			}
+			if a, ok := parseIP(na.Address); ok {
+				all = append(all, a)
+			}
+		}
+	}
+	if len(all) == 0 {
+		return nil
+	}
+	out := []netip.Addr{all[0]}
+	for _, a := range all[1:] {
+		if a.Is6() != all[0].Is6() {
+			return append(out, a)
+		}
+	}
+	return out
 }

@@ -8,12 +8,14 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -161,6 +163,86 @@ func TestAgentAgainstTheAPIServer(t *testing.T) {
 			}
 		}
 	})
+
+	t.Run("its Node's IP changing ends it with status 1, as kube-proxy 1.37, and the Services stay served", func(t *testing.T) {
+		loop, err := node.Client.StartLoop(ctx, early, sandbox.LoopOptions{Interval: 5 * time.Millisecond, MaxDuration: 5 * time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = loop.Stop() })
+		n, err := admin.CoreV1().Nodes().Get(ctx, node.Spec.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.77"}}
+		if _, err := admin.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitExit(t, agent, "its Node's IP changed", "the Node's IPs changed from [", "to [192.0.2.77]")
+		// What it programmed serves on until the kubelet starts it again.
+		time.Sleep(time.Second)
+		res, err := loop.Stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Attempts == 0 || res.Failures != 0 {
+			t.Errorf("connection loop through the agent's exit: %d of %d attempts failed (%v), want none", res.Failures, res.Attempts, res.Errors)
+		}
+	})
+}
+
+// nodeChangeGrace bounds how long the agent may take to see its Node's
+// change and stop: one watch event and the sync loops' end.
+const nodeChangeGrace = 30 * time.Second
+
+// waitExit waits for agent to end, after what, with status 1 and a log
+// holding every one of says.
+func waitExit(t *testing.T, agent *testbed.Proxy, what string, says ...string) {
+	t.Helper()
+	select {
+	case <-agent.Exited():
+	case <-time.After(nodeChangeGrace):
+		t.Fatalf("the agent still runs %s after %s\n%s", nodeChangeGrace, what, agent.LogTail(20))
+	}
+	var exit *exec.ExitError
+	if err := agent.ExitError(); !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Errorf("after %s the agent ended with %v, want exit status 1", what, err)
+	}
+	for _, say := range says {
+		if !strings.Contains(agent.Log(), say) {
+			t.Errorf("after %s the agent's log does not say %q:\n%s", what, say, agent.LogTail(10))
+		}
+	}
+}
+
+// TestAgentStopsWhenItsNodeIsDeleted: kube-proxy 1.37 exits when its Node
+// object is deleted, to start again from the Node's new state; so does the
+// agent, and what it programmed keeps serving.
+func TestAgentStopsWhenItsNodeIsDeleted(t *testing.T) {
+	c := cluster.StartT(t, cluster.Options{})
+	admin := c.Clientset()
+	ctx := t.Context()
+	tb := testbed.New(t, c, oneNode())
+	node := tb.Nodes[0]
+	ensureNamespace(t, admin)
+	svc := netip.AddrPortFrom(netip.MustParseAddr("10.96.201.3"), 80)
+	if err := createService(ctx, admin, "stays", svc.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.DiscoveryV1().EndpointSlices(namespace).Create(ctx, slice("stays", nil, node.Pods[0]), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	agent := tb.StartProxy(t, node, testbed.ProxyOptions{Kind: testbed.EbpfProxy})
+	if err := waitAnswer(ctx, node.Client, svc, node.Pods[0].Name+":8080"); err != nil {
+		t.Fatalf("%v\n%s", err, agent.LogTail(20))
+	}
+	if err := admin.CoreV1().Nodes().Delete(ctx, node.Spec.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitExit(t, agent, "its Node was deleted", "the Node was deleted")
+	if err := waitAnswer(ctx, node.Client, svc, node.Pods[0].Name+":8080"); err != nil {
+		t.Errorf("after the agent stopped: %v", err)
+	}
 }
 
 // bindDeployedRole creates the ClusterRole of deploy/rbac.yaml, exactly as

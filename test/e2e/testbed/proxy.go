@@ -296,6 +296,9 @@ func (p *Proxy) Running() bool { return p.proc.Running() }
 // ExitError says how the proxy ended, or nil while it runs.
 func (p *Proxy) ExitError() error { return p.proc.ExitError() }
 
+// Exited is closed once the proxy process has exited.
+func (p *Proxy) Exited() <-chan struct{} { return p.proc.Exited() }
+
 // Log returns the proxy's output so far.
 func (p *Proxy) Log() string { return p.proc.Logs() }
 
