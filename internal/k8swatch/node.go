@@ -45,25 +45,33 @@ func InvalidReason(reason string) string {
 // out (the watch reports them).
 func NodeFamilies(n *v1.Node) []v1.IPFamily {
 	var out []v1.IPFamily
+	for _, a := range nodeAddrs(n) {
+		f := v1.IPv4Protocol
+		if a.Is6() {
+			f = v1.IPv6Protocol
+		}
+		if !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// nodeAddrs are a Node's InternalIPs, then its ExternalIPs, leaving out
+// those that do not parse.
+func nodeAddrs(n *v1.Node) []netip.Addr {
+	var all []netip.Addr
 	for _, typ := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
 		for _, na := range n.Status.Addresses {
 			if na.Type != typ {
 				continue
 			}
-			a, ok := parseIP(na.Address)
-			if !ok {
-				continue
-			}
-			f := v1.IPv4Protocol
-			if a.Is6() {
-				f = v1.IPv6Protocol
-			}
-			if !slices.Contains(out, f) {
-				out = append(out, f)
+			if a, ok := parseIP(na.Address); ok {
+				all = append(all, a)
 			}
 		}
 	}
-	return out
+	return all
 }
 
 // GetNode reads the Node named name once, for the IP families the node
@@ -84,17 +92,7 @@ func GetNode(ctx context.Context, client *kubeapi.Client, name string) (*v1.Node
 // the first of the other family, if any. Addresses that do not parse are
 // left out.
 func NodeHostIPs(n *v1.Node) []netip.Addr {
-	var all []netip.Addr
-	for _, typ := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
-		for _, na := range n.Status.Addresses {
-			if na.Type != typ {
-				continue
-			}
-			if a, ok := parseIP(na.Address); ok {
-				all = append(all, a)
-			}
-		}
-	}
+	all := nodeAddrs(n)
 	if len(all) == 0 {
 		return nil
 	}
