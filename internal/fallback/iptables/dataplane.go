@@ -130,6 +130,11 @@ func (d *Dataplane) Sync(up model.Update) error {
 		}
 	}
 	if np := &up.State.Node.NodePorts; !np.Equal(&d.plan.r.nodePorts) {
+		if np.Localhost && !d.cfg.IPv6 {
+			if err := d.setRouteLocalnet(); err != nil {
+				return fmt.Errorf("iptables sync: %w", err)
+			}
+		}
 		// The static rules that lead to the NodePorts change.
 		rewrite = true
 		d.plan.r.nodePorts = *np

@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -35,11 +36,14 @@ func TestRestoreInputMatchesGoldenFiles(t *testing.T) {
 			// Upstream serves localhost NodePorts for IPv4 only: ::1 in
 			// --nodeport-addresses serves none, as upstream's IPv6
 			// proxier; IPv4 prefixes are ignored by the IPv6 dataplane.
-			spec, err := model.ParseNodePortSpec(sc.NodePorts, cfg.IPv6, !cfg.IPv6)
+			// The node's local addresses hold its loopback one, as a
+			// node's do.
+			spec, err := model.ParseNodePortSpec(sc.NodePorts, cfg.IPv6, !sc.NoLocalhostNodePorts)
 			if err != nil {
 				t.Fatal(err)
 			}
-			p.r.nodePorts = spec.Resolve(&up.State.Node, nil)
+			local := append([]netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()}, up.State.Node.Addrs...)
+			p.r.nodePorts = spec.Resolve(&up.State.Node, local)
 			pl, err := p.full(up.State, freshHooks)
 			if err != nil {
 				t.Fatal(err)

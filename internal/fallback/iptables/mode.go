@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/mode"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
@@ -20,9 +18,6 @@ var Mode = mode.Mode{
 	Remove:    remove,
 	SyncPeriods: func(o *config.Options) (time.Duration, time.Duration) {
 		return o.IPTablesSyncPeriod, o.IPTablesMinSync
-	},
-	Ignored: func(o *config.Options, log *zap.Logger) {
-		xtables.NoteLocalhostNodePorts(o, Name, log)
 	},
 }
 
@@ -40,7 +35,7 @@ func start(ctx context.Context, env mode.Env) (*mode.Instance, error) {
 		return nil, err
 	}
 	in.Uses = xtables.ToolNames(ds)
-	env.Metrics.Registry().MustRegister(NewInvalidDropCollector(env.Logger, ds...))
+	env.Metrics.Registry().MustRegister(NewInvalidDropCollector(env.Logger, ds...), NewLocalhostCollector(env.Logger, ds...))
 	return in, nil
 }
 

@@ -59,6 +59,12 @@ type renderer struct {
 	comments bool
 }
 
+// localhost says whether NodePorts are served on 127.0.0.0/8 to the node's
+// own processes: --iptables-localhost-nodeports, where the NodePort
+// addresses hold a loopback one (model.NodePortAddresses.Localhost, never
+// for IPv6).
+func (r *renderer) localhost() bool { return r.nodePorts.Localhost && !r.cfg.IPv6 }
+
 // ruleBuilder collects the words of one rule in iptables-save's order: the
 // IP header matches first, then the -m matches as added, then the target.
 type ruleBuilder struct {
@@ -225,18 +231,30 @@ func (r *renderer) service(svc *model.Service) serviceRules {
 		// NodePorts are not subject to loadBalancerSourceRanges, as
 		// upstream: the LoadBalancer in front may forward to them.
 		if hasEndpoints {
+			if r.localhost() {
+				// The NodePort on 127.0.0.1 first, alone: its
+				// counter is
+				// kubeproxy_iptables_localhost_nodeports_accepted_packets_total
+				// (LocalhostAccepted), as kube-proxy counts it with
+				// nfacct.
+				out.shared[natNodePorts] = append(out.shared[natNodePorts], rule().
+					dst(r.cfg.family().loopback.String(), false).proto(proto).comment(name).dport(proto, sp.NodePort).jump(extChain))
+			}
 			out.shared[natNodePorts] = append(out.shared[natNodePorts], rule().
 				proto(proto).comment(name).dport(proto, sp.NodePort).jump(extChain))
 		}
 		if external != model.Forward {
-			// Not on loopback addresses, which never reach the
+			// Not on loopback addresses when they never reach the
 			// NodePorts (see staticRules). The IPv4 rule keeps the
 			// order it was first written in; the IPv6 one has
 			// ip6tables-save's.
 			b := rule()
-			if loopback := r.cfg.family().loopback.String(); r.cfg.IPv6 {
+			switch loopback := r.cfg.family().loopback.String(); {
+			case r.localhost():
+				b.proto(proto)
+			case r.cfg.IPv6:
 				b.dst(loopback, true).proto(proto)
-			} else {
+			default:
 				b.proto(proto).dst(loopback, true)
 			}
 			out.shared[filterExternal] = append(out.shared[filterExternal], r.verdict(b.
@@ -449,22 +467,34 @@ func (r *renderer) staticRules(forwardDropInvalid bool) []staticRule {
 	// Last in nat EBPFPROXY-SERVICES: partial syncs insert Service rules at
 	// the top so that this stays last.
 	const npComment = "ebpf-proxy service nodeports; NOTE: this must be the last rule in this chain"
-	// Localhost NodePorts would need route_localnet, which exposes the
-	// node's 127.0.0.1 services to its network (CVE-2020-8558): loopback
-	// destinations never reach the NodePorts, as in kube-proxy's nftables
-	// mode, even when the prefixes hold them. IPv6 has no route_localnet,
-	// and upstream never serves NodePorts on ::1 either.
+	// NodePorts on 127.0.0.1 (r.localhost) need route_localnet, which the
+	// dataplane sets as kube-proxy's iptables mode does, and which would
+	// let the node's network reach its 127.0.0.1 services
+	// (CVE-2020-8558): the rule kube-proxy and the kubelet add drops such
+	// packets, unless they come from loopback or were DNATed. Without
+	// them, loopback destinations never reach the NodePorts, as in
+	// kube-proxy's nftables mode. IPv6 has no route_localnet, and upstream
+	// never serves NodePorts on ::1 either.
 	loopback := r.cfg.family().loopback
+	localhost := r.localhost()
+	if localhost {
+		rules = append(rules, staticRule{"filter", chainFirewall, rule().src(loopback.String(), true).dst(loopback.String(), false).
+			comment("block incoming localnet connections").match("-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT").jump("DROP")})
+	}
 	if r.nodePorts.All {
-		rules = append(rules, staticRule{"nat", chainServices, rule().dst(loopback.String(), true).comment(npComment).
+		b := rule()
+		if !localhost {
+			b.dst(loopback.String(), true)
+		}
+		rules = append(rules, staticRule{"nat", chainServices, b.comment(npComment).
 			match("-m", "addrtype", "--dst-type", "LOCAL").jump(chainNodePorts)})
 	}
-	if slices.ContainsFunc(r.nodePorts.Prefixes, loopback.Overlaps) {
+	if !localhost && slices.ContainsFunc(r.nodePorts.Prefixes, loopback.Overlaps) {
 		rules = append(rules, staticRule{"nat", chainServices, rule().dst(loopback.String(), false).
 			comment("ebpf-proxy: no NodePorts on loopback addresses").jump("RETURN")})
 	}
 	for _, p := range r.nodePorts.Prefixes {
-		if p.Bits() >= loopback.Bits() && loopback.Contains(p.Addr()) {
+		if !localhost && p.Bits() >= loopback.Bits() && loopback.Contains(p.Addr()) {
 			continue
 		}
 		rules = append(rules, staticRule{"nat", chainServices, rule().dst(p.Masked().String(), false).comment(npComment).

@@ -25,6 +25,12 @@ func NewSource(tb testing.TB, node model.Node) *Source {
 	return newSource(tb, node, model.NodePortSpec{})
 }
 
+// NewSourceWithNodePorts is NewSource with --nodeport-addresses (and
+// --iptables-localhost-nodeports) parsed as spec.
+func NewSourceWithNodePorts(tb testing.TB, node model.Node, spec model.NodePortSpec) *Source {
+	return newSource(tb, node, spec)
+}
+
 // newSource is NewSource with --nodeport-addresses parsed as spec.
 func newSource(tb testing.TB, node model.Node, spec model.NodePortSpec) *Source {
 	s := &Source{tb: tb, tr: tracker.New(node.Name, model.DefaultOptions, spec)}

@@ -229,8 +229,15 @@ func compare(si int, sc Scenario, runs map[testbed.Kind]verdicts) (status, text 
 			nf := at(nft, st, pi)
 			fmt.Fprintf(&b, "    %s\n      iptables: %s\n", p, up)
 			if nf != up {
+				// Upstream's modes disagree: which one each fallback
+				// follows shows too.
 				disagree = true
 				fmt.Fprintf(&b, "      nftables: %s\n", nf)
+				for _, f := range fallbacks {
+					if runs[f.kind] != nil {
+						fmt.Fprintf(&b, "      %s fallback: %s\n", f.mode, at(runs[f.kind].of(si), st, pi))
+					}
+				}
 			}
 			if len(lacking) > 0 {
 				continue
