@@ -16,10 +16,13 @@
 # agent's pods labelled k8s-app=kube-proxy, the label by which the suite
 # finds the proxy to restart in "should work after restarting
 # kube-proxy"). CoreDNS serves the cluster's DNS. Which specs run and
-# which are left out, and why: skips.txt. The output ends with the failed
-# specs, the specs that kube-proxy passed and that skipped themselves with
-# ebpf-proxy (the suite asks /proxyMode for iptables), with why, and one
-# line per proxy:
+# which are left out, and why: skips.txt. A spec kube-proxy passed that
+# skipped itself with ebpf-proxy because it asks for kube-proxy's iptables
+# mode (it reads /proxyMode: the localhost NodePorts metric's) runs again
+# last, with the agent in --proxy-mode=iptables. The output ends with the
+# failed specs, the specs that kube-proxy passed and that skipped
+# themselves with ebpf-proxy, with why and how they fared in the mode they
+# ask for, and one line per run of the selection:
 #
 #	conformance: proxy=kube-proxy ran=N passed=P failed=F skipped=S
 #	conformance: proxy=ebpf-proxy ran=N passed=P failed=F skipped=S
@@ -27,7 +30,8 @@
 # ran counts the specs that ran to a verdict, skipped those the suite
 # skipped at run time (most want a second node). It fails when ebpf-proxy
 # fails a spec that kube-proxy passed (a spec both fail is an environment
-# limit, named so), or when a run could not be made. Reports and logs stay
+# limit, named so), in its default mode or in the mode the spec asks for,
+# or when a run could not be made. Reports and logs stay
 # in $(CONFORMANCE_OUT).
 
 CONFORMANCE_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))

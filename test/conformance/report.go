@@ -14,6 +14,10 @@ import (
 type Result struct {
 	// Proxy is the proxy the cluster ran: kube-proxy or ebpf-proxy.
 	Proxy string
+	// Mode is ebpf-proxy's --proxy-mode when the run is of the specs that
+	// ask for one of kube-proxy's modes (ModeSpecific); "" for the run of
+	// the selection, in deploy/'s mode.
+	Mode string
 	// Passed, Failed and Skipped count the selected specs by outcome; a
 	// spec skipped at run time (one node where it wants two) is Skipped,
 	// one that the focus and skip expressions left out is not counted.
@@ -127,17 +131,57 @@ func firstLine(s string) string {
 	return s
 }
 
+// modeSkips are the reasons with which specs skip themselves when they ask
+// for one of kube-proxy's modes (they read /proxyMode), and the mode of
+// ebpf-proxy that serves them.
+var modeSkips = map[string]string{
+	// "should update metric for tracking accepted packets destined for
+	// localhost nodeports".
+	"test requires iptables proxy mode": "iptables",
+}
+
+// ModeSpecific returns, by mode, the specs that kube-proxy passed in
+// reference and that skipped themselves in ours because they ask for that
+// mode of kube-proxy (modeSkips).
+func ModeSpecific(reference, ours Result) map[string][]string {
+	out := map[string][]string{}
+	for _, name := range reference.PassedSpecs {
+		why, skipped := ours.SkippedSpecs[name]
+		if !skipped {
+			continue
+		}
+		for reason, mode := range modeSkips {
+			if strings.Contains(why, reason) {
+				out[mode] = append(out[mode], name)
+			}
+		}
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
 // Summary writes the failed specs of each result, a spec that failed with
 // every proxy named an environment limit (the node, not the proxy, fails
 // it), the specs kube-proxy passed that skipped themselves with ebpf-proxy
-// (the suite decides from the proxy it finds: kube-proxy's pods, its
-// /proxyMode), each with the reason, then one line per result:
+// (the suite decides from the proxy it finds: its /proxyMode), each with
+// the reason and, for those that ask for a mode of kube-proxy, how they
+// fared with ebpf-proxy in that mode, then one line per run of the
+// selection (the runs of such specs alone have none):
 //
 //	conformance: proxy=P ran=N passed=P failed=F skipped=S
 //
-// It returns whether the proxies under test passed: no setup failed, and
+// It returns whether the proxies under test passed: no setup failed,
 // ebpf-proxy failed no spec that kube-proxy passed (or, without a
-// kube-proxy run to compare with, no spec at all).
+// kube-proxy run to compare with, no spec at all), and passed in the mode
+// they ask for those that skipped themselves for want of it.
 func Summary(w io.Writer, results []Result) bool {
 	failedBy := map[string]int{}
 	for _, r := range results {
@@ -148,9 +192,13 @@ func Summary(w io.Writer, results []Result) bool {
 	limit := func(name string) bool { return len(results) > 1 && failedBy[name] == len(results) }
 	ok := true
 	var reference *Result
+	modeRuns := map[string]Result{}
 	for i := range results {
-		if results[i].Proxy == "kube-proxy" {
+		switch {
+		case results[i].Proxy == "kube-proxy":
 			reference = &results[i]
+		case results[i].Mode != "":
+			modeRuns[results[i].Mode] = results[i]
 		}
 	}
 	for _, r := range results {
@@ -165,7 +213,7 @@ func Summary(w io.Writer, results []Result) bool {
 		if len(r.Failures) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "conformance: failed with %s (%d):\n", r.Proxy, len(r.Failures))
+		fmt.Fprintf(w, "conformance: failed with %s (%d):\n", r.label(), len(r.Failures))
 		for _, f := range r.Failures {
 			note := ""
 			if limit(f) {
@@ -178,14 +226,39 @@ func Summary(w io.Writer, results []Result) bool {
 		}
 	}
 	for _, r := range results {
-		if r.Proxy != "ebpf-proxy" || reference == nil {
+		if r.Proxy != "ebpf-proxy" || r.Mode != "" || reference == nil {
 			continue
 		}
+		// Each spec that asks for a mode of kube-proxy must pass with
+		// ebpf-proxy in that mode: not run, or skipped there, fails the
+		// comparison as a failure does (named above).
 		var only []string
-		for _, name := range reference.PassedSpecs {
-			if why, skipped := r.SkippedSpecs[name]; skipped {
-				only = append(only, fmt.Sprintf("  %s  [skipped with ebpf-proxy: %s]", name, why))
+		for _, mode := range sortedKeys(ModeSpecific(*reference, r)) {
+			for _, name := range ModeSpecific(*reference, r)[mode] {
+				m, ran := modeRuns[mode]
+				switch {
+				case !ran:
+					fmt.Fprintf(w, "conformance: not run with ebpf-proxy --proxy-mode=%s: %s\n", mode, name)
+					ok = false
+				case slices.Contains(m.PassedSpecs, name), slices.Contains(m.Failures, name):
+				default:
+					fmt.Fprintf(w, "conformance: skipped with ebpf-proxy --proxy-mode=%s too: %s  [%s]\n", mode, name, m.SkippedSpecs[name])
+					ok = false
+				}
 			}
+		}
+		for _, name := range reference.PassedSpecs {
+			why, skipped := r.SkippedSpecs[name]
+			if !skipped {
+				continue
+			}
+			note := fmt.Sprintf("skipped with ebpf-proxy: %s", why)
+			for mode, m := range modeRuns {
+				if slices.Contains(m.PassedSpecs, name) {
+					note += fmt.Sprintf("; passed with ebpf-proxy --proxy-mode=%s", mode)
+				}
+			}
+			only = append(only, fmt.Sprintf("  %s  [%s]", name, note))
 		}
 		if len(only) > 0 {
 			fmt.Fprintf(w, "conformance: passed with kube-proxy, skipped itself with ebpf-proxy (%d):\n", len(only))
@@ -195,7 +268,19 @@ func Summary(w io.Writer, results []Result) bool {
 		}
 	}
 	for _, r := range results {
+		if r.Mode != "" {
+			continue
+		}
 		fmt.Fprintf(w, "conformance: proxy=%s ran=%d passed=%d failed=%d skipped=%d\n", r.Proxy, r.Ran(), r.Passed, r.Failed, r.Skipped)
 	}
 	return ok
+}
+
+// label names the run in the summary: the proxy, with its mode for a run
+// of the specs that ask for one.
+func (r Result) label() string {
+	if r.Mode == "" {
+		return r.Proxy
+	}
+	return fmt.Sprintf("%s --proxy-mode=%s", r.Proxy, r.Mode)
 }

@@ -209,3 +209,106 @@ func TestSummaryNamesSpecsThatRanWithKubeProxyOnly(t *testing.T) {
 		t.Errorf("summary:\n%s\nwant:\n%s", out.String(), want)
 	}
 }
+
+// localhostNodePorts is the spec that asks for kube-proxy's iptables mode
+// (it reads /proxyMode and route_localnet), as each run reports it.
+const localhostNodePorts = `{"ContainerHierarchyTexts":["[sig-network] KubeProxy"],"LeafNodeType":"It","LeafNodeText":"should update metric for tracking accepted packets destined for localhost nodeports [Feature:KubeProxyNFAcct]","State":"%s","NumAttempts":1,"Failure":{"Message":"%s"}}`
+
+const localhostName = "[sig-network] KubeProxy should update metric for tracking accepted packets destined for localhost nodeports [Feature:KubeProxyNFAcct]"
+
+// A spec kube-proxy passed that skipped itself with ebpf-proxy for want of
+// kube-proxy's iptables mode is run again with ebpf-proxy in that mode:
+// passed there, the run passes and the summary says so; skipped there
+// too, or not run, it fails; the summary lines stay one per run of the
+// selection.
+func TestModeSpecificSpecsRunWithEbpfProxyInThatMode(t *testing.T) {
+	read := func(proxy, state, msg string) Result {
+		t.Helper()
+		r, err := ReadReport(proxy, report(t, strings.Join([]string{basic, fmt.Sprintf(localhostNodePorts, state, msg)}, ",")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	kp := read("kube-proxy", "passed", "")
+	ours := read("ebpf-proxy", "skipped", "test requires iptables proxy mode with route_localnet set")
+	if got := ModeSpecific(kp, ours); !reflect.DeepEqual(got, map[string][]string{"iptables": {localhostName}}) {
+		t.Fatalf("ModeSpecific = %v", got)
+	}
+	if f := focusOn([]string{localhostName}); f != `^\[sig-network\] KubeProxy should update metric for tracking accepted packets destined for localhost nodeports \[Feature:KubeProxyNFAcct\]$` {
+		t.Errorf("focus %s", f)
+	}
+	mode := func(state, msg string) Result {
+		r, err := ReadReport("ebpf-proxy", report(t, fmt.Sprintf(localhostNodePorts, state, msg)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Mode = "iptables"
+		return r
+	}
+	lines := "conformance: proxy=kube-proxy ran=2 passed=2 failed=0 skipped=0\n" +
+		"conformance: proxy=ebpf-proxy ran=1 passed=1 failed=0 skipped=1\n"
+	for _, tc := range []struct {
+		name string
+		runs []Result
+		ok   bool
+		want string
+	}{
+		{"passed in iptables mode", []Result{kp, ours, mode("passed", "")}, true,
+			"conformance: passed with kube-proxy, skipped itself with ebpf-proxy (1):\n" +
+				"  " + localhostName + "  [skipped with ebpf-proxy: test requires iptables proxy mode with route_localnet set; passed with ebpf-proxy --proxy-mode=iptables]\n" + lines},
+		{"skipped in iptables mode too", []Result{kp, ours, mode("skipped", "test requires iptables proxy mode with route_localnet set")}, false,
+			"conformance: skipped with ebpf-proxy --proxy-mode=iptables too: " + localhostName + "  [test requires iptables proxy mode with route_localnet set]\n" +
+				"conformance: passed with kube-proxy, skipped itself with ebpf-proxy (1):\n" +
+				"  " + localhostName + "  [skipped with ebpf-proxy: test requires iptables proxy mode with route_localnet set]\n" + lines},
+		{"failed in iptables mode", []Result{kp, ours, mode("failed", "metric not updated")}, false,
+			"conformance: failed with ebpf-proxy --proxy-mode=iptables (1):\n  " + localhostName + "\n" +
+				"conformance: passed with kube-proxy, skipped itself with ebpf-proxy (1):\n" +
+				"  " + localhostName + "  [skipped with ebpf-proxy: test requires iptables proxy mode with route_localnet set]\n" + lines},
+		{"not run in iptables mode", []Result{kp, ours}, false,
+			"conformance: not run with ebpf-proxy --proxy-mode=iptables: " + localhostName + "\n" +
+				"conformance: passed with kube-proxy, skipped itself with ebpf-proxy (1):\n" +
+				"  " + localhostName + "  [skipped with ebpf-proxy: test requires iptables proxy mode with route_localnet set]\n" + lines},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out strings.Builder
+			if ok := Summary(&out, tc.runs); ok != tc.ok {
+				t.Errorf("Summary = %v, want %v:\n%s", ok, tc.ok, out.String())
+			}
+			if out.String() != tc.want {
+				t.Errorf("summary:\n%s\nwant:\n%s", out.String(), tc.want)
+			}
+		})
+	}
+}
+
+// The overlay runs deploy/ in another mode by replacing its
+// --proxy-mode=auto, after checking that it says so.
+func TestOverlayRunsTheAgentInAMode(t *testing.T) {
+	c := &runConfig{out: t.TempDir(), deploy: "../../deploy", agentImage: "ebpf-proxy:test"}
+	for _, mode := range []string{"", "iptables"} {
+		dir, err := c.overlay(mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := string(b)
+		if got := strings.Contains(k, "value: --proxy-mode=iptables"); got != (mode == "iptables") {
+			t.Errorf("mode %q: the overlay sets iptables mode: %v\n%s", mode, got, k)
+		}
+		if !strings.Contains(k, "path: /spec/template/metadata/labels/k8s-app") || !strings.Contains(k, "newTag: test") {
+			t.Errorf("mode %q: the overlay lacks the pod label or the image:\n%s", mode, k)
+		}
+	}
+	// The patch's test op holds deploy/'s line as shipped.
+	d, err := os.ReadFile("../../deploy/daemonset.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(d), "            - /ebpf-proxy\n") || !strings.Contains(string(d), "            - --proxy-mode=auto\n") {
+		t.Error("deploy/daemonset.yaml no longer has --proxy-mode=auto where the overlay's patch expects it")
+	}
+}

@@ -216,7 +216,7 @@ func (c *runConfig) run(ctx context.Context) ([]Result, error) {
 	}
 	var results []Result
 	for i, proxy := range c.proxies {
-		if err := c.install(ctx, proxy, i > 0); err != nil {
+		if err := c.install(ctx, proxy, "", i > 0); err != nil {
 			return results, fmt.Errorf("%s: %w", proxy, err)
 		}
 		// CoreDNS reaches the API server through the kubernetes
@@ -226,7 +226,7 @@ func (c *runConfig) run(ctx context.Context) ([]Result, error) {
 		}
 		logf("%s and CoreDNS ready; running the suite", proxy)
 		suiteStart := time.Now()
-		r, err := c.suite(ctx, proxy)
+		r, err := c.suite(ctx, proxy, proxy, c.focus)
 		if err != nil {
 			return results, fmt.Errorf("%s: %w", proxy, err)
 		}
@@ -238,13 +238,56 @@ func (c *runConfig) run(ctx context.Context) ([]Result, error) {
 			return results, fmt.Errorf("%s: interrupted: %w", proxy, ctx.Err())
 		}
 	}
+	// The specs kube-proxy passed that skipped themselves with ebpf-proxy
+	// because they ask for one of kube-proxy's modes: again, with
+	// ebpf-proxy in that mode.
+	var reference, ours *Result
+	for i := range results {
+		switch results[i].Proxy {
+		case "kube-proxy":
+			reference = &results[i]
+		case "ebpf-proxy":
+			ours = &results[i]
+		}
+	}
+	if reference == nil || ours == nil {
+		return results, nil
+	}
+	for _, mode := range sortedKeys(ModeSpecific(*reference, *ours)) {
+		specs := ModeSpecific(*reference, *ours)[mode]
+		label := "ebpf-proxy-" + mode
+		if err := c.install(ctx, "ebpf-proxy", mode, true); err != nil {
+			return results, fmt.Errorf("%s: %w", label, err)
+		}
+		logf("ebpf-proxy in %s mode ready; running the %d spec(s) that ask for kube-proxy's %s mode", mode, len(specs), mode)
+		r, err := c.suite(ctx, label, "ebpf-proxy", focusOn(specs))
+		if err != nil {
+			return results, fmt.Errorf("%s: %w", label, err)
+		}
+		r.Mode = mode
+		results = append(results, r)
+		if ctx.Err() != nil {
+			return results, fmt.Errorf("%s: interrupted: %w", label, ctx.Err())
+		}
+	}
 	return results, nil
+}
+
+// focusOn is a --ginkgo.focus expression that selects exactly the specs
+// named.
+func focusOn(names []string) string {
+	quoted := make([]string, len(names))
+	for i, n := range names {
+		quoted[i] = "^" + regexp.QuoteMeta(n) + "$"
+	}
+	return strings.Join(quoted, "|")
 }
 
 // install puts proxy in place of whatever proxy runs: upstream kube-proxy
 // as kubeadm installs it, or deploy/ with the agent's image (the migration
-// of docs/INSTALL.md: the agent first, then kube-proxy's DaemonSet goes).
-func (c *runConfig) install(ctx context.Context, proxy string, replacing bool) error {
+// of docs/INSTALL.md: the agent first, then kube-proxy's DaemonSet goes),
+// in its own mode ("" for deploy/'s --proxy-mode=auto).
+func (c *runConfig) install(ctx context.Context, proxy, mode string, replacing bool) error {
 	switch proxy {
 	case "kube-proxy":
 		b, err := os.ReadFile(c.kubeProxy)
@@ -272,7 +315,7 @@ func (c *runConfig) install(ctx context.Context, proxy string, replacing bool) e
 				return err
 			}
 		}
-		overlay, err := c.overlay()
+		overlay, err := c.overlay(mode)
 		if err != nil {
 			return err
 		}
@@ -334,7 +377,21 @@ const proxyPodLabel = `patches:
         value: kube-proxy
 `
 
-func (c *runConfig) overlay() (string, error) {
+// proxyModePatch replaces deploy/'s --proxy-mode=auto with a mode of the
+// agent's own, checking first that the DaemonSet still says auto there.
+const proxyModePatch = `  - target:
+      kind: DaemonSet
+      name: ebpf-proxy
+    patch: |-
+      - op: test
+        path: /spec/template/spec/containers/0/command/2
+        value: --proxy-mode=auto
+      - op: replace
+        path: /spec/template/spec/containers/0/command/2
+        value: --proxy-mode=%s
+`
+
+func (c *runConfig) overlay(mode string) (string, error) {
 	dir := filepath.Join(c.out, "overlay")
 	if err := os.RemoveAll(dir); err != nil {
 		return "", err
@@ -346,12 +403,16 @@ func (c *runConfig) overlay() (string, error) {
 	name, tag, _ := strings.Cut(c.agentImage, ":")
 	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - base\nimages:\n  - name: ebpf-proxy\n    newName: %s\n    newTag: %s\n", name, tag) +
 		proxyPodLabel
+	if mode != "" {
+		k += fmt.Sprintf(proxyModePatch, mode)
+	}
 	return dir, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644)
 }
 
-// suite runs the e2e binary once and reads its JSON report.
-func (c *runConfig) suite(ctx context.Context, proxy string) (Result, error) {
-	dir := filepath.Join(c.out, proxy)
+// suite runs the e2e binary once on the specs focus selects and reads its
+// JSON report, a run with proxy; label names its directory and its lines.
+func (c *runConfig) suite(ctx context.Context, label, proxy, focus string) (Result, error) {
+	dir := filepath.Join(c.out, label)
 	if err := os.RemoveAll(dir); err != nil {
 		return Result{}, err
 	}
@@ -370,8 +431,8 @@ func (c *runConfig) suite(ctx context.Context, proxy string) (Result, error) {
 		"--ginkgo.v",
 		"--ginkgo.no-color",
 	}
-	if c.focus != "" {
-		args = append(args, "--ginkgo.focus="+c.focus)
+	if focus != "" {
+		args = append(args, "--ginkgo.focus="+focus)
 	}
 	if c.skip != "" {
 		args = append(args, "--ginkgo.skip="+c.skip)
@@ -386,12 +447,12 @@ func (c *runConfig) suite(ctx context.Context, proxy string) (Result, error) {
 	cmd := exec.CommandContext(ctx, c.e2e, args...)
 	cmd.Env = append(os.Environ(), "KUBERNETES_CONFORMANCE_TEST=y")
 	// The whole log goes to the file; each spec's verdict to the output.
-	progress := &specProgress{proxy: proxy, out: os.Stdout}
+	progress := &specProgress{proxy: label, out: os.Stdout}
 	cmd.Stdout = io.MultiWriter(log, progress)
 	cmd.Stderr = cmd.Stdout
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = time.Minute
-	fmt.Printf("conformance: %s: e2e.test %s\nconformance: %s: its log: %s\n", proxy, strings.Join(args, " "), proxy, logPath)
+	fmt.Printf("conformance: %s: e2e.test %s\nconformance: %s: its log: %s\n", label, strings.Join(args, " "), label, logPath)
 	runErr := cmd.Run()
 	progress.flush()
 	r, err := ReadReport(proxy, report)
