@@ -10,6 +10,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/pktest"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/pktest/sample"
 )
 
 // benchLoad is how every per-packet benchmark loads the programs: the
@@ -355,4 +356,67 @@ func xdpSubject(b *testing.B, fm xdpFam, p xdpFrames) pktest.Subject {
 		}
 	}
 	return pktest.Subject{Prog: fm.xo.XdpNodeport, Frame: p.frame, Opts: pktest.BenchOptions{Do: newFlowDo(fm.x.f.ns.Do, p.beforeRun), BeforeRun: p.beforeRun}}
+}
+
+// baselinePaths are the paths whose targets are ratios to the baseline
+// (test/benchreport/figures): the programs' cost where it matters most,
+// a packet of no frontend's and one of a tracked flow, and XDP's new flow.
+var baselinePaths = struct{ tc, xdp []string }{
+	tc:  []string{"ingress/not a frontend", "ingress/tracked flow, remote backend (SNAT)", "ingress/tracked flow, local backend"},
+	xdp: []string{"xdp/not a frontend", "xdp/tracked flow, remote backend (SNAT)", "xdp/new flow, remote backend (SNAT)"},
+}
+
+// BenchmarkPathsVsBaseline times the paths of baselinePaths, IPv4, in
+// turns with a baseline of the same hook (pktest.BenchPair): pktest's
+// sample program, which parses the frame's Ethernet, IPv4 and TCP headers
+// and makes one hash lookup, on a frame it has no entry for (it passes it).
+// It reports each path's ns per packet over the baseline's
+// ("path/baseline"): a figure a target can bound on any machine, where the
+// absolute ones differed three to five times between two machines of this
+// project's kind on the same commit.
+func BenchmarkPathsVsBaseline(b *testing.B) {
+	base := baselineObjects(b)
+	frame := fromOutside(pktest.TCP(client, netip.AddrPortFrom(nodeAddr, 22), pktest.ACK)).Bytes()
+	f := newFixture(b, benchLoad)
+	f.sync(b, fixtureState())
+	f.shareNexthops(b, false, loader.NexthopShareAll)
+	paths := tcPaths4(b, f)
+	for _, name := range baselinePaths.tc {
+		i := slices.IndexFunc(paths, func(p benchPath) bool { return p.name == name })
+		if i < 0 {
+			b.Fatalf("no TC path %q", name)
+		}
+		b.Run("tc/"+name, func(b *testing.B) {
+			pktest.BenchPair(b, [2]string{"baseline", "path"}, "path/baseline", [2]pktest.Subject{
+				{Prog: base.PktestSampleTc, Frame: frame},
+				tcSubject(b, f, f.resetCT, paths[i]),
+			})
+		})
+	}
+	fm := xdpFamilies(b)[0]
+	for _, name := range baselinePaths.xdp {
+		i := slices.IndexFunc(xdpPaths(b), func(p xdpPath) bool { return p.name == name })
+		if i < 0 {
+			b.Fatalf("no XDP path %q", name)
+		}
+		b.Run(name, func(b *testing.B) {
+			pktest.BenchPair(b, [2]string{"baseline", "path"}, "path/baseline", [2]pktest.Subject{
+				{Prog: base.PktestSampleXdp, Frame: frame},
+				xdpSubject(b, fm, xdpPaths(b)[i].of(fm.x)),
+			})
+		})
+	}
+}
+
+// baselineObjects loads pktest's sample program, the baseline of
+// BenchmarkPathsVsBaseline, with its map empty; they are closed when b
+// ends.
+func baselineObjects(b *testing.B) *sample.SampleObjects {
+	b.Helper()
+	var objs sample.SampleObjects
+	if err := sample.LoadSampleObjects(&objs, nil); err != nil {
+		b.Fatalf("load the baseline (pktest's sample program): %v", err)
+	}
+	b.Cleanup(func() { objs.Close() })
+	return &objs
 }

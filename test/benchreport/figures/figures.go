@@ -83,9 +83,10 @@ func format(v float64) string {
 }
 
 const (
-	xdpPaths = "BenchmarkXDPPaths/xdp/"
-	tcPaths  = "BenchmarkPaths/ingress/"
-	tcPaths6 = "BenchmarkPathsIPv6/ingress/"
+	xdpPaths  = "BenchmarkXDPPaths/xdp/"
+	tcPaths   = "BenchmarkPaths/ingress/"
+	tcPaths6  = "BenchmarkPathsIPv6/ingress/"
+	basePaths = "BenchmarkPathsVsBaseline/"
 )
 
 // All are the figures with targets, in the order they are printed, then
@@ -129,6 +130,18 @@ var All = []Figure{
 		Bench: xdpPaths + "not_TCP_or_UDP_(ARP,_neighbour_solicitation)/IPv4", Metric: "ns/pkt", Source: "make bench"},
 	{Name: "tc_trivial", Unit: "ns", Doc: "TC ingress, the trivial path (ARP): the floor of the same run",
 		Bench: tcPaths + "not_IPv4", Metric: "ns/pkt", Source: "make bench"},
+	{Name: "xdp_miss_x_base", Unit: "ratio", Doc: "xdp_miss over the baseline of the same hook timed in turns with it (BenchmarkPathsVsBaseline): pktest's sample program, which parses the frame and makes one hash lookup, on a frame it has no entry for; a ratio means the same on another machine",
+		Bench: basePaths + "xdp/not_a_frontend", Metric: "path/baseline", Source: "make bench"},
+	{Name: "xdp_tracked_x_base", Unit: "ratio", Doc: "xdp_tracked over the baseline (see xdp_miss_x_base)",
+		Bench: basePaths + "xdp/tracked_flow,_remote_backend_(SNAT)", Metric: "path/baseline", Source: "make bench"},
+	{Name: "xdp_new_x_base", Unit: "ratio", Doc: "xdp_new over the baseline (see xdp_miss_x_base)",
+		Bench: basePaths + "xdp/new_flow,_remote_backend_(SNAT)", Metric: "path/baseline", Source: "make bench"},
+	{Name: "tc_miss_x_base", Unit: "ratio", Doc: "tc_miss over the baseline of TC (see xdp_miss_x_base)",
+		Bench: basePaths + "tc/ingress/not_a_frontend", Metric: "path/baseline", Source: "make bench"},
+	{Name: "tc_tracked_x_base", Unit: "ratio", Doc: "tc_tracked over the baseline (see xdp_miss_x_base)",
+		Bench: basePaths + "tc/ingress/tracked_flow,_remote_backend_(SNAT)", Metric: "path/baseline", Source: "make bench"},
+	{Name: "tc_tracked_local_x_base", Unit: "ratio", Doc: "tc_tracked_local over the baseline (see xdp_miss_x_base)",
+		Bench: basePaths + "tc/ingress/tracked_flow,_local_backend", Metric: "path/baseline", Source: "make bench"},
 	{Name: "xdp_tracked_ipv6", Unit: "ns", Doc: "XDP, tracked flow to a remote backend, IPv6",
 		Bench: xdpPaths + "tracked_flow,_remote_backend_(SNAT)/IPv6", Metric: "ns/pkt", Source: "make bench"},
 	{Name: "tc_tracked_ipv6", Unit: "ns", Doc: "TC ingress, tracked flow to a remote backend, IPv6",
