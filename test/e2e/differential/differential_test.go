@@ -194,6 +194,12 @@ func TestDifferential(t *testing.T) {
 			strings.Join(deviations, "; "))
 		t.Logf("%d scenario(s) match with the client's address kept where upstream masquerades: %s", len(deviations), strings.Join(deviations, "; "))
 	}
+	for _, f := range tallies {
+		if l := f.knownLine(); l != "" {
+			fmt.Fprintf(&report, "%s\n", l)
+			t.Log(l)
+		}
+	}
 	fmt.Fprintf(&report, "upstream iptables and nftables modes disagree in %d scenario(s): %s\n", len(disagreements), strings.Join(disagreements, "; "))
 	fmt.Fprintf(&report, "run time %s\n%s%s\n", time.Since(start).Round(time.Second), fallbackLines.String(), summary)
 	t.Log(summary)
