@@ -40,38 +40,40 @@ func (d *Dataplane) InvalidDropped(ctx context.Context) (uint64, error) {
 	return 0, nil
 }
 
-// invalidDropCollector exports the INVALID drops of every family's
-// dataplane as one counter, as kube-proxy's nfacct object is shared by
-// its IPv4 and IPv6 proxiers.
-type invalidDropCollector struct {
+// counterCollector exports one counter read from our rules' counters in
+// every family's dataplane, summed, as kube-proxy's nfacct objects are
+// shared by its IPv4 and IPv6 proxiers. A scrape reads the counters (one
+// iptables -S per family, at most 2 s); a failed read is logged and leaves
+// the series out of that scrape, as kube-proxy's does.
+type counterCollector struct {
 	ds   []*Dataplane
 	desc *prometheus.Desc
 	log  *zap.Logger
+	// what names the rules in the log; read reads one dataplane's count.
+	what string
+	read func(*Dataplane, context.Context) (uint64, error)
 }
 
 // NewInvalidDropCollector returns the collector of
-// kubeproxy_iptables_ct_state_invalid_dropped_packets_total over ds. A
-// scrape reads the rules' counters (one iptables -S per family, at most 2
-// s); a failed read is logged and leaves the series out of that scrape, as
-// kube-proxy's does.
+// kubeproxy_iptables_ct_state_invalid_dropped_packets_total over ds.
 func NewInvalidDropCollector(log *zap.Logger, ds ...*Dataplane) prometheus.Collector {
-	return &invalidDropCollector{ds: ds, log: log,
+	return &counterCollector{ds: ds, log: log, what: "the INVALID drop rule's counter", read: (*Dataplane).InvalidDropped,
 		desc: prometheus.NewDesc("kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
 			"Packets dropped by iptables to work around conntrack problems (conntrack state INVALID in forwarded traffic).", nil, nil)}
 }
 
 // Describe implements prometheus.Collector.
-func (c *invalidDropCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *counterCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 // Collect implements prometheus.Collector.
-func (c *invalidDropCollector) Collect(ch chan<- prometheus.Metric) {
+func (c *counterCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var total uint64
 	for _, d := range c.ds {
-		n, err := d.InvalidDropped(ctx)
+		n, err := c.read(d, ctx)
 		if err != nil {
-			c.log.Error("reading the INVALID drop rule's counter", zap.String("ipFamily", d.cfg.family().name), zap.Error(err))
+			c.log.Error("reading "+c.what, zap.String("ipFamily", d.cfg.family().name), zap.Error(err))
 			return
 		}
 		total += n
@@ -128,37 +130,10 @@ func (d *Dataplane) LocalhostAccepted(ctx context.Context) (uint64, error) {
 	return total, nil
 }
 
-// localhostCollector exports LocalhostAccepted of the IPv4 dataplane.
-type localhostCollector struct {
-	ds   []*Dataplane
-	desc *prometheus.Desc
-	log  *zap.Logger
-}
-
 // NewLocalhostCollector returns the collector of
-// kubeproxy_iptables_localhost_nodeports_accepted_packets_total over ds,
-// read as NewInvalidDropCollector's series is.
+// kubeproxy_iptables_localhost_nodeports_accepted_packets_total over ds.
 func NewLocalhostCollector(log *zap.Logger, ds ...*Dataplane) prometheus.Collector {
-	return &localhostCollector{ds: ds, log: log,
+	return &counterCollector{ds: ds, log: log, what: "the counters of the NodePort rules on 127.0.0.1", read: (*Dataplane).LocalhostAccepted,
 		desc: prometheus.NewDesc("kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
 			"Packets accepted on NodePorts on 127.0.0.1 (localhost NodePorts; the first packet of each connection).", nil, nil)}
-}
-
-// Describe implements prometheus.Collector.
-func (c *localhostCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-// Collect implements prometheus.Collector.
-func (c *localhostCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	var total uint64
-	for _, d := range c.ds {
-		n, err := d.LocalhostAccepted(ctx)
-		if err != nil {
-			c.log.Error("reading the counters of the NodePort rules on 127.0.0.1", zap.String("ipFamily", d.cfg.family().name), zap.Error(err))
-			return
-		}
-		total += n
-	}
-	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(total))
 }
