@@ -3,10 +3,9 @@ package cluster_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"net/netip"
-	"os/exec"
 	"strconv"
 	"strings"
 	"time"
@@ -55,10 +54,27 @@ func (a attempt) String() string {
 // meanwhile is sent again after 1 s and 3 s, as any client's would be.
 const probeTimeout = 5 * time.Second
 
-// probe runs count attempts of proto from the client pod to addr.
+// probe runs count attempts of proto from the first node's client pod to
+// addr.
 func (e *env) probe(proto string, count int, addr netip.AddrPort) ([]attempt, error) {
-	out, err := e.n.Kubectl(e.ctx, "", "exec", "client", "--", "/testserver", "probe",
-		"--proto", proto, "--count", strconv.Itoa(count), "--timeout", probeTimeout.String(), addr.String())
+	return e.probeFrom(clientPod(e.nodes[0].Name), proto, count, addr)
+}
+
+// clientPod is the name of the client pod on a node (testdata/workloads.yaml).
+func clientPod(node string) string { return "client-" + node }
+
+// probeFrom runs count attempts of proto from a client pod to addr, or from
+// outside the cluster (the control plane's namespace) when pod is
+// outsideName.
+func (e *env) probeFrom(pod, proto string, count int, addr netip.AddrPort) ([]attempt, error) {
+	var out string
+	var err error
+	if pod == outsideName {
+		out, err = e.outside.probe(e.ctx, proto, count, probeTimeout, addr)
+	} else {
+		out, err = e.n.Kubectl(e.ctx, "", "exec", pod, "--", "/testserver", "probe",
+			"--proto", proto, "--count", strconv.Itoa(count), "--timeout", probeTimeout.String(), addr.String())
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -116,9 +132,29 @@ type loopResult struct {
 	} `json:"failed_attempts"`
 	// Evidence is what the node said of the failures (gather).
 	Evidence loopEvidence `json:"-"`
+	// Parts are the loops a step's result sums up, each as "from -> to:
+	// its result".
+	Parts []string `json:"-"`
+}
+
+// add sums r's counts into the step's result s, and r as one of its parts.
+func (s *loopResult) add(name string, r loopResult) {
+	s.Attempts += r.Attempts
+	s.Failures += r.Failures
+	s.Stalled += r.Stalled
+	s.MaxStalledMS = max(s.MaxStalledMS, r.MaxStalledMS)
+	for _, m := range []struct{ to, from map[string]int }{{s.Errors, r.Errors}, {s.Servers, r.Servers}} {
+		for k, v := range m.from {
+			m.to[k] += v
+		}
+	}
+	s.Parts = append(s.Parts, name+": "+r.String())
 }
 
 func (r loopResult) String() string {
+	if len(r.Parts) > 0 {
+		return fmt.Sprintf("%d connections in %d loops, %d failed %v (%s)", r.Attempts, len(r.Parts), r.Failures, r.Errors, strings.Join(r.Parts, " | "))
+	}
 	s := fmt.Sprintf("%d connections, %d failed %v, servers %v", r.Attempts, r.Failures, r.Errors, r.Servers)
 	if r.Stalled > 0 {
 		s += fmt.Sprintf(", %d with the client stalled (at most %.1f s)", r.Stalled, r.MaxStalledMS/1000)
@@ -143,80 +179,130 @@ func (r loopResult) String() string {
 	return s
 }
 
-// loop is a connection loop running in the client pod until stop.
+// loop is a connection loop running until stop, in a client pod or
+// outside the cluster.
 type loop struct {
-	e     *env
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	// out is the loop's report (stdout); errOut is kubectl's stderr.
-	out, errOut bytes.Buffer
+	e *env
+	// name says from where to where.
+	name string
+	// finish ends the loop and returns its report, and why the
+	// report may be incomplete.
+	finish func() (report []byte, err error)
+	// output is what a failed loop's log shows of its process.
+	output func() string
 	// conntrack is the node's conntrack statistics at the start.
 	conntrack map[string]uint64
 }
 
-// startLoop starts connecting from the client pod to addr every 20 ms until
-// stop. A connection fails when it errors or has no answer within 5 s of
-// the time the client ran, as a client would give up: the emulated guest
-// has one CPU, which a starting agent (program verification) holds for a
-// second or more, the host may not run the guest for seconds, and a slow
-// answer is not a lost connection. The attempts report how long their
-// client did not run.
-func (e *env) startLoop(addr netip.AddrPort) *loop {
+// startLoop starts connecting from a client pod (or outsideName) to addr
+// every 20 ms until stop. A connection fails when it errors or has no
+// answer within 5 s of the time the client ran, as a client would give
+// up: the emulated guest has one CPU, which a starting agent (program
+// verification) holds for a second or more, the host may not run the guest
+// for seconds, and a slow answer is not a lost connection. The attempts
+// report how long their client did not run.
+func (e *env) startLoop(from string, addr netip.AddrPort) *loop {
 	e.t.Helper()
-	l := &loop{e: e}
+	l := &loop{e: e, name: from + " -> " + addr.String()}
 	var err error
 	if l.conntrack, err = conntrackStats(); err != nil {
 		e.t.Logf("conntrack statistics: %v", err)
 	}
-	l.cmd = e.n.KubectlCommand(e.ctx, "exec", "-i", "client", "--", "/testserver", "loop",
+	if from == outsideName {
+		id, err := e.outside.startLoop(e.ctx, addr)
+		if err != nil {
+			e.fatalf("%s: %v", l.name, err)
+		}
+		l.finish = func() ([]byte, error) { return e.outside.stopLoop(e.ctx, id) }
+		l.output = func() string { return "" }
+		return l
+	}
+	cmd := e.n.KubectlCommand(e.ctx, "exec", "-i", from, "--", "/testserver", "loop",
 		"--interval", "20ms", "--timeout", "5s", "--max-duration", "10m", addr.String())
-	l.cmd.Stdout = &l.out
-	l.cmd.Stderr = &l.errOut
-	if l.stdin, err = l.cmd.StdinPipe(); err != nil {
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
 		e.fatalf("%v", err)
 	}
-	if err := l.cmd.Start(); err != nil {
+	if err := cmd.Start(); err != nil {
 		e.fatalf("%v", err)
 	}
-	// The loop is running once its first connection is made; a second is
-	// plenty under emulation.
-	time.Sleep(2 * time.Second)
+	l.output = func() string { return fmt.Sprintf("stdout:\n%s\nstderr:\n%s", out.String(), errOut.String()) }
+	// The report on stdout is what counts: kubectl may still exit
+	// non-zero after the loop printed a complete report (its exec stream
+	// torn down as the command ends), which is logged, not counted as
+	// lost connections.
+	l.finish = func() ([]byte, error) {
+		stdin.Close()
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				e.t.Logf("connection loop %s: kubectl exited with %v; stderr: %s", l.name, err, bytes.TrimSpace(errOut.Bytes()))
+			}
+			return out.Bytes(), nil
+		case <-time.After(time.Minute):
+			_ = cmd.Process.Kill()
+			<-done
+			return out.Bytes(), errors.New("the loop did not end within a minute of its stdin closing")
+		}
+	}
 	return l
 }
 
-// stop ends the loop (its stdin closes) and returns its summary.
-//
-// The report on stdout is what counts: kubectl may still exit non-zero
-// after the loop printed a complete report (its exec stream torn down as
-// the command ends), which is logged, not counted as lost connections. A
-// missing or incomplete report fails the test, with a short message and
-// kubectl's output logged before it.
-func (l *loop) stop(step string) loopResult {
-	l.e.t.Helper()
+// startLoops starts the step's connection loops: from the client pod on
+// each node to the ClusterIP, whose pods are on every node, and from
+// outside the cluster to each node's NodePort of the other nodes' pods
+// (with one node, its NodePort of its own pods). The loops are running
+// once their first connection is made; a second is plenty under
+// emulation.
+func (e *env) startLoops() []*loop {
+	e.t.Helper()
+	var ls []*loop
+	for _, n := range e.nodes {
+		ls = append(ls, e.startLoop(clientPod(n.Name), webTCP))
+	}
+	for _, through := range e.nodes {
+		for _, to := range e.nodes {
+			if to.Name != through.Name || len(e.nodes) == 1 {
+				ls = append(ls, e.startLoop(outsideName, netip.AddrPortFrom(through.IP, uint16(to.NodePort))))
+			}
+		}
+	}
+	time.Sleep(2 * time.Second)
+	return ls
+}
+
+// stopLoops ends the step's loops and sums up their results.
+func (e *env) stopLoops(step string, ls []*loop) loopResult {
+	e.t.Helper()
 	// Let the last step's effects meet a few more connections.
 	time.Sleep(2 * time.Second)
-	l.stdin.Close()
-	done := make(chan error, 1)
-	go func() { done <- l.cmd.Wait() }()
-	var waitErr error
-	select {
-	case waitErr = <-done:
-	case <-time.After(time.Minute):
-		_ = l.cmd.Process.Kill()
-		<-done
-		l.logOutput()
-		l.e.fatalf("connection loop did not end within a minute of its stdin closing")
+	sum := loopResult{Errors: map[string]int{}, Servers: map[string]int{}}
+	for _, l := range ls {
+		sum.add(l.name, l.stop(step))
 	}
+	return sum
+}
+
+// stop ends the loop and returns its summary. A missing or incomplete
+// report fails the test, with a short message and the loop's output
+// logged before it.
+func (l *loop) stop(step string) loopResult {
+	l.e.t.Helper()
+	out, err := l.finish()
 	var r struct {
 		loopResult
 		Stopped string
 	}
-	if err := json.Unmarshal(l.out.Bytes(), &r); err != nil || r.Stopped != "stdin" {
-		l.logOutput()
-		l.e.fatalf("connection loop: no complete report (kubectl: %v; report: %v, stopped by %q)", waitErr, err, r.Stopped)
+	if err == nil {
+		err = json.Unmarshal(out, &r)
 	}
-	if waitErr != nil {
-		l.e.t.Logf("connection loop: kubectl exited with %v after a complete report; stderr: %s", waitErr, bytes.TrimSpace(l.errOut.Bytes()))
+	if err != nil || r.Stopped != "stdin" {
+		l.e.t.Logf("connection loop %s: %s", l.name, l.output())
+		l.e.fatalf("connection loop %s: no complete report (%v; report %q, stopped by %q)", l.name, err, out, r.Stopped)
 	}
 	if r.Failures > 0 {
 		r.Evidence = gather(r.loopResult, l.conntrack)
@@ -226,9 +312,4 @@ func (l *loop) stop(step string) loopResult {
 		l.e.logWindow("ruleset changes", step, r.loopResult, l.e.rules.String())
 	}
 	return r.loopResult
-}
-
-// logOutput logs what the loop's kubectl printed.
-func (l *loop) logOutput() {
-	l.e.t.Logf("connection loop stdout:\n%s\nstderr:\n%s", l.out.String(), l.errOut.String())
 }

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -42,13 +43,26 @@ const (
 	// envKubeconfig is the admin's kubeconfig, with the API server on the
 	// host (test/cluster/controlplane, which sets it).
 	envKubeconfig = "EBPF_PROXY_CLUSTER_KUBECONFIG"
+	// envNodes is the number of nodes: this one (node1), which the test
+	// brings up, and the others, each a guest of test/cluster/worker.
+	envNodes = "EBPF_PROXY_CLUSTER_NODES"
+	// envWorkers is the directory of the other nodes' state and stop
+	// files, node<i>.state and node<i>.stop.
+	envWorkers = "EBPF_PROXY_CLUSTER_WORKERS"
+	// envOutside is the URL of the client outside the cluster (testserver
+	// outside, in the control plane's namespace).
+	envOutside = "EBPF_PROXY_CLUSTER_OUTSIDE"
 )
 
 var (
 	webIP    = netip.MustParseAddr("10.96.100.10")
 	emptyIP  = netip.MustParseAddr("10.96.100.11")
 	nodePort = 30080
-	webTCP   = netip.AddrPortFrom(webIP, 80)
+	// localNodePort and localHealthPort are web-local's, the
+	// externalTrafficPolicy Local Service of node1's servers.
+	localNodePort   = 30090
+	localHealthPort = 30091
+	webTCP          = netip.AddrPortFrom(webIP, 80)
 	// webTargetPort is the web pods' TCP port (testdata/workloads.yaml).
 	webTargetPort = 8080
 	webUDP        = netip.AddrPortFrom(webIP, 53)
@@ -57,13 +71,25 @@ var (
 //go:embed testdata
 var testdata embed.FS
 
+// clusterNode is a node of the cluster as the test sees it.
+type clusterNode struct {
+	Name string
+	IP   netip.Addr
+	// NodePort is the NodePort of web-<Name>, the Service of this
+	// node's servers alone.
+	NodePort int
+}
+
 // env is one run of the cluster test.
 type env struct {
-	t      *testing.T
-	ctx    context.Context
-	n      *node.Node
-	checks int
-	passed int
+	t   *testing.T
+	ctx context.Context
+	// n is this node, node1, the first of nodes.
+	n       *node.Node
+	nodes   []clusterNode
+	outside outsideClient
+	checks  int
+	passed  int
 	// failures are the test's errors in order, repeated at the end of a
 	// failed run's output, below the component logs, where CI shows it.
 	failures []string
@@ -95,9 +121,10 @@ func (e *env) fatalf(format string, args ...any) {
 //
 //	cluster: ready=R checks=N passed=P migration_failed=F upgrade_failed=U restart_failed=S
 //
-// and, for a failed run, the steps reached and every failure, last.
+// (R the nodes, 0 for a failed run) and, for a failed run, the steps
+// reached and every failure, last.
 func (e *env) summary() {
-	ready := 1
+	ready := len(e.nodes)
 	if e.t.Failed() {
 		ready = 0
 		e.t.Logf("steps reached:\n  %s", strings.Join(e.phases, "\n  "))
@@ -145,8 +172,10 @@ func getenv(t *testing.T, key string) string {
 const testDeadline = 38 * time.Minute
 
 // TestCluster replaces a running upstream kube-proxy with ebpf-proxy's
-// DaemonSet on a real node, as docs/INSTALL.md says, and counts the
-// connections that the migration, an upgrade and an agent restart lose.
+// DaemonSet on real nodes, as docs/INSTALL.md says (node by node when
+// there are several), and counts the connections that the migration, an
+// upgrade and an agent restart lose, from a pod on each node and from
+// outside the cluster.
 func TestCluster(t *testing.T) {
 	agentImages := strings.Fields(getenv(t, envAgentImages))
 	if len(agentImages) != 2 {
@@ -160,18 +189,42 @@ func TestCluster(t *testing.T) {
 	logDir := getenv(t, envLogs)
 	kubeconfig := getenv(t, envKubeconfig)
 	deployDir := getenv(t, envDeploy)
+	nodeCount, err := strconv.Atoi(getenv(t, envNodes))
+	if err != nil || nodeCount < 1 {
+		t.Fatalf("%s=%q: want a number of nodes", envNodes, os.Getenv(envNodes))
+	}
+	workers := getenv(t, envWorkers)
+	outside := outsideClient{base: getenv(t, envOutside)}
+	var nodes []clusterNode
+	for i := 1; i <= nodeCount; i++ {
+		c, err := node.Nth(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, clusterNode{Name: c.Name, IP: c.IP.Addr(), NodePort: nodePort + i})
+	}
+	// The other nodes' guests stop once this test is over.
+	t.Cleanup(func() {
+		for _, n := range nodes[1:] {
+			if err := os.WriteFile(filepath.Join(workers, n.Name+".stop"), nil, 0o644); err != nil {
+				t.Logf("stop %s: %v", n.Name, err)
+			}
+		}
+	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
 	defer cancel()
 	start := time.Now()
 	// The upgrade's image is the first one under the second reference.
-	n, err := node.Start(ctx, node.Config{Kubeconfig: kubeconfig, Images: archives, Aliases: map[string]string{agentImages[1]: agentImages[0]},
-		LogDir: logDir, Logf: t.Logf})
+	first, _ := node.Nth(1)
+	first.Kubeconfig, first.Images, first.Aliases, first.LogDir, first.Logf = kubeconfig, archives,
+		map[string]string{agentImages[1]: agentImages[0]}, logDir, t.Logf
+	n, err := node.Start(ctx, first)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(n.Stop)
-	e := &env{t: t, ctx: ctx, n: n}
+	e := &env{t: t, ctx: ctx, n: n, nodes: nodes, outside: outside}
 	mon, err := startRulesetMonitor(logDir)
 	if err != nil {
 		t.Fatal(err)
@@ -190,18 +243,29 @@ func TestCluster(t *testing.T) {
 		e.phases = append(e.phases, p)
 		t.Logf("cluster: %s\n%s", p, node.Usage())
 	}
-	phase("node ready")
+	phase("node1 ready")
+	e.waitWorkers(workers)
+	phase(fmt.Sprintf("%d node(s) ready", len(nodes)))
 
 	// Upstream kube-proxy as kubeadm installs it (its objects made by
 	// kubeadm's own code: the ConfigMap says "mode: iptables", which the
-	// agent must not take as its own), then the workloads.
+	// agent must not take as its own), then the workloads: with several
+	// nodes, two servers on each, else three.
 	e.apply(e.kubeadmKubeProxy("https://" + n.APIServer.String()))
 	e.rollout("daemonset/kube-proxy", "kube-system")
+	replicas := 3
+	if len(nodes) > 1 {
+		replicas = 2
+	}
 	e.apply(e.render("workloads.yaml", map[string]any{
-		"Image": testImage, "WebIP": webIP, "EmptyIP": emptyIP, "NodePort": nodePort,
+		"Image": testImage, "WebIP": webIP, "EmptyIP": emptyIP, "NodePort": nodePort, "Nodes": nodes, "Replicas": replicas,
+		"LocalNodePort": localNodePort, "HealthCheckNodePort": localHealthPort,
 	}))
-	e.rollout("deployment/web", "default")
-	e.kubectl("", "wait", "--for=condition=Ready", "pod/client", "--timeout=180s")
+	for _, cn := range nodes {
+		e.rollout("deployment/web-"+cn.Name, "default")
+		e.kubectl("", "wait", "--for=condition=Ready", "pod/"+clientPod(cn.Name), "--timeout=180s")
+	}
+	pods := replicas * len(nodes)
 	phase("kube-proxy and workloads ready")
 	// No connection to the ClusterIP before kube-proxy's rules for it are
 	// in: its first sync takes seconds here, and a SYN sent before it
@@ -211,8 +275,8 @@ func TestCluster(t *testing.T) {
 	// kubernetes issue 48719): the migration's loop lost a connection in
 	// one run of four to an entry that the spread check's first round
 	// below had left, when it ran before this check existed.
-	e.check("kube-proxy's rules DNAT the ClusterIP to the 3 pods", func() error {
-		return eventually(3*time.Minute, func() error { return e.kubeProxyRules(3) })
+	e.check(fmt.Sprintf("kube-proxy's rules DNAT the ClusterIP to the %d pods", pods), func() error {
+		return eventually(3*time.Minute, func() error { return e.kubeProxyRules(pods) })
 	})
 	// Upstream kube-proxy reports no readiness: it serves once a round of
 	// connections all succeed (the first ones wait for neighbour
@@ -220,20 +284,27 @@ func TestCluster(t *testing.T) {
 	// takes over a minute (up to 5 s each); on CI's slower machine the
 	// first round failed a third of its connections with "no route to
 	// host", and one minute left no time for a second.
-	e.check("kube-proxy spreads the ClusterIP over the 3 pods", func() error {
-		return eventually(3*time.Minute, func() error { return e.spread(3) })
+	e.check(fmt.Sprintf("kube-proxy spreads the ClusterIP over the %d pods from a pod on each node", pods), func() error {
+		return eventually(3*time.Minute, func() error { return e.spreadFromEach(pods) })
 	})
+	if len(nodes) > 1 {
+		e.check("kube-proxy: each node's NodePort reaches the other node's pods from outside, with the node's address", e.nodePortsAcross)
+	}
 
-	// The migration of docs/INSTALL.md, under load.
-	loop := e.startLoop(webTCP)
-	overlay := e.overlay(deployDir, agentImages[0])
-	e.applyArgs("", "-k", overlay)
-	e.rollout("daemonset/ebpf-proxy", "kube-system")
-	e.kubeProxyLog = e.saveKubeProxyLog()
-	e.kubectl("", "-n", "kube-system", "delete", "daemonset", "kube-proxy", "--wait=true")
-	e.waitGone("k8s-app=kube-proxy")
-	e.check("kube-proxy's rules are removed once it has stopped", e.waitNoKubeProxyRules)
-	e.migration = loop.stop("migration")
+	// The migration of docs/INSTALL.md, under load: with several nodes
+	// node by node, each agent serving before kube-proxy leaves its node.
+	loops := e.startLoops()
+	if len(nodes) > 1 {
+		e.migrateNodeByNode(deployDir, agentImages[0])
+	} else {
+		e.applyArgs("", "-k", e.overlay(deployDir, "", agentImages[0]))
+		e.rollout("daemonset/ebpf-proxy", "kube-system")
+		e.kubeProxyLog = e.saveKubeProxyLog()
+		e.kubectl("", "-n", "kube-system", "delete", "daemonset", "kube-proxy", "--wait=true")
+		e.waitGone("k8s-app=kube-proxy", "")
+		e.check("kube-proxy's rules are removed once it has stopped", e.waitNoKubeProxyRules)
+	}
+	e.migration = e.stopLoops("migration", loops)
 	e.logWindow("kube-proxy's log", "migration", e.migration, e.kubeProxyLog)
 	phase(fmt.Sprintf("migrated: %s", e.migration))
 
@@ -242,29 +313,37 @@ func TestCluster(t *testing.T) {
 	// "mode: iptables" (kube-proxy's choice, not the agent's).
 	e.check("the agent runs the BPF dataplane with kubeadm's ConfigMap (mode: iptables)", e.proxyModeIsEBPF)
 	// What a user checks once ebpf-proxy serves.
-	e.check("the ClusterIP spreads over the 3 pods", func() error { return e.spread(3) })
+	e.check(fmt.Sprintf("the ClusterIP spreads over the %d pods from a pod on each node, which see the client pod's address", pods),
+		func() error { return e.spreadFromEach(pods) })
 	e.check("UDP through the ClusterIP", e.udp)
 	e.check("a Service without endpoints is refused", e.refused)
 	e.check("the NodePort answers on the node's own address", e.nodePortFromNode)
-	e.check("a scale-down is followed: the gone pod is never chosen", e.scaleDown)
+	if len(nodes) > 1 {
+		e.check("each node's NodePort reaches the other node's pods from outside, with the node's address", e.nodePortsAcross)
+		e.check("externalTrafficPolicy Local: the client's address kept through the node with endpoints; dropped and 503 through the other",
+			e.localTrafficPolicy)
+	}
+	pods--
+	e.check("a scale-down is followed: the gone pod is never chosen", func() error { return e.scaleDown(pods) })
 	// The first agent made the maps: their memory is charged to its
 	// container, at its peak now.
 	e.check("the agent's memory stays within its DaemonSet limit, with room", e.memoryWithinLimit)
-	e.check("the agent was not restarted: its probes reach it while kube-proxy runs", e.notRestarted)
+	e.check("no agent was restarted: its probes reach it while kube-proxy runs", e.notRestarted)
 
-	// An upgrade to another image of the same binary, under load.
-	loop = e.startLoop(webTCP)
+	// An upgrade to another image of the same binary, under load, one
+	// node at a time.
+	loops = e.startLoops()
 	e.kubectl("", "-n", "kube-system", "set", "image", "daemonset/ebpf-proxy", "ebpf-proxy="+agentImages[1])
 	e.rollout("daemonset/ebpf-proxy", "kube-system")
-	e.upgrade = loop.stop("upgrade")
+	e.upgrade = e.stopLoops("upgrade", loops)
 	phase(fmt.Sprintf("upgraded: %s", e.upgrade))
 
-	// The agent killed; the kubelet restarts its container.
-	loop = e.startLoop(webTCP)
+	// The agent of this node killed; the kubelet restarts its container.
+	loops = e.startLoops()
 	e.killAgent()
-	e.restart = loop.stop("restart")
+	e.restart = e.stopLoops("restart", loops)
 	phase(fmt.Sprintf("agent restarted: %s", e.restart))
-	e.check("the ClusterIP still spreads over the pods after the restart", func() error { return e.spread(2) })
+	e.check("the ClusterIP still spreads over the pods after the restart", func() error { return e.spreadFromEach(pods) })
 
 	for _, r := range []struct {
 		what string
@@ -276,12 +355,41 @@ func TestCluster(t *testing.T) {
 	}
 }
 
-// eventually retries f every 2 s until it succeeds or timeout passes, and
-// returns its last error then.
+// waitWorkers waits for the other nodes (test/cluster/worker in their
+// guests) to be Ready: their guests started with this one, and import the
+// images on their own vCPUs meanwhile. A node whose worker says it failed
+// ends the test at once.
+func (e *env) waitWorkers(dir string) {
+	e.t.Helper()
+	for _, cn := range e.nodes[1:] {
+		err := eventually(12*time.Minute, func() error {
+			b, err := os.ReadFile(filepath.Join(dir, cn.Name+".state"))
+			if st := strings.TrimSpace(string(b)); err == nil && strings.HasPrefix(st, "failed") {
+				return permanent{fmt.Errorf("%s: %s", cn.Name, st)}
+			} else if err != nil || st != "ready" {
+				return fmt.Errorf("%s's worker has not said ready (%q, %v)", cn.Name, st, err)
+			}
+			return nil
+		})
+		if err != nil {
+			e.fatalf("%v (its logs: %s)", err, filepath.Join(os.Getenv(envLogs), cn.Name))
+		}
+	}
+}
+
+// permanent is an error that eventually does not retry.
+type permanent struct{ error }
+
+// eventually retries f every 2 s until it succeeds, returns a permanent
+// error or timeout passes, and returns its last error then.
 func eventually(timeout time.Duration, f func() error) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		err := f()
+		var p permanent
+		if errors.As(err, &p) {
+			return p.error
+		}
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}
@@ -437,8 +545,9 @@ func (e *env) rollout(what, ns string) {
 }
 
 // overlay is a kustomization on top of a copy of deploy/ that sets the
-// agent's image, as a user's overlay or `kustomize edit set image` does.
-func (e *env) overlay(deployDir, image string) string {
+// agent's image, as a user's overlay or `kustomize edit set image` does,
+// with deploy/'s component (node-by-node) when not empty.
+func (e *env) overlay(deployDir, component, image string) string {
 	e.t.Helper()
 	dir := e.t.TempDir()
 	base := filepath.Join(dir, "base")
@@ -450,6 +559,9 @@ func (e *env) overlay(deployDir, image string) string {
 		e.fatalf("agent image %q has no tag", image)
 	}
 	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../base\nimages:\n  - name: ebpf-proxy\n    newName: %s\n    newTag: %s\n", name, tag)
+	if component != "" {
+		k += "components:\n  - " + path.Join("../base", component) + "\n"
+	}
 	over := filepath.Join(dir, "overlay")
 	if err := os.MkdirAll(over, 0o755); err != nil {
 		e.fatalf("%v", err)
@@ -460,11 +572,16 @@ func (e *env) overlay(deployDir, image string) string {
 	return over
 }
 
-// waitGone waits until no pod of kube-system has the label selector.
-func (e *env) waitGone(selector string) {
+// waitGone waits until no pod of kube-system has the label selector (on
+// the node named nodeName, when not empty).
+func (e *env) waitGone(selector, nodeName string) {
 	e.t.Helper()
+	opts := metav1.ListOptions{LabelSelector: selector}
+	if nodeName != "" {
+		opts.FieldSelector = "spec.nodeName=" + nodeName
+	}
 	err := eventually(3*time.Minute, func() error {
-		pods, err := e.n.Clientset().CoreV1().Pods("kube-system").List(e.ctx, metav1.ListOptions{LabelSelector: selector})
+		pods, err := e.n.Clientset().CoreV1().Pods("kube-system").List(e.ctx, opts)
 		if err == nil && len(pods.Items) != 0 {
 			err = fmt.Errorf("%d pods left", len(pods.Items))
 		}
@@ -544,21 +661,40 @@ func (e *env) webPods() map[string]bool {
 	return names
 }
 
-// spread checks that 60 connections from the client pod to the ClusterIP
-// all succeed and reach want distinct web pods, each a pod that exists.
-func (e *env) spread(want int) error {
-	res, err := e.probe("tcp", 60, webTCP)
+// spreadFromEach checks, from the client pod on each node, that 60
+// connections to the ClusterIP all succeed and reach want distinct web
+// pods, each a pod that exists, which each see the client pod's own
+// address (a pod's traffic to a Service is not masqueraded, also to
+// another node).
+func (e *env) spreadFromEach(want int) error {
+	for _, cn := range e.nodes {
+		if err := e.spreadFrom(clientPod(cn.Name), want); err != nil {
+			return fmt.Errorf("from %s: %w", clientPod(cn.Name), err)
+		}
+	}
+	return nil
+}
+
+func (e *env) spreadFrom(client string, want int) error {
+	res, err := e.probeFrom(client, "tcp", 60, webTCP)
 	if err != nil {
 		return err
 	}
 	if f := failedAttempts(res); f != "" {
 		return errors.New(f)
 	}
+	p, err := e.n.Clientset().CoreV1().Pods("default").Get(e.ctx, client, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
 	pods := e.webPods()
 	seen := map[string]int{}
 	for _, r := range res {
 		if !pods[r.Server] {
 			return fmt.Errorf("served by %q, not a running web pod (%v)", r.Server, pods)
+		}
+		if peer, err := netip.ParseAddrPort(r.Peer); err != nil || peer.Addr().String() != p.Status.PodIP {
+			return fmt.Errorf("%s saw the client as %q, want the client pod's address %s", r.Server, r.Peer, p.Status.PodIP)
 		}
 		seen[r.Server]++
 	}
@@ -635,15 +771,25 @@ func whoami(to string) (string, error) {
 	return f[0], nil
 }
 
-// scaleDown scales web to 2 and checks that, once the gone pod has left
-// the EndpointSlice, no connection reaches it.
-func (e *env) scaleDown() error {
+// scaleDown scales node1's web servers down by one, to want pods in all,
+// and checks that, once the gone pod has left the EndpointSlice, no
+// connection reaches it.
+func (e *env) scaleDown(want int) error {
 	before := e.webPods()
-	e.kubectl("", "scale", "deployment/web", "--replicas=2")
-	e.rollout("deployment/web", "default")
+	deploy := "deployment/web-" + e.nodes[0].Name
+	replicas, err := e.n.Kubectl(e.ctx, "", "get", deploy, "-o", "jsonpath={.spec.replicas}")
+	if err != nil {
+		return err
+	}
+	r, err := strconv.Atoi(replicas)
+	if err != nil || r < 2 {
+		return fmt.Errorf("%s has %q replicas, want 2 or more", deploy, replicas)
+	}
+	e.kubectl("", "scale", deploy, "--replicas="+strconv.Itoa(r-1))
+	e.rollout(deploy, "default")
 	if err := eventually(2*time.Minute, func() error {
-		if pods := e.webPods(); len(pods) != 2 {
-			return fmt.Errorf("web did not scale to 2 pods: %v", pods)
+		if pods := e.webPods(); len(pods) != want {
+			return fmt.Errorf("web did not scale to %d pods: %v", want, pods)
 		}
 		return nil
 	}); err != nil {
@@ -668,7 +814,7 @@ func (e *env) scaleDown() error {
 			return fmt.Errorf("after the scale-down (gone: %v) a connection reached %q", gone, r.Server)
 		}
 	}
-	return e.spread(2)
+	return e.spreadFromEach(want)
 }
 
 // killAgent kills the agent's container with SIGKILL, as an OOM kill

@@ -38,9 +38,10 @@ func (m podMemory) String() string {
 // agentPod returns the agent's one pod, whose one container has started.
 func (e *env) agentPod() corev1.Pod {
 	e.t.Helper()
-	pods, err := e.n.Clientset().CoreV1().Pods("kube-system").List(e.ctx, metav1.ListOptions{LabelSelector: "k8s-app=ebpf-proxy"})
+	pods, err := e.n.Clientset().CoreV1().Pods("kube-system").List(e.ctx, metav1.ListOptions{
+		LabelSelector: "k8s-app=ebpf-proxy", FieldSelector: "spec.nodeName=" + e.n.Name})
 	if err != nil || len(pods.Items) != 1 || len(pods.Items[0].Status.ContainerStatuses) != 1 {
-		e.fatalf("want one agent pod with one container: %v", err)
+		e.fatalf("want one agent pod with one container on %s: %v", e.n.Name, err)
 	}
 	return pods.Items[0]
 }
@@ -130,9 +131,19 @@ func (e *env) memoryWithinLimit() error {
 // probes ask the agent itself, also while kube-proxy still holds the
 // health check port.
 func (e *env) notRestarted() error {
-	pod := e.agentPod()
-	if n := pod.Status.ContainerStatuses[0].RestartCount; n != 0 {
-		return fmt.Errorf("the agent's container restarted %d times (last state %+v)", n, pod.Status.ContainerStatuses[0].LastTerminationState)
+	pods, err := e.n.Clientset().CoreV1().Pods("kube-system").List(e.ctx, metav1.ListOptions{LabelSelector: "k8s-app=ebpf-proxy"})
+	if err != nil {
+		return err
+	}
+	if len(pods.Items) != len(e.nodes) {
+		return fmt.Errorf("%d agent pods, want one on each of the %d nodes", len(pods.Items), len(e.nodes))
+	}
+	for _, pod := range pods.Items {
+		for _, st := range pod.Status.ContainerStatuses {
+			if st.RestartCount != 0 {
+				return fmt.Errorf("the agent's container on %s restarted %d times (last state %+v)", pod.Spec.NodeName, st.RestartCount, st.LastTerminationState)
+			}
+		}
 	}
 	return nil
 }

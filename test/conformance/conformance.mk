@@ -58,6 +58,8 @@ CONFORMANCE_PROXIES ?= kube-proxy,ebpf-proxy
 # exec takes 5 to 40 s), the slow end with another VM on the other core.
 CONFORMANCE_VM_FLAGS ?= --kernel 6.12 --cpus 1 --memory 6144 --accel tcg --timeout 6h
 CONFORMANCE_E2E_TIMEOUT ?= 150m
+# The nodes, each a guest (test/cluster/worker) on its own vCPU.
+CONFORMANCE_NODES ?= 1
 # Further flags for e2e.test, e.g. --ginkgo.seed=N to run the specs in the
 # order of an earlier run (its report.json's SuiteConfig.RandomSeed).
 CONFORMANCE_E2E_ARGS ?=
@@ -112,12 +114,13 @@ conformance: cluster-deps vmtest-deps k8s-binaries node-binaries cluster-images 
 	rm -rf $(CONFORMANCE_OUT) && mkdir -p $(CONFORMANCE_OUT)/logs
 	$(GO) build -o $(CONFORMANCE_OUT)/conformance ./$(CONFORMANCE_DIR)
 	$(GO) build -o $(CONFORMANCE_OUT)/controlplane ./test/cluster/controlplane
+	$(GO) build -o $(CONFORMANCE_OUT)/worker ./test/cluster/worker
 	$(GO) build -o $(CONFORMANCE_OUT)/vmtest ./test/vmtest
 	$(CONFORMANCE_OUT)/controlplane --dir $(CONFORMANCE_OUT)/controlplane.d --logs $(CONFORMANCE_OUT)/logs \
-		--tap node-tap --controllers '*,-nodeipam' -- \
+		--nodes $(CONFORMANCE_NODES) --controllers '*,-nodeipam' -- \
 	$(CONFORMANCE_OUT)/conformance run --out $(CONFORMANCE_OUT) \
-		--vmtest $(CONFORMANCE_OUT)/vmtest \
-		--vm-args "$(CONFORMANCE_VM_FLAGS) --tap node-tap --modules $(CLUSTER_MODULES),sctp" \
+		--vmtest $(CONFORMANCE_OUT)/vmtest --worker $(CONFORMANCE_OUT)/worker --nodes $(CONFORMANCE_NODES) \
+		--vm-args "$(CONFORMANCE_VM_FLAGS) --modules $(CLUSTER_MODULES),sctp" \
 		$(addprefix --image ,$(CONFORMANCE_GUEST_IMAGES)) \
 		--alias $(CONFORMANCE_PAUSE_IMAGE)=$(PAUSE_IMAGE) \
 		--e2e $(CONFORMANCE_BIN)/e2e-network.test \

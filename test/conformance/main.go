@@ -11,9 +11,10 @@
 //
 //	controlplane --controllers '*,-nodeipam' ... -- conformance run [flags]
 //
-// run starts the VM with this same binary's guest side in it,
+// run starts a VM per node with the worker's program in it
+// (test/cluster/worker),
 //
-//	vmtest ... -- conformance node --image A.tar ... --state F --stop S
+//	vmtest ... --tap node1-tap -- worker --index 1 --image A.tar ... --state F --stop S
 //
 // which brings the node up, writes "ready" to the state file and waits for
 // the stop file. From the control plane's namespace run then installs
@@ -36,8 +37,7 @@ import (
 )
 
 // envKubeconfig names the admin's kubeconfig in the environment; the
-// control plane (test/cluster/controlplane) sets it for its command, and
-// the VM runner passes it on to the guest.
+// control plane (test/cluster/controlplane) sets it for its command.
 const envKubeconfig = "EBPF_PROXY_CLUSTER_KUBECONFIG"
 
 // The cluster's DNS: the kube-dns Service's address (in the API server's
@@ -61,8 +61,6 @@ func main() {
 	switch os.Args[1] {
 	case "run":
 		code = runMain(os.Args[2:])
-	case "node":
-		code = nodeMain(os.Args[2:])
 	case "report":
 		code = reportMain(os.Args[2:])
 	default:
@@ -73,8 +71,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, `usage: conformance run [flags]        (in the control plane's namespace: the VM, the proxies, the suites)
-       conformance node [flags]       (in the VM guest: the node)
+	fmt.Fprintln(os.Stderr, `usage: conformance run [flags]        (in the control plane's namespace: the VMs, the proxies, the suites)
        conformance report PROXY=FILE...   (the summary of JSON reports already written)`)
 }
 

@@ -13,6 +13,8 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/template"
@@ -30,6 +32,8 @@ var corednsManifest string
 type runConfig struct {
 	vmtest     string
 	vmArgs     []string
+	worker     string
+	nodes      int
 	out        string
 	images     list
 	aliases    list
@@ -49,7 +53,6 @@ type runConfig struct {
 
 	kubeconfig string
 	server     string
-	self       string
 }
 
 func runMain(args []string) int {
@@ -57,7 +60,9 @@ func runMain(args []string) int {
 	var c runConfig
 	var vmArgs, proxies, skipFile, extraSkip string
 	fs.StringVar(&c.vmtest, "vmtest", "", "the VM runner (test/vmtest) binary (required)")
-	fs.StringVar(&vmArgs, "vm-args", "", "the VM runner's flags, space-separated (kernel, CPUs, memory, --tap, --modules, ...)")
+	fs.StringVar(&vmArgs, "vm-args", "", "the VM runner's flags, space-separated (kernel, CPUs, memory, --modules, ...; not --tap)")
+	fs.StringVar(&c.worker, "worker", "", "the worker node's program (test/cluster/worker), run in each guest (required)")
+	fs.IntVar(&c.nodes, "nodes", 1, "the number of nodes, each a guest on the tap device node<i>-tap that the control plane made")
 	fs.StringVar(&c.out, "out", "", "directory for the reports and logs; the guest writes to it (required)")
 	fs.Var(&c.images, "image", "an image archive the node imports (repeatable)")
 	fs.Var(&c.aliases, "alias", "NEW=EXISTING: a second reference for an imported image (repeatable)")
@@ -95,8 +100,12 @@ func runMain(args []string) int {
 		return 2
 	}
 	switch {
-	case c.vmtest == "" || c.out == "" || c.e2e == "" || c.kubectl == "" || c.coredns == "":
-		err = errors.New("--vmtest, --out, --e2e, --kubectl and --coredns-image are required")
+	case c.vmtest == "" || c.worker == "" || c.out == "" || c.e2e == "" || c.kubectl == "" || c.coredns == "":
+		err = errors.New("--vmtest, --worker, --out, --e2e, --kubectl and --coredns-image are required")
+	case c.nodes < 1:
+		err = fmt.Errorf("--nodes %d: want at least 1", c.nodes)
+	case slices.Contains(c.vmArgs, "--tap"):
+		err = errors.New("--vm-args: no --tap: each node's guest is on node<i>-tap")
 	case len(c.proxies) == 0:
 		err = errors.New("--proxies names none")
 	case fs.NArg() > 0:
@@ -118,9 +127,7 @@ func runMain(args []string) int {
 		fmt.Fprintf(os.Stderr, "conformance run: %s is not set: run it under test/cluster/controlplane (make conformance)\n", envKubeconfig)
 		return 2
 	}
-	if c.self, err = os.Executable(); err == nil {
-		c.server, err = apiServer(c.kubeconfig)
-	}
+	c.server, err = apiServer(c.kubeconfig)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "conformance run:", err)
 		return 1
@@ -201,16 +208,27 @@ func (c *runConfig) run(ctx context.Context) ([]Result, error) {
 	if err := os.MkdirAll(filepath.Join(c.out, "logs"), 0o755); err != nil {
 		return nil, err
 	}
-	vm, err := c.startVM(ctx)
-	if err != nil {
-		return nil, err
+	// Every node's guest at once: each imports the images on its own vCPU.
+	var vms []*guestVM
+	defer func() {
+		for _, vm := range vms {
+			vm.stop(logf)
+		}
+	}()
+	for i := 1; i <= c.nodes; i++ {
+		vm, err := c.startVM(i)
+		if err != nil {
+			return nil, err
+		}
+		vms = append(vms, vm)
+		logf("VM of node%d started (its output in %s)", i, vm.logPath)
 	}
-	defer vm.stop(logf)
-	logf("VM started (its output in %s); waiting for the node", vm.logPath)
-	if err := vm.waitReady(ctx, c.nodeWait); err != nil {
-		return nil, err
+	for _, vm := range vms {
+		if err := vm.waitReady(ctx, c.nodeWait); err != nil {
+			return nil, err
+		}
 	}
-	logf("node ready")
+	logf("%d node(s) ready", len(vms))
 	if err := c.applyTemplate(ctx, corednsManifest, map[string]any{"Image": c.coredns, "IP": defaultDNS, "Domain": defaultDomain}); err != nil {
 		return nil, fmt.Errorf("CoreDNS: %w", err)
 	}
@@ -574,8 +592,15 @@ func (c *runConfig) kubectlRetry(ctx context.Context, stdin string, args ...stri
 	return err
 }
 
-// guestVM is the running VM with the node.
+// The worker's states in its state file (test/cluster/worker).
+const (
+	stateReady  = "ready"
+	stateFailed = "failed"
+)
+
+// guestVM is the running VM with a node.
 type guestVM struct {
+	name      string
 	cmd       *exec.Cmd
 	done      chan struct{}
 	waitErr   error
@@ -586,15 +611,22 @@ type guestVM struct {
 	startedAt time.Time
 }
 
-// startVM starts the VM runner with this binary's guest side, in a process
-// group of its own (QEMU is in it too), so that the whole group can be
-// killed should the runner not end by itself.
-func (c *runConfig) startVM(ctx context.Context) (*guestVM, error) {
+// startVM starts the VM runner with the worker node's program (node i, on
+// the tap device node<i>-tap), in a process group of its own (QEMU is in it
+// too), so that the whole group can be killed should the runner not end by
+// itself. Each node writes its logs to logs/node<i>.
+func (c *runConfig) startVM(i int) (*guestVM, error) {
+	name := fmt.Sprintf("node%d", i)
+	logs := filepath.Join(c.out, "logs", name)
 	vm := &guestVM{
+		name:     name,
 		done:     make(chan struct{}),
-		state:    filepath.Join(c.out, "node.state"),
-		stopFile: filepath.Join(c.out, "node.stop"),
-		logPath:  filepath.Join(c.out, "logs", "vm.log"),
+		state:    filepath.Join(c.out, name+".state"),
+		stopFile: filepath.Join(c.out, name+".stop"),
+		logPath:  filepath.Join(logs, "vm.log"),
+	}
+	if err := os.MkdirAll(logs, 0o755); err != nil {
+		return nil, err
 	}
 	for _, f := range []string{vm.state, vm.stopFile} {
 		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -602,8 +634,8 @@ func (c *runConfig) startVM(ctx context.Context) (*guestVM, error) {
 		}
 	}
 	args := append([]string{}, c.vmArgs...)
-	args = append(args, "--rw", c.out, "--", c.self, "node",
-		"--logs", filepath.Join(c.out, "logs"), "--state", vm.state, "--stop", vm.stopFile,
+	args = append(args, "--tap", name+"-tap", "--rw", c.out, "--", c.worker, "--index", strconv.Itoa(i),
+		"--logs", logs, "--state", vm.state, "--stop", vm.stopFile,
 		"--cluster-dns", defaultDNS.String(), "--cluster-domain", defaultDomain)
 	for _, i := range c.images {
 		args = append(args, "--image", i)
@@ -617,7 +649,7 @@ func (c *runConfig) startVM(ctx context.Context) (*guestVM, error) {
 	}
 	vm.cmd = exec.Command(c.vmtest, args...)
 	// The guest's few lines (the node's steps) are progress worth seeing.
-	vm.cmd.Stdout = io.MultiWriter(vm.logFile, prefixWriter("guest: ", os.Stdout))
+	vm.cmd.Stdout = io.MultiWriter(vm.logFile, prefixWriter(name+": ", os.Stdout))
 	vm.cmd.Stderr = vm.cmd.Stdout
 	vm.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if err := vm.cmd.Start(); err != nil {
@@ -643,15 +675,15 @@ func (vm *guestVM) waitReady(ctx context.Context, timeout time.Duration) error {
 		case err == nil && s == stateReady:
 			return nil
 		case err == nil && strings.HasPrefix(s, stateFailed):
-			return fmt.Errorf("the node did not come up: %s (logs in %s)", s, filepath.Dir(vm.logPath))
+			return fmt.Errorf("%s did not come up: %s (logs in %s)", vm.name, s, filepath.Dir(vm.logPath))
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-vm.done:
-			return fmt.Errorf("the VM ended before the node was ready: %v (its output: %s)", vm.waitErr, vm.logPath)
+			return fmt.Errorf("the VM ended before %s was ready: %v (its output: %s)", vm.name, vm.waitErr, vm.logPath)
 		case <-deadline:
-			return fmt.Errorf("the node was not ready after %s (its output: %s)", timeout, vm.logPath)
+			return fmt.Errorf("%s was not ready after %s (its output: %s)", vm.name, timeout, vm.logPath)
 		case <-tick.C:
 		}
 	}
@@ -676,11 +708,11 @@ func (vm *guestVM) stop(logf func(string, ...any)) {
 	}{{2 * time.Minute, syscall.SIGTERM}, {30 * time.Second, syscall.SIGKILL}} {
 		select {
 		case <-vm.done:
-			logf("VM stopped after %.0fs", time.Since(vm.startedAt).Seconds())
+			logf("VM of %s stopped after %.0fs", vm.name, time.Since(vm.startedAt).Seconds())
 			return
 		case <-time.After(step.wait):
 		}
-		logf("the VM did not stop within %s: %v to its process group %d", step.wait, step.sig, pid)
+		logf("the VM of %s did not stop within %s: %v to its process group %d", vm.name, step.wait, step.sig, pid)
 		if step.sig == syscall.SIGTERM {
 			_ = vm.cmd.Process.Signal(step.sig)
 		} else {

@@ -47,6 +47,26 @@ const (
 // DefaultIP is the node's address when Config.IP is unset.
 var DefaultIP = netip.MustParsePrefix("192.168.50.10/24")
 
+// Nth returns the Config of the cluster's i-th node, counted from 1:
+// named node<i>, at DefaultIP's address plus i-1, with the pod range
+// 10.244.<i-1>.0/24 of ClusterCIDR. The control plane
+// (test/cluster/controlplane) routes each node's pod range to its address
+// by the same numbering. The other fields are left to the caller.
+func Nth(i int) (Config, error) {
+	if i < 1 || i > 16 {
+		return Config{}, fmt.Errorf("node number %d: want 1 to 16", i)
+	}
+	ip := DefaultIP.Addr()
+	for range i - 1 {
+		ip = ip.Next()
+	}
+	return Config{
+		Name:    fmt.Sprintf("node%d", i),
+		IP:      netip.PrefixFrom(ip, DefaultIP.Bits()),
+		PodCIDR: fmt.Sprintf("10.244.%d.0/24", i-1),
+	}, nil
+}
+
 // Config says what node to start.
 type Config struct {
 	// Name is the Node's name; DefaultName when empty.

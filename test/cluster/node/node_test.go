@@ -79,3 +79,23 @@ func TestKubeletConfigClusterDNS(t *testing.T) {
 		t.Errorf("with DNS: %+v\n%s", withDNS, conf)
 	}
 }
+
+func TestNthNumbersNodesAddressesAndPodRanges(t *testing.T) {
+	for i, want := range map[int]Config{
+		1: {Name: "node1", IP: DefaultIP, PodCIDR: DefaultPodCIDR},
+		2: {Name: "node2", IP: netip.MustParsePrefix("192.168.50.11/24"), PodCIDR: "10.244.1.0/24"},
+	} {
+		got, err := Nth(i)
+		if err != nil || got.Name != want.Name || got.IP != want.IP || got.PodCIDR != want.PodCIDR {
+			t.Errorf("Nth(%d) = %+v, %v; want %+v", i, got, err, want)
+		}
+		if !netip.MustParsePrefix(ClusterCIDR).Contains(netip.MustParsePrefix(got.PodCIDR).Addr()) {
+			t.Errorf("Nth(%d)'s pod range %s is outside the cluster's %s", i, got.PodCIDR, ClusterCIDR)
+		}
+	}
+	for _, i := range []int{0, -1, 17} {
+		if c, err := Nth(i); err == nil {
+			t.Errorf("Nth(%d) = %+v, want an error", i, c)
+		}
+	}
+}

@@ -6,11 +6,13 @@
 //	testserver probe --proto tcp --count 10 --timeout 2s 10.96.0.10:80
 //	testserver loop --interval 100ms --max-duration 10m 10.96.0.10:80
 //	testserver pause
+//	testserver outside --listen 192.168.50.1:7070
 //
 // serve takes its name from $POD_NAME, else the hostname. probe prints one
 // JSON object with every attempt; loop connects until its standard input
 // ends (`kubectl exec -i` closed) or --max-duration passes and prints one
 // JSON summary. Both exit 0 whatever the attempts gave, 2 on bad usage.
+// outside runs the same clients at a test's request over HTTP (Outside).
 package main
 
 import (
@@ -21,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -34,6 +37,7 @@ const usage = `usage:
   testserver probe [--proto tcp|udp] [--count N] [--timeout D] ADDR
   testserver loop [--interval D] [--timeout D] [--max-duration D] ADDR
   testserver pause
+  testserver outside --listen ADDR
 `
 
 // errUsage is returned for bad usage; the program exits 2.
@@ -122,6 +126,19 @@ func run(args []string, stdin io.Reader, stdout io.Writer) error {
 			close(eof)
 		}()
 		return printJSON(stdout, Loop(ctx, fs.Arg(0), *interval, *timeout, *maxDuration, eof))
+	case "outside":
+		listen := fs.String("listen", "", "address and port to answer on")
+		if err := parse(0); err != nil {
+			return err
+		}
+		if *listen == "" {
+			return fmt.Errorf("%w: outside needs --listen", errUsage)
+		}
+		l, err := net.Listen("tcp", *listen)
+		if err != nil {
+			return err
+		}
+		return (&Outside{}).Serve(ctx, l)
 	case "pause":
 		if err := parse(0); err != nil {
 			return err

@@ -11,7 +11,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -80,7 +82,9 @@ type Config struct {
 	// Tap, if set, gives the guest a virtio network card (eth0, once the
 	// guest has loaded virtio_net: list it in Modules) on the host's tap
 	// device of that name, which must exist in QEMU's network namespace.
-	// Without it the guest has no network card.
+	// Without it the guest has no network card. The card's MAC address
+	// is made from the tap's name (TapMAC), so that guests on taps of one
+	// bridge differ, and a guest keeps its address from run to run.
 	Tap string
 	// RWDirs are host directories the guest may write to (through extra
 	// 9p shares at the same paths), for output such as cover profiles
@@ -390,9 +394,19 @@ func qemuArgs(cfg Config, runDir string, shares []guest.Share) ([]string, error)
 		}
 		args = append(args,
 			"-netdev", "tap,id=net0,ifname="+cfg.Tap+",script=no,downscript=no",
-			"-device", "virtio-net-pci,netdev=net0")
+			"-device", "virtio-net-pci,netdev=net0,mac="+TapMAC(cfg.Tap).String())
 	}
 	return args, nil
+}
+
+// TapMAC is the MAC address of the network card of a guest on the tap
+// device named tap: QEMU's own prefix, 52:54:00, and three bytes of a hash
+// of the name (QEMU would give every guest 52:54:00:12:34:56).
+func TapMAC(tap string) net.HardwareAddr {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(tap))
+	s := h.Sum32()
+	return net.HardwareAddr{0x52, 0x54, 0x00, byte(s >> 16), byte(s >> 8), byte(s)}
 }
 
 func virtfs(path, tag string, readonly bool) string {

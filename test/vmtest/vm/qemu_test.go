@@ -104,7 +104,7 @@ func TestQEMUArgs(t *testing.T) {
 		{
 			name: "a network card on a tap device",
 			cfg:  Config{Kernel: k, Accel: AccelTCG, CPUs: 1, MemoryMB: 256, BIOS: "/nonexistent", Tap: "node-tap"},
-			want: []string{"-netdev tap,id=net0,ifname=node-tap,script=no,downscript=no -device virtio-net-pci,netdev=net0"},
+			want: []string{"-netdev tap,id=net0,ifname=node-tap,script=no,downscript=no -device virtio-net-pci,netdev=net0,mac=" + TapMAC("node-tap").String()},
 		},
 		{
 			name: "a tap device name QEMU would read as options",
@@ -116,6 +116,9 @@ func TestQEMUArgs(t *testing.T) {
 			cfg:  Config{Kernel: k, Accel: "hvf"},
 			err:  true,
 		},
+	}
+	if a, b := TapMAC("node1-tap"), TapMAC("node2-tap"); bytes.Equal(a, b) || a[0] != 0x52 {
+		t.Errorf("TapMAC: node1-tap %s, node2-tap %s: want two addresses of QEMU's prefix 52:54:00", a, b)
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
