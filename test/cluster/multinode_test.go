@@ -44,9 +44,22 @@ func (e *env) migrateNodeByNode(deployDir, image string) {
 		}
 		e.t.Logf("cluster: %s migrated", cn.Name)
 	}
+	// The agents that started beside kube-proxy made the maps, whose
+	// memory is charged to their containers: checked before the last step
+	// replaces their pods.
+	e.agentChecks()
 	e.kubectl("", "-n", "kube-system", "delete", "daemonset", "kube-proxy", "--wait=true")
 	e.applyArgs("", "-k", e.overlay(deployDir, "", image))
 	e.rollout("daemonset/ebpf-proxy", "kube-system")
+}
+
+// agentChecks are the checks of the agents that started beside
+// kube-proxy: the first agent made the maps, whose memory is charged to
+// its container, at its peak now; and the agents' probes kept reaching
+// them while kube-proxy held the health check port.
+func (e *env) agentChecks() {
+	e.check("the agent's memory stays within its DaemonSet limit, with room", e.memoryWithinLimit)
+	e.check("no agent was restarted: its probes reach it while kube-proxy runs", e.notRestarted)
 }
 
 // waitAgentReady waits for the agent's pod on a node to be Ready.

@@ -7,6 +7,9 @@
 #       (test/e2e/tools/network, go test -c)
 #   $EBPF_PROXY_CACHE/k8s-conformance/<kubernetes version>/agnhost
 #       the suite's test server (k8s.io/kubernetes/test/images/agnhost)
+#   $EBPF_PROXY_CACHE/k8s-conformance/<kubernetes version>/regression-issue-74839
+#       the server of the Conntrack spec of invalid packets (its own marker,
+#       .complete-regression: added after the others, it builds alone)
 #   $EBPF_PROXY_CACHE/coredns/<coredns version>/coredns
 #       the cluster's DNS (test/conformance/coredns, its own module)
 #
@@ -48,6 +51,7 @@ inputs() {
 suite_inputs=$(inputs e2e-network.test "$tools/go.mod" "$tools/go.sum" "$tools"/network/*.go)
 agnhost_inputs=$(inputs agnhost "$tools/go.mod" "$tools/go.sum")
 dns_inputs=$(inputs coredns "$dns/go.mod" "$dns/go.sum")
+regression_inputs=$(inputs regression-issue-74839 "$tools/go.mod" "$tools/go.sum")
 
 # up_to_date DIR LINE... says whether DIR's marker holds every LINE.
 up_to_date() {
@@ -59,7 +63,13 @@ up_to_date() {
 	done
 }
 
-if up_to_date "$k8s_dir" "$suite_inputs" "$agnhost_inputs" && up_to_date "$dns_dir" "$dns_inputs"; then
+# regression_up_to_date says whether the Conntrack spec's server is built
+# from the same inputs.
+regression_up_to_date() {
+	[[ -f $k8s_dir/.complete-regression ]] && grep -qxF "$regression_inputs" "$k8s_dir/.complete-regression"
+}
+
+if up_to_date "$k8s_dir" "$suite_inputs" "$agnhost_inputs" && up_to_date "$dns_dir" "$dns_inputs" && regression_up_to_date; then
 	echo "conformance/build.sh: $k8s_dir and $dns_dir are up to date"
 	exit 0
 fi
@@ -99,6 +109,16 @@ if ! up_to_date "$k8s_dir" "$suite_inputs" "$agnhost_inputs"; then
 	mv -f "$k8s_dir/agnhost.tmp" "$k8s_dir/agnhost"
 	echo "conformance/build.sh: agnhost in $((SECONDS - start))s"
 	finish "$k8s_dir" "version=$k8s_version" "$suite_inputs" "$agnhost_inputs"
+fi
+
+if ! regression_up_to_date; then
+	mkdir -p "$k8s_dir"
+	start=$SECONDS
+	echo "conformance/build.sh: building regression-issue-74839 $k8s_version"
+	(cd "$tools" && nice -n 10 go build -trimpath -ldflags "-s -w" -o "$k8s_dir/regression-issue-74839.tmp" k8s.io/kubernetes/test/images/regression-issue-74839)
+	mv -f "$k8s_dir/regression-issue-74839.tmp" "$k8s_dir/regression-issue-74839"
+	echo "conformance/build.sh: regression-issue-74839 in $((SECONDS - start))s"
+	echo "$regression_inputs" >"$k8s_dir/.complete-regression"
 fi
 
 if ! up_to_date "$dns_dir" "$dns_inputs"; then

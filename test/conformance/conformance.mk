@@ -4,11 +4,13 @@
 #
 #	make conformance
 #	make conformance CONFORMANCE_FOCUS='\[sig-network\] Services .*\[Conformance\]' CONFORMANCE_PROXIES=ebpf-proxy
+#	make conformance-multinode        (the specs that want a second node)
 #
-# The node is the cluster test's (test/cluster.mk): containerd and the
-# kubelet in a Debian 6.12 guest of the VM runner, the control plane on
-# this machine in a network namespace of its own, whose tap device is the
-# guest's network card. The suite (e2e.test cut down to sig-network,
+# The nodes are the cluster test's (test/cluster.mk): two of them, each
+# containerd and the kubelet in a Debian 6.12 guest of the VM runner
+# (test/cluster/worker), the control plane on this machine in a network
+# namespace of its own, whose bridge holds the guests' network cards and
+# routes between their pods. The suite (e2e.test cut down to sig-network,
 # test/e2e/tools/network) runs in that namespace, once per proxy: kube-proxy
 # as kubeadm 1.37 installs it (test/cluster/testdata/kubeadm-kube-proxy.yaml,
 # made by kubeadm's own code: make kubeadm-proxy-config), then
@@ -59,7 +61,10 @@ CONFORMANCE_PROXIES ?= kube-proxy,ebpf-proxy
 CONFORMANCE_VM_FLAGS ?= --kernel 6.12 --cpus 1 --memory 6144 --accel tcg --timeout 6h
 CONFORMANCE_E2E_TIMEOUT ?= 150m
 # The nodes, each a guest (test/cluster/worker) on its own vCPU.
-CONFORMANCE_NODES ?= 1
+CONFORMANCE_NODES ?= 2
+# The specs that skip themselves on one node (they want a second node):
+# make conformance-multinode runs them alone, on two nodes.
+CONFORMANCE_MULTINODE_FOCUS := \[sig-network\] (Conntrack|KubeProxy should set TCP CLOSE_WAIT timeout|Networking Granular Checks: Services|Networking Granular Checks: Pods should function for intra-pod communication: sctp|Networking should check kube-proxy urls|Service CIDRs should create Services and serve on different Service CIDRs|Services should (be able to connect to terminating and unready endpoints|fail health check node port if there are only terminating endpoints|fallback to|not be able to connect to terminating and unready endpoints|preserve source pod IP|respect internalTrafficPolicy|support externalTrafficPolicy=Local for type=NodePort|implement NodePort and HealthCheckNodePort correctly))
 # Further flags for e2e.test, e.g. --ginkgo.seed=N to run the specs in the
 # order of an earlier run (its report.json's SuiteConfig.RandomSeed).
 CONFORMANCE_E2E_ARGS ?=
@@ -69,14 +74,24 @@ CONFORMANCE_BIN := $(EBPF_PROXY_CACHE)/k8s-conformance/$(K8S_VERSION)
 COREDNS_VERSION := $(shell awk '$$1 == "github.com/coredns/coredns" && $$2 ~ /^v/ { print $$2; exit }' $(CONFORMANCE_DIR)/coredns/go.mod)
 COREDNS_IMAGE := registry.k8s.io/coredns/coredns:$(COREDNS_VERSION)
 # The test images under the names k8s.io/kubernetes/test/utils/image's
-# manifest.go gives them at $(K8S_VERSION): agnhost, and nginx, which the
-# EndpointSlice specs only need running (agnhost's pause serves).
+# manifest.go gives them at $(K8S_VERSION): agnhost; nginx, which the
+# EndpointSlice specs only need running (agnhost's pause serves); busybox,
+# whose sh, sleep and nc the Conntrack specs run (the same tools are in
+# agnhost's image: the specs' nc flags are netcat-openbsd's); and
+# distroless-iptables, where "KubeProxy should set TCP CLOSE_WAIT timeout"
+# runs sleep and conntrack -L on the node.
 AGNHOST_TAGS := registry.k8s.io/e2e-test-images/agnhost:2.66.1 registry.k8s.io/e2e-test-images/agnhost:2.55 \
-	registry.k8s.io/e2e-test-images/nginx:1.27.0-2 registry.k8s.io/e2e-test-images/nginx:1.28.0-2
+	registry.k8s.io/e2e-test-images/nginx:1.27.0-2 registry.k8s.io/e2e-test-images/nginx:1.28.0-2 \
+	registry.k8s.io/e2e-test-images/busybox:1.37.0-2 registry.k8s.io/build-image/distroless-iptables:v0.9.9
+# The server of the Conntrack spec of invalid packets, on its own (its
+# entrypoint is the image's).
+REGRESSION_TAG := registry.k8s.io/e2e-test-images/regression-issue-74839:1.5
 # What the specs run in agnhost's containers besides agnhost: sh -c, nc,
-# curl, wget, and sometimes ss, ip and dig (the upstream image is busybox).
-AGNHOST_PACKAGES := curl wget netcat-openbsd iproute2 dnsutils procps
-AGNHOST_REQUIRES := /agnhost /bin/sh /usr/bin/curl /usr/bin/wget /bin/nc /usr/bin/dig /usr/bin/ss /usr/bin/ps /usr/sbin/ip
+# curl, wget, and sometimes ss, ip and dig (the upstream image is busybox),
+# and conntrack.
+AGNHOST_PACKAGES := curl wget netcat-openbsd iproute2 dnsutils procps conntrack
+AGNHOST_REQUIRES := /agnhost /bin/sh /usr/bin/curl /usr/bin/wget /bin/nc /usr/bin/dig /usr/bin/ss /usr/bin/ps /usr/sbin/ip \
+	/usr/sbin/conntrack /usr/bin/sleep /usr/bin/seq
 # The pause image of the suite (manifest.go) and of kubeadm at 1.37;
 # containerd's sandbox image stays node.PauseImage, the same archive.
 CONFORMANCE_PAUSE_IMAGE := registry.k8s.io/pause:3.10.2
@@ -86,7 +101,7 @@ CONFORMANCE_PAUSE_IMAGE := registry.k8s.io/pause:3.10.2
 CONFORMANCE_GUEST_IMAGES = $(abspath $(IMAGES_DIR))/pause.tar \
 	$(if $(findstring kube-proxy,$(CONFORMANCE_PROXIES)),$(abspath $(IMAGES_DIR))/kube-proxy-$(K8S_VERSION).tar) \
 	$(if $(findstring ebpf-proxy,$(CONFORMANCE_PROXIES)),$(abspath $(IMAGES_DIR))/ebpf-proxy-$(IMAGE_TAG).tar) \
-	$(CONFORMANCE_IMAGES)/agnhost.tar $(CONFORMANCE_IMAGES)/coredns.tar
+	$(CONFORMANCE_IMAGES)/agnhost.tar $(CONFORMANCE_IMAGES)/coredns.tar $(CONFORMANCE_IMAGES)/regression.tar
 
 .PHONY: conformance conformance-binaries conformance-images
 
@@ -106,6 +121,9 @@ conformance-images: image-tools conformance-binaries
 		--file $(CONFORMANCE_BIN)/agnhost:/agnhost:0755 \
 		--entrypoint /agnhost --cmd pause $(call mkimage_labels,$(K8S_VERSION)) \
 		$(addprefix --require ,$(AGNHOST_REQUIRES))
+	$(MKIMAGE) -o $(CONFORMANCE_IMAGES)/regression.tar -t $(REGRESSION_TAG) \
+		--file $(CONFORMANCE_BIN)/regression-issue-74839:/regression-issue-74839:0755 \
+		--entrypoint /regression-issue-74839 $(call mkimage_labels,$(K8S_VERSION)) --require /regression-issue-74839
 	$(MKIMAGE) -o $(CONFORMANCE_IMAGES)/coredns.tar -t $(COREDNS_IMAGE) \
 		--file $(EBPF_PROXY_CACHE)/coredns/$(COREDNS_VERSION)/coredns:/coredns:0755 \
 		--entrypoint /coredns $(call mkimage_labels,$(COREDNS_VERSION)) --require /coredns
@@ -132,11 +150,16 @@ conformance: cluster-deps vmtest-deps k8s-binaries node-binaries cluster-images 
 		--focus '$(CONFORMANCE_FOCUS)' --skip-file $(CONFORMANCE_SKIP_FILE) --skip '$(CONFORMANCE_SKIP)' \
 		--e2e-timeout $(CONFORMANCE_E2E_TIMEOUT) $(addprefix --e2e-arg ,$(CONFORMANCE_E2E_ARGS))
 
+# The specs that want a second node, with both proxies on two nodes.
+.PHONY: conformance-multinode
+conformance-multinode:
+	$(MAKE) --no-print-directory conformance CONFORMANCE_NODES=2 CONFORMANCE_FOCUS='$(CONFORMANCE_MULTINODE_FOCUS)'
+
 # What make test runs: the Services conformance specs, with ebpf-proxy alone
-# (about 4 minutes to a ready node, then 10 for the 15 specs on a quiet
-# machine), bounded well inside CI's time.
+# on one node (about 4 minutes to a ready node, then 10 for the 15 specs on
+# a quiet machine), bounded well inside CI's time.
 .PHONY: conformance-services
 conformance-services:
-	$(MAKE) --no-print-directory conformance CONFORMANCE_PROXIES=ebpf-proxy \
+	$(MAKE) --no-print-directory conformance CONFORMANCE_PROXIES=ebpf-proxy CONFORMANCE_NODES=1 \
 		CONFORMANCE_FOCUS='\[sig-network\] Services .*\[Conformance\]' \
 		CONFORMANCE_VM_FLAGS='--kernel 6.12 --cpus 1 --memory 6144 --accel tcg --timeout 40m' CONFORMANCE_E2E_TIMEOUT=30m
