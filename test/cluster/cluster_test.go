@@ -329,12 +329,23 @@ func TestCluster(t *testing.T) {
 	e.check("a scale-down is followed: the gone pod is never chosen", func() error { return e.scaleDown(pods) })
 
 	// An upgrade to another image of the same binary, under load, one
-	// node at a time.
+	// node at a time, as a kustomize user makes it: deploy/ applied with
+	// the next image. After a node-by-node migration the same apply drops
+	// the component's node selector, the guide's last step.
 	loops = e.startLoops()
-	e.kubectl("", "-n", "kube-system", "set", "image", "daemonset/ebpf-proxy", "ebpf-proxy="+agentImages[1])
+	e.applyArgs("", "-k", e.overlay(deployDir, "", agentImages[1]))
 	e.rollout("daemonset/ebpf-proxy", "kube-system")
 	e.upgrade = e.stopLoops("upgrade", loops)
 	phase(fmt.Sprintf("upgraded: %s", e.upgrade))
+	if len(nodes) > 1 {
+		e.check("after the migration's last apply the agents' DaemonSet runs on every node, with no node selector", func() error {
+			aff, err := e.n.Kubectl(e.ctx, "", "-n", "kube-system", "get", "daemonset/ebpf-proxy", "-o", "jsonpath={.spec.template.spec.affinity}")
+			if err == nil && aff != "" {
+				err = fmt.Errorf("the DaemonSet's pods still have an affinity: %s", aff)
+			}
+			return err
+		})
+	}
 
 	// The agent of this node killed; the kubelet restarts its container.
 	loops = e.startLoops()

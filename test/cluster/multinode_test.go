@@ -25,8 +25,9 @@ const proxyLabel = "ebpf-proxy.io/proxy"
 // the node-by-node component) runs on those labelled both or ebpf-proxy;
 // node by node, the agent starts beside kube-proxy and serves, then
 // kube-proxy leaves, and its rules go. Last, kube-proxy's DaemonSet is
-// deleted and deploy/ without the component applied, which restarts the
-// agents one node at a time.
+// deleted. The guide's last step, deploy/ applied without the component
+// (the agents restart one node at a time), is the test's upgrade, which
+// applies deploy/ with the next image.
 func (e *env) migrateNodeByNode(deployDir, image string) {
 	e.t.Helper()
 	e.kubectl("", "-n", "kube-system", "patch", "daemonset", "kube-proxy",
@@ -44,13 +45,8 @@ func (e *env) migrateNodeByNode(deployDir, image string) {
 		}
 		e.t.Logf("cluster: %s migrated", cn.Name)
 	}
-	// The agents that started beside kube-proxy made the maps, whose
-	// memory is charged to their containers: checked before the last step
-	// replaces their pods.
 	e.agentChecks()
 	e.kubectl("", "-n", "kube-system", "delete", "daemonset", "kube-proxy", "--wait=true")
-	e.applyArgs("", "-k", e.overlay(deployDir, "", image))
-	e.rollout("daemonset/ebpf-proxy", "kube-system")
 }
 
 // agentChecks are the checks of the agents that started beside

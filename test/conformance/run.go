@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -19,6 +18,8 @@ import (
 	"syscall"
 	"text/template"
 	"time"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/agent"
 
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -649,7 +650,7 @@ func (c *runConfig) startVM(i int) (*guestVM, error) {
 	}
 	vm.cmd = exec.Command(c.vmtest, args...)
 	// The guest's few lines (the node's steps) are progress worth seeing.
-	vm.cmd.Stdout = io.MultiWriter(vm.logFile, prefixWriter(name+": ", os.Stdout))
+	vm.cmd.Stdout = io.MultiWriter(vm.logFile, agent.PrefixWriter(name+": ", os.Stdout))
 	vm.cmd.Stderr = vm.cmd.Stdout
 	vm.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if err := vm.cmd.Start(); err != nil {
@@ -720,18 +721,4 @@ func (vm *guestVM) stop(logf func(string, ...any)) {
 		}
 	}
 	<-vm.done
-}
-
-// prefixWriter writes each line to w with prefix before it.
-func prefixWriter(prefix string, w io.Writer) io.Writer {
-	pr, pw := io.Pipe()
-	go func() {
-		s := bufio.NewScanner(pr)
-		s.Buffer(make([]byte, 64*1024), 1024*1024)
-		for s.Scan() {
-			fmt.Fprintf(w, "%s%s\n", prefix, s.Text())
-		}
-		_, _ = io.Copy(io.Discard, pr)
-	}()
-	return pw
 }

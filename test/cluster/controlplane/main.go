@@ -29,12 +29,10 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -356,7 +354,7 @@ func startBeside(b besideCommand, env []string) (*besideProcess, error) {
 	p := &besideProcess{name: b.name, done: make(chan struct{})}
 	p.cmd = exec.Command(b.args[0], b.args[1:]...)
 	p.cmd.Env = env
-	w := prefixWriter(b.name+": ", os.Stderr)
+	w := agent.PrefixWriter(b.name+": ", os.Stderr)
 	p.cmd.Stdout, p.cmd.Stderr = w, w
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
@@ -399,20 +397,6 @@ func stopBeside(ps []*besideProcess) string {
 		}
 	}
 	return strings.Join(failed, "; ")
-}
-
-// prefixWriter writes each line written to it to w, after prefix.
-func prefixWriter(prefix string, w io.Writer) io.WriteCloser {
-	pr, pw := io.Pipe()
-	go func() {
-		s := bufio.NewScanner(pr)
-		s.Buffer(make([]byte, 64*1024), 1024*1024)
-		for s.Scan() {
-			fmt.Fprintf(w, "%s%s\n", prefix, s.Text())
-		}
-		_, _ = io.Copy(io.Discard, pr)
-	}()
-	return pw
 }
 
 // controlPlane is the running control plane.
