@@ -303,10 +303,13 @@ state = %q
 	}
 	// The bridge plugin makes cni0 with the first address of the range,
 	// the pods' gateway; hairpin mode lets a pod reach itself through a
-	// Service, as kube-proxy's hairpin masquerade expects.
+	// Service, as kube-proxy's hairpin masquerade expects. portmap serves
+	// pods' hostPorts, as the CNIs of real clusters do (a Kubernetes spec,
+	// "KubeProxy should set TCP CLOSE_WAIT timeout", connects to one).
 	cni := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"node","plugins":[`+
 		`{"type":"bridge","bridge":%q,"isGateway":true,"ipMasq":false,"hairpinMode":true,`+
 		`"ipam":{"type":"host-local","ranges":[[{"subnet":%q}]],"routes":[{"dst":"0.0.0.0/0"}]}},`+
+		`{"type":"portmap","capabilities":{"portMappings":true}},`+
 		`{"type":"loopback"}]}`, bridgeName, n.cfg.PodCIDR)
 	if err := os.WriteFile(filepath.Join(cniConfDir, "10-bridge.conflist"), []byte(cni), 0o644); err != nil {
 		return err
