@@ -2,7 +2,9 @@ package main
 
 import (
 	"slices"
+	"strings"
 	"testing"
+	"time"
 )
 
 // Bad arguments are refused before anything is created.
@@ -33,5 +35,32 @@ func TestBesideTakesAnOptionalName(t *testing.T) {
 	if l[0].name != "node2" || !slices.Equal(l[0].args, []string{"/bin/vmtest", "--tap", "node2-tap", "--", "worker"}) ||
 		l[1].name != "testserver" || !slices.Equal(l[1].args, []string{"/usr/bin/testserver", "outside", "--listen", "1.2.3.4:5"}) {
 		t.Errorf("--beside parsed as %+v", l)
+	}
+}
+
+// A command beside the main one that fails on its own is reported; one
+// still running when the main command ends is told to stop, and its exit
+// by that signal is no failure.
+func TestBesideCommandsEndWithTheMainOne(t *testing.T) {
+	env := []string{"PATH=/usr/bin:/bin"}
+	failed, err := startBeside(besideCommand{name: "fails", args: []string{"sh", "-c", "exit 3"}}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-failed.done
+	running, err := startBeside(besideCommand{name: "runs", args: []string{"sleep", "600"}}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	got := stopBeside([]*besideProcess{failed, running})
+	if !strings.Contains(got, "fails failed") || strings.Contains(got, "runs") {
+		t.Errorf("stopBeside = %q, want the command that failed on its own alone", got)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("the running command took %v to stop after SIGTERM", d)
+	}
+	if stopBeside([]*besideProcess{running}) != "" {
+		t.Errorf("stopping an ended command again reports a failure")
 	}
 }
