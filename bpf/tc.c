@@ -19,6 +19,7 @@
 
 #include "lib/common.h"
 #include "lib/fwd.h"
+#include "lib/nfct.h"
 #include "lib/nodeport.h"
 #include "lib/parse.h"
 #include "lib/reset.h"
@@ -249,6 +250,20 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, bool v6, void *p, 
 	case NP_FRAGMENT:
 		lb_count(LB_M_TC_FRAGMENT);
 		return TC_ACT_UNSPEC;
+	default:
+		break;
+	}
+	/* A TCP segment other than a SYN begins no connection: of a flow the
+	 * kernel's connection tracking translated before the agent took the
+	 * frontend over, it stays the kernel's (nfct.h), whatever the
+	 * frontend's verdict now, as kube-proxy's rules judge new connections
+	 * only. */
+	if (PKT_F(p, v6, proto) == IPPROTO_TCP && !(PKT_F(p, v6, tcp_flags) & TCP_FLAG_SYN) &&
+	    nfct_tracks(skb, v6, p)) {
+		lb_count(LB_M_TC_NF_TRACKED);
+		return TC_ACT_UNSPEC;
+	}
+	switch (verdict) {
 	case NP_DROP:
 		lb_count(LB_M_DROP);
 		return TC_ACT_SHOT;

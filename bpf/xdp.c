@@ -164,6 +164,13 @@ static __always_inline int xdp_new_flow(struct xdp_md *ctx, bool v6, void *p, __
 	struct np_choice c = {};
 	enum np_verdict verdict;
 
+	/* A TCP segment of no tracked flow other than a SYN may be of a
+	 * connection the kernel's connection tracking translated before the
+	 * agent took over: TC asks it (tc.c tc_new_flow, nfct.h). */
+	if (PKT_F(p, v6, proto) == IPPROTO_TCP && !(PKT_F(p, v6, tcp_flags) & TCP_FLAG_SYN)) {
+		lb_count(LB_M_XDP_TO_TC);
+		return XDP_PASS;
+	}
 	verdict = np_decide(v6, p, &c, false);
 	switch (verdict) {
 	case NP_DROP:

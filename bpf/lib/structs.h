@@ -519,7 +519,7 @@ enum lb_metric {
 	LB_M_XDP_NEW_SNAT,	/* XDP: new flow to a remote backend, SNAT, sent */
 	LB_M_XDP_FWD,		/* XDP: packet of a source-NATed flow translated, sent */
 	LB_M_XDP_REPLY,		/* XDP: reply translated back, sent */
-	LB_M_XDP_TO_TC,		/* XDP: flow's packet passed to TC (next hop, device) */
+	LB_M_XDP_TO_TC,		/* XDP: passed to TC (next hop, device, mid-stream TCP) */
 	LB_M_XDP_MULTIBUF,	/* XDP: multi-buffer frame passed to TC */
 	LB_M_SOCK_SOURCE_RANGE, /* socket: packet of a pod or the node outside the ranges dropped */
 	LB_M_SOCK_RANGE_TAG_ERR, /* socket: could not tag a socket for the range check */
@@ -528,6 +528,7 @@ enum lb_metric {
 	LB_M_TC_RESET,		 /* TC: TCP flow to a removed backend reset */
 	LB_M_TC_RESET_FAIL,	 /* TC: could not build that reset */
 	LB_M_TC_NEXTHOP_SHARED,	 /* TC/XDP: new flow's next hop from the client's earlier flow */
+	LB_M_TC_NF_TRACKED, /* TC: segment of a connection netfilter translates, to the stack */
 	LB_M_MAX,
 };
 

@@ -157,7 +157,8 @@ const (
 	SockLbMetricLB_M_TC_RESET           SockLbMetric = 35
 	SockLbMetricLB_M_TC_RESET_FAIL      SockLbMetric = 36
 	SockLbMetricLB_M_TC_NEXTHOP_SHARED  SockLbMetric = 37
-	SockLbMetricLB_M_MAX                SockLbMetric = 38
+	SockLbMetricLB_M_TC_NF_TRACKED      SockLbMetric = 38
+	SockLbMetricLB_M_MAX                SockLbMetric = 39
 )
 
 type SockSock4RangeTag struct {

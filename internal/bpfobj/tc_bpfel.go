@@ -215,7 +215,8 @@ const (
 	TcLbMetricLB_M_TC_RESET           TcLbMetric = 35
 	TcLbMetricLB_M_TC_RESET_FAIL      TcLbMetric = 36
 	TcLbMetricLB_M_TC_NEXTHOP_SHARED  TcLbMetric = 37
-	TcLbMetricLB_M_MAX                TcLbMetric = 38
+	TcLbMetricLB_M_TC_NF_TRACKED      TcLbMetric = 38
+	TcLbMetricLB_M_MAX                TcLbMetric = 39
 )
 
 type TcNh4Key struct {
@@ -303,6 +304,7 @@ const (
 	TcProgTcEgress         = "tc_egress"
 	TcProgTcIngress        = "tc_ingress"
 	TcVarMaglevTableSize   = "maglev_table_size"
+	TcVarNfctKfuncs        = "nfct_kfuncs"
 	TcVarSnatPortMax       = "snat_port_max"
 	TcVarSnatPortMin       = "snat_port_min"
 )
@@ -391,6 +393,7 @@ type TcMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type TcVariableSpecs struct {
 	MaglevTableSize *ebpf.VariableSpec `ebpf:"maglev_table_size"`
+	NfctKfuncs      *ebpf.VariableSpec `ebpf:"nfct_kfuncs"`
 	SnatPortMax     *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin     *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
@@ -481,6 +484,7 @@ func (m *TcMaps) Close() error {
 // It can be passed to LoadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type TcVariables struct {
 	MaglevTableSize *ebpf.Variable `ebpf:"maglev_table_size"`
+	NfctKfuncs      *ebpf.Variable `ebpf:"nfct_kfuncs"`
 	SnatPortMax     *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin     *ebpf.Variable `ebpf:"snat_port_min"`
 }

@@ -215,7 +215,8 @@ const (
 	XdpLbMetricLB_M_TC_RESET           XdpLbMetric = 35
 	XdpLbMetricLB_M_TC_RESET_FAIL      XdpLbMetric = 36
 	XdpLbMetricLB_M_TC_NEXTHOP_SHARED  XdpLbMetric = 37
-	XdpLbMetricLB_M_MAX                XdpLbMetric = 38
+	XdpLbMetricLB_M_TC_NF_TRACKED      XdpLbMetric = 38
+	XdpLbMetricLB_M_MAX                XdpLbMetric = 39
 )
 
 type XdpNh4Slot struct {

@@ -511,6 +511,7 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_TC_RESET:           "tc_reset_backend_removed",
 	bpfobj.SockLbMetricLB_M_TC_RESET_FAIL:      "tc_reset_failed",
 	bpfobj.SockLbMetricLB_M_TC_NEXTHOP_SHARED:  "tc_nexthop_shared",
+	bpfobj.SockLbMetricLB_M_TC_NF_TRACKED:      "tc_conntrack_flow_to_stack",
 }
 
 // CounterDescriptions say in words what each counter of CounterNames
@@ -545,7 +546,7 @@ var CounterDescriptions = []string{
 	bpfobj.SockLbMetricLB_M_XDP_NEW_SNAT:       "XDP: new flow with source NAT, sent",
 	bpfobj.SockLbMetricLB_M_XDP_FWD:            "XDP: packet of a source-NATed flow translated, sent",
 	bpfobj.SockLbMetricLB_M_XDP_REPLY:          "XDP: reply translated back, sent",
-	bpfobj.SockLbMetricLB_M_XDP_TO_TC:          "XDP: a flow's packet passed to TC (next hop or device)",
+	bpfobj.SockLbMetricLB_M_XDP_TO_TC:          "XDP: a packet passed to TC (a flow's next hop or device, or a TCP segment of no tracked flow other than a SYN)",
 	bpfobj.SockLbMetricLB_M_XDP_MULTIBUF:       "XDP: multi-buffer frame passed to TC",
 	bpfobj.SockLbMetricLB_M_SOCK_SOURCE_RANGE:  "socket: a pod's or the node's packet outside loadBalancerSourceRanges dropped",
 	bpfobj.SockLbMetricLB_M_SOCK_RANGE_TAG_ERR: "socket: a socket could not be tagged for the source range check, refused",
@@ -554,6 +555,7 @@ var CounterDescriptions = []string{
 	bpfobj.SockLbMetricLB_M_TC_RESET:           "TC: TCP flow to a removed backend reset",
 	bpfobj.SockLbMetricLB_M_TC_RESET_FAIL:      "TC: that reset could not be built",
 	bpfobj.SockLbMetricLB_M_TC_NEXTHOP_SHARED:  "TC/XDP: a new flow's next hop taken from the client's earlier flow of the second, not looked up",
+	bpfobj.SockLbMetricLB_M_TC_NF_TRACKED:      "TC: a packet of a TCP connection the kernel's conntrack translated before the takeover (kube-proxy's) handed to the stack",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -90,6 +91,11 @@ type TCLoaded struct {
 	// TCAttachClsact.
 	Mode  string
 	links []link.Link
+	// ConntrackLookup says the programs ask the kernel's conntrack about
+	// TCP segments of no flow they track (bpf/lib/nfct.h): the kernel has
+	// the kfuncs. Without them, connections kube-proxy opened before the
+	// programs attached break at their next segment.
+	ConntrackLookup bool
 	// unpinned are the maps a preload made, none being pinned under the
 	// bpffs path then: they are pinned when the programs attach, so that
 	// programs never attached leave no pin behind.
@@ -145,7 +151,10 @@ func loadTC(cfg TCConfig, adoptOnly bool) (*TCLoaded, error) {
 	if err := patchNodePort(spec, cfg.Sizes, cfg.ConntrackSize, cfg.SNATPortMin, cfg.SNATPortMax); err != nil {
 		return nil, err
 	}
-	l := &TCLoaded{}
+	l := &TCLoaded{ConntrackLookup: conntrackKfuncs()}
+	if err := spec.Variables[bpfobj.TcVarNfctKfuncs].Set(boolByte(l.ConntrackLookup)); err != nil {
+		return nil, fmt.Errorf("set nfct_kfuncs: %w", err)
+	}
 	if adoptOnly {
 		for name, ms := range spec.Maps {
 			if ms.Pinning != ebpf.PinByName {
@@ -623,4 +632,32 @@ func (l *TCLoaded) Close() {
 	}
 	l.links = nil
 	l.Objects.Close()
+}
+
+// conntrackKfuncs says whether the kernel has the conntrack kfuncs the TC
+// programs call (bpf/lib/nfct.h): in vmlinux, or in the BTF of the
+// nf_conntrack module, as the loader finds a kfunc. A kfunc it cannot find
+// is left out of the program (its call poisoned), so the two agree.
+func conntrackKfuncs() bool {
+	has := func(spec *btf.Spec) bool {
+		for _, name := range []string{"bpf_skb_ct_lookup", "bpf_ct_release"} {
+			var fn *btf.Func
+			if err := spec.TypeByName(name, &fn); err != nil {
+				return false
+			}
+		}
+		return true
+	}
+	if spec, err := btf.LoadKernelSpec(); err == nil && has(spec) {
+		return true
+	}
+	spec, err := btf.LoadKernelModuleSpec("nf_conntrack")
+	return err == nil && has(spec)
+}
+
+func boolByte(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -222,6 +222,12 @@ type Metrics struct {
 	// upstream kube-proxy's rules are known to be on the node (kube-proxy
 	// still runs, or removing them failed), 0 once they are removed.
 	KubeProxyLeftovers prometheus.Gauge
+	// ConntrackHandoverConnections
+	// (ebpfproxy_conntrack_handover_connections) counts, in the BPF
+	// mode, the open TCP connections that netfilter translated before it
+	// (kube-proxy's), for which connection tracking is kept running
+	// (nfconntrack.Keep); 0 once none is left.
+	ConntrackHandoverConnections prometheus.Gauge
 	// KubeProxyLeftoversRemovedTotal
 	// (ebpfproxy_kube_proxy_leftovers_removed_total{kind}) counts the
 	// objects of kube-proxy's removed, by kind (chain, virtual_server,
@@ -424,6 +430,11 @@ func New(ipFamily string) *Metrics {
 		Name:      "kube_proxy_leftovers",
 		Help:      "1 while upstream kube-proxy's rules are known to be on the node (it still runs, or removing them failed), 0 once removed.",
 	})
+	m.ConntrackHandoverConnections = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ebpfProxyNamespace,
+		Name:      "conntrack_handover_connections",
+		Help:      "Open TCP connections netfilter translated before the BPF mode (kube-proxy's), for which connection tracking is kept running; 0 once none is left.",
+	})
 	m.KubeProxyLeftoversRemovedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ebpfProxyNamespace,
 		Name:      "kube_proxy_leftovers_removed_total",
@@ -466,6 +477,7 @@ func New(ipFamily string) *Metrics {
 		m.XDPAttached,
 		m.XDPAttachFailuresTotal,
 		m.KubeProxyLeftovers,
+		m.ConntrackHandoverConnections,
 		m.KubeProxyLeftoversRemovedTotal,
 	}
 	m.registry.MustRegister(m.collectors...)

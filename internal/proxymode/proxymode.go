@@ -172,7 +172,9 @@ func (s *Started) Abandon(log *zap.Logger) {
 // AfterFirstSync is what follows the first sync of every family: it
 // applies the node's connection tracking settings (the fallbacks' rules
 // have loaded nf_conntrack by then, whose parameters exist only once it
-// is), removes what the other modes left on the node (each mode's Remove,
+// is), in a mode without netfilter keeps connection tracking running for
+// the connections netfilter translated before it (nfconntrack.Keep),
+// removes what the other modes left on the node (each mode's Remove,
 // the last registered first, the running mode's own for what it no longer
 // serves), and starts a goroutine that removes upstream kube-proxy's
 // leftovers once no kube-proxy process runs on the node, checking again
@@ -182,6 +184,17 @@ func (s *Started) Abandon(log *zap.Logger) {
 // logs what it did.
 func (s *Started) AfterFirstSync(ctx context.Context, log *zap.Logger) {
 	nfconntrack.Setup(nfconntrack.Node, s.options.Conntrack, s.desc.Netfilter, log) //nolint:errcheck // logged; the node keeps its own values
+	if !s.desc.Netfilter {
+		// Before kube-proxy's rules or a fallback's go: the connections
+		// they translated are the kernel's to carry on (bpf/lib/nfct.h).
+		keep := nfconntrack.KeepConfig{Logger: log.Named("conntrack-handover")}
+		if s.cfg.Metrics != nil {
+			keep.Held = s.cfg.Metrics.ConntrackHandoverConnections
+		}
+		if _, err := nfconntrack.Keep(ctx, keep); err != nil {
+			log.Error("keeping connection tracking running for the connections netfilter translated: once the rules that made them are removed they may break", zap.Error(err))
+		}
+	}
 	running := &mode.Running{Mode: s.Mode, Uses: s.Uses}
 	for _, f := range s.Families {
 		running.Families = append(running.Families, f.IPFamily)

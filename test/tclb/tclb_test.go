@@ -194,6 +194,20 @@ func (e *env) sync6(svcs ...service) { e.syncFamily(true, svcs...) }
 
 func (e *env) syncFamily(v6 bool, svcs ...service) {
 	e.t.Helper()
+	for _, n := range e.nodes {
+		w := n.w
+		if v6 {
+			w = n.w6
+		}
+		if err := w.Sync(model.Update{State: e.state(n, v6, svcs...), Full: true}); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// state is the model of svcs as node n's agent sees it (v6: their IPv6
+// twins, as sync6 says).
+func (e *env) state(n *node, v6 bool, svcs ...service) *model.State {
 	twin := func(a netip.Addr) netip.Addr {
 		if v6 {
 			return sandbox.IPv6Of(a)
@@ -207,53 +221,49 @@ func (e *env) syncFamily(v6 bool, svcs ...service) {
 		}
 		return out
 	}
-	for _, n := range e.nodes {
-		st := &model.State{Node: model.Node{Name: n.Name, Addrs: []netip.Addr{twin(n.IP)}}, Services: map[model.ServicePortName]*model.Service{}}
-		for _, s := range svcs {
-			var ranges []netip.Prefix
-			for _, r := range s.ranges {
-				bits := r.Bits()
-				if v6 {
-					bits += 96
-				}
-				ranges = append(ranges, netip.PrefixFrom(twin(r.Addr()), bits))
+	st := &model.State{Node: model.Node{Name: n.Name, Addrs: []netip.Addr{twin(n.IP)}}, Services: map[model.ServicePortName]*model.Service{}}
+	for _, s := range svcs {
+		var ranges []netip.Prefix
+		for _, r := range s.ranges {
+			bits := r.Bits()
+			if v6 {
+				bits += 96
 			}
-			sp := builders.ModelServicePort("default", s.name, s.proto, twin(netip.MustParseAddr(s.clusterIP)), s.port, func(sp *model.ServicePort) {
-				sp.NodePort = s.nodePort
-				sp.ExternalIPs, sp.LoadBalancerIPs, sp.LoadBalancerSourceRanges = twins(s.extIPs), twins(s.lbIPs), ranges
-				if s.etpLocal {
-					sp.ExternalPolicy = model.PolicyLocal
-				}
-			})
-			target := uint16(tcpPort)
-			if s.proto == model.UDP {
-				target = udpPort
-			}
-			if s.target != 0 {
-				target = s.target
-			}
-			var eps []model.Endpoint
-			for _, name := range s.endpoints {
-				pod := e.pods[name]
-				eps = append(eps, builders.ModelEndpoint(netip.AddrPortFrom(twin(pod.IP), target), pod.Node.Name))
-			}
-			for _, name := range s.terminating {
-				pod := e.pods[name]
-				eps = append(eps, builders.ModelEndpoint(netip.AddrPortFrom(twin(pod.IP), target), pod.Node.Name, builders.ModelTerminating))
-			}
-			st.Services[sp.Name] = builders.ModelService(sp, eps, &st.Node)
+			ranges = append(ranges, netip.PrefixFrom(twin(r.Addr()), bits))
 		}
-		// Every node address gets NodePorts, a loopback one for the node's
-		// own sockets, as with the agent's defaults.
-		w, spec := n.w, everyAddress
-		if v6 {
-			w, spec = n.w6, everyAddress6
+		sp := builders.ModelServicePort("default", s.name, s.proto, twin(netip.MustParseAddr(s.clusterIP)), s.port, func(sp *model.ServicePort) {
+			sp.NodePort = s.nodePort
+			sp.ExternalIPs, sp.LoadBalancerIPs, sp.LoadBalancerSourceRanges = twins(s.extIPs), twins(s.lbIPs), ranges
+			if s.etpLocal {
+				sp.ExternalPolicy = model.PolicyLocal
+			}
+		})
+		target := uint16(tcpPort)
+		if s.proto == model.UDP {
+			target = udpPort
 		}
-		st.Node.NodePorts = spec.Resolve(&st.Node, st.Node.Addrs)
-		if err := w.Sync(model.Update{State: st, Full: true}); err != nil {
-			e.t.Fatal(err)
+		if s.target != 0 {
+			target = s.target
 		}
+		var eps []model.Endpoint
+		for _, name := range s.endpoints {
+			pod := e.pods[name]
+			eps = append(eps, builders.ModelEndpoint(netip.AddrPortFrom(twin(pod.IP), target), pod.Node.Name))
+		}
+		for _, name := range s.terminating {
+			pod := e.pods[name]
+			eps = append(eps, builders.ModelEndpoint(netip.AddrPortFrom(twin(pod.IP), target), pod.Node.Name, builders.ModelTerminating))
+		}
+		st.Services[sp.Name] = builders.ModelService(sp, eps, &st.Node)
 	}
+	// Every node address gets NodePorts, a loopback one for the node's
+	// own sockets, as with the agent's defaults.
+	spec := everyAddress
+	if v6 {
+		spec = everyAddress6
+	}
+	st.Node.NodePorts = spec.Resolve(&st.Node, st.Node.Addrs)
+	return st
 }
 
 func (e *env) ctx() context.Context {

@@ -435,6 +435,9 @@ func (w *fuzzWorld) newFlow(p prog, v view) []outcome {
 	case fe == nil:
 		o.why = "not an external frontend"
 		return []outcome{o}
+	case p.xdp() && v.proto == pktest.ProtoTCP && v.flags&pktest.SYN == 0:
+		o.why = "TCP segment without SYN of no tracked flow: TC's (the kernel's conntrack may know it)"
+		return []outcome{o}
 	case fe.action == model.Reject:
 		if p.xdp() {
 			o.why = "no endpoints: TC refuses"

@@ -13,6 +13,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maglev"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/nfconntrack"
 )
 
 // Mode is the BPF dataplane as a proxy mode: auto's first choice.
@@ -104,13 +105,16 @@ func start(ctx context.Context, env mode.Env) (*mode.Instance, error) {
 	return in, nil
 }
 
-// remove detaches and unpins everything of ours where another mode runs
-// or for --cleanup.
-func remove(_ context.Context, o *config.Options, running *mode.Running) error {
+// remove detaches and unpins everything of ours, and deletes the table that
+// kept connection tracking running (nfconntrack.Keep), where another mode
+// runs or for --cleanup.
+func remove(ctx context.Context, o *config.Options, running *mode.Running) error {
 	if running != nil && running.Mode == Name {
 		return nil
 	}
-	return Cleanup(o.BPFFSPath)
+	// A mode translating with netfilter keeps connection tracking running
+	// itself.
+	return errors.Join(Cleanup(o.BPFFSPath), nfconntrack.RemoveKeep(ctx, ""))
 }
 
 // Cleanup detaches and unpins every BPF program and map of ours pinned

@@ -3,6 +3,7 @@ package bpf
 import (
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"sync/atomic"
 
@@ -339,7 +340,12 @@ func (a *tcAttacher) attach() error {
 	a.published.Store(l)
 	a.names = names
 	a.snat = snat
-	a.log.Info("TC programs attached", zap.Strings("devices", names), zap.String("mode", l.Mode))
+	a.log.Info("TC programs attached", zap.Strings("devices", names), zap.String("mode", l.Mode),
+		zap.Bool("conntrackLookup", l.ConntrackLookup))
+	// Without nf_conntrack no connection can be netfilter's.
+	if _, err := os.Stat("/sys/module/nf_conntrack"); !l.ConntrackLookup && err == nil {
+		a.log.Warn("the kernel lacks the conntrack kfuncs (6.0 and later, nf_conntrack loaded with its BTF): connections netfilter translated before the TC programs attached (kube-proxy's) break at their next segment")
+	}
 	return a.attachXDP(cfg, names)
 }
 
