@@ -567,7 +567,7 @@ func (e *env) overlay(deployDir, component, image string) string {
 	if !ok {
 		e.fatalf("agent image %q has no tag", image)
 	}
-	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../base\nimages:\n  - name: ebpf-proxy\n    newName: %s\n    newTag: %s\n", name, tag)
+	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../base\nimages:\n  - name: ebpf-proxy\n    newName: %q\n    newTag: %q\n", name, tag)
 	if component != "" {
 		k += "components:\n  - " + path.Join("../base", component) + "\n"
 	}

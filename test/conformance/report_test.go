@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 // report writes a JSON report in ginkgo's form holding specs, as
@@ -289,7 +291,8 @@ func TestModeSpecificSpecsRunWithEbpfProxyInThatMode(t *testing.T) {
 // The overlay runs deploy/ in another mode by replacing its
 // --proxy-mode=auto, after checking that it says so.
 func TestOverlayRunsTheAgentInAMode(t *testing.T) {
-	c := &runConfig{out: t.TempDir(), deploy: "../../deploy", agentImage: "ebpf-proxy:test"}
+	// A commit's short hash may be all digits: the tag must stay a string.
+	c := &runConfig{out: t.TempDir(), deploy: "../../deploy", agentImage: "ebpf-proxy:2405537"}
 	for _, mode := range []string{"", "iptables"} {
 		dir, err := c.overlay(mode)
 		if err != nil {
@@ -303,8 +306,19 @@ func TestOverlayRunsTheAgentInAMode(t *testing.T) {
 		if got := strings.Contains(k, "value: --proxy-mode=iptables"); got != (mode == "iptables") {
 			t.Errorf("mode %q: the overlay sets iptables mode: %v\n%s", mode, got, k)
 		}
-		if !strings.Contains(k, "path: /spec/template/metadata/labels/k8s-app") || !strings.Contains(k, "newTag: test") {
-			t.Errorf("mode %q: the overlay lacks the pod label or the image:\n%s", mode, k)
+		var parsed struct {
+			Images []struct {
+				NewName string `json:"newName"`
+				NewTag  string `json:"newTag"`
+			} `json:"images"`
+		}
+		if err := yaml.Unmarshal(b, &parsed); err != nil {
+			t.Errorf("mode %q: the overlay does not parse as kustomize reads it: %v\n%s", mode, err, k)
+		} else if len(parsed.Images) != 1 || parsed.Images[0].NewName != "ebpf-proxy" || parsed.Images[0].NewTag != "2405537" {
+			t.Errorf("mode %q: the overlay's images are %+v, want ebpf-proxy:2405537", mode, parsed.Images)
+		}
+		if !strings.Contains(k, "path: /spec/template/metadata/labels/k8s-app") {
+			t.Errorf("mode %q: the overlay lacks the pod label:\n%s", mode, k)
 		}
 	}
 	// The patch's test op holds deploy/'s line as shipped.

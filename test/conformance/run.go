@@ -421,7 +421,7 @@ func (c *runConfig) overlay(mode string) (string, error) {
 		return "", err
 	}
 	name, tag, _ := strings.Cut(c.agentImage, ":")
-	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - base\nimages:\n  - name: ebpf-proxy\n    newName: %s\n    newTag: %s\n", name, tag) +
+	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - base\nimages:\n  - name: ebpf-proxy\n    newName: %q\n    newTag: %q\n", name, tag) +
 		proxyPodLabel
 	if mode != "" {
 		k += fmt.Sprintf(proxyModePatch, mode)
