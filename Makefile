@@ -11,7 +11,7 @@ BPF_CFLAGS := -O2 -g -Wall -Werror -nostdinc -Ibpf/include
 
 # Packages whose tests need root and a BPF-capable kernel. They run in the
 # kernel matrix: Debian's 6.1 and 6.12 in QEMU, and this machine's kernel.
-PRIVILEGED_PKGS ?= ./internal/dataplane/... ./internal/fallback/... ./internal/loader/... ./internal/netns/... ./internal/proxymode/kubeproxy ./internal/testing/pktest/... ./internal/testing/sandbox/... ./test/modes/... ./test/socklb/... ./test/tclb/... ./test/tcpkt/... ./test/vmtest/ipvs ./test/vmtest/kernel ./test/vmtest/smoke
+PRIVILEGED_PKGS ?= ./internal/dataplane/... ./internal/fallback/... ./internal/loader/... ./internal/netns/... ./internal/proxymode/kubeproxy ./internal/testing/pktest/... ./internal/testing/sandbox/... ./test/modes/... ./test/sctp ./test/socklb/... ./test/tclb/... ./test/tcpkt/... ./test/vmtest/ipvs ./test/vmtest/kernel ./test/vmtest/smoke
 
 export EBPF_PROXY_CACHE ?= /var/cache/ebpf-proxy
 # Static binaries run unchanged in the VMs; one build cache for everything.

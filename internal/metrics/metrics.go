@@ -58,6 +58,7 @@ const (
 	LabelTable         = "table"
 	LabelState         = "state"
 	LabelDevice        = "device"
+	LabelServedBy      = "served_by"
 )
 
 const (
@@ -228,6 +229,11 @@ type Metrics struct {
 	// (kube-proxy's), for which connection tracking is kept running
 	// (nfconntrack.Keep); 0 once none is left.
 	ConntrackHandoverConnections prometheus.Gauge
+	// SCTPServicePorts (ebpfproxy_sctp_service_ports{ip_family,served_by})
+	// counts, in the BPF mode, the SCTP ServicePorts, which its programs
+	// do not translate: served_by="nftables" where nftables serves them
+	// beside the programs, "none" where it cannot.
+	SCTPServicePorts *prometheus.GaugeVec
 	// KubeProxyLeftoversRemovedTotal
 	// (ebpfproxy_kube_proxy_leftovers_removed_total{kind}) counts the
 	// objects of kube-proxy's removed, by kind (chain, virtual_server,
@@ -435,6 +441,11 @@ func New(ipFamily string) *Metrics {
 		Name:      "conntrack_handover_connections",
 		Help:      "Open TCP connections netfilter translated before the BPF mode (kube-proxy's), for which connection tracking is kept running; 0 once none is left.",
 	})
+	m.SCTPServicePorts = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ebpfProxyNamespace,
+		Name:      "sctp_service_ports",
+		Help:      "SCTP ServicePorts in the BPF mode, by IP family and by what serves them: nftables beside the BPF programs, or none where nftables cannot.",
+	}, []string{LabelIPFamily, LabelServedBy})
 	m.KubeProxyLeftoversRemovedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ebpfProxyNamespace,
 		Name:      "kube_proxy_leftovers_removed_total",
@@ -478,6 +489,7 @@ func New(ipFamily string) *Metrics {
 		m.XDPAttachFailuresTotal,
 		m.KubeProxyLeftovers,
 		m.ConntrackHandoverConnections,
+		m.SCTPServicePorts,
 		m.KubeProxyLeftoversRemovedTotal,
 	}
 	m.registry.MustRegister(m.collectors...)

@@ -103,6 +103,7 @@ func TestMetricsExposedWithKubeProxyNamesTypesAndLabels(t *testing.T) {
 	m.SetProxyMode("ebpf", "configured")
 	m.KubeProxyLeftovers.Set(1)
 	m.ConntrackHandoverConnections.Set(14)
+	m.SCTPServicePorts.WithLabelValues("IPv6", "nftables").Set(15)
 	m.KubeProxyLeftoversRemovedTotal.WithLabelValues("chain").Add(12)
 	m.IPTablesRestoreFailuresTotal.Add(9)
 	v6.IPTablesPartialRestoreFailuresTotal.Inc()
@@ -143,6 +144,7 @@ func TestMetricsExposedWithKubeProxyNamesTypesAndLabels(t *testing.T) {
 		{"ebpfproxy_proxy_mode", dto.MetricType_GAUGE, map[string]string{"mode": "ebpf", "reason": "configured"}, 1, false},
 		{"ebpfproxy_kube_proxy_leftovers", dto.MetricType_GAUGE, map[string]string{}, 1, false},
 		{"ebpfproxy_conntrack_handover_connections", dto.MetricType_GAUGE, map[string]string{}, 14, false},
+		{"ebpfproxy_sctp_service_ports", dto.MetricType_GAUGE, map[string]string{"ip_family": "IPv6", "served_by": "nftables"}, 15, false},
 		{"ebpfproxy_kube_proxy_leftovers_removed_total", dto.MetricType_COUNTER, map[string]string{"kind": "chain"}, 12, false},
 		{"kubeproxy_sync_proxy_rules_iptables_restore_failures_total", dto.MetricType_COUNTER, map[string]string{"ip_family": "IPv4"}, 9, true},
 		{"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total", dto.MetricType_COUNTER, map[string]string{"ip_family": "IPv6"}, 1, true},

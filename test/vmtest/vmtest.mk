@@ -42,7 +42,8 @@ VMTEST_FLAGS ?=
 # The nftables fallback runs on the host alone too: what it uses of
 # nf_tables (sets, maps, verdict maps, numgen) is the same in 6.12 and 6.18,
 # and kube-proxy's nftables mode needs 5.13, which 6.1 has.
-# IPVS, absent on the host, runs in the 6.12 guest. The mode switches run
+# IPVS, absent on the host, runs in the 6.12 guest; SCTP, absent on the
+# host too, in both guests (the host skips it, saying why). The mode switches run
 # on 6.1, whose clsact attachments a non-BPF mode must remove, and there
 # only those with IPVS (every switch to and from it, ebpf among them), the
 # XDP fallback to TC and the cleanup of the ebpf and ipvs modes

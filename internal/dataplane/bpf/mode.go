@@ -9,7 +9,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/config"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/dataplane/mode"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/nftables"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/fallback/xtables"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/maglev"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
@@ -95,26 +98,31 @@ func start(ctx context.Context, env mode.Env) (*mode.Instance, error) {
 		in.Undo = func() error { return Cleanup(cfg.BPFFSPath) }
 	}
 	for _, f := range env.Families {
+		var fd dataplane.Dataplane = d
 		if f == metrics.IPv6 {
 			env.Logger.Info("serving IPv6", zap.String("ipFamily", f))
-			in.Families = append(in.Families, mode.Family{IPFamily: f, Dataplane: d.IPv6()})
-			continue
+			fd = d.IPv6()
 		}
-		in.Families = append(in.Families, mode.Family{IPFamily: f, Dataplane: d})
+		sctp := SCTPConfig{Logger: env.Logger.Named("sctp")}
+		sctp.Netfilter, sctp.Unavailable = xtables.NetfilterFrom(env.Options, f, nil, sctp.Logger)
+		if env.Metrics != nil {
+			sctp.Gauge = env.Metrics.SCTPServicePorts
+		}
+		in.Families = append(in.Families, mode.Family{IPFamily: f, Dataplane: WithSCTP(fd, sctp)})
 	}
 	return in, nil
 }
 
-// remove detaches and unpins everything of ours, and deletes the table that
-// kept connection tracking running (nfconntrack.Keep), where another mode
-// runs or for --cleanup.
+// remove detaches and unpins everything of ours, and deletes the tables
+// that kept connection tracking running (nfconntrack.Keep) and served SCTP
+// (WithSCTP), where another mode runs or for --cleanup.
 func remove(ctx context.Context, o *config.Options, running *mode.Running) error {
 	if running != nil && running.Mode == Name {
 		return nil
 	}
 	// A mode translating with netfilter keeps connection tracking running
 	// itself.
-	return errors.Join(Cleanup(o.BPFFSPath), nfconntrack.RemoveKeep(ctx, ""))
+	return errors.Join(Cleanup(o.BPFFSPath), nfconntrack.RemoveKeep(ctx, ""), nftables.DeleteTables(ctx, "", SCTPTables...))
 }
 
 // Cleanup detaches and unpins every BPF program and map of ours pinned

@@ -55,9 +55,23 @@ const TableName = "ebpf-proxy"
 // ip or the ip6 ebpf-proxy table, as Netfilter.IPv6 says).
 type Config struct {
 	xtables.Netfilter
+	// Table names the table in place of TableName: a dataplane that
+	// serves some ServicePorts beside another mode's (the BPF mode's SCTP
+	// ones) keeps its own table, which the nftables mode's cleanup leaves.
+	Table string
+	// Beside says the table serves only the ServicePorts it is given,
+	// beside another dataplane that serves the others: it leaves the
+	// forwarded traffic of those alone (no INVALID drop in filter-forward,
+	// which is the mode's own choice for its TCP).
+	Beside bool
 }
 
-func (c *Config) setDefaults() error { return c.Netfilter.SetDefaults() }
+func (c *Config) setDefaults() error {
+	if c.Table == "" {
+		c.Table = TableName
+	}
+	return c.Netfilter.SetDefaults()
+}
 
 // masqMark is the mark value of the masquerade bit, "0x4000".
 func (c *Config) masqMark() string { return fmt.Sprintf("%#x", uint32(1)<<c.MasqueradeBit) }

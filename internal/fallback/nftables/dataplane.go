@@ -49,7 +49,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	fam := cfg.family()
 	var nft knftables.Interface
 	err := netns.Do(cfg.Netns, func() (err error) {
-		nft, err = knftables.New(fam.nft, TableName)
+		nft, err = knftables.New(fam.nft, cfg.Table)
 		return err
 	})
 	if err != nil {
@@ -58,11 +58,11 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	d := &Dataplane{cfg: cfg, nft: nft, plan: newPlanner(&cfg),
 		ct: nfconntrack.NewCleaner(nfconntrack.CleanerConfig{Netns: cfg.Netns, IPv6: cfg.IPv6, Logger: cfg.Logger, Metrics: cfg.Metrics})}
 	d.plan.r.cfg = &d.cfg
-	d.plan.dropInvalid = !sysctl.TCPBeLiberal(cfg.Netns)
+	d.plan.dropInvalid = !cfg.Beside && !sysctl.TCPBeLiberal(cfg.Netns)
 	if err := d.read(ctx); err != nil {
 		return nil, fmt.Errorf("nftables dataplane: %w", err)
 	}
-	cfg.Logger.Info("nftables dataplane ready", zap.String("ipFamily", fam.name), zap.String("table", string(fam.nft)+" "+TableName),
+	cfg.Logger.Info("nftables dataplane ready", zap.String("ipFamily", fam.name), zap.String("table", string(fam.nft)+" "+cfg.Table),
 		zap.Int("existingChains", len(d.plan.kernelChains)), zap.Int("existingSets", len(d.plan.kernelSets)))
 	return d, nil
 }
@@ -183,6 +183,12 @@ func Available(ctx context.Context, netnsPath string) error {
 // netns, IPv4's first; none, and no error, where the nft tool is missing (without it
 // this mode never ran).
 func Present(ctx context.Context, netnsPath string) ([]string, error) {
+	return present(ctx, netnsPath, tables)
+}
+
+// present returns those of the tables (as "family name") that exist in the
+// namespace at netnsPath, in their order.
+func present(ctx context.Context, netnsPath string, tables []string) ([]string, error) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return nil, nil
 	}
@@ -220,19 +226,21 @@ func CleanupFamily(ctx context.Context, netnsPath string, ipv6 bool) error {
 }
 
 func cleanup(ctx context.Context, netnsPath string, which []string) error {
-	present, err := Present(ctx, netnsPath)
+	return DeleteTables(ctx, netnsPath, which...)
+}
+
+// DeleteTables deletes those of the tables (as "family name") that exist in
+// the namespace at netnsPath ("" for the caller's). Where none exists, or
+// the nft tool is missing, it only reads.
+func DeleteTables(ctx context.Context, netnsPath string, tables ...string) error {
+	present, err := present(ctx, netnsPath, tables)
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, t := range present {
-		for _, w := range which {
-			if t != w {
-				continue
-			}
-			if _, err := runNFT(ctx, netnsPath, "", "delete", "table", t); err != nil {
-				errs = append(errs, err)
-			}
+		if _, err := runNFT(ctx, netnsPath, "", "delete", "table", t); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)

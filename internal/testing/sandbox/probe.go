@@ -30,6 +30,7 @@ const probeEnv = "EBPF_PROXY_SANDBOX_PROBE"
 // Probe kinds.
 const (
 	kindTCP  = "tcp"
+	kindSCTP = "sctp"
 	kindUDP  = "udp"
 	kindHTTP = "http"
 	kindLoop = "loop"
@@ -133,7 +134,7 @@ func (r *probeRequest) validate() error {
 			return validateReconnects(r)
 		}
 		return nil
-	case kindTCP, kindHTTP, kindLoop, kindHold, kindWait, kindConnects:
+	case kindTCP, kindSCTP, kindHTTP, kindLoop, kindHold, kindWait, kindConnects:
 		return nil
 	case kindUDPStream:
 		return validateStreamAddrs(r.Addr, r.Addrs)
@@ -190,6 +191,8 @@ func probe(body string, stdin io.Reader, emit func(probeMessage) error) (json.Ra
 	switch req.Kind {
 	case kindTCP:
 		out = Report[TCPResult]{Process: proc, Results: repeat(req.Count, func() TCPResult { return tcpAttemptFrom(req.Addr, req.LocalPort, req.Timeout) })}
+	case kindSCTP:
+		out = Report[TCPResult]{Process: proc, Results: repeat(req.Count, func() TCPResult { return sctpAttempt(req.Addr, req.Timeout) })}
 	case kindUDP:
 		if req.Addrs != nil {
 			out = Report[UDPResult]{Process: proc, Results: udpReconnects(req.Addrs, req.Timeout)}

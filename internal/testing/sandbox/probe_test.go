@@ -38,7 +38,7 @@ func TestProbeRequestsAreChecked(t *testing.T) {
 		{"unbounded loop", func(r *probeRequest) { r.Kind = kindLoop }, "loop duration 0s"},
 		{"unbounded hold", func(r *probeRequest) { r.Kind = kindHold }, "hold duration 0s"},
 		{"too many connects", func(r *probeRequest) { r.Kind, r.Count = kindConnects, maxAttempts+1 }, "not in [1, 1000000]"},
-		{"unknown kind", func(r *probeRequest) { r.Kind = "sctp" }, `unknown probe kind "sctp"`},
+		{"unknown kind", func(r *probeRequest) { r.Kind = "dccp" }, `unknown probe kind "dccp"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

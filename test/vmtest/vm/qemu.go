@@ -36,7 +36,8 @@ const (
 
 // DefaultModules are loaded in every guest before the first job: what the
 // dataplanes and their tests use (veth pairs, bridges, TC and XDP programs,
-// IPVS with kube-proxy's schedulers, iptables through both backends, ipsets).
+// IPVS with kube-proxy's schedulers, iptables through both backends, ipsets,
+// SCTP for its Services).
 // A module the kernel lacks is reported, not fatal.
 var DefaultModules = []string{
 	"veth", "bridge", "dummy",
@@ -50,6 +51,7 @@ var DefaultModules = []string{
 	"xt_statistic", "xt_nat", "xt_set", "ipt_REJECT", "ip6t_REJECT",
 	"ip_set", "ip_set_hash_ip", "ip_set_hash_ipport", "ip_set_hash_ipportip", "ip_set_hash_ipportnet",
 	"ip_set_hash_net", "ip_set_bitmap_port",
+	"sctp",
 }
 
 // Config describes one VM.
