@@ -64,22 +64,7 @@ func (h *Host) StartSCTPServer(port uint16) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: listen sctp/%d: %w", h.Name, port, err)
 	}
-	srv := h.newServer("sctp", ln.Addr(), ln.Close)
-	srv.conns = map[net.Conn]struct{}{}
-	srv.wg.Go(func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return // closed
-			}
-			if !srv.track(conn) {
-				conn.Close()
-				return
-			}
-			srv.wg.Go(func() { srv.whoami(h.Name, conn) })
-		}
-	})
-	return h.addServer(srv)
+	return h.addServer(h.serveStream("sctp", ln, h.Name))
 }
 
 // SCTP makes n associations to addr, one after the other, each reading the

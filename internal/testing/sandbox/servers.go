@@ -92,7 +92,13 @@ func (h *Host) StartTCPServerNamed(port uint16, name string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv := h.newServer("tcp", ln.Addr(), ln.Close)
+	return h.addServer(h.serveStream("tcp", ln, name))
+}
+
+// serveStream makes a server of proto that answers each connection ln
+// accepts with whoami.
+func (h *Host) serveStream(proto string, ln net.Listener, name string) *Server {
+	srv := h.newServer(proto, ln.Addr(), ln.Close)
 	srv.conns = map[net.Conn]struct{}{}
 	srv.wg.Go(func() {
 		for {
@@ -107,7 +113,7 @@ func (h *Host) StartTCPServerNamed(port uint16, name string) (*Server, error) {
 			srv.wg.Go(func() { srv.whoami(name, conn) })
 		}
 	})
-	return h.addServer(srv)
+	return srv
 }
 
 func (srv *Server) whoami(name string, conn net.Conn) {
