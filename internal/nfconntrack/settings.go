@@ -120,16 +120,34 @@ type Env struct {
 	Hashsize string
 }
 
+// Tracking says whether the kernel's connection tracking is loaded, as its
+// parameters exist only once it is.
+func (env Env) Tracking() bool {
+	_, err := env.Sys.GetInt("net/netfilter/nf_conntrack_max")
+	return err == nil
+}
+
 // Node is the node's own netfilter parameters.
 var Node = Env{Sys: sysctl.Default, Hashsize: "/sys/module/nf_conntrack/parameters/hashsize"}
 
 // Setup writes the settings; netfilterNAT says whether the proxy mode's
-// Service NAT lives in the connection tracking table (iptables, ipvs). Unlike kube-proxy, which
-// exits, it logs what it cannot write and goes on: a table size that this
-// network namespace may not change (nf_conntrack_max outside the initial
-// one, a read-only /sys in a container) is no reason to leave the node
-// without Services. It returns the errors for the caller to count.
+// Service NAT lives in the connection tracking table (nftables, iptables,
+// ipvs). kube-proxy's defaults apply there, and in the other mode (ebpf)
+// too wherever nf_conntrack is loaded (Tracking): the node's other
+// connections (a CNI's masquerade, kube-proxy's own at a migration) are
+// tracked, with the timeouts kube-proxy gave them (a half-closed
+// connection's entry that lived 60 s broke it, kubernetes#32551), and the
+// e2e suite checks them. Where it is not, only values given are written,
+// and nothing loads it. Unlike kube-proxy, which exits, it logs what it
+// cannot write and goes on: a table size that this network namespace may
+// not change (nf_conntrack_max outside the initial one, a read-only /sys
+// in a container) is no reason to leave the node without Services. It
+// returns the errors for the caller to count.
 func Setup(env Env, c Settings, netfilterNAT bool, log *zap.Logger) error {
+	if !netfilterNAT && env.Tracking() {
+		netfilterNAT = true
+		log.Info("nf_conntrack is loaded: kube-proxy's connection tracking defaults apply to the node's tracked connections")
+	}
 	max, settings := c.plan(netfilterNAT, numCPU())
 	var errs []error
 	if max > 0 {

@@ -63,13 +63,13 @@ func TestConntrackSettingsPerMode(t *testing.T) {
 			"net/netfilter/nf_conntrack_tcp_timeout_established": 86400, "net/netfilter/nf_conntrack_tcp_timeout_close_wait": 3600,
 			"net/netfilter/nf_conntrack_udp_timeout": 30, "net/netfilter/nf_conntrack_tcp_be_liberal": 0,
 		}},
-		{"ebpf: nothing unless given", false, Settings{}, map[string]int{
-			"net/netfilter/nf_conntrack_max": 65536, "hashsize": 16384, "net/netfilter/nf_conntrack_tcp_timeout_established": 432000,
-			"net/netfilter/nf_conntrack_tcp_timeout_close_wait": 60,
+		{"ebpf with nf_conntrack loaded: kube-proxy's defaults", false, Settings{}, map[string]int{
+			"net/netfilter/nf_conntrack_max": wantMax, "hashsize": max(16384, wantMax/4),
+			"net/netfilter/nf_conntrack_tcp_timeout_established": 86400, "net/netfilter/nf_conntrack_tcp_timeout_close_wait": 3600,
 		}},
-		{"ebpf: what is given", false, Settings{TCPEstablished: ptr(2 * time.Hour), UDPTimeout: ptr(10 * time.Second)}, map[string]int{
-			"net/netfilter/nf_conntrack_max": 65536, "net/netfilter/nf_conntrack_tcp_timeout_established": 7200,
-			"net/netfilter/nf_conntrack_udp_timeout": 10, "net/netfilter/nf_conntrack_tcp_timeout_close_wait": 60,
+		{"ebpf with nf_conntrack loaded: what is given, the defaults for the rest", false, Settings{TCPEstablished: ptr(2 * time.Hour), UDPTimeout: ptr(10 * time.Second)}, map[string]int{
+			"net/netfilter/nf_conntrack_max": wantMax, "net/netfilter/nf_conntrack_tcp_timeout_established": 7200,
+			"net/netfilter/nf_conntrack_udp_timeout": 10, "net/netfilter/nf_conntrack_tcp_timeout_close_wait": 3600,
 		}},
 		{"ipvs: max-per-core 0 leaves the size, timeouts 0 leave theirs", true, Settings{MaxPerCore: &zero, TCPEstablished: ptr(0)}, map[string]int{
 			"net/netfilter/nf_conntrack_max": 65536, "hashsize": 16384, "net/netfilter/nf_conntrack_tcp_timeout_established": 432000,
@@ -87,6 +87,25 @@ func TestConntrackSettingsPerMode(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// In ebpf mode, where nf_conntrack is not loaded, nothing is written and
+// nothing fails: the BPF programs track their own flows, and nothing else
+// on the node tracks any.
+func TestConntrackUntouchedWithoutTheModuleInEBPFMode(t *testing.T) {
+	env, _ := fakeProc(t)
+	if err := os.RemoveAll(filepath.Join(env.Sys.Root, "net/netfilter")); err != nil {
+		t.Fatal(err)
+	}
+	if env.Tracking() {
+		t.Fatal("Tracking() with no net/netfilter parameters")
+	}
+	if err := Setup(env, Settings{}, false, zap.NewNop()); err != nil {
+		t.Errorf("Setup without nf_conntrack: %v, want nothing done", err)
+	}
+	if _, err := os.Stat(filepath.Join(env.Sys.Root, "net/netfilter")); !os.IsNotExist(err) {
+		t.Errorf("Setup wrote under net/netfilter without nf_conntrack (%v)", err)
 	}
 }
 
