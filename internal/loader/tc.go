@@ -152,7 +152,7 @@ func loadTC(cfg TCConfig, adoptOnly bool) (*TCLoaded, error) {
 		return nil, err
 	}
 	l := &TCLoaded{ConntrackLookup: conntrackKfuncs()}
-	if err := spec.Variables[bpfobj.TcVarNfctKfuncs].Set(boolByte(l.ConntrackLookup)); err != nil {
+	if err := spec.Variables[bpfobj.TcVarNfctKfuncs].Set(boolToU8(l.ConntrackLookup)); err != nil {
 		return nil, fmt.Errorf("set nfct_kfuncs: %w", err)
 	}
 	if adoptOnly {
@@ -653,11 +653,4 @@ func conntrackKfuncs() bool {
 	}
 	spec, err := btf.LoadKernelModuleSpec("nf_conntrack")
 	return err == nil && has(spec)
-}
-
-func boolByte(b bool) uint8 {
-	if b {
-		return 1
-	}
-	return 0
 }

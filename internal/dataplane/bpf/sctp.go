@@ -58,7 +58,7 @@ func WithSCTP(d dataplane.Dataplane, cfg SCTPConfig) dataplane.Dataplane {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	return &withSCTP{Dataplane: d, s: &sctpBeside{cfg: cfg, names: map[model.ServicePortName]struct{}{}, err: cfg.Unavailable}}
+	return &withSCTP{Dataplane: d, s: &sctpBeside{cfg: cfg, names: map[model.ServicePortName]struct{}{}}}
 }
 
 type withSCTP struct {
@@ -82,8 +82,6 @@ type sctpBeside struct {
 	nft    *nftables.Dataplane
 	err    error
 	synced bool
-	// loggedUnavailable: cfg.Unavailable was logged.
-	loggedUnavailable bool
 }
 
 func (s *sctpBeside) family() string {
@@ -142,18 +140,20 @@ func (s *sctpBeside) sync(up model.Update) error {
 	}
 	full := up.Full
 	if s.nft == nil {
-		if s.cfg.Unavailable != nil || (!up.Full && s.err != nil) {
-			// Tried again at the next full sync, unless it cannot
-			// be configured.
-			if s.cfg.Unavailable != nil && !s.loggedUnavailable {
-				s.loggedUnavailable = true
-				s.cfg.Logger.Error("SCTP ServicePorts are not served: the BPF programs translate TCP and UDP alone, and nftables, which serves SCTP beside them, cannot be configured",
-					zap.String("ipFamily", s.family()), zap.Int("servicePorts", len(s.names)), zap.Error(s.cfg.Unavailable))
-			}
-			s.gauge(0, len(s.names))
-			return nil
+		// Without a configuration it is never tried; after a failure,
+		// again at the next full sync.
+		err := s.cfg.Unavailable
+		if err == nil && !up.Full && s.err != nil {
+			err = s.err
 		}
-		nft, err := nftables.New(context.Background(), nftables.Config{Netfilter: s.cfg.Netfilter, Table: SCTPTable, Beside: true})
+		if err == nil {
+			var nft *nftables.Dataplane
+			if nft, err = nftables.New(context.Background(), nftables.Config{Netfilter: s.cfg.Netfilter, Table: SCTPTable, Beside: true}); err == nil {
+				s.nft, full = nft, true
+				s.cfg.Logger.Info("SCTP ServicePorts are served by nftables beside the BPF programs",
+					zap.String("ipFamily", s.family()), zap.String("table", s.table()), zap.Int("servicePorts", len(s.names)))
+			}
+		}
 		if err != nil {
 			if s.err == nil || s.err.Error() != err.Error() {
 				s.cfg.Logger.Error("SCTP ServicePorts are not served: the BPF programs translate TCP and UDP alone, and nftables, which serves SCTP beside them, cannot run",
@@ -163,9 +163,7 @@ func (s *sctpBeside) sync(up model.Update) error {
 			s.gauge(0, len(s.names))
 			return nil
 		}
-		s.nft, s.err, full = nft, nil, true
-		s.cfg.Logger.Info("SCTP ServicePorts are served by nftables beside the BPF programs",
-			zap.String("ipFamily", s.family()), zap.String("table", s.table()), zap.Int("servicePorts", len(s.names)))
+		s.err = nil
 	}
 	st := &model.State{Node: up.State.Node, Services: make(map[model.ServicePortName]*model.Service, len(s.names))}
 	for name := range s.names {

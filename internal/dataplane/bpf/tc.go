@@ -3,7 +3,6 @@ package bpf
 import (
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 	"sync/atomic"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/ebpf-proxy/ebpf-proxy/internal/metrics"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/model"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/netns"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/nfconntrack"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/sysctl"
 )
 
@@ -343,7 +343,7 @@ func (a *tcAttacher) attach() error {
 	a.log.Info("TC programs attached", zap.Strings("devices", names), zap.String("mode", l.Mode),
 		zap.Bool("conntrackLookup", l.ConntrackLookup))
 	// Without nf_conntrack no connection can be netfilter's.
-	if _, err := os.Stat("/sys/module/nf_conntrack"); !l.ConntrackLookup && err == nil {
+	if !l.ConntrackLookup && nfconntrack.Node.Tracking() {
 		a.log.Warn("the kernel lacks the conntrack kfuncs (6.0 and later, nf_conntrack loaded with its BTF): connections netfilter translated before the TC programs attached (kube-proxy's) break at their next segment")
 	}
 	return a.attachXDP(cfg, names)
