@@ -40,6 +40,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
 	__type(key, __u32);
 	__uint(max_entries, LB4_MAGLEV_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__array(values, struct lb4_maglev_inner);
 } lb4_maglev_v1 SEC(".maps");
@@ -52,6 +53,7 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 	__uint(max_entries, LB4_MAGLEV_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb4_maglev_fp_v1 SEC(".maps");
 
@@ -60,6 +62,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
 	__type(key, __u32);
 	__uint(max_entries, LB6_MAGLEV_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__array(values, struct lb4_maglev_inner);
 } lb6_maglev_v1 SEC(".maps");
@@ -69,6 +72,7 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 	__uint(max_entries, LB6_MAGLEV_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb6_maglev_fp_v1 SEC(".maps");
 

@@ -3,10 +3,12 @@
  * a layout change gets a new name so that a pinned map of the old layout is
  * never reinterpreted. Sizes are defaults; the loader patches them.
  *
- * The services, backends and reverse NAT maps are preallocated: an insert
- * then takes no allocation, which makes programming 10,000 Services several
- * times faster, at the price of their full size in kernel memory up front
- * (109 MiB for both families at the default sizes; the flags shrink them). */
+ * The hash maps only the agent writes (services, backends, reverse NAT,
+ * memberships, Maglev fingerprints) are not preallocated: their kernel
+ * memory follows what they hold, so a node pays for the Services it has,
+ * not for the maps' capacity. The LRU maps the programs write (affinity,
+ * connection tracking, socket reverse NAT) are always preallocated by the
+ * kernel; the loader sizes them from the node's memory. */
 #ifndef EBPF_PROXY_MAPS_H
 #define EBPF_PROXY_MAPS_H
 
@@ -36,6 +38,7 @@ struct {
 	__type(key, struct lb4_key);
 	__type(value, struct lb4_service);
 	__uint(max_entries, LB4_SERVICES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb4_services_v1 SEC(".maps");
 
@@ -44,6 +47,7 @@ struct {
 	__type(key, __u32);
 	__type(value, struct lb4_backend);
 	__uint(max_entries, LB4_BACKENDS_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb4_backends_v1 SEC(".maps");
 
@@ -52,6 +56,7 @@ struct {
 	__type(key, __u32);
 	__type(value, struct lb4_reverse_nat);
 	__uint(max_entries, LB4_REVNAT_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb4_revnat_v1 SEC(".maps");
 
@@ -89,6 +94,7 @@ struct {
 	__type(key, struct lb6_key);
 	__type(value, struct lb4_service);
 	__uint(max_entries, LB4_SERVICES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb6_services_v1 SEC(".maps");
 
@@ -97,6 +103,7 @@ struct {
 	__type(key, __u32);
 	__type(value, struct lb6_backend);
 	__uint(max_entries, LB4_BACKENDS_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb6_backends_v1 SEC(".maps");
 
@@ -105,6 +112,7 @@ struct {
 	__type(key, __u32);
 	__type(value, struct lb6_reverse_nat);
 	__uint(max_entries, LB4_REVNAT_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb6_revnat_v1 SEC(".maps");
 

@@ -34,14 +34,19 @@ func TestModeSettingsDefaultsAndChecks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.BPFFSPath != "/sys/fs/bpf/ebpf-proxy" || o.XDP != "off" || o.MapSizes.Services != 262144 || o.ConntrackSize != 262144 {
-		t.Errorf("BPF defaults: bpffs %q, xdp %q, services map %d, conntrack map %d", o.BPFFSPath, o.XDP, o.MapSizes.Services, o.ConntrackSize)
+	// The maps' capacities are left to the agent (0), the LRU maps' by a
+	// share of the node's memory.
+	if o.BPFFSPath != "/sys/fs/bpf/ebpf-proxy" || o.XDP != "off" || o.MapSizes.Services != 0 || o.ConntrackSize != 0 || o.MapMemoryRatio != 0.0025 {
+		t.Errorf("BPF defaults: bpffs %q, xdp %q, services map %d, conntrack map %d, memory ratio %g",
+			o.BPFFSPath, o.XDP, o.MapSizes.Services, o.ConntrackSize, o.MapMemoryRatio)
 	}
 	for _, tc := range []struct{ arg, want string }{
 		{"--ipvs-scheduler=wrr2", "--ipvs-scheduler"},
 		{"--xdp=fast", "--xdp"},
 		{"--tc-attach=ebpf", "--tc-attach"},
 		{"--maglev-table-size=1000", "--maglev-table-size"},
+		{"--bpf-map-dynamic-size-ratio=0", "--bpf-map-dynamic-size-ratio"},
+		{"--bpf-map-dynamic-size-ratio=0.9", "--bpf-map-dynamic-size-ratio"},
 	} {
 		if _, _, err := load(t, tc.arg); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error about %s", tc.arg, err, tc.want)

@@ -108,6 +108,8 @@ type Options struct {
 	TCAttach      string   // --tc-attach
 	XDP           string   // --xdp
 	ConntrackSize uint32   // --bpf-map-conntrack-max
+	// MapMemoryRatio is --bpf-map-dynamic-size-ratio.
+	MapMemoryRatio float64
 	// SNATPortRange is --nodeport-snat-port-range (the BPF dataplane
 	// parses it); SNATPortRangeForce skips its overlap checks.
 	SNATPortRange      string // --nodeport-snat-port-range
@@ -117,7 +119,8 @@ type Options struct {
 	LB model.LBAlgorithm
 }
 
-// MapSizes are the BPF dataplane's map capacities, as the flags give them.
+// MapSizes are the BPF dataplane's map capacities, as the flags give them;
+// 0 leaves a capacity to the agent (--bpf-map-dynamic-size-ratio).
 type MapSizes struct {
 	Services, Backends, RevNat, SockRevNat, Affinity uint32
 	// MaglevTable is the entries of one Maglev table.
@@ -209,17 +212,18 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.BPFFSPath, "bpffs-path", o.BPFFSPath, "Directory on a bpf filesystem where maps and links are pinned.")
 	fs.StringVar(&o.APISocket, "api-socket", o.APISocket, "Unix socket of the read-only local API (mode 0600) that `ebpf-proxy dump` reads Service names from; empty disables it.")
 	fs.StringVar(&o.ProbeBindAddress, "probe-bind-address", o.ProbeBindAddress, "The IP address and port that serve /livez and /healthz for the kubelet's HTTP probes (deploy/daemonset.yaml), apart from --healthz-bind-address, which kube-proxy holds while both run during a migration; empty disables it.")
-	fs.Uint32Var(&o.MapSizes.Services, "bpf-map-services-max", o.MapSizes.Services, "Capacity of the services map: one entry per frontend plus one per backend of each frontend.")
-	fs.Uint32Var(&o.MapSizes.Backends, "bpf-map-backends-max", o.MapSizes.Backends, "Capacity of the backends map.")
-	fs.Uint32Var(&o.MapSizes.RevNat, "bpf-map-revnat-max", o.MapSizes.RevNat, "Capacity of the reverse NAT map: one entry per frontend.")
-	fs.Uint32Var(&o.MapSizes.SockRevNat, "bpf-map-sock-revnat-max", o.MapSizes.SockRevNat, "Capacity of the socket reverse NAT LRU.")
+	fs.Uint32Var(&o.MapSizes.Services, "bpf-map-services-max", o.MapSizes.Services, "Capacity of the services maps: one entry per frontend plus one per backend of each frontend (0: 262,144 for each IP family the node has addresses of, 16,384 for another). Not preallocated: kernel memory follows the entries, plus 16 bytes an entry of capacity.")
+	fs.Uint32Var(&o.MapSizes.Backends, "bpf-map-backends-max", o.MapSizes.Backends, "Capacity of the backends maps (0: 262,144, or 16,384 for a family the node has no address of).")
+	fs.Uint32Var(&o.MapSizes.RevNat, "bpf-map-revnat-max", o.MapSizes.RevNat, "Capacity of the reverse NAT maps: one entry per frontend (0: 65,536, or 4,096 for a family the node has no address of).")
+	fs.Uint32Var(&o.MapSizes.SockRevNat, "bpf-map-sock-revnat-max", o.MapSizes.SockRevNat, "Capacity of the socket reverse NAT and UDP forwarding LRUs: one entry per connected socket to a Service (0: sized by --bpf-map-dynamic-size-ratio).")
 	fs.StringSliceVar(&o.Devices, "devices", o.Devices, "Network devices to translate NodePort, ExternalIP and LoadBalancer-IP traffic on (default: the devices carrying the node's addresses). Add the pod bridge (cni0, ...) to masquerade externalTrafficPolicy=Cluster traffic to pods on the node as kube-proxy does; without it those pods see the client's address.")
 	fs.StringVar(&o.TCAttach, "tc-attach", o.TCAttach, "How to attach the TC programs: '' (tcx where the kernel has it, else clsact), 'tcx' or 'clsact'.")
 	fs.StringVar(&o.XDP, "xdp", o.XDP, "The XDP fast path for NodePort, ExternalIP and LoadBalancer-IP traffic to backends on other nodes, on the same devices as the TC programs: 'native' (in the driver), 'generic' (any device, less gain) or 'off'. A device that refuses the mode keeps the TC programs only (logged, and counted in ebpfproxy_xdp_attach_failures_total).")
-	fs.Uint32Var(&o.ConntrackSize, "bpf-map-conntrack-max", o.ConntrackSize, "Capacity of the TC connection tracking LRU: two entries per flow from outside the node.")
+	fs.Uint32Var(&o.ConntrackSize, "bpf-map-conntrack-max", o.ConntrackSize, "Capacity of the TC connection tracking LRUs: two entries per flow from outside the node (0: sized by --bpf-map-dynamic-size-ratio).")
 	fs.StringVar(&o.SNATPortRange, "nodeport-snat-port-range", o.SNATPortRange, "Source ports (min-max) that NodePort, ExternalIP and LoadBalancer-IP traffic to a backend on another node is source-NATed to: each (node address, backend) pair has this many concurrent flows (a closed TCP connection frees its port at once, a UDP flow after 30 s, or 120 s once it is a stream). Must lie within 1024-65535 and stay clear of the NodePort range 30000-32767; where it overlaps the node's ephemeral ports (net.ipv4.ip_local_port_range) it is added to net.ipv4.ip_local_reserved_ports, so that the node's own connections never pick these ports and their replies are never taken for source NAT's.")
 	fs.BoolVar(&o.SNATPortRangeForce, "nodeport-snat-port-range-force", o.SNATPortRangeForce, "Accept a --nodeport-snat-port-range that overlaps 30000-32767, or the node's ephemeral ports where it cannot be reserved (logged), for nodes that keep those ports free otherwise.")
-	fs.Uint32Var(&o.MapSizes.Affinity, "bpf-map-affinity-max", o.MapSizes.Affinity, "Capacity of the session affinity LRU: (client, Service port) pairs remembered.")
+	fs.Float64Var(&o.MapMemoryRatio, "bpf-map-dynamic-size-ratio", o.MapMemoryRatio, "Share of the node's memory (MemTotal) that the LRU maps the kernel preallocates (connection tracking, socket reverse NAT, UDP forwarding, session affinity) take where their --bpf-map-*-max flags are 0: split among the IP families the node has addresses of, at least 16,384 and at most 524,288 entries a map (a family without addresses gets 4,096). At 0.0025, an IPv4 node of 8 GiB gives each 32,768 entries (its affinity map half), 11 MiB in all.")
+	fs.Uint32Var(&o.MapSizes.Affinity, "bpf-map-affinity-max", o.MapSizes.Affinity, "Capacity of the session affinity LRUs: (client, Service port) pairs remembered (0: sized by --bpf-map-dynamic-size-ratio).")
 	fs.StringVar(&o.LBAlgorithm, "lb-algorithm", o.LBAlgorithm, "How traffic from outside the node picks a backend for a new flow: 'random' (as kube-proxy) or 'maglev' (consistent hashing: every node picks the same backend for a flow). A Service's annotation "+k8swatch.AnnotationLBAlgorithm+" overrides it.")
 	o.addKubeProxyFlags(fs)
 	fs.Uint32Var(&o.MapSizes.MaglevTable, "maglev-table-size", o.MapSizes.MaglevTable, "Entries of a Maglev table, a prime well above the largest backend count (4 bytes each, per Service port that uses Maglev).")

@@ -38,6 +38,24 @@ type MapSizes struct {
 	// MaglevTable is the number of entries of a Maglev table (a prime);
 	// each ServicePort that uses Maglev has one, of 4 bytes per entry.
 	MaglevTable uint32
+	// IPv6 are the capacities of the IPv6 maps where they differ from
+	// the IPv4 ones (above; the TC programs' ConntrackSize): a zero
+	// capacity takes the IPv4 map's.
+	IPv6 FamilySizes
+}
+
+// FamilySizes are the capacities of one family's maps.
+type FamilySizes struct {
+	Services, Backends, RevNat, SockRevNat, Affinity uint32
+	// Conntrack is the TC connection tracking map's.
+	Conntrack uint32
+}
+
+// Family6 are the IPv6 maps' capacities: IPv6's, or where it has none, the
+// IPv4 maps' (ct the IPv4 connection tracking map's).
+func (s MapSizes) Family6(ct uint32) FamilySizes {
+	return s.IPv6.or(FamilySizes{Services: s.Services, Backends: s.Backends, RevNat: s.RevNat, SockRevNat: s.SockRevNat,
+		Affinity: s.Affinity, Conntrack: ct})
 }
 
 // DefaultMapSizes fit 10,000 Services of 10 endpoints with room to spare.
@@ -154,24 +172,27 @@ func Load(cfg Config) (*Loaded, error) {
 	if l.Maglev, l.Maglev6, err = loadMaglevMaps(cfg.BPFFSPath, sizes, cfg.Migrated); err != nil {
 		return nil, err
 	}
-	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "a program", "BPF objects", cfg.Migrated, false); err != nil {
+	carries, err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "a program", "BPF objects", cfg.Migrated, false)
+	if err != nil {
 		l.Maglev.Close()
 		l.Maglev6.Close()
 		return nil, err
 	}
 	l.Sizes = loadedSizes(&l.Objects.SockMaps, sizes)
 	if err := l.attach(cfg); err != nil {
+		closeCarries(carries)
 		l.Close()
 		return nil, err
 	}
+	carryOver(carries, cfg.Migrated)
 	return l, nil
 }
 
 // sharedMapSizes are the sizes of the maps every object (sock.c, tc.c,
 // xdp.c) defines, by name: each loader patches them alike, so that none
-// finds a pinned map of another size. The IPv6 maps take the IPv4 ones'
-// sizes.
+// finds a pinned map of another size.
 func sharedMapSizes(sizes MapSizes) map[string]uint32 {
+	s6 := sizes.Family6(0)
 	return map[string]uint32{
 		bpfobj.SockMapLb4ServicesV1: sizes.Services,
 		bpfobj.SockMapLb4BackendsV1: sizes.Backends,
@@ -180,22 +201,23 @@ func sharedMapSizes(sizes MapSizes) map[string]uint32 {
 		// Every (backend, ServicePort) pair fits, as every backend slot
 		// does in the services map.
 		bpfobj.SockMapLb4MembersV1:  sizes.Services,
-		bpfobj.SockMapLb6ServicesV1: sizes.Services,
-		bpfobj.SockMapLb6BackendsV1: sizes.Backends,
-		bpfobj.SockMapLb6RevnatV1:   sizes.RevNat,
-		bpfobj.SockMapLb6AffinityV1: sizes.Affinity,
-		bpfobj.SockMapLb6MembersV1:  sizes.Services,
+		bpfobj.SockMapLb6ServicesV1: s6.Services,
+		bpfobj.SockMapLb6BackendsV1: s6.Backends,
+		bpfobj.SockMapLb6RevnatV1:   s6.RevNat,
+		bpfobj.SockMapLb6AffinityV1: s6.Affinity,
+		bpfobj.SockMapLb6MembersV1:  s6.Services,
 	}
 }
 
 // sockMapSizes are the sizes of the maps of the socket hooks alone
 // (bpf/lib/sockmaps.h), by name.
 func sockMapSizes(sizes MapSizes) map[string]uint32 {
+	s6 := sizes.Family6(0)
 	return map[string]uint32{
 		bpfobj.SockMapSock4RevnatV1: sizes.SockRevNat,
 		bpfobj.SockMapSock4UdpFwdV1: sizes.SockRevNat,
-		bpfobj.SockMapSock6RevnatV1: sizes.SockRevNat,
-		bpfobj.SockMapSock6UdpFwdV1: sizes.SockRevNat,
+		bpfobj.SockMapSock6RevnatV1: s6.SockRevNat,
+		bpfobj.SockMapSock6UdpFwdV1: s6.SockRevNat,
 	}
 }
 
@@ -207,6 +229,17 @@ func loadedSizes(m *bpfobj.SockMaps, asked MapSizes) MapSizes {
 	asked.RevNat = m.Lb4RevnatV1.MaxEntries()
 	asked.SockRevNat = m.Sock4RevnatV1.MaxEntries()
 	asked.Affinity = m.Lb4AffinityV1.MaxEntries()
+	differs := func(v6, v4 uint32) uint32 {
+		if v6 == v4 {
+			return 0
+		}
+		return v6
+	}
+	asked.IPv6.Services = differs(m.Lb6ServicesV1.MaxEntries(), asked.Services)
+	asked.IPv6.Backends = differs(m.Lb6BackendsV1.MaxEntries(), asked.Backends)
+	asked.IPv6.RevNat = differs(m.Lb6RevnatV1.MaxEntries(), asked.RevNat)
+	asked.IPv6.SockRevNat = differs(m.Sock6RevnatV1.MaxEntries(), asked.SockRevNat)
+	asked.IPv6.Affinity = differs(m.Lb6AffinityV1.MaxEntries(), asked.Affinity)
 	return asked
 }
 
@@ -385,31 +418,44 @@ func unpinLinks(bpffs, prefix string, keep map[string]bool, names ...string) err
 // old pins are left as they were. With adoptOnly nothing migrates: a pinned
 // map that would makes it return errMigrationPending, having changed
 // nothing.
-func loadPinned(spec *ebpf.CollectionSpec, objs interface{ Close() error }, opts *ebpf.CollectionOptions, bpffs, program, objects string, migrated func(MapMigration), adoptOnly bool) error {
+//
+// The LRU maps it resized are returned, for carryOver once the programs
+// attached.
+// afterMigrationCopy, set by tests, runs between the copy of migrated
+// maps and the load of the programs that use them: the moment the
+// earlier programs still write the old maps.
+var afterMigrationCopy func()
+
+func loadPinned(spec *ebpf.CollectionSpec, objs interface{ Close() error }, opts *ebpf.CollectionOptions, bpffs, program, objects string, migrated func(MapMigration), adoptOnly bool) ([]carry, error) {
 	mig, err := migratePins(spec, mapsDir(bpffs), adoptOnly)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	if afterMigrationCopy != nil && len(mig.replacements) > 0 {
+		afterMigrationCopy()
 	}
 	o := *opts
 	o.MapReplacements = mig.replacements
 	err = spec.LoadAndAssign(objs, &o)
 	if err == nil {
+		carries := mig.carries
 		if err := mig.commit(); err != nil {
+			closeCarries(carries)
 			objs.Close()
-			return fmt.Errorf("migrate pinned maps under %s: %w", mapsDir(bpffs), err)
+			return nil, fmt.Errorf("migrate pinned maps under %s: %w", mapsDir(bpffs), err)
 		}
 		mig.report(migrated)
-		return nil
+		return carries, nil
 	}
 	mig.abort()
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		return fmt.Errorf("%w under %s (run with --cleanup to start afresh): %w", ErrPinnedMapMismatch, mapsDir(bpffs), err)
+		return nil, fmt.Errorf("%w under %s (run with --cleanup to start afresh): %w", ErrPinnedMapMismatch, mapsDir(bpffs), err)
 	}
 	var verr *ebpf.VerifierError
 	if errors.As(err, &verr) {
-		return fmt.Errorf("verifier rejected %s: %+v", program, verr)
+		return nil, fmt.Errorf("verifier rejected %s: %+v", program, verr)
 	}
-	return fmt.Errorf("load %s: %w%s", objects, err, memoryHint(err))
+	return nil, fmt.Errorf("load %s: %w%s", objects, err, memoryHint(err))
 }
 
 // memoryHint explains an ENOMEM from the kernel as what it is on a node:

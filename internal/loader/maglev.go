@@ -50,11 +50,15 @@ func patchMaglev(spec *ebpf.CollectionSpec, sizes MapSizes) error {
 	}
 	// A table per ServicePort at most, and there are no more of those
 	// than reverse NAT entries.
-	for _, names := range maglevMapNames {
+	for i, names := range maglevMapNames {
+		n := sizes.RevNat
+		if i == 1 {
+			n = sizes.Family6(0).RevNat
+		}
 		outer := spec.Maps[names[0]]
-		outer.MaxEntries = sizes.RevNat
+		outer.MaxEntries = n
 		outer.InnerMap.MaxEntries = m
-		spec.Maps[names[1]].MaxEntries = sizes.RevNat
+		spec.Maps[names[1]].MaxEntries = n
 	}
 	if err := spec.Variables[bpfobj.TcVarMaglevTableSize].Set(m); err != nil {
 		return fmt.Errorf("set maglev_table_size: %w", err)

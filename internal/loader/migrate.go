@@ -14,7 +14,8 @@ import (
 // Results of a pinned map's migration (MapMigration.Result), also the
 // result label of ebpfproxy_bpf_map_migrations_total.
 const (
-	// MigrationResized: same layout, another size; every entry copied.
+	// MigrationResized: same layout, another size or allocation (a hash
+	// map preallocated before); every entry copied.
 	MigrationResized = "resized"
 	// MigrationConverted: an older layout, every entry converted by a
 	// registered Migration.
@@ -25,6 +26,11 @@ const (
 	// MigrationKept: the entries did not fit the new size; the old map
 	// is kept, at its old size, and serves on (MapMigration.Err says why).
 	MigrationKept = "kept"
+	// MigrationCarried: an LRU map the programs write, resized, after the
+	// new programs attached: the entries the earlier programs wrote to
+	// the old map after the copy (Entries), carried over; Err, if some
+	// could not be (a full map).
+	MigrationCarried = "carried"
 )
 
 // MapMigration reports what the loader did with one pinned map that did
@@ -67,9 +73,13 @@ func shapeOfMap(m *ebpf.Map) mapShape {
 }
 
 // sameLayout says whether entries of old can be copied as they are into a
-// map of shape want.
+// map of shape want: another size, or (for a hash map) preallocated where
+// the new one is not or the other way round, takes a copy.
 func sameLayout(old, want mapShape) bool {
 	old.MaxEntries = want.MaxEntries
+	if old.Type == ebpf.Hash || old.Type == ebpf.HashOfMaps {
+		old.Flags = old.Flags&^unix.BPF_F_NO_PREALLOC | want.Flags&unix.BPF_F_NO_PREALLOC
+	}
 	return old == want
 }
 
@@ -209,6 +219,61 @@ type pinMigration struct {
 	// remove are old pins to remove at commit: older names.
 	remove  []string
 	reports []MapMigration
+	// carries are the LRU maps resized, which the running programs may
+	// still write until the new ones attach.
+	carries []carry
+}
+
+// carry is an LRU map the programs write (connection tracking, socket
+// reverse NAT, affinity) that a migration copied into a map of another
+// size: the earlier agent's programs go on writing the old map from the
+// copy until the new programs attach. What they wrote then (a flow that
+// started in that moment) is carried over once they are attached
+// (carryOver).
+type carry struct {
+	name     string
+	from, to *ebpf.Map
+}
+
+// carryOver copies the entries of each carry's old map that its new map
+// lacks (never overwriting what the new programs wrote), releases the
+// maps, and reports each map to migrated (if set) as MigrationCarried.
+func carryOver(cs []carry, migrated func(MapMigration)) {
+	for _, c := range cs {
+		rep := MapMigration{Map: c.name, From: c.name, Result: MigrationCarried}
+		var errs []error
+		var k, v []byte
+		it := c.from.Iterate()
+		for it.Next(&k, &v) {
+			err := c.to.Update(k, v, ebpf.UpdateNoExist)
+			switch {
+			case err == nil:
+				rep.Entries++
+			case errors.Is(err, ebpf.ErrKeyExist):
+			default:
+				errs = append(errs, err)
+			}
+		}
+		if err := it.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("read the old map: %w", err))
+		}
+		if len(errs) > 0 {
+			rep.Err = fmt.Errorf("carry %d entries of %s over: %w", len(errs), c.name, errs[0])
+		}
+		rep.Old, rep.New = shapeOfMap(c.from).String(), shapeOfMap(c.to).String()
+		c.from.Close()
+		c.to.Close()
+		if migrated != nil {
+			migrated(rep)
+		}
+	}
+}
+
+func closeCarries(cs []carry) {
+	for _, c := range cs {
+		c.from.Close()
+		c.to.Close()
+	}
 }
 
 // errMigrationPending is migratePins' answer, asked to adopt only, when a
@@ -332,6 +397,12 @@ func (pm *pinMigration) migrate(spec *ebpf.CollectionSpec, p migratePlan, old *e
 			pm.reports = append(pm.reports, rep)
 			return nil
 		}
+		if old.Type() == ebpf.LRUHash {
+			if err := pm.keepCarry(p.name, old, m); err != nil {
+				m.Close()
+				return err
+			}
+		}
 	case p.action == convert && p.convert.Convert != nil:
 		rep.Result = MigrationConverted
 		if rep.Entries, err = copyEntries(old, m, p.convert.Convert); err != nil {
@@ -357,6 +428,21 @@ func (pm *pinMigration) migrate(spec *ebpf.CollectionSpec, p migratePlan, old *e
 		pm.remove = append(pm.remove, p.from)
 	}
 	pm.reports = append(pm.reports, rep)
+	return nil
+}
+
+// keepCarry remembers the LRU map old, copied into m, for carryOver.
+func (pm *pinMigration) keepCarry(name string, old, m *ebpf.Map) error {
+	from, err := old.Clone()
+	if err != nil {
+		return fmt.Errorf("keep the old %s: %w", name, err)
+	}
+	to, err := m.Clone()
+	if err != nil {
+		from.Close()
+		return fmt.Errorf("keep the new %s: %w", name, err)
+	}
+	pm.carries = append(pm.carries, carry{name: name, from: from, to: to})
 	return nil
 }
 
@@ -461,6 +547,8 @@ func (pm *pinMigration) abort() {
 	for _, tmp := range pm.temps {
 		unpin(tmp)
 	}
+	closeCarries(pm.carries)
+	pm.carries = nil
 	pm.close()
 }
 

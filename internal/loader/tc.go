@@ -100,6 +100,9 @@ type TCLoaded struct {
 	// bpffs path then: they are pinned when the programs attach, so that
 	// programs never attached leave no pin behind.
 	unpinned []string
+	// carries are the connection tracking maps a migration resized,
+	// carried over once the programs attach.
+	carries []carry
 }
 
 // ErrNoSuchDevice is returned (wrapped) when a configured device does not
@@ -167,7 +170,7 @@ func loadTC(cfg TCConfig, adoptOnly bool) (*TCLoaded, error) {
 		}
 	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: mapsDir(cfg.BPFFSPath)}}
-	if err := loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "a TC program", "TC objects", cfg.Migrated, adoptOnly); err != nil {
+	if l.carries, err = loadPinned(spec, &l.Objects, opts, cfg.BPFFSPath, "a TC program", "TC objects", cfg.Migrated, adoptOnly); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -223,6 +226,8 @@ func (l *TCLoaded) AttachDevices(cfg TCConfig) error {
 		l.Close()
 		return err
 	}
+	carryOver(l.carries, cfg.Migrated)
+	l.carries = nil
 	return nil
 }
 
@@ -240,7 +245,7 @@ func patchNodePort(spec *ebpf.CollectionSpec, sizes MapSizes, ct uint32, pmin, p
 		spec.Maps[name].MaxEntries = n
 	}
 	spec.Maps[bpfobj.TcMapTc4CtV1].MaxEntries = ct
-	spec.Maps[bpfobj.TcMapTc6CtV1].MaxEntries = ct
+	spec.Maps[bpfobj.TcMapTc6CtV1].MaxEntries = sizes.Family6(ct).Conntrack
 	if err := patchMaglev(spec, sizes); err != nil {
 		return err
 	}

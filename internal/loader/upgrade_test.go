@@ -9,18 +9,26 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
 )
 
 // loadReporting loads with sizes and returns what the loader reported
-// about migrated maps, by map name.
+// about migrated maps, by map name; the carry-over of an LRU map after the
+// attach is under its name and " carried".
 func (f fixture) loadReporting(t *testing.T, sizes loader.MapSizes) (*loader.Loaded, map[string]loader.MapMigration, error) {
 	t.Helper()
 	got := map[string]loader.MapMigration{}
 	l, err := loader.Load(loader.Config{BPFFSPath: f.bpffs, CgroupPath: f.cgroup, Sizes: sizes,
-		Migrated: func(m loader.MapMigration) { got[m.Map] = m }})
+		Migrated: func(m loader.MapMigration) {
+			if m.Result == loader.MigrationCarried {
+				got[m.Map+" carried"] = m
+				return
+			}
+			got[m.Map] = m
+		}})
 	return l, got, err
 }
 
@@ -384,4 +392,142 @@ func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
 		}
 	}
 	return true
+}
+
+// Until December 2026 the maps only the agent writes were preallocated: an
+// agent of this layout finds them so, at its sizes, and copies them into
+// maps that are not.
+func TestPreallocatedMapsOfAnEarlierAgentAreCopied(t *testing.T) {
+	f := newFixture(t)
+	sock, err := bpfobj.LoadSock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := bpfobj.LoadTc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(f.bpffs, "maps"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{bpfobj.SockMapLb4ServicesV1, bpfobj.SockMapLb4BackendsV1, bpfobj.SockMapLb4RevnatV1,
+		bpfobj.SockMapLb6ServicesV1, bpfobj.SockMapLb6BackendsV1, bpfobj.SockMapLb6RevnatV1,
+		bpfobj.TcMapLb4MaglevFpV1, bpfobj.TcMapLb4MaglevV1, bpfobj.TcMapLb6MaglevFpV1, bpfobj.TcMapLb6MaglevV1}
+	var backends *ebpf.Map
+	for _, name := range names {
+		ms, ok := sock.Maps[name]
+		if !ok {
+			ms = tc.Maps[name]
+		}
+		ms = ms.Copy()
+		if ms.Flags&unix.BPF_F_NO_PREALLOC == 0 {
+			t.Fatalf("%s is preallocated", name)
+		}
+		ms.Flags &^= unix.BPF_F_NO_PREALLOC
+		ms.Pinning = ebpf.PinNone
+		if ms.InnerMap != nil {
+			ms.InnerMap.MaxEntries = loader.DefaultMapSizes.MaglevTable
+		}
+		m, err := ebpf.NewMap(ms)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		defer m.Close()
+		if err := m.Pin(f.pin(name)); err != nil {
+			t.Fatal(err)
+		}
+		if name == bpfobj.SockMapLb4BackendsV1 {
+			backends = m
+		}
+	}
+	want := putBackends(t, backends, 30)
+
+	l, got, err := f.loadReporting(t, loader.DefaultMapSizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if diff := backendsOf(t, l.Objects.Lb4BackendsV1); !mapsEqual(diff, want) {
+		t.Errorf("backends after the upgrade %v, want %v", diff, want)
+	}
+	for _, name := range names {
+		if r := got[name]; r.Result != loader.MigrationResized || r.Err != nil {
+			t.Errorf("%s reported as %+v, want resized", name, r)
+		}
+		m, err := ebpf.LoadPinnedMap(f.pin(name), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Flags()&unix.BPF_F_NO_PREALLOC == 0 {
+			t.Errorf("%s is still preallocated after the upgrade", name)
+		}
+		m.Close()
+	}
+}
+
+// An LRU map resized at an upgrade keeps what the earlier programs wrote
+// into it between the copy and the new programs' attach (a connection
+// made in that moment), and what the new programs wrote wins.
+func TestLRUEntriesWrittenDuringTheMigrationAreCarriedOver(t *testing.T) {
+	f := newFixture(t)
+	small := loader.MapSizes{Services: 512, Backends: 256, RevNat: 128, SockRevNat: 256, Affinity: 256, MaglevTable: loader.DefaultMapSizes.MaglevTable}
+	first, err := f.load(t, small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(cookie uint64) bpfobj.SockSock4RevnatKey {
+		return bpfobj.SockSock4RevnatKey{Cookie: cookie, Address: 0x0a00f40a, Port: 0x901f}
+	}
+	val := func(id uint32) bpfobj.SockSock4Revnat {
+		return bpfobj.SockSock4Revnat{Address: 0x0a60000a, Port: 0x5000, RevNatId: id}
+	}
+	if err := first.Objects.Sock4RevnatV1.Put(key(1), val(1)); err != nil {
+		t.Fatal(err)
+	}
+	first.Close()
+	hooked := false
+	loader.SetAfterMigrationCopy(t.Cleanup, func() {
+		old, err := ebpf.LoadPinnedMap(f.pin(bpfobj.SockMapSock4RevnatV1), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer old.Close()
+		if old.MaxEntries() != 256 {
+			return // another object's migration
+		}
+		hooked = true
+		// A connection the earlier programs translate now; and one
+		// both wrote, the new programs last.
+		if err := old.Put(key(2), val(2)); err != nil {
+			t.Fatal(err)
+		}
+		if err := old.Put(key(3), val(3)); err != nil {
+			t.Fatal(err)
+		}
+		m, err := ebpf.LoadPinnedMap(filepath.Join(f.bpffs, "maps", "migrating-"+bpfobj.SockMapSock4RevnatV1), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		if err := m.Put(key(3), val(33)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	second, got, err := f.loadReporting(t, loader.DefaultMapSizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	if !hooked {
+		t.Fatal("the socket reverse NAT map did not migrate")
+	}
+	for cookie, want := range map[uint64]uint32{1: 1, 2: 2, 3: 33} {
+		var v bpfobj.SockSock4Revnat
+		if err := second.Objects.Sock4RevnatV1.Lookup(key(cookie), &v); err != nil || v.RevNatId != want {
+			t.Errorf("socket %d: %+v (%v), want reverse NAT id %d", cookie, v, err, want)
+		}
+	}
+	if r := got[bpfobj.SockMapSock4RevnatV1+" carried"]; r.Result != loader.MigrationCarried || r.Entries != 1 || r.Err != nil {
+		t.Errorf("reported %+v, want carried with 1 entry", r)
+	}
 }

@@ -138,9 +138,13 @@ func LoadXDP(cfg XDPConfig) (*XDPLoaded, error) {
 	if cfg.Mode == XDPGeneric {
 		objs = &xdpGeneric{}
 	}
-	if err := loadPinned(spec, objs, opts, cfg.BPFFSPath, "the XDP program", "XDP objects", cfg.Migrated, false); err != nil {
+	carries, err := loadPinned(spec, objs, opts, cfg.BPFFSPath, "the XDP program", "XDP objects", cfg.Migrated, false)
+	if err != nil {
 		return nil, err
 	}
+	// The TC programs, which load first, migrate the maps both use; one
+	// left to this load is carried over once the devices are attached.
+	defer carryOver(carries, cfg.Migrated)
 	l.Maps, l.Program = objs.parts()
 	wanted := map[string]bool{}
 	for _, d := range cfg.Devices {

@@ -266,7 +266,7 @@ func (ms Modes) start(ctx context.Context, o *config.Options, cfg Config, log *z
 		if m.Name != dataplane.EBPF {
 			mlog = log.Named(m.Name)
 		}
-		in, err := m.Start(ctx, mode.Env{Options: o, Families: cfg.Families, Metrics: cfg.Metrics, Logger: mlog})
+		in, err := m.Start(ctx, mode.Env{Options: o, Families: cfg.Families, NodeFamilies: cfg.NodeFamilies, Metrics: cfg.Metrics, Logger: mlog})
 		if err != nil {
 			return nil, err
 		}

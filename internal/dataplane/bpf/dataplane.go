@@ -175,7 +175,8 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	}
 	km6 := maps.KernelMaps6(&l.Objects.SockMaps)
 	km6.Maglev = maps.KernelMaglev(l.Maglev6.Tables, l.Maglev6.Fingerprints, l.Maglev6.Table)
-	w6, err := maps.NewWriter6(km6, lim)
+	s6 := l.Sizes.Family6(0)
+	w6, err := maps.NewWriter6(km6, maps.Limits{Backends: s6.Backends, RevNat: s6.RevNat})
 	if err != nil {
 		l.Close()
 		return nil, fmt.Errorf("restore IPv6 state from pinned maps: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -28,8 +29,9 @@ var Mode = mode.Mode{
 	Defaults: func(o *config.Options) {
 		o.XDP = loader.XDPOff
 		o.BPFFSPath = loader.DefaultBPFFSPath
-		o.MapSizes = config.MapSizes(loader.DefaultMapSizes)
-		o.ConntrackSize = loader.DefaultConntrackSize
+		// The other capacities are 0: sized by the agent (mapSizes).
+		o.MapSizes = config.MapSizes{MaglevTable: loader.DefaultMapSizes.MaglevTable}
+		o.MapMemoryRatio = loader.DefaultLRUMemoryRatio
 		o.SNATPortRange = DefaultSNATPortRange.String()
 	},
 	Validate: func(o *config.Options) error {
@@ -41,6 +43,9 @@ var Mode = mode.Mode{
 		}
 		if err := maglev.CheckSize(int(o.MapSizes.MaglevTable)); err != nil {
 			return fmt.Errorf("--maglev-table-size: %w", err)
+		}
+		if r := o.MapMemoryRatio; !(r > 0 && r <= 0.5) {
+			return fmt.Errorf("--bpf-map-dynamic-size-ratio %g: want more than 0 and at most 0.5", r)
 		}
 		return nil
 	},
@@ -64,8 +69,10 @@ func ConfigFrom(o *config.Options, m *metrics.Metrics, log *zap.Logger) (Config,
 	if err != nil {
 		return Config{}, fmt.Errorf("--nodeport-snat-port-range: %w", err)
 	}
+	sizes := loader.MapSizes{Services: o.MapSizes.Services, Backends: o.MapSizes.Backends, RevNat: o.MapSizes.RevNat,
+		SockRevNat: o.MapSizes.SockRevNat, Affinity: o.MapSizes.Affinity, MaglevTable: o.MapSizes.MaglevTable}
 	return Config{
-		CgroupPath: o.CgroupPath, BPFFSPath: o.BPFFSPath, Sizes: loader.MapSizes(o.MapSizes), TerminateSockets: o.TerminateSockets,
+		CgroupPath: o.CgroupPath, BPFFSPath: o.BPFFSPath, Sizes: sizes, TerminateSockets: o.TerminateSockets,
 		Devices: o.Devices, TCAttach: o.TCAttach, XDP: o.XDP, ConntrackSize: o.ConntrackSize,
 		SNATPorts: snat, SNATPortRangeForce: o.SNATPortRangeForce, Metrics: m, Logger: log,
 	}, nil
@@ -76,6 +83,9 @@ func ConfigFrom(o *config.Options, m *metrics.Metrics, log *zap.Logger) (Config,
 func start(ctx context.Context, env mode.Env) (*mode.Instance, error) {
 	cfg, err := ConfigFrom(env.Options, env.Metrics, env.Logger)
 	if err != nil {
+		return nil, err
+	}
+	if cfg.Sizes, cfg.ConntrackSize, err = mapSizes(cfg.Sizes, cfg.ConntrackSize, env.Options.MapMemoryRatio, env.NodeFamilies, env.Logger); err != nil {
 		return nil, err
 	}
 	// A node without our pins gets everything from this start.
@@ -129,4 +139,27 @@ func remove(ctx context.Context, o *config.Options, running *mode.Running) error
 // under bpffsPath, and our TC and XDP programs.
 func Cleanup(bpffsPath string) error {
 	return errors.Join(loader.CleanupXDP(bpffsPath), loader.Cleanup(bpffsPath), loader.CleanupTC())
+}
+
+// mapSizes are the maps' capacities: those the flags give (flags,
+// conntrack), and for the others what the node's memory and the families
+// it has addresses of call for (loader.AutoSizes), logged.
+func mapSizes(flags loader.MapSizes, conntrack uint32, ratio float64, nodeFamilies []string, log *zap.Logger) (loader.MapSizes, uint32, error) {
+	mem, err := loader.NodeMemory()
+	if err != nil {
+		return flags, conntrack, fmt.Errorf("size the BPF maps: %w", err)
+	}
+	in := loader.SizeInput{NodeMemory: mem, Ratio: ratio,
+		IPv4: slices.Contains(nodeFamilies, metrics.IPv4), IPv6: slices.Contains(nodeFamilies, metrics.IPv6)}
+	sizes, ct, err := loader.AutoSizes(flags, conntrack, in)
+	if err != nil {
+		return flags, conntrack, fmt.Errorf("size the BPF maps: %w", err)
+	}
+	s6 := sizes.IPv6
+	log.Info("BPF map sizes", zap.Uint64("nodeMemoryMiB", mem>>20), zap.Float64("lruMemoryRatio", in.Ratio),
+		zap.Strings("nodeFamilies", nodeFamilies),
+		zap.Uint32s("ipv4", []uint32{sizes.Services, sizes.Backends, sizes.RevNat, sizes.SockRevNat, sizes.Affinity, ct}),
+		zap.Uint32s("ipv6", []uint32{s6.Services, s6.Backends, s6.RevNat, s6.SockRevNat, s6.Affinity, s6.Conntrack}),
+		zap.String("order", "services, backends, revnat, sockRevnat, affinity, conntrack"))
+	return sizes, ct, nil
 }

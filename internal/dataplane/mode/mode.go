@@ -82,6 +82,9 @@ type Env struct {
 	// is left out (Instance.Skipped), as kube-proxy runs single-stack
 	// where iptables lacks a family.
 	Families []string
+	// NodeFamilies are the families the node has addresses of, which
+	// the BPF mode gives maps of full size.
+	NodeFamilies []string
 	// Metrics receives the mode's metrics.
 	Metrics *metrics.Metrics
 	// Logger is the mode's logger, named after it.
