@@ -31,8 +31,17 @@ KUBE_PROXY_IMAGE ?= registry.k8s.io/kube-proxy:$(K8S_VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 IMAGE_REVISION = $(shell git rev-parse HEAD 2>/dev/null)
 
+# The agent the cluster test's upgrade starts from: an earlier commit's,
+# built from that commit's tree (git archive), so that the upgrade meets
+# the maps an agent of that version pinned: 6c22c13 is the last of the
+# preallocated maps of fixed sizes. Empty: the upgrade goes to the same
+# binary under another reference.
+CLUSTER_UPGRADE_FROM ?= 6c22c13
+UPGRADE_FROM_TAG = $(if $(CLUSTER_UPGRADE_FROM),base-$(CLUSTER_UPGRADE_FROM))
+
 CLUSTER_IMAGE_FILES = ebpf-proxy-$(IMAGE_TAG).tar \
-	kube-proxy-$(K8S_VERSION).tar testserver-$(TESTSERVER_TAG).tar pause.tar
+	kube-proxy-$(K8S_VERSION).tar testserver-$(TESTSERVER_TAG).tar pause.tar \
+	$(if $(UPGRADE_FROM_TAG),ebpf-proxy-$(UPGRADE_FROM_TAG).tar)
 
 IMAGE_BUILD := $(IMAGES_DIR)/.build
 MKIMAGE := $(IMAGE_BUILD)/mkimage
@@ -50,7 +59,7 @@ KUBE_PROXY_REQUIRES := /usr/local/bin/kube-proxy /usr/sbin/iptables /usr/sbin/ip
 mkimage_labels = --created $(SOURCE_DATE_EPOCH) --label org.opencontainers.image.version=$(1)
 ours_labels = $(call mkimage_labels,$(1)) --label org.opencontainers.image.revision=$(IMAGE_REVISION)
 
-.PHONY: image cluster-images image-tools image-rootfs
+.PHONY: image cluster-images image-tools image-rootfs upgrade-from-image
 
 # The builder and the binaries the images hold (go build is incremental).
 image-tools:
@@ -78,8 +87,26 @@ endef
 image: image-tools image-rootfs
 	$(call agent_image,$(IMAGE_TAG))
 
+# The agent of $(CLUSTER_UPGRADE_FROM), tagged $(UPGRADE_FROM_TAG). A clone
+# without that commit fails here, naming it.
+upgrade-from-image: image-tools image-rootfs
+ifneq ($(CLUSTER_UPGRADE_FROM),)
+	@git cat-file -e $(CLUSTER_UPGRADE_FROM)^{commit} || { echo "CLUSTER_UPGRADE_FROM=$(CLUSTER_UPGRADE_FROM): no such commit in this clone (fetch its history, or set CLUSTER_UPGRADE_FROM= for an upgrade to the same binary)" >&2; exit 1; }
+	rm -rf $(IMAGE_BUILD)/upgrade-from && mkdir -p $(IMAGE_BUILD)/upgrade-from
+	git archive $(CLUSTER_UPGRADE_FROM) | tar -x -C $(IMAGE_BUILD)/upgrade-from
+	cd $(IMAGE_BUILD)/upgrade-from && CGO_ENABLED=0 $(GO) build -trimpath \
+		-ldflags "-X main.version=$(UPGRADE_FROM_TAG) -X main.commit=$$(git -C $(CURDIR) rev-parse $(CLUSTER_UPGRADE_FROM))" \
+		-o $(abspath $(IMAGE_BUILD))/ebpf-proxy-$(UPGRADE_FROM_TAG) ./cmd/ebpf-proxy
+	$(MKIMAGE) -o $(IMAGES_DIR)/ebpf-proxy-$(UPGRADE_FROM_TAG).tar -t ebpf-proxy:$(UPGRADE_FROM_TAG) \
+		--base $$(cat $(IMAGE_BUILD)/rootfs.path) \
+		--file $(IMAGE_BUILD)/ebpf-proxy-$(UPGRADE_FROM_TAG):/ebpf-proxy:0755 \
+		--entrypoint /ebpf-proxy $(call mkimage_labels,$(UPGRADE_FROM_TAG)) \
+		$(addprefix --require ,$(AGENT_REQUIRES))
+	rm -rf $(IMAGE_BUILD)/upgrade-from
+endif
+
 # kube-proxy at the path kubeadm's DaemonSet runs it from.
-cluster-images: image k8s-binaries
+cluster-images: image upgrade-from-image k8s-binaries
 	$(MKIMAGE) -o $(IMAGES_DIR)/kube-proxy-$(K8S_VERSION).tar -t $(KUBE_PROXY_IMAGE) \
 		--base $$(cat $(IMAGE_BUILD)/rootfs.path) \
 		--file $(EBPF_PROXY_CACHE)/k8s/$(K8S_VERSION)/kube-proxy:/usr/local/bin/kube-proxy:0755 \

@@ -30,6 +30,13 @@ CLUSTER_VM_FLAGS ?= --kernel 6.12 --cpus 1 --memory 4096 --accel tcg --timeout 4
 # What the node loads besides what modprobe pulls in on demand.
 CLUSTER_MODULES := virtio_net,veth,bridge,br_netfilter,overlay,sch_ingress,cls_bpf,nf_conntrack,nf_nat,nf_tables,nft_compat,nft_chain_nat,nft_ct,nft_masq,nft_nat,nft_reject_inet,ip_tables,iptable_filter,iptable_nat,iptable_mangle,xt_conntrack,xt_comment,xt_mark,xt_MASQUERADE,xt_addrtype,xt_multiport,xt_statistic,xt_nat,ipt_REJECT,ip_set,xt_set
 
+# The agent's images, first (the migration from kube-proxy) and upgrade:
+# the agent of $(CLUSTER_UPGRADE_FROM) (hack/images.mk) upgraded to this
+# tree's; without one, this tree's under a second reference (an alias,
+# which costs no second import).
+CLUSTER_AGENT_IMAGES = $(if $(UPGRADE_FROM_TAG),ebpf-proxy:$(UPGRADE_FROM_TAG) ebpf-proxy:$(IMAGE_TAG),ebpf-proxy:$(IMAGE_TAG) ebpf-proxy:$(IMAGE_TAG_NEXT))
+CLUSTER_AGENT_ALIASES = $(if $(UPGRADE_FROM_TAG),,ebpf-proxy:$(IMAGE_TAG_NEXT)=ebpf-proxy:$(IMAGE_TAG))
+
 .PHONY: cluster-deps cluster-test
 
 # containerd, runc and the CNI plugins for the guest (never started here).
@@ -51,7 +58,8 @@ cluster-test: cluster-deps vmtest-deps k8s-binaries node-binaries cluster-images
 	EBPF_PROXY_CLUSTER_IMAGES=$(abspath $(IMAGES_DIR)) \
 	EBPF_PROXY_CLUSTER_LOGS=$(CLUSTER_OUT)/logs \
 	EBPF_PROXY_CLUSTER_DEPLOY=$(abspath deploy) \
-	EBPF_PROXY_CLUSTER_AGENT_IMAGES="ebpf-proxy:$(IMAGE_TAG) ebpf-proxy:$(IMAGE_TAG_NEXT)" \
+	EBPF_PROXY_CLUSTER_AGENT_IMAGES="$(CLUSTER_AGENT_IMAGES)" \
+	EBPF_PROXY_CLUSTER_AGENT_ALIASES="$(CLUSTER_AGENT_ALIASES)" \
 	EBPF_PROXY_CLUSTER_TEST_IMAGE=ebpf-proxy-testserver:$(TESTSERVER_TAG) \
 	EBPF_PROXY_CLUSTER_NODES=$(CLUSTER_NODES) \
 	EBPF_PROXY_CLUSTER_WORKERS=$(CLUSTER_OUT) \
@@ -62,7 +70,7 @@ cluster-test: cluster-deps vmtest-deps k8s-binaries node-binaries cluster-images
 			--tap node$(i)-tap --modules $(CLUSTER_MODULES) --rw $(CLUSTER_OUT) -- $(CLUSTER_OUT)/worker --index $(i) \
 			--logs $(CLUSTER_OUT)/logs/node$(i) --state $(CLUSTER_OUT)/node$(i).state --stop $(CLUSTER_OUT)/node$(i).stop \
 			$(foreach f,$(CLUSTER_IMAGE_FILES),--image $(abspath $(IMAGES_DIR))/$(f)) \
-			--alias ebpf-proxy:$(IMAGE_TAG_NEXT)=ebpf-proxy:$(IMAGE_TAG)") \
+			$(addprefix --alias ,$(CLUSTER_AGENT_ALIASES))") \
 		-- \
 	$(CLUSTER_OUT)/vmtest $(CLUSTER_VM_FLAGS) --tap node1-tap --modules "$(CLUSTER_MODULES)" --rw $(CLUSTER_OUT) -- \
 		$(CLUSTER_OUT)/cluster.test -test.v -test.timeout 44m

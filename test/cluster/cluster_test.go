@@ -37,8 +37,12 @@ const (
 	// envDeploy is the repository's deploy/ directory.
 	envDeploy = "EBPF_PROXY_CLUSTER_DEPLOY"
 	// envAgentImages are the agent's image references, first and upgrade,
-	// separated by a space; the second names the first's image (Aliases).
+	// separated by a space: an earlier version's and this one's, or this
+	// one's under two references (envAgentAliases).
 	envAgentImages = "EBPF_PROXY_CLUSTER_AGENT_IMAGES"
+	// envAgentAliases are references to name imported images by, as
+	// "new=existing", separated by spaces (node.Config.Aliases).
+	envAgentAliases = "EBPF_PROXY_CLUSTER_AGENT_ALIASES"
 	// envTestImage is the test server's image reference.
 	envTestImage = "EBPF_PROXY_CLUSTER_TEST_IMAGE"
 	// envKubeconfig is the admin's kubeconfig, with the API server on the
@@ -216,10 +220,16 @@ func TestCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
 	defer cancel()
 	start := time.Now()
-	// The upgrade's image is the first one under the second reference.
+	aliases := map[string]string{}
+	for _, a := range strings.Fields(os.Getenv(envAgentAliases)) {
+		alias, ref, ok := strings.Cut(a, "=")
+		if !ok {
+			t.Fatalf("%s=%q: want new=existing references", envAgentAliases, os.Getenv(envAgentAliases))
+		}
+		aliases[alias] = ref
+	}
 	first, _ := node.Nth(1)
-	first.Kubeconfig, first.Images, first.Aliases, first.LogDir, first.Logf = kubeconfig, archives,
-		map[string]string{agentImages[1]: agentImages[0]}, logDir, t.Logf
+	first.Kubeconfig, first.Images, first.Aliases, first.LogDir, first.Logf = kubeconfig, archives, aliases, logDir, t.Logf
 	n, err := node.Start(ctx, first)
 	if err != nil {
 		t.Fatal(err)
@@ -328,9 +338,10 @@ func TestCluster(t *testing.T) {
 	pods--
 	e.check("a scale-down is followed: the gone pod is never chosen", func() error { return e.scaleDown(pods) })
 
-	// An upgrade to another image of the same binary, under load, one
-	// node at a time, as a kustomize user makes it: deploy/ applied with
-	// the next image. After a node-by-node migration the same apply drops
+	// An upgrade, under load, one node at a time, as a kustomize user
+	// makes it: deploy/ applied with the next image, this version's agent
+	// where the first was an earlier one's (make's CLUSTER_UPGRADE_FROM),
+	// whose pinned maps it migrates. After a node-by-node migration the same apply drops
 	// the component's node selector, the guide's last step.
 	loops = e.startLoops()
 	e.applyArgs("", "-k", e.overlay(deployDir, "", agentImages[1]))
