@@ -179,15 +179,23 @@ bench: build
 
 # The benchmark report: make bench, the scale benchmark against upstream
 # kube-proxy at each of BENCH_REPORT_SIZES Services (10 endpoints each;
-# BENCH_REPORT_PROXIES), then docs/benchmarks.md and its plots from what
-# they wrote, with the packet rates of make bench-pps. About an hour at
-# the default sizes; run it on a quiet machine.
-BENCH_REPORT_SIZES ?= 1000 3000 10000
+# BENCH_REPORT_PROXIES, from BENCH_REPORT_LARGE Services on
+# BENCH_REPORT_LARGE_PROXIES: upstream's nftables modes take minutes per
+# change there), then docs/benchmarks.md and its plots from what they
+# wrote, with the packet rates of make bench-pps. The scale runs also
+# measure each proxy's memory cgroup (the memory table, mem_100_cgroup,
+# mem_vs_iptables); 0 Services is the proxies with the probe Service
+# alone. Well over an hour at the default sizes; run it on a quiet machine.
+BENCH_REPORT_SIZES ?= 0 100 1000 10000 30000
 BENCH_REPORT_PROXIES ?= ebpf,iptables,nftables,ebpf-nftables
+BENCH_REPORT_LARGE ?= 30000
+BENCH_REPORT_LARGE_PROXIES ?= ebpf,iptables
 bench-report: bench k8s-binaries e2e-agent
 	@set -e; for n in $(BENCH_REPORT_SIZES); do \
 		echo "== scale: $$n Services"; \
-		EBPF_PROXY_BENCH_SERVICES=$$n EBPF_PROXY_BENCH_CHANGES=30 EBPF_PROXY_BENCH_PROXIES=$(BENCH_REPORT_PROXIES) \
+		proxies=$(BENCH_REPORT_PROXIES); \
+		if [ $$n -ge $(BENCH_REPORT_LARGE) ]; then proxies=$(BENCH_REPORT_LARGE_PROXIES); fi; \
+		EBPF_PROXY_BENCH_SERVICES=$$n EBPF_PROXY_BENCH_CHANGES=30 EBPF_PROXY_BENCH_PROXIES=$$proxies \
 		EBPF_PROXY_BENCH_JSON=$(BENCH_OUT)/scale-$$n.json $(MAKE) --no-print-directory e2e-bench >$(BENCH_OUT)/scale-$$n.log 2>&1 \
 			|| { tail -50 $(BENCH_OUT)/scale-$$n.log; exit 1; }; \
 		sh hack/benchmeta.sh $(BENCH_OUT)/scale-$$n.meta; \

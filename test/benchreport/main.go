@@ -175,7 +175,8 @@ func load(dir string) (*data, error) {
 		if err != nil {
 			return nil, err
 		}
-		s.meta = readMeta(dir, strings.TrimSuffix(filepath.Base(path), ".json"))
+		s.file = filepath.Base(path)
+		s.meta = readMeta(dir, strings.TrimSuffix(s.file, ".json"))
 		d.scales = append(d.scales, s)
 		for k, v := range s.figures() {
 			d.figures[k] = v
@@ -183,6 +184,10 @@ func load(dir string) (*data, error) {
 		}
 	}
 	slices.SortFunc(d.scales, func(a, b scaleRun) int { return a.Services - b.Services })
+	if v, i, ok := worstMemVsIPTables(d.scales); ok {
+		d.figures["mem_vs_iptables"] = v
+		d.source["mem_vs_iptables"] = d.scales[i].file
+	}
 	return d, nil
 }
 

@@ -197,7 +197,125 @@ func writeReport(d *data, out string) error {
 		}
 		md.WriteString("\n")
 	}
+
+	if mem := memoryRuns(d.scales); len(mem) > 0 {
+		if err := plotMemory(mem, filepath.Join(imgDir, "memory.png")); err != nil {
+			return err
+		}
+		writeMemory(&md, mem)
+	}
 	return os.WriteFile(filepath.Join(out, "benchmarks.md"), []byte(md.String()), 0o644)
+}
+
+// memoryRuns are the scale runs that measured the proxies' memory
+// cgroups.
+func memoryRuns(runs []scaleRun) []scaleRun {
+	var out []scaleRun
+	for _, s := range runs {
+		if slices.ContainsFunc(s.Results, func(r scaleResult) bool { return r.CgroupPeakEnd > 0 }) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// proxyOrder lists the proxies of runs, those of the BPF mode and upstream
+// iptables first (the columns compared), then the others as they come.
+func proxyOrder(runs []scaleRun) []string {
+	order := []string{"ebpf", "iptables"}
+	for _, s := range runs {
+		for _, r := range s.Results {
+			if !slices.Contains(order, r.Proxy) {
+				order = append(order, r.Proxy)
+			}
+		}
+	}
+	return slices.DeleteFunc(order, func(p string) bool {
+		return !slices.ContainsFunc(runs, func(s scaleRun) bool { _, ok := s.result(p); return ok })
+	})
+}
+
+// memoryCell is a proxy's cgroup peak and kernel part, as the memory
+// table shows them.
+func memoryCell(r scaleResult) string {
+	switch {
+	case r.CgroupPeakEnd <= 0:
+		return "-"
+	case r.CgroupKmemPeakEnd > 0:
+		return fmt.Sprintf("%.0f MiB (kernel %.0f)", r.CgroupPeakEnd, r.CgroupKmemPeakEnd)
+	}
+	return fmt.Sprintf("%.0f MiB", r.CgroupPeakEnd)
+}
+
+// writeMemory writes the memory section: a table of Service counts by
+// proxies, each cell the cgroup peak and its kernel part.
+func writeMemory(md *strings.Builder, runs []scaleRun) {
+	md.WriteString("## Memory: each proxy's own cgroup\n\n")
+	md.WriteString("The same runs of `make e2e-bench`: each proxy ran in a memory cgroup of its own, from before its first instruction, with the processes it started (kube-proxy's iptables-restore and nft). ")
+	md.WriteString("Its peak, from the proxy's start to the run's end (cgroup v1 `memory.max_usage_in_bytes`, v2 `memory.peak`), counts what peak RSS leaves out: the kernel memory the proxy caused, ")
+	md.WriteString("BPF maps for ebpf-proxy, netfilter rules and sets for kube-proxy, as a DaemonSet's memory limit counts it; and the page cache it filled, its binary's included (evicted from the cache before each start, so that every proxy is charged for its own). ")
+	md.WriteString("In brackets its kernel part (cgroup v1 `memory.kmem.max_usage_in_bytes`; a peak of its own, not necessarily reached at the same moment). ")
+	md.WriteString("0 Services is the proxies with the probe Service alone.\n\n")
+	md.WriteString("![memory cgroup peak](benchmarks/memory.png)\n\n")
+	proxies := proxyOrder(runs)
+	md.WriteString("| Services × endpoints |")
+	for _, p := range proxies {
+		md.WriteString(" " + proxyLabel(p) + " |")
+	}
+	md.WriteString(" BPF / iptables | run |\n|---|" + strings.Repeat("---|", len(proxies)+2) + "\n")
+	for _, s := range runs {
+		fmt.Fprintf(md, "| %d × %d |", s.Services, s.Endpoints)
+		for _, p := range proxies {
+			cell := "-"
+			if r, ok := s.result(p); ok {
+				cell = memoryCell(r)
+			}
+			md.WriteString(" " + cell + " |")
+		}
+		ratio := "-"
+		if v, ok := s.memVsIPTables(); ok {
+			ratio = fmt.Sprintf("%.2f", v)
+		}
+		fmt.Fprintf(md, " %s | %s |\n", ratio, s.meta)
+	}
+	md.WriteString("\n")
+}
+
+// plotMemory draws one line per proxy: its memory cgroup peak against the
+// Service count. The counts are evenly spaced and the peaks on a log
+// scale: 0 to 30,000 Services, tens to thousands of MiB.
+func plotMemory(runs []scaleRun, file string) error {
+	p := plot.New()
+	p.Title.Text = "memory cgroup peak against Services (10 endpoints each unless noted)"
+	p.X.Label.Text = "Services (the counts run, evenly spaced)"
+	p.Y.Label.Text = "memory cgroup peak (MiB, log scale)"
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	var ticks []plot.Tick
+	for i, s := range runs {
+		ticks = append(ticks, plot.Tick{Value: float64(i), Label: fmt.Sprint(s.Services)})
+	}
+	p.X.Tick.Marker = plot.ConstantTicks(ticks)
+	var args []any
+	for _, proxy := range proxyOrder(runs) {
+		var xys plotter.XYs
+		for i, s := range runs {
+			if r, ok := s.result(proxy); ok && r.CgroupPeakEnd > 0 {
+				xys = append(xys, plotter.XY{X: float64(i), Y: r.CgroupPeakEnd})
+			}
+		}
+		if len(xys) > 0 {
+			args = append(args, proxyLabel(proxy), xys)
+		}
+	}
+	if err := plotutil.AddLinePoints(p, args...); err != nil {
+		return err
+	}
+	p.X.Min -= 0.3
+	p.X.Max += 0.3
+	p.Legend.Top = true
+	p.Legend.Left = true
+	return p.Save(8*vg.Inch, 4.5*vg.Inch, file)
 }
 
 func seriesLabels() []string {

@@ -348,6 +348,8 @@ func TestCluster(t *testing.T) {
 	e.rollout("daemonset/ebpf-proxy", "kube-system")
 	e.upgrade = e.stopLoops("upgrade", loops)
 	phase(fmt.Sprintf("upgraded: %s", e.upgrade))
+	// The upgraded agent's pod is charged for the maps it migrated into.
+	e.check("the upgraded agent's memory stays within its DaemonSet limit, with room", e.memoryWithinLimit("upgraded"))
 	if len(nodes) > 1 {
 		e.check("after the migration's last apply the agents' DaemonSet runs on every node, with no node selector", func() error {
 			aff, err := e.n.Kubectl(e.ctx, "", "-n", "kube-system", "get", "daemonset/ebpf-proxy", "-o", "jsonpath={.spec.template.spec.affinity}")

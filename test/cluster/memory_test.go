@@ -109,15 +109,20 @@ func (e *env) agentMemory() (podMemory, error) {
 	return m, nil
 }
 
-// memoryWithinLimit checks that the agent's container has a memory limit
-// and has used at most memoryRoom of it.
-func (e *env) memoryWithinLimit() error {
+// memoryWithinLimit returns the check that the agent's container on this
+// node has a memory limit and has used at most memoryRoom of it; which
+// names the agent in the cluster-memory: line it prints.
+func (e *env) memoryWithinLimit(which string) func() error {
+	return func() error { return e.agentMemoryWithinLimit(which) }
+}
+
+func (e *env) agentMemoryWithinLimit(which string) error {
 	m, err := e.agentMemory()
 	if err != nil {
 		return err
 	}
 	// The figure docs/INSTALL.md's Resources quotes.
-	fmt.Printf("cluster-memory: agent pod %s\n", m)
+	fmt.Printf("cluster-memory: %s agent pod %s\n", which, m)
 	if m.limit == 0 {
 		return fmt.Errorf("the agent's container has no memory limit (%s)", m)
 	}

@@ -54,7 +54,7 @@ func (e *env) migrateNodeByNode(deployDir, image string) {
 // its container, at its peak now; and the agents' probes kept reaching
 // them while kube-proxy held the health check port.
 func (e *env) agentChecks() {
-	e.check("the agent's memory stays within its DaemonSet limit, with room", e.memoryWithinLimit)
+	e.check("the agent's memory stays within its DaemonSet limit, with room", e.memoryWithinLimit("first"))
 	e.check("no agent was restarted: its probes reach it while kube-proxy runs", e.notRestarted)
 }
 

@@ -109,8 +109,12 @@ chaos: k8s-binaries e2e-agent
 
 # Scale benchmarks (not part of make test): 10,000 Services of 10 endpoints
 # through the API, then for ebpf-proxy and upstream kube-proxy (iptables via
-# iptables-legacy, nftables): time until all are programmed, peak RSS, p50
-# and p99 latency of one endpoint change. Smaller runs:
+# iptables-legacy, nftables): time until all are programmed, peak RSS, the
+# peak of the proxy's own memory cgroup (the kernel memory it caused
+# included: BPF maps, netfilter rules; it needs cgroup v1's memory hierarchy
+# or cgroup v2 with the memory controller), p50 and p99 latency of one
+# endpoint change. EBPF_PROXY_BENCH_SERVICES=0 measures the proxies with the
+# probe Service alone. Smaller runs:
 #   EBPF_PROXY_BENCH_SERVICES=1000 EBPF_PROXY_BENCH_CHANGES=20 \
 #   EBPF_PROXY_BENCH_PROXIES=ebpf,iptables make -f test/e2e/e2e.mk e2e-bench
 # EBPF_PROXY_BENCH_HEAP_PROFILE=/tmp/heap.pprof saves ebpf-proxy's heap profile

@@ -122,6 +122,10 @@ var All = []Figure{
 		Source: "make e2e-bench EBPF_PROXY_BENCH_SERVICES=30000"},
 	{Name: "svc30k_change_p99", Unit: "ms", Target: 20, Doc: "30,000 Services: one endpoint change, API write to the first connection answered by the new endpoint, p99",
 		Source: "make e2e-bench EBPF_PROXY_BENCH_SERVICES=30000"},
+	{Name: "mem_100_cgroup", Unit: "MiB", Target: 64, Doc: "100 Services of 10 endpoints: the peak of the BPF mode's own memory cgroup from its start to the run's end, its pages and the kernel memory it caused (BPF maps)",
+		Source: "make e2e-bench EBPF_PROXY_BENCH_SERVICES=100"},
+	{Name: "mem_vs_iptables", Unit: "ratio", Target: 1, Doc: "the BPF mode's memory cgroup peak over upstream kube-proxy iptables' (its iptables-restore children and the rules they installed included) in the same run, the largest over the Service counts run",
+		Source: "make bench-report"},
 
 	// Beside them, without targets.
 	{Name: "pps_bypass_vs_iptables", Unit: "ratio", Doc: "the bound of pps_xdp_vs_iptables and pps_tc_vs_iptables: no proxy, the frames sent to the pod itself past node-a, against upstream iptables; no proxy's ratio can exceed it on this path",

@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 
 // Settings, from the environment so that a slower machine can measure less.
 const (
-	envServices     = "EBPF_PROXY_BENCH_SERVICES"      // default 10000
+	envServices     = "EBPF_PROXY_BENCH_SERVICES"      // default 10000; 0 measures the proxies with the probe Service alone
 	envEndpoints    = "EBPF_PROXY_BENCH_ENDPOINTS"     // per Service, default 10
 	envChanges      = "EBPF_PROXY_BENCH_CHANGES"       // endpoint changes timed per proxy, default 100
 	envChangeBudget = "EBPF_PROXY_BENCH_CHANGE_BUDGET" // time for them per proxy, default 10m
@@ -67,7 +67,7 @@ type config struct {
 func configFromEnv() (config, error) {
 	cfg := config{services: 10000, endpoints: 10, changes: 100, newServices: 20, changeBudget: 10 * time.Minute,
 		kinds: benchKinds[:4]}
-	if err := errors.Join(envInt(envServices, &cfg.services, 1, 1<<20), envInt(envEndpoints, &cfg.endpoints, 1, 1<<10),
+	if err := errors.Join(envInt(envServices, &cfg.services, 0, 1<<20), envInt(envEndpoints, &cfg.endpoints, 1, 1<<10),
 		envInt(envChanges, &cfg.changes, 1, 1<<20), envInt(envNewServices, &cfg.newServices, 1, maxNewServices),
 		envDuration(envChangeBudget, &cfg.changeBudget, 24*time.Hour)); err != nil {
 		return cfg, err
@@ -139,6 +139,11 @@ type result struct {
 	programmed int
 	rssSynced  uint64
 	rssEnd     uint64
+	// memSynced and memEnd are the peaks of the proxy's memory cgroup
+	// (testbed.MemoryCgroup) at the same moments as rssSynced and rssEnd:
+	// besides its pages, the kernel memory it caused, BPF maps or
+	// netfilter rules and sets.
+	memSynced, memEnd testbed.MemoryPeak
 	// changes are the end-to-end latencies of the endpoint changes;
 	// writes are the API calls' own durations within them.
 	changes, writes []time.Duration
@@ -154,10 +159,13 @@ type result struct {
 
 // BenchmarkScale loads Services with endpoints through the API, then, for
 // each proxy in turn on a fresh node: the time from its start until it has
-// programmed them all, its peak RSS, and the latency of one endpoint
+// programmed them all, its peak RSS and the peak of its own memory cgroup
+// (the kernel memory it caused included), and the latency of one endpoint
 // change (from the API write to the first connection answered by the new
-// endpoint, from a pod on the node), as p50 and p99 over the changes. Run it
-// with -benchtime 1x; it measures once whatever b.N is.
+// endpoint, from a pod on the node), as p50 and p99 over the changes. The
+// changes move the probe Service, which exists besides the Services
+// loaded: a run of 0 Services measures each proxy with the probe alone.
+// Run it with -benchtime 1x; it measures once whatever b.N is.
 func BenchmarkScale(b *testing.B) {
 	cfg, err := configFromEnv()
 	if err != nil {
@@ -185,6 +193,10 @@ func BenchmarkScale(b *testing.B) {
 			results = append(results, r)
 			b.ReportMetric(r.startToSynced.Seconds(), "s-to-synced")
 			b.ReportMetric(float64(r.rssSynced)/(1<<20), "MiB-peak-rss")
+			b.ReportMetric(float64(r.memEnd.Bytes)/(1<<20), "MiB-cgroup-peak")
+			if r.memEnd.HasKernel {
+				b.ReportMetric(float64(r.memEnd.Kernel)/(1<<20), "MiB-cgroup-kmem-peak")
+			}
 			if len(r.changes) > 0 {
 				b.ReportMetric(float64(percentile(r.changes, 50).Microseconds())/1000, "ms-change-p50")
 				b.ReportMetric(float64(percentile(r.changes, 99).Microseconds())/1000, "ms-change-p99")
@@ -206,14 +218,24 @@ func BenchmarkScale(b *testing.B) {
 }
 
 // printFigures prints the bench: lines of the figures this run measured:
-// the BPF mode's peak RSS at 10,000 Services, and its figures at 30,000.
+// the BPF mode's peak RSS at 10,000 Services, its figures at 30,000, its
+// memory cgroup's peak at 100, and that peak against upstream iptables'
+// when both ran.
 func printFigures(w io.Writer, cfg config, rs []result) {
+	if cfg.endpoints != 10 {
+		return
+	}
+	if ratio, ok := memVsIPTables(rs); ok {
+		figures.Print(w, "mem_vs_iptables", ratio)
+	}
 	for _, r := range rs {
-		if r.kind != testbed.EbpfProxy || cfg.endpoints != 10 {
+		if r.kind != testbed.EbpfProxy {
 			continue
 		}
 		mib := float64(r.rssEnd) / (1 << 20)
 		switch cfg.services {
+		case 100:
+			figures.Print(w, "mem_100_cgroup", float64(r.memEnd.Bytes)/(1<<20))
 		case 10000:
 			figures.Print(w, "rss_10k", mib)
 			if len(r.newServices) > 0 {
@@ -227,6 +249,24 @@ func printFigures(w io.Writer, cfg config, rs []result) {
 			}
 		}
 	}
+}
+
+// memVsIPTables is the BPF mode's memory cgroup peak over upstream
+// iptables mode's in results rs, if both are there.
+func memVsIPTables(rs []result) (float64, bool) {
+	var ebpf, ipt uint64
+	for _, r := range rs {
+		switch r.kind {
+		case testbed.EbpfProxy:
+			ebpf = r.memEnd.Bytes
+		case testbed.KubeProxyIPTables:
+			ipt = r.memEnd.Bytes
+		}
+	}
+	if ebpf == 0 || ipt == 0 {
+		return 0, false
+	}
+	return float64(ebpf) / float64(ipt), true
 }
 
 // jsonResult is one proxy's figures in the file envJSON names, read by
@@ -246,6 +286,12 @@ type jsonResult struct {
 	Changes       int     `json:"changes"`
 	ProgrammedBPF int     `json:"programmed_frontends,omitempty"`
 	Note          string  `json:"note,omitempty"`
+
+	// The peaks of the proxy's memory cgroup, and of its kernel part
+	// where the kernel keeps one (cgroup v1).
+	CgroupPeakSynced  float64 `json:"cgroup_peak_synced_mib"`
+	CgroupPeakEnd     float64 `json:"cgroup_peak_end_mib"`
+	CgroupKmemPeakEnd float64 `json:"cgroup_kmem_peak_end_mib,omitempty"`
 }
 
 // writeJSON writes the run's results to path.
@@ -259,6 +305,7 @@ func writeJSON(path string, cfg config, loadTime time.Duration, rs []result) err
 	for _, r := range rs {
 		j := jsonResult{Proxy: string(r.kind), StartToSynced: r.startToSynced.Seconds(), FirstSync: r.firstSync.Seconds(),
 			PeakRSSSynced: float64(r.rssSynced) / (1 << 20), PeakRSSEnd: float64(r.rssEnd) / (1 << 20),
+			CgroupPeakSynced: float64(r.memSynced.Bytes) / (1 << 20), CgroupPeakEnd: float64(r.memEnd.Bytes) / (1 << 20),
 			SyncPerChange: float64(r.partialSync.Microseconds()) / 1000, Changes: len(r.changes), NewServices: len(r.newServices),
 			ProgrammedBPF: r.programmed, Note: r.note}
 		if len(r.changes) > 0 {
@@ -268,6 +315,9 @@ func writeJSON(path string, cfg config, loadTime time.Duration, rs []result) err
 		if len(r.newServices) > 0 {
 			j.NewP50 = float64(percentile(r.newServices, 50).Microseconds()) / 1000
 			j.NewP99 = float64(percentile(r.newServices, 99).Microseconds()) / 1000
+		}
+		if r.memEnd.HasKernel {
+			j.CgroupKmemPeakEnd = float64(r.memEnd.Kernel) / (1 << 20)
 		}
 		out.Results = append(out.Results, j)
 	}
@@ -378,6 +428,9 @@ func measure(b *testing.B, c *cluster.Cluster, cs kubernetes.Interface, kind tes
 	if r.rssSynced, err = p.PeakRSS(); err != nil {
 		b.Fatal(err)
 	}
+	if r.memSynced, err = p.MemoryPeak(); err != nil {
+		b.Fatal(err)
+	}
 	if path := os.Getenv(envHeapProfile); path != "" && kind == testbed.EbpfProxy {
 		// gc=1: the profile of the live heap now; without it the
 		// runtime gives the one of its last collections, which may
@@ -434,6 +487,9 @@ func measure(b *testing.B, c *cluster.Cluster, cs kubernetes.Interface, kind tes
 		r.note = fmt.Sprintf("%d of %d changes within the %s budget", len(r.changes), cfg.changes, cfg.changeBudget)
 	}
 	if r.rssEnd, err = p.PeakRSS(); err != nil {
+		b.Fatal(err)
+	}
+	if r.memEnd, err = p.MemoryPeak(); err != nil {
 		b.Fatal(err)
 	}
 	return r
@@ -520,10 +576,11 @@ func percentile(ds []time.Duration, p int) time.Duration {
 
 func summary(cfg config, loadTime time.Duration, rs []result) string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "%d Services × %d endpoints, loaded through the API in %s\n", cfg.services, cfg.endpoints, loadTime.Round(time.Second))
+	fmt.Fprintf(&sb, "%d Services × %d endpoints, loaded through the API in %s, besides the probe Service the changes move\n",
+		cfg.services, cfg.endpoints, loadTime.Round(time.Second))
 	w := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "proxy\tstart → all programmed\tfirst sync (own metric)\tpeak RSS after sync\tpeak RSS at end\t"+
-		"change p50\tchange p99\tof which API write p50\tsync per change (own metric)\tchanges\tnew Service p50\tnew Service p99\tnote")
+		"cgroup peak after sync\tcgroup peak at end (kernel)\tchange p50\tchange p99\tof which API write p50\tsync per change (own metric)\tchanges\tnew Service p50\tnew Service p99\tnote")
 	for _, r := range rs {
 		name := string(r.kind)
 		switch r.kind {
@@ -551,8 +608,13 @@ func summary(cfg config, loadTime time.Duration, rs []result) string {
 		if len(r.newServices) > 0 {
 			n50, n99 = ms(percentile(r.newServices, 50)), ms(percentile(r.newServices, 99))
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%.0f MiB\t%.0f MiB\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", name, r.startToSynced.Round(10*time.Millisecond),
-			r.firstSync.Round(time.Millisecond), float64(r.rssSynced)/(1<<20), float64(r.rssEnd)/(1<<20), p50, p99, w50,
+		kernel := "-"
+		if r.memEnd.HasKernel {
+			kernel = fmt.Sprintf("%.0f", float64(r.memEnd.Kernel)/(1<<20))
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%.0f MiB\t%.0f MiB\t%.0f MiB\t%.0f MiB (%s)\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", name, r.startToSynced.Round(10*time.Millisecond),
+			r.firstSync.Round(time.Millisecond), float64(r.rssSynced)/(1<<20), float64(r.rssEnd)/(1<<20),
+			float64(r.memSynced.Bytes)/(1<<20), float64(r.memEnd.Bytes)/(1<<20), kernel, p50, p99, w50,
 			ms(r.partialSync), len(r.changes), n50, n99, r.note)
 	}
 	w.Flush()

@@ -1,6 +1,8 @@
 // Package bench measures ebpf-proxy against upstream kube-proxy on a real
 // API server. BenchmarkScale: Services programmed per second after start,
-// peak memory, and the latency of one endpoint change among many Services
+// peak memory (RSS, and the peak of the proxy's own memory cgroup, which
+// counts the kernel memory it caused), and the latency of one endpoint
+// change among many Services
 // (`make -f test/e2e/e2e.mk e2e-bench`). BenchmarkNodePortRPS: requests per
 // second from an external client through a NodePort to a pod on another
 // node, new connections and persistent ones, as ratios against upstream's

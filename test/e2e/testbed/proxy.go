@@ -95,6 +95,7 @@ type Proxy struct {
 
 	proc    *agent.Process
 	dir     string
+	mem     *MemoryCgroup
 	cleaned bool
 }
 
@@ -109,6 +110,12 @@ type Proxy struct {
 // clusterCIDR 10.244.0.0/16, nodePortAddresses the node's IP, metrics and
 // healthz bound inside the namespace. ebpf-proxy attaches to the node's
 // cgroup and pins under the sandbox's bpffs.
+//
+// Every proxy runs in a memory cgroup of its own (NewMemoryCgroup), from
+// before its first instruction, with whatever it starts, its binary out of
+// the page cache (EvictPageCache): MemoryPeak reads what it cost the
+// node, kernel memory included. Without a memory cgroup to make,
+// StartProxy fails.
 func (tb *Testbed) StartProxy(t testing.TB, n *Node, opts ProxyOptions) *Proxy {
 	t.Helper()
 	p, err := tb.startProxy(t, n, opts)
@@ -133,7 +140,7 @@ func (tb *Testbed) StartProxy(t testing.TB, n *Node, opts ProxyOptions) *Proxy {
 	return p
 }
 
-func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy, error) {
+func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (_ *Proxy, err error) {
 	kubeconfig := opts.Kubeconfig
 	if kubeconfig == "" {
 		kubeconfig = tb.Cluster.KubeProxyKubeconfig()
@@ -143,6 +150,14 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 		return nil, err
 	}
 	p := &Proxy{Kind: opts.Kind, Node: n, dir: dir}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, os.RemoveAll(dir))
+			if p.mem != nil {
+				err = errors.Join(err, p.mem.Remove())
+			}
+		}
+	}()
 	var bin string
 	var args, env []string
 	switch opts.Kind {
@@ -150,7 +165,7 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 		bin = tb.Cluster.Binaries().KubeProxy
 		cfg := filepath.Join(dir, "config.yaml")
 		if err := os.WriteFile(cfg, []byte(kubeProxyConfig(n, opts, kubeconfig)), 0o600); err != nil {
-			return nil, errors.Join(err, os.RemoveAll(dir))
+			return nil, err
 		}
 		v := opts.Verbosity
 		if v == 0 {
@@ -161,7 +176,7 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 		if opts.LegacyIPTables {
 			legacy, err := legacyIPTablesDir(dir)
 			if err != nil {
-				return nil, errors.Join(err, os.RemoveAll(dir))
+				return nil, err
 			}
 			path = legacy + ":" + path
 		}
@@ -170,6 +185,9 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 		// every other iptables user of the machine.
 		env = append(env, "PATH="+path, "XTABLES_LOCKFILE="+filepath.Join(dir, "xtables.lock"))
 	case EbpfProxy, EbpfProxyIPTables, EbpfProxyNFTables:
+		if bin, err = agent.Binary(); err != nil {
+			return nil, err
+		}
 		p.BPFFS = filepath.Join(tb.Sandbox.BPFFS.Path(), n.Spec.Name)
 		v := opts.Verbosity
 		if v == 0 {
@@ -197,16 +215,26 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (*Proxy,
 			args = append(args, "--proxy-mode=iptables", "--cluster-cidr="+ClusterCIDRs)
 		}
 	default:
-		return nil, errors.Join(fmt.Errorf("unknown proxy kind %q", opts.Kind), os.RemoveAll(dir))
+		return nil, fmt.Errorf("unknown proxy kind %q", opts.Kind)
 	}
 	args = append(args, opts.Args...)
 
+	if p.mem, err = NewMemoryCgroup(string(opts.Kind)); err != nil {
+		return nil, err
+	}
+	// The programs and shared libraries the proxy runs besides its binary
+	// (iptables-restore, nft) are small, and charged to it only if not
+	// cached already.
+	if err := EvictPageCache(bin); err != nil {
+		return nil, err
+	}
+	bin, args = p.mem.Wrap(bin, args...)
 	// Its own process group: a Ctrl-C at the terminal reaches only the test
 	// binary, whose interrupt handler stops the proxy.
 	proc, err := agent.Start(agent.Options{Name: string(opts.Kind) + " proxy", Bin: bin, Args: args, Env: env,
 		Netns: n.NS.Path(), LogPath: filepath.Join(dir, "proxy.log"), Setpgid: true})
 	if err != nil {
-		return nil, errors.Join(err, os.RemoveAll(dir))
+		return nil, err
 	}
 	p.proc = proc
 	tb.mu.Lock()
@@ -440,6 +468,11 @@ func (p *Proxy) PeakRSS() (uint64, error) {
 // Usage returns what the proxy holds of the node's resources now.
 func (p *Proxy) Usage() (Usage, error) { return ProcessUsage(p.PID()) }
 
+// MemoryPeak returns the peak of the proxy's memory cgroup so far: its
+// pages, its children's, and the kernel memory they caused. It fails once
+// the proxy has been stopped.
+func (p *Proxy) MemoryPeak() (MemoryPeak, error) { return p.mem.Peak() }
+
 // Dump runs `ebpf-proxy dump` on the proxy's pins.
 func (p *Proxy) Dump() (string, error) {
 	if p.Kind != EbpfProxy {
@@ -450,8 +483,9 @@ func (p *Proxy) Dump() (string, error) {
 
 // Stop stops the proxy (SIGTERM, SIGKILL after 10 s) and removes what it
 // left: ebpf-proxy's pinned programs and maps and its rules
-// (`ebpf-proxy --cleanup` in the node's namespace), its files. kube-proxy's
-// rules go with the node's namespace. Stop is idempotent.
+// (`ebpf-proxy --cleanup` in the node's namespace), then its memory cgroup,
+// its files. kube-proxy's rules go with the node's namespace. Stop is
+// idempotent.
 func (p *Proxy) Stop() error {
 	var errs []error
 	if err := p.proc.Stop(stopGrace); err != nil {
@@ -463,6 +497,11 @@ func (p *Proxy) Stop() error {
 		} else {
 			p.cleaned = true
 		}
+	}
+	// After the cleanup: the pins it removed were what kept the maps,
+	// charged to this cgroup, alive.
+	if err := p.mem.Remove(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(p.dir); err != nil {
 		errs = append(errs, err)
