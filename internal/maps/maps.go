@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
 )
@@ -126,13 +127,26 @@ var ErrMapFull = errors.New("map is full")
 // fullError says that m has no room left: its name and capacity, which
 // its --bpf-map-*-max flag sets, wrapping ErrMapFull.
 func fullError(m *ebpf.Map) error {
+	return fmt.Errorf("%s holds its %d entries: %w", mapName(m), m.MaxEntries(), ErrMapFull)
+}
+
+// noMemoryError says that the kernel could not allocate an entry of m, a
+// map that is not preallocated: the memory cgroup the map is charged to
+// (the agent's container's) is at its limit. It wraps ErrMapFull: the
+// entry does not fit, and the Writer answers it as it does a full map.
+func noMemoryError(m *ebpf.Map, err error) error {
+	return fmt.Errorf("%s has no memory for a new entry (%w): the maps are charged to the agent's container, which is at its memory limit; raise the limit: %w",
+		mapName(m), err, ErrMapFull)
+}
+
+// mapName is m's name as loaded: "Hash(lb4_services_v1)#15" is
+// lb4_services_v1, which the kernel's copy would truncate to 15 bytes.
+func mapName(m *ebpf.Map) string {
 	name := m.String()
-	// "Hash(lb4_services_v1)#15": the name as loaded, which the kernel's
-	// copy would truncate to 15 bytes.
 	if _, rest, ok := strings.Cut(name, "("); ok {
 		name, _, _ = strings.Cut(rest, ")")
 	}
-	return fmt.Errorf("%s holds its %d entries: %w", name, m.MaxEntries(), ErrMapFull)
+	return name
 }
 
 // kernelMap adapts an *ebpf.Map.
@@ -146,6 +160,9 @@ func (k kernelMap[K, V]) Put(key K, v V) error {
 		if errors.Is(err, ebpf.ErrKeyNotExist) || isE2BIG(err) {
 			return fullError(k.m)
 		}
+		if errors.Is(err, unix.ENOMEM) {
+			return noMemoryError(k.m, err)
+		}
 		return fmt.Errorf("update %s: %w", k.m, err)
 	}
 	return nil
@@ -156,6 +173,9 @@ func (k kernelMap[K, V]) PutBatch(ks []K, vs []V) (int, error) {
 	if err != nil {
 		if isE2BIG(err) || errors.Is(err, ebpf.ErrKeyNotExist) {
 			return n, fullError(k.m)
+		}
+		if errors.Is(err, unix.ENOMEM) {
+			return n, noMemoryError(k.m, err)
 		}
 		return n, fmt.Errorf("batch update %s: %w", k.m, err)
 	}
