@@ -2,6 +2,7 @@ package loader
 
 import (
 	"bufio"
+	"encoding/binary"
 	"fmt"
 	"math/bits"
 	"os"
@@ -74,10 +75,7 @@ func AutoSizes(flags MapSizes, conntrack uint32, in SizeInput) (MapSizes, uint32
 	if ratio < 0 || ratio > 0.5 {
 		return MapSizes{}, 0, fmt.Errorf("LRU memory ratio %g: want more than 0 and at most 0.5", ratio)
 	}
-	unit, err := lruUnitBytes()
-	if err != nil {
-		return MapSizes{}, 0, err
-	}
+	unit := lruUnitBytes()
 	var perUnit uint64
 	if in.IPv4 {
 		perUnit += unit[0]
@@ -126,44 +124,46 @@ func lruEntries(n uint64) uint32 {
 	return uint32(1) << (bits.Len64(n) - 1)
 }
 
-// lruMapsOfFamily are the LRU maps of each family, IPv4 then IPv6, with
-// their weight in entries: the affinity map gets half of what the others
-// get.
-var lruMapsOfFamily = [2][]struct {
-	name string
-	half bool
-}{
-	{{bpfobj.TcMapTc4CtV1, false}, {bpfobj.SockMapSock4RevnatV1, false}, {bpfobj.SockMapSock4UdpFwdV1, false}, {bpfobj.SockMapLb4AffinityV1, true}},
-	{{bpfobj.TcMapTc6CtV1, false}, {bpfobj.SockMapSock6RevnatV1, false}, {bpfobj.SockMapSock6UdpFwdV1, false}, {bpfobj.SockMapLb6AffinityV1, true}},
+// lruMap is an LRU map the automatic sizes cover: its name, its key and
+// value sizes (the generated types', so that sizing parses no object), and
+// whether it gets half the entries (the affinity maps).
+type lruMap struct {
+	name       string
+	key, value int
+	half       bool
+}
+
+// lruMapsOfFamily are the LRU maps of each family, IPv4 then IPv6.
+var lruMapsOfFamily = [2][]lruMap{
+	{
+		{bpfobj.TcMapTc4CtV1, binary.Size(bpfobj.TcCt4Key{}), binary.Size(bpfobj.TcCt4Entry{}), false},
+		{bpfobj.SockMapSock4RevnatV1, binary.Size(bpfobj.SockSock4RevnatKey{}), binary.Size(bpfobj.SockSock4Revnat{}), false},
+		{bpfobj.SockMapSock4UdpFwdV1, binary.Size(bpfobj.SockSock4UdpKey{}), binary.Size(bpfobj.SockSock4Udp{}), false},
+		{bpfobj.SockMapLb4AffinityV1, binary.Size(bpfobj.SockLb4AffinityKey{}), binary.Size(bpfobj.SockLb4Affinity{}), true},
+	},
+	{
+		{bpfobj.TcMapTc6CtV1, binary.Size(bpfobj.TcCt6Key{}), binary.Size(bpfobj.TcCt6Entry{}), false},
+		{bpfobj.SockMapSock6RevnatV1, binary.Size(bpfobj.SockSock6RevnatKey{}), binary.Size(bpfobj.SockSock6Revnat{}), false},
+		{bpfobj.SockMapSock6UdpFwdV1, binary.Size(bpfobj.SockSock6UdpKey{}), binary.Size(bpfobj.SockSock4Udp{}), false},
+		{bpfobj.SockMapLb6AffinityV1, binary.Size(bpfobj.SockLb6AffinityKey{}), binary.Size(bpfobj.SockLb4Affinity{}), true},
+	},
 }
 
 // lruUnitBytes is, per family, the kernel memory of one entry of each LRU
 // map (half of one in the affinity map): what one step of the automatic
 // size costs.
-func lruUnitBytes() ([2]uint64, error) {
+func lruUnitBytes() [2]uint64 {
 	var out [2]uint64
-	sock, err := bpfobj.LoadSock()
-	if err != nil {
-		return out, fmt.Errorf("load embedded BPF object: %w", err)
-	}
-	tc, err := bpfobj.LoadTc()
-	if err != nil {
-		return out, fmt.Errorf("load embedded TC object: %w", err)
-	}
 	for i, fam := range lruMapsOfFamily {
 		for _, m := range fam {
-			ms, ok := sock.Maps[m.name]
-			if !ok {
-				ms = tc.Maps[m.name]
-			}
-			b := EntryBytes(ms)
+			b := entryBytes(uint32(m.key), uint32(m.value))
 			if m.half {
 				b /= 2
 			}
 			out[i] += b
 		}
 	}
-	return out, nil
+	return out
 }
 
 // EntryBytes is the kernel memory one entry of a hash or LRU map of spec
@@ -172,9 +172,11 @@ func lruUnitBytes() ([2]uint64, error) {
 // up to 8 bytes. A preallocated map takes it for every entry of its
 // capacity; a map that is not, for each entry it holds, plus 16 bytes of
 // bucket per entry of its capacity.
-func EntryBytes(ms *ebpf.MapSpec) uint64 {
+func EntryBytes(ms *ebpf.MapSpec) uint64 { return entryBytes(ms.KeySize, ms.ValueSize) }
+
+func entryBytes(key, value uint32) uint64 {
 	round := func(n uint32) uint64 { return uint64(n+7) &^ 7 }
-	return 64 + round(ms.KeySize) + round(ms.ValueSize)
+	return 64 + round(key) + round(value)
 }
 
 // NodeMemory is the node's memory in bytes: MemTotal of /proc/meminfo
