@@ -261,12 +261,11 @@ func carryOver(cs []carry, migrated func(MapMigration)) {
 			rep.Err = fmt.Errorf("carry %d entries of %s over: %w", len(errs), c.name, errs[0])
 		}
 		rep.Old, rep.New = shapeOfMap(c.from).String(), shapeOfMap(c.to).String()
-		c.from.Close()
-		c.to.Close()
 		if migrated != nil {
 			migrated(rep)
 		}
 	}
+	closeCarries(cs)
 }
 
 func closeCarries(cs []carry) {

@@ -43,6 +43,15 @@ const (
 // only the hash buckets (16 bytes an entry).
 var UnaddressedSizes = FamilySizes{Services: 1 << 14, Backends: 1 << 14, RevNat: 1 << 12}
 
+// CheckLRUMemoryRatio checks a share of the node's memory for the LRU maps
+// (--bpf-map-dynamic-size-ratio): more than 0, at most half.
+func CheckLRUMemoryRatio(r float64) error {
+	if !(r > 0 && r <= 0.5) {
+		return fmt.Errorf("LRU memory ratio %g: want more than 0 and at most 0.5", r)
+	}
+	return nil
+}
+
 // SizeInput is what the automatic sizes follow.
 type SizeInput struct {
 	// NodeMemory is the node's memory in bytes (NodeMemory()).
@@ -72,8 +81,8 @@ func AutoSizes(flags MapSizes, conntrack uint32, in SizeInput) (MapSizes, uint32
 	if ratio == 0 {
 		ratio = DefaultLRUMemoryRatio
 	}
-	if ratio < 0 || ratio > 0.5 {
-		return MapSizes{}, 0, fmt.Errorf("LRU memory ratio %g: want more than 0 and at most 0.5", ratio)
+	if err := CheckLRUMemoryRatio(ratio); err != nil {
+		return MapSizes{}, 0, err
 	}
 	unit := lruUnitBytes()
 	var perUnit uint64

@@ -17,9 +17,9 @@ import (
 
 const gib = 1 << 30
 
-// lruBytes is the kernel memory of the LRU maps of one family at sizes
-// (IPv6's when v6), counted from the maps' specs.
-func lruBytes(t *testing.T, sizes loader.MapSizes, ct uint32, v6 bool) uint64 {
+// objectMaps returns the spec of a map of the socket or the TC object by
+// name.
+func objectMaps(t *testing.T) func(name string) *ebpf.MapSpec {
 	t.Helper()
 	sock, err := bpfobj.LoadSock()
 	if err != nil {
@@ -29,6 +29,23 @@ func lruBytes(t *testing.T, sizes loader.MapSizes, ct uint32, v6 bool) uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return func(name string) *ebpf.MapSpec {
+		if ms, ok := sock.Maps[name]; ok {
+			return ms
+		}
+		ms, ok := tc.Maps[name]
+		if !ok {
+			t.Fatalf("no map %s in the socket or TC object", name)
+		}
+		return ms
+	}
+}
+
+// lruBytes is the kernel memory of the LRU maps of one family at sizes
+// (IPv6's when v6), counted from the maps' specs.
+func lruBytes(t *testing.T, sizes loader.MapSizes, ct uint32, v6 bool) uint64 {
+	t.Helper()
+	spec := objectMaps(t)
 	f := loader.FamilySizes{SockRevNat: sizes.SockRevNat, Affinity: sizes.Affinity, Conntrack: ct}
 	names := []string{bpfobj.TcMapTc4CtV1, bpfobj.SockMapSock4RevnatV1, bpfobj.SockMapSock4UdpFwdV1, bpfobj.SockMapLb4AffinityV1}
 	if v6 {
@@ -37,10 +54,7 @@ func lruBytes(t *testing.T, sizes loader.MapSizes, ct uint32, v6 bool) uint64 {
 	}
 	var total uint64
 	for i, n := range []uint32{f.Conntrack, f.SockRevNat, f.SockRevNat, f.Affinity} {
-		ms, ok := sock.Maps[names[i]]
-		if !ok {
-			ms = tc.Maps[names[i]]
-		}
+		ms := spec(names[i])
 		if ms.Type != ebpf.LRUHash {
 			t.Fatalf("%s is %s, not an LRU map", names[i], ms.Type)
 		}

@@ -636,6 +636,9 @@ func (l *TCLoaded) Close() {
 		lk.Close()
 	}
 	l.links = nil
+	// Maps kept for a carry-over that never came (the attach failed).
+	closeCarries(l.carries)
+	l.carries = nil
 	l.Objects.Close()
 }
 

@@ -399,14 +399,7 @@ func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
 // maps that are not.
 func TestPreallocatedMapsOfAnEarlierAgentAreCopied(t *testing.T) {
 	f := newFixture(t)
-	sock, err := bpfobj.LoadSock()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc, err := bpfobj.LoadTc()
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec := objectMaps(t)
 	if err := os.MkdirAll(filepath.Join(f.bpffs, "maps"), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -415,11 +408,7 @@ func TestPreallocatedMapsOfAnEarlierAgentAreCopied(t *testing.T) {
 		bpfobj.TcMapLb4MaglevFpV1, bpfobj.TcMapLb4MaglevV1, bpfobj.TcMapLb6MaglevFpV1, bpfobj.TcMapLb6MaglevV1}
 	var backends *ebpf.Map
 	for _, name := range names {
-		ms, ok := sock.Maps[name]
-		if !ok {
-			ms = tc.Maps[name]
-		}
-		ms = ms.Copy()
+		ms := spec(name).Copy()
 		if ms.Flags&unix.BPF_F_NO_PREALLOC == 0 {
 			t.Fatalf("%s is preallocated", name)
 		}

@@ -44,8 +44,8 @@ var Mode = mode.Mode{
 		if err := maglev.CheckSize(int(o.MapSizes.MaglevTable)); err != nil {
 			return fmt.Errorf("--maglev-table-size: %w", err)
 		}
-		if r := o.MapMemoryRatio; !(r > 0 && r <= 0.5) {
-			return fmt.Errorf("--bpf-map-dynamic-size-ratio %g: want more than 0 and at most 0.5", r)
+		if err := loader.CheckLRUMemoryRatio(o.MapMemoryRatio); err != nil {
+			return fmt.Errorf("--bpf-map-dynamic-size-ratio: %w", err)
 		}
 		return nil
 	},
