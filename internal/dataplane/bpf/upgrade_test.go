@@ -3,6 +3,7 @@ package bpf_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -409,5 +410,130 @@ func TestAnUpgradeKeepsTheFlowsOfDeletedServicesThroughThePortFilter(t *testing.
 	}
 	if lines := logs.FilterMessage("port filter holds the ports of the tracked flows").All(); len(lines) != 1 || lines[0].ContextMap()["ipv4Ports"] != int64(1) {
 		t.Errorf("log lines about the tracked flows' ports: %v, want one with ipv4Ports=1", lines)
+	}
+}
+
+// An agent restarted with larger LRU maps (a node that outgrew them: more
+// flows than --bpf-map-dynamic-size-ratio or the flags left room for)
+// migrates them, and loses neither a tracked flow nor an affinity: a
+// NodePort connection the TC programs track and a pod's connection the
+// socket programs translated both still carry data, the pod still sees the
+// ClusterIP as its peer, and new connections of both clients still go to
+// the backend their affinity chose.
+func TestLargerLRUMapsKeepTrackedFlowsAndAffinity(t *testing.T) {
+	u := newUpgradeNode(t)
+	for _, svc := range u.state.Services {
+		if svc.Port.Name.Name == "web" {
+			svc.Port.AffinityTimeout = time.Hour
+		}
+	}
+	small := loader.DefaultMapSizes
+	small.SockRevNat, small.Affinity = 1024, 1024
+	old, _ := u.start(t, small, 1024, zap.NewNop())
+	if err := old.Sync(model.Update{State: u.state, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	web, nodePort := netip.AddrPortFrom(upgradeWebVIP, 80), netip.AddrPortFrom(u.node.IP, upgradeNodePort)
+	type held struct {
+		name   string
+		client *sandbox.Client
+		to     netip.AddrPort
+		h      *sandbox.Held
+	}
+	conns := []*held{{name: "pod to the ClusterIP", client: u.pod, to: web}, {name: "outside to the NodePort", client: u.ext, to: nodePort}}
+	for _, c := range conns {
+		h, err := c.client.Hold(ctx, c.to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.First.Err != "" {
+			t.Fatalf("%s: %s", c.name, h.First.Err)
+		}
+		defer h.Close()
+		c.h = h
+		u.checkAffinity(ctx, t, c.client, c.to, h.First.Server, "before the upgrade")
+	}
+	affinities := u.affinities(t)
+	if len(affinities) != 2 {
+		t.Fatalf("affinity entries %v, want one for each client", affinities)
+	}
+	old.Close()
+
+	d, reg := u.start(t, loader.DefaultMapSizes, 1<<16, zap.NewNop())
+	defer d.Close()
+	for _, c := range conns {
+		if err := c.h.Ping(); err != nil {
+			t.Errorf("%s after the LRU maps grew: %v", c.name, err)
+		}
+		u.checkAffinity(ctx, t, c.client, c.to, c.h.First.Server, "after the LRU maps grew")
+	}
+	if got := u.affinities(t); fmt.Sprint(got) != fmt.Sprint(affinities) {
+		t.Errorf("affinity entries after the LRU maps grew %v, want those before, %v", got, affinities)
+	}
+	if peer, err := conns[0].h.Peer(); err != nil || peer != web {
+		t.Errorf("the pod's connection sees its peer as %v (%v), want the ClusterIP %v", peer, err, web)
+	}
+	if err := d.Sync(model.Update{State: u.state, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range conns {
+		if err := c.h.Ping(); err != nil {
+			t.Errorf("%s after the first sync: %v", c.name, err)
+		}
+	}
+	for name, want := range map[string]uint32{bpfobj.TcMapTc4CtV1: 1 << 16, bpfobj.SockMapLb4AffinityV1: loader.DefaultMapSizes.Affinity,
+		bpfobj.SockMapSock4RevnatV1: loader.DefaultMapSizes.SockRevNat} {
+		m, err := ebpf.LoadPinnedMap(u.pin(name), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.MaxEntries() != want {
+			t.Errorf("pinned %s has %d entries, want %d", name, m.MaxEntries(), want)
+		}
+		m.Close()
+		if n := counter(t, reg, "ebpfproxy_bpf_map_migrations_total", map[string]string{"map": name, "result": loader.MigrationResized}); n != 1 {
+			t.Errorf("ebpfproxy_bpf_map_migrations_total{map=%q,result=%q} = %v, want 1", name, loader.MigrationResized, n)
+		}
+	}
+}
+
+// affinities are the backend ids of the pinned IPv4 affinity entries,
+// by key.
+func (u *upgradeNode) affinities(t *testing.T) map[bpfobj.SockLb4AffinityKey]uint32 {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(u.pin(bpfobj.SockMapLb4AffinityV1), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	out := map[bpfobj.SockLb4AffinityKey]uint32{}
+	var (
+		k bpfobj.SockLb4AffinityKey
+		v bpfobj.SockLb4Affinity
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v.BackendId
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// checkAffinity checks that four new connections of client to addr all
+// reach server, the backend its affinity holds.
+func (u *upgradeNode) checkAffinity(ctx context.Context, t *testing.T, client *sandbox.Client, addr netip.AddrPort, server, when string) {
+	t.Helper()
+	r, err := client.TCP(ctx, addr, 4)
+	if err != nil {
+		t.Fatalf("%s: TCP to %s: %v", when, addr, err)
+	}
+	for _, a := range r.Results {
+		if a.Server != server {
+			t.Errorf("%s: %s from %s answered by %q, want %q, the backend its affinity holds", when, addr, client.Name, a.Server, server)
+		}
 	}
 }
