@@ -284,9 +284,15 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, bool v6, void *p, 
 	return tc_record(skb, v6, p, &c, now);
 }
 
+/* TC_NEW_FLOW is what tc_ingress_flow returns for the first packet of a
+ * flow, which tc_ingress hands to the family's tc_new_flow: never a TC
+ * action. */
+#define TC_NEW_FLOW 0x10000
+
 /* tc_ingress_flow handles p, a TCP or UDP packet of family v6 that a
  * device received (IPv4 fragments included: a fragment is never tracked,
- * and its frontend decides it). */
+ * and its frontend decides it), unless it begins a flow: then it returns
+ * TC_NEW_FLOW. */
 static __always_inline int tc_ingress_flow(struct __sk_buff *skb, bool v6, void *p)
 {
 	bool reply = false;
@@ -314,7 +320,7 @@ static __always_inline int tc_ingress_flow(struct __sk_buff *skb, bool v6, void 
 			return tc_xlate(skb, true, v6, p, e, NULL, false, now);
 		}
 	}
-	return tc_new_flow(skb, v6, p, now);
+	return TC_NEW_FLOW;
 }
 
 /* tc_egress_flow handles p, a TCP or UDP packet of family v6 that the node
@@ -342,24 +348,23 @@ static __always_inline int tc_egress_flow(struct __sk_buff *skb, bool v6, void *
 /* The programs parse a packet by its family and hand it on; ICMP errors
  * go to tc_icmp_error. IPv6 packets with extension headers (fragments
  * among them) and ICMPv6 other than errors about tracked flows (neighbour
- * discovery, echo) pass untouched. */
-SEC("tc")
-int tc_ingress(struct __sk_buff *skb)
+ * discovery, echo) pass untouched.
+ *
+ * tc_ingress's paths are global functions, one per family for the packets
+ * of tracked flows and ICMP errors, one per family for the first packet of
+ * a flow: the verifier checks each once, on its own, and frees what it
+ * learnt of one before it checks the next. Inlined in one program, every
+ * path's states were held at once: 45 MiB charged to the agent's memory
+ * cgroup while it loads, on kernels that charge the verifier's memory. A
+ * first packet is parsed twice, once in each function, since the frames
+ * of a program and the functions it calls share the verifier's 512 bytes
+ * of stack. */
+__noinline int tc_ingress4(struct __sk_buff *skb)
 {
-	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
-		struct pkt6 p = {};
-
-		switch (pkt6_parse(skb, &p)) {
-		case PKT_OK:
-			return tc_ingress_flow(skb, true, &p);
-		case PKT_ICMP:
-			return tc_icmp_error(skb, true, &p, false);
-		default:
-			return TC_ACT_UNSPEC;
-		}
-	}
 	struct pkt4 p = {};
 
+	if (!skb)
+		return TC_ACT_SHOT;
 	switch (pkt4_parse(skb, &p)) {
 	case PKT_OK:
 		return tc_ingress_flow(skb, false, &p);
@@ -368,6 +373,53 @@ int tc_ingress(struct __sk_buff *skb)
 	default:
 		return TC_ACT_UNSPEC;
 	}
+}
+
+__noinline int tc_ingress6(struct __sk_buff *skb)
+{
+	struct pkt6 p = {};
+
+	if (!skb)
+		return TC_ACT_SHOT;
+	switch (pkt6_parse(skb, &p)) {
+	case PKT_OK:
+		return tc_ingress_flow(skb, true, &p);
+	case PKT_ICMP:
+		return tc_icmp_error(skb, true, &p, false);
+	default:
+		return TC_ACT_UNSPEC;
+	}
+}
+
+__noinline int tc_new_flow4(struct __sk_buff *skb)
+{
+	struct pkt4 p = {};
+
+	if (!skb || pkt4_parse(skb, &p) != PKT_OK)
+		return TC_ACT_SHOT;
+	return tc_new_flow(skb, false, &p, ct_now());
+}
+
+__noinline int tc_new_flow6(struct __sk_buff *skb)
+{
+	struct pkt6 p = {};
+
+	if (!skb || pkt6_parse(skb, &p) != PKT_OK)
+		return TC_ACT_SHOT;
+	return tc_new_flow(skb, true, &p, ct_now());
+}
+
+SEC("tc")
+int tc_ingress(struct __sk_buff *skb)
+{
+	int ret;
+
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		ret = tc_ingress6(skb);
+		return ret == TC_NEW_FLOW ? tc_new_flow6(skb) : ret;
+	}
+	ret = tc_ingress4(skb);
+	return ret == TC_NEW_FLOW ? tc_new_flow4(skb) : ret;
 }
 
 SEC("tc")

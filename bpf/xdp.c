@@ -195,8 +195,13 @@ static __always_inline int xdp_new_flow(struct xdp_md *ctx, bool v6, void *p, __
 	return xdp_record(ctx, v6, p, &c, now);
 }
 
+/* XDP_NEW_FLOW is what xdp_flow returns for the first packet of a flow,
+ * which the program hands to the family's xdp_new: never an XDP action. */
+#define XDP_NEW_FLOW 0x10000
+
 /* xdp_flow handles a frame of family v6 with p, a zeroed struct pkt6 or
- * struct pkt4, to parse it into. */
+ * struct pkt4, to parse it into, unless it begins a flow: then it returns
+ * XDP_NEW_FLOW. */
 static __always_inline int xdp_flow(struct xdp_md *ctx, bool v6, void *p)
 {
 	void *e;
@@ -236,7 +241,48 @@ static __always_inline int xdp_flow(struct xdp_md *ctx, bool v6, void *p)
 		}
 		return xdp_orig(ctx, v6, p, e, LB_M_XDP_FWD, now);
 	}
-	return xdp_new_flow(ctx, v6, p, now);
+	return XDP_NEW_FLOW;
+}
+
+/* The program's paths are global functions, one per family for the
+ * frames of tracked flows, one per family for the first frame of a flow:
+ * the verifier checks each once, on its own, and frees what it learnt of
+ * one before it checks the next (see tc.c's tc_ingress). A first frame is
+ * parsed twice, once in each. */
+__noinline int xdp_tracked4(struct xdp_md *ctx)
+{
+	struct pkt4 p = {};
+
+	if (!ctx)
+		return XDP_PASS;
+	return xdp_flow(ctx, false, &p);
+}
+
+__noinline int xdp_tracked6(struct xdp_md *ctx)
+{
+	struct pkt6 p = {};
+
+	if (!ctx)
+		return XDP_PASS;
+	return xdp_flow(ctx, true, &p);
+}
+
+__noinline int xdp_new4(struct xdp_md *ctx)
+{
+	struct pkt4 p = {};
+
+	if (!ctx || xdp_pkt_parse(ctx, false, &p) != XDP_PKT_OK)
+		return XDP_PASS;
+	return xdp_new_flow(ctx, false, &p, ct_now());
+}
+
+__noinline int xdp_new6(struct xdp_md *ctx)
+{
+	struct pkt6 p = {};
+
+	if (!ctx || xdp_pkt_parse(ctx, true, &p) != XDP_PKT_OK)
+		return XDP_PASS;
+	return xdp_new_flow(ctx, true, &p, ct_now());
 }
 
 /* xdp_nodeport_run is the program, in one section per mode. */
@@ -245,18 +291,16 @@ static __always_inline int xdp_nodeport_run(struct xdp_md *ctx)
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
+	int ret;
 
 	if ((void *)(eth + 1) > end)
 		return XDP_PASS;
 	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
-		struct pkt6 p = {};
-
-		return xdp_flow(ctx, true, &p);
-	} else {
-		struct pkt4 p = {};
-
-		return xdp_flow(ctx, false, &p);
+		ret = xdp_tracked6(ctx);
+		return ret == XDP_NEW_FLOW ? xdp_new6(ctx) : ret;
 	}
+	ret = xdp_tracked4(ctx);
+	return ret == XDP_NEW_FLOW ? xdp_new4(ctx) : ret;
 }
 
 /* For drivers (native mode): multi-buffer aware, so that devices with a
