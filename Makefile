@@ -149,7 +149,8 @@ fuzz-short:
 # `make e2e-bench` (10,000 Services programmed), `make e2e-bench-rps`
 # (NodePort requests per second through a node to a pod on another),
 # `make bench-pps` (NodePort packets per second on the same path, frames
-# made by BPF_PROG_TEST_RUN's live-frames mode; ends with `bench:` lines).
+# made by BPF_PROG_TEST_RUN's live-frames mode, or an AF_PACKET socket where
+# the kernel refuses that; ends with `bench:` lines).
 # `make bench-report` runs them all and writes docs/benchmarks.md with plots.
 BENCH_OUT ?= $(abspath bin/bench)
 bench: build

@@ -145,7 +145,8 @@ e2e-bench-rps: k8s-binaries e2e-agent
 
 # Packets per second through the same NodePort path, without a NIC: 64-byte
 # UDP frames of one flow made in the external client's namespace by
-# BPF_PROG_TEST_RUN in live-frames mode (an XDP program returning XDP_TX),
+# BPF_PROG_TEST_RUN in live-frames mode (an XDP program returning XDP_TX;
+# where the kernel refuses that, an AF_PACKET socket, which the table names),
 # counted as the pod on node-b receives them, for upstream kube-proxy's
 # iptables mode (the baseline) and nftables mode, ebpf-proxy at TC (XDP
 # off) and with XDP native on the veth, each on a fresh two-node testbed, in

@@ -118,6 +118,8 @@ type ppsResult struct {
 	loadBefore, loadAfter string
 	// events are ebpf-proxy's non-zero TC and XDP counters on node-a.
 	events string
+	// via says how the generator sent the frames (frameSource.via).
+	via string
 }
 
 // delivered per second.
@@ -307,6 +309,7 @@ func measurePPS(b *testing.B, c *cluster.Cluster, pass *ebpf.Program, row rpsRow
 	t0 := time.Now()
 	r.sent, err = gen.send(ext.NS, cfg.frames, t0.Add(cfg.limit))
 	r.seconds = time.Since(t0).Seconds()
+	r.via = gen.via()
 	if err != nil {
 		fail("%v", err)
 	}
@@ -405,9 +408,13 @@ func ppsRowStats(rs []ppsResult, row string) ppsStats {
 func ppsSummary(cfg ppsConfig, rs []ppsResult) string {
 	var sb strings.Builder
 	host, _ := os.Hostname()
+	via := "BPF_PROG_TEST_RUN live frames"
+	if len(rs) > 0 && rs[0].via != "" {
+		via = rs[0].via
+	}
 	fmt.Fprintf(&sb, "nodeport-pps: external client → node-a:%d/udp (NodePort) → pod on node-b; %d 64-byte frames of one flow per row "+
-		"(BPF_PROG_TEST_RUN live frames, batch %d, limit %s); %d round(s); %s, %d cores, kernel %s, %s\n",
-		ppsNodePort, cfg.frames, ppsBatch, cfg.limit, cfg.rounds, host, runtime.NumCPU(), kernelRelease(), time.Now().UTC().Format(time.RFC3339))
+		"(sent by %s, batch %d, limit %s); %d round(s); %s, %d cores, kernel %s, %s\n",
+		ppsNodePort, cfg.frames, via, ppsBatch, cfg.limit, cfg.rounds, host, runtime.NumCPU(), kernelRelease(), time.Now().UTC().Format(time.RFC3339))
 	w := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "proxy\tdelivered pkt/s\tvs iptables\tlost\tpod saw\tfirst frame after\tload avg before/after")
 	for _, row := range cfg.rows {
