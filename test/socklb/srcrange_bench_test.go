@@ -73,6 +73,11 @@ func TestSourceRangeCheckPassesUntaggedPackets(t *testing.T) {
 // and new TCP connections per second to the ClusterIP with the program
 // attached and detached and to the LoadBalancer IP, in rotating rounds, as
 // median ratios.
+//
+// It attaches and detaches the check through the dataplane, so that the
+// pin guard follows: through the loader alone, the guard took the
+// detached check's pin for one removed behind the agent's back, pinned it
+// again within a second, and its handle kept the program attached.
 func BenchmarkSourceRangeCheck(b *testing.B) {
 	e := newEnv(b, 1)
 	e.addExposedWeb([]func(*v1.Service){withRanges("10.244.0.0/16")}, e.podEPs(0)...)
@@ -124,7 +129,7 @@ func BenchmarkSourceRangeCheck(b *testing.B) {
 			for j := range ways {
 				k := (i + j) % len(ways)
 				w := ways[k]
-				if err := e.loaded.SetSourceRangeCheck(w.attached); err != nil {
+				if err := e.d.SetSourceRangeCheck(w.attached); err != nil {
 					b.Fatal(err)
 				}
 				t0, n0 := egress()
@@ -137,7 +142,7 @@ func BenchmarkSourceRangeCheck(b *testing.B) {
 			ways[2].ratios = append(ways[2].ratios, got[2]/got[1])
 		}
 	}
-	if err := e.loaded.SetSourceRangeCheck(true); err != nil {
+	if err := e.d.SetSourceRangeCheck(true); err != nil {
 		b.Fatal(err)
 	}
 	if n := e.counters()["sock_dropped_source_range"]; n != 0 {

@@ -360,6 +360,18 @@ func (d *Dataplane) Loaded() *loader.Loaded { return d.loaded }
 // Name implements dataplane.Dataplane.
 func (d *Dataplane) Name() string { return Name }
 
+// SetSourceRangeCheck attaches or detaches the socket programs'
+// loadBalancerSourceRanges check as a sync does, and has the pin guard
+// follow: for the benchmarks that compare traffic with and without it,
+// whatever the maps hold. The next sync attaches or detaches it again as
+// the maps need.
+func (d *Dataplane) SetSourceRangeCheck(on bool) error {
+	d.syncMu.Lock()
+	defer d.syncMu.Unlock()
+	defer d.refreshPins()
+	return d.ranges.set(on)
+}
+
 // Sync implements dataplane.Dataplane. Sockets are ended after the maps no
 // longer name the removed backends, so a reconnecting client cannot land on
 // them again, and outside the sync loop, which must not wait for a scan of
