@@ -21,6 +21,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -104,6 +105,9 @@ type runOutput struct {
 	results []figures.Result
 	printed map[string]float64
 	meta    meta
+	// sentBy is how make bench-pps sent its frames, from its table's
+	// header; "" for the other runs.
+	sentBy string
 }
 
 // meta is what a NAME.meta file says: lines "date ...", "kernel ...",
@@ -153,17 +157,16 @@ func load(dir string) (*data, error) {
 	sort.Strings(txts)
 	for _, path := range txts {
 		name := strings.TrimSuffix(filepath.Base(path), ".txt")
-		f, err := os.Open(path)
+		b, err := os.ReadFile(path)
 		if err != nil {
 			return nil, err
 		}
-		res, printed, err := figures.Parse(f)
-		f.Close()
+		res, printed, err := figures.Parse(bytes.NewReader(b))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 		res = figures.Medians(res)
-		r := runOutput{name: name, results: res, printed: printed, meta: readMeta(dir, name)}
+		r := runOutput{name: name, results: res, printed: printed, meta: readMeta(dir, name), sentBy: ppsSentBy(string(b))}
 		d.runs = append(d.runs, r)
 		for k, v := range figures.Collect(res, printed) {
 			d.figures[k] = v
@@ -189,6 +192,26 @@ func load(dir string) (*data, error) {
 		d.source["mem_vs_iptables"] = d.scales[i].file
 	}
 	return d, nil
+}
+
+// ppsSentBy is what the header of make bench-pps's table says sent the
+// frames ("nodeport-pps: ... (sent by X, batch ..."); "" where the text has
+// no such header.
+func ppsSentBy(text string) string {
+	_, rest, ok := strings.Cut(text, "nodeport-pps:")
+	if !ok {
+		return ""
+	}
+	line, _, _ := strings.Cut(rest, "\n")
+	_, by, ok := strings.Cut(line, "(sent by ")
+	if !ok {
+		return ""
+	}
+	by, _, ok = strings.Cut(by, ", batch ")
+	if !ok {
+		return ""
+	}
+	return by
 }
 
 func readMeta(dir, name string) meta {

@@ -156,7 +156,11 @@ func writeReport(d *data, out string) error {
 			if err := plotPPS(rows, filepath.Join(imgDir, "pps.png")); err != nil {
 				return err
 			}
-			fmt.Fprintf(&md, "## Packets per second through a NodePort\n\n`make bench-pps`: UDP frames generated in the external client's namespace, forwarded by node1 to a pod on node2. Run: %s.\n\n", r.meta)
+			sentBy := ""
+			if r.sentBy != "" {
+				sentBy = " Frames sent by " + r.sentBy + ": the row without a proxy is the bound this sets."
+			}
+			fmt.Fprintf(&md, "## Packets per second through a NodePort\n\n`make bench-pps`: UDP frames generated in the external client's namespace, forwarded by node1 to a pod on node2.%s Run: %s.\n\n", sentBy, r.meta)
 			md.WriteString("![packets per second by dataplane](benchmarks/pps.png)\n\n| dataplane | packets/s |\n|---|---|\n")
 			for _, row := range rows {
 				fmt.Fprintf(&md, "| %s | %.0f |\n", row.name, row.v)
