@@ -358,13 +358,12 @@ static __always_inline int tc_egress_flow(struct __sk_buff *skb, bool v6, void *
  * cgroup while it loads, on kernels that charge the verifier's memory. A
  * first packet is parsed twice, once in each function, since the frames
  * of a program and the functions it calls share the verifier's 512 bytes
- * of stack. */
+ * of stack. A global function's context argument is never null, as far as
+ * the verifier knows too: no check. */
 __noinline int tc_ingress4(struct __sk_buff *skb)
 {
 	struct pkt4 p = {};
 
-	if (!skb)
-		return TC_ACT_SHOT;
 	switch (pkt4_parse(skb, &p)) {
 	case PKT_OK:
 		return tc_ingress_flow(skb, false, &p);
@@ -379,8 +378,6 @@ __noinline int tc_ingress6(struct __sk_buff *skb)
 {
 	struct pkt6 p = {};
 
-	if (!skb)
-		return TC_ACT_SHOT;
 	switch (pkt6_parse(skb, &p)) {
 	case PKT_OK:
 		return tc_ingress_flow(skb, true, &p);
@@ -395,7 +392,7 @@ __noinline int tc_new_flow4(struct __sk_buff *skb)
 {
 	struct pkt4 p = {};
 
-	if (!skb || pkt4_parse(skb, &p) != PKT_OK)
+	if (pkt4_parse(skb, &p) != PKT_OK)
 		return TC_ACT_SHOT;
 	return tc_new_flow(skb, false, &p, ct_now());
 }
@@ -404,7 +401,7 @@ __noinline int tc_new_flow6(struct __sk_buff *skb)
 {
 	struct pkt6 p = {};
 
-	if (!skb || pkt6_parse(skb, &p) != PKT_OK)
+	if (pkt6_parse(skb, &p) != PKT_OK)
 		return TC_ACT_SHOT;
 	return tc_new_flow(skb, true, &p, ct_now());
 }

@@ -253,8 +253,6 @@ __noinline int xdp_tracked4(struct xdp_md *ctx)
 {
 	struct pkt4 p = {};
 
-	if (!ctx)
-		return XDP_PASS;
 	return xdp_flow(ctx, false, &p);
 }
 
@@ -262,8 +260,6 @@ __noinline int xdp_tracked6(struct xdp_md *ctx)
 {
 	struct pkt6 p = {};
 
-	if (!ctx)
-		return XDP_PASS;
 	return xdp_flow(ctx, true, &p);
 }
 
@@ -271,7 +267,7 @@ __noinline int xdp_new4(struct xdp_md *ctx)
 {
 	struct pkt4 p = {};
 
-	if (!ctx || xdp_pkt_parse(ctx, false, &p) != XDP_PKT_OK)
+	if (xdp_pkt_parse(ctx, false, &p) != XDP_PKT_OK)
 		return XDP_PASS;
 	return xdp_new_flow(ctx, false, &p, ct_now());
 }
@@ -280,7 +276,7 @@ __noinline int xdp_new6(struct xdp_md *ctx)
 {
 	struct pkt6 p = {};
 
-	if (!ctx || xdp_pkt_parse(ctx, true, &p) != XDP_PKT_OK)
+	if (xdp_pkt_parse(ctx, true, &p) != XDP_PKT_OK)
 		return XDP_PASS;
 	return xdp_new_flow(ctx, true, &p, ct_now());
 }

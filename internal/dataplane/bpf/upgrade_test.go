@@ -3,10 +3,10 @@ package bpf_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -469,7 +469,7 @@ func TestLargerLRUMapsKeepTrackedFlowsAndAffinity(t *testing.T) {
 		}
 		u.checkAffinity(ctx, t, c.client, c.to, c.h.First.Server, "after the LRU maps grew")
 	}
-	if got := u.affinities(t); fmt.Sprint(got) != fmt.Sprint(affinities) {
+	if got := u.affinities(t); !reflect.DeepEqual(got, affinities) {
 		t.Errorf("affinity entries after the LRU maps grew %v, want those before, %v", got, affinities)
 	}
 	if peer, err := conns[0].h.Peer(); err != nil || peer != web {
