@@ -22,6 +22,13 @@ volatile const __u8 have_set_retval = 1;
  * path instead, which the pod sees as ECONNREFUSED or a timeout. */
 volatile const __u64 node_netns_cookie = 0;
 
+/* Set by the loader when the agent translates only the node's own sockets
+ * (node_netns_cookie's): pods' sockets are left as they are, and their
+ * packets are translated at their devices on the node (tc.c
+ * tc_pod_ingress), so that a proxy inside a pod (a service mesh's sidecar)
+ * sees the Service address its pod connected to. */
+volatile const __u8 node_sockets_only = 0;
+
 /* A Service without usable endpoints refuses at once, as kube-proxy's
  * REJECT does with an ICMP port unreachable. */
 #define REJECT_ERRNO ECONNREFUSED
@@ -319,6 +326,8 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, bool sendms
 	void *be;
 
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return SYS_PROCEED;
+	if (node_sockets_only && bpf_get_netns_cookie(ctx) != node_netns_cookie)
 		return SYS_PROCEED;
 	ctx_get_ip(ctx, ctx6, v6, &ip);
 	sock_lb_key_init(&key, v6, &ip, ctx_port(ctx), proto);

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* NodePort, ExternalIP and LoadBalancer-IP translation on the node's devices,
- * for traffic from outside the node, which never passes a socket hook.
+ * for traffic from outside the node, which never passes a socket hook; and
+ * per-packet Service translation for pods whose sockets the socket hooks
+ * leave alone (tc_pod_ingress).
  *
  * At ingress, a new TCP or UDP flow to an external frontend gets a backend
  * (lb.h, the selection the socket programs use), a connection tracking entry
@@ -214,36 +216,41 @@ static __always_inline int tc_reset(struct __sk_buff *skb, bool v6, const void *
 }
 
 /* tc_record records a new flow p of family v6 to the backend of c (a
- * struct np_choice) and translates it.
+ * struct np_choice) and translates it; pod as np_decide's.
  * Its entry is zeroed here, not in tc_new_flow: the verdicts that stop
  * there (drops, refusals, packets to no frontend) skip that cost. Of the
  * family's pair of entries, the other is never used: the compiler drops
  * it. */
 static __always_inline int tc_record(struct __sk_buff *skb, bool v6, void *p,
-				     const struct np_choice *c, __u32 now)
+				     const struct np_choice *c, __u32 now, bool pod)
 {
 	struct ct4_entry orig = {};
 	struct ct6_entry orig6 = {};
+	bool snat;
 	int err;
 
-	err = np_record(skb, v6, skb->ifindex, p, c, now, v6 ? (void *)&orig6 : (void *)&orig);
+	err = np_record(skb, v6, skb->ifindex, p, c, now, v6 ? (void *)&orig6 : (void *)&orig, pod);
 	if (err)
 		return TC_ACT_SHOT;
-	lb_count(((v6 ? orig6.flags : orig.flags) & CT_F_SNAT) ? LB_M_TC_NEW_SNAT
-							       : LB_M_TC_NEW_LOCAL);
+	snat = (v6 ? orig6.flags : orig.flags) & CT_F_SNAT;
+	if (pod)
+		lb_count(snat ? LB_M_TC_POD_HAIRPIN : LB_M_TC_POD_NEW);
+	else
+		lb_count(snat ? LB_M_TC_NEW_SNAT : LB_M_TC_NEW_LOCAL);
 	return tc_xlate(skb, true, v6, p, NULL, v6 ? (void *)&orig6 : (void *)&orig, false, now);
 }
 
 /* tc_new_flow handles the first packet of a flow of family v6: a
  * frontend's verdict, a backend, the flow's two entries and the
- * translation (nodeport.h). */
-static __always_inline int tc_new_flow(struct __sk_buff *skb, bool v6, void *p, __u32 now)
+ * translation (nodeport.h); pod says p comes from a pod, translated per
+ * packet (np_decide). */
+static __always_inline int tc_new_flow(struct __sk_buff *skb, bool v6, void *p, __u32 now, bool pod)
 {
 	struct np_choice c = {};
 	enum np_verdict verdict;
 	int ret;
 
-	verdict = np_decide(v6, p, &c, true);
+	verdict = np_decide(v6, p, &c, true, pod);
 	switch (verdict) {
 	case NP_NOT_OURS:
 		return TC_ACT_UNSPEC;
@@ -281,7 +288,7 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, bool v6, void *p, 
 	default:
 		return TC_ACT_SHOT;
 	}
-	return tc_record(skb, v6, p, &c, now);
+	return tc_record(skb, v6, p, &c, now, pod);
 }
 
 /* TC_NEW_FLOW is what tc_ingress_flow returns for the first packet of a
@@ -292,8 +299,9 @@ static __always_inline int tc_new_flow(struct __sk_buff *skb, bool v6, void *p, 
 /* tc_ingress_flow handles p, a TCP or UDP packet of family v6 that a
  * device received (IPv4 fragments included: a fragment is never tracked,
  * and its frontend decides it), unless it begins a flow: then it returns
- * TC_NEW_FLOW. */
-static __always_inline int tc_ingress_flow(struct __sk_buff *skb, bool v6, void *p)
+ * TC_NEW_FLOW. pod says the device is a pod's: every port may be a
+ * frontend's, ClusterIPs' too. */
+static __always_inline int tc_ingress_flow(struct __sk_buff *skb, bool v6, void *p, bool pod)
 {
 	bool reply = false;
 	void *e;
@@ -301,7 +309,7 @@ static __always_inline int tc_ingress_flow(struct __sk_buff *skb, bool v6, void 
 
 	/* A fragment without ports (not the first) is passed here too: its
 	 * port is 0, no frontend's. */
-	if (!np_port_wanted(v6, p))
+	if (!pod && !np_port_wanted(v6, p))
 		return TC_ACT_UNSPEC;
 	now = ct_now();
 	if (v6 || !((struct pkt4 *)p)->fragment) {
@@ -360,13 +368,13 @@ static __always_inline int tc_egress_flow(struct __sk_buff *skb, bool v6, void *
  * of a program and the functions it calls share the verifier's 512 bytes
  * of stack. A global function's context argument is never null, as far as
  * the verifier knows too: no check. */
-__noinline int tc_ingress4(struct __sk_buff *skb)
+static __always_inline int tc_tracked4(struct __sk_buff *skb, bool pod)
 {
 	struct pkt4 p = {};
 
 	switch (pkt4_parse(skb, &p)) {
 	case PKT_OK:
-		return tc_ingress_flow(skb, false, &p);
+		return tc_ingress_flow(skb, false, &p, pod);
 	case PKT_ICMP:
 		return tc_icmp_error(skb, false, &p, false);
 	default:
@@ -374,13 +382,13 @@ __noinline int tc_ingress4(struct __sk_buff *skb)
 	}
 }
 
-__noinline int tc_ingress6(struct __sk_buff *skb)
+static __always_inline int tc_tracked6(struct __sk_buff *skb, bool pod)
 {
 	struct pkt6 p = {};
 
 	switch (pkt6_parse(skb, &p)) {
 	case PKT_OK:
-		return tc_ingress_flow(skb, true, &p);
+		return tc_ingress_flow(skb, true, &p, pod);
 	case PKT_ICMP:
 		return tc_icmp_error(skb, true, &p, false);
 	default:
@@ -388,22 +396,39 @@ __noinline int tc_ingress6(struct __sk_buff *skb)
 	}
 }
 
-__noinline int tc_new_flow4(struct __sk_buff *skb)
+static __always_inline int tc_new4(struct __sk_buff *skb, bool pod)
 {
 	struct pkt4 p = {};
 
 	if (pkt4_parse(skb, &p) != PKT_OK)
 		return TC_ACT_SHOT;
-	return tc_new_flow(skb, false, &p, ct_now());
+	return tc_new_flow(skb, false, &p, ct_now(), pod);
 }
 
-__noinline int tc_new_flow6(struct __sk_buff *skb)
+static __always_inline int tc_new6(struct __sk_buff *skb, bool pod)
 {
 	struct pkt6 p = {};
 
 	if (pkt6_parse(skb, &p) != PKT_OK)
 		return TC_ACT_SHOT;
-	return tc_new_flow(skb, true, &p, ct_now());
+	return tc_new_flow(skb, true, &p, ct_now(), pod);
+}
+
+__noinline int tc_ingress4(struct __sk_buff *skb)
+{
+	return tc_tracked4(skb, false);
+}
+__noinline int tc_ingress6(struct __sk_buff *skb)
+{
+	return tc_tracked6(skb, false);
+}
+__noinline int tc_new_flow4(struct __sk_buff *skb)
+{
+	return tc_new4(skb, false);
+}
+__noinline int tc_new_flow6(struct __sk_buff *skb)
+{
+	return tc_new6(skb, false);
 }
 
 SEC("tc")
@@ -417,6 +442,43 @@ int tc_ingress(struct __sk_buff *skb)
 	}
 	ret = tc_ingress4(skb);
 	return ret == TC_NEW_FLOW ? tc_new_flow4(skb) : ret;
+}
+
+/* Per-packet translation for pods, at the ingress of a pod's device on the
+ * node (the host side of its veth): what its sockets would get from the
+ * socket programs, for pods those leave alone (a service mesh's sidecar
+ * must see the ClusterIP its pod connected to). The pod's replies from a
+ * backend are translated back at that device's egress by tc_egress, the
+ * replies of a hairpin here. The same paths as tc_ingress's, with every
+ * port a frontend's and the inside verdicts (np_decide). */
+__noinline int tc_pod_tracked4(struct __sk_buff *skb)
+{
+	return tc_tracked4(skb, true);
+}
+__noinline int tc_pod_tracked6(struct __sk_buff *skb)
+{
+	return tc_tracked6(skb, true);
+}
+__noinline int tc_pod_new_flow4(struct __sk_buff *skb)
+{
+	return tc_new4(skb, true);
+}
+__noinline int tc_pod_new_flow6(struct __sk_buff *skb)
+{
+	return tc_new6(skb, true);
+}
+
+SEC("tc")
+int tc_pod_ingress(struct __sk_buff *skb)
+{
+	int ret;
+
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		ret = tc_pod_tracked6(skb);
+		return ret == TC_NEW_FLOW ? tc_pod_new_flow6(skb) : ret;
+	}
+	ret = tc_pod_tracked4(skb);
+	return ret == TC_NEW_FLOW ? tc_pod_new_flow4(skb) : ret;
 }
 
 SEC("tc")

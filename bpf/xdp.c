@@ -148,7 +148,7 @@ static __always_inline int xdp_record(struct xdp_md *ctx, bool v6, void *p,
 	int err;
 
 	err = np_record(ctx, v6, ctx->ingress_ifindex, p, c, now,
-			v6 ? (void *)&orig6 : (void *)&orig);
+			v6 ? (void *)&orig6 : (void *)&orig, false);
 	if (err)
 		return XDP_DROP;
 	/* Recorded: should XDP pass it (no neighbour yet), TC finds the flow
@@ -171,7 +171,7 @@ static __always_inline int xdp_new_flow(struct xdp_md *ctx, bool v6, void *p, __
 		lb_count(LB_M_XDP_TO_TC);
 		return XDP_PASS;
 	}
-	verdict = np_decide(v6, p, &c, false);
+	verdict = np_decide(v6, p, &c, false, false);
 	switch (verdict) {
 	case NP_DROP:
 		lb_count(LB_M_DROP);

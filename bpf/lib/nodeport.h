@@ -339,11 +339,18 @@ struct np_choice {
  * and with it the affinity, is shared with the ClusterIP. With
  * select_local false, a Service under externalTrafficPolicy=Local stops at
  * NP_LOCAL_POLICY before choosing (its endpoints are all on this node).
+ *
+ * With pod, p comes from a pod on this node, translated per packet where
+ * the socket programs leave its sockets alone: every frontend is its,
+ * ClusterIPs included, with the verdicts a pod's socket meets (the inside
+ * scope: lb_lookup_service), but for the node's localhost NodePorts, which
+ * a pod's loopback never leaves for.
+ *
  * Verdicts are not counted: the hook that acts on them does. The keys that
  * only some frontends need are built in their branches: zeroing 40-byte
  * keys up front cost every packet. */
 static __always_inline enum np_verdict np_decide(bool v6, void *p, struct np_choice *c,
-						 bool select_local)
+						 bool select_local, bool pod)
 {
 	struct lb4_key lkey4 = {
 		.dport = PKT_F(p, v6, dport),
@@ -362,8 +369,8 @@ static __always_inline enum np_verdict np_decide(bool v6, void *p, struct np_cho
 		__builtin_memcpy(lkey6.address, PKT_ADDR(p, true, daddr), sizeof(lkey6.address));
 	else
 		lkey4.address = ((struct pkt4 *)p)->daddr;
-	svc = lb_lookup_service(lkey, v6, LB_SCOPE_EXT);
-	if (!svc || !(svc->flags & EXTERNAL_FRONTEND))
+	svc = lb_lookup_service(lkey, v6, pod ? LB_SCOPE_INT : LB_SCOPE_EXT);
+	if (!svc || (pod ? (svc->flags & SVC_F_LOCALHOST) : !(svc->flags & EXTERNAL_FRONTEND)))
 		return NP_NOT_OURS;
 	/* Ports are only in an IPv4 packet's first fragment: translating it
 	 * alone would split the packet. The kernel gets it as it is.
@@ -422,10 +429,14 @@ static __always_inline enum np_verdict np_decide(bool v6, void *p, struct np_cho
  * ct6_entry or struct ct4_entry, with the client-side entry, which says how
  * to rewrite p. A backend on another node gets source NAT to the address of
  * the device towards it and a free port; one on this node keeps the client
- * (see below). ifindex is the device p came in on. Returns 0, or -1 after
+ * (see below). A pod's flow (pod) keeps its client, as pod addresses route
+ * across the cluster, but for a pod reaching itself through a frontend:
+ * kube-proxy masquerades that hairpin, since a pod's kernel drops a packet
+ * from its own address, and so does this, to the address of the device it
+ * came in on. ifindex is the device p came in on. Returns 0, or -1 after
  * counting why the flow cannot be recorded (the packet is then dropped). */
 static __always_inline int np_record(void *ctx, bool v6, __u32 ifindex, const void *p,
-				     const struct np_choice *c, __u32 now, void *orig)
+				     const struct np_choice *c, __u32 now, void *orig, bool pod)
 {
 	struct ct4_entry rval4 = {};
 	struct ct6_entry rval6 = {};
@@ -461,7 +472,15 @@ static __always_inline int np_record(void *ctx, bool v6, __u32 ifindex, const vo
 	 * the agent attached there (its address is known) does the pod see
 	 * the node; else it sees the client. One call for both cases keeps
 	 * one copy of the lookup in the program. */
-	if (!local || !(c->svc->flags & SVC_F_EXT_LOCAL)) {
+	if (pod) {
+		if (pkt_addr_eq(v6, LB_BE_ADDR(be, v6), PKT_ADDR(p, v6, saddr))) {
+			snat_addr = np_snat_addr(ctx, v6, ifindex, p, be, false, orig, now);
+			if (!snat_addr) {
+				lb_count(LB_M_TC_SNAT_NO_ADDR);
+				return -1;
+			}
+		}
+	} else if (!local || !(c->svc->flags & SVC_F_EXT_LOCAL)) {
 		snat_addr = np_snat_addr(ctx, v6, ifindex, p, be, local, orig, now);
 		if (!snat_addr && !local) {
 			lb_count(LB_M_TC_SNAT_NO_ADDR);

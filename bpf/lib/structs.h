@@ -528,7 +528,9 @@ enum lb_metric {
 	LB_M_TC_RESET,		 /* TC: TCP flow to a removed backend reset */
 	LB_M_TC_RESET_FAIL,	 /* TC: could not build that reset */
 	LB_M_TC_NEXTHOP_SHARED,	 /* TC/XDP: new flow's next hop from the client's earlier flow */
-	LB_M_TC_NF_TRACKED, /* TC: segment of a connection netfilter translates, to the stack */
+	LB_M_TC_NF_TRACKED,  /* TC: segment of a connection netfilter translates, to the stack */
+	LB_M_TC_POD_NEW,     /* TC: new flow of a pod translated per packet */
+	LB_M_TC_POD_HAIRPIN, /* TC: new flow of a pod to itself through a frontend, SNAT */
 	LB_M_MAX,
 };
 

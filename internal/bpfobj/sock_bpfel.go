@@ -158,7 +158,9 @@ const (
 	SockLbMetricLB_M_TC_RESET_FAIL      SockLbMetric = 36
 	SockLbMetricLB_M_TC_NEXTHOP_SHARED  SockLbMetric = 37
 	SockLbMetricLB_M_TC_NF_TRACKED      SockLbMetric = 38
-	SockLbMetricLB_M_MAX                SockLbMetric = 39
+	SockLbMetricLB_M_TC_POD_NEW         SockLbMetric = 39
+	SockLbMetricLB_M_TC_POD_HAIRPIN     SockLbMetric = 40
+	SockLbMetricLB_M_MAX                SockLbMetric = 41
 )
 
 type SockSock4RangeTag struct {
@@ -302,6 +304,7 @@ const (
 	SockProgCgSendmsg6       = "cg_sendmsg6"
 	SockVarHaveSetRetval     = "have_set_retval"
 	SockVarNodeNetnsCookie   = "node_netns_cookie"
+	SockVarNodeSocketsOnly   = "node_sockets_only"
 )
 
 // LoadSock returns the embedded CollectionSpec for Sock.
@@ -391,6 +394,7 @@ type SockMapSpecs struct {
 type SockVariableSpecs struct {
 	HaveSetRetval   *ebpf.VariableSpec `ebpf:"have_set_retval"`
 	NodeNetnsCookie *ebpf.VariableSpec `ebpf:"node_netns_cookie"`
+	NodeSocketsOnly *ebpf.VariableSpec `ebpf:"node_sockets_only"`
 }
 
 // SockObjects contains all objects after they have been loaded into the kernel.
@@ -470,6 +474,7 @@ func (m *SockMaps) Close() error {
 type SockVariables struct {
 	HaveSetRetval   *ebpf.Variable `ebpf:"have_set_retval"`
 	NodeNetnsCookie *ebpf.Variable `ebpf:"node_netns_cookie"`
+	NodeSocketsOnly *ebpf.Variable `ebpf:"node_sockets_only"`
 }
 
 // SockPrograms contains all programs after they have been loaded into the kernel.

@@ -216,7 +216,9 @@ const (
 	TcLbMetricLB_M_TC_RESET_FAIL      TcLbMetric = 36
 	TcLbMetricLB_M_TC_NEXTHOP_SHARED  TcLbMetric = 37
 	TcLbMetricLB_M_TC_NF_TRACKED      TcLbMetric = 38
-	TcLbMetricLB_M_MAX                TcLbMetric = 39
+	TcLbMetricLB_M_TC_POD_NEW         TcLbMetric = 39
+	TcLbMetricLB_M_TC_POD_HAIRPIN     TcLbMetric = 40
+	TcLbMetricLB_M_MAX                TcLbMetric = 41
 )
 
 type TcNh4Key struct {
@@ -303,6 +305,7 @@ const (
 	TcMapTcNexthopShareV1  = "tc_nexthop_share_v1"
 	TcProgTcEgress         = "tc_egress"
 	TcProgTcIngress        = "tc_ingress"
+	TcProgTcPodIngress     = "tc_pod_ingress"
 	TcVarMaglevTableSize   = "maglev_table_size"
 	TcVarNfctKfuncs        = "nfct_kfuncs"
 	TcVarSnatPortMax       = "snat_port_max"
@@ -351,8 +354,9 @@ type TcSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type TcProgramSpecs struct {
-	TcEgress  *ebpf.ProgramSpec `ebpf:"tc_egress"`
-	TcIngress *ebpf.ProgramSpec `ebpf:"tc_ingress"`
+	TcEgress     *ebpf.ProgramSpec `ebpf:"tc_egress"`
+	TcIngress    *ebpf.ProgramSpec `ebpf:"tc_ingress"`
+	TcPodIngress *ebpf.ProgramSpec `ebpf:"tc_pod_ingress"`
 }
 
 // TcMapSpecs contains maps before they are loaded into the kernel.
@@ -493,14 +497,16 @@ type TcVariables struct {
 //
 // It can be passed to LoadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type TcPrograms struct {
-	TcEgress  *ebpf.Program `ebpf:"tc_egress"`
-	TcIngress *ebpf.Program `ebpf:"tc_ingress"`
+	TcEgress     *ebpf.Program `ebpf:"tc_egress"`
+	TcIngress    *ebpf.Program `ebpf:"tc_ingress"`
+	TcPodIngress *ebpf.Program `ebpf:"tc_pod_ingress"`
 }
 
 func (p *TcPrograms) Close() error {
 	return _TcClose(
 		p.TcEgress,
 		p.TcIngress,
+		p.TcPodIngress,
 	)
 }
 

@@ -115,6 +115,7 @@ type Options struct {
 	SNATPortRange      string // --nodeport-snat-port-range
 	SNATPortRangeForce bool   // --nodeport-snat-port-range-force
 	LBAlgorithm        string // --lb-algorithm
+	SocketLBScope      string // --socket-lb-scope
 	// LB is LBAlgorithm parsed by Validate.
 	LB model.LBAlgorithm
 }
@@ -226,6 +227,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Uint32Var(&o.MapSizes.Affinity, "bpf-map-affinity-max", o.MapSizes.Affinity, "Capacity of the session affinity LRUs: (client, Service port) pairs remembered (0: sized by --bpf-map-dynamic-size-ratio).")
 	fs.StringVar(&o.LBAlgorithm, "lb-algorithm", o.LBAlgorithm, "How traffic from outside the node picks a backend for a new flow: 'random' (as kube-proxy) or 'maglev' (consistent hashing: every node picks the same backend for a flow). A Service's annotation "+k8swatch.AnnotationLBAlgorithm+" overrides it.")
 	o.addKubeProxyFlags(fs)
+	fs.StringVar(&o.SocketLBScope, "socket-lb-scope", o.SocketLBScope, "Whose sockets the BPF dataplane translates at connect() and sendmsg(): \"all\" (the node's and its pods', the fastest) or \"node\" (the node's own; pods' packets are translated at their devices on the node, so that a proxy inside a pod, a service mesh's sidecar, sees the Service address its pod connected to, at a cost per packet).")
 	fs.Uint32Var(&o.MapSizes.MaglevTable, "maglev-table-size", o.MapSizes.MaglevTable, "Entries of a Maglev table, a prime well above the largest backend count (4 bytes each, per Service port that uses Maglev).")
 }
 

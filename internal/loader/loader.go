@@ -74,6 +74,11 @@ type Config struct {
 	// EPERM as kube-proxy's OUTPUT-path REJECT and DROP do. 0 treats the
 	// node like a pod.
 	NodeNetnsCookie uint64
+	// NodeSocketsOnly translates only the sockets of the node's own
+	// network namespace (NodeNetnsCookie, which must then be set): pods'
+	// sockets are left alone, and their packets are translated at their
+	// devices (TCDevice.Pod).
+	NodeSocketsOnly bool
 	// Migrated, if set, is told about every pinned map of another size or
 	// layout that was migrated, or kept because its entries did not fit.
 	Migrated func(MapMigration)
@@ -161,6 +166,12 @@ func Load(cfg Config) (*Loaded, error) {
 	}
 	if err := spec.Variables[bpfobj.SockVarNodeNetnsCookie].Set(cfg.NodeNetnsCookie); err != nil {
 		return nil, fmt.Errorf("set node_netns_cookie: %w", err)
+	}
+	if cfg.NodeSocketsOnly && cfg.NodeNetnsCookie == 0 {
+		return nil, errors.New("translating the node's sockets only needs the node's network namespace cookie")
+	}
+	if err := spec.Variables[bpfobj.SockVarNodeSocketsOnly].Set(boolToU8(cfg.NodeSocketsOnly)); err != nil {
+		return nil, fmt.Errorf("set node_sockets_only: %w", err)
 	}
 
 	l := &Loaded{Features: feat, Sizes: sizes, bpffs: cfg.BPFFSPath, cgroupPath: cfg.CgroupPath}
@@ -558,6 +569,8 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_TC_RESET_FAIL:      "tc_reset_failed",
 	bpfobj.SockLbMetricLB_M_TC_NEXTHOP_SHARED:  "tc_nexthop_shared",
 	bpfobj.SockLbMetricLB_M_TC_NF_TRACKED:      "tc_conntrack_flow_to_stack",
+	bpfobj.SockLbMetricLB_M_TC_POD_NEW:         "tc_pod_new_flow",
+	bpfobj.SockLbMetricLB_M_TC_POD_HAIRPIN:     "tc_pod_hairpin",
 }
 
 // CounterDescriptions say in words what each counter of CounterNames
@@ -602,6 +615,8 @@ var CounterDescriptions = []string{
 	bpfobj.SockLbMetricLB_M_TC_RESET_FAIL:      "TC: that reset could not be built",
 	bpfobj.SockLbMetricLB_M_TC_NEXTHOP_SHARED:  "TC/XDP: a new flow's next hop taken from the client's earlier flow of the second, not looked up",
 	bpfobj.SockLbMetricLB_M_TC_NF_TRACKED:      "TC: a packet of a TCP connection the kernel's conntrack translated before the takeover (kube-proxy's) handed to the stack",
+	bpfobj.SockLbMetricLB_M_TC_POD_NEW:         "TC: new flow of a pod translated per packet at its device (a pod the socket programs leave alone)",
+	bpfobj.SockLbMetricLB_M_TC_POD_HAIRPIN:     "TC: new flow of a pod to itself through a Service, source-NATed to the node's address toward it",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,

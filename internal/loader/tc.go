@@ -58,6 +58,14 @@ type TCDevice struct {
 	Name  string
 	SNAT  netip.Addr
 	SNAT6 netip.Addr
+	// Pod says the device is a pod's on the node (the host side of its
+	// veth): what the pod sends is translated per packet at its ingress,
+	// ClusterIPs included, as the socket programs would translate the
+	// pod's sockets, and the replies at its egress. SNAT and SNAT6 are
+	// then the address a pod reaching itself through a Service is shown
+	// (kube-proxy masquerades that hairpin): the node's address toward
+	// its pods.
+	Pod bool
 }
 
 // TCConfig says what the TC programs attach to.
@@ -231,6 +239,13 @@ func (l *TCLoaded) AttachDevices(cfg TCConfig) error {
 	return nil
 }
 
+// SetDevices attaches l's programs, already attached by AttachDevices, to
+// the devices of cfg instead, as AttachDevices does: new devices get them,
+// the others keep theirs (updated in place), those no longer in cfg lose
+// them. The agent calls it as pods' devices come and go. On failure l stays
+// open and attached where it was.
+func (l *TCLoaded) SetDevices(cfg TCConfig) error { return l.attach(cfg) }
+
 // patchNodePort sets the sizes of the maps and the source NAT port range
 // in the spec of a program that handles traffic from outside (tc.c, xdp.c):
 // both must agree, as they share the maps and the ports.
@@ -270,6 +285,14 @@ type tcHook struct {
 	tcx    ebpf.AttachType
 	parent uint32
 	prog   func(*bpfobj.TcPrograms) *ebpf.Program
+}
+
+// program is the hook's program for a device, pod as TCDevice.Pod.
+func (h tcHook) program(p *bpfobj.TcPrograms, pod bool) *ebpf.Program {
+	if pod && h.dir == "ingress" {
+		return p.TcPodIngress
+	}
+	return h.prog(p)
 }
 
 var tcHooks = []tcHook{
@@ -315,7 +338,7 @@ func (l *TCLoaded) attach(cfg TCConfig) error {
 	mode := cfg.Attach
 	for _, d := range devs {
 		for _, h := range tcHooks {
-			prog := h.prog(&l.Objects.TcPrograms)
+			prog := h.program(&l.Objects.TcPrograms, d.Pod)
 			pin := filepath.Join(linksDir(cfg.BPFFSPath), tcPinName(h.dir, d.Name))
 			if mode != TCAttachClsact {
 				err := l.attachTCX(d.link, h, prog, pin)

@@ -106,13 +106,19 @@ func newTopology(t *testing.T) *env {
 // onto its pod bridge too) with maps pinned in a directory of its own, as
 // the node's agent would.
 func (e *env) attach(n *node, mode string, bridge bool) {
-	t := e.t
-	t.Helper()
-	bpffs := filepath.Join(e.sb.BPFFS.Path(), n.Name)
+	e.t.Helper()
 	devs := []loader.TCDevice{{Name: sandbox.IfaceName, SNAT: n.IP, SNAT6: n.IP6}}
 	if bridge {
 		devs = append(devs, loader.TCDevice{Name: sandbox.BridgeName, SNAT: n.Gateway, SNAT6: n.Gateway6})
 	}
+	e.attachDevices(n, mode, devs)
+}
+
+// attachDevices is attach to the devices devs.
+func (e *env) attachDevices(n *node, mode string, devs []loader.TCDevice) {
+	t := e.t
+	t.Helper()
+	bpffs := filepath.Join(e.sb.BPFFS.Path(), n.Name)
 	err := n.NS.Do(func() error {
 		var err error
 		n.tc, err = loader.LoadTC(loader.TCConfig{

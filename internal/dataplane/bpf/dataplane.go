@@ -77,6 +77,10 @@ type Config struct {
 	// whatever the node's devices. The kernel suites of the socket load
 	// balancer drive the dataplane so.
 	NoTC bool
+	// SocketLBScope is --socket-lb-scope: SocketLBAll ("" too) or
+	// SocketLBNode, which translates the node's own sockets only and
+	// pods' packets at their devices (never with NoTC).
+	SocketLBScope string
 	// PinCheckInterval is how often the pins under BPFFSPath are checked
 	// and those removed behind the agent's back pinned again (every sync
 	// checks them too); 0 means DefaultPinCheckInterval.
@@ -159,9 +163,19 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.SocketLBScope == "" {
+		cfg.SocketLBScope = SocketLBAll
+	}
+	if err := ValidateSocketLBScope(cfg.SocketLBScope); err != nil {
+		return nil, err
+	}
+	nodeOnly := cfg.SocketLBScope == SocketLBNode
+	if nodeOnly && cfg.NoTC {
+		return nil, errors.New("--socket-lb-scope=node needs the TC programs, which translate the pods' packets")
+	}
 	mig := newMigrations(log)
 	l, err := loader.Load(loader.Config{BPFFSPath: cfg.BPFFSPath, CgroupPath: cgroupPath, Sizes: cfg.Sizes, NodeNetnsCookie: nodeNetns,
-		Migrated: mig.report})
+		NodeSocketsOnly: nodeOnly, Migrated: mig.report})
 	if err != nil {
 		return nil, fmt.Errorf("load BPF programs: %w", err)
 	}
@@ -201,6 +215,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		log.Warn("kernel lacks bpf_set_retval in cgroup programs: connections to Services without endpoints fail with EPERM instead of ECONNREFUSED")
 	}
 	var tc *tcAttacher
+	pods := newPodMetrics()
 	published := func() *loader.TCLoaded { return nil }
 	if !cfg.NoTC {
 		if tc, err = newTCAttacher(cfg, log, mig.report, addTrackedPorts(w, w6, log)); err != nil {
@@ -208,10 +223,12 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 			return nil, err
 		}
 		published = tc.published.Load
+		tc.podMetrics = pods
 	}
 	fe, be := w.Counts()
 	fe6, be6 := w6.Counts()
 	log.Info("BPF programs attached", zap.String("cgroupPath", cgroupPath), zap.String("bpffsPath", cfg.BPFFSPath),
+		zap.String("socketLBScope", cfg.SocketLBScope),
 		zap.Int("restoredFrontends", fe), zap.Int("restoredBackends", be),
 		zap.Int("restoredIPv6Frontends", fe6), zap.Int("restoredIPv6Backends", be6))
 
@@ -226,7 +243,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		log.Warn("cannot hold every pin under the bpffs path; those not held are not restored if removed", zap.Error(err))
 	}
 	cfg.Metrics.Registry().MustRegister(
-		dataplaneCollectors(newCollector(l, w, w6, published, cfg.MapCountInterval), mig, d.terminated, d.pinsRestored, d.mapFull)...)
+		dataplaneCollectors(newCollector(l, w, w6, published, cfg.MapCountInterval), mig, d.terminated, d.pinsRestored, d.mapFull, pods)...)
 	if term != nil {
 		go d.run(ctx)
 	}
@@ -235,6 +252,9 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		interval = DefaultPinCheckInterval
 	}
 	go d.guardPins(ctx, interval)
+	if nodeOnly {
+		go d.watchPods(ctx)
+	}
 	return d, nil
 }
 
@@ -302,8 +322,8 @@ func newTerminatedCounter() *prometheus.CounterVec {
 
 // dataplaneCollectors are the collectors New registers on the agent's
 // registry, and DescribeMetrics describes.
-func dataplaneCollectors(c *collector, mig *migrations, terminated *prometheus.CounterVec, pinsRestored, mapFull prometheus.Counter) []prometheus.Collector {
-	return []prometheus.Collector{c, mig.total, terminated, pinsRestored, mapFull}
+func dataplaneCollectors(c *collector, mig *migrations, terminated *prometheus.CounterVec, pinsRestored, mapFull prometheus.Counter, pods podMetrics) []prometheus.Collector {
+	return []prometheus.Collector{c, mig.total, terminated, pinsRestored, mapFull, pods.devices, pods.failures}
 }
 
 // DescribeMetrics sends the descriptors of the metrics the BPF dataplane
@@ -311,7 +331,7 @@ func dataplaneCollectors(c *collector, mig *migrations, terminated *prometheus.C
 // without loading anything: for checks that dashboards and alerts name
 // metrics the agent really exports.
 func DescribeMetrics(ch chan<- *prometheus.Desc) {
-	for _, c := range dataplaneCollectors(newCollector(nil, nil, nil, nil, 0), newMigrations(zap.NewNop()), newTerminatedCounter(), newPinsRestoredCounter(), newMapFullCounter()) {
+	for _, c := range dataplaneCollectors(newCollector(nil, nil, nil, nil, 0), newMigrations(zap.NewNop()), newTerminatedCounter(), newPinsRestoredCounter(), newMapFullCounter(), newPodMetrics()) {
 		c.Describe(ch)
 	}
 }

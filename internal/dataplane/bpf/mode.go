@@ -33,6 +33,7 @@ var Mode = mode.Mode{
 		o.MapSizes = config.MapSizes{MaglevTable: loader.DefaultMapSizes.MaglevTable}
 		o.MapMemoryRatio = loader.DefaultLRUMemoryRatio
 		o.SNATPortRange = DefaultSNATPortRange.String()
+		o.SocketLBScope = SocketLBAll
 	},
 	Validate: func(o *config.Options) error {
 		if err := ValidateAttach(o.TCAttach, o.XDP); err != nil {
@@ -47,7 +48,7 @@ var Mode = mode.Mode{
 		if err := loader.CheckLRUMemoryRatio(o.MapMemoryRatio); err != nil {
 			return fmt.Errorf("--bpf-map-dynamic-size-ratio: %w", err)
 		}
-		return nil
+		return ValidateSocketLBScope(o.SocketLBScope)
 	},
 	Probe:  func(context.Context) error { return Probe() },
 	Start:  start,
@@ -74,7 +75,7 @@ func ConfigFrom(o *config.Options, m *metrics.Metrics, log *zap.Logger) (Config,
 	return Config{
 		CgroupPath: o.CgroupPath, BPFFSPath: o.BPFFSPath, Sizes: sizes, TerminateSockets: o.TerminateSockets,
 		Devices: o.Devices, TCAttach: o.TCAttach, XDP: o.XDP, ConntrackSize: o.ConntrackSize,
-		SNATPorts: snat, SNATPortRangeForce: o.SNATPortRangeForce, Metrics: m, Logger: log,
+		SNATPorts: snat, SNATPortRangeForce: o.SNATPortRangeForce, SocketLBScope: o.SocketLBScope, Metrics: m, Logger: log,
 	}, nil
 }
 

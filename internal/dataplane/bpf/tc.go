@@ -86,8 +86,14 @@ type tcAttacher struct {
 	// in it: syncs may run on any thread.
 	names []string
 	snat  [2]map[string]netip.Addr
-	ns    vnetns.NsHandle
-	nl    *netlink.Handle
+	// pods says pods' devices get the TC programs too (their sockets are
+	// not translated: --socket-lb-scope=node); podNames are those attached
+	// to, sorted, and podMetrics count them.
+	pods       bool
+	podNames   []string
+	podMetrics podMetrics
+	ns         vnetns.NsHandle
+	nl         *netlink.Handle
 	// shareWritten says that a family's next hop sharing was written,
 	// share how far it goes and shareWhy why not further ("": every
 	// client's flows share); sys is where its parameters are read
@@ -141,13 +147,15 @@ func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)
 			SNATPortMin: c.SNATPorts.Min, SNATPortMax: c.SNATPorts.Max, Migrated: migrated,
 			BeforeAttach: beforeAttach,
 		},
-		devices: c.Devices,
-		log:     log,
-		local:   local,
-		xdpMode: c.XDP,
-		metrics: c.Metrics,
-		strays:  map[netip.Addr]bool{},
-		sys:     sysctl.Default,
+		devices:    c.Devices,
+		log:        log,
+		local:      local,
+		xdpMode:    c.XDP,
+		metrics:    c.Metrics,
+		strays:     map[netip.Addr]bool{},
+		sys:        sysctl.Default,
+		pods:       c.SocketLBScope == SocketLBNode,
+		podMetrics: newPodMetrics(),
 	}
 	if len(a.devices) > 0 {
 		if err := a.attach(); err != nil {
@@ -208,12 +216,15 @@ func (a *tcAttacher) prepare(node *model.Node, v6 bool) error {
 	next := map[string]netip.Addr{}
 	addrs := map[int]netip.Addr{}
 	changed := false
-	for _, name := range a.names {
+	for _, name := range slices.Concat(a.names, a.podNames) {
 		lk, err := a.nl.LinkByName(name)
 		if err != nil {
+			if slices.Contains(a.podNames, name) {
+				continue // a pod's, gone: the next refreshPods forgets it
+			}
 			return fmt.Errorf("device %s: %w", name, err)
 		}
-		ip, err := snatAddress(a.nl, name, v6, node.Addrs)
+		ip, err := a.deviceAddress(name, slices.Contains(a.podNames, name), v6, node.Addrs)
 		if err != nil {
 			return err
 		}
@@ -316,19 +327,16 @@ func (a *tcAttacher) attach() error {
 		}
 		return nil
 	}
-	var devs []loader.TCDevice
-	snat := [2]map[string]netip.Addr{{}, {}}
-	for _, name := range names {
-		snat4, err := snatAddress(a.nl, name, false, a.nodeAddrs[fam4])
-		if err != nil {
+	var podNames []string
+	if a.pods {
+		var err error
+		if podNames, err = podDeviceNames(a.nl, names); err != nil {
 			return err
 		}
-		snat6, err := snatAddress(a.nl, name, true, a.nodeAddrs[fam6])
-		if err != nil {
-			return err
-		}
-		devs = append(devs, loader.TCDevice{Name: name, SNAT: snat4, SNAT6: snat6})
-		snat[fam4][name], snat[fam6][name] = snat4, snat6
+	}
+	devs, snat, err := a.tcDevices(names, podNames)
+	if err != nil {
+		return err
 	}
 	cfg := a.cfg
 	cfg.Devices = devs
@@ -339,14 +347,52 @@ func (a *tcAttacher) attach() error {
 	a.loaded = l
 	a.published.Store(l)
 	a.names = names
+	a.podNames = podNames
 	a.snat = snat
 	a.log.Info("TC programs attached", zap.Strings("devices", names), zap.String("mode", l.Mode),
 		zap.Bool("conntrackLookup", l.ConntrackLookup))
+	if a.pods {
+		a.podMetrics.devices.Set(float64(len(podNames)))
+		a.log.Info("pods' devices: TC programs attached; pods' sockets are not translated (--socket-lb-scope=node), their packets are",
+			zap.Int("devices", len(podNames)), zap.Strings("added", podNames))
+	}
 	// Without nf_conntrack no connection can be netfilter's.
 	if !l.ConntrackLookup && nfconntrack.Node.Tracking() {
 		a.log.Warn("the kernel lacks the conntrack kfuncs (6.0 and later, nf_conntrack loaded with its BTF): connections netfilter translated before the TC programs attached (kube-proxy's) break at their next segment")
 	}
 	return a.attachXDP(cfg, names)
+}
+
+// tcDevices are the TC devices names (the node's) and podNames (pods') with
+// their source NAT addresses of each family (pods': the hairpin address),
+// and those addresses by family and name. It runs in the attacher's
+// namespace.
+func (a *tcAttacher) tcDevices(names, podNames []string) ([]loader.TCDevice, [2]map[string]netip.Addr, error) {
+	var devs []loader.TCDevice
+	snat := [2]map[string]netip.Addr{{}, {}}
+	for _, name := range slices.Concat(names, podNames) {
+		pod := !slices.Contains(names, name)
+		snat4, err := a.deviceAddress(name, pod, false, a.nodeAddrs[fam4])
+		if err != nil {
+			return nil, snat, err
+		}
+		snat6, err := a.deviceAddress(name, pod, true, a.nodeAddrs[fam6])
+		if err != nil {
+			return nil, snat, err
+		}
+		devs = append(devs, loader.TCDevice{Name: name, SNAT: snat4, SNAT6: snat6, Pod: pod})
+		snat[fam4][name], snat[fam6][name] = snat4, snat6
+	}
+	return devs, snat, nil
+}
+
+// deviceAddress is the source NAT address of family v6 of the device name:
+// snatAddress for the node's devices, hairpinAddress for pods' (pod).
+func (a *tcAttacher) deviceAddress(name string, pod, v6 bool, nodeAddrs []netip.Addr) (netip.Addr, error) {
+	if pod {
+		return hairpinAddress(a.nl, name, v6, nodeAddrs)
+	}
+	return snatAddress(a.nl, name, v6, nodeAddrs)
 }
 
 // attachXDP puts the XDP fast path on the TC programs' devices, as far as

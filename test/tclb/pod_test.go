@@ -1,0 +1,136 @@
+package tclb_test
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/bpfobj"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/loader"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
+)
+
+// TestPodsTranslatedPerPacket: a pod whose sockets no socket program
+// translates (a meshed pod, or every pod where the agent translates only
+// the node's own sockets) reaches Services through the program at its
+// device on the node, as kube-proxy's rules serve it: ClusterIPs, NodePorts
+// and external IPs, TCP and UDP, the backend seeing the pod's own address,
+// the replies coming from the frontend, a Service without endpoints
+// refused, and the pod reaching itself through a Service (a hairpin) shown
+// the node's bridge address, as kube-proxy's masquerade does. Both
+// families, with both attach modes.
+func TestPodsTranslatedPerPacket(t *testing.T) {
+	for _, mode := range []string{loader.TCAttachTCX, loader.TCAttachClsact} {
+		t.Run(mode, func(t *testing.T) {
+			if mode == loader.TCAttachTCX {
+				requireTCX(t)
+			}
+			e := newTopology(t)
+			a, b := e.nodes[0], e.nodes[1]
+			podA := e.pods["pod-a"]
+			e.attachDevices(a, mode, []loader.TCDevice{
+				{Name: sandbox.IfaceName, SNAT: a.IP, SNAT6: a.IP6},
+				{Name: podA.HostVeth, SNAT: a.Gateway, SNAT6: a.Gateway6, Pod: true},
+			})
+			e.attach(b, mode, false)
+			e.sync(scenario()...)
+			e.sync6(scenario()...)
+			for _, fam := range []string{"IPv4", "IPv6"} {
+				t.Run(fam, func(t *testing.T) { testPodPerPacket(t, e, fam == "IPv6") })
+			}
+		})
+	}
+}
+
+func testPodPerPacket(t *testing.T, e *env, v6 bool) {
+	ip := func(a netip.Addr) netip.Addr {
+		if v6 {
+			return sandbox.IPv6Of(a)
+		}
+		return a
+	}
+	at := func(s string, port uint16) netip.AddrPort {
+		return netip.AddrPortFrom(ip(netip.MustParseAddr(s)), port)
+	}
+	a := e.nodes[0]
+	podA := e.pods["pod-a"]
+	client := e.sb.ClientAt(podA.Host)
+	newFlows, hairpins := e.counter(a, bpfobj.TcLbMetricLB_M_TC_POD_NEW), e.counter(a, bpfobj.TcLbMetricLB_M_TC_POD_HAIRPIN)
+
+	for _, tc := range []struct {
+		name       string
+		to         netip.AddrPort
+		server     string
+		clientSeen netip.Addr
+	}{
+		{"ClusterIP, backend on the other node", at("10.96.0.11", 80), "pod-b", ip(podA.IP)},
+		{"NodePort of its own node, backend on the other node", netip.AddrPortFrom(ip(a.IP), 30011), "pod-b", ip(podA.IP)},
+		{"ExternalIP", netip.AddrPortFrom(ip(extIP), 80), "pod-b", ip(podA.IP)},
+		{"NodePort of its own node under policy Local without a local endpoint: every endpoint, as from inside", netip.AddrPortFrom(ip(a.IP), 30014), "pod-b", ip(podA.IP)},
+		{"ClusterIP of the pod itself: hairpin, shown the bridge address", at("10.96.0.10", 80), "pod-a", ip(a.Gateway)},
+		{"NodePort of its own node to itself: hairpin", netip.AddrPortFrom(ip(a.IP), 30010), "pod-a", ip(a.Gateway)},
+		{"LoadBalancer IP to itself: hairpin", netip.AddrPortFrom(ip(lbIP), 80), "pod-a", ip(a.Gateway)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep, err := client.TCP(e.ctx(), tc.to, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rep.Results {
+				if r.Err != "" || r.Server != tc.server || r.ClientSeen.Addr() != tc.clientSeen || r.Peer != tc.to {
+					t.Errorf("got %+v; want served by %s, who sees %s, the socket's peer %s", r, tc.server, tc.clientSeen, tc.to)
+				}
+			}
+		})
+	}
+	t.Run("UDP to a ClusterIP: the replies come from it", func(t *testing.T) {
+		to := at("10.96.0.12", 53)
+		for _, connected := range []bool{false, true} {
+			probe := client.UDP
+			if connected {
+				probe = client.UDPConnected
+			}
+			rep, err := probe(e.ctx(), to, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rep.Results {
+				if r.Err != "" || r.Server != "pod-b" || r.ClientSeen.Addr() != ip(podA.IP) || r.From != to {
+					t.Errorf("connected %v: got %+v; want pod-b seeing %s, the reply from %s", connected, r, ip(podA.IP), to)
+				}
+			}
+		}
+	})
+	t.Run("a Service without endpoints refuses", func(t *testing.T) {
+		rep, err := client.TCP(e.ctx(), at("10.96.0.15", 80), 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rep.Results {
+			if r.Err != "ECONNREFUSED" {
+				t.Errorf("got %+v, want ECONNREFUSED", r)
+			}
+		}
+	})
+	t.Run("a held connection keeps its backend and its peer", func(t *testing.T) {
+		to := at("10.96.0.11", 80)
+		h, err := client.Hold(e.ctx(), to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		for range 3 {
+			if err := h.Ping(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if peer, err := h.Peer(); err != nil || peer != to {
+			t.Errorf("peer %s, %v; want %s", peer, err, to)
+		}
+	})
+	if n := e.counter(a, bpfobj.TcLbMetricLB_M_TC_POD_NEW); n <= newFlows {
+		t.Errorf("node-a counted no new pod flow (%d before, %d after)", newFlows, n)
+	}
+	if n := e.counter(a, bpfobj.TcLbMetricLB_M_TC_POD_HAIRPIN); n < hairpins+9 {
+		t.Errorf("node-a counted %d hairpins, want at least 9", n-hairpins)
+	}
+}
