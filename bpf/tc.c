@@ -234,7 +234,7 @@ static __always_inline int tc_record(struct __sk_buff *skb, bool v6, void *p,
 		return TC_ACT_SHOT;
 	snat = (v6 ? orig6.flags : orig.flags) & CT_F_SNAT;
 	if (pod)
-		lb_count(snat ? LB_M_TC_POD_HAIRPIN : LB_M_TC_POD_NEW);
+		lb_count(snat ? LB_M_TC_POD_SNAT : LB_M_TC_POD_NEW);
 	else
 		lb_count(snat ? LB_M_TC_NEW_SNAT : LB_M_TC_NEW_LOCAL);
 	return tc_xlate(skb, true, v6, p, NULL, v6 ? (void *)&orig6 : (void *)&orig, false, now);
@@ -313,7 +313,7 @@ static __always_inline int tc_ingress_flow(struct __sk_buff *skb, bool v6, void 
 		return TC_ACT_UNSPEC;
 	now = ct_now();
 	if (v6 || !((struct pkt4 *)p)->fragment) {
-		e = np_lookup_tracked(v6, p, now, &reply);
+		e = np_lookup_tracked(v6, p, now, &reply, pod);
 		if (e && reply)
 			return tc_reply(skb, v6, p, e, now);
 		if (reply) {
@@ -324,9 +324,18 @@ static __always_inline int tc_ingress_flow(struct __sk_buff *skb, bool v6, void 
 			return tc_reset(skb, v6, p, e);
 		if (e) {
 			np_checked(e, v6, now);
+			if (pod && PKT_F(p, v6, proto) == IPPROTO_UDP)
+				np_reply_restore(e, v6, p);
 			lb_count(LB_M_TC_FWD);
 			return tc_xlate(skb, true, v6, p, e, NULL, false, now);
 		}
+		/* A pod's datagram of no tracked flow may go straight to the
+		 * backend an earlier flow from its port reached through a
+		 * frontend (a UDP socket connected again): the backend's
+		 * answers are its own now, not the frontend's, as TCP's are
+		 * after a new SYN (np_lookup_tracked). */
+		if (pod && PKT_F(p, v6, proto) == IPPROTO_UDP)
+			np_forget_stale_reply(v6, p, true);
 	}
 	return TC_NEW_FLOW;
 }

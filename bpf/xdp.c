@@ -220,7 +220,7 @@ static __always_inline int xdp_flow(struct xdp_md *ctx, bool v6, void *p)
 	if (!np_port_wanted(v6, p))
 		return XDP_PASS;
 	now = ct_now();
-	e = np_lookup_tracked(v6, p, now, &reply);
+	e = np_lookup_tracked(v6, p, now, &reply, false);
 	if (e && reply)
 		return xdp_reply(ctx, v6, p, e, now);
 	/* A late packet to a reused source NAT port: TC counts it and hands

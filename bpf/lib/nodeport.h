@@ -330,6 +330,9 @@ struct np_choice {
 	struct lb4_service *svc;
 	void *be;
 	__u32 backend_id;
+	/* svc is the frontend's inside-scope entry (LB_SCOPE_INT): policy
+	 * Local short-circuited for a client inside the cluster. */
+	bool inside;
 };
 
 /* np_decide gives a new flow p (of the family v6 says) its frontend's
@@ -421,6 +424,7 @@ static __always_inline enum np_verdict np_decide(bool v6, void *p, struct np_cho
 	c->svc = svc;
 	c->be = be;
 	c->backend_id = backend_id;
+	c->inside = (v6 ? lkey6.scope : lkey4.scope) == LB_SCOPE_INT;
 	return NP_FORWARD;
 }
 
@@ -430,10 +434,13 @@ static __always_inline enum np_verdict np_decide(bool v6, void *p, struct np_cho
  * to rewrite p. A backend on another node gets source NAT to the address of
  * the device towards it and a free port; one on this node keeps the client
  * (see below). A pod's flow (pod) keeps its client, as pod addresses route
- * across the cluster, but for a pod reaching itself through a frontend:
- * kube-proxy masquerades that hairpin, since a pod's kernel drops a packet
- * from its own address, and so does this, to the address of the device it
- * came in on. ifindex is the device p came in on. Returns 0, or -1 after
+ * across the cluster, where kube-proxy keeps it: kube-proxy masquerades a
+ * pod reaching itself through a frontend (a hairpin: the pod's kernel would
+ * drop a packet from its own address) and a pod's traffic to a NodePort,
+ * ExternalIP or LoadBalancer IP under policy Cluster (every client's
+ * traffic to an external destination), and so does this, to the address of
+ * the device the packet leaves by, else of the pod's device. ifindex is the
+ * device p came in on. Returns 0, or -1 after
  * counting why the flow cannot be recorded (the packet is then dropped). */
 static __always_inline int np_record(void *ctx, bool v6, __u32 ifindex, const void *p,
 				     const struct np_choice *c, __u32 now, void *orig, bool pod)
@@ -454,6 +461,8 @@ static __always_inline int np_record(void *ctx, bool v6, __u32 ifindex, const vo
 	CT_E(orig, v6, backend_id) = c->backend_id;
 	CT_E(orig, v6, svc_id) = c->svc->svc_id;
 	ct_refresh_v(orig, v6, PKT_F(p, v6, proto), PKT_F(p, v6, tcp_flags), now, false);
+	if (pod)
+		CT_E(orig, v6, flags) |= CT_F_POD;
 	pkt_addr_copy(v6, CT_E_ADDR(rval, v6, nat_saddr), PKT_ADDR(p, v6, daddr));
 	CT_E(rval, v6, nat_sport) = PKT_F(p, v6, dport);
 	CT_E(rval, v6, backend_id) = c->backend_id;
@@ -473,7 +482,9 @@ static __always_inline int np_record(void *ctx, bool v6, __u32 ifindex, const vo
 	 * the node; else it sees the client. One call for both cases keeps
 	 * one copy of the lookup in the program. */
 	if (pod) {
-		if (pkt_addr_eq(v6, LB_BE_ADDR(be, v6), PKT_ADDR(p, v6, saddr))) {
+		if (pkt_addr_eq(v6, LB_BE_ADDR(be, v6), PKT_ADDR(p, v6, saddr)) ||
+		    ((c->svc->flags & EXTERNAL_FRONTEND) && !(c->svc->flags & SVC_F_EXT_LOCAL) &&
+		     !c->inside)) {
 			snat_addr = np_snat_addr(ctx, v6, ifindex, p, be, false, orig, now);
 			if (!snat_addr) {
 				lb_count(LB_M_TC_SNAT_NO_ADDR);
@@ -525,8 +536,10 @@ static __always_inline int np_record(void *ctx, bool v6, __u32 ifindex, const vo
  * local backend through a frontend, and now connects to that backend
  * directly (a pod on another node through the ClusterIP) from the same
  * port, must not have the backend's answers rewritten to come from the
- * frontend. A new SYN is the only packet that can start such a connection. */
-static __always_inline void np_forget_stale_reply(bool v6, const void *p)
+ * frontend. A new SYN is the only packet that can start such a connection.
+ * A pod's flow (CT_F_POD) is forgotten only at the pod's device (pod): at
+ * the node's devices its translated packets look like such a connection. */
+static __always_inline void np_forget_stale_reply(bool v6, const void *p, bool pod)
 {
 	struct ct4_key rkey4 = {};
 	struct ct6_key rkey6 = {};
@@ -541,10 +554,42 @@ static __always_inline void np_forget_stale_reply(bool v6, const void *p)
 	CT_K(rkey, v6, proto) = PKT_F(p, v6, proto);
 	CT_K(rkey, v6, dir) = CT_DIR_REPLY;
 	e = bpf_map_lookup_elem(ct_map(v6), rkey);
-	if (e && !(CT_E(e, v6, flags) & CT_F_SNAT)) {
+	if (e && !(CT_E(e, v6, flags) & CT_F_SNAT) && (pod || !(CT_E(e, v6, flags) & CT_F_POD))) {
 		bpf_map_delete_elem(ct_map(v6), rkey);
 		lb_count(LB_M_TC_STALE_REPLY);
 	}
+}
+
+/* np_reply_restore puts back the reply entry of e, the client-side entry
+ * of a pod's UDP flow through a frontend to a backend it keeps the pod's
+ * address for (p a datagram of the flow), when it is gone: a datagram of
+ * the pod straight to the backend from the same port took the tuple over
+ * (np_forget_stale_reply), and now the pod sends through the frontend
+ * again. The tuple's newest use wins, in both directions, as with the
+ * socket programs; kube-proxy's conntrack gives the direct flow another
+ * source port instead. */
+static __always_inline void np_reply_restore(const void *e, bool v6, const void *p)
+{
+	struct ct4_entry rval4 = {};
+	struct ct6_entry rval6 = {};
+	struct ct4_key rkey4 = {};
+	struct ct6_key rkey6 = {};
+	void *rkey = v6 ? (void *)&rkey6 : (void *)&rkey4;
+	void *rval = v6 ? (void *)&rval6 : (void *)&rval4;
+
+	if (CT_E(e, v6, flags) & CT_F_SNAT)
+		return;
+	ct_reply_key(rkey, v6, e, p);
+	if (bpf_map_lookup_elem(ct_map(v6), rkey))
+		return;
+	pkt_addr_copy(v6, CT_E_ADDR(rval, v6, nat_saddr), PKT_ADDR(p, v6, daddr));
+	CT_E(rval, v6, nat_sport) = PKT_F(p, v6, dport);
+	CT_E(rval, v6, backend_id) = CT_E(e, v6, backend_id);
+	CT_E(rval, v6, svc_id) = CT_E(e, v6, svc_id);
+	CT_E(rval, v6, expires) = CT_E(e, v6, expires);
+	CT_E(rval, v6, born) = CT_E(e, v6, born);
+	CT_E(rval, v6, flags) = CT_E(e, v6, flags);
+	bpf_map_update_elem(ct_map(v6), rkey, rval, BPF_NOEXIST);
 }
 
 /* np_lookup_tracked finds the entry saying how to rewrite p, a packet of
@@ -555,8 +600,9 @@ static __always_inline void np_forget_stale_reply(bool v6, const void *p)
  * (with *reply true) for a backend's late packet of an older connection on
  * the port (ct_reply_late_v), which the hook hands to the node's stack
  * untranslated. A new TCP connection first forgets the stale reply entry of
- * its tuple (np_forget_stale_reply). */
-static __always_inline void *np_lookup_tracked(bool v6, const void *p, __u32 now, bool *reply)
+ * its tuple (np_forget_stale_reply; pod as its). */
+static __always_inline void *np_lookup_tracked(bool v6, const void *p, __u32 now, bool *reply,
+					       bool pod)
 {
 	struct ct4_key key4;
 	struct ct6_key key6;
@@ -577,7 +623,7 @@ static __always_inline void *np_lookup_tracked(bool v6, const void *p, __u32 now
 		return e;
 	}
 	if (proto == IPPROTO_TCP && (tf & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
-		np_forget_stale_reply(v6, p);
+		np_forget_stale_reply(v6, p, pod);
 	/* Replies to source-NATed flows come back to a port of the source NAT
 	 * range: most packets need no second lookup. */
 	port = bpf_ntohs(PKT_F(p, v6, dport));

@@ -350,6 +350,11 @@ enum {
 	 * sent a FIN or an RST (seen by the reply entry), so the client's
 	 * packets are checked in full (nodeport.h np_orig_fresh). */
 	CT_F_REPLY_CLOSING = 1 << 9,
+	/* A pod's flow, translated at its device (tc.c tc_pod_ingress): its
+	 * translated packets may meet the node's devices' programs too (a
+	 * pod bridge among --devices), which must take them for no stale
+	 * tuple (nodeport.h np_forget_stale_reply). */
+	CT_F_POD = 1 << 10,
 };
 
 /* Value of tc4_ct: how packets with the key's tuple are rewritten. A zero
@@ -528,9 +533,9 @@ enum lb_metric {
 	LB_M_TC_RESET,		 /* TC: TCP flow to a removed backend reset */
 	LB_M_TC_RESET_FAIL,	 /* TC: could not build that reset */
 	LB_M_TC_NEXTHOP_SHARED,	 /* TC/XDP: new flow's next hop from the client's earlier flow */
-	LB_M_TC_NF_TRACKED,  /* TC: segment of a connection netfilter translates, to the stack */
-	LB_M_TC_POD_NEW,     /* TC: new flow of a pod translated per packet */
-	LB_M_TC_POD_HAIRPIN, /* TC: new flow of a pod to itself through a frontend, SNAT */
+	LB_M_TC_NF_TRACKED, /* TC: segment of a connection netfilter translates, to the stack */
+	LB_M_TC_POD_NEW,    /* TC: new flow of a pod translated per packet */
+	LB_M_TC_POD_SNAT,   /* TC: new flow of a pod masqueraded (hairpin, external frontend) */
 	LB_M_MAX,
 };
 

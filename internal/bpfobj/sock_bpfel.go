@@ -159,7 +159,7 @@ const (
 	SockLbMetricLB_M_TC_NEXTHOP_SHARED  SockLbMetric = 37
 	SockLbMetricLB_M_TC_NF_TRACKED      SockLbMetric = 38
 	SockLbMetricLB_M_TC_POD_NEW         SockLbMetric = 39
-	SockLbMetricLB_M_TC_POD_HAIRPIN     SockLbMetric = 40
+	SockLbMetricLB_M_TC_POD_SNAT        SockLbMetric = 40
 	SockLbMetricLB_M_MAX                SockLbMetric = 41
 )
 

@@ -217,7 +217,7 @@ const (
 	TcLbMetricLB_M_TC_NEXTHOP_SHARED  TcLbMetric = 37
 	TcLbMetricLB_M_TC_NF_TRACKED      TcLbMetric = 38
 	TcLbMetricLB_M_TC_POD_NEW         TcLbMetric = 39
-	TcLbMetricLB_M_TC_POD_HAIRPIN     TcLbMetric = 40
+	TcLbMetricLB_M_TC_POD_SNAT        TcLbMetric = 40
 	TcLbMetricLB_M_MAX                TcLbMetric = 41
 )
 

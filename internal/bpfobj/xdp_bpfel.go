@@ -217,7 +217,7 @@ const (
 	XdpLbMetricLB_M_TC_NEXTHOP_SHARED  XdpLbMetric = 37
 	XdpLbMetricLB_M_TC_NF_TRACKED      XdpLbMetric = 38
 	XdpLbMetricLB_M_TC_POD_NEW         XdpLbMetric = 39
-	XdpLbMetricLB_M_TC_POD_HAIRPIN     XdpLbMetric = 40
+	XdpLbMetricLB_M_TC_POD_SNAT        XdpLbMetric = 40
 	XdpLbMetricLB_M_MAX                XdpLbMetric = 41
 )
 

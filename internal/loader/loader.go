@@ -570,7 +570,7 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_TC_NEXTHOP_SHARED:  "tc_nexthop_shared",
 	bpfobj.SockLbMetricLB_M_TC_NF_TRACKED:      "tc_conntrack_flow_to_stack",
 	bpfobj.SockLbMetricLB_M_TC_POD_NEW:         "tc_pod_new_flow",
-	bpfobj.SockLbMetricLB_M_TC_POD_HAIRPIN:     "tc_pod_hairpin",
+	bpfobj.SockLbMetricLB_M_TC_POD_SNAT:        "tc_pod_new_flow_snat",
 }
 
 // CounterDescriptions say in words what each counter of CounterNames
@@ -615,8 +615,8 @@ var CounterDescriptions = []string{
 	bpfobj.SockLbMetricLB_M_TC_RESET_FAIL:      "TC: that reset could not be built",
 	bpfobj.SockLbMetricLB_M_TC_NEXTHOP_SHARED:  "TC/XDP: a new flow's next hop taken from the client's earlier flow of the second, not looked up",
 	bpfobj.SockLbMetricLB_M_TC_NF_TRACKED:      "TC: a packet of a TCP connection the kernel's conntrack translated before the takeover (kube-proxy's) handed to the stack",
-	bpfobj.SockLbMetricLB_M_TC_POD_NEW:         "TC: new flow of a pod translated per packet at its device (a pod the socket programs leave alone)",
-	bpfobj.SockLbMetricLB_M_TC_POD_HAIRPIN:     "TC: new flow of a pod to itself through a Service, source-NATed to the node's address toward it",
+	bpfobj.SockLbMetricLB_M_TC_POD_NEW:         "TC: new flow of a pod translated per packet at its device (a pod the socket programs leave alone), its address kept",
+	bpfobj.SockLbMetricLB_M_TC_POD_SNAT:        "TC: new flow of a pod translated per packet and masqueraded as kube-proxy does: to itself through a Service (hairpin), or to a NodePort, ExternalIP or LoadBalancer IP under policy Cluster",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,

@@ -56,7 +56,8 @@ const (
 	CTFlagUDPReplied     uint16 = 1 << 7
 	CTFlagUDPStream      uint16 = 1 << 8
 	CTFlagReplyClosing   uint16 = 1 << 9
-	ctFlagNamesKnownMask uint16 = 1<<10 - 1
+	CTFlagPod            uint16 = 1 << 10
+	ctFlagNamesKnownMask uint16 = 1<<11 - 1
 	// affinityClientAddr is AFFINITY_CLIENT_ADDR (else a netns cookie).
 	affinityClientAddr uint8 = 1
 )
@@ -75,6 +76,7 @@ var ctFlagNames = []struct {
 	{CTFlagUDPReplied, "replied"},
 	{CTFlagUDPStream, "stream"},
 	{CTFlagReplyClosing, "reply-closing"},
+	{CTFlagPod, "pod"},
 }
 
 // CTFlagNames spells a conntrack entry's flags ("snat,closing", "-" for

@@ -65,6 +65,9 @@ CONFORMANCE_NODES ?= 2
 # The specs that skip themselves on one node (they want a second node):
 # make conformance-multinode runs them alone, on two nodes.
 CONFORMANCE_MULTINODE_FOCUS := \[sig-network\] (Conntrack|KubeProxy should set TCP CLOSE_WAIT timeout|Networking Granular Checks: Services|Networking Granular Checks: Pods should function for intra-pod communication: sctp|Networking should check kube-proxy urls|Service CIDRs should create Services and serve on different Service CIDRs|Services should (be able to connect to terminating and unready endpoints|fail health check node port if there are only terminating endpoints|fallback to|not be able to connect to terminating and unready endpoints|preserve source pod IP|respect internalTrafficPolicy|support externalTrafficPolicy=Local for type=NodePort|implement NodePort and HealthCheckNodePort correctly))
+# Flags added to the agent's command line, e.g. --socket-lb-scope=node to
+# run the selection with pods translated per packet.
+CONFORMANCE_AGENT_ARGS ?=
 # Further flags for e2e.test, e.g. --ginkgo.seed=N to run the specs in the
 # order of an earlier run (its report.json's SuiteConfig.RandomSeed).
 CONFORMANCE_E2E_ARGS ?=
@@ -145,7 +148,7 @@ conformance: cluster-deps vmtest-deps k8s-binaries node-binaries cluster-images 
 		--kubectl $(EBPF_PROXY_CACHE)/k8s/$(K8S_VERSION)/kubectl \
 		--proxies $(CONFORMANCE_PROXIES) \
 		--kube-proxy-manifest $(abspath test/cluster/testdata/kubeadm-kube-proxy.yaml) --kube-proxy-image $(KUBE_PROXY_IMAGE) \
-		--deploy $(abspath deploy) --agent-image ebpf-proxy:$(IMAGE_TAG) \
+		--deploy $(abspath deploy) --agent-image ebpf-proxy:$(IMAGE_TAG) --agent-args '$(CONFORMANCE_AGENT_ARGS)' \
 		--coredns-image $(COREDNS_IMAGE) \
 		--focus '$(CONFORMANCE_FOCUS)' --skip-file $(CONFORMANCE_SKIP_FILE) --skip '$(CONFORMANCE_SKIP)' \
 		--e2e-timeout $(CONFORMANCE_E2E_TIMEOUT) $(addprefix --e2e-arg ,$(CONFORMANCE_E2E_ARGS))

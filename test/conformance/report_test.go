@@ -330,3 +330,46 @@ func TestOverlayRunsTheAgentInAMode(t *testing.T) {
 		t.Error("deploy/daemonset.yaml no longer has --proxy-mode=auto where the overlay's patch expects it")
 	}
 }
+
+func TestOverlayAddsTheAgentArgs(t *testing.T) {
+	c := &runConfig{out: t.TempDir(), deploy: "../../deploy", agentImage: "ebpf-proxy:dev", agentArgs: []string{"--socket-lb-scope=node", "-v=3"}}
+	dir, err := c.overlay("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parsed struct {
+		Patches []struct {
+			Patch string `json:"patch"`
+		} `json:"patches"`
+	}
+	if err := yaml.Unmarshal(b, &parsed); err != nil {
+		t.Fatalf("the overlay does not parse: %v\n%s", err, b)
+	}
+	var ops []struct {
+		Op, Path string
+		Value    any
+	}
+	for _, p := range parsed.Patches {
+		var these []struct {
+			Op, Path string
+			Value    any
+		}
+		if err := yaml.Unmarshal([]byte(p.Patch), &these); err != nil {
+			t.Fatalf("a patch does not parse: %v\n%s", err, p.Patch)
+		}
+		ops = append(ops, these...)
+	}
+	var added []any
+	for _, op := range ops {
+		if op.Op == "add" && op.Path == "/spec/template/spec/containers/0/command/-" {
+			added = append(added, op.Value)
+		}
+	}
+	if len(added) != 2 || added[0] != "--socket-lb-scope=node" || added[1] != "-v=3" {
+		t.Errorf("the overlay adds %v to the agent's command, want [--socket-lb-scope=node -v=3]\n%s", added, b)
+	}
+}

@@ -45,6 +45,8 @@ type runConfig struct {
 	kpImage    string
 	deploy     string
 	agentImage string
+	// agentArgs are added to the agent's command line (--agent-args).
+	agentArgs  []string
 	coredns    string
 	focus      string
 	skip       string
@@ -74,6 +76,8 @@ func runMain(args []string) int {
 	fs.StringVar(&c.kpImage, "kube-proxy-image", "", "upstream kube-proxy's image")
 	fs.StringVar(&c.deploy, "deploy", "", "the repository's deploy/ directory (a kustomization)")
 	fs.StringVar(&c.agentImage, "agent-image", "", "the agent's image, NAME:TAG")
+	var agentArgs string
+	fs.StringVar(&agentArgs, "agent-args", "", "flags added to the agent's command line, space-separated (--socket-lb-scope=node, say)")
 	fs.StringVar(&c.coredns, "coredns-image", "", "CoreDNS's image (required)")
 	fs.StringVar(&c.focus, "focus", "", "the specs to run (ginkgo's --focus)")
 	fs.StringVar(&skipFile, "skip-file", "", "a file of the specs to leave out: one regular expression a line, # comments")
@@ -85,6 +89,7 @@ func runMain(args []string) int {
 		return 2
 	}
 	c.vmArgs = strings.Fields(vmArgs)
+	c.agentArgs = strings.Fields(agentArgs)
 	for _, p := range strings.Split(proxies, ",") {
 		switch p = strings.TrimSpace(p); p {
 		case "kube-proxy", "ebpf-proxy":
@@ -411,6 +416,17 @@ const proxyModePatch = `  - target:
         value: --proxy-mode=%s
 `
 
+// agentArgsPatch is the overlay's patch that adds args to the agent's
+// command line.
+func agentArgsPatch(args []string) string {
+	var b strings.Builder
+	b.WriteString("  - target:\n      kind: DaemonSet\n      name: ebpf-proxy\n    patch: |-\n")
+	for _, a := range args {
+		fmt.Fprintf(&b, "      - op: add\n        path: /spec/template/spec/containers/0/command/-\n        value: %q\n", a)
+	}
+	return b.String()
+}
+
 func (c *runConfig) overlay(mode string) (string, error) {
 	dir := filepath.Join(c.out, "overlay")
 	if err := os.RemoveAll(dir); err != nil {
@@ -425,6 +441,9 @@ func (c *runConfig) overlay(mode string) (string, error) {
 		proxyPodLabel
 	if mode != "" {
 		k += fmt.Sprintf(proxyModePatch, mode)
+	}
+	if len(c.agentArgs) > 0 {
+		k += agentArgsPatch(c.agentArgs)
 	}
 	return dir, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644)
 }

@@ -42,7 +42,7 @@ type node struct {
 }
 
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	sb     *sandbox.Sandbox
 	nodes  []*node
 	pods   map[string]*sandbox.Pod
@@ -70,7 +70,7 @@ func newEnv(t *testing.T, mode string) *env {
 
 // newTopology builds the namespaces, pods and clients of newEnv and
 // attaches nothing.
-func newTopology(t *testing.T) *env {
+func newTopology(t testing.TB) *env {
 	t.Helper()
 	sb := sandbox.ForTest(t)
 	e := &env{t: t, sb: sb, pods: map[string]*sandbox.Pod{}}
@@ -183,8 +183,9 @@ type service struct {
 	etpLocal  bool
 	endpoints []string
 	// terminating name pods whose endpoints are terminating but still
-	// serving, as during a rollout.
-	terminating []string
+	// serving, as during a rollout; notReady pods that fail readiness, and
+	// gone pods terminating and no longer serving.
+	terminating, notReady, gone []string
 	// target overrides the pods' port (tcpPort or udpPort).
 	target uint16
 }
@@ -259,6 +260,16 @@ func (e *env) state(n *node, v6 bool, svcs ...service) *model.State {
 		for _, name := range s.terminating {
 			pod := e.pods[name]
 			eps = append(eps, builders.ModelEndpoint(netip.AddrPortFrom(twin(pod.IP), target), pod.Node.Name, builders.ModelTerminating))
+		}
+		for _, name := range s.notReady {
+			pod := e.pods[name]
+			eps = append(eps, builders.ModelEndpoint(netip.AddrPortFrom(twin(pod.IP), target), pod.Node.Name,
+				func(ep *model.Endpoint) { ep.Ready, ep.Serving, ep.Terminating = false, false, false }))
+		}
+		for _, name := range s.gone {
+			pod := e.pods[name]
+			eps = append(eps, builders.ModelEndpoint(netip.AddrPortFrom(twin(pod.IP), target), pod.Node.Name,
+				func(ep *model.Endpoint) { ep.Ready, ep.Serving, ep.Terminating = false, false, true }))
 		}
 		st.Services[sp.Name] = builders.ModelService(sp, eps, &st.Node)
 	}

@@ -33,6 +33,7 @@ func BenchmarkPaths(b *testing.B) {
 	f.sync(b, fixtureState())
 	f.shareNexthops(b, false, loader.NexthopShareAll)
 	benchPaths(b, f, f.resetCT, tcPaths4(b, f))
+	benchPaths(b, f, f.resetCT, podPaths4(b, f))
 	synRemote := fromOutside(pktest.TCP(client, np(npWebRemote), pktest.SYN)).Bytes()
 	// The reply of a source-NATed flow needs the port the flow got.
 	b.Run("ingress/reply from a remote backend (SNAT)", func(b *testing.B) {
@@ -222,6 +223,31 @@ func tcPaths4(b *testing.B, f *fixture) []benchPath {
 	}
 }
 
+// benchPod is a pod on the fixture's node whose packets the pod program
+// translates (--socket-lb-scope=node), and webRemoteCIP the ClusterIP of
+// the fixture's web-remote.
+var (
+	benchPod     = netip.MustParseAddrPort("10.244.1.20:40000")
+	webRemoteCIP = netip.MustParseAddrPort("10.96.0.11:80")
+)
+
+// podPaths4 are the paths of a pod's packets through tc_pod_ingress at its
+// device, and of the packets to it through tc_egress there.
+func podPaths4(b *testing.B, f *fixture) []benchPath {
+	reset := func() error {
+		f.resetCT(b)
+		return nil
+	}
+	syn := fromOutside(pktest.TCP(benchPod, webRemoteCIP, pktest.SYN)).Bytes()
+	return []benchPath{
+		{name: "pod/not to a Service", pod: true, frame: fromOutside(pktest.TCP(benchPod, remoteWeb, pktest.ACK)).Bytes()},
+		{name: "pod/new flow to a ClusterIP", pod: true, frame: syn, beforeRun: reset},
+		{name: "pod/tracked flow to a ClusterIP", pod: true, frame: fromOutside(pktest.TCP(benchPod, webRemoteCIP, pktest.ACK)).Bytes(), prime: [][]byte{syn}},
+		{name: "pod egress/reply from the backend", pod: true, egress: true, frame: toRouter(pktest.TCP(remoteWeb, benchPod, pktest.ACK)).Bytes(), prime: [][]byte{syn}},
+		{name: "pod egress/not a reply", pod: true, egress: true, frame: toRouter(pktest.TCP(remoteWeb, netip.AddrPortFrom(benchPod.Addr(), 41000), pktest.ACK)).Bytes()},
+	}
+}
+
 // tcPaths6 are the IPv6 paths of the TC programs, on f's fixtureState6:
 // tcPaths4's over IPv6 but for "not IPv4".
 func tcPaths6(b *testing.B, f *fixture6) []benchPath {
@@ -272,7 +298,9 @@ const loopbackIfindex = 1
 type benchPath struct {
 	name   string
 	egress bool
-	frame  []byte
+	// pod says the path is a pod's device's (tc_pod_ingress at ingress).
+	pod   bool
+	frame []byte
 	// prime are frames sent first so that a flow exists.
 	prime     [][]byte
 	beforeRun func() error
@@ -335,12 +363,16 @@ func BenchmarkPathsIPv6VsIPv4(b *testing.B) {
 // forgotten (reset), then its priming frames sent.
 func tcSubject(b *testing.B, f *fixture, reset func(testing.TB), p benchPath) pktest.Subject {
 	reset(b)
-	prog := f.objs.TcIngress
+	ingress := f.objs.TcIngress
+	if p.pod {
+		ingress = f.objs.TcPodIngress
+	}
+	prog := ingress
 	if p.egress {
 		prog = f.objs.TcEgress
 	}
 	for _, fr := range p.prime {
-		if _, err := pktest.Exec(f.objs.TcIngress, pktest.Case{In: fr, Do: f.ns.Do}); err != nil {
+		if _, err := pktest.Exec(ingress, pktest.Case{In: fr, Do: f.ns.Do}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -362,7 +394,8 @@ func xdpSubject(b *testing.B, fm xdpFam, p xdpFrames) pktest.Subject {
 // (test/benchreport/figures): the programs' cost where it matters most,
 // a packet of no frontend's and one of a tracked flow, and XDP's new flow.
 var baselinePaths = struct{ tc, xdp []string }{
-	tc:  []string{"ingress/not a frontend", "ingress/tracked flow, remote backend (SNAT)", "ingress/tracked flow, local backend"},
+	tc: []string{"ingress/not a frontend", "ingress/tracked flow, remote backend (SNAT)", "ingress/tracked flow, local backend",
+		"pod/not to a Service", "pod/tracked flow to a ClusterIP"},
 	xdp: []string{"xdp/not a frontend", "xdp/tracked flow, remote backend (SNAT)", "xdp/new flow, remote backend (SNAT)"},
 }
 
@@ -380,7 +413,7 @@ func BenchmarkPathsVsBaseline(b *testing.B) {
 	f := newFixture(b, benchLoad)
 	f.sync(b, fixtureState())
 	f.shareNexthops(b, false, loader.NexthopShareAll)
-	paths := tcPaths4(b, f)
+	paths := slices.Concat(tcPaths4(b, f), podPaths4(b, f))
 	for _, name := range baselinePaths.tc {
 		i := slices.IndexFunc(paths, func(p benchPath) bool { return p.name == name })
 		if i < 0 {

@@ -219,6 +219,9 @@ type row struct {
 	egress bool
 	// onPodDevice runs the case on p0 rather than n0.
 	onPodDevice bool
+	// pod runs tc_pod_ingress at ingress (p0 as a pod's device, with
+	// --socket-lb-scope=node), on p0.
+	pod bool
 }
 
 // run runs rows in order, each on the fixture's device inside its
@@ -229,10 +232,13 @@ func (f *fixture) run(t *testing.T, rows []row) {
 		c := r.Case
 		c.Do = f.ns.Do
 		c.SKB = &pktest.SKBContext{Ifindex: f.ifindex}
-		if r.onPodDevice {
+		if r.onPodDevice || r.pod {
 			c.SKB.Ifindex = f.podIfindex
 		}
 		prog := f.objs.TcIngress
+		if r.pod {
+			prog = f.objs.TcPodIngress
+		}
 		if r.egress {
 			prog = f.objs.TcEgress
 		}

@@ -35,9 +35,15 @@ func factory(t *testing.T, node *behaviour.Node) dataplane.Dataplane {
 // start is factory with the devices to attach the TC programs to (nil:
 // those carrying the node's addresses, found at the first syncs).
 func start(t *testing.T, node *behaviour.Node, devices []string) *bpf.Dataplane {
+	return startScoped(t, node, devices, bpf.SocketLBAll)
+}
+
+// startScoped is start with scope as --socket-lb-scope.
+func startScoped(t *testing.T, node *behaviour.Node, devices []string, scope string) *bpf.Dataplane {
 	var d *bpf.Dataplane
 	if err := node.NS.Do(func() (err error) {
 		d, err = bpf.New(context.Background(), bpf.Config{
+			SocketLBScope: scope,
 			CgroupPath:    node.Cgroup.Path(),
 			BPFFSPath:     node.BPFFS,
 			Sizes:         loader.DefaultMapSizes,
@@ -115,6 +121,32 @@ func checkNexthopsShared(t *testing.T, pins []string, v6 bool) {
 // dataplane.
 func factory6(t *testing.T, node *behaviour.Node) dataplane.Dataplane {
 	return factory(t, node).(*bpf.Dataplane).IPv6()
+}
+
+// TestPodsPerPacketFollowTheModelVerdicts runs the behaviour table with
+// --socket-lb-scope=node, both families: the pods' clients are translated
+// per packet at their devices on the node (found by the dataplane), the
+// node's own at connect(), traffic from outside at the node's devices. The
+// rows that differ for the BPF mode, where its socket programs keep a pod's
+// address that kube-proxy masquerades, hold here as kube-proxy's.
+func TestPodsPerPacketFollowTheModelVerdicts(t *testing.T) {
+	for _, v6 := range []bool{false, true} {
+		name := "IPv4"
+		newEnv := behaviour.NewEnv
+		if v6 {
+			name, newEnv = "IPv6", behaviour.NewEnv6
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, func(t *testing.T, node *behaviour.Node) dataplane.Dataplane {
+				d := startScoped(t, node, []string{sandbox.IfaceName, sandbox.BridgeName}, bpf.SocketLBNode)
+				if v6 {
+					return d.IPv6()
+				}
+				return d
+			})
+			behaviour.RunAs(t, e, behaviour.Cases(), behaviour.ModeEBPFPods)
+		})
+	}
 }
 
 // TestIPv6TrafficFollowsTheModelVerdicts runs the behaviour table over

@@ -76,6 +76,12 @@ const ModeIPVS = "ipvs"
 // balancer. The rows that differ say so.
 const ModeEBPF = "ebpf"
 
+// ModeEBPFPods is the BPF dataplane translating only the node's own
+// sockets (--socket-lb-scope=node): its pods' packets are translated at
+// their devices, and masqueraded where kube-proxy masquerades them. Rows
+// whose Modes name ModeEBPF alone take their Want here (RunAs).
+const ModeEBPFPods = "ebpf-pods"
+
 // Cases is the behaviour table for the example cluster. It is kube-proxy's
 // contract, re-expressed with real traffic: which pods a client reaches
 // through each frontend, whether the connection is refused or dropped, and
@@ -138,7 +144,13 @@ func Cases() []Case {
 // Rows run in parallel: each is a handful of subprocesses.
 func Run(t *testing.T, e *Env, cases []Case) {
 	t.Helper()
-	mode := e.Dataplanes[example.NodeA].Name()
+	RunAs(t, e, cases, e.Dataplanes[example.NodeA].Name())
+}
+
+// RunAs is Run with the rows' Want for mode, whatever the dataplanes'
+// names.
+func RunAs(t *testing.T, e *Env, cases []Case, mode string) {
+	t.Helper()
 	t.Run(mode, func(t *testing.T) {
 		for _, tc := range cases {
 			want := tc.Want

@@ -200,6 +200,13 @@ func (p *RedirectProxy) Originals() ([]netip.AddrPort, error) {
 	return append([]netip.AddrPort(nil), p.originals...), errors.Join(p.errs...)
 }
 
+// Failures returns the errors met serving connections, in order.
+func (p *RedirectProxy) Failures() []error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]error(nil), p.errs...)
+}
+
 // Close stops the proxy and ends its connections (the redirect rules go
 // with the pod's namespace).
 func (p *RedirectProxy) Close() error {

@@ -40,6 +40,10 @@ type world struct {
 	// held are the connections the scenarios hold (Probe.Hold), by
 	// scenario and name.
 	held map[string]*heldConn
+	// mesh is the sidecar proxy of meshPod (Probe.Mesh); meshMu keeps its
+	// probes one at a time, so that what it was told is the probe's.
+	mesh   *sandbox.RedirectProxy
+	meshMu sync.Mutex
 }
 
 // heldConn is a connection a scenario holds open (TCP), or a flow it
@@ -88,7 +92,7 @@ func newWorld(kind testbed.Kind, index int, tb *testbed.Testbed, ns string) *wor
 const (
 	clusterIPBlocks = 4 // /24 blocks of ClusterIPs per kind
 	nodePortBase    = 30000
-	nodePortsPerRun = 500
+	nodePortsPerRun = 450 // six kinds within 30000-32767
 )
 
 func prefix(sc int) string { return tag(sc) + "-" }

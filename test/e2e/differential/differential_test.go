@@ -57,7 +57,16 @@ const (
 // kinds are the proxies every scenario runs against; iptables mode is the
 // reference (upstream's default), nftables mode where upstream is heading;
 // then ebpf-proxy in BPF mode and in its fallback modes (fallbacks).
-var kinds = []testbed.Kind{testbed.KubeProxyIPTables, testbed.KubeProxyNFTables, testbed.EbpfProxy, testbed.EbpfProxyIPTables, testbed.EbpfProxyNFTables}
+var kinds = []testbed.Kind{testbed.KubeProxyIPTables, testbed.KubeProxyNFTables, testbed.EbpfProxy, testbed.EbpfProxyIPTables, testbed.EbpfProxyNFTables,
+	testbed.EbpfProxyPods}
+
+// The meshed pod (Probe.Mesh): its outbound TCP is redirected to its
+// sidecar on meshPort, whose own connections carry meshMark.
+const (
+	meshPod  = "m1"
+	meshPort = 15001
+	meshMark = 1337
+)
 
 // upstreamFeatureGates are set on upstream kube-proxy and its API server:
 // none at 1.37, which has on by default everything ebpf-proxy implements
@@ -80,7 +89,7 @@ func (v verdicts) of(si int) [][]string {
 func testbedOptions() testbed.Options {
 	return testbed.Options{
 		Nodes: []testbed.NodeSpec{
-			{Name: selfA, Zone: "zone-a", Pods: []string{"a1", "a2"}},
+			{Name: selfA, Zone: "zone-a", Pods: []string{"a1", "a2", meshPod}},
 			// node-b's Node lists its IPv4 address alone, as on a
 			// dual-stack cluster whose kubelet there has a single
 			// --node-ip: every IPv6 probe through node-b compares how
@@ -129,6 +138,9 @@ func TestDifferential(t *testing.T) {
 
 	var report strings.Builder
 	var n, match, mismatch, unsupported int
+	// pods tallies the BPF mode translating pods per packet, judged as
+	// the BPF mode is.
+	var pods struct{ n, match, mismatch, unsupported int }
 	var disagreements, pending, deviations []string
 	tallies := newFallbackTallies(runs)
 	for si, sc := range scenarios {
@@ -140,7 +152,7 @@ func TestDifferential(t *testing.T) {
 			continue
 		}
 		n++
-		status, text, disagree := compare(si, sc, runs)
+		status, text, disagree := compare(si, sc, runs, testbed.EbpfProxy)
 		switch status {
 		case "match":
 			match++
@@ -161,6 +173,20 @@ func TestDifferential(t *testing.T) {
 		}
 		fmt.Fprintf(&report, "%s\n", text)
 		var fallbackMismatches []string
+		if runs[testbed.EbpfProxyPods] != nil {
+			pods.n++
+			st, text, _ := compare(si, sc, runs, testbed.EbpfProxyPods)
+			switch st {
+			case "match":
+				pods.match++
+			case "mismatch":
+				pods.mismatch++
+				fallbackMismatches = append(fallbackMismatches, text)
+			default:
+				pods.unsupported++
+			}
+			fmt.Fprintf(&report, "%s\n", text)
+		}
 		for _, f := range tallies {
 			if m := f.judge(si, sc, runs); m != "" {
 				fallbackMismatches = append(fallbackMismatches, m)
@@ -174,7 +200,7 @@ func TestDifferential(t *testing.T) {
 				t.Logf("%s", text)
 			}
 			for _, m := range fallbackMismatches {
-				t.Errorf("ebpf-proxy's fallback differs from upstream kube-proxy:\n%s", m)
+				t.Errorf("ebpf-proxy's fallback, or its BPF mode with pods per packet, differs from upstream kube-proxy:\n%s", m)
 			}
 		})
 	}
@@ -185,6 +211,13 @@ func TestDifferential(t *testing.T) {
 		fmt.Fprintf(&fallbackLines, "%s\n", f.summary())
 		t.Log(f.summary())
 	}
+	podsLine := "differential (BPF, pods per packet): not run"
+	if runs[testbed.EbpfProxyPods] != nil {
+		podsLine = fmt.Sprintf("differential (BPF, pods per packet): scenarios=%d match=%d mismatch=%d unsupported=%d",
+			pods.n, pods.match, pods.mismatch, pods.unsupported)
+	}
+	fmt.Fprintf(&fallbackLines, "%s\n", podsLine)
+	t.Log(podsLine)
 	if len(pending) > 0 {
 		fmt.Fprintf(&report, "pending, not run (%s=1 runs them): %s\n", PendingEnv, strings.Join(pending, "; "))
 		t.Logf("pending scenarios, not run (%s=1 runs them): %s", PendingEnv, strings.Join(pending, "; "))
@@ -216,13 +249,18 @@ func TestDifferential(t *testing.T) {
 	}
 }
 
-// compare judges one scenario: "match" when every probe of every step got
-// from ebpf-proxy the verdict of upstream's iptables or nftables mode,
-// "unsupported" when ebpf-proxy lacks a feature it needs, else "mismatch".
-// The text lists every verdict.
-func compare(si int, sc Scenario, runs map[testbed.Kind]verdicts) (status, text string, disagree bool) {
-	ipt, nft, ebpf := runs[testbed.KubeProxyIPTables].of(si), runs[testbed.KubeProxyNFTables].of(si), runs[testbed.EbpfProxy].of(si)
-	lacking := missing(sc.Needs, ebpfProxyFeatures)
+// compare judges one scenario for ebpf-proxy's BPF mode of kind (EbpfProxy,
+// or EbpfProxyPods): "match" when every probe of every step got from it the
+// verdict of upstream's iptables or nftables mode, "unsupported" when it
+// lacks a feature the scenario needs, else "mismatch". The text lists every
+// verdict.
+func compare(si int, sc Scenario, runs map[testbed.Kind]verdicts, kind testbed.Kind) (status, text string, disagree bool) {
+	ipt, nft, ebpf := runs[testbed.KubeProxyIPTables].of(si), runs[testbed.KubeProxyNFTables].of(si), runs[kind].of(si)
+	lacking := missing(sc.Needs, agentFeatures(kind))
+	label := "ebpf:    "
+	if kind == testbed.EbpfProxyPods {
+		label = "ebpf, pods per packet:"
+	}
 	status = "match"
 	if len(lacking) > 0 {
 		status = "unsupported (ebpf-proxy lacks " + strings.Join(lacking, ", ") + ")"
@@ -263,8 +301,11 @@ func compare(si int, sc Scenario, runs map[testbed.Kind]verdicts) (status, text 
 				status = "mismatch"
 				mark = "   <-- MISMATCH"
 			}
-			fmt.Fprintf(&b, "      ebpf:     %s%s\n", eb, mark)
+			fmt.Fprintf(&b, "      %s %s%s\n", label, eb, mark)
 		}
+	}
+	if kind == testbed.EbpfProxyPods {
+		return status, fmt.Sprintf("scenario %q (pods per packet): %s\n%s", sc.Name, status, b.String()), disagree
 	}
 	return status, fmt.Sprintf("scenario %q: %s\n%s", sc.Name, status, b.String()), disagree
 }
@@ -326,6 +367,12 @@ func runKind(t *testing.T, c *cluster.Cluster, kind testbed.Kind, index int) ver
 			t.Error(err)
 		}
 	})
+	mesh, _ := tb.Pod(meshPod)
+	var err error
+	if w.mesh, err = mesh.StartRedirectProxy(meshPort, meshMark); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.mesh.Close() })
 
 	out := make(verdicts, len(scenarios))
 	var active []int

@@ -1,6 +1,7 @@
 // Package differential runs one table of behaviour scenarios against
 // upstream kube-proxy (iptables and nftables mode) and against ebpf-proxy
-// (its BPF mode and its iptables fallback mode), on
+// (its BPF mode, the same with pods translated per packet, and its
+// iptables and nftables fallback modes), on
 // a real API server and real traffic between network namespaces, and
 // compares what the clients saw: which endpoints answered and with which
 // client address, or whether the connection was refused (REJECT), went
@@ -10,8 +11,15 @@
 // `make -f test/e2e/e2e.mk e2e` runs them and ends with one line per
 // fallback mode, then the BPF mode's line:
 //
-//	differential (iptables fallback): scenarios=<n> match=<n> mismatch=<n> unsupported=<n>
+//	differential (iptables fallback): scenarios=<n> match=<n> mismatch=<n> known=<n> unsupported=<n>
+//	differential (nftables fallback): ...
+//	differential (BPF, pods per packet): scenarios=<n> match=<n> mismatch=<n> unsupported=<n>
 //	differential: scenarios=<n> match=<n> mismatch=<n> unsupported=<n>
+//
+// The BPF mode with pods per packet (--socket-lb-scope=node) is judged as
+// the BPF mode is; the BPF mode itself does not serve the mesh scenarios
+// (a sidecar told where its pod connected), which count as unsupported in
+// its line.
 //
 // The IPVS fallback is not in the run: the host's kernel has no ip_vs.
 //

@@ -36,6 +36,11 @@ const (
 	// scenarios that need FeatureExternalTraffic).
 	FeatureIPv6         Feature = "ipv6"
 	FeatureIPv6External Feature = "ipv6-external-traffic"
+	// FeatureMesh is a pod's own view of its connections to Services: a
+	// service mesh's sidecar in the pod, told where the pod connected
+	// (SO_ORIGINAL_DST), must be told the Service. In ebpf-proxy the
+	// per-packet translation of pods (--socket-lb-scope=node).
+	FeatureMesh Feature = "mesh"
 )
 
 // ebpfProxyFeatures are the features ebpf-proxy implements today: its
@@ -53,6 +58,19 @@ var ebpfProxyFeatures = map[Feature]bool{
 	FeatureHealthCheck:     true,
 	FeatureExternalTraffic: true,
 	FeatureSourceRanges:    true,
+}
+
+// ebpfPodsFeatures are those of the BPF mode translating pods per packet
+// (--socket-lb-scope=node).
+var ebpfPodsFeatures = withFeature(ebpfProxyFeatures, FeatureMesh)
+
+// withFeature returns fs with f.
+func withFeature(fs map[Feature]bool, f Feature) map[Feature]bool {
+	out := map[Feature]bool{f: true}
+	for k, v := range fs {
+		out[k] = v
+	}
+	return out
 }
 
 // Scenario is one behaviour to compare: a sequence of states of some
@@ -317,6 +335,12 @@ type Probe struct {
 	// conntrack entry, which the flush between steps spares, as it spares
 	// the held TCP connections.
 	Hold string
+	// Mesh, for a TCP probe from meshPod, has the pod's outbound TCP
+	// redirected to a sidecar proxy in the pod, as a service mesh's init
+	// container does; the proxy asks where each connection was going
+	// (SO_ORIGINAL_DST) and connects there. The verdict says what it was
+	// told.
+	Mesh bool
 	// Then, for a UDP probe, connects the probe's socket again, to Then,
 	// after its exchange with To, and exchanges again on it: one attempt,
 	// whose verdict is To's, " THEN ", and Then's
@@ -495,6 +519,9 @@ func from(proto corev1.Protocol, to Dest, froms ...string) []Probe {
 
 func ps(groups ...[]Probe) []Probe { return slices.Concat(groups...) }
 
+// meshed is a TCP probe to d from the meshed pod, through its sidecar.
+func meshed(d Dest) []Probe { return []Probe{{From: "pod:" + meshPod, To: d, Proto: tcp, Mesh: true}} }
+
 // missing returns the features of needs that have lacks.
 func missing(needs []Feature, have map[Feature]bool) []string {
 	var out []string
@@ -523,6 +550,12 @@ func check(scenarios []Scenario) error {
 				return fmt.Errorf("scenario %q step %d (%s) probes nothing", sc.Name, i+1, st.Name)
 			}
 			for _, p := range st.Probes {
+				if p.Mesh && (p.From != "pod:"+meshPod || p.Proto == udp || p.Hold != "" || p.Then != nil) {
+					return fmt.Errorf("scenario %q step %d: a mesh probe is a plain TCP probe from pod:%s", sc.Name, i+1, meshPod)
+				}
+				if !p.Mesh && p.From == "pod:"+meshPod {
+					return fmt.Errorf("scenario %q step %d: pod:%s is the meshed pod: its probes are mesh probes", sc.Name, i+1, meshPod)
+				}
 				switch {
 				case p.From == clientA, p.From == clientB, p.From == selfA, p.From == selfB, p.From == ext, p.From == ext2,
 					strings.HasPrefix(p.From, "pod:"):

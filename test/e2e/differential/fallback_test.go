@@ -44,6 +44,7 @@ var netfilterFeatures = map[Feature]bool{
 	FeatureSourceRanges:    true,
 	FeatureIPv6:            true,
 	FeatureIPv6External:    true,
+	FeatureMesh:            true,
 }
 
 // fallbacks are the fallback modes every scenario runs against.
@@ -59,6 +60,9 @@ func agentFeatures(kind testbed.Kind) map[Feature]bool {
 		if f.kind == kind {
 			return f.features
 		}
+	}
+	if kind == testbed.EbpfProxyPods {
+		return ebpfPodsFeatures
 	}
 	return ebpfProxyFeatures
 }

@@ -264,6 +264,13 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (string, string, e
 		return w.observeReconnected(ctx, c, sc, dst, *p.Then)
 	}
 	t := newTally()
+	var meshBefore, meshFailed int
+	if p.Mesh {
+		w.meshMu.Lock()
+		defer w.meshMu.Unlock()
+		before, _ := w.mesh.Originals()
+		meshBefore, meshFailed = len(before), len(w.mesh.Failures())
+	}
 	run := func(n int) error {
 		switch {
 		case p.To.Kind == HealthCheck:
@@ -301,11 +308,41 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (string, string, e
 			return "", "", err
 		}
 	}
+	if p.Mesh {
+		w.meshNotes(t, meshBefore, meshFailed, dst)
+	}
 	mixed := ""
 	if t.anyAnswer() && len(t.failed) > 0 {
 		mixed = fmt.Sprintf("%d attempt(s) to %s failed: %s", len(t.failed), dst, strings.Join(t.failed, "; "))
 	}
 	return t.verdict(p.Sticky), mixed, nil
+}
+
+// meshNotes adds to t what the meshed pod's sidecar was told of the
+// connections of a probe to dst (after the first before ones): "the
+// destination", an address of the testbed by name, or nothing; and whether
+// it failed to serve some (after the first failed failures).
+func (w *world) meshNotes(t *tally, before, failed int, dst netip.AddrPort) {
+	all, _ := w.mesh.Originals()
+	told := map[string]bool{}
+	for _, o := range all[before:] {
+		switch {
+		case o == dst:
+			told["the destination"] = true
+		default:
+			told[fmt.Sprintf("%s:%d", w.tb.AddressName(o.Addr()), o.Port())] = true
+		}
+	}
+	if len(told) == 0 {
+		told["nothing"] = true
+	}
+	for k := range told {
+		t.notes["proxy told "+k]++
+	}
+	if errs := w.mesh.Failures(); len(errs) > failed {
+		t.notes["proxy failed"]++
+		t.failed = append(t.failed, "proxy: "+errs[failed].Error())
+	}
 }
 
 // observeReconnected runs a UDP probe whose socket exchanges a datagram

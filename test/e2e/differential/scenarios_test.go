@@ -798,6 +798,35 @@ var scenarios = withIPv6Twins([]Scenario{
 			Probes:   ps(probe(tcp, "pod:a1", cip("web", 80)), probe(tcp, "pod:a2", cip("web", 80))),
 		}},
 	},
+	// ---- A service mesh's sidecar ----
+	{
+		// Istio's and Linkerd's sidecars: the pod's outbound TCP is
+		// redirected to the proxy in the pod, which asks the kernel where
+		// each connection was going and must be told the Service to
+		// route it; then it connects there itself, let through by the
+		// pod's rules. ebpf-proxy serves it with --socket-lb-scope=node.
+		Name:  "mesh: a meshed pod's sidecar is told the ClusterIP, and its own connection reaches an endpoint",
+		Needs: []Feature{FeatureMesh},
+		Steps: []Step{
+			{
+				Name:     "a2 and b1 ready",
+				Services: []Svc{web()},
+				Slices:   []Slice{webSlice(ready("a2"), ready("b1"))},
+				Probes:   meshed(cip("web", 80)),
+			},
+			{
+				Name:     "endpoints replaced by b2",
+				Services: []Svc{web()},
+				Slices:   []Slice{webSlice(ready("b2"))},
+				Probes:   meshed(cip("web", 80)),
+			},
+			{
+				Name:     "EndpointSlice deleted",
+				Services: []Svc{web()},
+				Probes:   meshed(cip("web", 80)),
+			},
+		},
+	},
 	// ---- Dual-stack ----
 	{
 		// One Service, both families: each ClusterIP is served by the

@@ -40,13 +40,19 @@ const (
 	// EbpfProxyNFTables is the agent in its nftables fallback mode
 	// (--proxy-mode=nftables), with the same settings.
 	EbpfProxyNFTables Kind = "ebpf-nftables"
+	// EbpfProxyPods is the agent in its BPF mode translating only the
+	// node's own sockets (--socket-lb-scope=node): pods' packets are
+	// translated at their devices.
+	EbpfProxyPods Kind = "ebpf-pods"
 )
 
 // Upstream reports whether k is upstream kube-proxy.
 func (k Kind) Upstream() bool { return k == KubeProxyIPTables || k == KubeProxyNFTables }
 
 // Agent reports whether k is ebpf-proxy, in any mode.
-func (k Kind) Agent() bool { return k == EbpfProxy || k == EbpfProxyIPTables || k == EbpfProxyNFTables }
+func (k Kind) Agent() bool {
+	return k == EbpfProxy || k == EbpfProxyIPTables || k == EbpfProxyNFTables || k == EbpfProxyPods
+}
 
 // Addresses the proxies serve on inside their node's namespace.
 const (
@@ -184,7 +190,7 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (_ *Prox
 		// global: a private one keeps this node's proxy from waiting on
 		// every other iptables user of the machine.
 		env = append(env, "PATH="+path, "XTABLES_LOCKFILE="+filepath.Join(dir, "xtables.lock"))
-	case EbpfProxy, EbpfProxyIPTables, EbpfProxyNFTables:
+	case EbpfProxy, EbpfProxyIPTables, EbpfProxyNFTables, EbpfProxyPods:
 		if bin, err = agent.Binary(); err != nil {
 			return nil, err
 		}
@@ -209,6 +215,8 @@ func (tb *Testbed) startProxy(t testing.TB, n *Node, opts ProxyOptions) (_ *Prox
 		case EbpfProxy:
 			// Never a silent fallback: the BPF mode or an error.
 			args = append(args, "--proxy-mode=ebpf")
+		case EbpfProxyPods:
+			args = append(args, "--proxy-mode=ebpf", "--socket-lb-scope=node")
 		case EbpfProxyNFTables:
 			args = append(args, "--proxy-mode=nftables", "--cluster-cidr="+ClusterCIDRs)
 		default:
