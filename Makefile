@@ -159,6 +159,10 @@ bench: build
 	sh hack/benchmeta.sh $(BENCH_OUT)/sync.meta
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./test/socklb/... | tee $(BENCH_OUT)/sockets.txt; exit $${PIPESTATUS[0]}
 	sh hack/benchmeta.sh $(BENCH_OUT)/sockets.meta
+	@# Pods translated per packet (--socket-lb-scope=node): connections per
+	@# second against the socket path and a pod no program sees.
+	$(GO) test -run '^$$' -bench '^BenchmarkPodConnectRate$$' -benchtime 1x -count 1 -timeout 10m ./test/tclb/ | tee $(BENCH_OUT)/pods.txt; exit $${PIPESTATUS[0]}
+	sh hack/benchmeta.sh $(BENCH_OUT)/pods.meta
 	@# The per-packet paths, and IPv6 against IPv4 side by side: each in 5
 	@# processes, the figures their medians. The same path's cost differed
 	@# by up to 2x from one process to the next here (TC, policy Local's

@@ -14,11 +14,10 @@ import (
 // BenchmarkPodConnectRate compares new TCP connections per second (connect,
 // read the server's line, close) from a pod to a pod on its node, four
 // ways, in alternating short rounds so that all see the same machine load:
-//   - direct: to the server's own address, from a pod whose sockets the
-//     socket programs translate (--socket-lb-scope=all): what a pod pays
-//     without a Service;
-//   - socket: to the server's ClusterIP from that pod, translated at
-//     connect();
+//   - direct: to the server's own address from a pod that no program of
+//     ours sees: the baseline;
+//   - socket: to the server's ClusterIP from a pod whose sockets the socket
+//     programs translate (--socket-lb-scope=all), at connect();
 //   - packet: to the ClusterIP from a pod translated per packet at its
 //     device (--socket-lb-scope=node);
 //   - packet_direct: to the server's own address from that pod, every
@@ -34,6 +33,10 @@ func BenchmarkPodConnectRate(b *testing.B) {
 		b.Fatal(err)
 	}
 	viaPacket, err := e.sb.AddPod(a.Node, "c-packet", netip.Addr{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	bare, err := e.sb.AddPod(a.Node, "c-bare", netip.Addr{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -72,7 +75,7 @@ func BenchmarkPodConnectRate(b *testing.B) {
 		c    *sandbox.Client
 		to   netip.AddrPort
 	}{
-		{"direct", socket, server},
+		{"direct", e.sb.ClientAt(bare.Host), server},
 		{"socket", socket, vip},
 		{"packet", packet, vip},
 		{"packet_direct", packet, server},

@@ -174,6 +174,10 @@ var All = []Figure{
 		Bench: basePaths + "tc/pod/tracked_flow_to_a_ClusterIP", Metric: "path/baseline", Source: "make bench"},
 	{Name: "tc_pod_reply", Unit: "ns", Doc: "TC egress at a pod's device, the backend's reply to the pod's flow to a ClusterIP, translated back",
 		Bench: "BenchmarkPaths/pod_egress/reply_from_the_backend", Metric: "ns/pkt", Source: "make bench"},
+	{Name: "pod_conn_packet_vs_direct", Unit: "ratio", Doc: "new TCP connections per second from a pod to a ClusterIP translated per packet (--socket-lb-scope=node), over a pod no program sees reaching the pod directly; alternating rounds, the median ratio",
+		Bench: "BenchmarkPodConnectRate", Metric: "packet/direct", Source: "make bench"},
+	{Name: "pod_conn_socket_vs_direct", Unit: "ratio", Doc: "the same through the socket programs (--socket-lb-scope=all)",
+		Bench: "BenchmarkPodConnectRate", Metric: "socket/direct", Source: "make bench"},
 	{Name: "sock_connect_warm", Unit: "ns", Doc: "connect4 to a ClusterIP run back to back (connect() on one UDP socket, no packet), 10,000 Services: the hook without the cache misses a connection's other work causes",
 		Bench: "BenchmarkConnectHookWarm/services=10000", Metric: "clusterip_connect4_ns/run", Source: "make bench"},
 }
