@@ -12,8 +12,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-
-	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 )
 
 // loadServices programs n-1 more Services next to web, each with ten
@@ -36,19 +34,11 @@ func (e *env) loadServices(n int) {
 // rate runs a connection loop for d and returns connections per second.
 func (e *env) rate(b *testing.B, addr netip.AddrPort, d time.Duration) float64 {
 	b.Helper()
-	loop, err := e.client.StartLoop(e.ctx(), addr, sandbox.LoopOptions{Interval: time.Microsecond, MaxDuration: d})
+	r, err := e.client.ConnectRate(e.ctx(), addr, d)
 	if err != nil {
 		b.Fatal(err)
 	}
-	time.Sleep(d)
-	res, err := loop.Stop()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if res.Failures != 0 {
-		b.Fatalf("%d of %d connections to %s failed: %v", res.Failures, res.Attempts, addr, res.Errors)
-	}
-	return float64(res.Attempts) / res.Duration.Seconds()
+	return r
 }
 
 // BenchmarkConnectRate compares new TCP connections per second (connect,

@@ -108,21 +108,12 @@ func BenchmarkPodConnectRate(b *testing.B) {
 	}
 }
 
-// loopRate runs a connection loop from c to addr for d and returns its
-// connections per second; a failed connection fails b.
+// loopRate is c.ConnectRate; an error fails b.
 func loopRate(b *testing.B, c *sandbox.Client, addr netip.AddrPort, d time.Duration) float64 {
 	b.Helper()
-	loop, err := c.StartLoop(b.Context(), addr, sandbox.LoopOptions{Interval: time.Microsecond, MaxDuration: d})
+	r, err := c.ConnectRate(b.Context(), addr, d)
 	if err != nil {
 		b.Fatal(err)
 	}
-	time.Sleep(d)
-	res, err := loop.Stop()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if res.Failures != 0 {
-		b.Fatalf("%d of %d connections from %s to %s failed: %v", res.Failures, res.Attempts, c.Name, addr, res.Errors)
-	}
-	return float64(res.Attempts) / res.Duration.Seconds()
+	return r
 }

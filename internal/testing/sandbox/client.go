@@ -432,6 +432,25 @@ func (c *Client) StartLoop(ctx context.Context, addr netip.AddrPort, opts LoopOp
 	return &Loop{s: s}, nil
 }
 
+// ConnectRate runs a TCP connection loop to addr for d, as fast as it goes,
+// and returns its connections per second; a failed connection is an
+// error, as a benchmark must not count a broken path as a fast one.
+func (c *Client) ConnectRate(ctx context.Context, addr netip.AddrPort, d time.Duration) (float64, error) {
+	loop, err := c.StartLoop(ctx, addr, LoopOptions{Interval: time.Microsecond, MaxDuration: d})
+	if err != nil {
+		return 0, err
+	}
+	time.Sleep(d)
+	res, err := loop.Stop()
+	if err != nil {
+		return 0, err
+	}
+	if res.Failures != 0 {
+		return 0, fmt.Errorf("%d of %d connections from %s to %s failed: %v", res.Failures, res.Attempts, c.Name, addr, res.Errors)
+	}
+	return float64(res.Attempts) / res.Duration.Seconds(), nil
+}
+
 // startRepeating starts the session of a probe that repeats until a bound:
 // zero bounds in req get the defaults (interval, the given one), and a
 // timeout, if set, replaces the client's for each attempt.
