@@ -2,7 +2,6 @@ package differential
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 
@@ -65,10 +64,12 @@ var ebpfProxyFeatures = map[Feature]bool{
 // (--socket-lb-scope=node).
 var ebpfPodsFeatures = withFeature(ebpfProxyFeatures, FeatureMesh)
 
-// withFeature returns a copy of fs with f.
+// withFeature returns fs with f.
 func withFeature(fs map[Feature]bool, f Feature) map[Feature]bool {
-	out := maps.Clone(fs)
-	out[f] = true
+	out := map[Feature]bool{f: true}
+	for k, v := range fs {
+		out[k] = v
+	}
 	return out
 }
 

@@ -268,7 +268,8 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (string, string, e
 	if p.Mesh {
 		w.meshMu.Lock()
 		defer w.meshMu.Unlock()
-		meshBefore, meshFailed = len(w.mesh.Originals()), len(w.mesh.Failures())
+		before, _ := w.mesh.Originals()
+		meshBefore, meshFailed = len(before), len(w.mesh.Failures())
 	}
 	run := func(n int) error {
 		switch {
@@ -322,7 +323,7 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (string, string, e
 // destination", an address of the testbed by name, or nothing; and whether
 // it failed to serve some (after the first failed failures).
 func (w *world) meshNotes(t *tally, before, failed int, dst netip.AddrPort) {
-	all := w.mesh.Originals()
+	all, _ := w.mesh.Originals()
 	told := map[string]bool{}
 	for _, o := range all[before:] {
 		switch {
