@@ -215,7 +215,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		log.Warn("kernel lacks bpf_set_retval in cgroup programs: connections to Services without endpoints fail with EPERM instead of ECONNREFUSED")
 	}
 	var tc *tcAttacher
-	pods := newPodMetrics()
+	pods := newPodMetrics() // the attacher's, with TC
 	published := func() *loader.TCLoaded { return nil }
 	if !cfg.NoTC {
 		if tc, err = newTCAttacher(cfg, log, mig.report, addTrackedPorts(w, w6, log)); err != nil {
@@ -223,7 +223,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 			return nil, err
 		}
 		published = tc.published.Load
-		tc.podMetrics = pods
+		pods = tc.podMetrics
 	}
 	fe, be := w.Counts()
 	fe6, be6 := w6.Counts()

@@ -203,6 +203,7 @@ func (a *tcAttacher) prepare(node *model.Node, v6 bool) error {
 	if v6 {
 		f = fam6
 	}
+	prev := a.nodeAddrs[f]
 	a.nodeAddrs[f], a.synced[f] = node.Addrs, true
 	if a.loaded == nil {
 		if err := netns.DoHandle(a.ns, a.attach); err != nil || a.loaded == nil {
@@ -216,21 +217,38 @@ func (a *tcAttacher) prepare(node *model.Node, v6 bool) error {
 	next := map[string]netip.Addr{}
 	addrs := map[int]netip.Addr{}
 	changed := false
-	for _, name := range slices.Concat(a.names, a.podNames) {
+	add := func(name string, pod bool) error {
 		lk, err := a.nl.LinkByName(name)
 		if err != nil {
-			if slices.Contains(a.podNames, name) {
-				continue // a pod's, gone: the next refreshPods forgets it
+			if pod {
+				return nil // a pod's, gone: the next refreshPods forgets it
 			}
 			return fmt.Errorf("device %s: %w", name, err)
 		}
-		ip, err := a.deviceAddress(name, slices.Contains(a.podNames, name), v6, node.Addrs)
+		ip, err := a.deviceAddress(name, pod, v6, node.Addrs)
 		if err != nil {
 			return err
 		}
 		changed = changed || a.snat[f][name] != ip
 		addrs[lk.Attrs().Index] = ip
 		next[name] = ip
+		return nil
+	}
+	for _, name := range a.names {
+		if err := add(name, false); err != nil {
+			return err
+		}
+	}
+	// A sync changes pods' devices' addresses (refreshPods sets them) only
+	// through the node's: a node with a hundred pods is not asked for
+	// five hundred netlink answers at every sync.
+	if !changed && slices.Equal(prev, node.Addrs) {
+		return nil
+	}
+	for _, name := range a.podNames {
+		if err := add(name, true); err != nil {
+			return err
+		}
 	}
 	if !changed {
 		return nil

@@ -193,11 +193,11 @@ func (p *RedirectProxy) failed(err error) {
 }
 
 // Originals returns the destinations the pod asked for, in the order of
-// its connections, and the errors met serving them.
-func (p *RedirectProxy) Originals() ([]netip.AddrPort, error) {
+// its connections (Failures says which could not be served).
+func (p *RedirectProxy) Originals() []netip.AddrPort {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return append([]netip.AddrPort(nil), p.originals...), errors.Join(p.errs...)
+	return append([]netip.AddrPort(nil), p.originals...)
 }
 
 // Failures returns the errors met serving connections, in order.

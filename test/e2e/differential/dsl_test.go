@@ -2,6 +2,7 @@ package differential
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -64,12 +65,10 @@ var ebpfProxyFeatures = map[Feature]bool{
 // (--socket-lb-scope=node).
 var ebpfPodsFeatures = withFeature(ebpfProxyFeatures, FeatureMesh)
 
-// withFeature returns fs with f.
+// withFeature returns a copy of fs with f.
 func withFeature(fs map[Feature]bool, f Feature) map[Feature]bool {
-	out := map[Feature]bool{f: true}
-	for k, v := range fs {
-		out[k] = v
-	}
+	out := maps.Clone(fs)
+	out[f] = true
 	return out
 }
 

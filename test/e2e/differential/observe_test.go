@@ -268,8 +268,7 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (string, string, e
 	if p.Mesh {
 		w.meshMu.Lock()
 		defer w.meshMu.Unlock()
-		before, _ := w.mesh.Originals()
-		meshBefore, meshFailed = len(before), len(w.mesh.Failures())
+		meshBefore, meshFailed = len(w.mesh.Originals()), len(w.mesh.Failures())
 	}
 	run := func(n int) error {
 		switch {
@@ -323,7 +322,7 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (string, string, e
 // destination", an address of the testbed by name, or nothing; and whether
 // it failed to serve some (after the first failed failures).
 func (w *world) meshNotes(t *tally, before, failed int, dst netip.AddrPort) {
-	all, _ := w.mesh.Originals()
+	all := w.mesh.Originals()
 	told := map[string]bool{}
 	for _, o := range all[before:] {
 		switch {
