@@ -260,13 +260,51 @@ func (ms Modes) Start(ctx context.Context, o *config.Options, cfg Config, log *z
 	return s, nil
 }
 
+// handover lists what of the modes other than running must go the moment
+// running's first sync of a family is written (mode.Mode.Handover), and
+// returns what removes it then, and logs it. What cannot be listed is left
+// to the removal after every family's first sync (AfterFirstSync).
+func (ms Modes) handover(ctx context.Context, running string, log *zap.Logger) func(family string) {
+	type handover struct {
+		mode   string
+		remove func(family string) (int, error)
+	}
+	var hs []handover
+	for _, m := range ms {
+		if m.Name == running || m.Handover == nil {
+			continue
+		}
+		remove, err := m.Handover(ctx)
+		if err != nil {
+			log.Warn("cannot list what of another mode goes at the first sync; it goes after every family's first sync",
+				zap.String("mode", m.Name), zap.Error(err))
+			continue
+		}
+		hs = append(hs, handover{m.Name, remove})
+	}
+	return func(family string) {
+		for _, h := range hs {
+			n, err := h.remove(family)
+			if err != nil {
+				log.Error("removing at the first sync what of another mode would break new connections",
+					zap.String("mode", h.mode), zap.String("ipFamily", family), zap.Error(err))
+			}
+			if n > 0 {
+				log.Info("removed at the first sync what of another mode would break new connections",
+					zap.String("mode", h.mode), zap.String("ipFamily", family), zap.Int("removed", n))
+			}
+		}
+	}
+}
+
 func (ms Modes) start(ctx context.Context, o *config.Options, cfg Config, log *zap.Logger) (*Started, error) {
 	run := func(m mode.Mode, reason string) (*Started, error) {
 		mlog := log
 		if m.Name != dataplane.EBPF {
 			mlog = log.Named(m.Name)
 		}
-		in, err := m.Start(ctx, mode.Env{Options: o, Families: cfg.Families, NodeFamilies: cfg.NodeFamilies, Metrics: cfg.Metrics, Logger: mlog})
+		in, err := m.Start(ctx, mode.Env{Options: o, Families: cfg.Families, NodeFamilies: cfg.NodeFamilies, Metrics: cfg.Metrics, Logger: mlog,
+			Written: ms.handover(ctx, m.Name, log)})
 		if err != nil {
 			return nil, err
 		}

@@ -85,6 +85,12 @@ type Config struct {
 	// and those removed behind the agent's back pinned again (every sync
 	// checks them too); 0 means DefaultPinCheckInterval.
 	PinCheckInterval time.Duration
+	// Written, if set, is called once per IP family (metrics.IPv4 or
+	// metrics.IPv6), right after the first sync of the family has written
+	// its maps, before the sync goes on: the socket programs translate
+	// the family's new connections from then on, and what of another
+	// mode would break them goes at once (mode.Env.Written).
+	Written func(family string)
 }
 
 // DefaultPinCheckInterval is how often the dataplane checks its pins: a
@@ -232,7 +238,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		zap.Int("restoredFrontends", fe), zap.Int("restoredBackends", be),
 		zap.Int("restoredIPv6Frontends", fe6), zap.Int("restoredIPv6Backends", be6))
 
-	d := &Dataplane{Writer: w, w6: w6, term: term, log: log, loaded: l, tc: tc, wake: make(chan struct{}, 1),
+	d := &Dataplane{Writer: w, w6: w6, term: term, log: log, loaded: l, tc: tc, wake: make(chan struct{}, 1), written: cfg.Written,
 		ranges:       &sourceRangeCheck{set: l.SetSourceRangeCheck, on: l.SourceRangeCheck, log: log},
 		terminated:   newTerminatedCounter(),
 		pins:         loader.NewPinGuard(cfg.BPFFSPath),
@@ -370,6 +376,11 @@ type Dataplane struct {
 	wake    chan struct{}
 
 	terminated *prometheus.CounterVec
+
+	// written calls Config.Written; wrote says, per family (IPv4, IPv6),
+	// that it was called. Guarded by syncMu.
+	written func(family string)
+	wrote   [2]bool
 }
 
 // Loaded returns the loaded socket programs and their maps: for the
@@ -427,9 +438,24 @@ func (d *Dataplane) sync(up model.Update, v6 bool) error {
 	if err := w.Sync(up); err != nil {
 		return d.failed(err)
 	}
+	d.firstWritten(v6)
 	d.ranges.after(d.Writer, d.w6)
 	d.terminate(w)
 	return nil
+}
+
+// firstWritten calls Config.Written after the first sync of the family v6
+// says has written its maps.
+func (d *Dataplane) firstWritten(v6 bool) {
+	i, family := 0, metrics.IPv4
+	if v6 {
+		i, family = 1, metrics.IPv6
+	}
+	if d.wrote[i] || d.written == nil {
+		return
+	}
+	d.wrote[i] = true
+	d.written(family)
 }
 
 // failed counts a sync that found a map full, and says which flags size

@@ -89,6 +89,7 @@ func start(ctx context.Context, env mode.Env) (*mode.Instance, error) {
 	if cfg.Sizes, cfg.ConntrackSize, err = mapSizes(cfg.Sizes, cfg.ConntrackSize, env.Options.MapMemoryRatio, env.NodeFamilies, env.Logger); err != nil {
 		return nil, err
 	}
+	cfg.Written = env.Written
 	// A node without our pins gets everything from this start.
 	fresh := !loader.Pinned(cfg.BPFFSPath)
 	d, err := New(ctx, cfg)

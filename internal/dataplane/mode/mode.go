@@ -56,6 +56,14 @@ type Mode struct {
 	// syncs of the mode that serves (leftovers of an earlier agent), and
 	// for --cleanup, where running is nil. Nothing to remove is no error.
 	Remove func(ctx context.Context, o *config.Options, running *Running) error
+	// Handover, if set, lists, before another mode starts, what of this
+	// mode must go the moment that mode's first sync of a family is
+	// written, and returns what removes it for a family (metrics.IPv4 or
+	// metrics.IPv6) and says how many objects it removed: what would
+	// otherwise break the new connections the other mode translates (the
+	// IPVS mode's virtual servers). It runs before the other mode writes
+	// anything, so that the removal is quick.
+	Handover func(ctx context.Context) (func(family string) (int, error), error)
 	// SyncPeriods are the sync loop's periods in this mode.
 	SyncPeriods func(o *config.Options) (sync, minSync time.Duration)
 	// NodePorts, if set, is where NodePorts are served in this mode for
@@ -89,6 +97,13 @@ type Env struct {
 	Metrics *metrics.Metrics
 	// Logger is the mode's logger, named after it.
 	Logger *zap.Logger
+	// Written, when a mode's dataplane calls it right after its first
+	// sync of a family has written what translates the family's new
+	// connections, removes at once what of the other modes would break
+	// them from then on (their Handover); the rest of what they left goes
+	// after every family's first sync (Remove). nil for nothing to do; a
+	// mode that needs no handover does not call it.
+	Written func(family string)
 }
 
 // Family is the dataplane of one IP family.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -154,15 +155,22 @@ func removeLeftovers(ctx context.Context, netnsPath string, fams []*family, what
 // deleteOwnedServices deletes the virtual servers of family f that its
 // dataplane would recognise as its own after a restart.
 func (k *kernel) deleteOwnedServices(netnsPath string, f *family, dummy netlink.Link, sets map[string]bool) error {
-	h, err := libipvs.New(netnsPath)
+	owned, err := k.ownedServices(netnsPath, f, dummy, sets)
 	if err != nil {
-		return fmt.Errorf("IPVS handle: %w", err)
+		return err
 	}
-	defer h.Close()
+	_, err = deleteServices(netnsPath, owned)
+	return err
+}
+
+// ownedServices lists the virtual servers of family f that its dataplane
+// would recognise as its own after a restart: those listed in our
+// frontend sets, and those on the dummy interface's addresses.
+func (k *kernel) ownedServices(netnsPath string, f *family, dummy netlink.Link, sets map[string]bool) ([]vsKey, error) {
 	owned := map[vsKey]bool{}
 	entries, err := k.setEntries(f, sets)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for e := range entries {
 		if slices.Contains(frontendSets, e.Set) {
@@ -172,11 +180,16 @@ func (k *kernel) deleteOwnedServices(netnsPath string, f *family, dummy netlink.
 	if dummy != nil {
 		bound, err := k.dummyAddrs(dummy, f)
 		if err != nil {
-			return err
+			return nil, err
 		}
+		h, err := libipvs.New(netnsPath)
+		if err != nil {
+			return nil, fmt.Errorf("IPVS handle: %w", err)
+		}
+		defer h.Close()
 		services, err := h.GetServices()
 		if err != nil {
-			return fmt.Errorf("list virtual servers: %w", err)
+			return nil, fmt.Errorf("list virtual servers: %w", err)
 		}
 		for _, s := range services {
 			if key, ok := keyOf(s); ok && bound[key.Addr] {
@@ -184,17 +197,34 @@ func (k *kernel) deleteOwnedServices(netnsPath string, f *family, dummy netlink.
 			}
 		}
 	}
+	return slices.Collect(maps.Keys(owned)), nil
+}
+
+// deleteServices deletes the virtual servers keys names that exist, and
+// says how many it deleted.
+func deleteServices(netnsPath string, keys []vsKey) (int, error) {
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	h, err := libipvs.New(netnsPath)
+	if err != nil {
+		return 0, fmt.Errorf("IPVS handle: %w", err)
+	}
+	defer h.Close()
 	var errs []error
-	for key := range owned {
+	n := 0
+	for _, key := range keys {
 		s := ipvsService(key, "", 0)
 		if !h.IsServicePresent(s) {
 			continue
 		}
 		if err := h.DelService(s); err != nil {
 			errs = append(errs, fmt.Errorf("delete virtual server %s: %w", key, err))
+			continue
 		}
+		n++
 	}
-	return errors.Join(errs...)
+	return n, errors.Join(errs...)
 }
 
 func procNetIPVS(netnsPath string) (bool, error) {

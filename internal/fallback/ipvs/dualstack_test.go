@@ -254,3 +254,69 @@ func sortedAddrs(as []netip.Addr) []netip.Addr {
 	slices.SortFunc(out, netip.Addr.Compare)
 	return out
 }
+
+// TestHandoverDeletesAFamilysVirtualServersAtOnce checks what a mode
+// taking over from IPVS removes at the first write of a family: that
+// family's virtual servers, listed before, and nothing else (the other
+// family's servers, a foreign one, the dummy interface and the ipsets
+// stay for the removal after every family's first sync), once.
+func TestHandoverDeletesAFamilysVirtualServersAtOnce(t *testing.T) {
+	requireIPVS(t)
+	node := nodeA(t)
+	ns := node.NS.Path()
+	ctx := behaviour.Context(t)
+	h := handle(t, node)
+	foreign := ipvsService(vsKey{Addr: node.IP, Proto: model.TCP, Port: 8443}, "rr", 0)
+	if err := h.NewService(foreign); err != nil {
+		t.Fatal(err)
+	}
+	for _, ipv6 := range []bool{false, true} {
+		cidr, src := example.ClusterCIDR, example.NewSource(t, example.Node(example.NodeA)).Add(example.Example()...)
+		if ipv6 {
+			cidr, src = example.ClusterCIDR6, example.NewSource6(t, example.Node6(example.NodeA)).Add(example.Example6()...)
+		}
+		d, err := New(ctx, Config{Netfilter: xtables.Netfilter{Netns: ns, IPv6: ipv6, ClusterCIDR: cidr}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Sync(src.Update()); err != nil {
+			t.Fatal(err)
+		}
+		d.Close()
+	}
+	before := look(t, node)
+	if len(before.services[unix.AF_INET]) < 2 || len(before.services[unix.AF_INET6]) == 0 {
+		t.Fatalf("virtual servers %v: want both families'", before.services)
+	}
+	remove, err := Handover(ctx, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := remove("IPv4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The foreign server is on the node's address, not ours.
+	if want := len(before.services[unix.AF_INET]) - 1; n != want {
+		t.Errorf("the IPv4 handover removed %d virtual servers, want %d", n, want)
+	}
+	after := look(t, node)
+	if got := after.services[unix.AF_INET]; len(got) != 1 || !h.IsServicePresent(foreign) {
+		t.Errorf("IPv4 virtual servers after the IPv4 handover: %v, want only the foreign %s:8443", got, node.IP)
+	}
+	if !slices.Equal(sortedKeys(after.services[unix.AF_INET6]), sortedKeys(before.services[unix.AF_INET6])) {
+		t.Errorf("the IPv4 handover changed IPv6: %v -> %v", before.services[unix.AF_INET6], after.services[unix.AF_INET6])
+	}
+	if !after.dummy || len(after.sets) != len(before.sets) {
+		t.Errorf("the handover removed more than virtual servers: dummy %v, ipsets %v -> %v", after.dummy, before.sets, after.sets)
+	}
+	if n, err := remove("IPv4"); n != 0 || err != nil {
+		t.Errorf("a second IPv4 handover removed %d (%v), want nothing", n, err)
+	}
+	if n, err := remove("IPv6"); n != len(before.services[unix.AF_INET6]) || err != nil {
+		t.Errorf("the IPv6 handover removed %d (%v), want %d", n, err, len(before.services[unix.AF_INET6]))
+	}
+	if got := look(t, node).services[unix.AF_INET6]; len(got) != 0 {
+		t.Errorf("IPv6 virtual servers left after the IPv6 handover: %v", got)
+	}
+}

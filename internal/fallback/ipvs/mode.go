@@ -31,6 +31,9 @@ var Mode = mode.Mode{
 	},
 	Start:  start,
 	Remove: remove,
+	Handover: func(ctx context.Context) (func(string) (int, error), error) {
+		return Handover(ctx, "")
+	},
 	SyncPeriods: func(o *config.Options) (time.Duration, time.Duration) {
 		return o.IPVSSyncPeriod, o.IPVSMinSync
 	},
