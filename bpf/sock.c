@@ -53,6 +53,16 @@ static __always_inline bool sock_udp_from_node(struct bpf_sock_addr *ctx, __u8 p
 	       node_netns_cookie && bpf_get_netns_cookie(ctx) == node_netns_cookie;
 }
 
+/* sock_netns_per_packet says whether ctx's socket is in a network namespace
+ * (a pod's) whose Service traffic is translated per packet at its device
+ * instead (sock_netns_packet_v1). */
+static __always_inline bool sock_netns_per_packet(struct bpf_sock_addr *ctx)
+{
+	__u64 cookie = bpf_get_netns_cookie(ctx);
+
+	return bpf_map_lookup_elem(&sock_netns_packet_v1, &cookie) != NULL;
+}
+
 static __always_inline __be16 ctx_port(const struct bpf_sock_addr *ctx)
 {
 	return (__be16)ctx->user_port;
@@ -327,7 +337,8 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, bool sendms
 
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return SYS_PROCEED;
-	if (node_sockets_only && bpf_get_netns_cookie(ctx) != node_netns_cookie)
+	if (node_sockets_only ? bpf_get_netns_cookie(ctx) != node_netns_cookie
+			      : sock_netns_per_packet(ctx))
 		return SYS_PROCEED;
 	ctx_get_ip(ctx, ctx6, v6, &ip);
 	sock_lb_key_init(&key, v6, &ip, ctx_port(ctx), proto);

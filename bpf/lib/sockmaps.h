@@ -12,6 +12,25 @@
 #define SOCK4_REVNAT_MAX 262144
 #endif
 
+/* Pods on a node: Kubernetes' default is 110, its documented ceiling per
+ * node 250; a node's network namespaces stay far below this. */
+#define SOCK_NETNS_PACKET_MAX 4096
+
+/* The network namespaces, by cookie, whose sockets the hooks leave as they
+ * are when every socket is translated (node_sockets_only unset): pods that
+ * asked for their Service traffic to be translated per packet at their
+ * devices instead (the agent's opt-out annotation), so that a proxy inside
+ * them (a service mesh's sidecar) sees the Service address. The agent
+ * writes it; the value is unused. Allocated as entries come. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u64);
+	__type(value, __u8);
+	__uint(max_entries, SOCK_NETNS_PACKET_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sock_netns_packet_v1 SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct sock4_revnat_key);

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"strconv"
 	"sync"
@@ -86,7 +87,11 @@ func run(ctx context.Context, o *config.Options, log *zap.Logger) error {
 	nodeChanged := func(reason string) {
 		restart(fmt.Errorf("%w: %s", errNodeChanged, reason))
 	}
-	if err := startSource(ctx, o, watchClient, host, nodeName, targets, m, health, nodeChanged, log); err != nil {
+	var optedOut func([]netip.Addr)
+	if dp.OptedOutPods != nil {
+		optedOut = optOutApplier(ctx, dp.OptedOutPods, log)
+	}
+	if err := startSource(ctx, o, watchClient, host, nodeName, targets, m, health, nodeChanged, optedOut, log); err != nil {
 		return err
 	}
 

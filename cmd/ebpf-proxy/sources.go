@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/netip"
 
 	"go.uber.org/zap"
 	"k8s.io/client-go/rest"
@@ -50,8 +51,10 @@ func client(o *config.Options) (*kubeapi.Client, *kubeapi.Client, string, error)
 // startSource starts the source of Services and EndpointSlices for the
 // trackers of targets: the manifests directory when --manifests is set,
 // else the API server through client, which tells nodeChanged when the
-// agent must start again (k8swatch.WatchOptions.NodeChanged).
-func startSource(ctx context.Context, o *config.Options, client *kubeapi.Client, host, nodeName string, targets []k8swatch.Target, m *metrics.Metrics, health *healthcheck.ProxyHealthServer, nodeChanged func(reason string), log *zap.Logger) error {
+// agent must start again (k8swatch.WatchOptions.NodeChanged). With
+// optedOut set, the same source also tells it the addresses of the node's
+// pods opted out of the socket hooks (k8swatch.SocketLBAnnotation).
+func startSource(ctx context.Context, o *config.Options, client *kubeapi.Client, host, nodeName string, targets []k8swatch.Target, m *metrics.Metrics, health *healthcheck.ProxyHealthServer, nodeChanged func(reason string), optedOut func([]netip.Addr), log *zap.Logger) error {
 	invalid := func(kind, namespace, name, reason string) {
 		m.InvalidObjectsTotal.WithLabelValues(kind, k8swatch.InvalidReason(reason)).Inc()
 		log.Warn("ignoring invalid input", zap.String("kind", kind), zap.String("namespace", namespace),
@@ -60,7 +63,7 @@ func startSource(ctx context.Context, o *config.Options, client *kubeapi.Client,
 	if o.Manifests != "" {
 		// Standalone: there is no Node object to be ineligible.
 		health.SetNode(&healthcheck.NodeStatus{})
-		src, err := k8swatch.NewManifests(o.Manifests, nodeName, targets, k8swatch.ManifestOptions{Invalid: invalid, LBAlgorithm: o.LB})
+		src, err := k8swatch.NewManifests(o.Manifests, nodeName, targets, k8swatch.ManifestOptions{Invalid: invalid, LBAlgorithm: o.LB, OptedOut: optedOut})
 		if err != nil {
 			return err
 		}
@@ -76,6 +79,18 @@ func startSource(ctx context.Context, o *config.Options, client *kubeapi.Client,
 		return nil
 	}
 
+	if optedOut != nil {
+		go func() {
+			err := k8swatch.WatchOptOut(ctx, k8swatch.APISource(client), nodeName, optedOut,
+				k8swatch.OptOutOptions{ResyncPeriod: o.ConfigSyncPeriod, Invalid: invalid, Forbidden: func(resource string, err error) {
+					log.Warn("the "+k8swatch.SocketLBAnnotation+" annotation is not read: the agent's identity may not list "+resource+
+						" (deploy/rbac.yaml grants it); every pod's sockets are translated at connect()", zap.Error(err))
+				}})
+			if err != nil {
+				log.Error("the opt-out of pods from the socket hooks is not watched", zap.Error(err))
+			}
+		}()
+	}
 	go func() {
 		err := k8swatch.Watch(ctx, k8swatch.APISource(client), nodeName, targets, k8swatch.WatchOptions{
 			LBAlgorithm:  o.LB,

@@ -293,6 +293,7 @@ const (
 	SockMapSock6RangeTagsV1  = "sock6_range_tags_v1"
 	SockMapSock6RevnatV1     = "sock6_revnat_v1"
 	SockMapSock6UdpFwdV1     = "sock6_udp_fwd_v1"
+	SockMapSockNetnsPacketV1 = "sock_netns_packet_v1"
 	SockProgCgConnect4       = "cg_connect4"
 	SockProgCgConnect6       = "cg_connect6"
 	SockProgCgEgress4        = "cg_egress4"
@@ -386,6 +387,7 @@ type SockMapSpecs struct {
 	Sock6RangeTagsV1  *ebpf.MapSpec `ebpf:"sock6_range_tags_v1"`
 	Sock6RevnatV1     *ebpf.MapSpec `ebpf:"sock6_revnat_v1"`
 	Sock6UdpFwdV1     *ebpf.MapSpec `ebpf:"sock6_udp_fwd_v1"`
+	SockNetnsPacketV1 *ebpf.MapSpec `ebpf:"sock_netns_packet_v1"`
 }
 
 // SockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -439,6 +441,7 @@ type SockMaps struct {
 	Sock6RangeTagsV1  *ebpf.Map `ebpf:"sock6_range_tags_v1"`
 	Sock6RevnatV1     *ebpf.Map `ebpf:"sock6_revnat_v1"`
 	Sock6UdpFwdV1     *ebpf.Map `ebpf:"sock6_udp_fwd_v1"`
+	SockNetnsPacketV1 *ebpf.Map `ebpf:"sock_netns_packet_v1"`
 }
 
 func (m *SockMaps) Close() error {
@@ -465,6 +468,7 @@ func (m *SockMaps) Close() error {
 		m.Sock6RangeTagsV1,
 		m.Sock6RevnatV1,
 		m.Sock6UdpFwdV1,
+		m.SockNetnsPacketV1,
 	)
 }
 

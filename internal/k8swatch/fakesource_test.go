@@ -31,8 +31,19 @@ func (s fakeSource) ListWatch(resource string, tweak func(*metav1.ListOptions), 
 		n := s.c.CoreV1().Nodes()
 		list = func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return n.List(ctx, o) }
 		watchFn = n.Watch
+	case ResourcePods:
+		p := s.c.CoreV1().Pods(metav1.NamespaceAll)
+		list = func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return p.List(ctx, o) }
+		watchFn = p.Watch
+	case ResourceNamespaces:
+		n := s.c.CoreV1().Namespaces()
+		list = func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return n.List(ctx, o) }
+		watchFn = n.Watch
 	default:
 		panic("fakeSource: no " + resource)
+	}
+	if tweak == nil {
+		tweak = func(*metav1.ListOptions) {}
 	}
 	return cache.ToListWatcherWithWatchListSemantics(tweaked(tweak, list, watchFn), s.c)
 }

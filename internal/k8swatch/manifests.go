@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -43,6 +45,11 @@ type ManifestOptions struct {
 	// Invalid receives every file, document, object or part of one that
 	// cannot be used.
 	Invalid InvalidFunc
+	// OptedOut, if set, is told the addresses of the node's pods opted
+	// out of the socket hooks (SocketLBAnnotation), read from the Pods
+	// and Namespaces of the directory: at the first read, then whenever
+	// they change. Without it Pods and Namespaces are not read.
+	OptedOut func([]netip.Addr)
 }
 
 // Manifests is the source for standalone use and the demo: it reads
@@ -66,6 +73,11 @@ type Manifests struct {
 	invalid  InvalidFunc
 	interval time.Duration
 	decoder  runtime.Decoder
+	optedOut func([]netip.Addr)
+	// lastOptedOut is what optedOut was last told; toldOptedOut says it
+	// was told.
+	lastOptedOut []netip.Addr
+	toldOptedOut bool
 
 	mu     sync.Mutex
 	files  map[string]*manifestFile
@@ -107,12 +119,18 @@ type manifestFile struct {
 	services map[model.ServiceName][][]*model.ServicePort
 	slices   map[objectID][]*model.EndpointSlice
 	node     []model.Node
+	// pods are the node's pods that may opt out of the socket hooks,
+	// namespaces the settings of the namespaces that carry one.
+	pods       map[objectID]optOutPod
+	namespaces map[string]string
 }
 
 func newManifestFile() *manifestFile {
 	return &manifestFile{
-		services: map[model.ServiceName][][]*model.ServicePort{},
-		slices:   map[objectID][]*model.EndpointSlice{},
+		services:   map[model.ServiceName][][]*model.ServicePort{},
+		slices:     map[objectID][]*model.EndpointSlice{},
+		pods:       map[objectID]optOutPod{},
+		namespaces: map[string]string{},
 	}
 }
 
@@ -138,6 +156,7 @@ func NewManifests(dir, nodeName string, targets []Target, opts ManifestOptions) 
 		lanes:    lanes,
 		invalid:  opts.Invalid,
 		interval: interval,
+		optedOut: opts.OptedOut,
 		// Strict, so that a misspelt field (clusterIp) is reported; the
 		// object is still used, as kubectl would warn and go on.
 		decoder: json.NewSerializerWithOptions(json.DefaultMetaFactory, kubeapi.Scheme, kubeapi.Scheme,
@@ -358,6 +377,31 @@ func (m *Manifests) decode(f *manifestFile, path, where string, raw []byte) bool
 			f.node = translate(m.lanes, nil, func(tl *Translator) model.Node { return tl.Node(o) })
 		}
 		return true
+	case *v1.Pod:
+		if m.optedOut == nil {
+			return true
+		}
+		defaultNamespace(&o.Namespace)
+		if p, ok := podForOptOut(o, m.nodeName); ok {
+			if !validSetting(p.setting) {
+				m.report(KindPod, o.Namespace, o.Name, "unknown value: %s=%q: want %q or %q; the setting is ignored",
+					SocketLBAnnotation, p.setting, SocketLBDisabled, SocketLBEnabled)
+			}
+			f.pods[objectID{o.Namespace, o.Name}] = p
+		}
+		return true
+	case *v1.Namespace:
+		if m.optedOut == nil {
+			return true
+		}
+		if v := o.Annotations[SocketLBAnnotation]; v != "" {
+			if !validSetting(v) {
+				m.report(KindNamespace, "", o.Name, "unknown value: %s=%q: want %q or %q; the setting is ignored",
+					SocketLBAnnotation, v, SocketLBDisabled, SocketLBEnabled)
+			}
+			f.namespaces[o.Name] = v
+		}
+		return true
 	}
 	// Kinds a user may expect to work but kube-proxy does not read.
 	switch {
@@ -516,6 +560,27 @@ func (m *Manifests) push() {
 	for i, l := range m.lanes {
 		m.pushLane(l.tr, &m.given[i], i, services, sls, node)
 	}
+	m.pushOptedOut(paths)
+}
+
+// pushOptedOut tells OptedOut the opted-out pods' addresses of the files
+// (paths, sorted), when they changed: a pod or namespace defined in more
+// than one file is taken from the last.
+func (m *Manifests) pushOptedOut(paths []string) {
+	if m.optedOut == nil {
+		return
+	}
+	pods, namespaces := map[objectID]optOutPod{}, map[string]string{}
+	for _, p := range paths {
+		maps.Copy(pods, m.files[p].pods)
+		maps.Copy(namespaces, m.files[p].namespaces)
+	}
+	addrs := optedOutAddrs(pods, namespaces)
+	if m.toldOptedOut && slices.Equal(addrs, m.lastOptedOut) {
+		return
+	}
+	m.lastOptedOut, m.toldOptedOut = addrs, true
+	m.optedOut(addrs)
 }
 
 // pushLane records in tr what lane i's view of the merged files (services,

@@ -43,16 +43,32 @@ func (s apiSource) ListWatch(resource string, tweak func(*metav1.ListOptions), t
 	case ResourceEndpointSlices:
 		return streamedListWatch[discoveryv1.EndpointSlice](s.c.Discovery, resource, tweak, transform, watchOf(s.c.Discovery, resource))
 	case ResourceNodes:
+		return plainListWatch[v1.NodeList](s.c.Core, resource, tweak)
+	case ResourcePods:
+		return plainListWatch[v1.PodList](s.c.Core, resource, tweak)
+	case ResourceNamespaces:
+		return plainListWatch[v1.NamespaceList](s.c.Core, resource, tweak)
 	default:
-		panic("k8swatch: no source of " + resource) // Watch asks for the three above only
+		panic("k8swatch: no source of " + resource) // Watch and WatchOptOut ask for those above only
+	}
+}
+
+// plainListWatch lists resource of rc into an L in one request, and
+// watches it, with the options through tweak (nil for none).
+func plainListWatch[L any, PL interface {
+	*L
+	runtime.Object
+}](rc rest.Interface, resource string, tweak func(*metav1.ListOptions)) cache.ListerWatcher {
+	if tweak == nil {
+		tweak = func(*metav1.ListOptions) {}
 	}
 	return tweaked(tweak, func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-		list := &v1.NodeList{}
-		if err := kubeapi.List(ctx, s.c.Core, resource, opts, list); err != nil {
+		list := PL(new(L))
+		if err := kubeapi.List(ctx, rc, resource, opts, list); err != nil {
 			return nil, err
 		}
 		return list, nil
-	}, watchOf(s.c.Core, resource))
+	}, watchOf(rc, resource))
 }
 
 // tweaked is a list-watcher of list and watchFn whose options pass through

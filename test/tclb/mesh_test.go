@@ -173,24 +173,10 @@ func TestAgentTranslatesPodsPerPacket(t *testing.T) {
 
 	remote := netip.MustParseAddrPort("10.96.0.80:80")
 	own := netip.MustParseAddrPort("10.96.0.81:80")
-	expect := func(c *sandbox.Client, to netip.AddrPort, server string, seen netip.Addr) {
-		t.Helper()
-		rep, err := c.TCP(e.ctx(), to, 3)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range rep.Results {
-			if r.Err != "" || r.Server != server || r.ClientSeen.Addr() != seen || r.Peer != to {
-				t.Errorf("%s to %s: got %+v; want %s seeing %s, the peer %s", c.Name, to, r, server, seen, to)
-			}
-		}
-	}
-	expect(e.sb.ClientAt(podA.Host).InCgroup(cg), remote, "pod-b", podA.IP)
-	if got, errs := proxy.Originals(), proxy.Failures(); len(errs) > 0 || len(got) != 3 || slices.ContainsFunc(got, func(o netip.AddrPort) bool { return o != remote }) {
-		t.Errorf("pod-a's proxy was told %v (%v); want %s three times", got, errors.Join(errs...), remote)
-	}
-	expect(e.sb.ClientAt(podA.Host).InCgroup(cg), own, "pod-a", a.Gateway)
-	expect(e.sb.ClientAt(a.Host).InCgroup(cg), remote, "pod-b", a.IP)
+	e.expectAnswers(e.sb.ClientAt(podA.Host).InCgroup(cg), remote, "pod-b", podA.IP)
+	expectTold(t, proxy, 0, remote)
+	e.expectAnswers(e.sb.ClientAt(podA.Host).InCgroup(cg), own, "pod-a", a.Gateway)
+	e.expectAnswers(e.sb.ClientAt(a.Host).InCgroup(cg), remote, "pod-b", a.IP)
 
 	podC, err := e.sb.AddServingPod(a.Node, "pod-c", netip.Addr{}, tcpPort, udpPort)
 	if err != nil {
@@ -199,6 +185,33 @@ func TestAgentTranslatesPodsPerPacket(t *testing.T) {
 	if err := proc.WaitLog(time.Minute, []string{`"added":["` + podC.HostVeth + `"]`}); err != nil {
 		t.Fatalf("agent did not attach to the new pod's device %s: %v\n%s", podC.HostVeth, err, proc.Logs())
 	}
-	expect(e.sb.ClientAt(podC.Host).InCgroup(cg), remote, "pod-b", podC.IP)
+	e.expectAnswers(e.sb.ClientAt(podC.Host).InCgroup(cg), remote, "pod-b", podC.IP)
 	proc.Terminate(t, 15*time.Second)
+}
+
+// expectAnswers makes three TCP connections from c to to, each answered
+// by server, which sees the client address seen, while c sees to as its
+// peer.
+func (e *env) expectAnswers(c *sandbox.Client, to netip.AddrPort, server string, seen netip.Addr) {
+	t := e.t
+	t.Helper()
+	rep, err := c.TCP(e.ctx(), to, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.Err != "" || r.Server != server || r.ClientSeen.Addr() != seen || r.Peer != to {
+			t.Errorf("%s to %s: got %+v; want %s seeing %s, the peer %s", c.Name, to, r, server, seen, to)
+		}
+	}
+}
+
+// expectTold checks that p was told want as the original destination of
+// the three connections it took since its since-th.
+func expectTold(t testing.TB, p *sandbox.RedirectProxy, since int, want netip.AddrPort) {
+	t.Helper()
+	got := p.Originals()[since:]
+	if errs := p.Failures(); len(errs) > 0 || len(got) != 3 || slices.ContainsFunc(got, func(o netip.AddrPort) bool { return o != want }) {
+		t.Errorf("the proxy was told %v (%v); want %s three times", got, errors.Join(errs...), want)
+	}
 }

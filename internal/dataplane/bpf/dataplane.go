@@ -238,6 +238,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		zap.Int("restoredFrontends", fe), zap.Int("restoredBackends", be),
 		zap.Int("restoredIPv6Frontends", fe6), zap.Int("restoredIPv6Backends", be6))
 
+	optOutMetrics := newOptOutMetrics()
 	d := &Dataplane{Writer: w, w6: w6, term: term, log: log, loaded: l, tc: tc, wake: make(chan struct{}, 1), written: cfg.Written,
 		ranges:       &sourceRangeCheck{set: l.SetSourceRangeCheck, on: l.SourceRangeCheck, log: log},
 		terminated:   newTerminatedCounter(),
@@ -245,11 +246,14 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		pinsRestored: newPinsRestoredCounter(),
 		mapFull:      newMapFullCounter(),
 	}
+	if tc != nil && !nodeOnly {
+		d.optOut = &optOut{reported: -1, metrics: optOutMetrics, lister: sockterm.NodeNamespaces}
+	}
 	if err := d.pins.Refresh(); err != nil {
 		log.Warn("cannot hold every pin under the bpffs path; those not held are not restored if removed", zap.Error(err))
 	}
 	cfg.Metrics.Registry().MustRegister(
-		dataplaneCollectors(newCollector(l, w, w6, published, cfg.MapCountInterval), mig, d.terminated, d.pinsRestored, d.mapFull, pods)...)
+		dataplaneCollectors(newCollector(l, w, w6, published, cfg.MapCountInterval), mig, d.terminated, d.pinsRestored, d.mapFull, pods, optOutMetrics)...)
 	if term != nil {
 		go d.run(ctx)
 	}
@@ -258,7 +262,7 @@ func New(ctx context.Context, cfg Config) (*Dataplane, error) {
 		interval = DefaultPinCheckInterval
 	}
 	go d.guardPins(ctx, interval)
-	if nodeOnly {
+	if nodeOnly || d.optOut != nil {
 		go d.watchPods(ctx)
 	}
 	return d, nil
@@ -328,8 +332,8 @@ func newTerminatedCounter() *prometheus.CounterVec {
 
 // dataplaneCollectors are the collectors New registers on the agent's
 // registry, and DescribeMetrics describes.
-func dataplaneCollectors(c *collector, mig *migrations, terminated *prometheus.CounterVec, pinsRestored, mapFull prometheus.Counter, pods podMetrics) []prometheus.Collector {
-	return []prometheus.Collector{c, mig.total, terminated, pinsRestored, mapFull, pods.devices, pods.failures}
+func dataplaneCollectors(c *collector, mig *migrations, terminated *prometheus.CounterVec, pinsRestored, mapFull prometheus.Counter, pods podMetrics, optOut optOutMetrics) []prometheus.Collector {
+	return []prometheus.Collector{c, mig.total, terminated, pinsRestored, mapFull, pods.devices, pods.failures, optOut.pods, optOut.unresolved}
 }
 
 // DescribeMetrics sends the descriptors of the metrics the BPF dataplane
@@ -337,7 +341,7 @@ func dataplaneCollectors(c *collector, mig *migrations, terminated *prometheus.C
 // without loading anything: for checks that dashboards and alerts name
 // metrics the agent really exports.
 func DescribeMetrics(ch chan<- *prometheus.Desc) {
-	for _, c := range dataplaneCollectors(newCollector(nil, nil, nil, nil, 0), newMigrations(zap.NewNop()), newTerminatedCounter(), newPinsRestoredCounter(), newMapFullCounter(), newPodMetrics()) {
+	for _, c := range dataplaneCollectors(newCollector(nil, nil, nil, nil, 0), newMigrations(zap.NewNop()), newTerminatedCounter(), newPinsRestoredCounter(), newMapFullCounter(), newPodMetrics(), newOptOutMetrics()) {
 		c.Describe(ch)
 	}
 }
@@ -376,6 +380,10 @@ type Dataplane struct {
 	wake    chan struct{}
 
 	terminated *prometheus.CounterVec
+
+	// optOut are the pods opted out of the socket hooks
+	// (SetOptedOutPods); nil under --socket-lb-scope=node or without TC.
+	optOut *optOut
 
 	// written calls Config.Written; wrote says, per family (IPv4, IPv6),
 	// that it was called. Guarded by syncMu.
@@ -427,6 +435,11 @@ func (d *Dataplane) sync(up model.Update, v6 bool) error {
 			// pins are guarded from here on, not only once the maps
 			// are written.
 			d.refreshPins()
+			if d.optOut != nil && len(d.optOut.want) > 0 {
+				if err := d.refreshOptOut(context.Background()); err != nil {
+					d.log.Warn("pods opted out of the socket hooks", zap.Error(err))
+				}
+			}
 		}
 		if err != nil {
 			return err

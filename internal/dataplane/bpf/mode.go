@@ -106,6 +106,9 @@ func start(ctx context.Context, env mode.Env) (*mode.Instance, error) {
 		return nil, err
 	}
 	in := &mode.Instance{Close: d.Close}
+	if d.optOut != nil {
+		in.OptedOutPods = d.SetOptedOutPods
+	}
 	if fresh {
 		in.Undo = func() error { return Cleanup(cfg.BPFFSPath) }
 	}

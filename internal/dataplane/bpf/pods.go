@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -55,7 +56,7 @@ func newPodMetrics() podMetrics {
 	return podMetrics{
 		devices: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ebpfproxy_bpf_pod_devices",
-			Help: "Pods' devices on the node (host sides of their veths) whose packets the TC programs translate per packet (--socket-lb-scope=node).",
+			Help: "Pods' devices on the node (host sides of their veths) whose packets the TC programs translate per packet: every pod's under --socket-lb-scope=node, those of pods opted out of the socket hooks otherwise.",
 		}),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ebpfproxy_bpf_pod_device_attach_failures_total",
@@ -76,6 +77,33 @@ func podDeviceNames(nl *netlink.Handle, exclude []string) ([]string, error) {
 	for _, lk := range links {
 		if isPodDevice(lk) && !slices.Contains(exclude, lk.Attrs().Name) {
 			out = append(out, lk.Attrs().Name)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// podDevices are the pods' devices to attach to, but for exclude (the
+// node's own devices), sorted: every pod's with pods, else those of the
+// pods opted out of the socket hooks that still exist (the others are
+// forgotten). It runs in the attacher's namespace.
+func (a *tcAttacher) podDevices(exclude []string) ([]string, error) {
+	if a.pods {
+		return podDeviceNames(a.nl, exclude)
+	}
+	var out []string
+	for name := range a.optedOut {
+		lk, err := a.nl.LinkByName(name)
+		if err != nil {
+			var nf netlink.LinkNotFoundError
+			if !errors.As(err, &nf) {
+				return nil, fmt.Errorf("device %s: %w", name, err)
+			}
+			delete(a.optedOut, name)
+			continue
+		}
+		if isPodDevice(lk) && !slices.Contains(exclude, name) {
+			out = append(out, name)
 		}
 	}
 	slices.Sort(out)
@@ -157,8 +185,14 @@ func (d *Dataplane) watchPods(ctx context.Context) {
 		case <-rescan.C:
 		}
 		d.syncMu.Lock()
-		if !d.closed {
+		switch {
+		case d.closed:
+		case d.optOut == nil:
 			d.refreshPods()
+		case len(d.optOut.want) > 0 || len(d.optOut.cookies) > 0:
+			if err := d.refreshOptOut(ctx); err != nil {
+				d.log.Warn("pods opted out of the socket hooks", zap.Error(err))
+			}
 		}
 		d.syncMu.Unlock()
 	}
@@ -181,12 +215,12 @@ func (d *Dataplane) refreshPods() {
 // changed since the last call; changed says the links did (attached or
 // detached).
 func (a *tcAttacher) refreshPods() (changed bool, err error) {
-	if !a.pods || a.loaded == nil {
+	if a.loaded == nil {
 		return false, nil
 	}
 	var names []string
 	err = netns.DoHandle(a.ns, func() (err error) {
-		names, err = podDeviceNames(a.nl, a.names)
+		names, err = a.podDevices(a.names)
 		return err
 	})
 	if err != nil || slices.Equal(names, a.podNames) {

@@ -92,8 +92,12 @@ type tcAttacher struct {
 	pods       bool
 	podNames   []string
 	podMetrics podMetrics
-	ns         vnetns.NsHandle
-	nl         *netlink.Handle
+	// optedOut are, without pods, the devices of pods opted out of the
+	// socket hooks (Dataplane.SetOptedOutPods) ever found, which get the
+	// TC programs while they exist.
+	optedOut map[string]bool
+	ns       vnetns.NsHandle
+	nl       *netlink.Handle
 	// shareWritten says that a family's next hop sharing was written,
 	// share how far it goes and shareWhy why not further ("": every
 	// client's flows share); sys is where its parameters are read
@@ -155,6 +159,7 @@ func newTCAttacher(c Config, log *zap.Logger, migrated func(loader.MapMigration)
 		strays:     map[netip.Addr]bool{},
 		sys:        sysctl.Default,
 		pods:       c.SocketLBScope == SocketLBNode,
+		optedOut:   map[string]bool{},
 		podMetrics: newPodMetrics(),
 	}
 	if len(a.devices) > 0 {
@@ -345,12 +350,9 @@ func (a *tcAttacher) attach() error {
 		}
 		return nil
 	}
-	var podNames []string
-	if a.pods {
-		var err error
-		if podNames, err = podDeviceNames(a.nl, names); err != nil {
-			return err
-		}
+	podNames, err := a.podDevices(names)
+	if err != nil {
+		return err
 	}
 	devs, snat, err := a.tcDevices(names, podNames)
 	if err != nil {
@@ -369,8 +371,8 @@ func (a *tcAttacher) attach() error {
 	a.snat = snat
 	a.log.Info("TC programs attached", zap.Strings("devices", names), zap.String("mode", l.Mode),
 		zap.Bool("conntrackLookup", l.ConntrackLookup))
+	a.podMetrics.devices.Set(float64(len(podNames)))
 	if a.pods {
-		a.podMetrics.devices.Set(float64(len(podNames)))
 		a.log.Info("pods' devices: TC programs attached; pods' sockets are not translated (--socket-lb-scope=node), their packets are",
 			zap.Int("devices", len(podNames)), zap.Strings("added", podNames))
 	}

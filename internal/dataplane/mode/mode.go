@@ -8,6 +8,7 @@ package mode
 
 import (
 	"context"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -131,6 +132,12 @@ type Instance struct {
 	// earlier agent's pins, or the mode writes nothing before its first
 	// sync).
 	Undo func() error
+	// OptedOutPods sets the pods, by address, opted out of the socket
+	// hooks (the BPF mode's SetOptedOutPods); nil where no pod can opt
+	// out (the fallbacks, and the BPF mode translating pods per packet
+	// already). The agent then watches the node's pods and namespaces for
+	// the opt-out annotation.
+	OptedOutPods func(ctx context.Context, addrs []netip.Addr) error
 }
 
 // Running is the mode that serves, as the other modes' Remove sees it.

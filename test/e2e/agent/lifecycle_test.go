@@ -1,16 +1,9 @@
 package agent
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"net/netip"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +12,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
@@ -250,19 +242,8 @@ func TestAgentStopsWhenItsNodeIsDeleted(t *testing.T) {
 // checks that the role grants no more than a proxy needs.
 func bindDeployedRole(t *testing.T, admin kubernetes.Interface) {
 	t.Helper()
-	ctx := t.Context()
-	role, err := deployedClusterRole()
+	role, err := cluster.BindDeployedRole(t.Context(), admin, agentUser)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "ebpf-proxy-e2e"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: agentUser}},
-	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, rule := range role.Rules {
@@ -287,36 +268,4 @@ func isEvents(r rbacv1.PolicyRule) bool {
 		}
 	}
 	return len(r.Resources) > 0
-}
-
-// deployedClusterRole reads the ClusterRole from deploy/rbac.yaml.
-func deployedClusterRole() (*rbacv1.ClusterRole, error) {
-	_, file, _, _ := runtime.Caller(0)
-	path := filepath.Join(filepath.Dir(file), "..", "..", "..", "deploy", "rbac.yaml")
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	for {
-		var doc json.RawMessage
-		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		var meta metav1.TypeMeta
-		if err := json.Unmarshal(doc, &meta); err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		if meta.Kind != "ClusterRole" {
-			continue
-		}
-		var role rbacv1.ClusterRole
-		if err := json.Unmarshal(doc, &role); err != nil {
-			return nil, fmt.Errorf("%s: ClusterRole: %w", path, err)
-		}
-		return &role, nil
-	}
-	return nil, fmt.Errorf("%s has no ClusterRole", path)
 }

@@ -12,7 +12,14 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/ebpf-proxy/ebpf-proxy/internal/k8swatch"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/cluster"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
 )
@@ -59,6 +66,38 @@ const (
 // then ebpf-proxy in BPF mode and in its fallback modes (fallbacks).
 var kinds = []testbed.Kind{testbed.KubeProxyIPTables, testbed.KubeProxyNFTables, testbed.EbpfProxy, testbed.EbpfProxyIPTables, testbed.EbpfProxyNFTables,
 	testbed.EbpfProxyPods}
+
+// agentUser is the identity ebpf-proxy runs as: bound to the ClusterRole
+// of deploy/rbac.yaml alone.
+const agentUser = "ebpf-proxy-differential"
+
+// createMeshPod creates the Pod object of the meshed pod p, running on node
+// with p's addresses, in namespace ns, annotated to opt out of the socket
+// hooks (k8swatch.SocketLBAnnotation), as a meshed workload is under the
+// BPF mode's default --socket-lb-scope=all; no proxy but ebpf-proxy's BPF
+// mode reads it. The namespace gets its default ServiceAccount first,
+// which admission wants and no controller makes here.
+func createMeshPod(ctx context.Context, cs kubernetes.Interface, ns, node string, p *sandbox.Pod) error {
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
+	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	noToken := false
+	pod, err := cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: meshPod, Annotations: map[string]string{k8swatch.SocketLBAnnotation: k8swatch.SocketLBDisabled}},
+		Spec: corev1.PodSpec{NodeName: node, AutomountServiceAccountToken: &noToken,
+			Containers: []corev1.Container{{Name: "app", Image: "app"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("create the meshed pod's Pod: %w", err)
+	}
+	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: p.IP.String(),
+		PodIPs: []corev1.PodIP{{IP: p.IP.String()}, {IP: p.IP6.String()}}}
+	if _, err := cs.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("the meshed pod's addresses: %w", err)
+	}
+	return nil
+}
 
 // The meshed pod (Probe.Mesh): its outbound TCP is redirected to its
 // sidecar on meshPort, whose own connections carry meshMark.
@@ -123,7 +162,12 @@ func TestDifferential(t *testing.T) {
 	if len(gates) > 0 {
 		apiArgs = append(apiArgs, "--feature-gates="+strings.Join(gates, ","))
 	}
-	c := cluster.StartT(t, cluster.Options{APIServerArgs: apiArgs})
+	c := cluster.StartT(t, cluster.Options{APIServerArgs: apiArgs, Users: []cluster.User{{Name: agentUser}}})
+	// ebpf-proxy runs with the rights its DaemonSet gives it, upstream
+	// kube-proxy with its own (system:node-proxier).
+	if _, err := cluster.BindDeployedRole(t.Context(), c.Clientset(), agentUser); err != nil {
+		t.Fatal(err)
+	}
 
 	runs := map[testbed.Kind]verdicts{}
 	for i, kind := range kinds {
@@ -352,6 +396,12 @@ func runKind(t *testing.T, c *cluster.Cluster, kind testbed.Kind, index int) ver
 	opts := testbed.ProxyOptions{Kind: kind}
 	if kind.Upstream() {
 		opts.FeatureGates = upstreamFeatureGates
+	} else {
+		kubeconfig, err := c.Kubeconfig(agentUser)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.Kubeconfig = kubeconfig
 	}
 	var proxies []*testbed.Proxy
 	for _, n := range tb.Nodes {
@@ -368,6 +418,9 @@ func runKind(t *testing.T, c *cluster.Cluster, kind testbed.Kind, index int) ver
 		}
 	})
 	mesh, _ := tb.Pod(meshPod)
+	if err := createMeshPod(ctx, c.Clientset(), ns, selfA, mesh); err != nil {
+		t.Fatal(err)
+	}
 	var err error
 	if w.mesh, err = mesh.StartRedirectProxy(meshPort, meshMark); err != nil {
 		t.Fatal(err)

@@ -17,9 +17,11 @@
 //	differential: scenarios=<n> match=<n> mismatch=<n> unsupported=<n>
 //
 // The BPF mode with pods per packet (--socket-lb-scope=node) is judged as
-// the BPF mode is; the BPF mode itself does not serve the mesh scenarios
-// (a sidecar told where its pod connected), which count as unsupported in
-// its line.
+// the BPF mode is. In the BPF mode's default (--socket-lb-scope=all) the
+// meshed pod serves the mesh scenarios (a sidecar told where its pod
+// connected) through its Pod object's opt-out annotation
+// (ebpf-proxy.io/socket-lb: disabled): ebpf-proxy runs with the rights of
+// deploy/rbac.yaml, which let it read the node's pods and the namespaces.
 //
 // The IPVS fallback is not in the run: the host's kernel has no ip_vs.
 //

@@ -2,7 +2,6 @@ package differential
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 
@@ -59,18 +58,14 @@ var ebpfProxyFeatures = map[Feature]bool{
 	FeatureHealthCheck:     true,
 	FeatureExternalTraffic: true,
 	FeatureSourceRanges:    true,
+	// The meshed pod is opted out of the socket hooks by its Pod's
+	// annotation (runKind): its packets are translated at its device.
+	FeatureMesh: true,
 }
 
 // ebpfPodsFeatures are those of the BPF mode translating pods per packet
 // (--socket-lb-scope=node).
-var ebpfPodsFeatures = withFeature(ebpfProxyFeatures, FeatureMesh)
-
-// withFeature returns a copy of fs with f.
-func withFeature(fs map[Feature]bool, f Feature) map[Feature]bool {
-	out := maps.Clone(fs)
-	out[f] = true
-	return out
-}
+var ebpfPodsFeatures = ebpfProxyFeatures
 
 // Scenario is one behaviour to compare: a sequence of states of some
 // Services and EndpointSlices, each followed by probes.

@@ -135,9 +135,9 @@ func gone(err error) bool {
 	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENOTDIR)
 }
 
-// openNamespace opens ns and checks that it is still the namespace that was
+// OpenNamespace opens ns and checks that it is still the namespace that was
 // listed. It returns ok false, and no error, if the namespace has vanished.
-func openNamespace(ns Namespace) (h netns.NsHandle, ok bool, err error) {
+func OpenNamespace(ns Namespace) (h netns.NsHandle, ok bool, err error) {
 	fd, err := unix.Open(ns.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if gone(err) {

@@ -240,7 +240,7 @@ func group(removed []Backend) (map[model.Protocol]*destSet, []error) {
 // search searches one namespace; it reports vanished if the namespace is
 // gone.
 func (t *Terminator) search(ns Namespace, want map[model.Protocol]*destSet, st *Stats) (vanished bool, err error) {
-	h, ok, err := openNamespace(ns)
+	h, ok, err := OpenNamespace(ns)
 	if err != nil || !ok {
 		return !ok && err == nil, err
 	}
