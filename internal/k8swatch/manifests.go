@@ -254,6 +254,11 @@ func isManifestName(name string) bool {
 	return false
 }
 
+// reportReason is report of a reason already written, as an InvalidFunc.
+func (m *Manifests) reportReason(kind, namespace, name, reason string) {
+	m.report(kind, namespace, name, "%s", reason)
+}
+
 func (m *Manifests) report(kind, namespace, name, format string, args ...any) {
 	tl := Translator{Invalid: m.invalid}
 	tl.report(kind, namespace, name, format, args...)
@@ -383,10 +388,7 @@ func (m *Manifests) decode(f *manifestFile, path, where string, raw []byte) bool
 		}
 		defaultNamespace(&o.Namespace)
 		if p, ok := podForOptOut(o, m.nodeName); ok {
-			if !validSetting(p.setting) {
-				m.report(KindPod, o.Namespace, o.Name, "unknown value: %s=%q: want %q or %q; the setting is ignored",
-					SocketLBAnnotation, p.setting, SocketLBDisabled, SocketLBEnabled)
-			}
+			checkSetting(m.reportReason, KindPod, o.Namespace, o.Name, p.setting)
 			f.pods[objectID{o.Namespace, o.Name}] = p
 		}
 		return true
@@ -395,10 +397,7 @@ func (m *Manifests) decode(f *manifestFile, path, where string, raw []byte) bool
 			return true
 		}
 		if v := o.Annotations[SocketLBAnnotation]; v != "" {
-			if !validSetting(v) {
-				m.report(KindNamespace, "", o.Name, "unknown value: %s=%q: want %q or %q; the setting is ignored",
-					SocketLBAnnotation, v, SocketLBDisabled, SocketLBEnabled)
-			}
+			checkSetting(m.reportReason, KindNamespace, "", o.Name, v)
 			f.namespaces[o.Name] = v
 		}
 		return true

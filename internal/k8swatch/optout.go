@@ -77,10 +77,14 @@ func podForOptOut(pod *v1.Pod, nodeName string) (optOutPod, bool) {
 	return p, len(p.addrs) > 0
 }
 
-// validSetting says whether s is a value of SocketLBAnnotation ("" is its
-// absence).
-func validSetting(s string) bool {
-	return s == "" || s == SocketLBDisabled || s == SocketLBEnabled
+// checkSetting tells report (when set) that an object's SocketLBAnnotation
+// has a value it does not know ("" is its absence).
+func checkSetting(report InvalidFunc, kind, namespace, name, value string) {
+	if value == "" || value == SocketLBDisabled || value == SocketLBEnabled || report == nil {
+		return
+	}
+	report(kind, namespace, name, fmt.Sprintf("unknown value: %s=%q: want %q or %q; the setting is ignored",
+		SocketLBAnnotation, value, SocketLBDisabled, SocketLBEnabled))
 }
 
 // optedOutAddrs are the addresses of the pods opted out, by their own
@@ -232,9 +236,7 @@ func (w *optOutWatch) update(obj any, deleted bool) {
 			delete(w.pods, id)
 			break
 		}
-		if !validSetting(p.setting) {
-			w.report(KindPod, o.Namespace, o.Name, p.setting)
-		}
+		checkSetting(w.invalid, KindPod, o.Namespace, o.Name, p.setting)
 		w.pods[id] = p
 	case *v1.Namespace:
 		s := o.Annotations[SocketLBAnnotation]
@@ -242,21 +244,12 @@ func (w *optOutWatch) update(obj any, deleted bool) {
 			delete(w.namespaces, o.Name)
 			break
 		}
-		if !validSetting(s) {
-			w.report(KindNamespace, "", o.Name, s)
-		}
+		checkSetting(w.invalid, KindNamespace, "", o.Name, s)
 		w.namespaces[o.Name] = s
 	default:
 		return
 	}
 	w.push()
-}
-
-func (w *optOutWatch) report(kind, namespace, name, value string) {
-	if w.invalid != nil {
-		w.invalid(kind, namespace, name, fmt.Sprintf("unknown value: %s=%q: want %q or %q; the setting is ignored",
-			SocketLBAnnotation, value, SocketLBDisabled, SocketLBEnabled))
-	}
 }
 
 // push tells set the opted-out addresses when they changed, once synced.

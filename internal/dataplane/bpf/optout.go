@@ -117,11 +117,9 @@ func (d *Dataplane) refreshOptOut(ctx context.Context) error {
 	for _, p := range found {
 		a.optedOut[p.device] = true
 	}
-	if _, err := d.tc.refreshPods(); err != nil {
-		d.tc.podMetrics.failures.Inc()
+	if err := d.refreshPods(); err != nil {
 		errs = append(errs, err)
 	}
-	d.refreshPins()
 	next := map[uint64]bool{}
 	unresolved := len(o.want) - len(found)
 	for _, p := range found {
@@ -149,11 +147,14 @@ func (d *Dataplane) refreshOptOut(ctx context.Context) error {
 			}
 		}
 	}
-	added, removed := len(next), 0
+	added, removed := 0, 0
+	for c := range next {
+		if !o.cookies[c] {
+			added++
+		}
+	}
 	for c := range o.cookies {
-		if next[c] {
-			added--
-		} else {
+		if !next[c] {
 			removed++
 		}
 	}

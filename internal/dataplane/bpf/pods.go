@@ -188,7 +188,9 @@ func (d *Dataplane) watchPods(ctx context.Context) {
 		switch {
 		case d.closed:
 		case d.optOut == nil:
-			d.refreshPods()
+			if err := d.refreshPods(); err != nil {
+				d.log.Error("pods' devices: cannot attach the TC programs; pods whose device lacks them reach no Service (their sockets are not translated)", zap.Error(err))
+			}
 		case len(d.optOut.want) > 0 || len(d.optOut.cookies) > 0:
 			if err := d.refreshOptOut(ctx); err != nil {
 				d.log.Warn("pods opted out of the socket hooks", zap.Error(err))
@@ -199,16 +201,17 @@ func (d *Dataplane) watchPods(ctx context.Context) {
 }
 
 // refreshPods attaches the TC programs to the pods' devices there are now,
-// once the node's devices have theirs. Called with syncMu held.
-func (d *Dataplane) refreshPods() {
+// once the node's devices have theirs, guards the pins of what changed and
+// counts a failure, which the caller logs. Called with syncMu held.
+func (d *Dataplane) refreshPods() error {
 	changed, err := d.tc.refreshPods()
 	if changed {
 		d.refreshPins()
 	}
 	if err != nil {
 		d.tc.podMetrics.failures.Inc()
-		d.log.Error("pods' devices: cannot attach the TC programs; pods whose device lacks them reach no Service (their sockets are not translated)", zap.Error(err))
 	}
+	return err
 }
 
 // refreshPods attaches the programs to the pods' devices, when those

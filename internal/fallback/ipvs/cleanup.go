@@ -87,24 +87,33 @@ const (
 	objectsOnly
 )
 
-func removeLeftovers(ctx context.Context, netnsPath string, fams []*family, what removal) error {
+// openLeftovers opens netlink in the namespace at netnsPath and reads what
+// finding our objects there starts from: the dummy interface (nil without
+// one) and the ipsets by name. Close the kernel after use.
+func openLeftovers(ctx context.Context, netnsPath string) (k *kernel, dummy netlink.Link, sets map[string]bool, err error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, nil, nil, err
 	}
-	k, err := openNetlink(netnsPath)
+	if k, err = openNetlink(netnsPath); err != nil {
+		return nil, nil, nil, err
+	}
+	if dummy, err = k.dummy(false); err != nil {
+		k.close()
+		return nil, nil, nil, err
+	}
+	if sets, err = k.listSets(); err != nil {
+		// A kernel without ipset has none of ours.
+		sets = nil
+	}
+	return k, dummy, sets, nil
+}
+
+func removeLeftovers(ctx context.Context, netnsPath string, fams []*family, what removal) error {
+	k, dummy, sets, err := openLeftovers(ctx, netnsPath)
 	if err != nil {
 		return err
 	}
 	defer k.close()
-	dummy, err := k.dummy(false)
-	if err != nil {
-		return err
-	}
-	sets, err := k.listSets()
-	if err != nil {
-		// A kernel without ipset has none of ours.
-		sets = nil
-	}
 	// The dummy interface goes whole, or only the families' addresses.
 	wholeDummy := what == everything || what == objectsOnly
 	var errs []error

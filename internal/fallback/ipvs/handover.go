@@ -44,26 +44,15 @@ const HandoverGrace = 500 * time.Millisecond
 // and the deletion. The first call for a family deletes its servers and
 // says how many; later ones do nothing.
 func Handover(ctx context.Context, netnsPath string) (func(family string) (int, error), error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
 	if ok, err := procNetIPVS(netnsPath); err != nil || !ok {
 		// A kernel without IPVS has none of ours.
 		return func(string) (int, error) { return 0, nil }, err
 	}
-	k, err := openNetlink(netnsPath)
+	k, dummy, sets, err := openLeftovers(ctx, netnsPath)
 	if err != nil {
 		return nil, err
 	}
 	defer k.close()
-	dummy, err := k.dummy(false)
-	if err != nil {
-		return nil, err
-	}
-	sets, err := k.listSets()
-	if err != nil {
-		sets = nil
-	}
 	owned := map[string][]vsKey{}
 	for _, f := range families {
 		keys, err := k.ownedServices(netnsPath, f, dummy, sets)
