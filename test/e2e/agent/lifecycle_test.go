@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/builders"
 	"github.com/ebpf-proxy/ebpf-proxy/internal/testing/sandbox"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/cluster"
 	"github.com/ebpf-proxy/ebpf-proxy/test/e2e/testbed"
@@ -113,7 +114,12 @@ func TestAgentAgainstTheAPIServer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		next := slice("early", nil, a2)
+		// A rolling update's step: a1 terminating (still serving), a2
+		// ready. a1 stays in the slice, so the connections in flight to
+		// it are drained, not ended (an endpoint that leaves the slices
+		// has its connections ended: docs/architecture/differences.md).
+		next := slice("early", nil, a2, a1)
+		builders.Terminating(&next.Endpoints[1])
 		next.ResourceVersion = cur.ResourceVersion
 		if _, err := admin.DiscoveryV1().EndpointSlices(namespace).Update(ctx, next, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
