@@ -80,6 +80,41 @@ e2e: k8s-binaries e2e-agent
 	else echo "differential: did not complete (see $(E2E_OUT)/go-test.log)"; status=1; fi; \
 	exit $$status
 
+# The differential suite's SCTP scenarios, which the run above leaves out
+# (this machine's kernel has no sctp module), in the VM runner's guests, side
+# by side, one vCPU each: in each its own etcd and API server, upstream
+# kube-proxy's iptables mode (the reference) and ebpf-proxy's BPF mode, which
+# serves SCTP beside its programs through netfilter; in the 6.12 guest also
+# the BPF mode with pods translated per packet. A guest without SCTP fails
+# the run (EBPF_PROXY_E2E_SCTP=require). Prints each guest's differential
+# lines; logs in $(E2E_OUT)/sctp/<kernel>/go-test.log. About 5 minutes.
+#   DIFFERENTIAL_SCTP=KERNEL=KIND,KIND... rules (testbed.Kind names)
+DIFFERENTIAL_SCTP ?= 6.1=iptables,ebpf 6.12=iptables,ebpf,ebpf-pods
+.PHONY: differential-sctp differential-sctp-run
+differential-sctp: k8s-binaries e2e-agent
+	@$(MAKE) --no-print-directory -f $(E2E_DIR)/e2e.mk differential-sctp-run DIFFERENTIAL_SCTP="$(DIFFERENTIAL_SCTP)"
+
+# differential-sctp without building the agent and the Kubernetes binaries:
+# for make test, which built them before.
+differential-sctp-run:
+	@mkdir -p $(E2E_OUT)/sctp
+	@cd $(E2E_ROOT) && CGO_ENABLED=0 $(GO) test -c -o $(E2E_OUT)/sctp/differential.test ./test/e2e/differential && \
+	$(GO) build -o $(E2E_OUT)/sctp/vmtest ./test/vmtest
+	@cd $(E2E_ROOT)/test/e2e/differential && pids=; \
+	for rule in $(DIFFERENTIAL_SCTP); do k=$${rule%%=*}; out=$(E2E_OUT)/sctp/$$k; rm -rf $$out; mkdir -p $$out; \
+	  EBPF_PROXY_CACHE=$(EBPF_PROXY_CACHE) EBPF_PROXY_BIN=$(E2E_AGENT) EBPF_PROXY_E2E_OUT=$$out \
+	  EBPF_PROXY_REQUIRE_PRIVILEGED=1 EBPF_PROXY_E2E_SCENARIOS='^sctp: ' EBPF_PROXY_E2E_KINDS=$${rule#*=} \
+	  EBPF_PROXY_E2E_SCTP=require \
+	  $(E2E_OUT)/sctp/vmtest --kernel $$k --cpus 1 --memory 3072 --timeout 20m --add-modules br_netfilter --rw $$out -- \
+	    sh -c 'echo +memory > /sys/fs/cgroup/cgroup.subtree_control && exec $(E2E_OUT)/sctp/differential.test -test.run "^TestDifferential$$" -test.v' \
+	    > $$out/go-test.log 2>&1 & pids="$$pids $$!"; done; \
+	status=0; for p in $$pids; do wait $$p || status=1; done; \
+	for rule in $(DIFFERENTIAL_SCTP); do k=$${rule%%=*}; out=$(E2E_OUT)/sctp/$$k; \
+	  grep -E -- '--- FAIL|MISMATCH|^vmtest:' $$out/go-test.log | sed "s/^/$$k: /"; \
+	  if [ -s $$out/summary.txt ]; then sed "s/^/$$k: /" $$out/summary.txt; \
+	  else echo "$$k: differential: did not complete (see $$out/go-test.log)"; status=1; fi; done; \
+	exit $$status
+
 # The long chaos run (not part of make test; `make e2e` runs the short one):
 # with TCP and UDP clients running and every failed connection counted, the
 # agent SIGKILLed 20 times in about 2 minutes, the API server gone for 60 s

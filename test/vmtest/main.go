@@ -79,6 +79,7 @@ type vmFlags struct {
 	memory   int
 	accel    string
 	modules  string
+	more     string
 	verbose  bool
 	keep     bool
 	qemuPath string
@@ -92,6 +93,7 @@ func (f *vmFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.memory, "memory", 1536, "guest memory in MiB (see vm.Config.MemoryMB)")
 	fs.StringVar(&f.accel, "accel", "auto", "auto (KVM if a probe boot works, else TCG), tcg or kvm")
 	fs.StringVar(&f.modules, "modules", strings.Join(vm.DefaultModules, ","), "comma-separated modules to load in the guest (\"\" for none)")
+	fs.StringVar(&f.more, "add-modules", "", "comma-separated modules to load besides those of --modules")
 	fs.BoolVar(&f.verbose, "v", false, "copy the guest's serial console to stderr")
 	fs.BoolVar(&f.keep, "keep", false, "keep the run directory (spec, outputs, console.log) for debugging")
 	fs.StringVar(&f.qemuPath, "qemu", "qemu-system-x86_64", "QEMU binary")
@@ -108,7 +110,7 @@ func (f *vmFlags) config(ctx context.Context, k *kernel.Kernel, log io.Writer) (
 		Tap:        f.tap,
 		QEMU:       f.qemuPath,
 	}
-	for _, m := range strings.Split(f.modules, ",") {
+	for _, m := range strings.Split(f.modules+","+f.more, ",") {
 		if m = strings.TrimSpace(m); m != "" {
 			cfg.Modules = append(cfg.Modules, m)
 		}

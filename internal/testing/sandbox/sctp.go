@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -33,6 +34,15 @@ func (h *Host) SCTPAvailable() error {
 // association as the TCP server answers a connection: its line, then an
 // echo of each line the client sends.
 func (h *Host) StartSCTPServer(port uint16) (*Server, error) {
+	return h.StartSCTPServerNamed(port, h.Name)
+}
+
+// StartSCTPServerNamed is StartSCTPServer answering as name, as
+// StartTCPServerNamed does.
+func (h *Host) StartSCTPServerNamed(port uint16, name string) (*Server, error) {
+	if err := checkServerName(name); err != nil {
+		return nil, err
+	}
 	var ln net.Listener
 	err := h.NS.Do(func() error {
 		fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_SCTP)
@@ -64,7 +74,7 @@ func (h *Host) StartSCTPServer(port uint16) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: listen sctp/%d: %w", h.Name, port, err)
 	}
-	return h.addServer(h.serveStream("sctp", ln, h.Name))
+	return h.addServer(h.serveStream("sctp", ln, name))
 }
 
 // SCTP makes n associations to addr, one after the other, each reading the
@@ -89,6 +99,10 @@ func sctpAttempt(addr netip.AddrPort, timeout time.Duration) TCPResult {
 	}
 	defer conn.Close()
 	r.Connected = true
+	if r.Local, r.Peer, err = sockNames(conn.(syscall.Conn)); err != nil {
+		r.Err = errName(err)
+		return r
+	}
 	_ = conn.SetDeadline(start.Add(timeout))
 	buf := make([]byte, maxReply)
 	k, err := conn.Read(buf)
@@ -106,11 +120,11 @@ func sctpAttempt(addr netip.AddrPort, timeout time.Duration) TCPResult {
 // sctpDial opens an SCTP association to addr (its family's socket; an
 // IPv4-mapped address through an IPv6 one), connect() bounded by timeout.
 func sctpDial(addr netip.AddrPort, timeout time.Duration) (net.Conn, error) {
-	family := unix.AF_INET
-	var sa unix.Sockaddr = &unix.SockaddrInet4{Port: int(addr.Port()), Addr: addr.Addr().As4()}
-	if addr.Addr().Is6() {
-		family = unix.AF_INET6
-		sa = &unix.SockaddrInet6{Port: int(addr.Port()), Addr: addr.Addr().As16()}
+	family := unix.AF_INET6
+	var sa unix.Sockaddr = &unix.SockaddrInet6{Port: int(addr.Port()), Addr: addr.Addr().As16()}
+	if addr.Addr().Is4() {
+		family = unix.AF_INET
+		sa = &unix.SockaddrInet4{Port: int(addr.Port()), Addr: addr.Addr().As4()}
 	}
 	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_SCTP)
 	if err != nil {

@@ -25,6 +25,12 @@
 //
 // The IPVS fallback is not in the run: the host's kernel has no ip_vs.
 //
+// The SCTP scenarios (sctpScenarios) run where the kernel can open SCTP
+// sockets; on this machine's, which cannot, the run leaves them out and its
+// summary says so. `make differential-sctp` runs them in the VM runner's
+// 6.1 and 6.12 guests, with a subset of the kinds (KindsEnv) and SCTP
+// required (SCTPEnv).
+//
 // A scenario that needs a feature a mode of ebpf-proxy lacks
 // (ebpfProxyFeatures, fallbacks) is not run against that mode and counted
 // as unsupported in its line.

@@ -290,6 +290,14 @@ func (sc Scenario) usesIPv6() bool {
 	})
 }
 
+// usesSCTP reports whether the scenario has SCTP probes: it runs only
+// where the kernel has SCTP (sctpUnavailable).
+func (sc Scenario) usesSCTP() bool {
+	return slices.ContainsFunc(sc.Steps, func(st Step) bool {
+		return slices.ContainsFunc(st.Probes, func(p Probe) bool { return p.Proto == sctp })
+	})
+}
+
 func appliesInIPv6(sc Scenario) bool {
 	for _, st := range sc.Steps {
 		for _, s := range st.Services {
@@ -312,8 +320,9 @@ type Probe struct {
 	From string
 	// To is where it connects.
 	To Dest
-	// Proto is TCP (connect, read the answer) or UDP (a connected socket,
-	// send and receive).
+	// Proto is TCP (connect, read the answer), UDP (a connected socket,
+	// send and receive) or SCTP (an association, read the answer; only
+	// where the kernel has SCTP: usesSCTP).
 	Proto corev1.Protocol
 	// Sticky probes expect session affinity: their verdict says whether
 	// every attempt reached the same endpoint instead of listing it.
@@ -371,8 +380,9 @@ const (
 )
 
 const (
-	tcp = corev1.ProtocolTCP
-	udp = corev1.ProtocolUDP
+	tcp  = corev1.ProtocolTCP
+	udp  = corev1.ProtocolUDP
+	sctp = corev1.ProtocolSCTP
 )
 
 // Builders, to keep the table readable.
@@ -488,8 +498,9 @@ func hcnp(svc, node string) Dest    { return Dest{Kind: HealthCheck, Service: sv
 func probe(proto corev1.Protocol, from string, to Dest) []Probe {
 	return []Probe{{From: from, To: to, Proto: proto}}
 }
-func sticky(from string, to Dest) []Probe {
-	return []Probe{{From: from, To: to, Proto: tcp, Sticky: true}}
+func sticky(from string, to Dest) []Probe { return stickyOver(tcp, from, to) }
+func stickyOver(proto corev1.Protocol, from string, to Dest) []Probe {
+	return []Probe{{From: from, To: to, Proto: proto, Sticky: true}}
 }
 func httpGet(from string, to Dest) []Probe { return []Probe{{From: from, To: to, Proto: tcp}} }
 
@@ -549,6 +560,9 @@ func check(scenarios []Scenario) error {
 				}
 				if !p.Mesh && p.From == "pod:"+meshPod {
 					return fmt.Errorf("scenario %q step %d: pod:%s is the meshed pod: its probes are mesh probes", sc.Name, i+1, meshPod)
+				}
+				if p.Proto == sctp && (p.Hold != "" || p.Then != nil || p.Mesh || p.To.Kind == HealthCheck) {
+					return fmt.Errorf("scenario %q step %d: an SCTP probe is a plain or sticky one", sc.Name, i+1)
 				}
 				switch {
 				case p.From == clientA, p.From == clientB, p.From == selfA, p.From == selfB, p.From == ext, p.From == ext2,

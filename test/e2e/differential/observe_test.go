@@ -280,6 +280,14 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (string, string, e
 			for _, r := range rep.Results {
 				t.addHTTP(r)
 			}
+		case p.Proto == sctp:
+			rep, err := c.SCTP(ctx, dst, n)
+			if err != nil {
+				return err
+			}
+			for _, r := range rep.Results {
+				t.addTCP(w, c, dst, r)
+			}
 		case p.Proto == udp:
 			rep, err := c.UDPConnected(ctx, dst, n)
 			if err != nil {

@@ -1,6 +1,8 @@
 package differential
 
 import (
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -10,18 +12,23 @@ const (
 )
 
 // The testbed of every scenario: node-a (zone-a) runs pods a1 and a2,
-// node-b (zone-b) runs b1 and b2; every pod serves TCP 8080, 8081, 9090
-// and UDP 8080, 9090, answering "<pod>:<port>". Each node also has a client
+// node-b (zone-b) runs b1 and b2; every pod serves TCP 8080, 8081, 9090,
+// UDP 8080, 9090 and, where the kernel has SCTP, SCTP 7070, answering
+// "<pod>:<port>". Each node also has a client
 // pod (node-x-client); ext and ext2 are outside the cluster.
 var (
-	podTCPPorts = []uint16{8080, 8081, 9090}
-	podUDPPorts = []uint16{8080, 9090}
+	podTCPPorts  = []uint16{8080, 8081, 9090}
+	podUDPPorts  = []uint16{8080, 9090}
+	podSCTPPorts = []uint16{7070}
 )
 
 // scenarios is the table, followed by the IPv6 twins of its scenarios.
 // Each step states the whole world of the scenario; the verdicts come from
 // traffic only.
-var scenarios = withIPv6Twins([]Scenario{
+var scenarios = withIPv6Twins(slices.Concat(table, sctpScenarios))
+
+// table holds the scenarios of TCP and UDP; sctpScenarios those of SCTP.
+var table = []Scenario{
 	// ---- ClusterIP: endpoint selection ----
 	{
 		Name: "clusterip: ready endpoints on both nodes; replaced, renumbered, removed",
@@ -878,4 +885,4 @@ var scenarios = withIPv6Twins([]Scenario{
 			}
 		}(),
 	},
-})
+}

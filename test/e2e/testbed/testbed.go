@@ -67,6 +67,9 @@ type Options struct {
 	// TCPPorts and UDPPorts are served by every pod.
 	TCPPorts []uint16
 	UDPPorts []uint16
+	// SCTPPorts are served by every pod too; they need the kernel's sctp
+	// module (sandbox.Host.SCTPAvailable).
+	SCTPPorts []uint16
 	// ExternalClients are names of clients outside the cluster, on
 	// 198.18.0.0/24 behind the router.
 	ExternalClients []string
@@ -357,8 +360,8 @@ func (tb *Testbed) addNode(t testing.TB, spec NodeSpec, opts Options) (*Node, er
 	return n, nil
 }
 
-// StartServing starts pod's servers, one on every port of Options.TCPPorts
-// and Options.UDPPorts, answering as "<pod>:<port>"; New starts them for
+// StartServing starts pod's servers, one on every port of Options.TCPPorts,
+// Options.UDPPorts and Options.SCTPPorts, answering as "<pod>:<port>"; New starts them for
 // every pod, and StartServing again after StopServing, as a pod that was
 // replaced by one with the same name and address.
 func (tb *Testbed) StartServing(pod *sandbox.Pod) error {
@@ -377,6 +380,13 @@ func (tb *Testbed) StartServing(pod *sandbox.Pod) error {
 	}
 	for _, port := range tb.opts.UDPPorts {
 		srv, err := pod.StartUDPServerNamed(port, fmt.Sprintf("%s:%d", pod.Name, port))
+		if err != nil {
+			return err
+		}
+		srvs = append(srvs, srv)
+	}
+	for _, port := range tb.opts.SCTPPorts {
+		srv, err := pod.StartSCTPServerNamed(port, fmt.Sprintf("%s:%d", pod.Name, port))
 		if err != nil {
 			return err
 		}
