@@ -12,6 +12,7 @@
 //
 // writes docs/benchmarks.md and its plots (docs/benchmarks/*.png) from
 // DIR: the per-packet costs (paths.txt), the socket hooks (sockets.txt),
+// pods translated per packet (the pod paths of paths.txt, pods.txt),
 // the scale runs (scale-*.json, one per Service count, from make
 // e2e-bench with EBPF_PROXY_BENCH_JSON), the packet rates (pps.txt, from
 // make bench-pps). Every file NAME.txt or NAME.json comes with NAME.meta,

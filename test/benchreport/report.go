@@ -51,6 +51,65 @@ func pathCost(r runOutput, s int, path string) (float64, bool) {
 	return 0, false
 }
 
+// podWays are BenchmarkPodConnectRate's ways, in its order, with what each
+// is.
+var podWays = []struct{ key, what string }{
+	{"direct", "direct: to the pod's own address, from a pod no program sees (the baseline)"},
+	{"socket", "socket: to the ClusterIP, translated at connect() (--socket-lb-scope=all)"},
+	{"packet", "packet: to the ClusterIP, translated per packet at the pod's device (--socket-lb-scope=node, or opted out)"},
+	{"packet_direct", "packet_direct: to the pod's own address from that pod, every packet through the program at its device"},
+}
+
+// writePods writes the section of pods translated per packet: the pod
+// paths of paths.txt against TC's baseline (baseline.txt), and the
+// connection rates of pods.txt.
+func writePods(md *strings.Builder, d *data) {
+	paths, okPaths := d.run("paths")
+	conns, okConns := d.run("pods")
+	if !okPaths && !okConns {
+		return
+	}
+	md.WriteString("## Pods translated per packet\n\n")
+	md.WriteString("Under `--socket-lb-scope=node`, and for pods opted out of the socket hooks, `tc_pod_ingress` and `tc_egress` at the pod's host-side device translate its Service traffic.\n\n")
+	if okPaths {
+		base, _ := d.run("baseline")
+		fmt.Fprintf(md, "Per packet: the pod paths of `go test ./test/tcpkt -bench Paths`, the median of %d processes; the ratio is the path over a trivial TC program at the same place, timed in turns (`BenchmarkPathsVsBaseline`). Run: %s.\n\n", paths.runsOf(), paths.meta)
+		md.WriteString("| path | ns per packet | over TC's baseline |\n|---|---|---|\n")
+		for _, res := range paths.results {
+			rest, ok := strings.CutPrefix(res.Name, "BenchmarkPaths/pod")
+			if !ok {
+				continue
+			}
+			name := "pod" + rest
+			ratio := "-"
+			for _, b := range base.results {
+				if b.Name == "BenchmarkPathsVsBaseline/tc/"+name {
+					ratio = fmt.Sprintf("%.2f", b.Metrics["path/baseline"])
+				}
+			}
+			fmt.Fprintf(md, "| %s | %.0f | %s |\n", strings.ReplaceAll(name, "_", " "), res.Metrics["ns/pkt"], ratio)
+		}
+		md.WriteString("\n")
+	}
+	if okConns {
+		for _, res := range conns.results {
+			if res.Name != "BenchmarkPodConnectRate" {
+				continue
+			}
+			fmt.Fprintf(md, "New TCP connections per second from a pod to a pod on its node (connect, read a line, close), `go test ./test/tclb -bench PodConnectRate`: the four ways in alternating rounds; the ratio is the median of the rounds' ratios to direct. Run: %s.\n\n", conns.meta)
+			md.WriteString("| way | connections/s | over direct |\n|---|---|---|\n")
+			for _, w := range podWays {
+				ratio := "1"
+				if w.key != "direct" {
+					ratio = fmt.Sprintf("%.3f", res.Metrics[w.key+"/direct"])
+				}
+				fmt.Fprintf(md, "| %s | %.0f | %s |\n", w.what, res.Metrics[w.key+"_conn/s"], ratio)
+			}
+			md.WriteString("\n")
+		}
+	}
+}
+
 // writeReport writes out/benchmarks.md and out/benchmarks/*.png.
 func writeReport(d *data, out string) error {
 	imgDir := filepath.Join(out, "benchmarks")
@@ -149,6 +208,8 @@ func writeReport(d *data, out string) error {
 			md.WriteString("\n")
 		}
 	}
+
+	writePods(&md, d)
 
 	if r, ok := d.run("pps"); ok {
 		rows := ppsRows(r)
