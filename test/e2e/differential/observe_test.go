@@ -138,6 +138,10 @@ type tally struct {
 	// long it took), for the log of a probe whose attempts did not all
 	// agree.
 	failed []string
+	// failedErr is each failed attempt's errno name.
+	failedErr []string
+	// cleared are failures resolveClashes took out (indexes into failed).
+	cleared map[int]bool
 }
 
 // fail records a failed attempt: its errno's verdict, and detail for the
@@ -145,11 +149,24 @@ type tally struct {
 func (t *tally) fail(errName, detail string) {
 	t.failures[failure(errName)]++
 	t.failed = append(t.failed, errName+": "+detail)
+	t.failedErr = append(t.failedErr, errName)
+}
+
+// clear takes failed attempt i out of the verdict.
+func (t *tally) clear(i int) {
+	if t.cleared[i] {
+		return
+	}
+	t.cleared[i] = true
+	v := failure(t.failedErr[i])
+	if t.failures[v]--; t.failures[v] == 0 {
+		delete(t.failures, v)
+	}
 }
 
 func newTally() *tally {
 	return &tally{reached: map[string]int{}, servers: map[string]int{}, failures: map[string]int{},
-		notes: map[string]int{}, http: map[string]int{}}
+		notes: map[string]int{}, http: map[string]int{}, cleared: map[int]bool{}}
 }
 
 func (t *tally) answered(w *world, c *sandbox.Client, server string, seen netip.Addr) {
@@ -164,6 +181,15 @@ func (t *tally) answered(w *world, c *sandbox.Client, server string, seen netip.
 // addTCP records a TCP attempt to dst. Besides the answer, the socket must
 // show dst as its peer, as a client that called getpeername() expects.
 func (t *tally) addTCP(w *world, c *sandbox.Client, dst netip.AddrPort, r sandbox.TCPResult) {
+	if r.Connected && r.Local.IsValid() && !r.Start.IsZero() {
+		a := attempt{local: r.Local, dst: dst, start: r.Start, done: r.Done, t: t, failure: -1}
+		if r.Err != "" {
+			a.failure = len(t.failed)
+		}
+		w.mu.Lock()
+		w.attempts = append(w.attempts, a)
+		w.mu.Unlock()
+	}
 	if r.Err != "" {
 		how := "connect() failed"
 		if r.Connected {
@@ -239,14 +265,11 @@ func (t *tally) verdict(sticky bool) string {
 	return strings.Join(parts, " + ")
 }
 
-// observe runs probe p of scenario sc and returns its verdict and, when
-// some attempts were answered and others failed, what the failed ones
-// met (the log's clue to an intermittent loss; the verdict has no room
-// for it, as it must render alike for both proxies).
-func (w *world) observe(ctx context.Context, sc int, p Probe) (string, string, error) {
+// observe runs probe p of scenario sc and returns what it met.
+func (w *world) observe(ctx context.Context, sc int, p Probe) (outcome, error) {
 	c, err := w.client(p.From)
 	if err != nil {
-		return "", "", err
+		return outcome{}, err
 	}
 	if p.Proto == udp {
 		c = c.WithTimeout(udpAttemptTimeout)
@@ -254,14 +277,14 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (string, string, e
 		c = c.WithTimeout(tcpAttemptTimeout)
 	}
 	if p.Hold != "" {
-		return w.observeHeld(ctx, c, sc, p)
+		return final(w.observeHeld(ctx, c, sc, p))
 	}
 	dst, err := w.dest(ctx, sc, p.To)
 	if err != nil {
-		return "", "", err
+		return outcome{}, err
 	}
 	if p.Then != nil {
-		return w.observeReconnected(ctx, c, sc, dst, *p.Then)
+		return final(w.observeReconnected(ctx, c, sc, dst, *p.Then))
 	}
 	t := newTally()
 	var meshBefore, meshFailed int
@@ -308,21 +331,54 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (string, string, e
 		return nil
 	}
 	if err := run(firstAttempts); err != nil {
-		return "", "", err
+		return outcome{}, err
 	}
 	if t.anyAnswer() && p.To.Kind != HealthCheck {
 		if err := run(moreAttempts); err != nil {
-			return "", "", err
+			return outcome{}, err
 		}
 	}
 	if p.Mesh {
 		w.meshNotes(t, meshBefore, meshFailed, dst)
 	}
-	mixed := ""
-	if t.anyAnswer() && len(t.failed) > 0 {
-		mixed = fmt.Sprintf("%d attempt(s) to %s failed: %s", len(t.failed), dst, strings.Join(t.failed, "; "))
+	return outcome{t: t, sticky: p.Sticky, dst: dst}, nil
+}
+
+// outcome is what a probe met: a tally, rendered once the wave's probes
+// are over (resolveClashes may take failures out of it), or a verdict
+// that is final (a held connection's, a reconnected socket's).
+type outcome struct {
+	t      *tally
+	sticky bool
+	dst    netip.AddrPort
+	// final and finalMixed are the verdict and log line of a probe
+	// without a tally.
+	final, finalMixed string
+}
+
+func final(verdict, mixed string, err error) (outcome, error) {
+	return outcome{final: verdict, finalMixed: mixed}, err
+}
+
+// verdict renders the outcome and, when some attempts were answered and
+// others failed, what the failed ones met (the log's clue to an
+// intermittent loss; the verdict has no room for it, as it must render
+// alike for both proxies).
+func (o outcome) verdict() (string, string) {
+	if o.t == nil {
+		return o.final, o.finalMixed
 	}
-	return t.verdict(p.Sticky), mixed, nil
+	var failed []string
+	for i, f := range o.t.failed {
+		if !o.t.cleared[i] {
+			failed = append(failed, f)
+		}
+	}
+	mixed := ""
+	if o.t.anyAnswer() && len(failed) > 0 {
+		mixed = fmt.Sprintf("%d attempt(s) to %s failed: %s", len(failed), o.dst, strings.Join(failed, "; "))
+	}
+	return o.t.verdict(o.sticky), mixed
 }
 
 // meshNotes adds to t what the meshed pod's sidecar was told of the
