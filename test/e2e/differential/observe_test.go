@@ -303,14 +303,6 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (outcome, error) {
 			for _, r := range rep.Results {
 				t.addHTTP(r)
 			}
-		case p.Proto == sctp:
-			rep, err := c.SCTP(ctx, dst, n)
-			if err != nil {
-				return err
-			}
-			for _, r := range rep.Results {
-				t.addTCP(w, c, dst, r)
-			}
 		case p.Proto == udp:
 			rep, err := c.UDPConnected(ctx, dst, n)
 			if err != nil {
@@ -320,7 +312,12 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (outcome, error) {
 				t.addUDP(w, c, dst, r)
 			}
 		default:
-			rep, err := c.TCP(ctx, dst, n)
+			// TCP, or SCTP: associations are tallied as connections.
+			probe := c.TCP
+			if p.Proto == sctp {
+				probe = c.SCTP
+			}
+			rep, err := probe(ctx, dst, n)
 			if err != nil {
 				return err
 			}
