@@ -87,7 +87,8 @@ e2e: k8s-binaries e2e-agent
 # serves SCTP beside its programs through netfilter; in the 6.12 guest also
 # the BPF mode with pods translated per packet. A guest without SCTP fails
 # the run (EBPF_PROXY_E2E_SCTP=require). Prints each guest's differential
-# lines; logs in $(E2E_OUT)/sctp/<kernel>/go-test.log. About 5 minutes.
+# lines; logs in $(E2E_OUT)/sctp/<kernel>/go-test.log. About 8 minutes with
+# both guests side by side here (each about 6 on a core of its own).
 #   DIFFERENTIAL_SCTP=KERNEL=KIND,KIND... rules (testbed.Kind names)
 DIFFERENTIAL_SCTP ?= 6.1=iptables,ebpf 6.12=iptables,ebpf,ebpf-pods
 .PHONY: differential-sctp differential-sctp-run

@@ -671,8 +671,6 @@ func stopped(stop <-chan struct{}, d time.Duration) bool {
 	}
 }
 
-// sockNames returns getsockname() and getpeername() of a socket; the peer
-// is the zero AddrPort for an unconnected one.
 // timed wraps a connection attempt so that its result says when it began
 // and ended.
 func timed(attempt func() TCPResult) func() TCPResult {
@@ -684,6 +682,8 @@ func timed(attempt func() TCPResult) func() TCPResult {
 	}
 }
 
+// sockNames returns getsockname() and getpeername() of a socket; the peer
+// is the zero AddrPort for an unconnected one.
 func sockNames(c syscall.Conn) (local, peer netip.AddrPort, err error) {
 	raw, err := c.SyscallConn()
 	if err != nil {

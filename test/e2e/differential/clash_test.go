@@ -104,7 +104,7 @@ func TestClashesAreSameSourceAtOnceToAnotherDestination(t *testing.T) {
 			failed := attempt{local: client, dst: vip1, start: at(3), done: at(3503), t: tl, failure: 0}
 			c.partner.t = newTally()
 			found := findClashes([]attempt{failed, c.partner})
-			if got := len(found) == 1 && tl.cleared[0]; got != c.cleared {
+			if got := len(found) == 1 && tl.failed[0].cleared; got != c.cleared {
 				t.Errorf("cleared %v (found %v), want %v", got, found, c.cleared)
 			}
 			want := "{a1:8080 sees client} + DROP"

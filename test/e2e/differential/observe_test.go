@@ -137,28 +137,32 @@ type tally struct {
 	// failed describes each failed attempt (errno, how far it got, how
 	// long it took), for the log of a probe whose attempts did not all
 	// agree.
-	failed []string
-	// failedErr is each failed attempt's errno name.
-	failedErr []string
-	// cleared are failures resolveClashes took out (indexes into failed).
-	cleared map[int]bool
+	failed []failedAttempt
+}
+
+// failedAttempt is a failed attempt as the log tells it: its errno's name
+// ("" for a note that is no attempt's verdict) and text; cleared once
+// resolveClashes took it out of the verdict.
+type failedAttempt struct {
+	err, text string
+	cleared   bool
 }
 
 // fail records a failed attempt: its errno's verdict, and detail for the
 // log.
 func (t *tally) fail(errName, detail string) {
 	t.failures[failure(errName)]++
-	t.failed = append(t.failed, errName+": "+detail)
-	t.failedErr = append(t.failedErr, errName)
+	t.failed = append(t.failed, failedAttempt{err: errName, text: errName + ": " + detail})
 }
 
 // clear takes failed attempt i out of the verdict.
 func (t *tally) clear(i int) {
-	if t.cleared[i] {
+	f := &t.failed[i]
+	if f.cleared || f.err == "" {
 		return
 	}
-	t.cleared[i] = true
-	v := failure(t.failedErr[i])
+	f.cleared = true
+	v := failure(f.err)
 	if t.failures[v]--; t.failures[v] == 0 {
 		delete(t.failures, v)
 	}
@@ -166,7 +170,7 @@ func (t *tally) clear(i int) {
 
 func newTally() *tally {
 	return &tally{reached: map[string]int{}, servers: map[string]int{}, failures: map[string]int{},
-		notes: map[string]int{}, http: map[string]int{}, cleared: map[int]bool{}}
+		notes: map[string]int{}, http: map[string]int{}}
 }
 
 func (t *tally) answered(w *world, c *sandbox.Client, server string, seen netip.Addr) {
@@ -366,9 +370,9 @@ func (o outcome) verdict() (string, string) {
 		return o.final, o.finalMixed
 	}
 	var failed []string
-	for i, f := range o.t.failed {
-		if !o.t.cleared[i] {
-			failed = append(failed, f)
+	for _, f := range o.t.failed {
+		if !f.cleared {
+			failed = append(failed, f.text)
 		}
 	}
 	mixed := ""
@@ -401,7 +405,7 @@ func (w *world) meshNotes(t *tally, before, failed int, dst netip.AddrPort) {
 	}
 	if errs := w.mesh.Failures(); len(errs) > failed {
 		t.notes["proxy failed"]++
-		t.failed = append(t.failed, "proxy: "+errs[failed].Error())
+		t.failed = append(t.failed, failedAttempt{text: "proxy: " + errs[failed].Error()})
 	}
 }
 
