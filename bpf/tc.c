@@ -92,7 +92,9 @@ static __always_inline int tc_xlate(struct __sk_buff *skb, bool direct, bool v6,
 		return TC_ACT_SHOT;
 	if (reply)
 		lb_count(LB_M_TC_REPLY);
-	return tc_send(skb, direct, v6, p, snat, e, now);
+	/* At egress (direct false) the packet already leaves by the device
+	 * its route names: a port-only source NAT's reply (tc_egress_flow). */
+	return tc_send(skb, direct, v6, p, snat && direct, e, now);
 }
 
 /* tc_reply rewrites a backend's reply p, of family v6, that a device
@@ -164,8 +166,12 @@ static __always_inline int tc_icmp_error(struct __sk_buff *skb, bool v6, void *p
 	if (!e)
 		return TC_ACT_UNSPEC;
 	snat = CT_E(e, v6, flags) & CT_F_SNAT;
-	/* Source-NATed flows come back at ingress, the others leave at egress. */
-	if (snat == egress || !pkt_addr_eq(v6, PKT_ADDR(p, v6, daddr), PKT_IN_ADDR(in, v6, saddr)))
+	/* Source-NATed flows come back at ingress, the others leave at
+	 * egress; a flow whose source NAT kept the client's address (a port
+	 * clash, np_record) may do either (tc_egress_flow). */
+	if (!pkt_addr_eq(v6, PKT_ADDR(p, v6, daddr), PKT_IN_ADDR(in, v6, saddr)) ||
+	    (snat == egress &&
+	     !(snat && pkt_addr_eq(v6, CT_E_ADDR(e, v6, nat_daddr), PKT_IN_ADDR(in, v6, saddr)))))
 		return TC_ACT_UNSPEC;
 	/* The frontend is e's nat_s*, the client its nat_d*. */
 	if ((pkt_addr_eq(v6, PKT_ADDR(p, v6, saddr), PKT_IN_ADDR(in, v6, daddr)) &&
@@ -178,7 +184,7 @@ static __always_inline int tc_icmp_error(struct __sk_buff *skb, bool v6, void *p
 		return TC_ACT_SHOT;
 send:
 	lb_count(LB_M_TC_ICMP_XLATE);
-	return tc_send(skb, false, v6, p, snat, NULL, 0);
+	return tc_send(skb, false, v6, p, snat && !egress, NULL, 0);
 }
 
 /* tc_reset ends the tracked flow of p, a packet of family v6 (its
@@ -226,18 +232,23 @@ static __always_inline int tc_record(struct __sk_buff *skb, bool v6, void *p,
 {
 	struct ct4_entry orig = {};
 	struct ct6_entry orig6 = {};
+	void *o;
 	bool snat;
 	int err;
 
 	err = np_record(skb, v6, skb->ifindex, p, c, now, v6 ? (void *)&orig6 : (void *)&orig, pod);
 	if (err)
 		return TC_ACT_SHOT;
-	snat = (v6 ? orig6.flags : orig.flags) & CT_F_SNAT;
+	/* Counted as a flow that keeps its client's address when only its
+	 * source port changed (a clash, np_record): np_record counted that. */
+	o = v6 ? (void *)&orig6 : (void *)&orig;
+	snat = (CT_E(o, v6, flags) & CT_F_SNAT) &&
+	       !pkt_addr_eq(v6, CT_E_ADDR(o, v6, nat_saddr), PKT_ADDR(p, v6, saddr));
 	if (pod)
 		lb_count(snat ? LB_M_TC_POD_SNAT : LB_M_TC_POD_NEW);
 	else
 		lb_count(snat ? LB_M_TC_NEW_SNAT : LB_M_TC_NEW_LOCAL);
-	return tc_xlate(skb, true, v6, p, NULL, v6 ? (void *)&orig6 : (void *)&orig, false, now);
+	return tc_xlate(skb, true, v6, p, NULL, o, false, now);
 }
 
 /* tc_new_flow handles the first packet of a flow of family v6: a
@@ -341,9 +352,12 @@ static __always_inline int tc_ingress_flow(struct __sk_buff *skb, bool v6, void 
 }
 
 /* tc_egress_flow handles p, a TCP or UDP packet of family v6 that the node
- * sends: a local backend's reply to a client from outside, which its flow's
- * reply entry translates (a source-NATed flow's replies come in at
- * ingress). */
+ * sends: a local backend's reply to a client from outside, or to a pod
+ * translated per packet, which its flow's reply entry translates. A
+ * source-NATed flow's replies come in at ingress, but for those of a flow
+ * that kept its client's address on another port (a source port clash,
+ * np_record): where the backend's device has no program, they meet one
+ * only here, at the egress of the device toward the client. */
 static __always_inline int tc_egress_flow(struct __sk_buff *skb, bool v6, void *p)
 {
 	struct ct4_key key4 = {};
@@ -355,8 +369,13 @@ static __always_inline int tc_egress_flow(struct __sk_buff *skb, bool v6, void *
 	ct_orig_key(key, v6, p);
 	CT_K(key, v6, dir) = CT_DIR_REPLY;
 	e = bpf_map_lookup_elem(ct_map(v6), key);
-	if (!e || (CT_E(e, v6, flags) & CT_F_SNAT))
+	if (!e)
 		return TC_ACT_UNSPEC;
+	if (CT_E(e, v6, flags) & CT_F_SNAT) {
+		if (!pkt_addr_eq(v6, CT_E_ADDR(e, v6, nat_daddr), PKT_ADDR(p, v6, daddr)))
+			return TC_ACT_UNSPEC;
+		np_reply_seen(e, v6, p);
+	}
 	now = ct_now();
 	ct_refresh_v(e, v6, PKT_F(p, v6, proto), PKT_F(p, v6, tcp_flags), now, true);
 	return tc_xlate(skb, false, v6, p, e, NULL, true, now);

@@ -428,6 +428,43 @@ static __always_inline enum np_verdict np_decide(bool v6, void *p, struct np_cho
 	return NP_FORWARD;
 }
 
+/* What np_reply_put did with a flow's reply entry. */
+enum np_reply_put_ret {
+	NP_REPLY_PUT,	/* written */
+	NP_REPLY_FULL,	/* the map refused it */
+	NP_REPLY_CLASH, /* the tuple is a live flow's, of another frontend */
+};
+
+/* np_reply_put writes rval, the reply entry of a new flow p that keeps its
+ * client's address and port, under rkey (both of the family v6 says),
+ * unless a live flow of another frontend holds that tuple: a client that
+ * reaches one backend through two frontends from one source port (a pod
+ * binding its port, many users behind one NAT port). Overwriting that
+ * entry would turn the older flow's replies into the newer's, and the
+ * backend's answer to the newer SYN (a challenge ACK on the older
+ * connection) would reach the client as the newer's, which resets it. As
+ * kube-proxy's conntrack does, the newer flow then gets another source
+ * port instead (np_record). An entry of the same frontend (the same
+ * connection tracked again, or a new one on its tuple), an expired one and
+ * a closed TCP connection's are taken over. */
+static __always_inline enum np_reply_put_ret np_reply_put(void *rkey, bool v6, const void *rval,
+							  const void *p, __u32 now)
+{
+	void *old;
+
+	if (!bpf_map_update_elem(ct_map(v6), rkey, rval, BPF_NOEXIST))
+		return NP_REPLY_PUT;
+	old = bpf_map_lookup_elem(ct_map(v6), rkey);
+	if (old && !ct_expired_v(old, v6, now) && !(CT_E(old, v6, flags) & CT_F_CLOSED) &&
+	    ((CT_E(old, v6, flags) & CT_F_SNAT) ||
+	     !pkt_addr_eq(v6, CT_E_ADDR(old, v6, nat_saddr), PKT_ADDR(p, v6, daddr)) ||
+	     CT_E(old, v6, nat_sport) != PKT_F(p, v6, dport)))
+		return NP_REPLY_CLASH;
+	if (bpf_map_update_elem(ct_map(v6), rkey, rval, BPF_ANY))
+		return NP_REPLY_FULL;
+	return NP_REPLY_PUT;
+}
+
 /* np_record writes the connection tracking entries of a new flow p (of the
  * family v6 says) to the backend of c and fills orig, a zeroed struct
  * ct6_entry or struct ct4_entry, with the client-side entry, which says how
@@ -440,8 +477,13 @@ static __always_inline enum np_verdict np_decide(bool v6, void *p, struct np_cho
  * ExternalIP or LoadBalancer IP under policy Cluster (every client's
  * traffic to an external destination), and so does this, to the address of
  * the device the packet leaves by, else of the pod's device. ifindex is the
- * device p came in on. Returns 0, or -1 after
- * counting why the flow cannot be recorded (the packet is then dropped). */
+ * device p came in on. A flow that keeps its client's address whose reply
+ * tuple a live flow to another frontend holds gets another source port of
+ * the client's own address instead (np_reply_put): port-only source NAT,
+ * whose replies are translated where they meet a program, at ingress, or
+ * at the egress of the client's device (tc_egress_flow). Returns 0, or -1
+ * after counting why the flow cannot be recorded (the packet is then
+ * dropped). */
 static __always_inline int np_record(void *ctx, bool v6, __u32 ifindex, const void *p,
 				     const struct np_choice *c, __u32 now, void *orig, bool pod)
 {
@@ -502,26 +544,34 @@ static __always_inline int np_record(void *ctx, bool v6, __u32 ifindex, const vo
 	if (!snat_addr) {
 		pkt_addr_copy(v6, CT_K_ADDR(rkey, v6, daddr), PKT_ADDR(p, v6, saddr));
 		CT_K(rkey, v6, dport) = PKT_F(p, v6, sport);
-		if (bpf_map_update_elem(ct_map(v6), rkey, rval, BPF_ANY)) {
+		switch (np_reply_put(rkey, v6, rval, p, now)) {
+		case NP_REPLY_PUT:
+			goto record;
+		case NP_REPLY_FULL:
 			lb_count(LB_M_TC_CT_FULL);
 			return -1;
+		default:
+			/* The reply tuple is another frontend's flow's: this
+			 * flow keeps the client's address, on another port. */
+			lb_count(LB_M_TC_PORT_CLASH);
+			snat_addr = PKT_ADDR(p, v6, saddr);
 		}
-	} else {
-		pkt_addr_copy(v6, CT_K_ADDR(rkey, v6, daddr), snat_addr);
-		pkt_addr_copy(v6, CT_E_ADDR(rval, v6, nat_daddr), PKT_ADDR(p, v6, saddr));
-		CT_E(rval, v6, nat_dport) = PKT_F(p, v6, sport);
-		CT_E(rval, v6, flags) |= CT_F_SNAT;
-		ct_refresh_v(rval, v6, PKT_F(p, v6, proto), PKT_F(p, v6, tcp_flags), now,
-			     false); /* UDP: source NAT lifetimes */
-		if (ct_snat_alloc_v(rkey, v6, rval, snat_port_min, snat_port_max, now)) {
-			lb_count(LB_M_TC_SNAT_NO_PORT);
-			return -1;
-		}
-		pkt_addr_copy(v6, CT_E_ADDR(orig, v6, nat_saddr), snat_addr);
-		CT_E(orig, v6, nat_sport) = CT_K(rkey, v6, dport);
-		CT_E(orig, v6, flags) |= CT_F_SNAT;
-		ct_refresh_v(orig, v6, PKT_F(p, v6, proto), PKT_F(p, v6, tcp_flags), now, false);
 	}
+	pkt_addr_copy(v6, CT_K_ADDR(rkey, v6, daddr), snat_addr);
+	pkt_addr_copy(v6, CT_E_ADDR(rval, v6, nat_daddr), PKT_ADDR(p, v6, saddr));
+	CT_E(rval, v6, nat_dport) = PKT_F(p, v6, sport);
+	CT_E(rval, v6, flags) |= CT_F_SNAT;
+	ct_refresh_v(rval, v6, PKT_F(p, v6, proto), PKT_F(p, v6, tcp_flags), now,
+		     false); /* UDP: source NAT lifetimes */
+	if (ct_snat_alloc_v(rkey, v6, rval, snat_port_min, snat_port_max, now)) {
+		lb_count(LB_M_TC_SNAT_NO_PORT);
+		return -1;
+	}
+	pkt_addr_copy(v6, CT_E_ADDR(orig, v6, nat_saddr), CT_K_ADDR(rkey, v6, daddr));
+	CT_E(orig, v6, nat_sport) = CT_K(rkey, v6, dport);
+	CT_E(orig, v6, flags) |= CT_F_SNAT;
+	ct_refresh_v(orig, v6, PKT_F(p, v6, proto), PKT_F(p, v6, tcp_flags), now, false);
+record:
 	ct_orig_key(okey, v6, p);
 	if (bpf_map_update_elem(ct_map(v6), okey, orig, BPF_ANY)) {
 		bpf_map_delete_elem(ct_map(v6), rkey);

@@ -536,6 +536,7 @@ enum lb_metric {
 	LB_M_TC_NF_TRACKED, /* TC: segment of a connection netfilter translates, to the stack */
 	LB_M_TC_POD_NEW,    /* TC: new flow of a pod translated per packet */
 	LB_M_TC_POD_SNAT,   /* TC: new flow of a pod masqueraded (hairpin, external frontend) */
+	LB_M_TC_PORT_CLASH, /* TC: new flow's reply tuple another frontend's: source port changed */
 	LB_M_MAX,
 };
 

@@ -160,7 +160,8 @@ const (
 	SockLbMetricLB_M_TC_NF_TRACKED      SockLbMetric = 38
 	SockLbMetricLB_M_TC_POD_NEW         SockLbMetric = 39
 	SockLbMetricLB_M_TC_POD_SNAT        SockLbMetric = 40
-	SockLbMetricLB_M_MAX                SockLbMetric = 41
+	SockLbMetricLB_M_TC_PORT_CLASH      SockLbMetric = 41
+	SockLbMetricLB_M_MAX                SockLbMetric = 42
 )
 
 type SockSock4RangeTag struct {

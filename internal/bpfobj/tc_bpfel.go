@@ -218,7 +218,8 @@ const (
 	TcLbMetricLB_M_TC_NF_TRACKED      TcLbMetric = 38
 	TcLbMetricLB_M_TC_POD_NEW         TcLbMetric = 39
 	TcLbMetricLB_M_TC_POD_SNAT        TcLbMetric = 40
-	TcLbMetricLB_M_MAX                TcLbMetric = 41
+	TcLbMetricLB_M_TC_PORT_CLASH      TcLbMetric = 41
+	TcLbMetricLB_M_MAX                TcLbMetric = 42
 )
 
 type TcNh4Key struct {

@@ -218,7 +218,8 @@ const (
 	XdpLbMetricLB_M_TC_NF_TRACKED      XdpLbMetric = 38
 	XdpLbMetricLB_M_TC_POD_NEW         XdpLbMetric = 39
 	XdpLbMetricLB_M_TC_POD_SNAT        XdpLbMetric = 40
-	XdpLbMetricLB_M_MAX                XdpLbMetric = 41
+	XdpLbMetricLB_M_TC_PORT_CLASH      XdpLbMetric = 41
+	XdpLbMetricLB_M_MAX                XdpLbMetric = 42
 )
 
 type XdpNh4Slot struct {

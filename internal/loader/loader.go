@@ -571,6 +571,7 @@ var CounterNames = []string{
 	bpfobj.SockLbMetricLB_M_TC_NF_TRACKED:      "tc_conntrack_flow_to_stack",
 	bpfobj.SockLbMetricLB_M_TC_POD_NEW:         "tc_pod_new_flow",
 	bpfobj.SockLbMetricLB_M_TC_POD_SNAT:        "tc_pod_new_flow_snat",
+	bpfobj.SockLbMetricLB_M_TC_PORT_CLASH:      "tc_source_port_clash",
 }
 
 // CounterDescriptions say in words what each counter of CounterNames
@@ -617,6 +618,7 @@ var CounterDescriptions = []string{
 	bpfobj.SockLbMetricLB_M_TC_NF_TRACKED:      "TC: a packet of a TCP connection the kernel's conntrack translated before the takeover (kube-proxy's) handed to the stack",
 	bpfobj.SockLbMetricLB_M_TC_POD_NEW:         "TC: new flow of a pod translated per packet at its device (a pod the socket programs leave alone), its address kept",
 	bpfobj.SockLbMetricLB_M_TC_POD_SNAT:        "TC: new flow of a pod translated per packet and masqueraded as kube-proxy does: to itself through a Service (hairpin), or to a NodePort, ExternalIP or LoadBalancer IP under policy Cluster",
+	bpfobj.SockLbMetricLB_M_TC_PORT_CLASH:      "TC: a new flow that keeps its client's address found its reply tuple held by a live flow of the same client port to another frontend of the backend: given another source port of the client's address, as kube-proxy's conntrack does",
 }
 
 // Counters returns the programs' per-CPU event counters summed over CPUs,

@@ -111,6 +111,12 @@ func (g *fuzzGen) base(fam *fuzzFamily) tuple {
 		return tuple{netip.AddrPortFrom(client(), g.port()), fe.ap, fe.proto}
 	case n < 50 && len(fam.flows) > 0:
 		f := pick(g, fam.flows)
+		if g.chance(0.2) {
+			// The client's port to another frontend, which may share
+			// the flow's backend (a source port clash).
+			fe := pick(g, fam.frontends)
+			return tuple{f.client, fe.ap, fe.proto}
+		}
 		return tuple{f.client, f.frontend, f.proto}
 	case n < 62 && len(fam.flows) > 0:
 		f := pick(g, fam.flows)

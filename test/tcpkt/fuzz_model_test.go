@@ -240,10 +240,26 @@ type feKey struct {
 type trackedFlow struct {
 	client, frontend, backend netip.AddrPort
 	proto                     uint8
-	// snat is the source the backend sees (zero: the client's).
+	// snat is the source the backend sees (zero: the client's). Its
+	// address is the client's when only the port changed: the flow's
+	// reply tuple was another flow's (portOnly).
 	snat netip.AddrPort
 	// gone: the backend was removed from its Service since.
 	gone bool
+}
+
+// portOnly says f's source NAT kept the client's address: a second flow
+// from the client's port to the same backend. Its replies are translated
+// at egress, as a local backend's are, or at ingress, as a source-NATed
+// flow's are.
+func (f trackedFlow) portOnly() bool { return f.snat.IsValid() && f.snat.Addr() == f.client.Addr() }
+
+// replyTuple is the tuple of f's backend's replies, source and destination.
+func (f trackedFlow) replyTuple() (netip.AddrPort, netip.AddrPort) {
+	if f.snat.IsValid() {
+		return f.backend, f.snat
+	}
+	return f.backend, f.client
 }
 
 // fuzzWorld is everything the model knows: the frontends of both families,
@@ -255,8 +271,10 @@ type fuzzWorld struct {
 	// snatAddr is the source NAT address of each family (n0's).
 	snatAddr4, snatAddr6 netip.Addr
 	snatMin, snatMax     uint16
-	// remotePods route to node-b; everything else to the router.
+	// remotePods route to node-b, localPods to p0; everything else to
+	// the router.
 	remotePods4, remotePods6 netip.Prefix
+	localPods4, localPods6   netip.Prefix
 	// seen holds sticky choices (outcome.sticky -> backend).
 	seen map[string]netip.AddrPort
 	// chosen counts the backends new flows were translated to, by
@@ -323,7 +341,15 @@ func (w *fuzzWorld) toward(dst netip.Addr) (smac, dmac net.HardwareAddr) {
 	if w.remotePods4.Contains(dst) || w.remotePods6.Contains(dst) {
 		return deviceMAC, nodeBMAC
 	}
+	if w.localPods(dst) {
+		return podDevMAC, podMAC
+	}
 	return deviceMAC, routerMAC
+}
+
+// localPods says dst is a pod of this node's, behind p0.
+func (w *fuzzWorld) localPods(dst netip.Addr) bool {
+	return w.localPods4.Contains(dst) || w.localPods6.Contains(dst)
 }
 
 // decide is the model: what program p may do with frame, one outcome per
@@ -409,12 +435,15 @@ func (w *fuzzWorld) tracked(p prog, v view, f trackedFlow, frame []byte) (o outc
 }
 
 // egress decides a packet leaving the node: a local backend's reply to a
-// flow without source NAT gets the frontend as its source.
+// flow without source NAT gets the frontend as its source, and one to a
+// flow whose source NAT changed only the port gets its client's port back.
 func (w *fuzzWorld) egress(v view) outcome {
 	for _, f := range w.flows {
-		if !f.snat.IsValid() && f.proto == v.proto && f.backend == v.srcAP() && f.client == v.dstAP() {
-			return outcome{kind: xlate, verdict: pktest.TCActOK, src: f.frontend, dsts: []netip.AddrPort{f.client},
-				why: "a local backend's reply: source becomes the frontend"}
+		if (!f.snat.IsValid() || f.portOnly()) && f.proto == v.proto {
+			if from, to := f.replyTuple(); from == v.srcAP() && to == v.dstAP() {
+				return outcome{kind: xlate, verdict: pktest.TCActOK, src: f.frontend, dsts: []netip.AddrPort{f.client},
+					why: "a local backend's reply: source becomes the frontend"}
+			}
 		}
 	}
 	return outcome{why: "egress: not a reply of a tracked flow"}
@@ -504,6 +533,21 @@ func (w *fuzzWorld) forBackend(p prog, v view, o outcome, backend netip.AddrPort
 			o.kind, o.why = pass, o.why+": local backend, TC's"
 			return o
 		}
+		// The client keeps its address, unless a live flow from its port
+		// to another frontend has the backend's reply tuple: then it
+		// gets another port, and the packet is sent to the backend.
+		for _, f := range w.flows {
+			if from, to := f.replyTuple(); f.proto == v.proto && from == backend && to == v.srcAP() {
+				o.snat, o.fwd = v.src, true
+				for _, g := range w.flows {
+					if g.portOnly() && g.snat.Addr() == v.src && g.backend == backend && g.proto == v.proto {
+						o.busy = append(o.busy, g.snat.Port())
+					}
+				}
+				o.why += ": local backend whose reply tuple " + f.frontend.String() + "'s flow holds, another source port"
+				return w.fwdOutcome(p, v, o)
+			}
+		}
 		o.verdict = pktest.TCActOK
 		o.why += ": local backend, destination rewritten"
 		return o
@@ -545,7 +589,12 @@ func (w *fuzzWorld) fwdOutcome(p prog, v view, o outcome) outcome {
 	o.verdict = pktest.TCActRedirect
 	if p.xdp() {
 		o.verdict = pktest.XDPTX
-		if w.fromPod {
+		// To a pod here: back out of p0 when it came in there, else
+		// out of a device without the program, which is TC's.
+		switch pod := w.localPods(o.dsts[0].Addr()); {
+		case pod && !w.fromPod:
+			return outcome{why: o.why + ": its next hop is out of p0, without XDP: TC's", ctChanges: o.svc != ""}
+		case w.fromPod && !pod:
 			o.verdict = pktest.XDPRedirect
 		}
 	}
@@ -665,7 +714,7 @@ func (w *fuzzWorld) icmpError(p prog, frame []byte, v view) outcome {
 			if f.proto != q.proto || f.backend != q.dst || sender != q.src {
 				continue
 			}
-			if f.snat.IsValid() != (p == progTCIngress) || v.dst != q.src.Addr() {
+			if (f.snat.IsValid() != (p == progTCIngress) && !f.portOnly()) || v.dst != q.src.Addr() {
 				break
 			}
 			o := outcome{kind: xlate, verdict: pktest.TCActOK, inner: q, why: "ICMP error about a packet to a backend: to the client",
@@ -675,7 +724,11 @@ func (w *fuzzWorld) icmpError(p prog, frame []byte, v view) outcome {
 				o.src = netip.AddrPortFrom(f.frontend.Addr(), 0)
 			}
 			if f.snat.IsValid() {
-				o.dsts[0], o.innerSrc, o.fwd = netip.AddrPortFrom(f.client.Addr(), 0), f.client, true
+				o.dsts[0], o.innerSrc = netip.AddrPortFrom(f.client.Addr(), 0), f.client
+				if p == progTCEgress {
+					return o // port only: it leaves by the device it was sent to
+				}
+				o.fwd = true
 				return w.fwdOutcome(p, v, o)
 			}
 			return o

@@ -53,6 +53,8 @@ const (
 	fzMaglev    = 30019 // TCP, Maglev, a local and two remote backends
 	fzGone      = 30020 // TCP, its backend replaced after a flow began
 	fzDNSLocal  = 30021 // UDP, one local backend
+	fzWebLocal2 = 30022 // TCP, the local backend of fzWebLocal: a client port's second flow to it clashes
+	fzWebLocal3 = 30023 // TCP, the same: a third flow, which must not take the second's port
 )
 
 // fuzzFamilyAddrs are one family's addresses of the fuzz world.
@@ -116,6 +118,8 @@ func fuzzState(a fuzzFamilyAddrs, goneBackend int) *model.State {
 			endpoints: []string{ep(l(0x19), 8080, thisNode), ep(r(0x22), 8080, otherNode), ep(r(0x23), 8080, otherNode)}},
 		service{name: "gone", clusterIP: cip(20), port: 80, proto: model.TCP, nodePort: fzGone, endpoints: []string{ep(r(goneBackend), 8080, otherNode)}},
 		service{name: "dns-local", clusterIP: cip(21), port: 53, proto: model.UDP, nodePort: fzDNSLocal, endpoints: []string{ep(l(0x14), 5353, thisNode)}},
+		service{name: "web-local-again", clusterIP: cip(22), port: 80, proto: model.TCP, nodePort: fzWebLocal2, endpoints: []string{ep(l(0x10), 8080, thisNode)}},
+		service{name: "web-local-third", clusterIP: cip(23), port: 80, proto: model.TCP, nodePort: fzWebLocal3, endpoints: []string{ep(l(0x10), 8080, thisNode)}},
 	)
 	st.Node.Addrs = []netip.Addr{a.node}
 	return st
@@ -167,12 +171,20 @@ func newPktFuzz(tb testing.TB) *pktFuzz {
 			z.establish(tb, a.v6, pktest.ProtoUDP, c(40003), np(fzDNSRemote), netip.AddrPortFrom(a.remotePod(0x11), 5353)),
 			z.establish(tb, a.v6, pktest.ProtoUDP, c(40004), np(fzDNSLocal), netip.AddrPortFrom(a.localPod(0x14), 5353)),
 			z.establish(tb, a.v6, pktest.ProtoTCP, c(40005), np(fzGone), netip.AddrPortFrom(a.remotePod(goneOld), 8080)),
+			// The second flow from fzWebLocal's client port to its
+			// backend: the same reply tuple, so another source port.
+			z.establish(tb, a.v6, pktest.ProtoTCP, c(40002), np(fzWebLocal2), netip.AddrPortFrom(a.localPod(0x10), 8080)),
 		)
 		z.fams[i] = fuzzFamily{v6: a.v6, node: a.node,
 			clients: []netip.Addr{a.clientIn, a.clientOut},
 			misses:  []netip.Addr{netip.MustParseAddr(a.clusterNet + "11"), a.localhost, a.remotePod(0x10), a.localPod(0x10), a.node}}
 	}
-	flows[4].gone, flows[9].gone = true, true
+	for i := range flows {
+		flows[i].gone = flows[i].frontend.Port() == fzGone
+		if f := flows[i]; f.frontend.Port() == fzWebLocal2 && (f.snat.Addr() != f.client.Addr() || f.snat == f.client) {
+			tb.Fatalf("the second flow from %s to its backend got source %s; want the client's address on another port", f.client, f.snat)
+		}
+	}
 	st4, st6 := fuzzState(fuzzAddrs[0], goneNew), fuzzState6(goneNew)
 	f.sync(tb, st4)
 	f.sync6(tb, st6)
@@ -182,6 +194,7 @@ func newPktFuzz(tb testing.TB) *pktFuzz {
 	z.w.snatAddr4, z.w.snatAddr6 = nodeAddr, node6
 	z.w.snatMin, z.w.snatMax = snatPort, snatMax
 	z.w.remotePods4, z.w.remotePods6 = nodeBPods, nodeBPods6
+	z.w.localPods4, z.w.localPods6 = podGateway.Masked(), podGW6.Masked()
 	var err error
 	if z.ct4, err = snapshot[bpfobj.TcCt4Key, bpfobj.TcCt4Entry](f.objs.Tc4CtV1); err != nil {
 		tb.Fatal(err)
@@ -189,8 +202,8 @@ func newPktFuzz(tb testing.TB) *pktFuzz {
 	if z.ct6, err = snapshot[bpfobj.TcCt6Key, bpfobj.TcCt6Entry](f.objs.Tc6CtV1); err != nil {
 		tb.Fatal(err)
 	}
-	if len(z.ct4) != 10 || len(z.ct6) != 10 {
-		tb.Fatalf("the established flows left %d IPv4 and %d IPv6 tracking entries, want 10 each", len(z.ct4), len(z.ct6))
+	if len(z.ct4) != 12 || len(z.ct6) != 12 {
+		tb.Fatalf("the established flows left %d IPv4 and %d IPv6 tracking entries, want 12 each", len(z.ct4), len(z.ct6))
 	}
 	// The flows outlive the run: a source-NATed UDP flow that is not a
 	// stream lives 30 s, less than a long run takes.
@@ -239,11 +252,13 @@ func (z *pktFuzz) establish(tb testing.TB, v6 bool, proto uint8, client, fronten
 	}
 	out := run(progTCIngress, build(client, frontend, pktest.SYN))
 	back := client
-	if v := parseFrame(out, false); v.src != client.Addr() {
+	if v := parseFrame(out, false); v.srcAP() != client {
 		fl.snat = v.srcAP()
 		back = fl.snat
 	}
-	if fl.snat.IsValid() {
+	// A backend elsewhere answers at ingress; one on the node at egress,
+	// also when only the client's port changed.
+	if fl.snat.IsValid() && fl.snat.Addr() != client.Addr() {
 		run(progTCIngress, build(backend, back, pktest.SYN|pktest.ACK))
 	} else {
 		run(progTCEgress, build(backend, back, pktest.SYN|pktest.ACK))

@@ -596,7 +596,14 @@ type Held struct {
 // returns an error only if the probe itself could not run. The sandbox closes
 // the connection on Close if the test does not.
 func (c *Client) Hold(ctx context.Context, addr netip.AddrPort) (*Held, error) {
-	s, ready, err := c.startSession(ctx, probeRequest{Kind: kindHold, Addr: addr, Count: 1, MaxDuration: maxDuration})
+	return c.HoldFrom(ctx, addr, 0)
+}
+
+// HoldFrom is Hold from the source port localPort (0: any), bound with
+// SO_REUSEADDR, so that connections held at once may share it, each to
+// another destination, as a client that binds its port does.
+func (c *Client) HoldFrom(ctx context.Context, addr netip.AddrPort, localPort uint16) (*Held, error) {
+	s, ready, err := c.startSession(ctx, probeRequest{Kind: kindHold, Addr: addr, Count: 1, MaxDuration: maxDuration, LocalPort: localPort})
 	if err != nil {
 		return nil, err
 	}

@@ -64,7 +64,7 @@ type probeRequest struct {
 	// Connected makes a UDP probe connect its sockets; a loop probe with
 	// it exchanges UDP datagrams on a new connected socket per attempt.
 	Connected bool `json:"connected,omitempty"`
-	// LocalPort is the source port a TCP or connected UDP probe binds
+	// LocalPort is the source port a TCP, hold or connected UDP probe binds
 	// (0: the kernel's choice).
 	LocalPort uint16 `json:"localPort,omitempty"`
 	// OneSocket sends every UDP datagram from one unconnected socket.
@@ -282,19 +282,18 @@ func tcpAttemptFrom(addr netip.AddrPort, localPort uint16, timeout time.Duration
 	return r
 }
 
-// tcpConnect connects to addr and reads the server's line. Unless connect()
-// failed, it returns the connection, still open, and a reader for what
-// follows the line; the caller must close the connection.
-func tcpConnect(addr netip.AddrPort, timeout time.Duration) (TCPResult, net.Conn, *bufio.Reader) {
-	return tcpConnectFrom(addr, 0, timeout)
-}
-
-// tcpConnectFrom is tcpConnect from the source port localPort (0: any).
+// tcpConnectFrom connects to addr from the source port localPort (0: any;
+// else bound with SO_REUSEADDR: the port may be in TIME_WAIT from an
+// earlier attempt, or held by a connection to another destination) and
+// reads the server's line. Unless connect() failed, it returns the
+// connection, still open, and a reader for what follows the line; the
+// caller must close the connection.
 func tcpConnectFrom(addr netip.AddrPort, localPort uint16, timeout time.Duration) (TCPResult, net.Conn, *bufio.Reader) {
 	var r TCPResult
 	d := net.Dialer{Timeout: timeout}
 	if localPort != 0 {
 		d.LocalAddr = &net.TCPAddr{Port: int(localPort)}
+		d.Control = reuseAddr
 	}
 	start := time.Now()
 	var conn net.Conn
@@ -330,6 +329,17 @@ func tcpConnectFrom(addr netip.AddrPort, localPort uint16, timeout time.Duration
 		r.Err = err.Error()
 	}
 	return r, conn, rd
+}
+
+// reuseAddr sets SO_REUSEADDR on a socket before it binds.
+func reuseAddr(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
 }
 
 // readLine reads one line of at most maxReply bytes, so that a misbehaving
@@ -549,7 +559,7 @@ func hold(req probeRequest, proc Process, stdin io.Reader, emit func(probeMessag
 		conn net.Conn
 		rd   *bufio.Reader
 	)
-	res.First, conn, rd = tcpConnect(req.Addr, req.Timeout)
+	res.First, conn, rd = tcpConnectFrom(req.Addr, req.LocalPort, req.Timeout)
 	if conn != nil {
 		defer conn.Close()
 	}

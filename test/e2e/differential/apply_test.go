@@ -44,10 +44,6 @@ type world struct {
 	// probes one at a time, so that what it was told is the probe's.
 	mesh   *sandbox.RedirectProxy
 	meshMu sync.Mutex
-	// attempts are the wave's TCP and SCTP attempts that connected, for
-	// resolveClashes; clashes what it found over the run.
-	attempts []attempt
-	clashes  []string
 }
 
 // heldConn is a connection a scenario holds open (TCP), or a flow it

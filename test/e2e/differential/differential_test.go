@@ -239,15 +239,12 @@ func TestDifferential(t *testing.T) {
 	}
 
 	runs := map[testbed.Kind]verdicts{}
-	// clashes are the attempts each run lost to source-port clashes
-	// (resolveClashes), counted apart.
-	clashes := map[testbed.Kind][]string{}
 	for i, kind := range kinds {
 		if !slices.Contains(toRun, kind) {
 			continue
 		}
 		ok := t.Run("run/"+string(kind), func(t *testing.T) {
-			runs[kind], clashes[kind] = runKind(t, c, kind, i)
+			runs[kind] = runKind(t, c, kind, i)
 		})
 		// A run left out with -run is no failure.
 		if kind.Upstream() && !ok {
@@ -337,12 +334,6 @@ func TestDifferential(t *testing.T) {
 	}
 	fmt.Fprintf(&fallbackLines, "%s\n", podsLine)
 	t.Log(podsLine)
-	if n := len(clashes[testbed.EbpfProxy]) + len(clashes[testbed.EbpfProxyPods]); n > 0 {
-		l := fmt.Sprintf("differential (BPF, source-port clashes): %d attempt(s) lost, not counted (ebpf=%d ebpf-pods=%d; docs/architecture/differences.md)",
-			n, len(clashes[testbed.EbpfProxy]), len(clashes[testbed.EbpfProxyPods]))
-		fmt.Fprintf(&fallbackLines, "%s\n", l)
-		t.Log(l)
-	}
 	if len(sctpLeftOut) > 0 {
 		l := fmt.Sprintf("differential (SCTP): %d scenario(s) not run here: %v; make differential-sctp runs them in the 6.1 and 6.12 guests (make test does)",
 			len(sctpLeftOut), sctpUnavailable())
@@ -353,13 +344,6 @@ func TestDifferential(t *testing.T) {
 	if len(pending) > 0 {
 		fmt.Fprintf(&report, "pending, not run (%s=1 runs them): %s\n", PendingEnv, strings.Join(pending, "; "))
 		t.Logf("pending scenarios, not run (%s=1 runs them): %s", PendingEnv, strings.Join(pending, "; "))
-	}
-	for _, k := range []testbed.Kind{testbed.EbpfProxy, testbed.EbpfProxyPods} {
-		if cs := clashes[k]; len(cs) > 0 {
-			l := fmt.Sprintf("%s run: %d attempt(s) lost to a source-port clash, not counted (docs/architecture/differences.md): %s", k, len(cs), strings.Join(cs, "; "))
-			fmt.Fprintf(&report, "%s\n", l)
-			t.Log(l)
-		}
 	}
 	if len(deviations) > 0 {
 		fmt.Fprintf(&report, "matching with the client's address kept where upstream masquerades (documented deviation): %s\n",
@@ -489,9 +473,8 @@ func at(v [][]string, st, pi int) string {
 }
 
 // runKind runs every scenario the proxy kind supports on a fresh testbed and
-// returns the verdicts, or nil if the run could not be made, and the
-// attempts it lost to source-port clashes (resolveClashes).
-func runKind(t *testing.T, c *cluster.Cluster, kind testbed.Kind, index int) (verdicts, []string) {
+// returns the verdicts, or nil if the run could not be made.
+func runKind(t *testing.T, c *cluster.Cluster, kind testbed.Kind, index int) verdicts {
 	ctx := t.Context()
 	start := time.Now()
 	tb := testbed.New(t, c, testbedOptions())
@@ -560,7 +543,7 @@ func runKind(t *testing.T, c *cluster.Cluster, kind testbed.Kind, index int) (ve
 			}
 		})
 		if t.Failed() {
-			return nil, nil
+			return nil
 		}
 		ipv6 := slices.ContainsFunc(inWave, func(si int) bool { return scenarios[si].usesIPv6() })
 		if err := w.barrier(ctx, wave, ipv6); err != nil {
@@ -593,9 +576,6 @@ func runKind(t *testing.T, c *cluster.Cluster, kind testbed.Kind, index int) (ve
 			}
 			outcomes[i] = o
 		})
-		for _, c := range w.resolveClashes() {
-			t.Logf("%s run, wave %d: an attempt lost to a source-port clash (not counted; docs/architecture/differences.md): %s", kind, wave+1, c)
-		}
 		for i, j := range jobs {
 			v, mixed := outcomes[i].verdict()
 			if mixed != "" {
@@ -610,7 +590,7 @@ func runKind(t *testing.T, c *cluster.Cluster, kind testbed.Kind, index int) (ve
 			t.Errorf("%s on %s died during the run: %v\n%s", kind, p.Node.Spec.Name, err, p.LogTail(30))
 		}
 	}
-	return out, w.clashes
+	return out
 }
 
 // parallel runs fn(0..n-1) on at most workers goroutines.

@@ -137,35 +137,14 @@ type tally struct {
 	// failed describes each failed attempt (errno, how far it got, how
 	// long it took), for the log of a probe whose attempts did not all
 	// agree.
-	failed []failedAttempt
-}
-
-// failedAttempt is a failed attempt as the log tells it: its errno's name
-// ("" for a note that is no attempt's verdict) and text; cleared once
-// resolveClashes took it out of the verdict.
-type failedAttempt struct {
-	err, text string
-	cleared   bool
+	failed []string
 }
 
 // fail records a failed attempt: its errno's verdict, and detail for the
 // log.
 func (t *tally) fail(errName, detail string) {
 	t.failures[failure(errName)]++
-	t.failed = append(t.failed, failedAttempt{err: errName, text: errName + ": " + detail})
-}
-
-// clear takes failed attempt i out of the verdict.
-func (t *tally) clear(i int) {
-	f := &t.failed[i]
-	if f.cleared || f.err == "" {
-		return
-	}
-	f.cleared = true
-	v := failure(f.err)
-	if t.failures[v]--; t.failures[v] == 0 {
-		delete(t.failures, v)
-	}
+	t.failed = append(t.failed, errName+": "+detail)
 }
 
 func newTally() *tally {
@@ -185,15 +164,6 @@ func (t *tally) answered(w *world, c *sandbox.Client, server string, seen netip.
 // addTCP records a TCP attempt to dst. Besides the answer, the socket must
 // show dst as its peer, as a client that called getpeername() expects.
 func (t *tally) addTCP(w *world, c *sandbox.Client, dst netip.AddrPort, r sandbox.TCPResult) {
-	if r.Connected && r.Local.IsValid() && !r.Start.IsZero() {
-		a := attempt{local: r.Local, dst: dst, start: r.Start, done: r.Done, t: t, failure: -1}
-		if r.Err != "" {
-			a.failure = len(t.failed)
-		}
-		w.mu.Lock()
-		w.attempts = append(w.attempts, a)
-		w.mu.Unlock()
-	}
 	if r.Err != "" {
 		how := "connect() failed"
 		if r.Connected {
@@ -346,8 +316,8 @@ func (w *world) observe(ctx context.Context, sc int, p Probe) (outcome, error) {
 }
 
 // outcome is what a probe met: a tally, rendered once the wave's probes
-// are over (resolveClashes may take failures out of it), or a verdict
-// that is final (a held connection's, a reconnected socket's).
+// are over, or a verdict that is final (a held connection's, a
+// reconnected socket's).
 type outcome struct {
 	t      *tally
 	sticky bool
@@ -369,14 +339,8 @@ func (o outcome) verdict() (string, string) {
 	if o.t == nil {
 		return o.final, o.finalMixed
 	}
-	var failed []string
-	for _, f := range o.t.failed {
-		if !f.cleared {
-			failed = append(failed, f.text)
-		}
-	}
 	mixed := ""
-	if o.t.anyAnswer() && len(failed) > 0 {
+	if failed := o.t.failed; o.t.anyAnswer() && len(failed) > 0 {
 		mixed = fmt.Sprintf("%d attempt(s) to %s failed: %s", len(failed), o.dst, strings.Join(failed, "; "))
 	}
 	return o.t.verdict(o.sticky), mixed
@@ -405,7 +369,7 @@ func (w *world) meshNotes(t *tally, before, failed int, dst netip.AddrPort) {
 	}
 	if errs := w.mesh.Failures(); len(errs) > failed {
 		t.notes["proxy failed"]++
-		t.failed = append(t.failed, failedAttempt{text: "proxy: " + errs[failed].Error()})
+		t.failed = append(t.failed, "proxy: "+errs[failed].Error())
 	}
 }
 
