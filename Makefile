@@ -71,6 +71,23 @@ monitoring-check:
 	cd deploy/monitoring && promtool test rules alerts_test.yaml
 	EBPF_PROXY_REQUIRE_PROMTOOL=1 $(GO) test -count=1 ./deploy/monitoring/
 
+# The Helm chart (deploy/helm/ebpf-proxy), in seconds once Helm is built:
+# Helm from its Go module (hack/helm, a module of its own: about 3
+# CPU-minutes once, then cached by go build) lints it, and the Go test
+# (deploy/helm) renders it: its defaults must render the objects of
+# `kubectl kustomize deploy/` (kubectl of the Kubernetes binaries), and what
+# its values set must reach the agent's own flag and configuration parsing.
+HELM := $(abspath bin/helm)
+.PHONY: helm chart-check
+helm:
+	cd hack/helm && CGO_ENABLED=0 $(GO) build -o $(HELM) helm.sh/helm/v4/cmd/helm
+
+chart-check: helm k8s-binaries
+	$(HELM) lint --strict deploy/helm/ebpf-proxy
+	EBPF_PROXY_REQUIRE_CHART_TOOLS=1 EBPF_PROXY_HELM=$(HELM) \
+		EBPF_PROXY_KUBECTL=$(EBPF_PROXY_CACHE)/k8s/$(K8S_VERSION)/kubectl \
+		$(GO) test -count=1 ./deploy/helm/
+
 # Fast, unprivileged tests of pure logic, and of the test infrastructure
 # (internal/testing), including that no production package imports it, the
 # image builder (hack/mkimage) and the cluster test's server (test/cluster/testserver).
@@ -226,7 +243,7 @@ bench-report: bench k8s-binaries e2e-agent
 # the end-to-end suite beside it; 6.12's beside the conformance node.
 SCTP_AFTER_CLUSTER ?= 6.1=iptables,ebpf
 SCTP_BESIDE_CONFORMANCE ?= 6.12=iptables,ebpf,ebpf-pods
-test: lint monitoring-check check-generated test-go fuzz-short vmtest system-test conformance-stage
+test: lint monitoring-check chart-check check-generated test-go fuzz-short vmtest system-test conformance-stage
 
 # The end-to-end suite on the host and the cluster test in a VM, side by
 # side: each keeps about one core busy (the differential suite mostly waits

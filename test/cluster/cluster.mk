@@ -1,7 +1,8 @@
 # The cluster test: two real worker nodes (containerd, the kubelet, the
 # pods), each in a Debian 6.12 guest of the VM runner, where upstream
-# kube-proxy is replaced by deploy/ node by node under load, then upgraded
-# and restarted. Included by the top-level Makefile:
+# kube-proxy is replaced by deploy/ node by node under load, then upgraded,
+# taken over by the Helm chart (deploy/helm) and restarted. Included by the
+# top-level Makefile:
 #
 #	make cluster-test
 #	make cluster-test CLUSTER_NODES=1     (the first node alone)
@@ -48,7 +49,7 @@ cluster-deps:
 # through its view of this machine. Its last line is the summary:
 #   cluster: ready=2 checks=N passed=N migration_failed=F upgrade_failed=U restart_failed=R
 # (ready= counts the nodes that were ready, 0 for a failed run).
-cluster-test: cluster-deps vmtest-deps k8s-binaries node-binaries cluster-images
+cluster-test: cluster-deps vmtest-deps k8s-binaries node-binaries cluster-images helm
 	rm -rf $(CLUSTER_OUT) && mkdir -p $(CLUSTER_OUT)/logs
 	$(GO) test -c -o $(CLUSTER_OUT)/cluster.test ./$(CLUSTER_DIR)
 	$(GO) build -o $(CLUSTER_OUT)/controlplane ./$(CLUSTER_DIR)/controlplane
@@ -58,6 +59,7 @@ cluster-test: cluster-deps vmtest-deps k8s-binaries node-binaries cluster-images
 	EBPF_PROXY_CLUSTER_IMAGES=$(abspath $(IMAGES_DIR)) \
 	EBPF_PROXY_CLUSTER_LOGS=$(CLUSTER_OUT)/logs \
 	EBPF_PROXY_CLUSTER_DEPLOY=$(abspath deploy) \
+	EBPF_PROXY_CLUSTER_HELM=$(HELM) \
 	EBPF_PROXY_CLUSTER_AGENT_IMAGES="$(CLUSTER_AGENT_IMAGES)" \
 	EBPF_PROXY_CLUSTER_AGENT_ALIASES="$(CLUSTER_AGENT_ALIASES)" \
 	EBPF_PROXY_CLUSTER_TEST_IMAGE=ebpf-proxy-testserver:$(TESTSERVER_TAG) \

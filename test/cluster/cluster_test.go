@@ -360,6 +360,19 @@ func TestCluster(t *testing.T) {
 		})
 	}
 
+	// The install moves from deploy/ to the Helm chart, under load, as
+	// docs/INSTALL.md says (make chart-check compares the two's objects).
+	loops = e.startLoops()
+	e.adoptByChart(deployDir, getenv(t, envHelm), kubeconfig, agentImages[1])
+	chart := e.stopLoops("chart", loops)
+	phase(fmt.Sprintf("installed by the chart: %s", chart))
+	e.check("no connection lost while the chart took the install over", func() error {
+		if chart.Failures != 0 || chart.Attempts == 0 {
+			return fmt.Errorf("%s, want attempts and no failure", chart)
+		}
+		return nil
+	})
+
 	// The agent of this node killed; the kubelet restarts its container.
 	loops = e.startLoops()
 	e.killAgent()
