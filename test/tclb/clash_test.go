@@ -46,16 +46,7 @@ func TestSourcePortClash(t *testing.T) {
 	e.sync(svcs...)
 	e.sync6(svcs...)
 	for _, fam := range []string{"IPv4", "IPv6"} {
-		v6 := fam == "IPv6"
-		ip := func(a netip.Addr) netip.Addr {
-			if v6 {
-				return sandbox.IPv6Of(a)
-			}
-			return a
-		}
-		at := func(s string, port uint16) netip.AddrPort {
-			return netip.AddrPortFrom(ip(netip.MustParseAddr(s)), port)
-		}
+		ip, at := family(fam == "IPv6")
 		for _, tc := range []struct {
 			name   string
 			client *sandbox.Client

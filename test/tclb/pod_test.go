@@ -45,15 +45,7 @@ func TestPodsTranslatedPerPacket(t *testing.T) {
 }
 
 func testPodPerPacket(t *testing.T, e *env, v6 bool) {
-	ip := func(a netip.Addr) netip.Addr {
-		if v6 {
-			return sandbox.IPv6Of(a)
-		}
-		return a
-	}
-	at := func(s string, port uint16) netip.AddrPort {
-		return netip.AddrPortFrom(ip(netip.MustParseAddr(s)), port)
-	}
+	ip, at := family(v6)
 	a := e.nodes[0]
 	podA := e.pods["pod-a"]
 	client := e.sb.ClientAt(podA.Host)

@@ -283,6 +283,22 @@ func (e *env) state(n *node, v6 bool, svcs ...service) *model.State {
 	return st
 }
 
+// family gives the functions that name a scenario's address (ip) and a
+// ClusterIP's address and port (at) in the family v6 says: the IPv6 twin
+// (sandbox.IPv6Of) or the address itself.
+func family(v6 bool) (ip func(netip.Addr) netip.Addr, at func(clusterIP string, port uint16) netip.AddrPort) {
+	ip = func(a netip.Addr) netip.Addr {
+		if v6 {
+			return sandbox.IPv6Of(a)
+		}
+		return a
+	}
+	at = func(s string, port uint16) netip.AddrPort {
+		return netip.AddrPortFrom(ip(netip.MustParseAddr(s)), port)
+	}
+	return ip, at
+}
+
 func (e *env) ctx() context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	e.t.Cleanup(cancel)
