@@ -190,9 +190,9 @@ func probe(body string, stdin io.Reader, emit func(probeMessage) error) (json.Ra
 	var out any
 	switch req.Kind {
 	case kindTCP:
-		out = Report[TCPResult]{Process: proc, Results: repeat(req.Count, timed(func() TCPResult { return tcpAttemptFrom(req.Addr, req.LocalPort, req.Timeout) }))}
+		out = Report[TCPResult]{Process: proc, Results: repeat(req.Count, func() TCPResult { return tcpAttemptFrom(req.Addr, req.LocalPort, req.Timeout) })}
 	case kindSCTP:
-		out = Report[TCPResult]{Process: proc, Results: repeat(req.Count, timed(func() TCPResult { return sctpAttempt(req.Addr, req.Timeout) }))}
+		out = Report[TCPResult]{Process: proc, Results: repeat(req.Count, func() TCPResult { return sctpAttempt(req.Addr, req.Timeout) })}
 	case kindUDP:
 		if req.Addrs != nil {
 			out = Report[UDPResult]{Process: proc, Results: udpReconnects(req.Addrs, req.Timeout)}
@@ -678,17 +678,6 @@ func stopped(stop <-chan struct{}, d time.Duration) bool {
 		return true
 	case <-t.C:
 		return false
-	}
-}
-
-// timed wraps a connection attempt so that its result says when it began
-// and ended.
-func timed(attempt func() TCPResult) func() TCPResult {
-	return func() TCPResult {
-		start := time.Now()
-		r := attempt()
-		r.Start, r.Done = start, time.Now()
-		return r
 	}
 }
 

@@ -45,10 +45,6 @@ type TCPResult struct {
 	Err string `json:"err,omitempty"`
 	// Elapsed is how long connect() took.
 	Elapsed time.Duration `json:"elapsed"`
-	// Start and Done are when the attempt began and ended (the answer read,
-	// or the error met); zero for a held connection's.
-	Start time.Time `json:"start"`
-	Done  time.Time `json:"done"`
 }
 
 // UDPResult is one UDP request and reply.
